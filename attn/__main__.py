@@ -1,0 +1,5 @@
+import sys
+
+from attn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,500 @@
+"""The run configuration: a typed, validated, immutable schema read from YAML.
+
+    config = load_config("configs/default.yaml", ["optim.lr=0.05", "seed=1"])
+
+Every field has a type, a default, a one-line description and (where it
+matters) accepted values; `describe_schema()` lists them. Anything wrong in
+a file or an override raises `ConfigError` with one line naming the source,
+the field, the bad value and what is accepted.
+
+YAML is read with a safe loader only (no object-constructing tags), duplicate
+keys and alias bombs are refused, and values are coerced by the field's type:
+PyYAML reads `1e-3` as a string, which a float field accepts as 0.001.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from attn.layers import SCORE_SCALES
+
+MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
+MAX_YAML_NODES = 10_000  # nodes visited through aliases; beyond this is an alias bomb
+
+
+class ConfigError(ValueError):
+    """A bad config, override or experiment file; str() is the one-line message."""
+
+
+def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None):
+    """A schema field: its default, description and accepted range."""
+    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int = F(64, "width of the embeddings and of the head's output", gt=0)
+    d_k: int = F(32, "width of queries and keys", gt=0)
+    d_v: typing.Optional[int] = F(None, "width of values; null means d_k", gt=0)
+    scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k",
+                   choices=tuple(SCORE_SCALES))
+    causal: bool = F(False, "mask keys after the query (causal attention)")
+    residual: bool = F(True, "add the head's output to its input before the readout")
+    positional: str = F("learned", "position information added to X", choices=("learned", "sinusoidal"))
+    qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0)
+    v_gain: float = F(1.0, "init gain of W_v", gt=0)
+    o_gain: float = F(1.0, "init gain of W_o", gt=0)
+    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = F("retrieval", "which task", choices=("retrieval", "copy"))
+    n_keys: int = F(16, "retrieval: number of distinct keys", gt=0)
+    n_values: int = F(16, "retrieval: number of distinct values (the classes)", ge=2)
+    n_pairs: int = F(8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1)
+    vocab_size: int = F(16, "copy: number of distinct tokens (the classes)", ge=2)
+    length: int = F(8, "copy: sequence length T", ge=2)
+    mode: str = F("reverse", "copy: target i is input T-1-i (reverse) or (i+shift) mod T (shift)",
+                  choices=("reverse", "shift"))
+    shift: int = F(1, "copy: offset for mode shift", ge=1)
+    eval_size: int = F(512, "examples in the fixed held-out evaluation set", gt=0)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: str = F("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
+    lr: float = F(0.5, "base learning rate", gt=0)
+    momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1)
+    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball")
+    weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0)
+    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1)
+    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1)
+    eps: float = F(1e-8, "adam: denominator epsilon", gt=0)
+    clip_norm: typing.Optional[float] = F(None, "clip gradients to this global norm; null = no clipping", gt=0)
+    schedule: str = F("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine"))
+    warmup_steps: int = F(0, "linear warm-up steps", ge=0)
+    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1)
+    lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = F(2000, "number of optimiser updates", gt=0)
+    batch_size: int = F(64, "examples per update", gt=0)
+    on_nonfinite: str = F("stop", "on a NaN/inf loss or gradient: stop the run, or continue and record it",
+                          choices=("stop", "continue"))
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0)
+    checkpoint_every: int = F(500, "steps between checkpoints", gt=0)
+    plots: bool = F(True, "draw the run's figures when it ends")
+    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>")
+    seed: int = F(0, "seed of every random draw (init, batches, eval set)", ge=0)
+    dtype: str = F("float32", "floating-point type of the whole training path", choices=("float32", "float64"))
+    runs_dir: str = F("runs", "where run directories are created")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=dict(help="the model"))
+    task: TaskConfig = field(default_factory=TaskConfig, metadata=dict(help="the task"))
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata=dict(help="the optimiser"))
+    train: TrainConfig = field(default_factory=TrainConfig, metadata=dict(help="the training loop"))
+    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata=dict(help="what is recorded"))
+
+
+# ---------------------------------------------------------------------------
+# YAML reading: safe, strict about duplicates and aliases.
+# ---------------------------------------------------------------------------
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _count_nodes(node, budget: list[int]) -> None:
+    """Walk the composed node graph as construction would (aliases expand)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError("")
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            _count_nodes(child, budget)
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            _count_nodes(k, budget)
+            _count_nodes(v, budget)
+
+
+def parse_yaml(text: str, source: str):
+    """Parse YAML text safely; errors become one-line ConfigErrors naming source."""
+    try:
+        loader = _StrictLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            try:
+                _count_nodes(node, [MAX_YAML_NODES])
+            except ConfigError:
+                raise ConfigError(
+                    f"{source}: YAML expands to more than {MAX_YAML_NODES} nodes through aliases; "
+                    "refused (alias bomb?)") from None
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if "could not determine a constructor" in str(err):
+            problem = f"{problem} (tags that build objects are not allowed)"
+        raise ConfigError(f"{source}: not valid YAML:{where} {problem}") from None
+
+
+def read_yaml_file(path: str | os.PathLike, what: str = "config file"):
+    """Read and parse a YAML file with every failure as a one-line ConfigError."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory, not a {what}")
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size} bytes is too large for a {what} (limit {MAX_CONFIG_BYTES})")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such {what}") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: {what} is not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: {what} is not UTF-8 text") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read {what}: {err.strerror}") from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: {what} is empty; expected a mapping such as `optim: {{lr: 0.1}}`")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: {what} must be a YAML mapping of sections, got a {type(data).__name__}")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Schema walking, coercion, validation.
+# ---------------------------------------------------------------------------
+def _sections(cls) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+_HINTS: dict[type, dict] = {}
+
+
+def _hints(cls) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def all_keys(cls=None, prefix: str = "") -> list[str]:
+    """Every dotted field name of the schema, e.g. 'optim.lr'."""
+    cls = cls or Config
+    keys = []
+    for name, hint in _hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            keys += all_keys(hint, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def nearest_key(key: str) -> str | None:
+    """The valid dotted key closest to `key`, for 'did you mean' hints."""
+    keys = all_keys()
+    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if match:
+        return match[0]
+    leaf = key.rsplit(".", 1)[-1]
+    leaves = {k.rsplit(".", 1)[-1]: k for k in keys}
+    match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.6)
+    return leaves[match[0]] if match else None
+
+
+def _describe_accepted(hint, meta) -> str:
+    base = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    nullable = base is typing.Union and type(None) in args
+    if nullable:
+        hint = next(a for a in args if a is not type(None))
+    if meta.get("choices"):
+        text = "one of " + ", ".join(meta["choices"])
+    elif typing.get_origin(hint) is dict:
+        text = "a mapping of parameter name to a float"
+    else:
+        text = {int: "an integer", float: "a float", bool: "true or false", str: "a string"}[hint]
+    bounds = [f"{op} {meta[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+              if meta.get(k) is not None]
+    if bounds and hint in (int, float):
+        text += " " + " and ".join(bounds)
+    elif bounds:
+        text += " (values " + " and ".join(bounds) + ")"
+    return text + (", or null" if nullable else "")
+
+
+def _fail(source: str, key: str, value, hint, meta) -> typing.NoReturn:
+    shown = repr(value) if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
+    if shown.endswith("..."):
+        shown = shown[:-3].strip()
+    raise ConfigError(f"{source}: {key}: got {shown}; expected {_describe_accepted(hint, meta)}")
+
+
+def _in_range(x, meta) -> bool:
+    return not (
+        (meta.get("gt") is not None and not x > meta["gt"])
+        or (meta.get("ge") is not None and not x >= meta["ge"])
+        or (meta.get("lt") is not None and not x < meta["lt"])
+        or (meta.get("le") is not None and not x <= meta["le"])
+    )
+
+
+def _as_float(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _coerce_scalar(value, hint):
+    """Return the value as `hint`, or None if it cannot be one."""
+    if hint is bool:
+        return value if isinstance(value, bool) else None
+    if hint is str:
+        return value if isinstance(value, str) else None
+    number = _as_float(value)
+    if number is None or not math.isfinite(number):
+        return None
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(number) if number.is_integer() else None
+    return number
+
+
+def coerce(value, hint, meta, key: str, source: str):
+    """Coerce a raw YAML value to a field's type and check its range."""
+    if typing.get_origin(hint) is typing.Union:
+        if value is None:
+            return None
+        inner = next(a for a in typing.get_args(hint) if a is not type(None))
+        return coerce(value, inner, {**meta, "_outer": hint}, key, source)
+    outer = meta.get("_outer", hint)
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, dict):
+            _fail(source, key, value, outer, meta)
+        out = {}
+        for k, v in value.items():
+            number = _coerce_scalar(v, float)
+            if not isinstance(k, str) or number is None or not _in_range(number, meta):
+                _fail(source, f"{key}.{k}", v, float, meta)
+            out[k] = number
+        return out
+    coerced = _coerce_scalar(value, hint)
+    if coerced is None or (meta.get("choices") and coerced not in meta["choices"]):
+        _fail(source, key, value, outer, meta)
+    if hint in (int, float) and not _in_range(coerced, meta):
+        _fail(source, key, value, outer, meta)
+    return coerced
+
+
+def build(cls, data: dict, source: str, prefix: str = ""):
+    """Build a schema dataclass from a nested dict, coercing and validating."""
+    hints = _hints(cls)
+    fields = _sections(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = prefix + str(key)
+        if key not in hints:
+            suggestion = nearest_key(dotted)
+            hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+            raise ConfigError(f"{source}: unknown key `{dotted}`{hint}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {dotted}: got {value!r}; expected a mapping of {dotted}.* fields")
+            kwargs[key] = build(hint, value, source, dotted + ".")
+        else:
+            kwargs[key] = coerce(value, hint, dict(fields[key].metadata), dotted, source)
+    return cls(**kwargs)
+
+
+def to_dict(config) -> dict:
+    """Nested plain dict of a config (for YAML output and comparisons)."""
+    return dataclasses.asdict(config)
+
+
+def replace(config: Config, **dotted_values) -> Config:
+    """A copy of `config` with dotted fields replaced (values validated)."""
+    data = to_dict(config)
+    for key, value in dotted_values.items():
+        _set_dotted(data, key, value)
+    return validate(build(Config, data, "replace"), "replace")
+
+
+def _set_dotted(data: dict, key: str, value) -> None:
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'optim.lr=0.05' -> ('optim.lr', 0.05). The value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
+        raise ConfigError(f"override {text!r}: expected key=value with a dotted key, e.g. optim.lr=0.05")
+    value = parse_yaml(raw, f"override {text!r}") if raw.strip() else ""
+    if key not in all_keys():
+        suggestion = nearest_key(key)
+        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        raise ConfigError(f"override {text!r}: unknown key `{key}`{hint}")
+    return key, value
+
+
+def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML config (or the defaults if path is None) and apply overrides."""
+    data = read_yaml_file(path) if path is not None else {}
+    data.pop("provenance", None)  # a run's config.yaml is a valid config
+    source = str(path) if path is not None else "defaults"
+    config = validate(build(Config, data, source), source)
+    for text in overrides:
+        key, value = parse_override(text)
+        merged = to_dict(config)
+        _set_dotted(merged, key, value)
+        config = validate(build(Config, merged, f"override {text!r}"), f"override {text!r}")
+    return config
+
+
+# ---------------------------------------------------------------------------
+# Cross-field checks: impossible tasks, unknown parameter names, memory.
+# ---------------------------------------------------------------------------
+def param_names(config: Config) -> list[str]:
+    fields = ["key", "value"] if config.task.name == "retrieval" else ["token"]
+    names = [f"E_{f}" for f in fields]
+    if config.model.positional == "learned":
+        names.append("E_pos")
+    return names + ["W_q", "W_k", "W_v", "W_o", "W_out", "b_out"]
+
+
+def estimate_memory_bytes(config: Config) -> int:
+    """A generous estimate of a run's peak memory from its sizes."""
+    m, t = config.model, config.task
+    D, dk = m.d_model, m.d_k
+    dv = m.d_v or dk
+    T = t.n_pairs + 1 if t.name == "retrieval" else t.length
+    V = t.n_keys + t.n_values + 1 if t.name == "retrieval" else t.vocab_size
+    C = t.n_values if t.name == "retrieval" else t.vocab_size
+    n_params = (V + T) * D + 2 * D * dk + 2 * D * dv + D * C + C
+    per_example = T * (6 * D + 4 * dk + 4 * dv + 4 * C) + 4 * T * T
+    largest_batch = max(config.train.batch_size, t.eval_size)
+    itemsize = 4 if config.dtype == "float32" else 8
+    return itemsize * (5 * n_params + largest_batch * per_example)
+
+
+def memory_limit_bytes() -> int:
+    """Half of this machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def validate(config: Config, source: str) -> Config:
+    """Checks that involve more than one field."""
+    t = config.task
+    if t.name == "retrieval" and t.n_pairs > t.n_keys:
+        raise ConfigError(f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "
+                          f"({t.n_keys}), since keys are distinct within a sequence")
+    if t.name == "copy" and t.mode == "shift" and t.shift % t.length == 0:
+        raise ConfigError(f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
+                          f"multiple of task.length ({t.length}), else the copy is the identity")
+    names = param_names(config)
+    for key in config.optim.lr_mult:
+        if key not in names:
+            suggestion = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean `{suggestion[0]}`?" if suggestion else ""
+            raise ConfigError(f"{source}: optim.lr_mult.{key}: not a parameter of this model "
+                              f"(parameters: {', '.join(names)}){hint}")
+    if config.name is not None:
+        check_run_name(config.name, f"{source}: name")
+    need, limit = estimate_memory_bytes(config), memory_limit_bytes()
+    if need > limit:
+        m = config.model
+        raise ConfigError(
+            f"{source}: sizes need about {_gib(need)} of memory (model.d_model={m.d_model}, model.d_k={m.d_k}, "
+            f"train.batch_size={config.train.batch_size}, task.eval_size={t.eval_size}); "
+            f"expected at most {_gib(limit)} (half this machine's memory)")
+    return config
+
+
+def check_run_name(name: str, what: str) -> str:
+    """A run name is one plain path component: no separators, no '..', not hidden."""
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith(".")
+            or "\0" in name or os.path.isabs(name) or len(name) > 200):
+        raise ConfigError(f"{what}: got {name!r}; expected a plain directory name "
+                          "(no '/', '\\', leading '.', or '..'), at most 200 characters")
+    return name
+
+
+def describe_schema() -> list[tuple[str, str, str, str]]:
+    """(dotted key, accepted values, default, description) for every field."""
+    rows = []
+
+    def walk(cls, prefix):
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                walk(hint, prefix + f.name + ".")
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+            rows.append((prefix + f.name, _describe_accepted(hint, dict(f.metadata)), shown, f.metadata["help"]))
+
+    walk(Config, "")
+    return rows

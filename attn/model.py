@@ -1,0 +1,217 @@
+"""The one-head attention model, composed from `attn.layers`.
+
+For a batch of token ids with F fields per position (retrieval: key and
+value; copy: one token):
+
+    X      = sum_f E_f[tokens[..., f]] + P[:T]        (B, T, D)
+    Q, K, V = X W_q, X W_k, X W_v                      (B, T, d_k), (B, T, d_k), (B, T, d_v)
+    A      = softmax(s * Q K^T  [+ causal -inf mask])  (B, T, T)
+    out    = (A V) W_o                                 (B, T, D)
+    H      = X + out   (residual)   or   out           (B, T, D)
+    logits = H W_out + b_out                           (B, T, C)
+    loss   = mean over target positions of -log softmax(logits)[target]
+
+s is 1/sqrt(d_k) ("sqrt"), 1 ("none") or 1/d_k ("linear"); see
+`attn.layers.SCORE_SCALES`.
+
+Initialisation (all weights zero-mean Gaussian; `gain`s from the spec):
+    E_f, E_pos ~ N(0, 1/n_sources)   n_sources = F + (1 if learned positions),
+                                     so each component of X has variance ~1
+                                     (sinusoidal positions are scaled alike)
+    W_q, W_k   ~ N(0, qk_gain^2 / D) so each component of q, k has variance
+                                     qk_gain^2 (the paper's footnote 4 at gain 1)
+    W_v        ~ N(0, v_gain^2 / D)
+    W_o        ~ N(0, o_gain^2 / d_v)
+    W_out      ~ N(0, readout_gain^2 / D),  b_out = 0
+
+Hence at initialisation Var(score) ~ d_k * qk_gain^4 * s^2.
+
+Parameters are a dict name -> array; gradients a dict with the same keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from attn import layers
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything that fixes the model's shapes and arithmetic."""
+
+    fields: tuple[tuple[str, int], ...]  # (field name, vocabulary size) per token field
+    n_positions: int  # T: sequence length
+    n_classes: int  # C: output vocabulary
+    d_model: int = 64
+    d_k: int = 32
+    d_v: int = 32
+    scale: str = "sqrt"
+    causal: bool = False
+    residual: bool = True
+    positional: str = "learned"  # learned | sinusoidal
+    qk_gain: float = 1.0
+    v_gain: float = 1.0
+    o_gain: float = 1.0
+    readout_gain: float = 1.0
+    dtype: str = "float32"
+
+    @property
+    def score_scale(self) -> float:
+        return layers.score_scale(self.scale, self.d_k)
+
+    @property
+    def n_sources(self) -> int:
+        """How many embedding tables are summed into X (positions included)."""
+        return len(self.fields) + 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of examples, as a task produces it."""
+
+    tokens: np.ndarray  # (B, T, F) int: token id of each field at each position
+    targets: np.ndarray  # (B, T) int: class to predict (any value where no target)
+    target_mask: np.ndarray  # (B, T) bool: which positions carry a target
+    target_key: np.ndarray  # (B, T) int: position the query should attend to, -1 if none
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+
+def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every trainable parameter, in a stable order."""
+    D = spec.d_model
+    shapes = {f"E_{name}": (vocab, D) for name, vocab in spec.fields}
+    if spec.positional == "learned":
+        shapes["E_pos"] = (spec.n_positions, D)
+    shapes.update(
+        W_q=(D, spec.d_k), W_k=(D, spec.d_k), W_v=(D, spec.d_v), W_o=(spec.d_v, D),
+        W_out=(D, spec.n_classes), b_out=(spec.n_classes,),
+    )
+    return shapes
+
+
+def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Draw initial parameters (see the module docstring for the scheme)."""
+    dtype = np.dtype(spec.dtype)
+    D = spec.d_model
+    std = {f"E_{name}": spec.n_sources ** -0.5 for name, _ in spec.fields}
+    std.update(
+        E_pos=spec.n_sources ** -0.5,
+        W_q=spec.qk_gain / np.sqrt(D), W_k=spec.qk_gain / np.sqrt(D),
+        W_v=spec.v_gain / np.sqrt(D), W_o=spec.o_gain / np.sqrt(spec.d_v),
+        W_out=spec.readout_gain / np.sqrt(D), b_out=0.0,
+    )
+    params = {}
+    for name, shape in param_shapes(spec).items():
+        params[name] = rng.standard_normal(shape, dtype=dtype) * dtype.type(std[name])
+    return params
+
+
+@lru_cache(maxsize=32)
+def sinusoidal_positions(T: int, D: int, std: float, dtype: str) -> np.ndarray:
+    """Fixed sin/cos position codes (Vaswani et al. 3.5), rescaled so each
+    component has standard deviation `std` on average. Read-only (T, D)."""
+    position = np.arange(T)[:, None]
+    freq = np.exp(-np.log(10000.0) * (np.arange(0, D, 2) / D))
+    table = np.zeros((T, D))
+    table[:, 0::2] = np.sin(position * freq)
+    table[:, 1::2] = np.cos(position * freq[: D // 2])
+    table *= std * np.sqrt(2.0)  # sin^2 + cos^2 = 1 per pair: mean square 1/2 per component
+    table = table.astype(dtype)
+    table.flags.writeable = False
+    return table
+
+
+def forward(params: dict, spec: ModelSpec, batch: Batch):
+    """Loss of the batch and the cache that `backward` and `diagnostics` read."""
+    B, T, _ = batch.tokens.shape
+    x = None
+    embed_caches = {}
+    for f, (name, _) in enumerate(spec.fields):
+        e, embed_caches[name] = layers.embedding_forward(batch.tokens[..., f], params[f"E_{name}"])
+        x = e if x is None else x + e  # (B, T, D)
+    if spec.positional == "learned":
+        x += params["E_pos"][:T]
+    else:
+        x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
+    mask = layers.causal_mask(T) if spec.causal else None
+    out, attn, attn_cache = layers.attention_forward(
+        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"], spec.score_scale, mask
+    )
+    h = x + out if spec.residual else out  # (B, T, D)
+    logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, T, C)
+    loss, ce_cache = layers.cross_entropy_forward(logits, batch.targets, batch.target_mask)
+    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, T=T)
+    return loss, cache
+
+
+def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
+    """Gradient of the loss with respect to every parameter (same keys)."""
+    grads = {}
+    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])
+    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])
+    head = layers.attention_backward(dh, cache["attn"])
+    dx = head.pop("x")
+    if spec.residual:
+        dx += dh
+    grads.update(head)
+    if spec.positional == "learned":
+        grads["E_pos"] = _positional_grad(dx, spec)
+    for name, _ in spec.fields:
+        grads[f"E_{name}"] = layers.embedding_backward(dx, cache["embed"][name])
+    return {name: grads[name] for name in param_order(spec)}
+
+
+def _positional_grad(dx: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """E_pos[:T] was added to every example: its gradient sums over the batch."""
+    dpos = np.zeros((spec.n_positions, spec.d_model), dtype=dx.dtype)
+    dpos[: dx.shape[1]] = dx.sum(axis=0)
+    return dpos
+
+
+def param_order(spec: ModelSpec) -> list[str]:
+    return list(param_shapes(spec))
+
+
+def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
+    """(loss, grads, cache) for one batch: the training step's model half."""
+    loss, cache = forward(params, spec, batch)
+    return loss, backward(cache, spec), cache
+
+
+def diagnostics(cache, batch: Batch) -> dict[str, float]:
+    """What the experiments measure, read from a forward pass's cache.
+
+    Attention statistics are taken over the rows that feed the loss (query
+    positions with a target): the rows whose gradient matters.
+        accuracy        fraction of target positions predicted right
+        score_std       std of the (unmasked) scores s * q.k in those rows
+        attn_entropy    mean entropy of those rows of A, in nats
+        saturated_frac  fraction of those rows whose largest weight > 0.99
+        target_attn     mean weight those rows put on the key they should read
+    """
+    log_probs, targets, _ = cache["ce"]
+    rows = batch.target_mask  # (B, T)
+    correct = log_probs.argmax(axis=-1) == targets  # (B, T)
+    scores = cache["attn"]["scores"][rows]  # (N, T)
+    attn = cache["attn"]["attn"][rows]  # (N, T)
+    unmasked = np.isfinite(scores)
+    safe_attn = np.where(attn > 0, attn, 1)
+    entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
+    stats = {
+        "accuracy": float(correct[rows].mean()),
+        "score_std": float(scores[unmasked].std(dtype=np.float64)),
+        "attn_entropy": float(entropy.mean(dtype=np.float64)),
+        "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),
+    }
+    key = batch.target_key[rows]  # (N,)
+    has_key = key >= 0
+    if has_key.any():
+        stats["target_attn"] = float(attn[has_key, key[has_key]].mean(dtype=np.float64))
+    return stats

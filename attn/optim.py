@@ -1,0 +1,111 @@
+"""Hand-written optimisers with their state kept as named arrays.
+
+Parameters, gradients and optimiser state are dicts keyed by parameter name,
+so an update is a loop over keys. Every update is in place. The learning
+rate of parameter p is lr * lr_mult.get(p, 1).
+
+SGD (with weight decay wd, momentum mu, dampening 0):
+    g = grad + wd * w
+    heavy-ball:  b = mu * b + g;  w -= lr * b
+    Nesterov:    b = mu * b + g;  w -= lr * (g + mu * b)
+    plain:       w -= lr * g                              (mu = 0)
+
+Adam (Kingma & Ba) / AdamW (Loshchilov & Hutter), t counts updates from 1:
+    Adam:  g = grad + wd * w                 AdamW: w -= lr * wd * w first
+    m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+    w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def global_norm(grads: dict[str, np.ndarray]) -> float:
+    """sqrt of the sum of squares of every gradient entry (accumulated in float64)."""
+    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+
+
+def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
+    """Scale all grads in place so their global norm is at most max_norm.
+    Returns the norm before clipping."""
+    norm = global_norm(grads)
+    if norm > max_norm:
+        factor = max_norm / norm
+        for g in grads.values():
+            g *= g.dtype.type(factor)
+    return norm
+
+
+def learning_rate(step: int, base_lr: float, schedule: str, warmup_steps: int,
+                  total_steps: int, min_lr_ratio: float) -> float:
+    """lr for update number `step` (0-based).
+
+    constant: base_lr after a linear warm-up over warmup_steps.
+    cosine:   linear warm-up, then cosine decay from base_lr to
+              min_lr_ratio * base_lr at total_steps.
+    """
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return base_lr
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return base_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class SGD:
+    """SGD with optional heavy-ball or Nesterov momentum and L2 weight decay."""
+
+    def __init__(self, params: dict, momentum: float = 0.0, nesterov: bool = False,
+                 weight_decay: float = 0.0, lr_mult: dict | None = None):
+        self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
+        self.lr_mult = dict(lr_mult or {})
+        self.state = {f"momentum/{n}": np.zeros_like(p) for n, p in params.items()} if momentum else {}
+
+    def step(self, params: dict, grads: dict, lr: float) -> None:
+        for name, w in params.items():
+            g = grads[name]
+            if self.weight_decay:
+                g = g + w.dtype.type(self.weight_decay) * w
+            step_lr = w.dtype.type(lr * self.lr_mult.get(name, 1.0))
+            if self.momentum:
+                buf = self.state[f"momentum/{name}"]
+                buf *= w.dtype.type(self.momentum)
+                buf += g
+                g = g + w.dtype.type(self.momentum) * buf if self.nesterov else buf
+            w -= step_lr * g
+
+
+class Adam:
+    """Adam, or AdamW with decoupled weight decay when `decoupled`."""
+
+    def __init__(self, params: dict, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 weight_decay: float = 0.0, decoupled: bool = False, lr_mult: dict | None = None):
+        self.beta1, self.beta2, self.eps = beta1, beta2, eps
+        self.weight_decay, self.decoupled = weight_decay, decoupled
+        self.lr_mult = dict(lr_mult or {})
+        self.state = {"t": np.zeros((), dtype=np.int64)}
+        for n, p in params.items():
+            self.state[f"m/{n}"] = np.zeros_like(p)
+            self.state[f"v/{n}"] = np.zeros_like(p)
+
+    def step(self, params: dict, grads: dict, lr: float) -> None:
+        self.state["t"] += 1
+        t = int(self.state["t"])
+        bias1, bias2 = 1 - self.beta1**t, 1 - self.beta2**t
+        for name, w in params.items():
+            dt = w.dtype.type
+            g = grads[name]
+            step_lr = lr * self.lr_mult.get(name, 1.0)
+            if self.weight_decay and self.decoupled:
+                w -= dt(step_lr * self.weight_decay) * w
+            elif self.weight_decay:
+                g = g + dt(self.weight_decay) * w
+            m, v = self.state[f"m/{name}"], self.state[f"v/{name}"]
+            m *= dt(self.beta1)
+            m += dt(1 - self.beta1) * g
+            v *= dt(self.beta2)
+            v += dt(1 - self.beta2) * (g * g)
+            w -= dt(step_lr / bias1) * m / (np.sqrt(v / dt(bias2)) + dt(self.eps))

@@ -1,0 +1,133 @@
+"""Figures of one run, drawn from its directory only (never from live objects),
+so any run, finished or not, can be re-plotted: `python -m attn plot runs/<run>`.
+
+    loss.png         train and eval loss against step (log y), chance and
+                     no-retrieval levels drawn
+    attention.png    attention weights of a few eval examples, at init and at
+                     the end; the key each query should read is circled
+    diagnostics.png  score std, attention entropy, saturated rows, and the
+                     gradient norms of W_q and W_k over training
+
+Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from attn import runs
+
+REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrieval", "--", "0.55")}
+
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a metric, non-finite and missing values dropped."""
+    pairs = [(r["step"], r[key]) for r in records
+             if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    if not pairs:
+        return np.array([]), np.array([])
+    steps, values = zip(*pairs)
+    return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+def draw_references(ax, references: dict) -> None:
+    for key, (label, style, color) in REFERENCE_STYLE.items():
+        if references.get(key) is not None:
+            ax.axhline(references[key], linestyle=style, color=color, linewidth=1, label=f"{label} ({references[key]:.2f})")
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Draw every figure of a run; returns the paths written."""
+    run_dir = Path(run_dir)
+    records = runs.read_metrics(run_dir)
+    summary = runs.read_summary(run_dir) or {}
+    written = [_loss_figure(run_dir, records, summary), _diagnostics_figure(run_dir, records)]
+    if (run_dir / "attention.npz").exists():
+        written.append(_attention_figure(run_dir))
+    return written
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=110, format=path.suffix.lstrip("."))
+    tmp.replace(path)
+    return path
+
+
+def _title(run_dir: Path, summary: dict) -> str:
+    status = summary.get("status", "?")
+    return f"{run_dir.name}  [{status}{': ' + summary['reason'] if summary.get('reason') else ''}]"
+
+
+def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for key, label in (("train_loss", "train"), ("eval_loss", "eval")):
+        x, y = series(records, key)
+        if len(x):
+            ax.plot(x, y, label=label, linewidth=1.4)
+    draw_references(ax, summary.get("references", {}))
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(_title(run_dir, summary), fontsize=9)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    return _save(fig, run_dir / "loss.png")
+
+
+def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
+    fig = Figure(figsize=(10, 6.5))
+    panels = [
+        ("score_std", "std of scores s·q·k", "linear"),
+        ("attn_entropy", "attention entropy (nats)", "linear"),
+        ("saturated_frac", "rows with max weight > 0.99", "linear"),
+        (("grad_norm/W_q", "grad_norm/W_k"), "‖∇W_q‖, ‖∇W_k‖", "log"),
+    ]
+    for i, (keys, title, yscale) in enumerate(panels):
+        ax = fig.add_subplot(2, 2, i + 1)
+        for key in (keys if isinstance(keys, tuple) else (keys,)):
+            x, y = series(records, key)
+            if yscale == "log":
+                keep = y > 0
+                x, y = x[keep], y[keep]
+            if len(x):
+                ax.plot(x, y, label=key.split("/")[-1], linewidth=1.3)
+        ax.set_yscale(yscale)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.25)
+        if isinstance(keys, tuple):
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{run_dir.name}: attention diagnostics (eval set, target rows)", fontsize=10)
+    return _save(fig, run_dir / "diagnostics.png")
+
+
+def _attention_figure(run_dir: Path) -> Path:
+    with np.load(run_dir / "attention.npz", allow_pickle=False) as npz:
+        data = {k: npz[k] for k in npz.files}
+    moments = [k for k in ("attn_init", "attn_final") if k in data]
+    n = data[moments[0]].shape[0]
+    fig = Figure(figsize=(2.6 * n + 0.8, 2.7 * len(moments) + 0.3))
+    for row, moment in enumerate(moments):
+        for i in range(n):
+            ax = fig.add_subplot(len(moments), n, row * n + i + 1)
+            weights = data[moment][i]  # (T, T)
+            image = ax.imshow(weights, vmin=0, vmax=1, cmap="viridis")
+            targets = np.nonzero(data["target_mask"][i] & (data["target_key"][i] >= 0))[0]
+            ax.scatter(data["target_key"][i][targets], targets, s=40, facecolors="none", edgecolors="red", linewidths=1)
+            ax.set_title(f"{moment.removeprefix('attn_')} · example {i}", fontsize=8)
+            ax.set_xlabel("key position", fontsize=7)
+            ax.set_ylabel("query position", fontsize=7)
+            ax.tick_params(labelsize=6)
+    fig.colorbar(image, ax=fig.axes, shrink=0.8, label="attention weight")
+    fig.suptitle(f"{run_dir.name}: where each query looks (red: the key it should read)", fontsize=9)
+    tmp = run_dir / ".attention.png.tmp"
+    fig.savefig(tmp, dpi=110, format="png")
+    tmp.replace(run_dir / "attention.png")
+    return run_dir / "attention.png"
