@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test bench ablation ablations sweep compare runs plot clean-venv
+.PHONY: train test bench ablation ablations sweep publish compare runs plot clean-venv
 
 $(VENV)/.runtime: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "attn needs Python >= 3.10; found " + sys.version.split()[0] + " (set PYTHON=python3.x)")'
@@ -26,6 +26,38 @@ ifdef RESUME
 else
 	$(PY) -m attn train $(CONFIG) $(ARGS)
 endif
+
+## make compare RUNS="runs/sqrt_dk/*" [ARGS="--metric eval_loss --smooth 0.9 --x wall_time"]
+compare: $(VENV)/.runtime
+	@test -n '$(RUNS)' || { echo 'error: RUNS: got nothing; expected run or experiment directories, e.g. make compare RUNS="runs/sqrt_dk/*"' >&2; exit 2; }
+	$(PY) -m attn compare $(RUNS) $(ARGS)
+
+## make runs [RUNS=runs/sqrt_dk] [ARGS="--status diverged"]: list runs
+runs: $(VENV)/.runtime
+	$(PY) -m attn runs $(RUNS) $(ARGS)
+
+## make sweep EXP=experiments/<name>.yaml [ARGS="--workers 2"]: any experiment, then its report
+sweep: $(VENV)/.runtime
+	$(PY) -m attn sweep $(EXP) $(ARGS)
+
+## make ablation: the headline sqrt(d_k) experiment -> runs/sqrt_dk/report.md
+ablation: $(VENV)/.runtime
+	@start=$$(date +%s); $(PY) -m attn sweep experiments/sqrt_dk.yaml $(ARGS) || exit $$?; \
+	echo "make ablation: $$(( $$(date +%s) - start )) s wall time" >&2
+
+ABLATIONS := sqrt_dk init_scale lr optimizer scalings copy
+## make ablations: the headline and every boundary experiment, with the total wall time
+ablations: $(VENV)/.runtime
+	@start=$$(date +%s); status=0; \
+	for name in $(ABLATIONS); do $(PY) -m attn sweep experiments/$$name.yaml $(ARGS) || status=$$?; done; \
+	echo "make ablations: $$(( $$(date +%s) - start )) s wall time for $(ABLATIONS)" >&2; exit $$status
+
+## make publish: copy the experiments' reports and figures from runs/ into experiments/results/ (committed)
+publish:
+	@for name in $(ABLATIONS); do \
+	  test -f runs/$$name/report.md || { echo "skip $$name: no runs/$$name/report.md" >&2; continue; }; \
+	  mkdir -p experiments/results/$$name && cp runs/$$name/report.md runs/$$name/report.csv runs/$$name/*.png experiments/results/$$name/ && echo "experiments/results/$$name"; \
+	done
 
 ## make test: the whole suite
 test: $(VENV)/.dev

@@ -3,6 +3,8 @@
     python -m attn train [CONFIG] [key=value ...] [--name NAME] [--resume RUN_DIR]
     python -m attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
     python -m attn plot RUN_DIR ...                     redraw a run's figures
+    python -m attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
+    python -m attn runs [PATH] [--status S]             list runs
 
 Exit codes: 0 done; 1 failed (error recorded in the run directory); 2 bad
 input (config, override, path, checkpoint); 3 diverged; 130 SIGINT; 143 SIGTERM.
@@ -11,6 +13,7 @@ input (config, override, path, checkpoint); 3 diverged; 130 SIGINT; 143 SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -41,84 +44,114 @@ def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]
     return None, items
 
 
-def _progress_printer(total_steps: int, start_step: int):
-    """A tqdm bar on a terminal; plain lines every ~10% elsewhere (CI, pipes)."""
-    interactive = sys.stderr.isatty() and not os.environ.get("CI")
-    if interactive:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, leave=True)
+@contextlib.contextmanager
+def _progress_printer(total_steps: int):
+    """Yields progress(step, record): a tqdm bar on a terminal, plain lines every
+    ~10% elsewhere (CI, pipes). The bar starts at the first step reported (a
+    resumed run's) and is closed however the run ends."""
+    if not _is_interactive():
+        every = max(1, total_steps // 10)
+        next_line = 0
 
         def progress(step, record):
-            bar.update(1) if step < total_steps else None
-            if record is not None:
-                bar.set_postfix(loss=f"{record['train_loss']:.3f}", eval_acc=f"{record['eval_accuracy']:.3f}")
+            nonlocal next_line
+            if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
+                next_line = step + every
+                print(f"step {step:>6}/{total_steps}  train_loss {record['train_loss']:.4g}  "
+                      f"eval_loss {record['eval_loss']:.4g}  eval_acc {record['eval_accuracy']:.3f}  "
+                      f"score_std {record['score_std']:.3g}", file=sys.stderr, flush=True)
 
-        return progress, bar.close
-    every = max(1, total_steps // 10)
-    state = {"next": start_step}
+        yield progress
+        return
+    from tqdm import tqdm
+
+    bar = None
 
     def progress(step, record):
-        if record is not None and (step >= state["next"] or step == total_steps):
-            state["next"] = step + every
-            print(f"step {step:>6}/{total_steps}  train_loss {record['train_loss']:.4f}  "
-                  f"eval_loss {record['eval_loss']:.4f}  eval_acc {record['eval_accuracy']:.3f}  "
-                  f"score_std {record['score_std']:.2f}", file=sys.stderr, flush=True)
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True)
+        if step < total_steps:
+            bar.update(1)
+        if record is not None:
+            bar.set_postfix(loss=f"{record['train_loss']:.3f}", eval_acc=f"{record['eval_accuracy']:.3f}")
 
-    return progress, lambda: None
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
 
 
-def _install_stop_handlers(stop: StopFlag) -> None:
+def _install_stop_handlers(stop: StopFlag):
+    """SIGINT/SIGTERM: the first asks the run to stop after the current step,
+    with a checkpoint; a second stops it at once. Returns a function that puts
+    the previous handlers back."""
     def handler(signum, _frame):
-        if stop.reason:  # second signal: stop now
+        if stop.reason:
             raise KeyboardInterrupt
         stop.request(signal.Signals(signum).name)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore():
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
+
+    return restore
 
 
 def cmd_train(args) -> int:
     config_path, overrides = _split_config_and_overrides(args.items)
-    if args.resume:
-        requested = load_config(config_path, overrides) if (config_path or overrides) else None
-        run_dir = Path(args.resume)
-        config = jobs.check_resumable(run_dir, requested)
-        start_step = runs.read_json(run_dir / "summary.json").get("step", 0) if (run_dir / "summary.json").exists() else 0
-    else:
-        config = load_config(config_path, overrides)
-        run_dir = jobs.create(config, config_path, overrides, args.name)
-        start_step = 0
-    print(f"run directory: {run_dir}", file=sys.stderr)
+    if args.resume and args.name:
+        raise UsageError("train: --name cannot be given with --resume (a resumed run keeps its directory)")
     stop = StopFlag()
-    _install_stop_handlers(stop)
-    progress, close = _progress_printer(config.train.steps, start_step)
+    restore_signals = _install_stop_handlers(stop)
     try:
-        summary = jobs.execute(config, run_dir, resume=bool(args.resume), stop=stop, progress=progress)
-    except runs.RunError as err:
-        close()
-        print(f"error: {err}", file=sys.stderr)
-        print(run_dir)
-        return EXIT_BAD_INPUT
+        if args.resume:
+            run_dir = Path(args.resume)
+            if config_path:
+                config = jobs.check_resumable(run_dir, load_config(config_path, overrides))
+            else:
+                config = jobs.check_resumable(run_dir, overrides=overrides)
+        else:
+            config = load_config(config_path, overrides)
+            run_dir = jobs.create(config, config_path, overrides, args.name)
+        print(f"run directory: {run_dir}", file=sys.stderr)
+        return _train_and_report(config, run_dir, bool(args.resume), stop)
+    finally:
+        restore_signals()
+
+
+def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag) -> int:
+    """Run it; one line on how it ended; the run directory as the last stdout line."""
+    summary = None
+    try:
+        with _progress_printer(config.train.steps) as progress:
+            summary = jobs.execute(config, run_dir, resume=resume, stop=stop, progress=progress)
+    except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
+        summary = runs.read_summary(run_dir) or {"status": "interrupted"}
+    except runs.RunError as err:  # the disk or the run directory, mid-run
+        print(f"error: run failed: {err}", file=sys.stderr)
     except Exception as err:
-        close()
-        print(f"error: run failed: {type(err).__name__}: {err} (traceback in {run_dir / 'error.txt'})", file=sys.stderr)
-        print(run_dir)
-        return EXIT_FAILED
-    close()
-    final = summary.get("final", {})
-    best = summary.get("best", {})
-    print(f"{summary['status']}: step {summary['step']}/{config.train.steps}"
-          f"{'  (' + summary['reason'] + ')' if summary.get('reason') else ''}  "
-          f"eval_loss {final.get('eval_loss', float('nan')):.4f}  eval_acc {final.get('eval_accuracy', float('nan')):.3f}  "
-          f"steps_to_99 {best.get('steps_to_99', 'never')}  "
-          f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s", file=sys.stderr)
-    if summary["status"] == "interrupted":
+        print(f"error: run failed: {type(err).__name__}: {err} (traceback in {run_dir / 'error.txt'})",
+              file=sys.stderr)
+    status = summary["status"] if summary else "failed"
+    if summary:
+        final, best = summary.get("final") or {}, summary.get("best") or {}
+        print(f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
+              f"{'  (' + summary['reason'] + ')' if summary.get('reason') else ''}  "
+              f"eval_loss {final.get('eval_loss', float('nan')):.4g}  "
+              f"eval_acc {final.get('eval_accuracy', float('nan')):.3f}  "
+              f"steps_to_99 {best.get('steps_to_99', 'never')}  "
+              f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary.get('wall_time', 0):.1f}s",
+              file=sys.stderr)
+    if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
         print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
     print(run_dir)
-    if summary["status"] == "interrupted":
+    if status == "interrupted":
         return EXIT_SIGNAL.get(stop.reason, 130)
-    return EXIT_DIVERGED if summary["status"] == "diverged" else EXIT_OK
+    return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
 
 
 def cmd_config(args) -> int:
@@ -143,6 +176,113 @@ def cmd_plot(args) -> int:
     return EXIT_OK
 
 
+def _is_interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def cmd_sweep(args) -> int:
+    from attn import sweep
+
+    experiment = sweep.load_experiment(args.experiment, args.runs_dir)
+    executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
+    stop = StopFlag()
+
+    def handler(signum, _frame):
+        if not stop.reason:
+            stop.request(signal.Signals(signum).name)
+            sweep.signal_workers(executor, signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    total = len(experiment.cells)
+    print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
+    bar = None
+    if _is_interactive():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="run", dynamic_ncols=True)
+    done = {"n": 0}
+
+    def on_outcome(outcome):
+        done["n"] += 1
+        line = f"[{done['n']}/{total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
+        if bar is not None:
+            bar.update(1)
+            if outcome.action in ("failed",) or outcome.status in ("failed", "interrupted"):
+                bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    with executor:
+        outcomes = sweep.run_experiment(experiment, executor, on_outcome, lambda: stop.reason is not None)
+    if bar is not None:
+        bar.close()
+    counts = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    failed = [o for o in outcomes if o.action == "failed"]
+    print(f"sweep {experiment.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), file=sys.stderr)
+    for outcome in failed:
+        print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+    if stop.reason:
+        print(f"stopped by {stop.reason}; re-run the same command to resume", file=sys.stderr)
+        print(experiment.directory)
+        return EXIT_SIGNAL.get(stop.reason, 130)
+    _print_report(experiment)
+    print(experiment.directory)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _print_report(experiment) -> None:
+    from attn import report
+
+    paths = report.write_report(experiment)
+    print(paths["md"].read_text(), file=sys.stderr)
+
+
+def cmd_report(args) -> int:
+    from attn import sweep
+
+    experiment = sweep.load_experiment(args.experiment, args.runs_dir)
+    _print_report(experiment)
+    print(experiment.directory)
+    return EXIT_OK
+
+
+def cmd_compare(args) -> int:
+    from attn import compare
+
+    result = compare.compare(args.paths, args.metric or compare.DEFAULT_METRICS, args.x, args.smooth,
+                             args.threshold, args.yscale, args.out)
+    for skipped in result.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    print(result.table, end="")
+    for path in result.written:
+        print(path)
+    return EXIT_OK
+
+
+def cmd_runs(args) -> int:
+    from attn import compare
+
+    listing = compare.list_runs(Path(args.path), args.status, args.experiment)
+    for skipped in listing.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    if not listing.rows:
+        print(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
+        return EXIT_OK
+    header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age"]
+    table = [header] + [
+        [row.name, row.status, row.task, *(compare.format_value(row.settings[k]) for k in listing.keys),
+         "—" if row.final[0] is None else f"{row.final[0]:.4g}",
+         "—" if row.final[1] is None else f"{row.final[1]:.3f}", compare.format_age(row.age)]
+        for row in listing.rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -157,6 +297,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="redraw the figures of run directories")
     p.add_argument("run_dirs", nargs="+")
     p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
+    p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
+    p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
+    p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
+                   "(default: eval_loss and eval_accuracy)")
+    p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
+    p.add_argument("--smooth", type=float, default=0.0, metavar="BETA",
+                   help="bias-corrected EMA smoothing in [0, 1) (default: 0, none)")
+    p.add_argument("--threshold", type=float, default=0.99, help="accuracy for `steps to` (default: 0.99)")
+    p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
+                   help="y axes; auto: log for metrics named *loss*, else linear")
+    p.add_argument("--out", help="output directory (default: <experiment>/compare, else runs/compare-<time>)")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")
+    p.add_argument("path", nargs="?", default="runs", help="a directory of runs (default: runs)")
+    p.add_argument("--status", help="only runs with this status (running, completed, diverged, interrupted, "
+                   "failed, stale, unknown)")
+    p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
+    p.set_defaults(func=cmd_runs)
     return parser
 
 

@@ -1,0 +1,286 @@
+"""Experiments: a base config, a grid of overrides and a list of seeds, run as
+ordinary run directories under runs/<experiment>/, in parallel.
+
+An experiment file (experiments/*.yaml):
+
+    name: sqrt_dk                    # output folder: <runs_dir>/sqrt_dk/
+    base: ../configs/default.yaml    # relative to the experiment file
+    overrides: {train.steps: 600}    # applied to every cell
+    grid:                            # a mapping: the cartesian product of its lists;
+      model.d_k: [16, 64, 256]       # or a list of such mappings: the union of their products
+      model.scale: [sqrt, none]
+    seeds: [0, 1, 2, 3, 4]
+    report: {x: model.d_k, arm: model.scale}   # how attn.report lays out the results
+
+Every cell of every grid is validated before any run starts. Each (cell,
+seed) is one run directory named after its settings, e.g.
+runs/sqrt_dk/d_k-64_scale-none_seed-3. Re-running an experiment skips runs
+that finished (completed or diverged), resumes interrupted, stale or failed
+runs from their checkpoint, and starts the rest. A run holds an exclusive
+lock (flock on <run>/.lock) while it trains, so two sweeps over the same
+experiment never run the same cell twice: the second one skips it.
+
+The runner takes any concurrent.futures.Executor: a process pool (default,
+one worker per core, each with one BLAS thread) or a Dask cluster's
+`Client(address).get_executor()`; then the run directories are written by
+the workers, and runs_dir must be a path they share.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import signal
+from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from attn import jobs, runs
+from attn.config import (Config, ConfigError, _set_dotted, all_keys, build, check_run_name, nearest_key,
+                         read_yaml_file, to_dict, validate)
+from attn.train import StopFlag
+
+EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
+FINISHED = ("completed", "diverged")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of an experiment: a validated config and where it goes."""
+
+    name: str  # run directory name, e.g. d_k-64_scale-none_seed-3
+    settings: tuple[tuple[str, object], ...]  # the grid values of this cell (dotted key, value)
+    seed: int
+    config: Config
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: Path
+    cells: tuple[Cell, ...]
+    grid_keys: tuple[str, ...]
+    report: dict = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.cells[0].config.runs_dir) / self.name
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to one cell in this sweep."""
+
+    cell: str
+    action: str  # ran | resumed | skipped-finished | skipped-locked | failed | cancelled
+    status: str  # the run's status afterwards
+    detail: str = ""  # error message, reason, or final figures
+
+
+def _short_key(key: str, keys: list[str]) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf if sum(k.rsplit(".", 1)[-1] == leaf for k in keys) == 1 else key.replace(".", "-")
+
+
+def _format_value(value) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text.replace("/", "_").replace(" ", "")
+
+
+def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: list[str]) -> str:
+    parts = [f"{_short_key(k, grid_keys)}-{_format_value(v)}" for k, v in settings]
+    return "_".join(parts + [f"seed-{seed}"])
+
+
+def _expand_grid(grid, source: str) -> list[dict]:
+    """A mapping -> its cartesian product; a list of mappings -> the union of theirs."""
+    blocks = grid if isinstance(grid, list) else [grid]
+    if not blocks or any(not isinstance(b, dict) or not b for b in blocks):
+        raise ConfigError(f"{source}: grid: expected a non-empty mapping of dotted key -> list of values "
+                          "(or a list of such mappings)")
+    cells = []
+    for block in blocks:
+        for key, values in block.items():
+            if key not in all_keys() or key in ("seed", "name", "runs_dir"):
+                suggestion = nearest_key(str(key))
+                hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+                reason = "set with `seeds:`" if key == "seed" else "not a config field that a grid can vary"
+                raise ConfigError(f"{source}: grid: `{key}`: {reason}{hint}")
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{source}: grid: {key}: got {values!r}; expected a non-empty list of values")
+        keys = list(block)
+        for combo in itertools.product(*(block[k] for k in keys)):
+            cells.append(dict(zip(keys, combo)))
+    return cells
+
+
+def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Experiment:
+    """Read and validate an experiment file: every cell's config is built and
+    checked here, so a bad cell is reported before any run starts."""
+    path = Path(path)
+    data = read_yaml_file(path, "experiment file")
+    source = str(path)
+    unknown = [k for k in data if k not in EXPERIMENT_KEYS]
+    if unknown:
+        raise ConfigError(f"{source}: unknown key `{unknown[0]}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
+    for key in ("name", "base", "grid", "seeds"):
+        if key not in data:
+            raise ConfigError(f"{source}: missing `{key}`")
+    name = check_run_name(str(data["name"]), f"{source}: name")
+    seeds = data["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{source}: seeds: got {seeds!r}; expected a non-empty list of distinct integers >= 0")
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: overrides: got {overrides!r}; expected a mapping of dotted key -> value")
+    base_path = (path.parent / str(data["base"])) if not Path(str(data["base"])).is_absolute() else Path(data["base"])
+    base = read_yaml_file(base_path)
+    base.pop("provenance", None)
+    for key, value in overrides.items():
+        _set_dotted(base, str(key), value)
+    if runs_dir is not None:
+        base["runs_dir"] = runs_dir
+    validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+
+    grid_cells = _expand_grid(data["grid"], source)
+    grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
+    cells, names = [], set()
+    for settings in grid_cells:
+        for seed in seeds:
+            merged = to_dict(build(Config, base, source))
+            for key, value in settings.items():
+                _set_dotted(merged, key, value)
+            merged["seed"] = seed
+            shown = ", ".join(f"{k}: {v}" for k, v in settings.items())
+            where = f"{source}: grid cell {{{shown}}}"
+            config = validate(build(Config, merged, where), where)
+            cname = cell_name(tuple(settings.items()), seed, grid_keys)
+            if cname in names:
+                raise ConfigError(f"{source}: grid: cell {{{shown}}} appears twice")
+            names.add(cname)
+            cells.append(Cell(cname, tuple(settings.items()), seed, config))
+    report = data.get("report") or {}
+    if not isinstance(report, dict):
+        raise ConfigError(f"{source}: report: expected a mapping, got {report!r}")
+    return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
+
+
+# ---------------------------------------------------------------------------
+# Running one cell (in a worker process, or a Dask worker)
+# ---------------------------------------------------------------------------
+def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
+    """Train one cell into experiment_dir/cell.name, unless finished or locked elsewhere."""
+    from threadpoolctl import threadpool_limits
+
+    run_dir = Path(experiment_dir) / cell.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return RunOutcome(cell.name, "skipped-locked", "running", "another sweep is running this cell")
+        summary = runs.read_summary(run_dir) or {}
+        if summary.get("status") in FINISHED:
+            return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+        resume = (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
+        if resume:
+            diff = jobs.config_difference(jobs.config_of(run_dir), cell.config)
+            if diff:
+                return RunOutcome(cell.name, "failed", "config-changed",
+                                  f"{run_dir}: config differs from the experiment's: {'; '.join(diff)}")
+        else:
+            runs.write_config(run_dir, to_dict(cell.config),
+                              {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
+                               "cell": dict(cell.settings), "seed": cell.seed})
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        stop = StopFlag()
+        _install_worker_signals(stop)
+        try:
+            with threadpool_limits(limits=1):
+                summary = jobs.execute(cell.config, run_dir, resume=resume, stop=stop)
+        except Exception as err:  # reported, never stops the other cells
+            return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
+        return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
+
+
+def _figures(summary: dict) -> str:
+    final, best = summary.get("final", {}), summary.get("best", {})
+    text = f"eval_loss {final.get('eval_loss', float('nan')):.4f} eval_acc {final.get('eval_accuracy', float('nan')):.3f}"
+    text += f" steps_to_99 {best.get('steps_to_99', 'never')}"
+    return text + (f" ({summary['reason']})" if summary.get("reason") else "")
+
+
+def _install_worker_signals(stop: StopFlag) -> None:
+    """In a worker's main thread, SIGINT/SIGTERM checkpoint the run and stop it."""
+    try:
+        handler = lambda signum, _frame: stop.request(signal.Signals(signum).name)  # noqa: E731
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. a threaded Dask worker)
+        pass
+
+
+# ---------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------
+def default_executor(workers: int | None = None) -> Executor:
+    import multiprocessing
+
+    return ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
+                               mp_context=multiprocessing.get_context("spawn"))
+
+
+def executor_from_address(address: str) -> Executor:
+    """`dask://HOST:PORT` -> that Dask cluster's executor."""
+    if not address.startswith("dask://"):
+        raise ConfigError(f"--executor: got {address!r}; expected dask://HOST:PORT (or omit it for local processes)")
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError("--executor dask://...: the `distributed` package is not installed") from None
+    try:
+        client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
+    except OSError as err:
+        raise ConfigError(f"--executor: cannot reach the Dask scheduler at {address}: {err}") from None
+    return client.get_executor()
+
+
+def run_experiment(experiment: Experiment, executor: Executor,
+                   on_outcome: Callable[[RunOutcome], None] | None = None,
+                   should_stop: Callable[[], bool] = lambda: False) -> list[RunOutcome]:
+    """Submit every cell, report each outcome as it arrives; never stops on a failure."""
+    experiment.directory.mkdir(parents=True, exist_ok=True)
+    futures: dict[Future, Cell] = {
+        executor.submit(run_cell, cell, str(experiment.directory), str(experiment.path)): cell
+        for cell in experiment.cells
+    }
+    outcomes = []
+    for future in as_completed(futures):
+        cell = futures[future]
+        try:
+            outcome = future.result()
+        except CancelledError:
+            outcome = RunOutcome(cell.name, "cancelled", "not started", "the sweep was stopped first")
+        except Exception as err:  # the worker itself died
+            outcome = RunOutcome(cell.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if should_stop():
+            for other in futures:
+                other.cancel()
+    return outcomes
+
+
+def signal_workers(executor: Executor, signum: int) -> None:
+    """Pass a signal on to a local process pool's workers, so that each
+    checkpoints its run (a terminal's Ctrl-C reaches them anyway)."""
+    for process in (getattr(executor, "_processes", None) or {}).values():
+        try:
+            os.kill(process.pid, signum)
+        except (ProcessLookupError, AttributeError):
+            pass
