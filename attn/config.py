@@ -7,13 +7,17 @@ matters) accepted values; `describe_schema()` lists them. Anything wrong in
 a file or an override raises `ConfigError` with one line naming the source,
 the field, the bad value and what is accepted.
 
-YAML is read with a safe loader only (no object-constructing tags), duplicate
-keys and alias bombs are refused, and values are coerced by the field's type:
-PyYAML reads `1e-3` as a string, which a float field accepts as 0.001.
+YAML is read with a safe loader only (no object-constructing tags); duplicate
+keys, alias bombs, recursive aliases and deep nesting are refused; values are
+coerced by the field's type: PyYAML reads `1e-3` as a string, which a float
+field accepts as 0.001. Each override is typed and checked as it is applied;
+the checks across fields (task.n_pairs <= task.n_keys, lr_mult names, memory)
+see the final config, so the order of overrides does not matter.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import math
@@ -28,17 +32,40 @@ from attn.layers import SCORE_SCALES
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
 MAX_YAML_NODES = 10_000  # nodes visited through aliases; beyond this is an alias bomb
+MAX_YAML_DEPTH = 32  # nesting levels; configs use 3, experiment files a few more
 
 
 class ConfigError(ValueError):
     """A bad config, override or experiment file; str() is the one-line message."""
 
 
+class FrozenMapping(collections.abc.Mapping):
+    """A read-only dict (for optim.lr_mult), so a frozen config is frozen all the way down."""
+
+    def __init__(self, items=()):
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMapping({self._items!r})"
+
+
 def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None):
     """A schema field: its default, description and accepted range."""
     meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt)
     if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)
+        return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -122,12 +149,37 @@ class Config:
 # YAML reading: safe, strict about duplicates and aliases.
 # ---------------------------------------------------------------------------
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys."""
+    """SafeLoader that refuses duplicate keys and nesting deeper than MAX_YAML_DEPTH."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        if self.depth > MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # The scanner's cost grows with flow depth: refuse `[[[[...` before it gets there.
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` is merged, not a duplicate
+                continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, collections.abc.Hashable):
+                continue  # refused by super() as an unhashable key
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -135,18 +187,25 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _count_nodes(node, budget: list[int]) -> None:
-    """Walk the composed node graph as construction would (aliases expand)."""
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise ConfigError("")
-    if isinstance(node, yaml.SequenceNode):
-        for child in node.value:
-            _count_nodes(child, budget)
-    elif isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            _count_nodes(k, budget)
-            _count_nodes(v, budget)
+def _check_expansion(root, source: str) -> None:
+    """Walk the composed node graph as construction would (aliases expand) and
+    refuse more than MAX_YAML_NODES nodes (an alias bomb) or a depth beyond
+    MAX_YAML_DEPTH (a recursive alias, or a chain of them)."""
+    stack = [(root, 1)]
+    visited = 0
+    while stack:
+        node, depth = stack.pop()
+        visited += 1
+        if visited > MAX_YAML_NODES:
+            raise ConfigError(f"{source}: YAML expands to more than {MAX_YAML_NODES} nodes through aliases; "
+                              "refused (alias bomb?)")
+        if depth > MAX_YAML_DEPTH:
+            raise ConfigError(f"{source}: YAML nests deeper than {MAX_YAML_DEPTH} levels through aliases; "
+                              "refused (recursive alias?)")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend((child, depth + 1) for pair in node.value for child in pair)
 
 
 def parse_yaml(text: str, source: str):
@@ -157,12 +216,7 @@ def parse_yaml(text: str, source: str):
             node = loader.get_single_node()
             if node is None:
                 return None
-            try:
-                _count_nodes(node, [MAX_YAML_NODES])
-            except ConfigError:
-                raise ConfigError(
-                    f"{source}: YAML expands to more than {MAX_YAML_NODES} nodes through aliases; "
-                    "refused (alias bomb?)") from None
+            _check_expansion(node, source)
             return loader.construct_document(node)
         finally:
             loader.dispose()
@@ -230,13 +284,18 @@ def all_keys(cls=None, prefix: str = "") -> list[str]:
 
 
 def nearest_key(key: str) -> str | None:
-    """The valid dotted key closest to `key`, for 'did you mean' hints."""
+    """The valid dotted key (or section) closest to `key`, for 'did you mean' hints:
+    a known leaf in the wrong place first (`lr` -> `optim.lr`), then the closest
+    spelling, then the leaf closest in spelling."""
     keys = all_keys()
-    match = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    if match:
-        return match[0]
     leaf = key.rsplit(".", 1)[-1]
     leaves = {k.rsplit(".", 1)[-1]: k for k in keys}
+    if leaf in leaves:
+        return leaves[leaf]
+    sections = [name for name, hint in _hints(Config).items() if dataclasses.is_dataclass(hint)]
+    match = difflib.get_close_matches(key, keys + (sections if "." not in key else []), n=1, cutoff=0.6)
+    if match:
+        return match[0]
     match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.6)
     return leaves[match[0]] if match else None
 
@@ -262,11 +321,20 @@ def _describe_accepted(hint, meta) -> str:
     return text + (", or null" if nullable else "")
 
 
+def _yaml_line(value) -> str:
+    """A value as YAML flow text on one line."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip().removesuffix("...")
+    return " ".join(text.split())
+
+
+def _show(value, limit: int = 80) -> str:
+    """A bad value for an error message: strings quoted, one line, cut to `limit` characters."""
+    shown = repr(value) if isinstance(value, str) else _yaml_line(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
 def _fail(source: str, key: str, value, hint, meta) -> typing.NoReturn:
-    shown = repr(value) if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip()
-    if shown.endswith("..."):
-        shown = shown[:-3].strip()
-    raise ConfigError(f"{source}: {key}: got {shown}; expected {_describe_accepted(hint, meta)}")
+    raise ConfigError(f"{source}: {key}: got {_show(value)}; expected {_describe_accepted(hint, meta)}")
 
 
 def _in_range(x, meta) -> bool:
@@ -320,11 +388,13 @@ def coerce(value, hint, meta, key: str, source: str):
             _fail(source, key, value, outer, meta)
         out = {}
         for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{source}: {key}: got key {_show(k)}; expected parameter names such as W_q")
             number = _coerce_scalar(v, float)
-            if not isinstance(k, str) or number is None or not _in_range(number, meta):
+            if number is None or not _in_range(number, meta):
                 _fail(source, f"{key}.{k}", v, float, meta)
             out[k] = number
-        return out
+        return FrozenMapping(out)
     coerced = _coerce_scalar(value, hint)
     if coerced is None or (meta.get("choices") and coerced not in meta["choices"]):
         _fail(source, key, value, outer, meta)
@@ -347,7 +417,7 @@ def build(cls, data: dict, source: str, prefix: str = ""):
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {dotted}: got {value!r}; expected a mapping of {dotted}.* fields")
+                raise ConfigError(f"{source}: {dotted}: got {_show(value)}; expected a mapping of {dotted}.* fields")
             kwargs[key] = build(hint, value, source, dotted + ".")
         else:
             kwargs[key] = coerce(value, hint, dict(fields[key].metadata), dotted, source)
@@ -356,7 +426,14 @@ def build(cls, data: dict, source: str, prefix: str = ""):
 
 def to_dict(config) -> dict:
     """Nested plain dict of a config (for YAML output and comparisons)."""
-    return dataclasses.asdict(config)
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+
+
+def _plain(value):
+    """A field's value as plain YAML data."""
+    if dataclasses.is_dataclass(value):
+        return to_dict(value)
+    return dict(value) if isinstance(value, FrozenMapping) else value
 
 
 def replace(config: Config, **dotted_values) -> Config:
@@ -385,6 +462,8 @@ def parse_override(text: str) -> tuple[str, object]:
     if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
         raise ConfigError(f"override {text!r}: expected key=value with a dotted key, e.g. optim.lr=0.05")
     value = parse_yaml(raw, f"override {text!r}") if raw.strip() else ""
+    if dataclasses.is_dataclass(_hints(Config).get(key)):
+        raise ConfigError(f"override {text!r}: `{key}` is a section; override one field, e.g. {key}.<field>=value")
     if key not in all_keys():
         suggestion = nearest_key(key)
         hint = f"; did you mean `{suggestion}`?" if suggestion else ""
@@ -397,13 +476,14 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     data = read_yaml_file(path) if path is not None else {}
     data.pop("provenance", None)  # a run's config.yaml is a valid config
     source = str(path) if path is not None else "defaults"
-    config = validate(build(Config, data, source), source)
+    config = build(Config, data, source)
     for text in overrides:
         key, value = parse_override(text)
         merged = to_dict(config)
         _set_dotted(merged, key, value)
-        config = validate(build(Config, merged, f"override {text!r}"), f"override {text!r}")
-    return config
+        config = build(Config, merged, f"override {text!r}")
+    # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
+    return validate(config, f"{source} with overrides {' '.join(overrides)}" if overrides else source)
 
 
 # ---------------------------------------------------------------------------
@@ -429,7 +509,8 @@ def estimate_memory_bytes(config: Config) -> int:
     per_example = T * (6 * D + 4 * dk + 4 * dv + 4 * C) + 4 * T * T
     largest_batch = max(config.train.batch_size, t.eval_size)
     itemsize = 4 if config.dtype == "float32" else 8
-    return itemsize * (5 * n_params + largest_batch * per_example)
+    sampling = 16 * largest_batch * t.n_keys if t.name == "retrieval" else 0  # float64 draws + int64 argsort
+    return itemsize * (5 * n_params + largest_batch * per_example) + sampling
 
 
 def memory_limit_bytes() -> int:
@@ -462,6 +543,8 @@ def validate(config: Config, source: str) -> Config:
                               f"(parameters: {', '.join(names)}){hint}")
     if config.name is not None:
         check_run_name(config.name, f"{source}: name")
+    if not config.runs_dir.strip():
+        raise ConfigError(f"{source}: runs_dir: got {config.runs_dir!r}; expected a directory path")
     need, limit = estimate_memory_bytes(config), memory_limit_bytes()
     if need > limit:
         m = config.model
@@ -493,8 +576,8 @@ def describe_schema() -> list[tuple[str, str, str, str]]:
                 walk(hint, prefix + f.name + ".")
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-            rows.append((prefix + f.name, _describe_accepted(hint, dict(f.metadata)), shown, f.metadata["help"]))
+            rows.append((prefix + f.name, _describe_accepted(hint, dict(f.metadata)), _yaml_line(_plain(default)),
+                         f.metadata["help"]))
 
     walk(Config, "")
     return rows

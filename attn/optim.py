@@ -24,8 +24,13 @@ import numpy as np
 
 
 def global_norm(grads: dict[str, np.ndarray]) -> float:
-    """sqrt of the sum of squares of every gradient entry (accumulated in float64)."""
-    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    """sqrt of the sum of squares of every gradient entry (accumulated in float64,
+    so float32 gradients neither overflow nor lose precision in the sum)."""
+    total = 0.0
+    for g in grads.values():
+        g64 = g.astype(np.float64, copy=False)  # np.vdot of float32 accumulates in float32
+        total += float(np.vdot(g64, g64))
+    return math.sqrt(total)
 
 
 def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
