@@ -390,6 +390,9 @@ def coerce(value, hint, meta, key: str, source: str):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ConfigError(f"{source}: {key}: got key {_show(k)}; expected parameter names such as W_q")
+            if v is None and ":" in k:  # `{W_q:0.1}` is YAML for {"W_q:0.1": null}
+                name, _, number = k.partition(":")
+                raise ConfigError(f"{source}: {key}: got {{{k}}}; YAML needs a space after the colon: {{{name}: {number}}}")
             number = _coerce_scalar(v, float)
             if number is None or not _in_range(number, meta):
                 _fail(source, f"{key}.{k}", v, float, meta)

@@ -179,6 +179,7 @@ def test_a_section_must_be_a_mapping(tmp_path, text, key, shown):
     ("optim: {lr_mult: {W_q: 0}}", "optim.lr_mult.W_q: got 0; expected a float > 0"),
     ("optim: {lr_mult: {W_q: abc}}", "optim.lr_mult.W_q: got 'abc'; expected a float > 0"),
     ("optim: {lr_mult: {1: 2}}", "optim.lr_mult: got key 1; expected parameter names"),
+    ("optim: {lr_mult: {W_q:0.1}}", "optim.lr_mult: got {W_q:0.1}; YAML needs a space after the colon: {W_q: 0.1}"),
 ])
 def test_bad_lr_mult_entries(tmp_path, text, phrase):
     assert phrase in file_error(tmp_path, text + "\n")
