@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bias-corrected EMA smoothing in [0, 1) (default: 0, none)")
     p.add_argument("--threshold", type=float, default=0.99, help="accuracy for `steps to` (default: 0.99)")
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
-                   help="y axes; auto: log for metrics named *loss*, else linear")
+                   help="y axes; auto: log for metrics named *loss* and for positive values spanning "
+                   "more than 3 decades, else linear")
     p.add_argument("--out", help="output directory (default: <experiment>/compare, else runs/compare-<time>)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")

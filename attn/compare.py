@@ -1,0 +1,732 @@
+"""Compare runs: overlaid curves with seed bands, a summary table, and a listing.
+
+Everything is read from run directories (config.yaml, metrics.jsonl,
+summary.json), never from live objects, so finished, running, diverged and
+interrupted runs compare alike.
+
+    python -m attn compare runs/sqrt_dk/*     figures and table into runs/sqrt_dk/compare/
+    python -m attn runs [PATH]                one line per run
+
+Which runs. Each PATH is a run directory (it holds config.yaml), a directory
+holding run directories at any depth (an experiment), or a glob of either.
+Hidden directories and symbolic links below a PATH are not walked.
+
+Groups. Runs whose configs agree on every key except `seed` and the
+bookkeeping keys (BOOKKEEPING_KEYS: they change no logged number) are one
+group: the seeds of one setting. A group's label names the keys whose values
+differ between groups, each by its shortest unambiguous dotted suffix
+(`model.scale` -> `scale=none, d_k=256`).
+
+Bands. A group's curve is computed on the union of the steps its runs
+logged. At step s, with x_1..x_n the finite values of the runs that logged
+s (a run that has not reached s, or whose value there is NaN, is not among
+them):
+
+    mean(s) = (1/n) Σ_i x_i
+    std(s)  = sqrt( Σ_i (x_i - mean(s))^2 / (n - 1) )     for n >= 2, none for n = 1
+
+so a seed that is still running narrows the band to the seeds that have
+arrived, and a diverged seed leaves it at its first non-finite value (the
+table counts it under status). The band drawn is mean ± std clipped to the
+range of the runs' values at that step: it never claims a value no run had
+(with two seeds it is their range; on a log axis mean - std may be <= 0).
+With x = wall_time, each step is placed at the mean wall time of the runs
+that logged it.
+
+Smoothing (optional) is applied to each run before the band statistics:
+the bias-corrected exponential moving average over the logged points,
+
+    m_0 = 0,  m_t = β m_{t-1} + (1 - β) y_t,  ŷ_t = m_t / (1 - β^t)
+              = Σ_{i<=t} β^(t-i) y_i / Σ_{i<=t} β^(t-i),
+
+Adam's bias correction, as in TensorBoard's debiased smoothing: early points
+are a weighted mean of what was seen so far, not pulled toward 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import math
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from attn import plots, runs
+from attn.config import ConfigError
+from attn.jobs import _flatten as flatten_config
+
+DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
+X_AXES = {"step": "step", "wall_time": "wall time (s)"}
+YSCALES = ("auto", "log", "linear")
+THRESHOLD_METRIC = "eval_accuracy"
+BOOKKEEPING_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
+NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
+FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
+LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
+RUNS_ROOT = Path("runs")
+LINESTYLES = ("-", "--", "-.", ":")
+WIDE_RANGE = 1e3  # --yscale auto: a positive metric whose values span more than this factor gets a log axis
+
+
+# ---------------------------------------------------------------------------
+# Finding and reading runs
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One run directory, as read from disk."""
+
+    path: Path
+    settings: dict  # the flattened config: dotted key -> value
+    records: list  # metrics.jsonl (a torn last line dropped)
+    summary: dict  # summary.json; {} before the first one is written
+    status: str  # runs.effective_status: `stale` for a `running` run whose process is gone
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: Path
+    reason: str
+
+
+def natural_key(text: str) -> list:
+    """Sort key that orders 'dk16' before 'dk256'."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
+
+
+def expand_paths(paths) -> list[Path]:
+    """Each PATH as it is if it exists, else its glob matches (make passes globs quoted)."""
+    expanded = []
+    for text in paths:
+        text = str(text)
+        if Path(text).is_dir():
+            expanded.append(Path(text))
+            continue
+        if Path(text).exists():
+            raise runs.RunError(f"{text}: not a directory; expected a run directory (holding config.yaml) "
+                                "or a directory of runs")
+        matches = sorted(glob.glob(text, recursive=True), key=natural_key) if any(c in text for c in "*?[") else []
+        directories = [Path(m) for m in matches if Path(m).is_dir()]  # a glob may also match report files
+        if not directories:
+            raise runs.RunError(f"{text}: {'matches no directory' if matches else 'no such file or directory'}; "
+                                "expected a run directory (holding config.yaml), a directory of runs, or a glob of them")
+        expanded += directories
+    return expanded
+
+
+def find_run_dirs(paths) -> list[Path]:
+    """Every run directory at or below the PATHs (globs expanded), each once, in natural order."""
+    expanded = expand_paths(paths)
+    found, seen = [], set()
+    for path in expanded:
+        for run_dir in _walk_runs(path):
+            if run_dir.resolve() not in seen:
+                seen.add(run_dir.resolve())
+                found.append(run_dir)
+    if not found:
+        shown = ", ".join(str(p) for p in paths)
+        raise runs.RunError(f"{shown}: no run directories found (a run directory holds config.yaml)")
+    return found
+
+
+def _walk_runs(path: Path) -> list[Path]:
+    if (path / "config.yaml").is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    try:
+        children = sorted((c for c in path.iterdir() if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")),
+                          key=lambda c: natural_key(c.name))
+    except OSError as err:
+        raise runs.RunError(f"{path}: cannot list: {err.strerror}") from None
+    return [run_dir for child in children for run_dir in _walk_runs(child)]
+
+
+def load_run(run_dir: Path) -> Run:
+    """Read one run directory; RunError if its files cannot be read."""
+    run_dir = Path(run_dir)
+    settings = flatten_config(runs.read_config_dict(run_dir))
+    records = runs.read_metrics(run_dir)
+    for line, record in enumerate(records, 1):
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise runs.RunError(f"{run_dir / 'metrics.jsonl'}: record {line} has no integer `step`")
+    summary = runs.read_summary(run_dir)
+    if summary is not None and not isinstance(summary, dict):
+        raise runs.RunError(f"{run_dir / 'summary.json'}: not a JSON object")
+    return Run(run_dir, settings, records, summary or {}, runs.effective_status(summary))
+
+
+def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
+    """(runs read, runs that could not be read with the reason)."""
+    loaded, skipped = [], []
+    for run_dir in run_dirs:
+        try:
+            loaded.append(load_run(run_dir))
+        except (runs.RunError, OSError, ValueError) as err:  # ValueError: undecodable bytes
+            reason = str(err).removeprefix(f"{run_dir}/") if isinstance(err, runs.RunError) else f"unreadable: {err}"
+            skipped.append(Skipped(Path(run_dir), " ".join(reason.split())))  # YAML errors span lines
+    return loaded, skipped
+
+
+# ---------------------------------------------------------------------------
+# Groups and labels
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Group:
+    """The runs of one setting: configs equal except for the seed (and bookkeeping)."""
+
+    label: str
+    settings: dict  # the shared config, without NOT_GROUPED keys
+    runs: list  # list[Run], by seed
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def format_value(value) -> str:
+    """A config value as YAML would write it, short: null, true, 0.001, {W_q: 0.1}."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _sort_value(value) -> tuple:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (1, value, "")
+    return (0 if value is None else 2, 0, format_value(value))
+
+
+def varying_keys(settings_list: list[dict]) -> list[str]:
+    """Dotted keys whose values are not all the same (a missing key counts as a value), in config order."""
+    keys = list(dict.fromkeys(k for settings in settings_list for k in settings))
+    return [k for k in keys
+            if len({_canonical(s[k]) if k in s else None for s in settings_list}) > 1]
+
+
+def short_names(keys: list[str], among=()) -> dict[str, str]:
+    """Each dotted key by its shortest suffix that no other key (of keys and among)
+    ends with: model.d_k -> d_k, but task.name -> task.name beside the top-level name."""
+    others = set(keys) | set(among)
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if not any(other != key and (other == suffix or other.endswith("." + suffix)) for other in others):
+                break
+        names[key] = suffix
+    return names
+
+
+def label(settings: dict, keys: list[str], names: dict[str, str]) -> str:
+    """'scale=none, d_k=256' for the given keys."""
+    return ", ".join(f"{names[k]}={format_value(settings.get(k))}" for k in keys)
+
+
+def group_runs(loaded: list[Run]) -> list[Group]:
+    """Groups of runs equal in config except seed, labelled by what differs, ordered by those values."""
+    if not loaded:
+        return []
+    members: dict[tuple, list[Run]] = {}
+    for run in loaded:
+        key = tuple((k, _canonical(v)) for k, v in sorted(run.settings.items()) if k not in NOT_GROUPED)
+        members.setdefault(key, []).append(run)
+    shared = [{k: v for k, v in group[0].settings.items() if k not in NOT_GROUPED} for group in members.values()]
+    keys = varying_keys(shared)
+    if not keys:  # one group: name it by what it is
+        keys = [k for k in FALLBACK_LABEL_KEYS if k in shared[0]]
+    names = short_names(keys, among=[k for run in loaded for k in run.settings])
+    groups = [Group(label(settings, keys, names), settings,
+                    sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))))
+              for settings, group in zip(shared, members.values())]
+    return sorted(groups, key=lambda g: [_sort_value(g.settings.get(k)) for k in keys])
+
+
+# ---------------------------------------------------------------------------
+# Curves: smoothing and band statistics
+# ---------------------------------------------------------------------------
+def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
+    """Bias-corrected exponential moving average (module docstring); smoothing = β in [0, 1)."""
+    smoothed = np.empty(len(values))
+    moment = 0.0
+    for t, y in enumerate(np.asarray(values, dtype=float), 1):
+        moment = smoothing * moment + (1.0 - smoothing) * y
+        smoothed[t - 1] = moment / (1.0 - smoothing**t)
+    return smoothed
+
+
+@dataclass(frozen=True)
+class Band:
+    """Per-step statistics of a group's runs (module docstring)."""
+
+    steps: np.ndarray  # (S,) union of the steps logged
+    mean: np.ndarray  # (S,)
+    std: np.ndarray  # (S,) sample std; NaN where count < 2
+    count: np.ndarray  # (S,) runs with a finite value at that step
+    low: np.ndarray  # (S,) smallest value of a run at that step
+    high: np.ndarray  # (S,) largest
+
+    def take(self, index: np.ndarray) -> Band:
+        return Band(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """The drawn band: mean ± std, clipped to the range of the runs' values
+        (no band claims a value no run had; on a log axis mean - std may be <= 0)."""
+        return np.maximum(self.mean - self.std, self.low), np.minimum(self.mean + self.std, self.high)
+
+
+def band_stats(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
+    """Mean and sample std over runs at each step of the union of their steps.
+
+    curves: (steps, values) per run; non-finite values count as not logged,
+    and a step no run has a finite value at is left out."""
+    steps = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in curves])) if curves else np.array([], np.int64)
+    table = np.full((len(curves), len(steps)), np.nan)  # (R, S)
+    for row, (run_steps, values) in zip(table, curves):
+        row[np.searchsorted(steps, run_steps)] = values
+    present = np.isfinite(table)
+    keep = present.any(axis=0)
+    steps, table, present = steps[keep], table[:, keep], present[:, keep]
+    count = present.sum(axis=0)  # (S,) >= 1
+    mean = np.where(present, table, 0.0).sum(axis=0) / count
+    squares = (np.where(present, table - mean, 0.0) ** 2).sum(axis=0)
+    std = np.full(len(steps), np.nan)
+    many = count >= 2
+    std[many] = np.sqrt(squares[many] / (count[many] - 1))
+    low = np.where(present, table, np.inf).min(axis=0)
+    high = np.where(present, table, -np.inf).max(axis=0)
+    return Band(steps, mean, std, count, low, high)
+
+
+def run_curve(run: Run, metric: str, smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one run's metric, non-finite values dropped, then smoothed."""
+    steps, values = plots.series(run.records, metric)
+    return steps, ema(values, smoothing)
+
+
+def _placed(steps: np.ndarray, members: list[Run], x: str) -> tuple[np.ndarray, np.ndarray]:
+    """(x coordinates, index into steps) of the steps that have an x coordinate."""
+    if x == "step":
+        return steps.astype(float), np.arange(len(steps))
+    clock = band_stats([plots.series(run.records, x) for run in members])
+    _, at_steps, at_clock = np.intersect1d(steps, clock.steps, return_indices=True)
+    return clock.mean[at_clock], at_steps
+
+
+def group_curve(group: Group, metric: str, x: str = "step", smoothing: float = 0.0) -> tuple[np.ndarray, Band]:
+    """(x coordinates, band) of a group's metric; x is the step or the mean wall time at each step."""
+    band = band_stats([run_curve(run, metric, smoothing) for run in group.runs])
+    xs, index = _placed(band.steps, group.runs, x)
+    return xs, band.take(index)
+
+
+# ---------------------------------------------------------------------------
+# The summary table
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stat:
+    """mean ± sample std over the runs of a group that have a value."""
+
+    mean: float | None
+    std: float | None  # None with fewer than two values
+    n: int  # runs with a value
+    total: int  # runs in the group
+
+
+def describe(values: list) -> Stat:
+    finite = np.array([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if not len(finite):
+        return Stat(None, None, 0, len(values))
+    std = float(finite.std(ddof=1)) if len(finite) > 1 else None
+    return Stat(float(finite.mean()), std, len(finite), len(values))
+
+
+def steps_to_threshold(records: list[dict], threshold: float, metric: str = THRESHOLD_METRIC) -> int | None:
+    """The first logged step at which metric >= threshold, or None."""
+    steps, values = plots.series(records, metric)
+    reached = np.flatnonzero(values >= threshold)
+    return int(steps[reached[0]]) if len(reached) else None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def final_figures(run: Run) -> tuple[float | None, float | None]:
+    """(eval loss, eval accuracy) of the last record, only if that eval loss is
+    finite: a diverged run has no final figures."""
+    last = run.records[-1] if run.records else {}
+    if not _finite(last.get("eval_loss")):
+        return None, None
+    return float(last["eval_loss"]), float(last["eval_accuracy"]) if _finite(last.get("eval_accuracy")) else None
+
+
+def run_figures(run: Run, threshold: float) -> dict:
+    """One run's table figures."""
+    last = run.records[-1] if run.records else {}
+    final_loss, final_accuracy = final_figures(run)
+    _, losses = plots.series(run.records, "eval_loss")
+    return {
+        "final_eval_loss": final_loss,
+        "final_eval_accuracy": final_accuracy,
+        "best_eval_loss": float(losses.min()) if len(losses) else None,
+        "steps_to_threshold": steps_to_threshold(run.records, threshold),
+        "wall_time": last.get("wall_time") if _finite(last.get("wall_time")) else None,
+    }
+
+
+STAT_COLUMNS = ("final_eval_loss", "final_eval_accuracy", "best_eval_loss", "steps_to_threshold", "wall_time")
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    label: str
+    settings: dict  # the keys that differ between groups -> this group's values
+    seeds: list
+    statuses: dict  # effective status -> number of runs
+    stats: dict  # STAT_COLUMNS -> Stat
+
+
+def table_rows(groups: list[Group], threshold: float) -> list[GroupRow]:
+    keys = varying_keys([g.settings for g in groups])
+    rows = []
+    for group in groups:
+        figures = [run_figures(run, threshold) for run in group.runs]
+        rows.append(GroupRow(
+            label=group.label,
+            settings={k: group.settings.get(k) for k in keys},
+            seeds=[run.settings.get("seed") for run in group.runs],
+            statuses=dict(Counter(run.status for run in group.runs)),
+            stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
+        ))
+    return rows
+
+
+def format_stat(stat: Stat, spec: str, std_spec: str = ".2g") -> str:
+    """'0.0123 ± 0.0004', with ' (k/n)' when only k of the n runs have a value; '—' when none."""
+    if stat.n == 0:
+        return "—"
+    text = format(stat.mean, spec) + (f" ± {format(stat.std, std_spec)}" if stat.std is not None else "")
+    return text + (f" ({stat.n}/{stat.total})" if stat.n < stat.total else "")
+
+
+def format_steps(stat: Stat) -> str:
+    """Steps to threshold over the runs that reached it, and how many never did."""
+    never = stat.total - stat.n
+    if stat.n == 0:
+        return f"never ({never}/{stat.total})"
+    text = format(stat.mean, ".0f") + (f" ± {stat.std:.0f}" if stat.std is not None else "")
+    return text + (f"; never {never}/{stat.total}" if never else "")
+
+
+def format_statuses(statuses: dict) -> str:
+    return ", ".join(f"{status} {count}" for status, count in sorted(statuses.items()))
+
+
+def markdown_table(rows: list[GroupRow], threshold: float) -> str:
+    header = ["group", "n", "status", "final eval loss", "final eval acc", "best eval loss",
+              f"steps to acc ≥ {threshold:g}", "wall time (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        s = row.stats
+        cells = [row.label.replace("|", "\\|"), str(len(row.seeds)), format_statuses(row.statuses),
+                 format_stat(s["final_eval_loss"], ".4g"), format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
+                 format_stat(s["best_eval_loss"], ".4g"), format_steps(s["steps_to_threshold"]),
+                 format_stat(s["wall_time"], ".1f", ".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["", "mean ± sample std over the seeds of each group; (k/n): only k of its n runs have a value "
+             "(a diverged run has no final figures); steps to acc: the first logged step with "
+             f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the seeds that reached it."]
+    return "\n".join(lines + notes) + "\n"
+
+
+def csv_table(rows: list[GroupRow]) -> str:
+    keys = list(rows[0].settings) if rows else []
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["group", *keys, "n_runs", "seeds", "status",
+                     *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")]])
+    for row in rows:
+        stats = [value for c in STAT_COLUMNS for value in (row.stats[c].mean, row.stats[c].std, row.stats[c].n)]
+        writer.writerow([row.label, *[format_value(row.settings[k]) for k in keys], len(row.seeds),
+                         " ".join(format_value(s) for s in row.seeds),
+                         "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
+                         *["" if v is None else v for v in stats]])
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------
+def shared_references(loaded: list[Run]) -> dict:
+    """The reference losses (chance, no retrieval) if every run has the same ones, else {}."""
+    found = {_canonical(run.summary.get("references") or {}) for run in loaded}
+    return json.loads(found.pop()) if len(found) == 1 else {}
+
+
+def _limits(arrays: list, log: bool) -> tuple[float, float] | None:
+    """y limits holding every finite (and, on a log axis, positive) value, with a margin."""
+    values = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if arrays else np.array([])
+    values = values[np.isfinite(values) & ((values > 0) if log else True)]
+    if not len(values):
+        return None
+    low, high = float(values.min()), float(values.max())
+    if log:
+        span = max(math.log10(high / low), 0.1)
+        return low / 10 ** (0.05 * span), high * 10 ** (0.05 * span)
+    span = high - low or max(abs(high), 1.0) * 0.1
+    return low - 0.05 * span, high + 0.05 * span
+
+
+def legend_label(group: Group) -> str:
+    return f"{group.label}  (n={len(group.runs)})"
+
+
+def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
+    """yscale auto: log for loss metrics, and for positive values spanning more than WIDE_RANGE."""
+    if yscale != "auto":
+        return yscale == "log"
+    values = np.concatenate([np.concatenate([b.low, b.high]) for b in bands]) if bands else np.array([])
+    return "loss" in metric or (len(values) > 0 and values.min() > 0 and values.max() > WIDE_RANGE * values.min())
+
+
+def group_styles(groups: list[Group]) -> list[dict]:
+    """Colour and line style per group. With two or more differing keys, the one
+    with fewest values (at most len(LINESTYLES)) sets the line style and the
+    others the colour, so `d_k` x `scale` reads as colour = d_k, dash = scale."""
+    keys = varying_keys([g.settings for g in groups])
+    seen = {k: list(dict.fromkeys(_canonical(g.settings.get(k)) for g in groups)) for k in keys}
+    few = [k for k in keys if len(seen[k]) <= len(LINESTYLES)]
+    dash_key = min(few, key=lambda k: len(seen[k])) if len(keys) >= 2 and few else None
+    colour_of = [tuple(_canonical(g.settings.get(k)) for k in keys if k != dash_key) for g in groups]
+    colours = list(dict.fromkeys(colour_of))
+    styles = []
+    for group, colour in zip(groups, colour_of):
+        index = colours.index(colour)
+        dash = seen[dash_key].index(_canonical(group.settings.get(dash_key))) if dash_key else index // 10
+        styles.append(dict(color=f"C{index % 10}", linestyle=LINESTYLES[dash % len(LINESTYLES)]))
+    return styles
+
+
+def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0,
+                    yscale: str = "auto", references: dict | None = None, threshold: float | None = None,
+                    title: str = "") -> Figure:
+    """One panel per metric: each group's mean with a ± std band (single runs as lines);
+    a diverged run's last finite value marked ×; references on loss panels."""
+    fig = Figure(figsize=(5.0 * len(metrics) + 0.6, 4.4 + 0.22 * math.ceil(len(groups) / 3)), layout="constrained")
+    for panel, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), panel + 1)
+        _draw_panel(ax, groups, metric, x, smoothing, yscale, references if "loss" in metric else None,
+                    threshold if metric == THRESHOLD_METRIC else None)
+    handles = {}
+    for ax in fig.axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(text, handle)
+    group_labels = {legend_label(group) for group in groups}
+    handles = {text: handles[text] for text in sorted(handles, key=lambda text: text not in group_labels)}
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(3, len(handles)), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _draw_panel(ax, groups: list[Group], metric: str, x: str, smoothing: float, yscale: str,
+                references: dict | None, threshold: float | None) -> None:
+    curves = [group_curve(group, metric, x, smoothing) for group in groups]
+    log = log_scale(metric, [band for _, band in curves], yscale)
+    if log:
+        ax.set_yscale("log", nonpositive="clip")
+    extents = [[0.0, 1.0]] if "accuracy" in metric and not log else []
+    alpha = 0.18 if len(groups) <= 4 else 0.1
+    for group, style, (xs, band) in zip(groups, group_styles(groups), curves):
+        ax.plot(xs, band.mean, linewidth=1.5, label=legend_label(group), **style)
+        spread = np.isfinite(band.std)
+        extents.append(band.mean)
+        if spread.any():
+            lower, upper = band.edges()
+            extents += [lower[spread], upper[spread]]
+            ax.fill_between(xs, lower, upper, where=spread, color=style["color"], alpha=alpha, linewidth=0)
+        for run in (r for r in group.runs if r.status == "diverged"):
+            steps, values = run_curve(run, metric, smoothing)
+            run_xs, placed = _placed(steps, [run], x)
+            if len(placed):
+                ax.plot(run_xs[-1], values[placed[-1]], marker="x", markersize=7, linestyle="none",
+                        color=style["color"], label="diverged run (last finite value)")
+    if references:
+        plots.draw_references(ax, references)
+        extents.append([v for v in references.values() if v is not None])
+    if threshold is not None:
+        ax.axhline(threshold, color="0.3", linestyle="-.", linewidth=0.8, label=f"threshold {threshold:g}")
+    limits = _limits(extents, log)
+    if limits:
+        ax.set_ylim(*limits)
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(metric)
+    ax.set_title(metric + (f"  (EMA {smoothing:g}, bias-corrected)" if smoothing else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """PNG or SVG by suffix, written atomically; SVG without a date, so reruns are identical."""
+    buffer = io.BytesIO()
+    fmt = path.suffix.lstrip(".")
+    fig.savefig(buffer, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
+    runs.write_atomic(path, buffer.getvalue())
+    return path
+
+
+# ---------------------------------------------------------------------------
+# compare: the whole command
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    out_dir: Path
+    written: list  # list[Path]
+    groups: list  # list[Group]
+    rows: list  # list[GroupRow]
+    skipped: list  # list[Skipped]
+    table: str  # the Markdown table (table.md also lists the runs skipped)
+
+
+def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str) -> None:
+    if not metrics:
+        raise ConfigError("--metric: got none; expected at least one logged metric, e.g. eval_loss")
+    if x not in X_AXES:
+        raise ConfigError(f"--x: got {x!r}; expected one of {', '.join(X_AXES)}")
+    if not (isinstance(smoothing, (int, float)) and 0 <= smoothing < 1):
+        raise ConfigError(f"--smooth: got {smoothing!r}; expected a number in [0, 1) (0 = no smoothing)")
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+        raise ConfigError(f"--threshold: got {threshold!r}; expected a finite number, e.g. 0.99")
+    if yscale not in YSCALES:
+        raise ConfigError(f"--yscale: got {yscale!r}; expected one of {', '.join(YSCALES)}")
+
+
+def default_out_dir(run_dirs: list[Path], runs_root: Path = RUNS_ROOT) -> Path:
+    """<experiment>/compare if every run lies below one directory inside runs_root
+    (other than runs_root itself), else a fresh runs_root/compare-<time>."""
+    root = Path(runs_root).absolute()
+    common = Path(os.path.commonpath([Path(p).absolute().parent for p in run_dirs]))
+    if common != root and common.is_relative_to(root):
+        out = common / "compare"
+        return out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
+    return runs.create_run_dir(Path(runs_root), f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = 0.99,
+            yscale: str = "auto", out: Path | None = None, runs_root: Path = RUNS_ROOT) -> Comparison:
+    """Read the runs at PATHs, group them and write compare.png, compare.svg, table.md and table.csv."""
+    metrics = list(dict.fromkeys(metrics))
+    check_options(metrics, x, smoothing, threshold, yscale)
+    run_dirs = find_run_dirs(paths)
+    loaded, skipped = load_runs(run_dirs)
+    plotted = []
+    for run in loaded:
+        if run.records:
+            plotted.append(run)
+        else:
+            skipped.append(Skipped(run.path, f"no metrics yet (status {run.status})"))
+    if not plotted:
+        raise runs.RunError(f"{', '.join(map(str, paths))}: nothing to compare: "
+                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
+    logged = {key for run in plotted for record in run.records for key in record} - {"step"}
+    for metric in metrics:
+        if metric not in logged:
+            raise ConfigError(f"--metric: got {metric!r}; expected a logged metric: {', '.join(sorted(logged))}")
+    groups = group_runs(plotted)
+    rows = table_rows(groups, threshold)
+    out_dir = Path(out) if out is not None else default_out_dir(run_dirs, runs_root)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
+    common = Path(os.path.commonpath([p.absolute() for p in run_dirs]))
+    title = (f"{common.name or 'runs'}: {len(plotted)} runs in {len(groups)} groups; "
+             "line: mean over seeds, band: ± std")
+    fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold, title)
+    table = markdown_table(rows, threshold)
+    skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
+    written = [save_figure(fig, out_dir / "compare.png"), save_figure(fig, out_dir / "compare.svg")]
+    for name, text in (("table.md", table + skipped_notes), ("table.csv", csv_table(rows))):
+        runs.write_atomic(out_dir / name, text.encode())
+        written.append(out_dir / name)
+    return Comparison(out_dir, written, groups, rows, skipped, table)
+
+
+# ---------------------------------------------------------------------------
+# runs: the listing
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ListedRun:
+    name: str  # path below the listed directory
+    status: str
+    task: str
+    settings: dict  # Listing.keys -> value
+    final: tuple  # (eval loss, eval accuracy) last logged, (None, None) after a divergence
+    age: float | None  # seconds since the last heartbeat (or since config.yaml was written)
+
+
+@dataclass(frozen=True)
+class Listing:
+    keys: list  # dotted keys that differ between the runs listed
+    names: dict  # dotted key -> short column name
+    rows: list  # list[ListedRun]
+    skipped: list  # list[Skipped]
+
+
+def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None,
+              now: float | None = None) -> Listing:
+    """The runs at or below path (or path/experiment), optionally only those with an effective status."""
+    root = Path(path)
+    if not root.is_dir():
+        raise runs.RunError(f"{root}: no such directory; expected a directory of runs (default {RUNS_ROOT})")
+    if status is not None and status not in LIST_STATUSES:
+        raise ConfigError(f"--status: got {status!r}; expected one of {', '.join(LIST_STATUSES)}")
+    base = root
+    if experiment is not None:
+        base = root / experiment
+        if not base.is_dir() or (base / "config.yaml").exists():
+            known = [c.name for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))
+                     if c.is_dir() and not c.name.startswith(".") and not (c / "config.yaml").exists() and _walk_runs(c)]
+            raise ConfigError(f"--experiment: got {experiment!r}; expected a directory of runs under {root}: "
+                              f"{', '.join(known) or 'there are none'}")
+    loaded, skipped = load_runs(_walk_runs(base))
+    if status is not None:
+        loaded = [run for run in loaded if run.status == status]
+    settings = [{k: v for k, v in run.settings.items() if k not in BOOKKEEPING_KEYS} for run in loaded]
+    keys = sorted((k for k in varying_keys(settings) if k != "task.name"), key=lambda k: k == "seed")  # seed last
+    now = time.time() if now is None else now
+    rows = [ListedRun(
+        name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
+        status=run.status,
+        task=str(run.settings.get("task.name", "?")),
+        settings={k: run.settings.get(k) for k in keys},
+        final=final_figures(run),
+        age=now - (run.summary["updated_at"] if _finite(run.summary.get("updated_at"))
+                   else (run.path / "config.yaml").stat().st_mtime),
+    ) for run in loaded]
+    return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)
+
+
+def format_age(seconds: float | None) -> str:
+    """Like ls: 42s, 12m, 5h, 3d."""
+    if seconds is None:
+        return "—"
+    for unit, size, limit in (("s", 1, 90), ("m", 60, 90 * 60), ("h", 3600, 36 * 3600)):
+        if seconds < limit:
+            return f"{max(seconds, 0) / size:.0f}{unit}"
+    return f"{seconds / 86400:.0f}d"
