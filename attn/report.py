@@ -19,6 +19,8 @@ The experiment file's `report:` section names the grid key on the x axis
 a key to optimise away (`best_of`: for each remaining cell keep the value
 with the lowest mean final eval loss, e.g. each optimiser at its best rate).
 The conclusion is generated from the numbers; nothing in it is typed in.
+Statistics over seeds are attn.compare's: mean ± sample std, bands clipped
+to the range of the seeds' values.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import runs
+from attn.compare import band_stats, describe
 from attn.layers import score_scale
 from attn.plots import draw_references, series
 from attn.sweep import Experiment
@@ -73,23 +76,10 @@ def _finite(value) -> float:
 
 
 def mean_std(values) -> tuple[float, float]:
-    """Mean and (population) std over the finite values; nan, nan if none."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
-    return (float(v.mean()), float(v.std())) if v.size else (math.nan, math.nan)
-
-
-def band(records_per_seed: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(steps, mean, std, n) of a metric across seeds, per logged step,
-    over the seeds that have a finite value at that step."""
-    per_step: dict[int, list[float]] = {}
-    for records in records_per_seed:
-        steps, values = series(records, key)
-        for s, v in zip(steps, values):
-            per_step.setdefault(int(s), []).append(v)
-    steps = np.array(sorted(per_step))
-    stacked = [np.array(per_step[s]) for s in steps]
-    return (steps, np.array([v.mean() for v in stacked]), np.array([v.std() for v in stacked]),
-            np.array([v.size for v in stacked]))
+    """Mean and sample std over the finite values (attn.compare.describe);
+    nan where there are too few values."""
+    stat = describe(list(values))
+    return (math.nan if stat.mean is None else stat.mean, math.nan if stat.std is None else stat.std)
 
 
 def collect(experiment: Experiment) -> list[CellResult]:
@@ -157,7 +147,9 @@ def _label(settings: dict, keys: list[str]) -> str:
 
 
 def _fmt(mean: float, std: float, digits: int = 3) -> str:
-    return "—" if math.isnan(mean) else f"{mean:.{digits}g} ± {std:.2g}"
+    if math.isnan(mean):
+        return "—"
+    return f"{mean:.{digits}g}" + ("" if math.isnan(std) else f" ± {std:.2g}")
 
 
 def _steps_text(r: CellResult) -> str:
@@ -321,12 +313,12 @@ def _curves_figure(results, x, arms, colors, key, ylabel, log_y, references, pat
     fig, axes = _panels(len(xs))
     for ax, xv in zip(axes, xs):
         for r in (r for r in results if x_value(r, x) == xv):
-            steps, mean, std, n = band(r.records, key)
-            if not steps.size:
+            curve = band_stats([series(records, key) for records in r.records])
+            if not curve.steps.size:
                 continue
             label = _label(r.settings, arms)
-            ax.plot(steps, mean, color=colors[label], label=f"{label} (n={len(r.seeds)})", linewidth=1.4)
-            ax.fill_between(steps, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
+            ax.plot(curve.steps, curve.mean, color=colors[label], label=f"{label} (n={len(r.seeds)})", linewidth=1.4)
+            ax.fill_between(curve.steps, *curve.edges(), color=colors[label], alpha=0.2, linewidth=0)
         if references:
             draw_references(ax, references)
         if log_y:
