@@ -6,8 +6,10 @@
     python -m attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
     python -m attn runs [PATH] [--status S]             list runs
 
-Exit codes: 0 done; 1 failed (error recorded in the run directory); 2 bad
-input (config, override, path, checkpoint); 3 diverged; 130 SIGINT; 143 SIGTERM.
+Exit codes: 0 done; 1 failed during training (recorded in the run directory
+when the disk allows); 2 bad input (config, override, path, checkpoint,
+unwritable runs_dir), refused before anything is written; 3 diverged;
+130 SIGINT; 143 SIGTERM (a first signal checkpoints, a second stops at once).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from attn import jobs, plots, runs
+from attn import jobs, runs
 from attn.config import ConfigError, describe_schema, load_config, to_dict
 from attn.train import StopFlag
 
@@ -134,18 +136,21 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag) -> in
     except runs.RunError as err:  # the disk or the run directory, mid-run
         print(f"error: run failed: {err}", file=sys.stderr)
     except Exception as err:
-        print(f"error: run failed: {type(err).__name__}: {err} (traceback in {run_dir / 'error.txt'})",
-              file=sys.stderr)
+        traceback_file = run_dir / "error.txt"
+        where = f" (traceback in {traceback_file})" if traceback_file.exists() else ""
+        print(f"error: run failed: {type(err).__name__}: {err}{where}", file=sys.stderr)
     status = summary["status"] if summary else "failed"
     if summary:
-        final, best = summary.get("final") or {}, summary.get("best") or {}
-        print(f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
-              f"{'  (' + summary['reason'] + ')' if summary.get('reason') else ''}  "
-              f"eval_loss {final.get('eval_loss', float('nan')):.4g}  "
-              f"eval_acc {final.get('eval_accuracy', float('nan')):.3f}  "
-              f"steps_to_99 {best.get('steps_to_99', 'never')}  "
-              f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary.get('wall_time', 0):.1f}s",
-              file=sys.stderr)
+        line = f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
+        if summary.get("reason"):
+            line += f"  ({summary['reason']})"
+        if summary.get("final"):  # absent when stopped at once
+            final, best = summary["final"], summary.get("best") or {}
+            line += (f"  eval_loss {final.get('eval_loss', float('nan')):.4g}  "
+                     f"eval_acc {final.get('eval_accuracy', float('nan')):.3f}  "
+                     f"steps_to_99 {best.get('steps_to_99', 'never')}  "
+                     f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s")
+        print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
         print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
     print(run_dir)
@@ -168,6 +173,8 @@ def cmd_config(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    from attn import plots  # matplotlib takes ~1 s to import: only for commands that draw
+
     for run_dir in args.run_dirs:
         if not (Path(run_dir) / "config.yaml").exists():
             raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
@@ -338,4 +345,4 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGNAL["SIGINT"]

@@ -1,13 +1,15 @@
 """One run from start to finish: its directory, training, figures.
 
 Used by the CLI's `train` and by the sweep workers, so a run started either
-way is the same run. Failures inside training are recorded in the run
-directory (status `failed`, the error in summary.json, the traceback in
-error.txt) before they propagate.
+way is the same run. A run that cannot start (a checkpoint that does not
+fit) is refused before anything in its directory changes; failures inside
+training are recorded in the run directory (status `failed`, the error in
+summary.json, the traceback in error.txt) before they propagate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import sys
 import time
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import plots, runs
+from attn import runs, train
 from attn.config import Config, ConfigError, check_run_name, load_config, to_dict
-from attn.train import StopFlag, train
+from attn.train import StopFlag
 
 
 def provenance(config_path: str | None, overrides) -> dict:
@@ -33,10 +35,16 @@ def provenance(config_path: str | None, overrides) -> dict:
 
 
 def create(config: Config, config_path: str | None = None, overrides=(), name: str | None = None) -> Path:
-    """Make a fresh run directory for `config` and write its config.yaml."""
+    """Make a fresh run directory for `config` and write its config.yaml
+    (if that fails, the directory is removed again)."""
     name = check_run_name(name, "--name") if name else config.name or runs.default_run_name(config_path)
     run_dir = runs.create_run_dir(Path(config.runs_dir), name)
-    runs.write_config(run_dir, to_dict(config), provenance(config_path, overrides))
+    try:
+        runs.write_config(run_dir, to_dict(config), provenance(config_path, overrides))
+    except runs.RunError:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()
+        raise
     return run_dir
 
 
@@ -62,35 +70,50 @@ def _flatten(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resumable(run_dir: Path, requested: Config | None) -> Config:
-    """The run's own config, after checking it can be resumed (and that a
-    config the user also gave is the same)."""
+def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()) -> Config:
+    """The run's own config, after checking that the run can be resumed: it is a
+    run directory, not finished, not running elsewhere, its checkpoint fits; and
+    that a config the user also gave (`requested`, or `overrides` applied to the
+    run's config) is the same as the run's."""
     run_dir = Path(run_dir)
+    what = f"--resume {run_dir}"
     if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.yaml)")
+        raise ConfigError(f"{what}: not a run directory (no config.yaml)")
     stored = config_of(run_dir)
+    if overrides:
+        requested = load_config(run_dir / "config.yaml", overrides)
     if requested is not None:
         diff = config_difference(stored, requested)
         if diff:
-            raise ConfigError(f"--resume {run_dir}: the config differs from the run's: {'; '.join(diff)}")
+            raise ConfigError(f"{what}: the config differs from the run's ({'; '.join(diff)}); "
+                              "a resumed run keeps its config: start a new run to change it")
     summary = runs.read_summary(run_dir) or {}
-    if summary.get("status") == "completed":
-        raise ConfigError(f"--resume {run_dir}: the run already completed")
+    status = runs.effective_status(summary)
+    if status in ("completed", "diverged"):
+        raise ConfigError(f"{what}: the run already {status} ({summary.get('reason') or 'nothing to resume'})")
+    if status == "running":
+        raise ConfigError(f"{what}: the run is still running (pid {summary.get('pid')} on {summary.get('host')})")
     if not (run_dir / "checkpoint.npz").exists():
-        raise ConfigError(f"--resume {run_dir}: no checkpoint yet; start the run again instead")
+        raise ConfigError(f"{what}: no checkpoint yet; start the run again instead")
+    train.prepare(stored, run_dir, resume=True)  # refuses a checkpoint that does not fit
     return stored
 
 
 def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
             progress=None) -> dict:
-    """Train and draw the figures. Errors are recorded in the run directory, then re-raised."""
+    """Train and draw the figures. A checkpoint that does not fit is refused
+    (RunError) with the run left as it was; errors during training are
+    recorded in the run directory, then re-raised."""
     run_dir = Path(run_dir)
+    state = train.prepare(config, run_dir, resume=resume)
     try:
-        summary = train(config, run_dir, resume=resume, stop=stop, progress=progress)
+        summary = train.run(state, stop=stop, progress=progress)
     except Exception as err:
         record_failure(run_dir, err)
         raise
     if config.logging.plots:
+        from attn import plots  # matplotlib takes ~1 s to import: only for runs that draw
+
         try:
             plots.plot_run(run_dir)
         except Exception as err:  # a figure must never cost the run
@@ -102,9 +125,9 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
 def record_failure(run_dir: Path, err: BaseException) -> None:
     """Mark the run failed, keeping the traceback beside it."""
     try:
-        (run_dir / "error.txt").write_text("".join(traceback.format_exception(err)))
+        runs.write_atomic(run_dir / "error.txt", "".join(traceback.format_exception(err)).encode())
         summary = runs.read_summary(run_dir) or {}
         summary.update(status="failed", reason=f"{type(err).__name__}: {err}", **runs.heartbeat_fields())
         runs.write_json(run_dir / "summary.json", summary)
-    except (OSError, runs.RunError):
+    except runs.RunError:
         pass  # the disk that failed the run may fail this too; the original error still propagates

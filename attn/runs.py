@@ -16,6 +16,7 @@ loss mid-append) is ignored when reading.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import json
@@ -51,22 +52,24 @@ def _describe_os_error(err: OSError) -> str:
 # Atomic writes
 # ---------------------------------------------------------------------------
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes to path via a temporary file + fsync + rename."""
+    """Write bytes to path via a temporary file + fsync + rename: a crash, a
+    signal or a full disk at any moment leaves the old file or the new one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as err:
-        try:
+    except BaseException as err:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass
-        raise RunError(f"{path}: cannot write: {_describe_os_error(err)}; the previous version is intact") from None
+        if isinstance(err, OSError):
+            raise RunError(f"{path}: cannot write: {_describe_os_error(err)} (the file is left as it was)") from None
+        raise
+    with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -209,18 +212,16 @@ def read_summary(run_dir: Path) -> dict | None:
 
 def effective_status(summary: dict | None, now: float | None = None) -> str:
     """The recorded status, or `stale` for a `running` run whose process is gone:
-    same host and its pid is dead, or no heartbeat for STALE_AFTER_SECONDS."""
+    on this host, its pid is dead; elsewhere, no heartbeat for STALE_AFTER_SECONDS."""
     if summary is None:
         return "unknown"
     status = summary.get("status", "unknown")
     if status != "running":
         return status
+    if summary.get("host") == socket.gethostname():
+        return status if _pid_alive(summary.get("pid")) else "stale"
     now = time.time() if now is None else now
-    if summary.get("host") == socket.gethostname() and not _pid_alive(summary.get("pid")):
-        return "stale"
-    if now - summary.get("updated_at", 0) > STALE_AFTER_SECONDS:
-        return "stale"
-    return status
+    return "stale" if now - summary.get("updated_at", 0) > STALE_AFTER_SECONDS else status
 
 
 def _pid_alive(pid) -> bool:
@@ -258,15 +259,17 @@ def load_checkpoint(path: Path, param_shapes: dict, optim_template: dict, dtype:
     not match the expected names, shapes and dtypes, or that needs pickle."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+        npz = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise RunError(f"{path}: no checkpoint") from None
-    except ValueError as err:
-        reason = "it holds objects that need pickle to load" if "pickle" in str(err) else str(err)
-        raise RunError(f"{path}: refused: {reason}") from None
-    except (zipfile.BadZipFile, EOFError, OSError) as err:
-        raise RunError(f"{path}: refused: not a complete checkpoint ({err})") from None
+    except (EOFError, OSError, zipfile.BadZipFile) as err:
+        raise RunError(f"{path}: refused: not a complete .npz checkpoint ({err})") from None
+    except ValueError:  # neither a zip nor an .npy: numpy would try pickle
+        raise RunError(f"{path}: refused: not an .npz checkpoint") from None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise RunError(f"{path}: refused: a single array, not an .npz checkpoint")
+    with npz:
+        arrays = {key: _read_array(npz, key, path) for key in npz.files}
     if "meta" not in arrays:
         raise RunError(f"{path}: refused: missing array 'meta'")
     try:
@@ -276,6 +279,15 @@ def load_checkpoint(path: Path, param_shapes: dict, optim_template: dict, dtype:
     params = _take(arrays, "param/", {k: (s, dtype) for k, s in param_shapes.items()}, path)
     optim_state = _take(arrays, "optim/", {k: (v.shape, v.dtype) for k, v in optim_template.items()}, path)
     return params, optim_state, meta
+
+
+def _read_array(npz, key: str, path: Path) -> np.ndarray:
+    try:
+        return npz[key]
+    except ValueError:  # an object array: only pickle could load it
+        raise RunError(f"{path}: refused: array {key!r} holds objects that need pickle to load") from None
+    except (zipfile.BadZipFile, EOFError, OSError) as err:
+        raise RunError(f"{path}: refused: array {key!r} is damaged ({err})") from None
 
 
 def _take(arrays: dict, prefix: str, expected: dict, path: Path) -> dict:

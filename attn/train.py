@@ -12,6 +12,17 @@ for the initial parameters, the training batches and the fixed eval set.
 Two configs that differ only in, say, the score scale share their initial
 weights, batches and eval set for the same seed: paired comparisons.
 
+Non-finite values: a NaN/inf loss or gradient at iteration s is logged with
+a `nonfinite` field naming what went wrong. With train.on_nonfinite = stop
+the run ends there, status `diverged`; with `continue` update s + 1 is
+skipped and the run goes on (summary `nonfinite_steps` counts them).
+
+Stopping: a StopFlag set (by a signal handler) ends the run after the
+current iteration with a checkpoint, status `interrupted`. A
+KeyboardInterrupt ends it at once, without a checkpoint (the parameters may
+be half-updated): status `interrupted`, and resuming continues from the
+last checkpoint written.
+
 This module never prints; `progress(step, record)` is called after every
 iteration (record is None except on logged steps).
 """
@@ -20,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -28,10 +39,11 @@ import numpy as np
 
 from attn import model, optim, runs
 from attn.config import Config
-from attn.model import ModelSpec
+from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 
 METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the only record fields that vary run to run
+HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
 
 
 def build_task(config: Config):
@@ -88,137 +100,240 @@ class StopFlag:
         self.reason = reason
 
 
-def _evaluate(params, spec, eval_batch):
-    loss, cache = model.forward(params, spec, eval_batch)
-    return float(loss), model.diagnostics(cache, eval_batch), cache
+@dataclass
+class RunState:
+    """A run at an iteration boundary: what a checkpoint holds (params,
+    optimiser state, batch generator, step, training seconds, best figures,
+    non-finite count) and what is rebuilt from the config."""
+
+    config: Config
+    run_dir: Path
+    task: RetrievalTask | CopyTask
+    spec: ModelSpec
+    params: dict
+    optimizer: optim.SGD | optim.Adam
+    gens: Generators
+    eval_batch: Batch
+    step: int = 0  # the next iteration to run
+    wall_time: float = 0.0  # training seconds spent before this process
+    best: dict = field(default_factory=dict)
+    nonfinite_steps: int = 0
+    resumed: bool = False
 
 
-def _first_nonfinite(loss, grads) -> str | None:
-    if not np.isfinite(loss):
-        return "loss"
-    for name, g in grads.items():
-        if not np.isfinite(g).all():
-            return name
-    return None
+def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
+    """The state a run starts from: fresh, or its checkpoint when resuming.
+    Writes nothing; a checkpoint that does not fit is refused with RunError."""
+    task, spec, params, optimizer, gens = build(config)
+    state = RunState(config, Path(run_dir), task, spec, params, optimizer, gens,
+                     task.sample(gens.eval, config.task.eval_size))
+    if resume:
+        _restore_checkpoint(state)
+    return state
+
+
+def _save_checkpoint(state: RunState) -> None:
+    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
+            "best": state.best, "nonfinite_steps": state.nonfinite_steps}
+    runs.save_checkpoint(state.run_dir / "checkpoint.npz", state.params, state.optimizer.state, meta)
+
+
+def _restore_checkpoint(state: RunState) -> None:
+    path = state.run_dir / "checkpoint.npz"
+    state.params, state.optimizer.state, meta = runs.load_checkpoint(
+        path, model.param_shapes(state.spec), state.optimizer.state, state.config.dtype)
+    try:
+        state.gens.data.bit_generator.state = meta["data_rng"]
+        state.step, state.wall_time = int(meta["step"]), float(meta["wall_time"])
+        state.best, state.nonfinite_steps = dict(meta["best"]), int(meta["nonfinite_steps"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise runs.RunError(f"{path}: refused: malformed metadata ({type(err).__name__}: {err})") from None
+    if not 0 <= state.step <= state.config.train.steps:
+        raise runs.RunError(f"{path}: refused: step {state.step} is outside 0..{state.config.train.steps}")
+    state.resumed = True
 
 
 def train(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
           progress: Callable[[int, dict | None], None] | None = None) -> dict:
-    """Train `config`, recording into `run_dir` (created, with config.yaml written).
+    """Train `config`, recording into `run_dir` (which holds config.yaml already).
 
-    Returns the final summary (also in summary.json). On a stop request the
-    run is checkpointed and its status is `interrupted`; on a non-finite loss
-    or gradient with train.on_nonfinite = stop, `diverged`.
+    Returns the final summary (also in summary.json): status `completed`,
+    `interrupted` (stop requested; checkpointed) or `diverged`.
     """
-    run_dir = Path(run_dir)
+    return run(prepare(config, run_dir, resume=resume), stop=stop, progress=progress)
+
+
+def run(state: RunState, *, stop: StopFlag | None = None,
+        progress: Callable[[int, dict | None], None] | None = None) -> dict:
+    """The loop, from `state` to the end (or a stop, or divergence)."""
+    config, run_dir = state.config, state.run_dir
     stop = stop or StopFlag()
-    task, spec, params, optimizer, gens = build(config)
-    eval_batch = task.sample(gens.eval, config.task.eval_size)
-    references = task.reference_losses()
-    steps, log_every = config.train.steps, config.logging.log_every
-    n_examples = min(config.logging.attention_examples, config.task.eval_size)
-
-    start_step, wall_offset, best, nonfinite_steps = 0, 0.0, {}, 0
-    if resume:
-        params, optimizer.state, meta = runs.load_checkpoint(
-            run_dir / "checkpoint.npz", model.param_shapes(spec), optimizer.state, config.dtype)
-        gens.data.bit_generator.state = meta["data_rng"]
-        start_step, wall_offset = meta["step"], meta["wall_time"]
-        best, nonfinite_steps = meta["best"], meta["nonfinite_steps"]
+    steps, start_step = config.train.steps, state.step
+    if state.resumed:
         runs.truncate_metrics(run_dir, start_step)
-
     summary = {
-        "status": "running", "step": start_step, "steps": steps, "task": task.name,
-        "references": references, "started_at": time.time(), "resumed_from": start_step if resume else None,
-        "best": best, **runs.heartbeat_fields(),
+        "status": "running", "step": start_step, "steps": steps, "task": state.task.name,
+        "references": state.task.reference_losses(), "started_at": time.time(),
+        "resumed_from": start_step if state.resumed else None, "best": state.best,
+        "nonfinite_steps": state.nonfinite_steps,
     }
-    runs.write_json(run_dir / "summary.json", summary)
-
-    def checkpoint(step: int, wall: float) -> None:
-        meta = {"step": step, "wall_time": wall, "data_rng": gens.data.bit_generator.state,
-                "best": best, "nonfinite_steps": nonfinite_steps}
-        runs.save_checkpoint(run_dir / "checkpoint.npz", params, optimizer.state, meta)
-
-    t0 = time.perf_counter() - wall_offset
-    last_log_time, last_log_step = time.perf_counter(), start_step
-    final_record = None
-    status, reason = "completed", None
-    for step in range(start_step, steps + 1):
-        batch = task.sample(gens.data, config.train.batch_size)
-        loss, grads, train_cache = model.loss_and_grads(params, spec, batch)
-        bad = _first_nonfinite(loss, grads)
-        logging_now = step % log_every == 0 or step == steps or bad is not None
-        record = None
-        if logging_now:
-            eval_loss, stats, eval_cache = _evaluate(params, spec, eval_batch)
-            now = time.perf_counter()
-            record = {
-                "step": step,
-                "lr": optim_lr(config, step),
-                "train_loss": float(loss),
-                "train_accuracy": model.diagnostics(train_cache, batch)["accuracy"],
-                "eval_loss": eval_loss,
-                "eval_accuracy": stats.pop("accuracy"),
-                **stats,
-                "grad_norm": optim.global_norm(grads),
-                **{f"grad_norm/{n}": math.sqrt(float(np.vdot(g, g))) for n, g in grads.items()},
-                "wall_time": now - t0,
-                "steps_per_sec": (step - last_log_step) / (now - last_log_time) if step > last_log_step else None,
-            }
-            last_log_time, last_log_step = now, step
-            if n_examples and step in (0, steps):
-                _save_attention(run_dir, "init" if step == 0 else "final", eval_cache, eval_batch, n_examples)
-            _update_best(best, record)
-        if bad is not None:
-            record["nonfinite"] = bad
-            nonfinite_steps += 1
-            if config.train.on_nonfinite == "stop":
-                runs.append_metrics(run_dir, record)
-                status, reason = "diverged", f"non-finite {'loss' if bad == 'loss' else 'gradient of ' + bad} at step {step}"
-                final_record = record
-                summary["step"] = step
-                break
-        if step < steps and bad is None:
-            lr = optim_lr(config, step)
-            if config.optim.clip_norm is not None:
-                optim.clip_by_global_norm(grads, config.optim.clip_norm)
-            before = {n: p.copy() for n, p in params.items()} if logging_now else None
-            optimizer.step(params, grads, lr)
-            if before is not None:
-                for n, p in params.items():
-                    norm_w = math.sqrt(float(np.vdot(before[n], before[n])))
-                    delta = p - before[n]
-                    record[f"update_ratio/{n}"] = math.sqrt(float(np.vdot(delta, delta))) / norm_w if norm_w else None
-        if record is not None:
-            runs.append_metrics(run_dir, record)
-            final_record = record
-            summary.update(step=step, best=best, **runs.heartbeat_fields())
-            runs.write_json(run_dir / "summary.json", summary)
-        if progress is not None:
-            progress(step, record)
-        if step < steps and ((step + 1) % config.logging.checkpoint_every == 0 or stop.reason):
-            checkpoint(step + 1, time.perf_counter() - t0)
-            if stop.reason:
-                status, reason = "interrupted", f"stopped by {stop.reason} after step {step + 1}"
-                summary["step"] = step + 1
-                break
-    wall = time.perf_counter() - t0
+    _write_summary(run_dir, summary)
+    clock = _Clock(state.wall_time, start_step)
+    last_write, last_checkpoint = time.perf_counter(), start_step if state.resumed else None
+    final_record, status, reason = None, "completed", None
+    step = start_step
+    try:
+        # Overflow to inf/NaN is detected and handled here, not warned about.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for step in range(start_step, steps + 1):
+                record, fault = _iterate(state, step, clock)
+                if record is not None:
+                    runs.append_metrics(run_dir, record)
+                    final_record = record
+                    summary.update(step=step, nonfinite_steps=state.nonfinite_steps)
+                if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
+                    _write_summary(run_dir, summary)
+                    last_write = time.perf_counter()
+                if progress is not None:
+                    progress(step, record)
+                if fault is not None and config.train.on_nonfinite == "stop":
+                    what, note = fault
+                    status, reason = "diverged", f"non-finite {what} at step {step}{note}"
+                    break
+                if step < steps and (state.step % config.logging.checkpoint_every == 0 or stop.reason):
+                    state.wall_time = clock.elapsed()
+                    _save_checkpoint(state)
+                    last_checkpoint = state.step
+                    if stop.reason:
+                        status, reason = "interrupted", f"stopped by {stop.reason} at step {state.step}; checkpoint saved"
+                        break
+    except KeyboardInterrupt:
+        resumable = f"resume continues from step {last_checkpoint}" if last_checkpoint is not None else "no checkpoint yet"
+        summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
+                       wall_time=clock.elapsed())
+        _write_summary(run_dir, summary)
+        raise
+    wall = clock.elapsed()
     if status == "completed":
-        checkpoint(steps, wall)
+        state.wall_time = wall
+        _save_checkpoint(state)
+    end_step = step if status == "diverged" else state.step
     summary.update(
-        status=status, reason=reason, wall_time=wall, best=best, nonfinite_steps=nonfinite_steps,
-        steps_per_sec=(summary["step"] - start_step) / (wall - wall_offset) if wall > wall_offset else None,
-        final=_final_figures(final_record), **runs.heartbeat_fields(),
+        status=status, reason=reason, step=end_step, wall_time=wall, best=state.best,
+        nonfinite_steps=state.nonfinite_steps, final=_final_figures(final_record),
+        steps_per_sec=clock.rate_since_start(end_step),
     )
-    if status == "completed":
-        summary["step"] = steps
-    runs.write_json(run_dir / "summary.json", summary)
+    _write_summary(run_dir, summary)
     return summary
+
+
+def _iterate(state: RunState, step: int, clock: _Clock) -> tuple[dict | None, tuple[str, str] | None]:
+    """Iteration `step`: a batch, its loss and gradients, a metrics record on
+    logged steps, then update step + 1 unless a value is non-finite or this is
+    the last step. Returns (record or None, what went non-finite or None)."""
+    config = state.config
+    batch = state.task.sample(state.gens.data, config.train.batch_size)
+    loss, grads, train_cache = model.loss_and_grads(state.params, state.spec, batch)
+    fault = _find_nonfinite(loss, grads, state.params)
+    record = None
+    if step % config.logging.log_every == 0 or step == config.train.steps or fault is not None:
+        record = {**_measure(state, step, loss, grads, train_cache, batch), **clock.lap(step)}
+    if fault is not None:
+        record["nonfinite"] = "".join(fault)
+        state.nonfinite_steps += 1
+    elif step < config.train.steps:
+        ratios = _apply_update(state, grads, optim_lr(config, step), measure=record is not None)
+        if record is not None:
+            record.update(ratios)
+    state.step = min(step + 1, config.train.steps)
+    return record, fault
+
+
+class _Clock:
+    """Training seconds (counting those before a resume) and steps per second."""
+
+    def __init__(self, seconds_before: float, step: int):
+        self.seconds_before, self.first_step = seconds_before, step
+        self.start = time.perf_counter() - seconds_before
+        self.lap_time, self.lap_step = time.perf_counter(), step
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def lap(self, step: int) -> dict:
+        """wall_time, and steps_per_sec since the previous lap (None on the first)."""
+        now = time.perf_counter()
+        rate = (step - self.lap_step) / (now - self.lap_time) if step > self.lap_step else None
+        self.lap_time, self.lap_step = now, step
+        return {"wall_time": now - self.start, "steps_per_sec": rate}
+
+    def rate_since_start(self, step: int) -> float | None:
+        """Steps per second in this process."""
+        seconds = self.elapsed() - self.seconds_before
+        return (step - self.first_step) / seconds if seconds > 0 else None
+
+
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    summary.update(runs.heartbeat_fields())
+    runs.write_json(run_dir / "summary.json", summary)
 
 
 def optim_lr(config: Config, step: int) -> float:
     o = config.optim
     return optim.learning_rate(step, o.lr, o.schedule, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+
+
+def _find_nonfinite(loss, grads: dict, params: dict) -> tuple[str, str] | None:
+    """None if the loss and gradients are finite; else (what, note) naming a
+    parameter: ('gradient of W_q', ''), or for the loss the parameter that is
+    itself non-finite or else holds the largest weight (the likely culprit)."""
+    if math.isfinite(loss):
+        bad = next((name for name, g in grads.items() if not np.isfinite(g).all()), None)
+        return None if bad is None else (f"gradient of {bad}", "")
+    bad = next((name for name, p in params.items() if not np.isfinite(p).all()), None)
+    if bad is not None:
+        return "loss", f"; parameter {bad} is non-finite"
+    largest = {name: float(np.abs(p).max()) for name, p in params.items()}
+    name = max(largest, key=largest.get)
+    return "loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"
+
+
+def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: Batch) -> dict:
+    """One metrics record (without timing and update ratios); evaluates on the
+    fixed eval set and snapshots its attention at the first and last step."""
+    eval_loss, eval_cache = model.forward(state.params, state.spec, state.eval_batch)
+    stats = model.diagnostics(eval_cache, state.eval_batch)
+    record = {
+        "step": step,
+        "lr": optim_lr(state.config, step),
+        "train_loss": float(loss),
+        "train_accuracy": model.diagnostics(train_cache, batch)["accuracy"],
+        "eval_loss": float(eval_loss),
+        "eval_accuracy": stats.pop("accuracy"),
+        **stats,
+        "grad_norm": optim.global_norm(grads),
+        **{f"grad_norm/{n}": math.sqrt(float(np.vdot(g, g))) for n, g in grads.items()},
+    }
+    _update_best(state.best, record)
+    n_examples = min(state.config.logging.attention_examples, state.config.task.eval_size)
+    if n_examples and step in (0, state.config.train.steps):
+        _save_attention(state.run_dir, "init" if step == 0 else "final", eval_cache, state.eval_batch, n_examples)
+    return record
+
+
+def _apply_update(state: RunState, grads: dict, lr: float, measure: bool) -> dict:
+    """Clip, step the optimiser; with `measure`, the update-to-weight ratio
+    ||w_new - w|| / ||w|| of each parameter (None where w = 0)."""
+    if state.config.optim.clip_norm is not None:
+        optim.clip_by_global_norm(grads, state.config.optim.clip_norm)
+    before = {n: p.copy() for n, p in state.params.items()} if measure else {}
+    state.optimizer.step(state.params, grads, lr)
+    ratios = {}
+    for n, w in before.items():
+        norm_w = math.sqrt(float(np.vdot(w, w)))
+        delta = state.params[n] - w
+        ratios[f"update_ratio/{n}"] = math.sqrt(float(np.vdot(delta, delta))) / norm_w if norm_w else None
+    return ratios
 
 
 def _update_best(best: dict, record: dict) -> None:

@@ -1,0 +1,130 @@
+"""The training loop (issue 3): determinism, a short run that learns, and what
+a run directory holds."""
+
+import contextlib
+import io
+import json
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from attn import cli, jobs, model, runs, train
+from attn.config import load_config, to_dict
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
+        "train.batch_size=16", "task.eval_size=64", "optim.lr=0.2", "logging.plots=false"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def without_timing(records):
+    return [{k: v for k, v in r.items() if k not in train.METRIC_TIMING_KEYS} for r in records]
+
+
+def train_tiny(runs_dir, name, *overrides):
+    config = load_config(None, [*TINY, f"runs_dir={runs_dir}", "train.steps=40", "logging.log_every=5", *overrides])
+    run_dir = jobs.create(config, name=name)
+    train.train(config, run_dir)
+    return runs.read_metrics(run_dir)
+
+
+def test_same_config_and_seed_give_bit_identical_metrics(tmp_path):
+    first = train_tiny(tmp_path, "a")
+    again = train_tiny(tmp_path, "b")
+    other_seed = train_tiny(tmp_path, "c", "seed=1")
+    assert len(first) == len(again) > 2
+    assert without_timing(first) == without_timing(again)
+    assert [r["train_loss"] for r in first] != [r["train_loss"] for r in other_seed]
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """The default config for a few steps, through the CLI's main."""
+    runs_dir = tmp_path_factory.mktemp("runs")
+    config_path = str(REPO / "configs/default.yaml")
+    overrides = [f"runs_dir={runs_dir}", "train.steps=50", "logging.log_every=25"]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["train", config_path, *overrides, "--name", "learn"])
+    return dict(code=code, stdout=out.getvalue(), stderr=err.getvalue(), run_dir=runs_dir / "learn",
+                overrides=overrides, config=load_config(config_path, overrides))
+
+
+def test_a_short_run_of_the_default_config_learns_retrieval(learned):
+    assert learned["code"] == cli.EXIT_OK, learned["stderr"]
+    summary = runs.read_summary(learned["run_dir"])
+    assert summary["status"] == "completed"
+    assert summary["final"]["eval_accuracy"] >= 0.95
+    assert summary["final"]["eval_loss"] < summary["references"]["no_retrieval"] / 10
+    first = runs.read_metrics(learned["run_dir"])[0]
+    assert first["eval_accuracy"] < 0.5  # it was learned, not there from the start
+
+
+def test_the_cli_prints_the_run_directory_as_its_last_line(learned):
+    assert learned["stdout"].splitlines()[-1] == str(learned["run_dir"])
+    assert "Traceback" not in learned["stderr"]
+
+
+def test_the_run_directory_holds_every_file_and_nothing_half_written(learned):
+    names = {p.name for p in learned["run_dir"].iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz",
+            "loss.png", "attention.png", "diagnostics.png"} <= names
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")]
+    for figure in ("loss.png", "attention.png", "diagnostics.png"):
+        assert (learned["run_dir"] / figure).read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_config_yaml_is_the_resolved_config_with_provenance(learned):
+    stored = yaml.safe_load((learned["run_dir"] / "config.yaml").read_text())
+    provenance = stored.pop("provenance")
+    assert stored == to_dict(learned["config"])
+    assert provenance["overrides"] == learned["overrides"]
+    assert provenance["python"] == platform.python_version()
+    assert provenance["numpy"] == np.__version__
+    assert jobs.config_of(learned["run_dir"]) == learned["config"]
+
+
+def param_names(config):
+    return list(model.param_shapes(train.build_spec(config, train.build_task(config))))
+
+
+def test_metrics_records_carry_every_logged_figure(learned):
+    config = learned["config"]
+    records = runs.read_metrics(learned["run_dir"])
+    log_every, steps = config.logging.log_every, config.train.steps
+    assert [r["step"] for r in records] == list(range(0, steps + 1, log_every))
+    names = param_names(config)
+    always = {"step", "lr", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "wall_time",
+              "steps_per_sec", "score_std", "attn_entropy", "saturated_frac", "grad_norm",
+              *(f"grad_norm/{n}" for n in names)}
+    for record in records:
+        assert always <= record.keys()
+    for record in records[:-1]:  # the last step only measures: no update, no ratio
+        assert {f"update_ratio/{n}" for n in names} <= record.keys()
+    lines = (learned["run_dir"] / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == records
+
+
+def test_summary_has_status_final_and_best_figures_and_speed(learned):
+    summary = runs.read_summary(learned["run_dir"])
+    records = runs.read_metrics(learned["run_dir"])
+    assert summary["step"] == summary["steps"] == learned["config"].train.steps
+    assert summary["final"]["eval_loss"] == records[-1]["eval_loss"]
+    assert summary["best"]["eval_accuracy"] == max(r["eval_accuracy"] for r in records)
+    assert summary["best"]["eval_loss"] == min(r["eval_loss"] for r in records)
+    assert summary["wall_time"] > 0 and summary["steps_per_sec"] > 0
+    assert runs.effective_status(summary) == "completed"
+
+
+def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
+    config = learned["config"]
+    spec = train.build_spec(config, train.build_task(config))
+    with np.load(learned["run_dir"] / "checkpoint.npz", allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    for name, shape in model.param_shapes(spec).items():
+        assert arrays[f"param/{name}"].shape == shape
+        assert arrays[f"param/{name}"].dtype == np.dtype(config.dtype)
+    assert json.loads(str(arrays["meta"]))["step"] == config.train.steps
