@@ -194,13 +194,50 @@ def cmd_sweep(args) -> int:
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
 
-    def handler(signum, _frame):
+    def handler(signum, _frame):  # the first signal stops the sweep
         if not stop.reason:
             stop.request(signal.Signals(signum).name)
-            sweep.signal_workers(executor, signum)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    with sweep.active_sweep(experiment) as last_one_out:
+        previous = {signum: signal.signal(signum, handler) for signum in sweep.STOP_SIGNALS}
+        try:
+            outcomes = _run_sweep(experiment, executor, stop)
+        finally:
+            for signum, old in previous.items():
+                signal.signal(signum, signal.SIG_DFL if old is None else old)
+        counts = {}
+        for outcome in outcomes:
+            label = "running in another sweep" if outcome.action == "skipped-locked" else outcome.status
+            counts[label] = counts.get(label, 0) + 1
+        failed = [o for o in outcomes if o.action == "failed"]
+        print(f"sweep {experiment.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), file=sys.stderr)
+        for outcome in failed:
+            print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+        if stop.reason:
+            print(f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
+                  file=sys.stderr)
+            print(experiment.directory)
+            return EXIT_SIGNAL.get(stop.reason, 130)
+        report_failed = False
+        if not last_one_out():
+            print(f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
+                  f"writes it; or: python -m attn report {experiment.path})", file=sys.stderr)
+        else:
+            try:
+                _print_report(experiment)
+            except Exception as err:  # the runs are done and kept; only the summary of them failed
+                print(f"error: report failed: {type(err).__name__}: {err} (the runs are kept; "
+                      f"python -m attn report {experiment.path} writes it again)", file=sys.stderr)
+                report_failed = True
+    print(experiment.directory)
+    return EXIT_FAILED if failed or report_failed else EXIT_OK
+
+
+def _run_sweep(experiment, executor, stop: StopFlag) -> list:
+    """Run the experiment's cells, one line per finished run (a tqdm bar over
+    runs on a terminal, with failures and interruptions written above it)."""
+    from attn import sweep
+
     total = len(experiment.cells)
     print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
     bar = None
@@ -213,31 +250,30 @@ def cmd_sweep(args) -> int:
     def on_outcome(outcome):
         done["n"] += 1
         line = f"[{done['n']}/{total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
-        if bar is not None:
-            bar.update(1)
-            if outcome.action in ("failed",) or outcome.status in ("failed", "interrupted"):
-                bar.write(line, file=sys.stderr)
-        else:
+        if bar is None:
             print(line, file=sys.stderr, flush=True)
+        else:
+            bar.update(1)
+            if outcome.action == "failed" or outcome.status in ("failed", "interrupted"):
+                bar.write(line, file=sys.stderr)
 
-    with executor:
-        outcomes = sweep.run_experiment(experiment, executor, on_outcome, lambda: stop.reason is not None)
-    if bar is not None:
-        bar.close()
-    counts = {}
-    for outcome in outcomes:
-        counts[outcome.status] = counts.get(outcome.status, 0) + 1
-    failed = [o for o in outcomes if o.action == "failed"]
-    print(f"sweep {experiment.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), file=sys.stderr)
-    for outcome in failed:
-        print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
-    if stop.reason:
-        print(f"stopped by {stop.reason}; re-run the same command to resume", file=sys.stderr)
-        print(experiment.directory)
-        return EXIT_SIGNAL.get(stop.reason, 130)
-    _print_report(experiment)
-    print(experiment.directory)
-    return EXIT_FAILED if failed else EXIT_OK
+    forwarded = False
+
+    def should_stop() -> bool:
+        """Polled while the runs go on: pass a stop on to the workers once,
+        here rather than in the handler, as the signal may come before they exist."""
+        nonlocal forwarded
+        if stop.reason and not forwarded:
+            sweep.signal_workers(executor, signal.Signals[stop.reason])
+            forwarded = True
+        return stop.reason is not None
+
+    try:
+        with executor:
+            return sweep.run_experiment(experiment, executor, on_outcome, should_stop)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _print_report(experiment) -> None:

@@ -20,6 +20,13 @@ runs from their checkpoint, and starts the rest. A run holds an exclusive
 lock (flock on <run>/.lock) while it trains, so two sweeps over the same
 experiment never run the same cell twice: the second one skips it.
 
+Stopping: SIGINT or SIGTERM in a local worker process sets that process's
+stop flag (for good): its current run stops after the step with a
+checkpoint (status `interrupted`), and every cell it is handed afterwards
+is returned as `cancelled` without a run directory. The workers are started
+with both signals blocked until that handler is in place, so a Ctrl-C while
+they start up is kept, not lost or turned into a traceback.
+
 The runner takes any concurrent.futures.Executor: a process pool (default,
 one worker per core, each with one BLAS thread) or a Dask cluster's
 `Client(address).get_executor()`; then the run directories are written by
@@ -28,11 +35,12 @@ the workers, and runs_dir must be a path they share.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
 import signal
-from concurrent.futures import CancelledError, Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,6 +52,12 @@ from attn.train import StopFlag
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 FINISHED = ("completed", "diverged")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
+
+# This process's stop flag when it is a local worker: set by SIGINT/SIGTERM
+# (see _init_worker), never cleared; other executors' threads never set it.
+_worker_stop = StopFlag()
 
 
 @dataclass(frozen=True)
@@ -138,7 +152,10 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
     if not isinstance(overrides, dict):
         raise ConfigError(f"{source}: overrides: got {overrides!r}; expected a mapping of dotted key -> value")
     base_path = (path.parent / str(data["base"])) if not Path(str(data["base"])).is_absolute() else Path(data["base"])
-    base = read_yaml_file(base_path)
+    try:
+        base = read_yaml_file(base_path)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: base: {err}") from None
     base.pop("provenance", None)
     for key, value in overrides.items():
         _set_dotted(base, str(key), value)
@@ -173,36 +190,46 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
 # Running one cell (in a worker process, or a Dask worker)
 # ---------------------------------------------------------------------------
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
-    """Train one cell into experiment_dir/cell.name, unless finished or locked elsewhere."""
+    """Train one cell into experiment_dir/cell.name, unless the sweep was
+    stopped, the run finished, or another sweep holds it. Every problem comes
+    back as a `failed` outcome, never as an exception."""
     from threadpoolctl import threadpool_limits
 
+    if _worker_stop.reason:
+        return RunOutcome(cell.name, "cancelled", "not started",
+                          f"the sweep was stopped by {_worker_stop.reason} before it started")
     run_dir = Path(experiment_dir) / cell.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a") as lock:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = open(run_dir / ".lock", "a")
+    except OSError as err:
+        return RunOutcome(cell.name, "failed", "failed",
+                          f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return RunOutcome(cell.name, "skipped-locked", "running", "another sweep is running this cell")
-        summary = runs.read_summary(run_dir) or {}
-        if summary.get("status") in FINISHED:
-            return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
-        resume = (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
-        if resume:
-            diff = jobs.config_difference(jobs.config_of(run_dir), cell.config)
-            if diff:
-                return RunOutcome(cell.name, "failed", "config-changed",
-                                  f"{run_dir}: config differs from the experiment's: {'; '.join(diff)}")
-        else:
-            runs.write_config(run_dir, to_dict(cell.config),
-                              {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
-                               "cell": dict(cell.settings), "seed": cell.seed})
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        stop = StopFlag()
-        _install_worker_signals(stop)
         try:
+            summary = runs.read_summary(run_dir) or {}
+            if summary.get("status") in FINISHED:
+                return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+            resume = (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
+            if resume:
+                diff = jobs.config_difference(jobs.config_of(run_dir), cell.config)
+                if diff:
+                    return RunOutcome(cell.name, "failed", "config-changed",
+                                      f"{run_dir}: config differs from the experiment's: {'; '.join(diff)}")
+            else:
+                runs.write_config(run_dir, to_dict(cell.config),
+                                  {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
+                                   "cell": dict(cell.settings), "seed": cell.seed})
+                (run_dir / "metrics.jsonl").unlink(missing_ok=True)
             with threadpool_limits(limits=1):
-                summary = jobs.execute(cell.config, run_dir, resume=resume, stop=stop)
-        except Exception as err:  # reported, never stops the other cells
+                summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
+        except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
+            return RunOutcome(cell.name, "failed", "failed", str(err))
+        except Exception as err:  # recorded in the run directory; never stops the other cells
             return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
         return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
 
@@ -214,14 +241,23 @@ def _figures(summary: dict) -> str:
     return text + (f" ({summary['reason']})" if summary.get("reason") else "")
 
 
-def _install_worker_signals(stop: StopFlag) -> None:
-    """In a worker's main thread, SIGINT/SIGTERM checkpoint the run and stop it."""
+def _init_worker() -> None:
+    """A local worker's first act: SIGINT/SIGTERM set its stop flag; then the
+    signals blocked since it was spawned (see _stop_signals_blocked) arrive."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda received, _frame: _worker_stop.request(signal.Signals(received).name))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Hold SIGINT/SIGTERM back in this thread; processes spawned meanwhile
+    inherit the blocked mask. Held signals are delivered at the end."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        handler = lambda signum, _frame: stop.request(signal.Signals(signum).name)  # noqa: E731
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (e.g. a threaded Dask worker)
-        pass
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # ---------------------------------------------------------------------------
@@ -231,7 +267,7 @@ def default_executor(workers: int | None = None) -> Executor:
     import multiprocessing
 
     return ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
-                               mp_context=multiprocessing.get_context("spawn"))
+                               mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
 
 
 def executor_from_address(address: str) -> Executor:
@@ -252,28 +288,60 @@ def executor_from_address(address: str) -> Executor:
 def run_experiment(experiment: Experiment, executor: Executor,
                    on_outcome: Callable[[RunOutcome], None] | None = None,
                    should_stop: Callable[[], bool] = lambda: False) -> list[RunOutcome]:
-    """Submit every cell, report each outcome as it arrives; never stops on a failure."""
+    """Submit every cell, report each outcome as it arrives; never stops on a
+    failure. Once should_stop() is true, cells not yet handed to a worker are
+    cancelled (outcome `cancelled`, status `not started`)."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
-    futures: dict[Future, Cell] = {
-        executor.submit(run_cell, cell, str(experiment.directory), str(experiment.path)): cell
-        for cell in experiment.cells
-    }
-    outcomes = []
-    for future in as_completed(futures):
-        cell = futures[future]
-        try:
-            outcome = future.result()
-        except CancelledError:
-            outcome = RunOutcome(cell.name, "cancelled", "not started", "the sweep was stopped first")
-        except Exception as err:  # the worker itself died
-            outcome = RunOutcome(cell.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
-        outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(outcome)
+    with _stop_signals_blocked():  # a local pool spawns its workers here
+        futures: dict[Future, Cell] = {
+            executor.submit(run_cell, cell, str(experiment.directory), str(experiment.path)): cell
+            for cell in experiment.cells
+        }
+    outcomes, pending = [], set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
         if should_stop():
-            for other in futures:
-                other.cancel()
+            for future in pending:
+                future.cancel()
+        for future in done:
+            cell = futures[future]
+            try:
+                outcome = future.result()
+            except CancelledError:
+                outcome = RunOutcome(cell.name, "cancelled", "not started", "the sweep was stopped before it started")
+            except Exception as err:  # the worker itself died
+                outcome = RunOutcome(cell.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+            outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
     return outcomes
+
+
+@contextlib.contextmanager
+def active_sweep(experiment: Experiment):
+    """While inside, this process counts as a running sweep of the experiment
+    (a shared flock on <experiment>/.sweeps.lock). Yields last_one_out(): it
+    ends this sweep's hold and tells whether no other sweep of the experiment
+    is still running; if none is, it holds the lock exclusively until the end
+    of the block. Of several sweeps running together, the last to finish
+    writes the report; a sweep started meanwhile waits for it."""
+    try:
+        experiment.directory.mkdir(parents=True, exist_ok=True)
+        lock = open(experiment.directory / ".sweeps.lock", "a")
+    except OSError as err:
+        raise runs.RunError(f"{experiment.directory}: cannot create the experiment directory: {err.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+
+        def last_one_out() -> bool:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        yield last_one_out
 
 
 def signal_workers(executor: Executor, signum: int) -> None:

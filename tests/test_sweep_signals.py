@@ -1,0 +1,233 @@
+"""Sweeps through the real CLI, in subprocesses, with real signals: Ctrl-C
+to the whole process group and SIGTERM to the sweep alone stop it with every
+started run checkpointed and the rest not started, and re-running the command
+resumes them to the same metrics as an uninterrupted sweep; two sweeps over
+one experiment started at once run every cell exactly once; a failing run is
+reported when it fails; bad experiment files are refused in one line; on a
+non-terminal the progress is one plain line per run."""
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attn import runs
+from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
+from attn.train import METRIC_TIMING_KEYS
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS, LOG_EVERY = 200, 20
+TINY = {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 32,
+        "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 100,
+        "logging.plots": False, "logging.attention_examples": 0}
+GRID = {"model.scale": ["sqrt"], "optim.lr": [0.3, 0.2]}  # two keys: the report's x and arm
+SEEDS = [0, 1]
+N_RUNS = len(GRID["model.scale"]) * len(GRID["optim.lr"]) * len(SEEDS)
+OUTCOME_LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+): (\S+), (.+?)  (.*)$")
+TIMEOUT = 120  # seconds; only a hung sweep gets near it
+_sweep_numbers = itertools.count()
+
+
+def write_experiment(directory: Path, name: str, seeds=SEEDS, **overrides) -> Path:
+    data = {"name": name, "base": str(ROOT / "configs" / "default.yaml"), "overrides": {**TINY, **overrides},
+            "grid": GRID, "seeds": seeds,
+            "report": {"x": "optim.lr", "arm": "model.scale"}}
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+class Sweep:
+    """`python -m attn sweep` in its own session (as a terminal's process
+    group), CI=true, its output going to files that can be read while it runs."""
+
+    def __init__(self, experiment: Path, runs_dir: Path):
+        self.experiment_dir = runs_dir / experiment.stem
+        self.since = time.time()
+        number = next(_sweep_numbers)
+        self.out, self.err = (runs_dir.parent / f"sweep-{number}.{what}" for what in ("out", "err"))
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir", str(runs_dir), "--workers", "2"],
+                cwd=ROOT, env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)}, stdout=out, stderr=err,
+                start_new_session=True)
+
+    def wait_until(self, condition) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not condition():
+            assert self.process.poll() is None, self.err.read_text()
+            assert time.monotonic() < deadline, "the sweep never got there"
+            time.sleep(0.02)
+
+    def started_a_run(self) -> bool:
+        """A run of this sweep is training (its summary says so)."""
+        return any(s["status"] == "running" and s["started_at"] > self.since
+                   for s in map(json.loads, map(Path.read_text, self.experiment_dir.glob("*/summary.json"))))
+
+    def printed_its_header(self) -> bool:
+        """Its signal handlers are in place; its workers may not exist yet."""
+        return self.err.exists() and self.err.read_text().startswith("sweep ")
+
+    def finish(self) -> tuple[int, str, str]:
+        code = self.process.wait(timeout=TIMEOUT)
+        out, err = self.out.read_text(), self.err.read_text()
+        assert "Traceback" not in err, err
+        return code, out, err
+
+
+def outcomes(stderr: str) -> dict[str, tuple[str, str, str]]:
+    """cell -> (action, status, detail) from the sweep's per-run lines, which
+    must be plain (no carriage returns: no progress bar on a non-terminal)
+    and one per run."""
+    assert "\r" not in stderr
+    found = [m for m in map(OUTCOME_LINE.match, stderr.splitlines()) if m]
+    assert [int(m[1]) for m in found] == list(range(1, len(found) + 1)), stderr
+    assert all(int(m[2]) == N_RUNS for m in found)
+    result = {m[3]: (m[4], m[5], m[6]) for m in found}
+    assert len(result) == len(found) == N_RUNS, stderr
+    return result
+
+
+def interrupt(experiment: Path, runs_dir: Path, when, send) -> tuple[int, dict]:
+    """Start a sweep; once when(sweep) holds, deliver a signal with
+    send(pid); the exit code and the per-run lines."""
+    sweep = Sweep(experiment, runs_dir)
+    sweep.wait_until(lambda: when(sweep))
+    send(sweep.process.pid)
+    code, out, err = sweep.finish()
+    assert "re-run the same command to resume" in err, err
+    assert out.strip() == str(sweep.experiment_dir)
+    return code, outcomes(err)
+
+
+def strip_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in METRIC_TIMING_KEYS} for r in records]
+
+
+def assert_completed_once(run_dir: Path) -> None:
+    """Completed, and every logged step recorded exactly once, in order."""
+    assert runs.read_summary(run_dir)["status"] == "completed"
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == list(range(0, STEPS + 1, LOG_EVERY))
+    assert runs.read_config_dict(run_dir)["seed"] in SEEDS
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Two sweeps over one experiment started at the same moment (also the
+    uninterrupted reference for the resume test)."""
+    tmp = tmp_path_factory.mktemp("concurrent")
+    experiment = write_experiment(tmp, "sig")
+    both = [Sweep(experiment, tmp / "runs"), Sweep(experiment, tmp / "runs")]
+    return experiment, both[0].experiment_dir, [sweep.finish() for sweep in both]
+
+
+def test_two_sweeps_at_once_run_every_cell_exactly_once(reference):
+    _, experiment_dir, results = reference
+    assert [code for code, _, _ in results] == [EXIT_OK, EXIT_OK], [err for _, _, err in results]
+    seen = [outcomes(err) for _, _, err in results]
+    for cell in seen[0]:
+        actions = sorted(s[cell][0] for s in seen)
+        assert actions[0] == "ran" and actions[1] in ("skipped-finished", "skipped-locked"), (cell, seen)
+        assert_completed_once(experiment_dir / cell)
+        for action, status, detail in (s[cell] for s in seen):
+            if action == "skipped-locked":
+                assert status == "running" and detail == "another sweep is running this cell"
+            else:
+                assert status == "completed"
+    for (code, out, err), lines in zip(results, seen):
+        assert out.strip() == str(experiment_dir)
+        assert not any(line.startswith(("failed", "error")) for line in err.splitlines()), err
+        locked = sum(action == "skipped-locked" for action, _, _ in lines.values())
+        assert (f"{locked} running in another sweep" in err) == (locked > 0), err
+    assert sorted(p.name for p in experiment_dir.iterdir() if p.is_dir()) == sorted(seen[0])
+    assert f"{N_RUNS} runs of {N_RUNS} from" in (experiment_dir / "report.md").read_text(), "the last one reported all"
+
+
+def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(reference, tmp_path):
+    """Ctrl-C (to the process group) as the sweep starts, Ctrl-C mid-run,
+    SIGTERM to the sweep alone mid-run, then the same command to the end."""
+    experiment, reference_dir, _ = reference
+    runs_dir = tmp_path / "runs"
+    experiment_dir = runs_dir / experiment.stem
+    checkpointed = set()
+    ctrl_c, sigterm = (lambda pid: os.killpg(pid, signal.SIGINT)), (lambda pid: os.kill(pid, signal.SIGTERM))
+    for signum, when, send in ((signal.SIGINT, Sweep.printed_its_header, ctrl_c),
+                               (signal.SIGINT, Sweep.started_a_run, ctrl_c),
+                               (signal.SIGTERM, Sweep.started_a_run, sigterm)):
+        code, seen = interrupt(experiment, runs_dir, when, send)
+        assert code == EXIT_SIGNAL[signum.name]
+        assert {action for action, _, _ in seen.values()} <= {"ran", "resumed", "cancelled"}
+        started = {cell for cell, (action, _, _) in seen.items() if action != "cancelled"}
+        assert len(started) < N_RUNS and (started or when is Sweep.printed_its_header), seen
+        for cell, (action, status, detail) in seen.items():
+            run_dir = experiment_dir / cell
+            if cell in started:
+                assert status == "interrupted" and f"stopped by {signum.name}" in detail
+                assert (run_dir / "checkpoint.npz").exists()
+                checkpointed.add(cell)
+            else:
+                assert status == "not started" and "stopped" in detail
+                assert run_dir.exists() == (cell in checkpointed)
+            if run_dir.exists():
+                assert runs.read_summary(run_dir)["status"] == "interrupted"
+    code, out, err = Sweep(experiment, runs_dir).finish()
+    assert code == EXIT_OK, err
+    for cell, (action, status, _) in outcomes(err).items():
+        assert (action, status) == ("resumed" if cell in checkpointed else "ran", "completed")
+        assert_completed_once(experiment_dir / cell)
+        assert strip_timing(runs.read_metrics(experiment_dir / cell)) == \
+            strip_timing(runs.read_metrics(reference_dir / cell))
+        resumed, uninterrupted = runs.read_summary(experiment_dir / cell), runs.read_summary(reference_dir / cell)
+        assert (resumed["final"], resumed["best"]) == (uninterrupted["final"], uninterrupted["best"])
+
+
+def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_path):
+    experiment = write_experiment(tmp_path, "fail", seeds=[0], **{"train.steps": STEPS // 2})
+    blocked, other = "scale-sqrt_lr-0.3_seed-0", "scale-sqrt_lr-0.2_seed-0"
+    (tmp_path / "runs" / "fail").mkdir(parents=True)
+    (tmp_path / "runs" / "fail" / blocked).write_text("a file where the run directory goes")
+    code, out, err = Sweep(experiment, tmp_path / "runs").finish()
+    lines = err.splitlines()
+    assert code == EXIT_FAILED
+    progress = [m for m in map(OUTCOME_LINE.match, lines) if m]
+    assert [(m[3], m[4], m[5]) for m in progress] == [(blocked, "failed", "failed"), (other, "ran", "completed")], err
+    assert "FileExistsError" in progress[0][6]
+    assert any(line.startswith(f"failed: {blocked}: ") for line in lines), err
+    assert "\r" not in err
+
+
+BAD_EXPERIMENTS = {  # name -> (what replaces the good file's keys, or the whole file; what the error says)
+    "empty_grid": ({"grid": {}}, "grid: expected a non-empty mapping"),
+    "unknown_key": ({"grid": {"model.dk": [4]}},
+                    "grid: `model.dk`: not a config field that a grid can vary; did you mean `model.d_k`?"),
+    "bad_cell": ({"grid": {"optim.lr": [0.1, -1.0]}}, "grid cell {optim.lr: -1.0}: optim.lr: got -1.0"),
+    "no_base": ({"base": "nowhere.yaml"}, "base: TMP/nowhere.yaml: no such config file"),
+    "not_a_mapping": (["a", "list"], "must be a YAML mapping"),
+}
+
+
+def test_bad_experiment_files_are_refused_in_one_line(tmp_path):
+    """Each: exit 2, one `error:` line naming the experiment file and what is
+    wrong, no traceback, nothing created. (The five run side by side.)"""
+    processes = {}
+    for name, (change, _) in BAD_EXPERIMENTS.items():
+        path = write_experiment(tmp_path, name)
+        if isinstance(change, dict):
+            path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **change}))
+        else:
+            path.write_text(yaml.safe_dump(change))
+        processes[name] = (path, Sweep(path, tmp_path / "runs"))
+    for name, (path, sweep) in processes.items():
+        code, out, err = sweep.finish()
+        message = BAD_EXPERIMENTS[name][1].replace("TMP", str(tmp_path))
+        assert (code, out) == (EXIT_BAD_INPUT, ""), (name, err)
+        assert err.startswith(f"error: {path}: ") and err.count("\n") == 1 and message in err, (name, err)
+    assert not (tmp_path / "runs").exists()
