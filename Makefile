@@ -59,6 +59,11 @@ publish:
 	  mkdir -p experiments/results/$$name && cp runs/$$name/report.md runs/$$name/report.csv runs/$$name/*.png experiments/results/$$name/ && echo "experiments/results/$$name"; \
 	done
 
+## make bench [ARGS="--sizes default,large --unset-coretype"]: attn's training step against PyTorch eager
+## (optional: .venv/bin/pip install torch), matmul rate, peak memory, sweep throughput -> runs/bench/
+bench: $(VENV)/.runtime
+	$(PY) -m attn bench $(ARGS)
+
 ## make test: the whole suite
 test: $(VENV)/.dev
 	$(PY) -m pytest -q $(ARGS)

@@ -5,6 +5,7 @@
     python -m attn plot RUN_DIR ...                     redraw a run's figures
     python -m attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
     python -m attn runs [PATH] [--status S]             list runs
+    python -m attn bench [--sizes default,mid,large]    time the training step against PyTorch
 
 Exit codes: 0 done; 1 failed during training (recorded in the run directory
 when the disk allows); 2 bad input (config, override, path, checkpoint,
@@ -326,6 +327,40 @@ def cmd_runs(args) -> int:
     return EXIT_OK
 
 
+def _bench_sizes(text: str) -> list[str]:
+    from attn import bench
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in bench.SIZES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(bench.SIZES)}")
+    return names
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer >= {minimum}")
+        return int(text)
+
+    return parse
+
+
+def cmd_bench(args) -> int:
+    from attn import bench
+
+    if not args.no_torch and not bench.torch_available():
+        print("PyTorch is not installed: timing attn alone (pip install torch to compare)", file=sys.stderr)
+    result = bench.run(args.sizes, args.warmup, args.steps, args.threads, with_torch=not args.no_torch,
+                       processes=not args.no_processes, unset_coretype=args.unset_coretype,
+                       progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    paths = bench.write(result, Path(args.out))
+    print(bench.markdown(result))
+    for path in paths.values():
+        print(path)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -369,6 +404,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "failed, stale, unknown)")
     p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
     p.set_defaults(func=cmd_runs)
+    p = sub.add_parser("bench", help="time attn's training step against PyTorch; matmul rate, memory, sweep throughput")
+    p.add_argument("--sizes", type=_bench_sizes, default="default,mid,large", help="which sizes (default: all)")
+    p.add_argument("--steps", type=_count(1), default=50, help="timed steps per size (default: 50)")
+    p.add_argument("--warmup", type=_count(0), default=10, help="untimed steps first (default: 10)")
+    p.add_argument("--threads", type=_count(1), help="BLAS threads of numpy and intra-op threads of PyTorch while "
+                   "timing (default: numpy's BLAS threads as the environment sets them)")
+    p.add_argument("--out", default="runs/bench", help="where the JSON and Markdown go (default: runs/bench)")
+    p.add_argument("--no-torch", action="store_true", help="time attn alone even if PyTorch is installed")
+    p.add_argument("--no-processes", action="store_true", help="skip peak memory and sweep throughput")
+    p.add_argument("--unset-coretype", action="store_true",
+                   help="also time the steps in a child without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,67 @@
+"""attn's hand-written model against its PyTorch twin (attn.bench.torch_loss, the
+model `make bench` times): the same weights and batch give the same loss and
+the same gradients, and the same SGD steps give the same losses, in float64.
+PyTorch's autograd is the independent reference here. Skipped without PyTorch."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attn import bench, model, train  # noqa: E402
+from attn.config import load_config  # noqa: E402
+
+SMALL = ["dtype=float64", "train.batch_size=4", "model.d_model=12", "model.d_k=5", "model.d_v=7"]
+TASKS = {
+    "retrieval": ["task.name=retrieval", "task.n_keys=6", "task.n_values=5", "task.n_pairs=4"],
+    "copy": ["task.name=copy", "task.vocab_size=6", "task.length=5"],
+}
+
+
+def build(task: str, *overrides: str):
+    config = load_config(None, [*SMALL, *TASKS[task], *overrides])
+    task_, spec, params, optimizer, gens = train.build(config)
+    batches = [task_.sample(gens.data, config.train.batch_size) for _ in range(3)]
+    return config, spec, params, optimizer, batches
+
+
+CASES = [(task, f"model.scale={scale}", f"model.causal={causal}")
+         for task, scale, causal in itertools.product(TASKS, ("sqrt", "none"), ("false", "true"))]
+CASES.append(("copy", "model.positional=sinusoidal", "model.residual=false"))
+
+
+@pytest.mark.parametrize("task,first,second", CASES, ids=lambda v: v.removeprefix("model."))
+def test_loss_and_gradients_match_pytorch(task, first, second):
+    _, spec, params, _, (batch, *_) = build(task, first, second)
+    weights = bench.torch_params(params)
+    reference = bench.torch_loss(weights, spec, bench.torch_batch(batch))
+    reference.backward()
+    loss, grads, _ = model.loss_and_grads(params, spec, batch)
+    assert loss.dtype == np.float64
+    assert float(loss) == pytest.approx(reference.item(), rel=1e-12)
+    assert set(grads) == set(weights)
+    for name, grad in grads.items():
+        expected = weights[name].grad.numpy()
+        assert np.abs(expected).max() > 0, f"{name}: no gradient reached it; the check would be empty"
+        np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("optim", [
+    ("optim.lr=0.5",),
+    ("optim.lr=0.3", "optim.momentum=0.9", "optim.nesterov=true", "optim.weight_decay=0.01",
+     "optim.lr_mult={W_q: 0.5, E_pos: 2.0}"),
+], ids=["plain", "nesterov-decay-lr_mult"])
+def test_sgd_steps_match_torch_optim_sgd(optim):
+    """Three steps from the same weights on the same batches: the third loss
+    depends on both updates (momentum included) of every parameter."""
+    config, spec, params, optimizer, batches = build("retrieval", *optim)
+    torch_step = bench.torch_stepper(config, spec, params, batches)
+    attn_step = bench.attn_stepper(config, spec, params, optimizer, batches)
+    for _ in batches:
+        ours, theirs = float(attn_step()), torch_step().item()
+        assert ours == pytest.approx(theirs, rel=1e-12)
+    initial = train.build(config)[2]
+    assert ours != pytest.approx(float(model.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
+        "the updates changed nothing, so the comparison shows nothing"
