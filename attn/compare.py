@@ -62,7 +62,7 @@ from matplotlib.figure import Figure
 
 from attn import plots, runs
 from attn.config import ConfigError
-from attn.jobs import _flatten as flatten_config
+from attn.jobs import flatten_config
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
 X_AXES = {"step": "step", "wall_time": "wall time (s)"}

@@ -55,16 +55,16 @@ def config_of(run_dir: Path) -> Config:
 
 def config_difference(a: Config, b: Config) -> list[str]:
     """'key: a -> b' for every field that differs."""
-    flat_a, flat_b = _flatten(to_dict(a)), _flatten(to_dict(b))
+    flat_a, flat_b = flatten_config(to_dict(a)), flatten_config(to_dict(b))
     return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
             if flat_a.get(k) != flat_b.get(k)]
 
 
-def _flatten(data: dict, prefix: str = "") -> dict:
+def flatten_config(data: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in data.items():
         if isinstance(v, dict) and k != "lr_mult":
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_config(v, f"{prefix}{k}."))
         else:
             out[prefix + k] = v
     return out

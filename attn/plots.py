@@ -13,6 +13,7 @@ Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -51,11 +52,13 @@ def plot_run(run_dir: Path) -> list[Path]:
     return written
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, format=path.suffix.lstrip("."))
-    tmp.replace(path)
+def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
+    """Render to memory, then write atomically (a crash never leaves half a PNG)."""
+    if tight:
+        fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip("."))
+    runs.write_atomic(path, buffer.getvalue())
     return path
 
 
@@ -70,7 +73,7 @@ def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
     for key, label in (("train_loss", "train"), ("eval_loss", "eval")):
         x, y = series(records, key)
         if len(x):
-            ax.plot(x, y, label=label, linewidth=1.4)
+            ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
     draw_references(ax, summary.get("references", {}))
     ax.set_yscale("log")
     ax.set_xlabel("step")
@@ -78,7 +81,7 @@ def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
     ax.set_title(_title(run_dir, summary), fontsize=9)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
-    return _save(fig, run_dir / "loss.png")
+    return save_figure(fig, run_dir / "loss.png")
 
 
 def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
@@ -97,7 +100,7 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
                 keep = y > 0
                 x, y = x[keep], y[keep]
             if len(x):
-                ax.plot(x, y, label=key.split("/")[-1], linewidth=1.3)
+                ax.plot(x, y, label=key.split("/")[-1], linewidth=1.3, marker="." if len(x) < 5 else None)
         ax.set_yscale(yscale)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
@@ -105,7 +108,7 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
         if isinstance(keys, tuple):
             ax.legend(fontsize=8)
     fig.suptitle(f"{run_dir.name}: attention diagnostics (eval set, target rows)", fontsize=10)
-    return _save(fig, run_dir / "diagnostics.png")
+    return save_figure(fig, run_dir / "diagnostics.png")
 
 
 def _attention_figure(run_dir: Path) -> Path:
@@ -127,7 +130,4 @@ def _attention_figure(run_dir: Path) -> Path:
             ax.tick_params(labelsize=6)
     fig.colorbar(image, ax=fig.axes, shrink=0.8, label="attention weight")
     fig.suptitle(f"{run_dir.name}: where each query looks (red: the key it should read)", fontsize=9)
-    tmp = run_dir / ".attention.png.tmp"
-    fig.savefig(tmp, dpi=110, format="png")
-    tmp.replace(run_dir / "attention.png")
-    return run_dir / "attention.png"
+    return save_figure(fig, run_dir / "attention.png", tight=False)

@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from attn import runs
 from attn.compare import band_stats, describe
 from attn.layers import score_scale
-from attn.plots import draw_references, series
+from attn.plots import draw_references, save_figure, series
 from attn.sweep import Experiment
 
 THRESHOLD = 0.99
@@ -87,7 +87,7 @@ def collect(experiment: Experiment) -> list[CellResult]:
     cells: dict[tuple, CellResult] = {}
     for cell in experiment.cells:
         run_dir = experiment.directory / cell.name
-        summary = runs.read_summary(run_dir)
+        summary = runs.read_summary(run_dir) if run_dir.is_dir() else None
         if summary is None:
             continue
         key = cell.settings
@@ -143,7 +143,7 @@ def select_best(results: list[CellResult], best_of: str | None) -> list[CellResu
 
 
 def _label(settings: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={settings[k]}" for k in keys if k in settings)
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={settings[k]}" for k in keys if k in settings) or "all runs"
 
 
 def _fmt(mean: float, std: float, digits: int = 3) -> str:
@@ -293,14 +293,6 @@ def _arm_colors(results: list[CellResult], arms: list[str]) -> dict[str, str]:
     return {label: palette[i % 10] for i, label in enumerate(labels)}
 
 
-def _savefig(fig: Figure, path: Path) -> Path:
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=110, format="png")
-    runs.write_atomic(path, buffer.getvalue())
-    return path
-
-
 def _panels(n: int, width: float = 3.6, height: float = 3.0):
     cols = min(n, 4)
     rows = math.ceil(n / cols)
@@ -329,19 +321,28 @@ def _curves_figure(results, x, arms, colors, key, ylabel, log_y, references, pat
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=11)
-    return _savefig(fig, path)
+    return save_figure(fig, path)
 
 
 def _numeric(values) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
+def _x_positions(results, x, ax) -> dict:
+    """x value -> position on ax: the value itself on a log axis when all x
+    values are positive numbers, else evenly spaced categories."""
+    xs = sorted({x_value(r, x) for r in results}, key=_sort_key)
+    if _numeric(xs) and min(xs) > 0:
+        ax.set_xscale("log")
+        return {xv: xv for xv in xs}
+    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    return {xv: i for i, xv in enumerate(xs)}
+
+
 def _steps_figure(results, x, arms, colors, path):
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
-    xs = sorted({x_value(r, x) for r in results}, key=_sort_key)
-    numeric = _numeric(xs) and min(xs) > 0
-    position = {xv: (xv if numeric else i) for i, xv in enumerate(xs)}
+    position = _x_positions(results, x, ax)
     budget = max(r.budget for r in results)
     for label in colors:
         cells = sorted((r for r in results if _label(r.settings, arms) == label), key=lambda r: _sort_key(x_value(r, x)))
@@ -361,38 +362,32 @@ def _steps_figure(results, x, arms, colors, path):
         if px:
             ax.errorbar(px, means, yerr=stds, color=colors[label], marker="o", capsize=3, label=label)
     ax.axhline(budget, color="0.5", linestyle=":", linewidth=1, label=f"budget ({budget} steps)")
-    if numeric:
-        ax.set_xscale("log")
-    else:
-        ax.set_xticks(range(len(xs)), [str(v) for v in xs])
     ax.set_yscale("log")
     ax.set_xlabel(x_name(x))
     ax.set_ylabel(f"steps to {THRESHOLD:.0%} eval accuracy")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
-    return _savefig(fig, path)
+    return save_figure(fig, path)
 
 
 def _score_std_figure(results, x, arms, colors, path):
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
+    position = _x_positions(results, x, ax)
     for label in colors:
         cells = sorted((r for r in results if _label(r.settings, arms) == label), key=lambda r: _sort_key(x_value(r, x)))
-        xs = [x_value(r, x) for r in cells]
-        if not _numeric(xs):
-            xs = list(range(len(cells)))
+        xs = [position[x_value(r, x)] for r in cells]
         measured = [mean_std(r.at_init("score_std")) for r in cells]
         ax.errorbar(xs, [m for m, _ in measured], yerr=[s for _, s in measured], color=colors[label], marker="o",
                     linestyle="none", capsize=3, label=f"{label}: measured")
         ax.plot(xs, [r.theory_score_std for r in cells], color=colors[label], linestyle="--", linewidth=1,
                 label=f"{label}: theory √d_k·s·g²")
-    ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(x_name(x))
     ax.set_ylabel("std of scores at initialisation")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7)
-    return _savefig(fig, path)
+    return save_figure(fig, path)
 
 
 def _outcome_map(results, arms, colors, path):
@@ -424,7 +419,7 @@ def _outcome_map(results, arms, colors, path):
         ax.grid(True, which="both", alpha=0.25)
     ax_steps.legend(fontsize=7)
     fig.suptitle("outcome against score std at initialisation, every run", fontsize=11)
-    return _savefig(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------
@@ -460,7 +455,7 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
             + ", ".join(f"`{a}`" for a in arms) + (f"; each cell at its best `{best_of}`" if best_of else "") + ".",
             "", _markdown_table(rows), "", "## Conclusion (computed from the runs)", ""]
     text += conclusion(results, x, arms)
-    checks = expectation_check(results, x, arms[0], references if same_task else {})
+    checks = expectation_check(results, x, arms[0], references if same_task else {}) if arms else []
     if checks:
         text += ["", "## Expectations, tested", ""] + checks
     text += ["", "Figures: " + ", ".join(f"`{p.name}`" for k, p in paths.items() if p.suffix == ".png"), ""]
