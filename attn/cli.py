@@ -146,10 +146,7 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag) -> in
         if summary.get("reason"):
             line += f"  ({summary['reason']})"
         if summary.get("final"):  # absent when stopped at once
-            final, best = summary["final"], summary.get("best") or {}
-            line += (f"  eval_loss {final.get('eval_loss', float('nan')):.4g}  "
-                     f"eval_acc {final.get('eval_accuracy', float('nan')):.3f}  "
-                     f"steps_to_99 {best.get('steps_to_99', 'never')}  "
+            line += (f"  {runs.summary_figures(summary)}  "
                      f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s")
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():

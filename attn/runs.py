@@ -224,6 +224,18 @@ def effective_status(summary: dict | None, now: float | None = None) -> str:
     return "stale" if now - summary.get("updated_at", 0) > STALE_AFTER_SECONDS else status
 
 
+def summary_figures(summary: dict) -> str:
+    """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
+    (NaN) or read back from disk (null)."""
+    final, best = summary.get("final") or {}, summary.get("best") or {}
+
+    def number(value, spec: str) -> str:
+        return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "nan"
+
+    return (f"eval_loss {number(final.get('eval_loss'), '.4g')}  eval_acc {number(final.get('eval_accuracy'), '.3f')}  "
+            f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
+
+
 def _pid_alive(pid) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False

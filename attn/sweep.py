@@ -235,10 +235,7 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
 
 
 def _figures(summary: dict) -> str:
-    final, best = summary.get("final", {}), summary.get("best", {})
-    text = f"eval_loss {final.get('eval_loss', float('nan')):.4f} eval_acc {final.get('eval_accuracy', float('nan')):.3f}"
-    text += f" steps_to_99 {best.get('steps_to_99', 'never')}"
-    return text + (f" ({summary['reason']})" if summary.get("reason") else "")
+    return runs.summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
 
 
 def _init_worker() -> None:
