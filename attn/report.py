@@ -223,13 +223,14 @@ def conclusion(results: list[CellResult], x: str, arms: list[str]) -> list[str]:
                 text += f" in {np.mean(ok):.0f} steps on average"
                 if len(cells) > 1 and np.isfinite(best_mean) and np.mean(ok) > best_mean:
                     text += f" ({np.mean(ok) / best_mean:.1f}× the fastest arm)"
-            diverged = statuses.count("diverged")
+            diverged = [steps for status, steps in zip(statuses, r.steps_to_99()) if status == "diverged"]
             stalled = [s for s, steps in zip(r.summaries, r.steps_to_99()) if steps is None and s.get("status") == "completed"]
             if stalled:
                 losses = [s["final"].get("eval_loss", math.nan) for s in stalled]
                 text += f"; {len(stalled)} stalled (final eval loss {np.nanmean(losses):.3g} after {r.budget} steps)"
             if diverged:
-                text += f"; {diverged} diverged"
+                after = sum(steps is not None for steps in diverged)
+                text += f"; {len(diverged)} diverged" + (f" ({after} of them after reaching {THRESHOLD:.0%})" if after else "")
             parts.append(text)
         lines.append(f"- **{x_name(x)} = {xv}** — " + "; ".join(parts) + ".")
     return lines
@@ -241,7 +242,7 @@ def _sort_key(value):
 
 def expectation_check(results: list[CellResult], x: str, arm_key: str, references: dict) -> list[str]:
     """The headline's expectations, tested against the data (only when the
-    arms are model.scale with both `sqrt` and `none`)."""
+    arms are model.scale alone, with both `sqrt` and `none`)."""
     if arm_key != "model.scale":
         return []
     sqrt_cells = [r for r in results if r.settings.get(arm_key) == "sqrt"]
@@ -455,7 +456,7 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
             + ", ".join(f"`{a}`" for a in arms) + (f"; each cell at its best `{best_of}`" if best_of else "") + ".",
             "", _markdown_table(rows), "", "## Conclusion (computed from the runs)", ""]
     text += conclusion(results, x, arms)
-    checks = expectation_check(results, x, arms[0], references if same_task else {}) if arms else []
+    checks = expectation_check(results, x, arms[0], references if same_task else {}) if len(arms) == 1 else []
     if checks:
         text += ["", "## Expectations, tested", ""] + checks
     text += ["", "Figures: " + ", ".join(f"`{p.name}`" for k, p in paths.items() if p.suffix == ".png"), ""]
