@@ -241,8 +241,8 @@ def _sort_key(value):
 
 
 def expectation_check(results: list[CellResult], x: str, arm_key: str, references: dict) -> list[str]:
-    """The headline's expectations, tested against the data (only when the
-    arms are model.scale alone, with both `sqrt` and `none`)."""
+    """The headline's expectations, tested against the data (only for a
+    numeric x and the arms model.scale alone, with both `sqrt` and `none`)."""
     if arm_key != "model.scale":
         return []
     sqrt_cells = [r for r in results if r.settings.get(arm_key) == "sqrt"]
@@ -456,7 +456,8 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
             + ", ".join(f"`{a}`" for a in arms) + (f"; each cell at its best `{best_of}`" if best_of else "") + ".",
             "", _markdown_table(rows), "", "## Conclusion (computed from the runs)", ""]
     text += conclusion(results, x, arms)
-    checks = expectation_check(results, x, arms[0], references if same_task else {}) if len(arms) == 1 else []
+    ordered = len(x) == 1 and _numeric([x_value(r, x) for r in results])
+    checks = expectation_check(results, x, arms[0], references if same_task else {}) if ordered and len(arms) == 1 else []
     if checks:
         text += ["", "## Expectations, tested", ""] + checks
     text += ["", "Figures: " + ", ".join(f"`{p.name}`" for k, p in paths.items() if p.suffix == ".png"), ""]
