@@ -10,11 +10,14 @@ taken under the same load:
   beforehand, so sampling is not timed) of attn and of the identical model
   written in PyTorch eager (`torch_loss`, same weights, same batches, same
   thread count, torch.optim.SGD with the config's settings), at each size of
-  SIZES. The two alternate in rounds, so a burst of load elsewhere on the
-  machine hits both. Median and spread over `steps` steps after `warmup`.
-- the machine's float32 matrix-multiply rate: numpy (and PyTorch) at an
-  n x n square, n = MATMUL_N. Each step's achieved rate is its matrix-multiply
-  FLOPs (`step_flops`) over its median time, as a fraction of numpy's rate.
+  SIZES. Median and spread over `steps` steps after `warmup`.
+- the machine's float32 matrix-multiply rate: numpy's (and PyTorch's)
+  product of two n x n squares, n = MATMUL_N, at the start; and numpy's again
+  once in each round of every size. The two steps and that product alternate
+  in ROUNDS rounds, so a burst of load elsewhere on the machine hits all
+  three. Each step's achieved rate is its matrix-multiply FLOPs (`step_flops`)
+  over its median time, as a fraction of the product's median rate in the
+  same rounds.
 - the peak memory (ru_maxrss) of `python -m attn train` for a short run at
   each size, and the throughput of a sweep (runs per minute) with one worker
   and with one per core, through the real sweep runner (attn.sweep).
@@ -76,6 +79,7 @@ SIZES = {
 }
 MATMUL_N = 2048
 BATCH_POOL = 16  # distinct batches cycled through by the timed steps
+ROUNDS = 5  # alternating rounds of attn, PyTorch and one matmul per size
 COMPARE_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
@@ -200,56 +204,56 @@ def spread(seconds: list[float]) -> dict:
             "min_ms": float(ms.min()), "max_ms": float(ms.max()), "n": int(ms.size)}
 
 
-def time_interleaved(steppers: dict[str, Callable], warmup: int, steps: int, rounds: int = 5) -> dict:
-    """name -> (step times in seconds, last loss). Warm each up, then time them
-    in alternating rounds of steps/rounds steps; the garbage collector is off
-    while timing."""
-    last = {}
-    for name, step in steppers.items():
-        for _ in range(warmup):
-            last[name] = step()
-    times = {name: [] for name in steppers}
-    per_round = max(1, math.ceil(steps / rounds))
+def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict[str, list[float]]:
+    """name -> the seconds of each call, where work[name] = (function, calls
+    per round). All are timed in `rounds` alternating rounds, so that load
+    elsewhere on the machine hits each alike; the garbage collector is off
+    meanwhile."""
+    times = {name: [] for name in work}
     gc.collect()
     gc.disable()
     try:
-        while min(len(t) for t in times.values()) < steps:
-            for name, step in steppers.items():
-                for _ in range(per_round):
+        for _ in range(rounds):
+            for name, (function, calls) in work.items():
+                for _ in range(calls):
                     start = time.perf_counter()
-                    last[name] = step()
+                    function()
                     times[name].append(time.perf_counter() - start)
     finally:
         gc.enable()
-    return {name: (times[name], last[name].item()) for name in steppers}
+    return times
 
 
-def _rate(product: Callable, flops: float, repeats: int) -> dict:
-    product()  # warm-up
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        product()
-        seconds.append(time.perf_counter() - start)
-    return {"gflops": flops / float(np.median(seconds)) / 1e9, "gflops_best": flops / min(seconds) / 1e9}
-
-
-def matmul_rate(n: int = MATMUL_N, repeats: int = 5, with_torch: bool = True) -> dict:
-    """float32 n x n @ n x n in GFLOP/s (2 n^3 FLOPs): median and best of `repeats`."""
+def square_matmuls(n: int, with_torch: bool) -> dict[str, Callable]:
+    """library -> a function computing one float32 n x n @ n x n product (2 n^3 FLOPs)."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
     out = np.empty((n, n), dtype=np.float32)
-    result = {"n": n, "numpy": _rate(lambda: np.matmul(a, b, out=out), 2.0 * n**3, repeats)}
+    products = {"numpy": lambda: np.matmul(a, b, out=out)}
     if with_torch:
         import torch
 
         ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
-        result["torch"] = _rate(lambda: torch.matmul(ta, tb, out=tout), 2.0 * n**3, repeats)
+        products["torch"] = lambda: torch.matmul(ta, tb, out=tout)
+    return products
+
+
+def gflops(flops: float, seconds: list[float]) -> dict:
+    return {"gflops": flops / float(np.median(seconds)) / 1e9, "gflops_best": flops / min(seconds) / 1e9}
+
+
+def matmul_rate(n: int = MATMUL_N, repeats: int = 5, with_torch: bool = True) -> dict:
+    """float32 n x n products in GFLOP/s, numpy's then PyTorch's: median and best of `repeats`."""
+    result = {"n": n}
+    for library, product in square_matmuls(n, with_torch).items():
+        product()  # warm-up
+        result[library] = gflops(2.0 * n**3, time_interleaved({library: (product, repeats)}, rounds=1)[library])
     return result
 
 
-def bench_size(name: str, warmup: int, steps: int, with_torch: bool, matmul_gflops: float) -> dict:
-    """Time attn's step (and PyTorch's) at one size."""
+def bench_size(name: str, warmup: int, steps: int, with_torch: bool) -> dict:
+    """Time attn's step (and PyTorch's) at one size, in rounds with numpy's
+    MATMUL_N-square product, whose rate in the same rounds is the yardstick."""
     config = size_config(name)
     task, spec, params, optimizer, gens = train.build(config)
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
@@ -257,14 +261,21 @@ def bench_size(name: str, warmup: int, steps: int, with_torch: bool, matmul_gflo
     if with_torch:  # before attn's steps change params in place
         steppers["torch"] = torch_stepper(config, spec, params, batches)
     steppers["attn"] = attn_stepper(config, spec, params, optimizer, batches)
-    timed = time_interleaved(steppers, warmup, steps)
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    per_round = math.ceil(steps / ROUNDS)
+    work = {side: (step, per_round) for side, step in steppers.items()}
+    work["matmul"] = (square_matmuls(MATMUL_N, with_torch=False)["numpy"], 1)
+    times = time_interleaved(work, ROUNDS)
+    matmul = gflops(2.0 * MATMUL_N**3, times.pop("matmul"))
     flops = step_flops(spec, config.train.batch_size)
     result = {"size": name, "overrides": list(SIZES[name]), "shape": describe_size(config, spec),
-              "gflop_per_step": flops / 1e9}
-    for side, (seconds, loss) in timed.items():
+              "gflop_per_step": flops / 1e9, "matmul_in_rounds": matmul}
+    for side, seconds in times.items():
         stats = spread(seconds)
-        result[side] = {**stats, "final_loss": loss,
-                        "matmul_fraction": flops / (stats["median_ms"] / 1e3) / 1e9 / matmul_gflops}
+        result[side] = {**stats, "loss_after": steppers[side]().item(),
+                        "matmul_fraction": flops / (stats["median_ms"] / 1e3) / 1e9 / matmul["gflops"]}
     if with_torch:
         result["ratio"] = result["attn"]["median_ms"] / result["torch"]["median_ms"]
         result["ratio_of_min"] = result["attn"]["min_ms"] / result["torch"]["min_ms"]
@@ -385,7 +396,7 @@ def run(sizes: list[str], warmup: int = 10, steps: int = 50, threads: int | None
         result["sizes"] = []
         for name in sizes:
             progress(f"training step at size {name}" + (" (attn and PyTorch)" if with_torch else " (attn)"))
-            result["sizes"].append(bench_size(name, warmup, steps, with_torch, result["matmul"]["numpy"]["gflops"]))
+            result["sizes"].append(bench_size(name, warmup, steps, with_torch))
     if processes:
         result["memory"] = []
         for name in sizes:
@@ -435,19 +446,23 @@ def _blas_line(machine: dict) -> str:
 def steps_table(result: dict) -> str:
     """The step timings as a Markdown table."""
     with_torch = result["with_torch"]
-    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step", "attn ms: median (IQR)", "attn % of matmul rate"]
+    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step", "attn ms: median (IQR)"]
     if with_torch:
-        header[4:4] = ["PyTorch ms: median (IQR)", "attn / PyTorch: median (min)"]
-        header += ["PyTorch % of matmul rate", "loss after the steps: attn, PyTorch"]
+        header += ["PyTorch ms: median (IQR)", "attn / PyTorch: median (min)"]
+    header += ["numpy matmul GFLOP/s in the rounds", "attn % of matmul rate"]
+    if with_torch:
+        header += ["PyTorch % of matmul rate", "loss after the timed steps: attn, PyTorch"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in result["sizes"]:
         shape = s["shape"]
         row = [s["size"], f"{shape['task']}, {shape['B']}×{shape['T']}, {shape['d_model']}, {shape['d_k']}",
-               f"{s['gflop_per_step']:.3f}", _ms(s["attn"]), f"{100 * s['attn']['matmul_fraction']:.0f}%"]
+               f"{s['gflop_per_step']:.3f}", _ms(s["attn"])]
         if with_torch:
-            row[4:4] = [_ms(s["torch"]), f"{s['ratio']:.2f}× ({s['ratio_of_min']:.2f}×)"]
+            row += [_ms(s["torch"]), f"{s['ratio']:.2f}× ({s['ratio_of_min']:.2f}×)"]
+        row += [f"{s['matmul_in_rounds']['gflops']:.0f}", f"{100 * s['attn']['matmul_fraction']:.0f}%"]
+        if with_torch:
             row += [f"{100 * s['torch']['matmul_fraction']:.0f}%",
-                    f"{s['attn']['final_loss']:.4f}, {s['torch']['final_loss']:.4f}"]
+                    f"{s['attn']['loss_after']:.4f}, {s['torch']['loss_after']:.4f}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

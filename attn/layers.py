@@ -42,31 +42,42 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray):
 
 
 def embedding_backward(dout: np.ndarray, cache) -> np.ndarray:
-    """Scatter-add the upstream gradient into the rows that were looked up."""
-    ids, table_shape = cache
-    dtable = np.zeros(table_shape, dtype=dout.dtype)  # (V, D)
-    np.add.at(dtable, ids.reshape(-1), dout.reshape(-1, table_shape[1]))
-    return dtable
+    """Sum the upstream gradient into the rows that were looked up:
+
+        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
+
+    One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
+    of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
+    """
+    ids, (V, D) = cache
+    onehot = (np.arange(V)[:, None] == ids.reshape(1, -1)).astype(dout.dtype)  # (V, N)
+    return onehot @ dout.reshape(-1, D)  # (V, D)
 
 
 # --------------------------------------------------------------------------
 # Linear: out = x W (+ b)
 # --------------------------------------------------------------------------
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
-    """x (..., n_in) @ W (n_in, n_out) (+ b (n_out,)) -> (..., n_out)."""
-    out = x @ W
+    """x (..., n_in) @ W (n_in, n_out) (+ b (n_out,)) -> (..., n_out).
+
+    The leading axes are flattened first, so the product is one matrix
+    multiply over all rows rather than one per leading index.
+    """
+    n_in, n_out = W.shape
+    out = x.reshape(-1, n_in) @ W  # (N, n_out)
     if b is not None:
         out += b
-    return out, (x, W, b is not None)
+    return out.reshape(*x.shape[:-1], n_out), (x, W, b is not None)
 
 
 def linear_backward(dout: np.ndarray, cache):
     """Returns (dx, dW, db); db is None when the forward had no bias."""
     x, W, has_bias = cache
     n_in, n_out = W.shape
-    dx = dout @ W.T  # (..., n_in)
-    dW = x.reshape(-1, n_in).T @ dout.reshape(-1, n_out)  # (n_in, n_out)
-    db = dout.reshape(-1, n_out).sum(axis=0) if has_bias else None
+    dout2 = dout.reshape(-1, n_out)  # (N, n_out)
+    dx = (dout2 @ W.T).reshape(x.shape)  # (..., n_in)
+    dW = x.reshape(-1, n_in).T @ dout2  # (n_in, n_out)
+    db = dout2.sum(axis=0) if has_bias else None
     return dx, dW, db
 
 
@@ -79,18 +90,21 @@ def softmax_forward(scores: np.ndarray):
     Subtracting the row max keeps exp() finite for any finite scores, so
     scores of +-1e4 give a valid distribution. -inf entries become exact 0.
     """
-    shifted = scores - scores.max(axis=-1, keepdims=True)
-    probs = np.exp(shifted)
+    probs = scores - scores.max(axis=-1, keepdims=True)
+    np.exp(probs, out=probs)
     probs /= probs.sum(axis=-1, keepdims=True)
     return probs, probs
 
 
 def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """Vector-Jacobian product of softmax: P * (dP - sum(dP * P, -1)).
+    """Vector-Jacobian product of softmax: P * (dP - sum(dP * P, -1)),
+    computed as P dP - P sum(P dP, -1) with one temporary.
 
     Masked entries have P = 0 and so receive exactly zero gradient.
     """
-    return probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
+    dscores = dprobs * probs
+    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
+    return dscores
 
 
 # --------------------------------------------------------------------------
@@ -100,27 +114,31 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     """Mean of -log softmax(logits)[target] over positions where target_mask.
 
     logits (B, T, C), targets (B, T) ints, target_mask (B, T) bool.
-    Returns (loss as a 0-d array of the logits' dtype, cache). Also caches
-    the predicted class so accuracy costs nothing extra.
+    With z = logits - max(logits), -log softmax(z)[y] = log sum exp z - z[y]:
+    only the target's entry is needed, not the whole log-softmax.
+    Returns (loss as a 0-d array of the logits' dtype, cache); the cache
+    holds softmax(logits), which backward needs and which gives the
+    predicted class for accuracy at no extra cost.
     """
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # (B, T, C)
-    log_norm = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, 1)
-    log_probs = shifted - log_norm  # (B, T, C)
-    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
+    z = np.moveaxis(logits, -1, 0).copy()  # (C, B, T): classes first in memory (see _keys_first)
+    z -= z.max(axis=0)  # shifted logits
+    picked = np.take_along_axis(z, targets[None], axis=0)[0]  # (B, T) z[target]
+    np.exp(z, out=z)
+    sum_exp = z.sum(axis=0)  # (B, T)
+    z /= sum_exp
+    probs = np.moveaxis(z, 0, -1)  # (B, T, C) softmax, a view of z
     weight = target_mask.astype(logits.dtype) / logits.dtype.type(target_mask.sum())  # (B, T)
-    loss = -(picked * weight).sum(dtype=logits.dtype)
-    return loss, (log_probs, targets, weight)
+    loss = ((np.log(sum_exp) - picked) * weight).sum(dtype=logits.dtype)
+    return loss, (probs, targets, weight)
 
 
 def cross_entropy_backward(dloss, cache) -> np.ndarray:
     """dlogits = dloss * weight * (softmax(logits) - onehot(target))."""
-    log_probs, targets, weight = cache
-    dlogits = np.exp(log_probs)  # (B, T, C)
-    np.put_along_axis(
-        dlogits, targets[..., None],
-        np.take_along_axis(dlogits, targets[..., None], axis=-1) - 1, axis=-1,
-    )
-    dlogits *= (weight * log_probs.dtype.type(dloss))[..., None]
+    probs, targets, weight = cache
+    scaled_weight = weight * probs.dtype.type(dloss)  # (B, T)
+    dlogits = probs * scaled_weight[..., None]  # (B, T, C)
+    target_entries = np.take_along_axis(dlogits, targets[..., None], axis=-1)  # (B, T, 1)
+    np.put_along_axis(dlogits, targets[..., None], target_entries - scaled_weight[..., None], axis=-1)
     return dlogits
 
 
@@ -130,6 +148,16 @@ def cross_entropy_backward(dloss, cache) -> np.ndarray:
 def causal_mask(T: int) -> np.ndarray:
     """Boolean (T, T) mask, True where query i may NOT look at key j (j > i)."""
     return np.triu(np.ones((T, T), dtype=bool), k=1)
+
+
+def _keys_first(B: int, T: int, dtype) -> np.ndarray:
+    """An empty (B, T_k, T_q) array laid out (T_k, B, T_q) in memory, for S^T or dA^T.
+
+    Its transpose (B, T_q, T_k) has the keys outermost in memory. The softmax
+    reduces over keys, and numpy reduces an outer axis (across rows, vectorised)
+    several times faster than an inner one (along rows of T, often ~10, entries).
+    """
+    return np.empty((T, B, T), dtype=dtype).transpose(1, 0, 2)
 
 
 def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | None = None):
@@ -143,40 +171,54 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | No
         C = A V            (B, T, d_v)
         out = C W_o        (B, T, D)
 
+    Computed as one product for the three projections, with the scale s
+    folded into the query weights (s Q K^T = (X s W_q) K^T, and s W_q is
+    small where S is not):
+
+        [Q_s K V] = X [s W_q  W_k  W_v]      (B T, 2 d_k + d_v)
+        S = Q_s K^T
+
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
     """
-    q = x @ W_q  # (B, T, d_k)
-    k = x @ W_k  # (B, T, d_k)
-    v = x @ W_v  # (B, T, d_v)
-    scores = q @ k.transpose(0, 2, 1)  # (B, T, T)
-    scores *= scores.dtype.type(scale)
+    B, T, _ = x.shape
+    d_k = W_q.shape[1]
+    W_qkv = np.concatenate([W_q * x.dtype.type(scale), W_k, W_v], axis=1)  # (D, 2 d_k + d_v)
+    qkv, projection = linear_forward(x, W_qkv)  # (B, T, 2 d_k + d_v)
+    q_scaled, k, v = np.split(qkv, [d_k, 2 * d_k], axis=-1)  # views: (B, T, d_k), (B, T, d_k), (B, T, d_v)
+    scores_t = _keys_first(B, T, x.dtype)  # (B, T_k, T_q)
+    np.matmul(k, q_scaled.transpose(0, 2, 1), out=scores_t)  # S^T = K Q_s^T
+    scores = scores_t.transpose(0, 2, 1)  # (B, T_q, T_k)
     if mask is not None:
         scores[..., mask] = -np.inf
     attn, _ = softmax_forward(scores)  # (B, T, T)
     context = attn @ v  # (B, T, d_v)
-    out = context @ W_o  # (B, T, D)
-    cache = dict(x=x, W_q=W_q, W_k=W_k, W_v=W_v, W_o=W_o, scale=scale,
-                 q=q, k=k, v=v, scores=scores, attn=attn, context=context)
+    out, output = linear_forward(context, W_o)  # (B, T, D)
+    cache = dict(x=x, scale=scale, q_scaled=q_scaled, k=k, v=v, scores=scores, attn=attn,
+                 projection=projection, output=output)
     return out, attn, cache
 
 
 def attention_backward(dout, cache):
-    """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o."""
-    x, q, k, v, attn, context = (cache[n] for n in ("x", "q", "k", "v", "attn", "context"))
-    W_q, W_k, W_v, W_o, scale = (cache[n] for n in ("W_q", "W_k", "W_v", "W_o", "scale"))
-    D = x.shape[-1]
-    dW_o = context.reshape(-1, context.shape[-1]).T @ dout.reshape(-1, D)  # (d_v, D)
-    dcontext = dout @ W_o.T  # (B, T, d_v)
-    dattn = dcontext @ v.transpose(0, 2, 1)  # (B, T, T)
-    dv = attn.transpose(0, 2, 1) @ dcontext  # (B, T, d_v)
-    dscores = softmax_backward(dattn, attn)  # (B, T, T), zero where masked
-    dscores *= dscores.dtype.type(scale)
-    dq = dscores @ k  # (B, T, d_k)
-    dk = dscores.transpose(0, 2, 1) @ q  # (B, T, d_k)
-    x2 = x.reshape(-1, D)  # (B*T, D)
-    dW_q = x2.T @ dq.reshape(-1, dq.shape[-1])  # (D, d_k)
-    dW_k = x2.T @ dk.reshape(-1, dk.shape[-1])  # (D, d_k)
-    dW_v = x2.T @ dv.reshape(-1, dv.shape[-1])  # (D, d_v)
-    dx = dq @ W_q.T + dk @ W_k.T + dv @ W_v.T  # (B, T, D)
+    """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
+
+    With dQ_s = dS K, dK = dS^T Q_s, dV = A^T dC written side by side as
+    dQKV (B, T, 2 d_k + d_v), the projection's backward is two products,
+    dX = dQKV [s W_q  W_k  W_v]^T and [s dW_q  dW_k  dW_v] = X^T dQKV,
+    instead of six.
+    """
+    q_scaled, k, v, attn = (cache[n] for n in ("q_scaled", "k", "v", "attn"))
+    B, T, d_k = k.shape
+    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (B, T, d_v), (d_v, D)
+    dqkv = np.empty((B, T, 2 * d_k + v.shape[-1]), dtype=dout.dtype)  # (B, T, 2 d_k + d_v)
+    dq_scaled, dk, dv = np.split(dqkv, [d_k, 2 * d_k], axis=-1)  # views, written in place below
+    np.matmul(attn.transpose(0, 2, 1), dcontext, out=dv)  # (B, T, d_v)
+    dattn_t = _keys_first(B, T, dout.dtype)  # (B, T_k, T_q)
+    np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
+    dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, T_q, T_k), zero where masked
+    np.matmul(dscores, k, out=dq_scaled)  # (B, T, d_k)
+    np.matmul(dscores.transpose(0, 2, 1), q_scaled, out=dk)  # (B, T, d_k)
+    dx, dW_qkv, _ = linear_backward(dqkv, cache["projection"])  # (B, T, D), (D, 2 d_k + d_v)
+    dW_q, dW_k, dW_v = np.split(dW_qkv, [d_k, 2 * d_k], axis=1)  # (D, d_k), (D, d_k), (D, d_v)
+    dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X (s W_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}

@@ -135,7 +135,10 @@ def forward(params: dict, spec: ModelSpec, batch: Batch):
     embed_caches = {}
     for f, (name, _) in enumerate(spec.fields):
         e, embed_caches[name] = layers.embedding_forward(batch.tokens[..., f], params[f"E_{name}"])
-        x = e if x is None else x + e  # (B, T, D)
+        if x is None:
+            x = e  # (B, T, D), a fresh array: the sums below go into it in place
+        else:
+            x += e
     if spec.positional == "learned":
         x += params["E_pos"][:T]
     else:
@@ -144,7 +147,9 @@ def forward(params: dict, spec: ModelSpec, batch: Batch):
     out, attn, attn_cache = layers.attention_forward(
         x, params["W_q"], params["W_k"], params["W_v"], params["W_o"], spec.score_scale, mask
     )
-    h = x + out if spec.residual else out  # (B, T, D)
+    h = out  # (B, T, D)
+    if spec.residual:
+        h += x  # H = X + out, in place: out is the head's own fresh array
     logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, T, C)
     loss, ce_cache = layers.cross_entropy_forward(logits, batch.targets, batch.target_mask)
     cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, T=T)
@@ -196,9 +201,9 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         saturated_frac  fraction of those rows whose largest weight > 0.99
         target_attn     mean weight those rows put on the key they should read
     """
-    log_probs, targets, _ = cache["ce"]
+    probs, targets, _ = cache["ce"]
     rows = batch.target_mask  # (B, T)
-    correct = log_probs.argmax(axis=-1) == targets  # (B, T)
+    correct = probs.argmax(axis=-1) == targets  # (B, T)
     scores = cache["attn"]["scores"][rows]  # (N, T)
     attn = cache["attn"]["attn"][rows]  # (N, T)
     unmasked = np.isfinite(scores)
