@@ -261,7 +261,7 @@ def expectation_check(results: list[CellResult], x: str, arm_key: str, reference
     n = len(largest.summaries)
     verdict = "confirmed" if stuck > n / 2 else "NOT confirmed"
     out.append(f"- Unscaled runs at the largest {x_name(x)} ({x_value(largest, x)}) fail to learn in most seeds: "
-               f"{verdict} — {stuck}/{n} never reached {THRESHOLD:.0%} within {largest.budget} steps "
+               f"{verdict} — {stuck}/{n} did not reach {THRESHOLD:.0%} within {largest.budget} steps "
                f"({largest.statuses().count('diverged')} of them diverged).")
     plateau = references.get("no_retrieval")
     if plateau is not None:
@@ -336,7 +336,7 @@ def _x_positions(results, x, ax) -> dict:
     if _numeric(xs) and min(xs) > 0:
         ax.set_xscale("log")
         return {xv: xv for xv in xs}
-    ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+    ax.set_xticks(range(len(xs)), [str(v).replace(", ", "\n") for v in xs])
     return {xv: i for i, xv in enumerate(xs)}
 
 
@@ -345,7 +345,7 @@ def _steps_figure(results, x, arms, colors, path):
     ax = fig.add_subplot()
     position = _x_positions(results, x, ax)
     budget = max(r.budget for r in results)
-    for label in colors:
+    for arm_index, label in enumerate(colors):
         cells = sorted((r for r in results if _label(r.settings, arms) == label), key=lambda r: _sort_key(x_value(r, x)))
         px, means, stds = [], [], []
         for r in cells:
@@ -359,7 +359,7 @@ def _steps_figure(results, x, arms, colors, path):
             if never:
                 ax.scatter([position[x_value(r, x)]], [budget], marker="x", color=colors[label], s=50)
                 ax.annotate(f"never {never}/{len(r.summaries)}", (position[x_value(r, x)], budget),
-                            fontsize=7, color=colors[label], textcoords="offset points", xytext=(4, -10))
+                            fontsize=7, color=colors[label], textcoords="offset points", xytext=(4, -10 - 9 * arm_index))
         if px:
             ax.errorbar(px, means, yerr=stds, color=colors[label], marker="o", capsize=3, label=label)
     ax.axhline(budget, color="0.5", linestyle=":", linewidth=1, label=f"budget ({budget} steps)")
