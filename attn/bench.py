@@ -26,19 +26,21 @@ taken under the same load:
   whose environment lacks OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE.
 
 Matrix-multiply FLOPs of one training step (2 per multiply-add), with
-N = B T rows, C classes:
+N = B T rows, C classes, and the products of a forward pass whose queries
+sit at Q of the T positions:
 
-    forward  F = 2 N D (2 d_k + d_v)      Q, K, V = X W_q, X W_k, X W_v
-               + 2 B T^2 (d_k + d_v)      S = Q K^T and A V
-               + 2 N d_v D                (A V) W_o
-               + 2 N D C                  H W_out
-    backward 2 F                          each product P = U W has two: dU = dP W^T, dW = U^T dP
-                                          (X's gradient flows on into the embeddings as a scatter)
-    step     3 F
+    F(Q) = 2 N D (d_k + d_v) + 2 B Q D d_k    K, V = X W_k, X W_v at all T; Q_s = X s W_q at Q
+         + 2 B Q T (d_k + d_v)                S = Q_s K^T and A V
+         + 2 B Q d_v D + 2 B Q D C            (A V) W_o and H W_out
 
+    PyTorch (autograd)  F(T) + 2 F(T)     every product P = U W has two in backward, dU and dW
+    attn                F(T) + 2 F(P)     its backward runs the query side at the P positions
+                                          where some example has a target (retrieval 1, copy T)
+
+(X's gradient flows on into the embeddings: a scatter, not counted.)
 Element-wise work (softmax, cross-entropy, the embedding gather and scatter,
-the update) is not counted: the fraction says how close the step comes to
-spending all its time in matrix multiplies.
+the update) is not counted either: the fraction says how close each step
+comes to spending all its time in matrix multiplies.
 
 PyTorch is optional: without it (or with `with_torch=False`) only attn is timed.
 """
@@ -91,13 +93,17 @@ def size_config(name: str) -> Config:
     return load_config(BASE_CONFIG, SIZES[name])
 
 
-def step_flops(spec: ModelSpec, batch_size: int) -> int:
-    """Matrix-multiply FLOPs of one training step (see the module docstring)."""
-    B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
-    N = B * T
-    forward = (2 * N * D * (2 * spec.d_k + spec.d_v) + 2 * B * T * T * (spec.d_k + spec.d_v)
-               + 2 * N * spec.d_v * D + 2 * N * D * C)
-    return 3 * forward
+def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -> int:
+    """Matrix-multiply FLOPs of one training step whose backward runs the
+    query side at `positions` of the T positions (None: all, as autograd
+    does); see the module docstring."""
+    B, T, D, C, d_k, d_v = batch_size, spec.n_positions, spec.d_model, spec.n_classes, spec.d_k, spec.d_v
+
+    def products(Q: int) -> int:
+        return (2 * B * T * D * (d_k + d_v) + 2 * B * Q * D * d_k + 2 * B * Q * T * (d_k + d_v)
+                + 2 * B * Q * d_v * D + 2 * B * Q * D * C)
+
+    return products(T) + 2 * products(T if positions is None else positions)
 
 
 def describe_size(config: Config, spec: ModelSpec) -> dict:
@@ -269,13 +275,16 @@ def bench_size(name: str, warmup: int, steps: int, with_torch: bool) -> dict:
     work["matmul"] = (square_matmuls(MATMUL_N, with_torch=False)["numpy"], 1)
     times = time_interleaved(work, ROUNDS)
     matmul = gflops(2.0 * MATMUL_N**3, times.pop("matmul"))
-    flops = step_flops(spec, config.train.batch_size)
+    target_positions = int(batches[0].target_mask.any(axis=0).sum())
+    flops = {"torch": step_flops(spec, config.train.batch_size),
+             "attn": step_flops(spec, config.train.batch_size, target_positions)}
     result = {"size": name, "overrides": list(SIZES[name]), "shape": describe_size(config, spec),
-              "gflop_per_step": flops / 1e9, "matmul_in_rounds": matmul}
+              "target_positions": target_positions, "gflop_per_step": flops["torch"] / 1e9,
+              "attn_gflop_per_step": flops["attn"] / 1e9, "matmul_in_rounds": matmul}
     for side, seconds in times.items():
         stats = spread(seconds)
         result[side] = {**stats, "loss_after": steppers[side]().item(),
-                        "matmul_fraction": flops / (stats["median_ms"] / 1e3) / 1e9 / matmul["gflops"]}
+                        "matmul_fraction": flops[side] / (stats["median_ms"] / 1e3) / 1e9 / matmul["gflops"]}
     if with_torch:
         result["ratio"] = result["attn"]["median_ms"] / result["torch"]["median_ms"]
         result["ratio_of_min"] = result["attn"]["min_ms"] / result["torch"]["min_ms"]
@@ -446,7 +455,7 @@ def _blas_line(machine: dict) -> str:
 def steps_table(result: dict) -> str:
     """The step timings as a Markdown table."""
     with_torch = result["with_torch"]
-    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step", "attn ms: median (IQR)"]
+    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step: PyTorch (attn)", "attn ms: median (IQR)"]
     if with_torch:
         header += ["PyTorch ms: median (IQR)", "attn / PyTorch: median (min)"]
     header += ["numpy matmul GFLOP/s in the rounds", "attn % of matmul rate"]
@@ -456,7 +465,7 @@ def steps_table(result: dict) -> str:
     for s in result["sizes"]:
         shape = s["shape"]
         row = [s["size"], f"{shape['task']}, {shape['B']}×{shape['T']}, {shape['d_model']}, {shape['d_k']}",
-               f"{s['gflop_per_step']:.3f}", _ms(s["attn"])]
+               f"{s['gflop_per_step']:.3f} ({s['attn_gflop_per_step']:.3f})", _ms(s["attn"])]
         if with_torch:
             row += [_ms(s["torch"]), f"{s['ratio']:.2f}× ({s['ratio_of_min']:.2f}×)"]
         row += [f"{s['matmul_in_rounds']['gflops']:.0f}", f"{100 * s['attn']['matmul_fraction']:.0f}%"]

@@ -58,7 +58,7 @@ def embedding_backward(dout: np.ndarray, cache) -> np.ndarray:
 # Linear: out = x W (+ b)
 # --------------------------------------------------------------------------
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
-    """x (..., n_in) @ W (n_in, n_out) (+ b (n_out,)) -> (..., n_out).
+    """x (..., n_in) @ W (n_in, n_out) (+ b (n_out,)) -> (..., n_out); cache (x, W, has_bias).
 
     The leading axes are flattened first, so the product is one matrix
     multiply over all rows rather than one per leading index.
@@ -79,6 +79,14 @@ def linear_backward(dout: np.ndarray, cache):
     dW = x.reshape(-1, n_in).T @ dout2  # (n_in, n_out)
     db = dout2.sum(axis=0) if has_bias else None
     return dx, dW, db
+
+
+def linear_cache_at(cache, positions):
+    """The cache of a linear layer applied to (B, T, n_in), restricted to
+    `positions` along T (an index array or a slice): for a backward pass
+    whose upstream gradient is zero at the other positions."""
+    x, W, has_bias = cache
+    return x[:, positions], W, has_bias
 
 
 # --------------------------------------------------------------------------
@@ -118,27 +126,26 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     only the target's entry is needed, not the whole log-softmax.
     Returns (loss as a 0-d array of the logits' dtype, cache); the cache
     holds softmax(logits), which backward needs and which gives the
-    predicted class for accuracy at no extra cost.
+    predicted class for accuracy at no extra cost, as its first entry.
     """
     z = np.moveaxis(logits, -1, 0).copy()  # (C, B, T): classes first in memory (see _keys_first)
     z -= z.max(axis=0)  # shifted logits
-    picked = np.take_along_axis(z, targets[None], axis=0)[0]  # (B, T) z[target]
+    onehot = np.arange(z.shape[0])[:, None, None] == targets  # (C, B, T) bool
+    picked = (z * onehot).sum(axis=0)  # (B, T) z[target]
     np.exp(z, out=z)
     sum_exp = z.sum(axis=0)  # (B, T)
     z /= sum_exp
     probs = np.moveaxis(z, 0, -1)  # (B, T, C) softmax, a view of z
     weight = target_mask.astype(logits.dtype) / logits.dtype.type(target_mask.sum())  # (B, T)
     loss = ((np.log(sum_exp) - picked) * weight).sum(dtype=logits.dtype)
-    return loss, (probs, targets, weight)
+    return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
 
 
 def cross_entropy_backward(dloss, cache) -> np.ndarray:
     """dlogits = dloss * weight * (softmax(logits) - onehot(target))."""
-    probs, targets, weight = cache
-    scaled_weight = weight * probs.dtype.type(dloss)  # (B, T)
-    dlogits = probs * scaled_weight[..., None]  # (B, T, C)
-    target_entries = np.take_along_axis(dlogits, targets[..., None], axis=-1)  # (B, T, 1)
-    np.put_along_axis(dlogits, targets[..., None], target_entries - scaled_weight[..., None], axis=-1)
+    probs, onehot, weight = cache
+    dlogits = probs - onehot  # (B, T, C)
+    dlogits *= (weight * probs.dtype.type(dloss))[..., None]
     return dlogits
 
 
@@ -150,14 +157,30 @@ def causal_mask(T: int) -> np.ndarray:
     return np.triu(np.ones((T, T), dtype=bool), k=1)
 
 
-def _keys_first(B: int, T: int, dtype) -> np.ndarray:
+def _keys_first(B: int, T_k: int, T_q: int, dtype) -> np.ndarray:
     """An empty (B, T_k, T_q) array laid out (T_k, B, T_q) in memory, for S^T or dA^T.
 
     Its transpose (B, T_q, T_k) has the keys outermost in memory. The softmax
     reduces over keys, and numpy reduces an outer axis (across rows, vectorised)
     several times faster than an inner one (along rows of T, often ~10, entries).
     """
-    return np.empty((T, B, T), dtype=dtype).transpose(1, 0, 2)
+    return np.empty((T_k, B, T_q), dtype=dtype).transpose(1, 0, 2)
+
+
+def _split_qkv(a: np.ndarray, d_k: int):
+    """Views of the query, key and value columns of [Q K V]-shaped `a` (last axis 2 d_k + d_v)."""
+    return a[..., :d_k], a[..., d_k:2 * d_k], a[..., 2 * d_k:]
+
+
+def _sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a^T b for stacks a (B, P, m) and b (B, P, n): (B, m, n), the sum
+    over the P positions of their outer products. With P = 1 it is a
+    broadcast product: numpy's matmul is several times slower when the inner
+    dimension is 1."""
+    if a.shape[1] == 1:
+        np.multiply(a.transpose(0, 2, 1), b, out=out)
+    else:
+        np.matmul(a.transpose(0, 2, 1), b, out=out)
 
 
 def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | None = None):
@@ -185,8 +208,8 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | No
     d_k = W_q.shape[1]
     W_qkv = np.concatenate([W_q * x.dtype.type(scale), W_k, W_v], axis=1)  # (D, 2 d_k + d_v)
     qkv, projection = linear_forward(x, W_qkv)  # (B, T, 2 d_k + d_v)
-    q_scaled, k, v = np.split(qkv, [d_k, 2 * d_k], axis=-1)  # views: (B, T, d_k), (B, T, d_k), (B, T, d_v)
-    scores_t = _keys_first(B, T, x.dtype)  # (B, T_k, T_q)
+    q_scaled, k, v = _split_qkv(qkv, d_k)  # views: (B, T, d_k), (B, T, d_k), (B, T, d_v)
+    scores_t = _keys_first(B, T, T, x.dtype)  # (B, T_k, T_q)
     np.matmul(k, q_scaled.transpose(0, 2, 1), out=scores_t)  # S^T = K Q_s^T
     scores = scores_t.transpose(0, 2, 1)  # (B, T_q, T_k)
     if mask is not None:
@@ -199,26 +222,34 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | No
     return out, attn, cache
 
 
-def attention_backward(dout, cache):
+def attention_backward(dout, cache, positions=slice(None)):
     """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
 
-    With dQ_s = dS K, dK = dS^T Q_s, dV = A^T dC written side by side as
-    dQKV (B, T, 2 d_k + d_v), the projection's backward is two products,
-    dX = dQKV [s W_q  W_k  W_v]^T and [s dW_q  dW_k  dW_v] = X^T dQKV,
-    instead of six.
+    dout (B, P, D) is the upstream gradient at the query positions
+    `positions` (an index array or a slice along T; default all of them),
+    and zero at the others (e.g. positions without a target). What belongs
+    to a query (dC, dA, dS, dQ) is computed at those P positions alone; the
+    keys and values of all T positions get their gradient through them.
+
+    dK = dS^T Q_s and dV = A^T dC are written side by side as dKV
+    (B, T, d_k + d_v), so their part of the projection's backward is two
+    products, dX = dKV [W_k W_v]^T and [dW_k dW_v] = X^T dKV, not four.
     """
-    q_scaled, k, v, attn = (cache[n] for n in ("q_scaled", "k", "v", "attn"))
-    B, T, d_k = k.shape
-    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (B, T, d_v), (d_v, D)
-    dqkv = np.empty((B, T, 2 * d_k + v.shape[-1]), dtype=dout.dtype)  # (B, T, 2 d_k + d_v)
-    dq_scaled, dk, dv = np.split(dqkv, [d_k, 2 * d_k], axis=-1)  # views, written in place below
-    np.matmul(attn.transpose(0, 2, 1), dcontext, out=dv)  # (B, T, d_v)
-    dattn_t = _keys_first(B, T, dout.dtype)  # (B, T_k, T_q)
+    k, v = cache["k"], cache["v"]  # (B, T, d_k), (B, T, d_v)
+    q_scaled, attn = cache["q_scaled"][:, positions], cache["attn"][:, positions]  # (B, P, d_k), (B, P, T)
+    (B, T, d_k), P = k.shape, attn.shape[1]
+    dcontext, dW_o, _ = linear_backward(dout, linear_cache_at(cache["output"], positions))  # (B, P, d_v), (d_v, D)
+    dkv = np.empty((B, T, d_k + v.shape[-1]), dtype=dout.dtype)  # (B, T, d_k + d_v): [dK dV]
+    dk, dv = dkv[..., :d_k], dkv[..., d_k:]  # views, written in place below
+    _sum_of_outer_products(attn, dcontext, out=dv)  # dV = A^T dC  (B, T, d_v)
+    dattn_t = _keys_first(B, T, P, dout.dtype)  # (B, T_k, P)
     np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
-    dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, T_q, T_k), zero where masked
-    np.matmul(dscores, k, out=dq_scaled)  # (B, T, d_k)
-    np.matmul(dscores.transpose(0, 2, 1), q_scaled, out=dk)  # (B, T, d_k)
-    dx, dW_qkv, _ = linear_backward(dqkv, cache["projection"])  # (B, T, D), (D, 2 d_k + d_v)
-    dW_q, dW_k, dW_v = np.split(dW_qkv, [d_k, 2 * d_k], axis=1)  # (D, d_k), (D, d_k), (D, d_v)
+    dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, P, T), zero where masked
+    _sum_of_outer_products(dscores, q_scaled, out=dk)  # dK = dS^T Q_s  (B, T, d_k)
+    dq_scaled = dscores @ k  # (B, P, d_k)
+    x, W_qkv, _ = cache["projection"]
+    dx, dW_kv, _ = linear_backward(dkv, (x, W_qkv[:, d_k:], False))  # (B, T, D), (D, d_k + d_v)
+    dx_q, dW_q, _ = linear_backward(dq_scaled, (x[:, positions], W_qkv[:, :d_k], False))  # (B, P, D), (D, d_k)
+    dx[:, positions] += dx_q
     dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X (s W_q)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
+    return {"x": dx, "W_q": dW_q, "W_k": dW_kv[:, :d_k], "W_v": dW_kv[:, d_k:], "W_o": dW_o}

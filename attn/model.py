@@ -152,19 +152,30 @@ def forward(params: dict, spec: ModelSpec, batch: Batch):
         h += x  # H = X + out, in place: out is the head's own fresh array
     logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, T, C)
     loss, ce_cache = layers.cross_entropy_forward(logits, batch.targets, batch.target_mask)
-    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, T=T)
+    with_target = batch.target_mask.any(axis=0)  # (T,) positions where some example has a target
+    positions = slice(None) if with_target.all() else np.flatnonzero(with_target)
+    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, T=T, positions=positions)
     return loss, cache
 
 
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """Gradient of the loss with respect to every parameter (same keys)."""
+    """Gradient of the loss with respect to every parameter (same keys).
+
+    Only positions with a target feed the loss (retrieval: the query, one of
+    T), so dlogits and dH are zero elsewhere: the readout's and the head's
+    backward run at the P positions where some example of the batch has a
+    target (cache["positions"]). Keys and values at every position still
+    get gradient, through the attention of those queries.
+    """
     grads = {}
-    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])
-    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])
-    head = layers.attention_backward(dh, cache["attn"])
-    dx = head.pop("x")
+    positions = cache["positions"]
+    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])[:, positions]  # (B, P, C)
+    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(
+        dlogits, layers.linear_cache_at(cache["readout"], positions))  # (B, P, D)
+    head = layers.attention_backward(dh, cache["attn"], positions)
+    dx = head.pop("x")  # (B, T, D)
     if spec.residual:
-        dx += dh
+        dx[:, positions] += dh
     grads.update(head)
     if spec.positional == "learned":
         grads["E_pos"] = _positional_grad(dx, spec)
@@ -201,9 +212,9 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         saturated_frac  fraction of those rows whose largest weight > 0.99
         target_attn     mean weight those rows put on the key they should read
     """
-    probs, targets, _ = cache["ce"]
+    probs = cache["ce"][0]  # (B, T, C)
     rows = batch.target_mask  # (B, T)
-    correct = probs.argmax(axis=-1) == targets  # (B, T)
+    correct = probs.argmax(axis=-1) == batch.targets  # (B, T)
     scores = cache["attn"]["scores"][rows]  # (N, T)
     attn = cache["attn"]["attn"][rows]  # (N, T)
     unmasked = np.isfinite(scores)

@@ -1,23 +1,29 @@
-"""attn's hand-written model against its PyTorch twin (attn.bench.torch_loss, the
-model `make bench` times): the same weights and batch give the same loss and
-the same gradients, and the same SGD steps give the same losses, in float64.
-PyTorch's autograd is the independent reference here. Skipped without PyTorch."""
+"""attn's hand-written model against references, in float64: its PyTorch twin
+(attn.bench.torch_loss, the model `make bench` times) gives the same loss and
+gradients, and torch.optim.SGD the same steps (PyTorch's autograd is the
+independent reference; skipped without PyTorch); and model.backward's
+shortcut, which runs the query side only at positions with a target, gives
+what the full backward gives."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from attn import bench, model, train  # noqa: E402
-from attn.config import load_config  # noqa: E402
+from attn import bench, model, train
+from attn.config import load_config
+from attn.model import Batch
 
 SMALL = ["dtype=float64", "train.batch_size=4", "model.d_model=12", "model.d_k=5", "model.d_v=7"]
 TASKS = {
     "retrieval": ["task.name=retrieval", "task.n_keys=6", "task.n_values=5", "task.n_pairs=4"],
     "copy": ["task.name=copy", "task.vocab_size=6", "task.length=5"],
 }
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch")
 
 
 def build(task: str, *overrides: str):
@@ -33,7 +39,7 @@ CASES.append(("copy", "model.positional=sinusoidal", "model.residual=false"))
 
 
 @pytest.mark.parametrize("task,first,second", CASES, ids=lambda v: v.removeprefix("model."))
-def test_loss_and_gradients_match_pytorch(task, first, second):
+def test_loss_and_gradients_match_pytorch(torch, task, first, second):
     _, spec, params, _, (batch, *_) = build(task, first, second)
     weights = bench.torch_params(params)
     reference = bench.torch_loss(weights, spec, bench.torch_batch(batch))
@@ -53,7 +59,7 @@ def test_loss_and_gradients_match_pytorch(task, first, second):
     ("optim.lr=0.3", "optim.momentum=0.9", "optim.nesterov=true", "optim.weight_decay=0.01",
      "optim.lr_mult={W_q: 0.5, E_pos: 2.0}"),
 ], ids=["plain", "nesterov-decay-lr_mult"])
-def test_sgd_steps_match_torch_optim_sgd(optim):
+def test_sgd_steps_match_torch_optim_sgd(torch, optim):
     """Three steps from the same weights on the same batches: the third loss
     depends on both updates (momentum included) of every parameter."""
     config, spec, params, optimizer, batches = build("retrieval", *optim)
@@ -65,3 +71,20 @@ def test_sgd_steps_match_torch_optim_sgd(optim):
     initial = train.build(config)[2]
     assert ours != pytest.approx(float(model.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
         "the updates changed nothing, so the comparison shows nothing"
+
+
+def test_backward_at_target_positions_equals_the_full_backward():
+    """Retrieval (targets at the query only) and a batch whose targets sit at
+    a few scattered positions: model.backward, which skips the positions
+    without a target, agrees with the backward over every position."""
+    _, spec, params, _, (retrieval, *_) = build("retrieval", "model.scale=none", "model.causal=true")
+    B, T = retrieval.targets.shape
+    scattered = np.zeros((B, T), dtype=bool)
+    scattered[0, 1] = scattered[1, 1] = scattered[2, 3] = True
+    for batch in (retrieval, Batch(retrieval.tokens, retrieval.targets, scattered, retrieval.target_key)):
+        _, cache = model.forward(params, spec, batch)
+        assert not isinstance(cache["positions"], slice), "the shortcut must be taken for the check to mean anything"
+        fast = model.backward(cache, spec)
+        full = model.backward({**cache, "positions": slice(None)}, spec)
+        for name, grad in full.items():
+            np.testing.assert_allclose(fast[name], grad, rtol=1e-12, atol=1e-14 * np.abs(grad).max(), err_msg=name)
