@@ -25,22 +25,24 @@ taken under the same load:
   With `unset_coretype`, the step timings are taken again in a child process
   whose environment lacks OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE.
 
-Matrix-multiply FLOPs of one training step (2 per multiply-add), with
-N = B T rows, C classes, and the products of a forward pass whose queries
-sit at Q of the T positions:
+Matrix-multiply FLOPs of one training step (2 per multiply-add), with C
+classes, d = d_k + d_v, and for queries at Q of the T positions
 
-    F(Q) = 2 N D (d_k + d_v) + 2 B Q D d_k    K, V = X W_k, X W_v at all T; Q_s = X s W_q at Q
-         + 2 B Q T (d_k + d_v)                S = Q_s K^T and A V
-         + 2 B Q d_v D + 2 B Q D C            (A V) W_o and H W_out
+    query(Q)  = 2 B Q D d_k + 2 B Q d_v D + 2 B Q D C    Q_s = X s W_q, (A V) W_o, H W_out at Q
+    scores(Q) = 2 B Q T d                                S = Q_s K^T, A V
 
-    PyTorch (autograd)  F(T) + 2 F(T)     every product P = U W has two in backward, dU and dW
-    attn                F(T) + 2 F(P)     its backward runs the query side at the P positions
-                                          where some example has a target (retrieval 1, copy T)
+    forward   F = 2 B T D d + query(T) + scores(T)       K, V = X W_k, X W_v at all T
+    PyTorch   F + 2 F                                    autograd: every product U W has two, dU, dW
+    attn      F + 2 query(P) + scores(P) + KV(P)         its backward runs the query side at the P
+                                                         positions where some example has a target
+                                                         (retrieval 1, copy T); dQ = dS K, dA = dC V^T
 
-(X's gradient flows on into the embeddings: a scatter, not counted.)
-Element-wise work (softmax, cross-entropy, the embedding gather and scatter,
-the update) is not counted either: the fraction says how close each step
-comes to spending all its time in matrix multiplies.
+KV(P) is the cheaper of attn.layers.key_value_backward_flops (the keys' and
+values' gradient: formed, or factored; 2 F - 2 query(T) - scores(T) at P = T).
+X's gradient flows on into the embeddings: a scatter, not counted (attn's
+is a one-hot product, also not counted). Element-wise work (softmax,
+cross-entropy, the update) is not counted either: the fraction says how
+close each step comes to spending all its time in matrix multiplies.
 
 PyTorch is optional: without it (or with `with_torch=False`) only attn is timed.
 """
@@ -63,7 +65,7 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from attn import model, runs, train
+from attn import layers, model, runs, train
 from attn.config import Config, load_config, to_dict
 from attn.model import Batch, ModelSpec
 
@@ -94,16 +96,22 @@ def size_config(name: str) -> Config:
 
 
 def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -> int:
-    """Matrix-multiply FLOPs of one training step whose backward runs the
-    query side at `positions` of the T positions (None: all, as autograd
-    does); see the module docstring."""
+    """Matrix-multiply FLOPs of one training step: PyTorch's (positions None)
+    or attn's, whose backward runs the query side at `positions` of the T
+    positions; see the module docstring."""
     B, T, D, C, d_k, d_v = batch_size, spec.n_positions, spec.d_model, spec.n_classes, spec.d_k, spec.d_v
 
-    def products(Q: int) -> int:
-        return (2 * B * T * D * (d_k + d_v) + 2 * B * Q * D * d_k + 2 * B * Q * T * (d_k + d_v)
-                + 2 * B * Q * d_v * D + 2 * B * Q * D * C)
+    def query(Q: int) -> int:
+        return 2 * B * Q * D * d_k + 2 * B * Q * d_v * D + 2 * B * Q * D * C
 
-    return products(T) + 2 * products(T if positions is None else positions)
+    def scores(Q: int) -> int:
+        return 2 * B * Q * T * (d_k + d_v)
+
+    forward = 2 * B * T * D * (d_k + d_v) + query(T) + scores(T)
+    if positions is None:
+        return 3 * forward
+    key_value = layers.key_value_backward_flops(B, T, positions, D, d_k, d_v)
+    return forward + 2 * query(positions) + scores(positions) + min(key_value.values())
 
 
 def describe_size(config: Config, spec: ModelSpec) -> dict:

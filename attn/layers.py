@@ -229,27 +229,59 @@ def attention_backward(dout, cache, positions=slice(None)):
     `positions` (an index array or a slice along T; default all of them),
     and zero at the others (e.g. positions without a target). What belongs
     to a query (dC, dA, dS, dQ) is computed at those P positions alone; the
-    keys and values of all T positions get their gradient through them.
-
-    dK = dS^T Q_s and dV = A^T dC are written side by side as dKV
-    (B, T, d_k + d_v), so their part of the projection's backward is two
-    products, dX = dKV [W_k W_v]^T and [dW_k dW_v] = X^T dKV, not four.
+    keys and values of all T positions get their gradient through them
+    (see _key_value_backward).
     """
     k, v = cache["k"], cache["v"]  # (B, T, d_k), (B, T, d_v)
     q_scaled, attn = cache["q_scaled"][:, positions], cache["attn"][:, positions]  # (B, P, d_k), (B, P, T)
     (B, T, d_k), P = k.shape, attn.shape[1]
     dcontext, dW_o, _ = linear_backward(dout, linear_cache_at(cache["output"], positions))  # (B, P, d_v), (d_v, D)
-    dkv = np.empty((B, T, d_k + v.shape[-1]), dtype=dout.dtype)  # (B, T, d_k + d_v): [dK dV]
-    dk, dv = dkv[..., :d_k], dkv[..., d_k:]  # views, written in place below
-    _sum_of_outer_products(attn, dcontext, out=dv)  # dV = A^T dC  (B, T, d_v)
     dattn_t = _keys_first(B, T, P, dout.dtype)  # (B, T_k, P)
     np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
     dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, P, T), zero where masked
-    _sum_of_outer_products(dscores, q_scaled, out=dk)  # dK = dS^T Q_s  (B, T, d_k)
     dq_scaled = dscores @ k  # (B, P, d_k)
     x, W_qkv, _ = cache["projection"]
-    dx, dW_kv, _ = linear_backward(dkv, (x, W_qkv[:, d_k:], False))  # (B, T, D), (D, d_k + d_v)
+    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_qkv[:, d_k:])
     dx_q, dW_q, _ = linear_backward(dq_scaled, (x[:, positions], W_qkv[:, :d_k], False))  # (B, P, D), (D, d_k)
     dx[:, positions] += dx_q
     dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X (s W_q)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_kv[:, :d_k], "W_v": dW_kv[:, d_k:], "W_o": dW_o}
+    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
+
+
+def key_value_backward_flops(B: int, T: int, P: int, D: int, d_k: int, d_v: int) -> dict[str, int]:
+    """Matrix-multiply FLOPs of each way _key_value_backward can go."""
+    d = d_k + d_v
+    return {"outer": 2 * B * T * P * d + 4 * B * T * D * d,
+            "factored": 4 * B * P * D * d + 8 * B * P * T * D}
+
+
+def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
+    """dX, dW_k, dW_v from the keys' and values' share of the gradient:
+    dK = dS^T Q_s and dV = A^T dC, sums of P outer products per example.
+
+    "outer" (many queries): form [dK dV] (B, T, d_k + d_v), side by side so
+    that the projection's backward is two products, not four:
+        dX = [dK dV] [W_k W_v]^T,   [dW_k dW_v] = X^T [dK dV].
+    "factored" (few queries, e.g. retrieval's one): never form dK and dV;
+    by associativity, with L = [dS; A] (B, 2P, T), R = [Q_s W_k^T; dC W_v^T]
+    (B, 2P, D):
+        dX = L^T R,   dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
+    summed over examples. key_value_backward_flops says which costs less.
+    """
+    (B, P, T), (D, d_kv), d_k = attn.shape, W_kv.shape, q_scaled.shape[-1]
+    flops = key_value_backward_flops(B, T, P, D, d_k, d_kv - d_k)
+    if flops["outer"] <= flops["factored"]:
+        dkv = np.empty((B, T, d_kv), dtype=x.dtype)  # (B, T, d_k + d_v)
+        _sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
+        _sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
+        dx, dW_kv, _ = linear_backward(dkv, (x, W_kv, False))  # (B, T, D), (D, d_k + d_v)
+        return dx, dW_kv[:, :d_k], dW_kv[:, d_k:]
+    left = np.concatenate([dscores, attn], axis=1)  # L = [dS; A]  (B, 2P, T)
+    right = np.concatenate([linear_forward(q_scaled, W_kv[:, :d_k].T)[0],
+                            linear_forward(dcontext, W_kv[:, d_k:].T)[0]], axis=1)  # R  (B, 2P, D)
+    dx = np.empty_like(x)  # (B, T, D)
+    _sum_of_outer_products(left, right, out=dx)  # dX = L^T R
+    left_x = (left @ x).reshape(B, 2, P, D)  # [dS X; A X]
+    dW_k = left_x[:, 0].reshape(-1, D).T @ q_scaled.reshape(-1, d_k)  # (D, d_k)
+    dW_v = left_x[:, 1].reshape(-1, D).T @ dcontext.reshape(-1, d_kv - d_k)  # (D, d_v)
+    return dx, dW_k, dW_v
