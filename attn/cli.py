@@ -60,9 +60,10 @@ def _progress_printer(total_steps: int):
             nonlocal next_line
             if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
                 next_line = step + every
-                print(f"step {step:>6}/{total_steps}  train_loss {record['train_loss']:.4g}  "
-                      f"eval_loss {record['eval_loss']:.4g}  eval_acc {record['eval_accuracy']:.3f}  "
-                      f"score_std {record['score_std']:.3g}", file=sys.stderr, flush=True)
+                number = runs.format_number
+                print(f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
+                      f"eval_loss {number(record['eval_loss'], '.4g')}  eval_acc {number(record['eval_accuracy'], '.3f')}  "
+                      f"score_std {number(record['score_std'], '.3g')}", file=sys.stderr, flush=True)
 
         yield progress
         return
@@ -77,7 +78,8 @@ def _progress_printer(total_steps: int):
         if step < total_steps:
             bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=f"{record['train_loss']:.3f}", eval_acc=f"{record['eval_accuracy']:.3f}")
+            bar.set_postfix(loss=runs.format_number(record["train_loss"], ".3f"),
+                            eval_acc=runs.format_number(record["eval_accuracy"], ".3f"))
 
     try:
         yield progress
@@ -374,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
-    p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
+    p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
     p.set_defaults(func=cmd_sweep)

@@ -443,11 +443,12 @@ def replace(config: Config, **dotted_values) -> Config:
     """A copy of `config` with dotted fields replaced (values validated)."""
     data = to_dict(config)
     for key, value in dotted_values.items():
-        _set_dotted(data, key, value)
+        set_dotted(data, key, value)
     return validate(build(Config, data, "replace"), "replace")
 
 
-def _set_dotted(data: dict, key: str, value) -> None:
+def set_dotted(data: dict, key: str, value) -> None:
+    """data['a']['b'] = value for key 'a.b', creating sections as needed."""
     parts = key.split(".")
     node = data
     for part in parts[:-1]:
@@ -483,7 +484,7 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     for text in overrides:
         key, value = parse_override(text)
         merged = to_dict(config)
-        _set_dotted(merged, key, value)
+        set_dotted(merged, key, value)
         config = build(Config, merged, f"override {text!r}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
     return validate(config, f"{source} with overrides {' '.join(overrides)}" if overrides else source)
@@ -584,3 +585,6 @@ def describe_schema() -> list[tuple[str, str, str, str]]:
 
     walk(Config, "")
     return rows
+
+
+_set_dotted = set_dotted  # the old private name, until attn.sweep moves to set_dotted

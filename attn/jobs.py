@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -30,8 +31,20 @@ def provenance(config_path: str | None, overrides) -> dict:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        "attn_commit": source_revision(),
         "command": " ".join(sys.argv),
     }
+
+
+def source_revision() -> str | None:
+    """`git describe --always --dirty` of the attn source tree, or None when it
+    is not a git checkout (an installed copy) or git is missing."""
+    try:
+        result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
 
 
 def create(config: Config, config_path: str | None = None, overrides=(), name: str | None = None) -> Path:

@@ -203,7 +203,22 @@ def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:
 # summary.json and status
 # ---------------------------------------------------------------------------
 def heartbeat_fields() -> dict:
-    return {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+    """Who is writing this run: time, host, pid, and the pid's identity
+    (boot id + start time) so a reused pid after a reboot is not mistaken
+    for the run's process."""
+    return {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname(),
+            "process": process_identity(os.getpid())}
+
+
+def process_identity(pid: int) -> str | None:
+    """'<boot id>:<start time in clock ticks>' of a live process on Linux, else None."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    start_ticks = stat.rsplit(")", 1)[1].split()[19]  # field 22 of /proc/<pid>/stat
+    return f"{boot_id}:{start_ticks}"
 
 
 def read_summary(run_dir: Path) -> dict | None:
@@ -219,25 +234,38 @@ def effective_status(summary: dict | None, now: float | None = None) -> str:
     if status != "running":
         return status
     if summary.get("host") == socket.gethostname():
-        return status if _pid_alive(summary.get("pid")) else "stale"
+        return status if _same_process_alive(summary) else "stale"
     now = time.time() if now is None else now
     return "stale" if now - summary.get("updated_at", 0) > STALE_AFTER_SECONDS else status
+
+
+def format_number(value, spec: str) -> str:
+    """A metric for people: formatted if it is a finite number, else 'nan'
+    (records store non-finite values, and meaningless ones, as null)."""
+    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "nan"
 
 
 def summary_figures(summary: dict) -> str:
     """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
     (NaN) or read back from disk (null)."""
     final, best = summary.get("final") or {}, summary.get("best") or {}
-
-    def number(value, spec: str) -> str:
-        return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "nan"
-
-    return (f"eval_loss {number(final.get('eval_loss'), '.4g')}  eval_acc {number(final.get('eval_accuracy'), '.3f')}  "
+    return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
+            f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
             f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
 
 
+def _same_process_alive(summary: dict) -> bool:
+    """The run's writer still exists: its pid is alive and, where the identity
+    was recorded, it is the same process (not a pid reused after a reboot)."""
+    pid = summary.get("pid")
+    if not _pid_alive(pid):
+        return False
+    recorded = summary.get("process")
+    return recorded is None or recorded == process_identity(pid)
+
+
 def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)

@@ -303,6 +303,8 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
     fixed eval set and snapshots its attention at the first and last step."""
     eval_loss, eval_cache = model.forward(state.params, state.spec, state.eval_batch)
     stats = model.diagnostics(eval_cache, state.eval_batch)
+    if not np.isfinite(eval_loss):  # argmax and entropies of NaN scores/logits mean nothing
+        stats = dict.fromkeys(stats)
     record = {
         "step": step,
         "lr": optim_lr(state.config, step),
@@ -312,7 +314,7 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
         "eval_accuracy": stats.pop("accuracy"),
         **stats,
         "grad_norm": optim.global_norm(grads),
-        **{f"grad_norm/{n}": math.sqrt(float(np.vdot(g, g))) for n, g in grads.items()},
+        **{f"grad_norm/{n}": math.sqrt(optim.squared_norm(g)) for n, g in grads.items()},
     }
     _update_best(state.best, record)
     n_examples = min(state.config.logging.attention_examples, state.config.task.eval_size)
@@ -330,9 +332,8 @@ def _apply_update(state: RunState, grads: dict, lr: float, measure: bool) -> dic
     state.optimizer.step(state.params, grads, lr)
     ratios = {}
     for n, w in before.items():
-        norm_w = math.sqrt(float(np.vdot(w, w)))
-        delta = state.params[n] - w
-        ratios[f"update_ratio/{n}"] = math.sqrt(float(np.vdot(delta, delta))) / norm_w if norm_w else None
+        norm_w = math.sqrt(optim.squared_norm(w))
+        ratios[f"update_ratio/{n}"] = math.sqrt(optim.squared_norm(state.params[n] - w)) / norm_w if norm_w else None
     return ratios
 
 
@@ -340,6 +341,8 @@ def _update_best(best: dict, record: dict) -> None:
     loss, acc = record["eval_loss"], record["eval_accuracy"]
     if math.isfinite(loss) and loss < best.get("eval_loss", math.inf):
         best.update(eval_loss=loss, eval_loss_step=record["step"])
+    if acc is None:
+        return
     if acc > best.get("eval_accuracy", -1.0):
         best.update(eval_accuracy=acc, eval_accuracy_step=record["step"])
     if acc >= 0.99 and "steps_to_99" not in best:

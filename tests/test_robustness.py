@@ -307,7 +307,7 @@ def test_on_nonfinite_continue_skips_and_records_the_bad_updates(tmp_path):
 # ---------------------------------------------------------------------------
 # SIGINT, SIGTERM, SIGKILL on the real CLI; then resume, bit for bit
 # ---------------------------------------------------------------------------
-SIGNAL_STEPS, LOG_EVERY = 300, 10
+SIGNAL_STEPS, LOG_EVERY = 1000, 10  # ~1 s of steps left after the signal lands, even on a loaded machine
 SIGNAL_RUN = [*TINY, f"train.steps={SIGNAL_STEPS}", f"logging.log_every={LOG_EVERY}", "logging.checkpoint_every=20"]
 SIGNAL_CASES = {  # signal name: overrides (an optimiser state and schedule worth restoring)
     "SIGINT": ["optim.momentum=0.9", "optim.nesterov=true", "optim.lr=0.05", "optim.schedule=cosine",

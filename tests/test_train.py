@@ -40,6 +40,33 @@ def test_same_config_and_seed_give_bit_identical_metrics(tmp_path):
     assert [r["train_loss"] for r in first] != [r["train_loss"] for r in other_seed]
 
 
+def test_a_diverged_record_stores_no_meaningless_accuracy_or_diagnostics(tmp_path):
+    """NaN logits have an argmax (class 0): the record must not call that an accuracy."""
+    records = train_tiny(tmp_path, "blowup", "model.scale=none", "model.qk_gain=8", "optim.lr=5")
+    last = records[-1]
+    assert "nonfinite" in last and last["eval_loss"] is None, last
+    for key in ("eval_accuracy", "score_std", "attn_entropy", "saturated_frac", "target_attn"):
+        assert last[key] is None, (key, last[key])
+    summary = runs.read_summary(tmp_path / "blowup")
+    assert summary["status"] == "diverged" and summary["final"]["eval_accuracy"] is None
+    assert all(r["eval_accuracy"] is not None for r in records[:-1])
+
+
+def test_norms_do_not_depend_on_blas_threads():
+    """Logged norms use numpy's pairwise sum, not a BLAS dot whose threaded
+    reduction order would change the last bits."""
+    from threadpoolctl import threadpool_limits
+
+    from attn import optim
+
+    g = np.random.default_rng(0).standard_normal((512, 1024), dtype=np.float32)
+    with threadpool_limits(limits=1):
+        one = optim.squared_norm(g)
+    with threadpool_limits(limits=2):
+        two = optim.squared_norm(g)
+    assert one == two == float(np.sum(g.astype(np.float64) ** 2))
+
+
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory):
     """The default config for a few steps, through the CLI's main."""
