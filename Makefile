@@ -28,9 +28,10 @@ else
 endif
 
 ## make compare RUNS="runs/sqrt_dk/*" [ARGS="--metric eval_loss --smooth 0.9 --x wall_time"]
+# set -f: the shell leaves globs to attn, which expands them itself (** too) and skips the files they match
 compare: $(VENV)/.runtime
 	@test -n '$(RUNS)' || { echo 'error: RUNS: got nothing; expected run or experiment directories, e.g. make compare RUNS="runs/sqrt_dk/*"' >&2; exit 2; }
-	$(PY) -m attn compare $(RUNS) $(ARGS)
+	set -f; $(PY) -m attn compare $(RUNS) $(ARGS)
 
 ## make runs [RUNS=runs/sqrt_dk] [ARGS="--status diverged"]: list runs
 runs: $(VENV)/.runtime

@@ -316,7 +316,8 @@ def cmd_runs(args) -> int:
         return EXIT_OK
     header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age"]
     table = [header] + [
-        [row.name, row.status, row.task, *(compare.format_value(row.settings[k]) for k in listing.keys),
+        [row.name, row.status, row.task,
+         *(compare.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
          "—" if row.final[0] is None else f"{row.final[0]:.4g}",
          "—" if row.final[1] is None else f"{row.final[1]:.3f}", compare.format_age(row.age)]
         for row in listing.rows]
@@ -395,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
                    help="y axes; auto: log for metrics named *loss* and for positive values spanning "
                    "more than 3 decades, else linear")
-    p.add_argument("--out", help="output directory (default: <experiment>/compare, else runs/compare-<time>)")
+    p.add_argument("--out", help="output directory (default: <dir>/compare when every run lies directly in "
+                   "one directory <dir>, else a new compare-<time> in the runs' deepest common directory)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")
     p.add_argument("path", nargs="?", default="runs", help="a directory of runs (default: runs)")

@@ -9,13 +9,25 @@ interrupted runs compare alike.
 
 Which runs. Each PATH is a run directory (it holds config.yaml), a directory
 holding run directories at any depth (an experiment), or a glob of either.
-Hidden directories and symbolic links below a PATH are not walked.
+Hidden directories and symbolic links below a PATH are not walked. A plain
+file, or a directory with no run below it, among the PATHs or a glob's
+matches (an experiment's report.md, *.png, compare/) is skipped and listed
+as skipped; finding no run at all is an error.
 
 Groups. Runs whose configs agree on every key except `seed` and the
 bookkeeping keys (BOOKKEEPING_KEYS: they change no logged number) are one
-group: the seeds of one setting. A group's label names the keys whose values
-differ between groups, each by its shortest unambiguous dotted suffix
+group: the seeds of one setting. Every config carries every task field, so
+the fields a run's task never reads (unused_task_keys: retrieval ignores
+copy's `length`) are no setting of that run: they neither split groups nor
+appear in labels. A group's label names the keys whose values differ
+between groups, each by its shortest unambiguous dotted suffix
 (`model.scale` -> `scale=none, d_k=256`).
+
+Output. Figures and tables go to --out if given; else, when every run lies
+directly in one directory (an experiment, or a runs_dir of hand-trained
+runs), to <that directory>/compare, overwritten by the next comparison there;
+else to a new compare-<time> directory in the runs' deepest common
+directory. Only the runs' paths decide, never the working directory.
 
 Bands. A group's curve is computed on the union of the steps its runs
 logged. At step s, with x_1..x_n the finite values of the runs that logged
@@ -61,7 +73,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import plots, runs
-from attn.config import ConfigError
+from attn.config import ConfigError, TaskConfig
 from attn.jobs import flatten_config
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
@@ -72,6 +84,7 @@ BOOKKEEPING_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_eve
 NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
+NOT_A_RUN = "not a run or experiment directory"
 RUNS_ROOT = Path("runs")
 LINESTYLES = ("-", "--", "-.", ":")
 WIDE_RANGE = 1e3  # --yscale auto: a positive metric whose values span more than this factor gets a log axis
@@ -103,38 +116,39 @@ def natural_key(text: str) -> list:
 
 
 def expand_paths(paths) -> list[Path]:
-    """Each PATH as it is if it exists, else its glob matches (make passes globs quoted)."""
+    """Each PATH as it is if it exists, else its glob's matches in natural order;
+    RunError for a PATH that neither exists nor matches anything."""
     expanded = []
-    for text in paths:
-        text = str(text)
-        if Path(text).is_dir():
-            expanded.append(Path(text))
-            continue
+    for text in map(str, paths):
         if Path(text).exists():
-            raise runs.RunError(f"{text}: not a directory; expected a run directory (holding config.yaml) "
-                                "or a directory of runs")
-        matches = sorted(glob.glob(text, recursive=True), key=natural_key) if any(c in text for c in "*?[") else []
-        directories = [Path(m) for m in matches if Path(m).is_dir()]  # a glob may also match report files
-        if not directories:
-            raise runs.RunError(f"{text}: {'matches no directory' if matches else 'no such file or directory'}; "
-                                "expected a run directory (holding config.yaml), a directory of runs, or a glob of them")
-        expanded += directories
+            expanded.append(Path(text))
+        elif any(c in text for c in "*?[") and (matches := glob.glob(text, recursive=True)):
+            expanded += [Path(m) for m in sorted(matches, key=natural_key)]
+        else:
+            raise runs.RunError(f"{text}: no such file or directory; expected a run directory (holding config.yaml), "
+                                "a directory of runs, or a glob of them")
     return expanded
 
 
-def find_run_dirs(paths) -> list[Path]:
-    """Every run directory at or below the PATHs (globs expanded), each once, in natural order."""
-    expanded = expand_paths(paths)
-    found, seen = [], set()
-    for path in expanded:
-        for run_dir in _walk_runs(path):
+def find_run_dirs(paths) -> tuple[list[Path], list[Skipped]]:
+    """(every run directory at or below the PATHs, each once, in natural order;
+    the PATHs or glob matches holding no run: plain files such as an
+    experiment's report.md, and directories such as its compare/).
+    RunError when no run is found at all."""
+    found, seen, not_runs = [], set(), []
+    for path in expand_paths(paths):
+        below = _walk_runs(path)
+        if not below:
+            not_runs.append(Skipped(path, NOT_A_RUN))
+        for run_dir in below:
             if run_dir.resolve() not in seen:
                 seen.add(run_dir.resolve())
                 found.append(run_dir)
     if not found:
         shown = ", ".join(str(p) for p in paths)
-        raise runs.RunError(f"{shown}: no run directories found (a run directory holds config.yaml)")
-    return found
+        raise runs.RunError(f"{shown}: no run directories found (a run directory holds config.yaml); "
+                            f"{NOT_A_RUN}: " + ", ".join(str(s.path) for s in not_runs))
+    return found, not_runs
 
 
 def _walk_runs(path: Path) -> list[Path]:
@@ -179,12 +193,28 @@ def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
 # ---------------------------------------------------------------------------
 # Groups and labels
 # ---------------------------------------------------------------------------
+# The task fields only one task reads, from TaskConfig's help texts ("retrieval: ...", "copy: ...");
+# the unprefixed ones (name, eval_size) are read by every task.
+TASK_NAMES = next(f for f in fields(TaskConfig) if f.name == "name").metadata["choices"]
+TASK_ONLY_KEYS = {f"task.{f.name}": f.metadata["help"].split(":", 1)[0] for f in fields(TaskConfig)
+                  if f.metadata["help"].split(":", 1)[0] in TASK_NAMES}  # dotted key -> the task reading it
+MODE_ONLY_KEYS = {"task.shift": "shift"}  # dotted key -> the task.mode reading it (copy's shift: mode shift only)
+
+
+def unused_task_keys(settings: dict) -> set[str]:
+    """The task keys of a flattened config that its task never reads: the other
+    task's fields, and copy's shift outside mode shift."""
+    task, mode = settings.get("task.name"), settings.get("task.mode")
+    return ({key for key, owner in TASK_ONLY_KEYS.items() if owner != task}
+            | {key for key, reader in MODE_ONLY_KEYS.items() if mode != reader})
+
+
 @dataclass(frozen=True)
 class Group:
     """The runs of one setting: configs equal except for the seed (and bookkeeping)."""
 
     label: str
-    settings: dict  # the shared config, without NOT_GROUPED keys
+    settings: dict  # the shared config, without NOT_GROUPED keys and the task keys unused by its task
     runs: list  # list[Run], by seed
 
 
@@ -212,10 +242,13 @@ def _sort_value(value) -> tuple:
 
 
 def varying_keys(settings_list: list[dict]) -> list[str]:
-    """Dotted keys whose values are not all the same (a missing key counts as a value), in config order."""
+    """Dotted keys whose values are not all the same, in config order. A missing
+    key counts as a value, but a config whose task does not read a key
+    (unused_task_keys) has no say about it: retrieval's `length` is not compared."""
     keys = list(dict.fromkeys(k for settings in settings_list for k in settings))
+    readers = [(settings, unused_task_keys(settings)) for settings in settings_list]
     return [k for k in keys
-            if len({_canonical(s[k]) if k in s else None for s in settings_list}) > 1]
+            if len({_canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1]
 
 
 def short_names(keys: list[str], among=()) -> dict[str, str]:
@@ -233,27 +266,34 @@ def short_names(keys: list[str], among=()) -> dict[str, str]:
     return names
 
 
+def used_settings(settings: dict, keys: list[str]) -> dict:
+    """The keys (of those given) that the config's task reads -> their values."""
+    unused = unused_task_keys(settings)
+    return {k: settings.get(k) for k in keys if k not in unused}
+
+
 def label(settings: dict, keys: list[str], names: dict[str, str]) -> str:
-    """'scale=none, d_k=256' for the given keys."""
-    return ", ".join(f"{names[k]}={format_value(settings.get(k))}" for k in keys)
+    """'scale=none, d_k=256' for the given keys that the config's task reads."""
+    return ", ".join(f"{names[k]}={format_value(v)}" for k, v in used_settings(settings, keys).items())
 
 
 def group_runs(loaded: list[Run]) -> list[Group]:
     """Groups of runs equal in config except seed, labelled by what differs, ordered by those values."""
     if not loaded:
         return []
-    members: dict[tuple, list[Run]] = {}
+    members: dict[tuple, tuple[dict, list[Run]]] = {}  # identity -> (the shared settings, the runs)
     for run in loaded:
-        key = tuple((k, _canonical(v)) for k, v in sorted(run.settings.items()) if k not in NOT_GROUPED)
-        members.setdefault(key, []).append(run)
-    shared = [{k: v for k, v in group[0].settings.items() if k not in NOT_GROUPED} for group in members.values()]
+        settings = used_settings(run.settings, [k for k in run.settings if k not in NOT_GROUPED])
+        identity = tuple((k, _canonical(v)) for k, v in sorted(settings.items()))
+        members.setdefault(identity, (settings, []))[1].append(run)
+    shared = [settings for settings, _ in members.values()]
     keys = varying_keys(shared)
     if not keys:  # one group: name it by what it is
         keys = [k for k in FALLBACK_LABEL_KEYS if k in shared[0]]
     names = short_names(keys, among=[k for run in loaded for k in run.settings])
     groups = [Group(label(settings, keys, names), settings,
                     sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))))
-              for settings, group in zip(shared, members.values())]
+              for settings, group in members.values()]
     return sorted(groups, key=lambda g: [_sort_value(g.settings.get(k)) for k in keys])
 
 
@@ -396,7 +436,7 @@ STAT_COLUMNS = ("final_eval_loss", "final_eval_accuracy", "best_eval_loss", "ste
 @dataclass(frozen=True)
 class GroupRow:
     label: str
-    settings: dict  # the keys that differ between groups -> this group's values
+    settings: dict  # the keys that differ between groups and that its task reads -> this group's values
     seeds: list
     statuses: dict  # effective status -> number of runs
     stats: dict  # STAT_COLUMNS -> Stat
@@ -409,7 +449,7 @@ def table_rows(groups: list[Group], threshold: float) -> list[GroupRow]:
         figures = [run_figures(run, threshold) for run in group.runs]
         rows.append(GroupRow(
             label=group.label,
-            settings={k: group.settings.get(k) for k in keys},
+            settings=used_settings(group.settings, keys),
             seeds=[run.settings.get("seed") for run in group.runs],
             statuses=dict(Counter(run.status for run in group.runs)),
             stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
@@ -456,14 +496,16 @@ def markdown_table(rows: list[GroupRow], threshold: float) -> str:
 
 
 def csv_table(rows: list[GroupRow]) -> str:
-    keys = list(rows[0].settings) if rows else []
+    """One line per group; a setting its task does not read is left empty."""
+    keys = list(dict.fromkeys(k for row in rows for k in row.settings))
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["group", *keys, "n_runs", "seeds", "status",
                      *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")]])
     for row in rows:
         stats = [value for c in STAT_COLUMNS for value in (row.stats[c].mean, row.stats[c].std, row.stats[c].n)]
-        writer.writerow([row.label, *[format_value(row.settings[k]) for k in keys], len(row.seeds),
+        writer.writerow([row.label, *[format_value(row.settings[k]) if k in row.settings else "" for k in keys],
+                         len(row.seeds),
                          " ".join(format_value(s) for s in row.seeds),
                          "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
                          *["" if v is None else v for v in stats]])
@@ -581,15 +623,6 @@ def _draw_panel(ax, groups: list[Group], metric: str, x: str, smoothing: float, 
     ax.grid(True, which="both", alpha=0.25)
 
 
-def save_figure(fig: Figure, path: Path) -> Path:
-    """PNG or SVG by suffix, written atomically; SVG without a date, so reruns are identical."""
-    buffer = io.BytesIO()
-    fmt = path.suffix.lstrip(".")
-    fig.savefig(buffer, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
-    runs.write_atomic(path, buffer.getvalue())
-    return path
-
-
 # ---------------------------------------------------------------------------
 # compare: the whole command
 # ---------------------------------------------------------------------------
@@ -599,8 +632,8 @@ class Comparison:
     written: list  # list[Path]
     groups: list  # list[Group]
     rows: list  # list[GroupRow]
-    skipped: list  # list[Skipped]
-    table: str  # the Markdown table (table.md also lists the runs skipped)
+    skipped: list  # list[Skipped]: the PATHs holding no run, then the runs not plotted
+    table: str  # the Markdown table (table.md also lists the runs not plotted)
 
 
 def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str) -> None:
@@ -616,23 +649,30 @@ def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: s
         raise ConfigError(f"--yscale: got {yscale!r}; expected one of {', '.join(YSCALES)}")
 
 
-def default_out_dir(run_dirs: list[Path], runs_root: Path = RUNS_ROOT) -> Path:
-    """<experiment>/compare if every run lies below one directory inside runs_root
-    (other than runs_root itself), else a fresh runs_root/compare-<time>."""
-    root = Path(runs_root).absolute()
-    common = Path(os.path.commonpath([Path(p).absolute().parent for p in run_dirs]))
-    if common != root and common.is_relative_to(root):
-        out = common / "compare"
-        return out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out
-    return runs.create_run_dir(Path(runs_root), f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+def default_out_dir(run_dirs: list[Path]) -> Path:
+    """Created: <parent>/compare if every run lies directly in one parent directory,
+    else a new compare-<time> in the runs' deepest common directory (module docstring).
+    Absolute; never depends on the working directory."""
+    parents = {Path(os.path.abspath(run_dir)).parent for run_dir in run_dirs}
+    common = Path(os.path.commonpath(parents))
+    try:
+        if len(parents) == 1:
+            (common / "compare").mkdir(exist_ok=True)
+            return common / "compare"
+        return runs.create_run_dir(common, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    except OSError as err:
+        raise runs.RunError(f"{common / 'compare'}: cannot create the output directory: {err.strerror}; "
+                            "choose one with --out DIR") from None
+    except runs.RunError as err:
+        raise runs.RunError(f"{err}; choose an output directory with --out DIR") from None
 
 
 def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = 0.99,
-            yscale: str = "auto", out: Path | None = None, runs_root: Path = RUNS_ROOT) -> Comparison:
+            yscale: str = "auto", out: Path | None = None) -> Comparison:
     """Read the runs at PATHs, group them and write compare.png, compare.svg, table.md and table.csv."""
     metrics = list(dict.fromkeys(metrics))
     check_options(metrics, x, smoothing, threshold, yscale)
-    run_dirs = find_run_dirs(paths)
+    run_dirs, not_runs = find_run_dirs(paths)
     loaded, skipped = load_runs(run_dirs)
     plotted = []
     for run in loaded:
@@ -649,22 +689,25 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
             raise ConfigError(f"--metric: got {metric!r}; expected a logged metric: {', '.join(sorted(logged))}")
     groups = group_runs(plotted)
     rows = table_rows(groups, threshold)
-    out_dir = Path(out) if out is not None else default_out_dir(run_dirs, runs_root)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
+    if out is None:
+        out_dir = default_out_dir(run_dirs)
+    else:
+        out_dir = Path(out)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
     common = Path(os.path.commonpath([p.absolute() for p in run_dirs]))
     title = (f"{common.name or 'runs'}: {len(plotted)} runs in {len(groups)} groups; "
              "line: mean over seeds, band: ± std")
     fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold, title)
     table = markdown_table(rows, threshold)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
-    written = [save_figure(fig, out_dir / "compare.png"), save_figure(fig, out_dir / "compare.svg")]
+    written = [plots.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]
     for name, text in (("table.md", table + skipped_notes), ("table.csv", csv_table(rows))):
         runs.write_atomic(out_dir / name, text.encode())
         written.append(out_dir / name)
-    return Comparison(out_dir, written, groups, rows, skipped, table)
+    return Comparison(out_dir, written, groups, rows, not_runs + skipped, table)
 
 
 # ---------------------------------------------------------------------------
@@ -675,7 +718,7 @@ class ListedRun:
     name: str  # path below the listed directory
     status: str
     task: str
-    settings: dict  # Listing.keys -> value
+    settings: dict  # Listing.keys that the run's task reads -> value
     final: tuple  # (eval loss, eval accuracy) last logged, (None, None) after a divergence
     age: float | None  # seconds since the last heartbeat (or since config.yaml was written)
 
@@ -714,7 +757,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
         name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
         status=run.status,
         task=str(run.settings.get("task.name", "?")),
-        settings={k: run.settings.get(k) for k in keys},
+        settings=used_settings(run.settings, keys),
         final=final_figures(run),
         age=now - (run.summary["updated_at"] if _finite(run.summary.get("updated_at"))
                    else (run.path / "config.yaml").stat().st_mtime),

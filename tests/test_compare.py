@@ -7,6 +7,7 @@ the odd cases are copies of them edited by hand.
 """
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -18,8 +19,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from attn import cli, compare, jobs, runs
-from attn.config import load_config
+from attn import cli, compare, jobs, plots, runs
+from attn.config import TaskConfig, load_config, to_dict
+from attn.train import build_task
 
 SCALES = ("sqrt", "none")
 SEEDS = (0, 1)
@@ -40,8 +42,14 @@ def root(tmp_path_factory) -> Path:
 
 
 def loaded_groups(*paths):
-    loaded, skipped = compare.load_runs(compare.find_run_dirs(paths))
+    run_dirs, _ = compare.find_run_dirs(paths)
+    loaded, skipped = compare.load_runs(run_dirs)
     return compare.group_runs(loaded), skipped
+
+
+def config_run(directory: str, *overrides: str) -> compare.Run:
+    """A run (without records) whose settings are a real config's: every task field present."""
+    return compare.Run(Path(directory), jobs.flatten_config(to_dict(load_config(None, overrides))), [], {}, "completed")
 
 
 def fake_run(directory: str, **changes) -> compare.Run:
@@ -100,6 +108,48 @@ def test_short_names_are_the_shortest_unambiguous_suffix():
         "model.lr": "model.lr", "optim.lr": "optim.lr", "optim.eps": "eps"}
     assert compare.short_names(["a.b.c", "d.b.c"]) == {"a.b.c": "a.b.c", "d.b.c": "d.b.c"}
     assert compare.short_names(["task.name"], among=["name", "task.name"]) == {"task.name": "task.name"}
+
+
+def test_task_fields_the_task_does_not_read_neither_group_nor_label():
+    loaded = [config_run(f"{task}-{scale}-s{seed}", f"task.name={task}", f"model.scale={scale}", f"seed={seed}",
+                         "task.length=12" if task == "copy" else "task.n_pairs=6")
+              for task in ("retrieval", "copy") for scale in ("sqrt", "none") for seed in (0, 1)]
+    loaded.append(config_run("retrieval-odd-length", "task.name=retrieval", "model.scale=sqrt", "task.n_pairs=6",
+                             "task.length=5", "task.mode=shift", "seed=2"))  # copy's fields: no new setting
+    groups = compare.group_runs(loaded)
+    assert [(g.label, len(g.runs)) for g in groups] == [
+        ("scale=none, task.name=copy", 2), ("scale=none, task.name=retrieval", 2),
+        ("scale=sqrt, task.name=copy", 2), ("scale=sqrt, task.name=retrieval", 3)]
+    rows = compare.table_rows(groups, 0.99)
+    assert [row.settings for row in rows] == [{"model.scale": s, "task.name": t}
+                                              for s in ("none", "sqrt") for t in ("copy", "retrieval")]
+    modes = [config_run(f"copy-{mode}-{shift}", "task.name=copy", f"task.mode={mode}", f"task.shift={shift}")
+             for mode, shift in (("reverse", 1), ("reverse", 2), ("shift", 1), ("shift", 3))]
+    assert [g.label for g in compare.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1", "mode=shift, shift=3"]
+    listing_keys = compare.varying_keys([run.settings for run in loaded])
+    assert "task.length" not in listing_keys and "task.n_pairs" not in listing_keys  # each read by one task only
+
+
+@pytest.mark.parametrize("task", ["task.name=retrieval", "task.name=copy", "task.name=copy task.mode=shift"])
+def test_unused_task_keys_are_exactly_those_the_task_ignores(task):
+    """Changing a key unused_task_keys names leaves the task's batches unchanged; changing any other task key
+    read by one task only changes them."""
+    base = task.split()
+    settings = config_run("base", *base).settings
+    unused = compare.unused_task_keys(settings)
+    choices = {f"task.{f.name}": f.metadata["choices"] for f in dataclasses.fields(TaskConfig)}
+    only_some = set(compare.TASK_ONLY_KEYS) | set(compare.MODE_ONLY_KEYS)
+    assert only_some - unused and only_some & unused
+
+    def batch(*overrides):
+        sample = build_task(load_config(None, [*base, *overrides])).sample(np.random.default_rng(0), 4)
+        return [getattr(sample, f.name) for f in dataclasses.fields(sample)]
+
+    reference = batch()
+    for key in sorted(only_some):
+        changed = next(c for c in choices[key] if c != settings[key]) if choices[key] else settings[key] + 1
+        same = all(a.shape == b.shape and (a == b).all() for a, b in zip(reference, batch(f"{key}={changed}")))
+        assert same == (key in unused), key
 
 
 def test_values_are_written_as_yaml_would():
@@ -189,6 +239,18 @@ def test_table_rows_are_computed_from_the_metrics(root):
             assert stat.mean == pytest.approx(np.mean([s for s in reached if s is not None]))
     never = compare.table_rows(groups, 1.5)
     assert [compare.format_steps(r.stats["steps_to_threshold"]) for r in never] == [f"never ({len(SEEDS)}/{len(SEEDS)})"] * 2
+
+
+def test_final_figures_are_the_last_record_and_none_after_a_divergence():
+    def final(*records):
+        return compare.final_figures(compare.Run(Path("r"), {}, list(records), {}, "completed"))
+
+    finite = {"step": 10, "eval_loss": 0.25, "eval_accuracy": 0.875}
+    assert final({"step": 0, "eval_loss": 2.0, "eval_accuracy": 0.0}, finite) == (0.25, 0.875)
+    for loss in (float("nan"), float("inf"), None):  # NaN as a number or as null: the accuracy there is no result
+        assert final(finite, {**finite, "step": 20, "eval_loss": loss}) == (None, None)
+    assert final() == (None, None)
+    assert final({"step": 0, "eval_loss": 0.5, "eval_accuracy": None}) == (0.5, None)
 
 
 def test_stat_formatting_says_how_many_runs_have_a_value():
@@ -287,10 +349,18 @@ def test_automatic_y_scale_is_log_for_losses_and_for_positive_values_spanning_de
 # ---------------------------------------------------------------------------
 # Files and the default output directory
 # ---------------------------------------------------------------------------
-def test_compare_writes_figures_and_tables_into_the_experiment(root):
-    result = compare.compare([str(root / "exp" / "*")], threshold=0.2, runs_root=root)
+def test_compare_writes_figures_and_tables_into_the_experiment(root, monkeypatch):
+    save_figure, through_plots = plots.save_figure, []
+
+    def recording(fig, path, **options):
+        through_plots.append(path)
+        return save_figure(fig, path, **options)
+
+    monkeypatch.setattr(plots, "save_figure", recording)
+    result = compare.compare([str(root / "exp" / "*")], threshold=0.2)
     assert result.out_dir == (root / "exp" / "compare").absolute()
     assert [p.name for p in result.written] == ["compare.png", "compare.svg", "table.md", "table.csv"]
+    assert through_plots == result.written[:2]  # figures are written by the one plots.save_figure
     assert (result.out_dir / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (result.out_dir / "compare.svg").read_text()
     assert (result.out_dir / "table.md").read_text() == result.table
@@ -299,15 +369,57 @@ def test_compare_writes_figures_and_tables_into_the_experiment(root):
         ("scale=none", "none", "2", "0 1"), ("scale=sqrt", "sqrt", "2", "0 1")]
     for row, group_row in zip(rows, result.rows):
         assert float(row["final_eval_loss_mean"]) == pytest.approx(group_row.stats["final_eval_loss"].mean)
-    assert compare.find_run_dirs([root / "exp"]) == compare.find_run_dirs([root / "exp" / "*"])  # compare/ is no run
+    run_dirs, not_runs = compare.find_run_dirs([root / "exp" / "*"])
+    assert (run_dirs, not_runs) == (compare.find_run_dirs([root / "exp"])[0], [compare.Skipped(
+        root / "exp" / "compare", compare.NOT_A_RUN)])  # compare/ is no run
 
 
-def test_default_output_directory(tmp_path):
-    inside = [tmp_path / "sqrt_dk" / "a" / "r1", tmp_path / "sqrt_dk" / "b" / "r2"]
-    assert compare.default_out_dir(inside, runs_root=tmp_path) == (tmp_path / "sqrt_dk" / "compare").absolute()
-    loose = [tmp_path / "r1", tmp_path / "r2"]  # runs directly in the runs root: no experiment
-    out = compare.default_out_dir(loose, runs_root=tmp_path)
-    assert out.parent == tmp_path and out.name.startswith("compare-") and out.is_dir()
+@pytest.fixture
+def finished(root, tmp_path) -> Path:
+    """A finished experiment: the real runs beside a report's files and a comparison."""
+    exp = tmp_path / "finished"
+    for run_dir in (root / "exp").glob("*-s*"):
+        shutil.copytree(run_dir, exp / run_dir.name)
+    for name in ("report.md", "report.csv", "loss_curves.png"):
+        (exp / name).write_text(name)
+    (exp / "compare").mkdir()
+    return exp
+
+
+def test_files_a_glob_matches_beside_the_runs_are_skipped(finished, tmp_path, capsys):
+    not_runs = {finished / n for n in ("compare", "loss_curves.png", "report.csv", "report.md")}
+    shell_expanded = sorted(str(p) for p in finished.iterdir())  # what make's shell passes
+    for argv in ([str(finished / "*")], shell_expanded):
+        assert cli.main(["compare", *argv, "--out", str(tmp_path / "out")]) == 0
+        captured = capsys.readouterr()
+        assert {line for line in captured.err.splitlines()} == {f"skipped {p}: {compare.NOT_A_RUN}" for p in not_runs}
+        assert any(line.startswith("| scale=none | 2 | completed 2 |") for line in captured.out.splitlines())
+        assert "skipped" not in (tmp_path / "out" / "table.md").read_text()  # it lists the runs not plotted
+    assert cli.main(["compare", str(finished / "report*"), str(finished / "compare")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "no run directories found" in err
+    assert f"{compare.NOT_A_RUN}: {finished / 'report.csv'}, {finished / 'report.md'}, {finished / 'compare'}" in err
+
+
+def test_default_output_directory_follows_the_runs_not_the_working_directory(finished, tmp_path, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    one_run = finished / "sqrt-s0"
+    result = compare.compare([one_run])
+    assert result.out_dir == finished / "compare" and result.written[0] == finished / "compare" / "compare.png"
+    assert (finished / "compare" / "compare.png").is_file()
+    nested = tmp_path / "nested"
+    shutil.copytree(one_run, nested / "a" / "sqrt-s0")
+    shutil.copytree(finished / "none-s0", nested / "b" / "c" / "none-s0")
+    out = compare.compare([nested]).out_dir  # no one parent: a new folder where the runs are
+    assert out.parent == nested and out.name.startswith("compare-") and (out / "table.csv").is_file()
+    assert compare.compare([nested]).out_dir != out  # never overwritten
+    assert list(elsewhere.iterdir()) == []
+    assert compare.compare([one_run], out="mine").out_dir == Path("mine") and (elsewhere / "mine" / "table.md").is_file()
+    (nested / "a" / "compare").write_text("a file where the output directory would go")
+    with pytest.raises(runs.RunError, match="compare: cannot create the output directory: .*; choose one with --out"):
+        compare.compare([nested / "a"])
 
 
 # ---------------------------------------------------------------------------
