@@ -57,7 +57,8 @@ def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     if tight:
         fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip("."))
+    fmt = path.suffix.lstrip(".")
+    fig.savefig(buffer, dpi=110, format=fmt, metadata={"Date": None} if fmt == "svg" else None)  # reproducible SVG
     runs.write_atomic(path, buffer.getvalue())
     return path
 
