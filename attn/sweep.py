@@ -12,11 +12,20 @@ An experiment file (experiments/*.yaml):
     seeds: [0, 1, 2, 3, 4]
     report: {x: model.d_k, arm: model.scale}   # how attn.report lays out the results
 
+The `report:` section may name `x` (a grid key or a list of them), `arm`
+(the same) and `best_of` (one grid key), each a key of the grid and each
+key in one role only; anything else is refused, with a did-you-mean.
+
 Every cell of every grid is validated before any run starts. Each (cell,
 seed) is one run directory named after its settings, e.g.
-runs/sqrt_dk/d_k-64_scale-none_seed-3. Re-running an experiment skips runs
-that finished (completed or diverged), resumes interrupted, stale or failed
-runs from their checkpoint, and starts the rest. A run holds an exclusive
+runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
+a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
+Re-running an experiment skips runs that finished (completed or diverged),
+resumes interrupted, stale or failed runs from their checkpoint, and starts
+the rest; a finished or resumable run whose config.yaml differs from the
+cell's config (config_change) is neither skipped nor resumed: it is a
+`failed` outcome with status `config-changed` and the difference, so an
+edited experiment file never silently reuses old runs. A run holds an exclusive
 lock (flock on <run>/.lock) while it trains, so two sweeps over the same
 experiment never run the same cell twice: the second one skips it.
 
@@ -36,9 +45,11 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import itertools
 import os
+import re
 import signal
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -46,12 +57,17 @@ from pathlib import Path
 from typing import Callable
 
 from attn import jobs, runs
-from attn.config import (Config, ConfigError, _set_dotted, all_keys, build, check_run_name, nearest_key,
-                         read_yaml_file, to_dict, validate)
+from attn.config import (Config, ConfigError, all_keys, build, check_run_name, nearest_key, read_yaml_file,
+                         replace, set_dotted, to_dict, validate)
 from attn.train import StopFlag
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
+REPORT_KEYS = ("x", "arm", "best_of")
 FINISHED = ("completed", "diverged")
+# Config fields that change no logged number (where the run lives, which files
+# it draws): a run made with other values of these is still the cell's run.
+RESULT_NEUTRAL_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
 
@@ -100,8 +116,16 @@ def _short_key(key: str, keys: list[str]) -> str:
 
 
 def _format_value(value) -> str:
-    text = f"{value:g}" if isinstance(value, float) else str(value)
-    return text.replace("/", "_").replace(" ", "")
+    """A grid value as part of a run directory name: 0.001, sqrt, W_k0.1-W_q0.1
+    for a mapping (sorted by key), a-b for a list; other characters than
+    [A-Za-z0-9._=-] become `_`."""
+    if isinstance(value, dict):
+        text = "-".join(f"{k}{_format_value(v)}" for k, v in sorted(value.items(), key=lambda item: str(item[0])))
+    elif isinstance(value, list):
+        text = "-".join(_format_value(v) for v in value)
+    else:
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+    return NAME_UNSAFE.sub("_", text)
 
 
 def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: list[str]) -> str:
@@ -131,6 +155,39 @@ def _expand_grid(grid, source: str) -> list[dict]:
     return cells
 
 
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def check_report(report, grid_keys: list[str], source: str) -> dict:
+    """The experiment's `report:` section: only REPORT_KEYS; x and arm a grid
+    key or a list of them, best_of one grid key; no key in two roles."""
+    if not isinstance(report, dict):
+        raise ConfigError(f"{source}: report: got {report!r}; expected a mapping with keys {', '.join(REPORT_KEYS)}")
+    for key in report:
+        if key not in REPORT_KEYS:
+            raise ConfigError(f"{source}: report: unknown key `{key}`{_did_you_mean(key, REPORT_KEYS)}; "
+                              f"expected {', '.join(REPORT_KEYS)}")
+    role_of = {}
+    for role in (r for r in REPORT_KEYS if r in report):
+        value = report[role]
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
+                or (role == "best_of" and not isinstance(value, str)):
+            expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
+            raise ConfigError(f"{source}: report: {role}: got {value!r}; expected {expected} ({', '.join(grid_keys)})")
+        for name in names:
+            if name not in grid_keys:
+                raise ConfigError(f"{source}: report: {role}: `{name}` is not a key of the grid"
+                                  f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
+            if name in role_of:
+                raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
+                                  "a grid key has one role")
+            role_of[name] = role
+    return report
+
+
 def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
     checked here, so a bad cell is reported before any run starts."""
@@ -158,7 +215,7 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
         raise ConfigError(f"{source}: base: {err}") from None
     base.pop("provenance", None)
     for key, value in overrides.items():
-        _set_dotted(base, str(key), value)
+        set_dotted(base, str(key), value)
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
@@ -170,7 +227,7 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
         for seed in seeds:
             merged = to_dict(build(Config, base, source))
             for key, value in settings.items():
-                _set_dotted(merged, key, value)
+                set_dotted(merged, key, value)
             merged["seed"] = seed
             shown = ", ".join(f"{k}: {v}" for k, v in settings.items())
             where = f"{source}: grid cell {{{shown}}}"
@@ -180,15 +237,23 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
                 raise ConfigError(f"{source}: grid: cell {{{shown}}} appears twice")
             names.add(cname)
             cells.append(Cell(cname, tuple(settings.items()), seed, config))
-    report = data.get("report") or {}
-    if not isinstance(report, dict):
-        raise ConfigError(f"{source}: report: expected a mapping, got {report!r}")
+    report = check_report(data.get("report") or {}, grid_keys, source)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
 
 
 # ---------------------------------------------------------------------------
 # Running one cell (in a worker process, or a Dask worker)
 # ---------------------------------------------------------------------------
+def config_change(run_dir: Path, config: Config) -> list[str]:
+    """How the config a run directory was made with differs from `config`
+    ('key: stored -> wanted', jobs.config_difference), leaving out the
+    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    if its config.yaml cannot be read."""
+    wanted = jobs.flatten_config(to_dict(config))
+    stored = replace(jobs.config_of(run_dir), **{key: wanted[key] for key in RESULT_NEUTRAL_KEYS})
+    return jobs.config_difference(stored, config)
+
+
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
     """Train one cell into experiment_dir/cell.name, unless the sweep was
     stopped, the run finished, or another sweep holds it. Every problem comes
@@ -212,15 +277,18 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
             return RunOutcome(cell.name, "skipped-locked", "running", "another sweep is running this cell")
         try:
             summary = runs.read_summary(run_dir) or {}
-            if summary.get("status") in FINISHED:
-                return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
-            resume = (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
-            if resume:
-                diff = jobs.config_difference(jobs.config_of(run_dir), cell.config)
+            finished = summary.get("status") in FINISHED
+            resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
+            if finished or resume:
+                diff = config_change(run_dir, cell.config)
                 if diff:
+                    what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
                     return RunOutcome(cell.name, "failed", "config-changed",
-                                      f"{run_dir}: config differs from the experiment's: {'; '.join(diff)}")
-            else:
+                                      f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
+                                      f"({what}; move or delete its directory to run the cell with the new config)")
+            if finished:
+                return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+            if not resume:
                 runs.write_config(run_dir, to_dict(cell.config),
                                   {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
                                    "cell": dict(cell.settings), "seed": cell.seed})

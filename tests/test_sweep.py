@@ -83,6 +83,35 @@ def test_cli_reports_a_bad_cell_in_one_line_and_runs_nothing(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("report,message", [
+    ({"x": "model.dk"}, "report: x: `model.dk` is not a key of the grid; did you mean `model.d_k`?"),
+    ({"arm": ["model.scale", "model.scal"]}, "report: arm: `model.scal` is not a key of the grid; did you mean `model.scale`?"),
+    ({"best_of": "optim.lr"}, "report: best_of: `optim.lr` is not a key of the grid; expected one of model.d_k, model.scale"),
+    ({"xx": "model.d_k"}, "report: unknown key `xx`; did you mean `x`?"),
+    ({"best": "model.d_k"}, "report: unknown key `best`; did you mean `best_of`?"),
+    ({"best_of": ["model.d_k"]}, "report: best_of: got ['model.d_k']; expected one grid key"),
+    ({"x": []}, "report: x: got []; expected a grid key or a list of grid keys"),
+    ({"x": "model.d_k", "arm": "model.d_k"}, "report: arm: `model.d_k` is already the report's x"),
+    ({"x": "model.d_k", "best_of": "model.d_k"}, "report: best_of: `model.d_k` is already the report's x"),
+])
+def test_report_section_typos_are_refused_in_one_line(tmp_path, report, message):
+    """A typo in `report:` used to give a column of None; now it is refused before any run."""
+    with pytest.raises(ConfigError) as err:
+        sweep.load_experiment(write_experiment(tmp_path, report=report), str(tmp_path / "runs"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_mapping_value_makes_a_shell_safe_run_name(tmp_path):
+    grid = {"optim.lr_mult": [{"W_q": 0.1, "W_k": 0.1}, {"W_k": 1.0, "W_q": 1.0}]}
+    experiment = sweep.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[0]))
+    assert [c.name for c in experiment.cells] == ["lr_mult-W_k0.1-W_q0.1_seed-0", "lr_mult-W_k1-W_q1_seed-0"]
+    assert sweep.cell_name((("task.mode", "a b/c'{}"),), 1, ["task.mode"]) == "mode-a_b_c____seed-1"
+    same = {"optim.lr_mult": [{"W_q": 0.1, "W_k": 0.1}, {"W_k": 0.1, "W_q": 0.1}]}
+    with pytest.raises(ConfigError, match="appears twice"):
+        sweep.load_experiment(write_experiment(tmp_path, grid=same, seeds=[0]))
+
+
 def test_grid_cells_names_and_union_of_products(tmp_path):
     grid = [{"model.d_k": [4, 8], "model.scale": ["sqrt"]}, {"model.d_k": [16], "optim.lr": [0.1, 1e-2]}]
     experiment = sweep.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[3]))
@@ -173,6 +202,26 @@ def test_a_changed_config_is_not_silently_resumed(finished_sweep, tmp_path):
     assert outcome.action == "failed" and "optim.lr: 0.5 -> 0.25" in outcome.detail
 
 
+def test_a_finished_run_with_a_changed_config_is_not_reused(finished_sweep, tmp_path):
+    """An edited experiment file used to reuse the old finished runs silently."""
+    changed = sweep.load_experiment(
+        write_experiment(tmp_path, overrides={"optim.lr": 0.25}), str(finished_sweep.directory.parent))
+    cell = changed.cells[0]
+    before = runs.read_summary(finished_sweep.directory / cell.name)
+    outcome = sweep.run_cell(cell, str(finished_sweep.directory), str(changed.path))
+    assert (outcome.action, outcome.status) == ("failed", "config-changed")
+    assert "optim.lr: 0.5 -> 0.25" in outcome.detail and "the run completed" in outcome.detail
+    assert runs.read_summary(finished_sweep.directory / cell.name) == before, "the run is left as it was"
+
+
+def test_a_finished_run_is_reused_when_only_result_neutral_keys_changed(finished_sweep, tmp_path):
+    changed = sweep.load_experiment(
+        write_experiment(tmp_path, overrides={"logging.plots": True, "logging.checkpoint_every": 5}),
+        str(finished_sweep.directory.parent))
+    outcome = sweep.run_cell(changed.cells[0], str(finished_sweep.directory), str(changed.path))
+    assert (outcome.action, outcome.status) == ("skipped-finished", "completed")
+
+
 def test_dask_local_cluster_runs_the_same_sweep(tmp_path):
     distributed = pytest.importorskip("distributed")
     experiment = sweep.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4, 8]}, seeds=[0]), str(tmp_path / "runs"))
@@ -229,7 +278,9 @@ def test_miniature_headline_ablation_shows_the_effect(tmp_path):
         report={"x": "model.d_k", "arm": "model.scale"})
     assert cli.main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--workers", "2"]) == 0
     experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
-    results = {(r.settings["model.d_k"], r.settings["model.scale"]): r for r in collect(experiment)}
+    collected, excluded = collect(experiment)
+    assert excluded == []
+    results = {(r.settings["model.d_k"], r.settings["model.scale"]): r for r in collected}
     big_sqrt, big_none = results[(512, "sqrt")], results[(512, "none")]
     assert np.nanmean(big_none.at_init("score_std")) > 10 * np.nanmean(big_sqrt.at_init("score_std"))
     assert np.nanmean(big_none.at_init("saturated_frac")) > np.nanmean(big_sqrt.at_init("saturated_frac"))
@@ -237,7 +288,7 @@ def test_miniature_headline_ablation_shows_the_effect(tmp_path):
     assert all(s is not None for s in big_sqrt.steps_to_99()), "the scaled arm learns"
     slower = [n is None or n > s for n, s in zip(big_none.steps_to_99(), big_sqrt.steps_to_99())]
     assert all(slower), (big_none.steps_to_99(), big_sqrt.steps_to_99())
-    assert np.nanmean(big_none.final("eval_loss")) > 5 * np.nanmean(big_sqrt.final("eval_loss"))
+    assert np.nanmean(big_none.final_losses()) > 5 * np.nanmean(big_sqrt.final_losses())
 
 
 # ---------------------------------------------------------------------------
