@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 from matplotlib.figure import Figure
 
 from attn import runs
@@ -643,6 +644,18 @@ def _outcome_map(results, arms, colors, path):
 
 
 # ---------------------------------------------------------------------------
+def source_revisions(results: list) -> list[str]:
+    """The distinct attn commits recorded in the provenance of the runs reported."""
+    revisions = set()
+    for run in (run for r in results for run in r.runs):
+        try:
+            data = yaml.safe_load((run.path / "config.yaml").read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        revisions.add(str((data.get("provenance") or {}).get("attn_commit") or "unknown"))
+    return sorted(revisions) or ["unknown"]
+
+
 def write_report(experiment: Experiment) -> dict[str, Path]:
     """Compute the report of an experiment from its run directories and write
     report.md, report.csv and the figures into the experiment directory."""
@@ -673,7 +686,9 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
     n_finished = sum(len(r.seeds) for r in all_results)
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
             f"{n_runs} runs of {len(experiment.cells)} from `{experiment.path}` ({n_finished} finished); x = "
-            + ", ".join(f"`{k}`" for k in x) + ", arms = " + ", ".join(f"`{a}`" for a in arms) + "."]
+            + ", ".join(f"`{k}`" for k in x) + ", arms = " + ", ".join(f"`{a}`" for a in arms) + ".",
+            "", "Made by attn " + ", ".join(f"`{c}`" for c in source_revisions(all_results))
+            + " (the `attn_commit` in the runs' config.yaml); Python and numpy versions are there too."]
     if best_of:
         text += ["", f"Each cell at the `{best_of}` with the fewest steps to {THRESHOLD:.0%} (mean over its "
                  "finished seeds, never = budget; ties: the lower mean final eval loss)."]
