@@ -179,6 +179,19 @@ def test_whole_model_gradients_match_finite_differences(rng, variant):
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
+@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False)],
+                         ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
+def test_whole_model_gradients_with_targets_only_at_the_last_position(rng, variant):
+    """Retrieval's shape: one query per sequence carries the loss, so the
+    backward's target-rows-only path (and its factored key/value gradient) runs."""
+    spec = small_spec(**variant)
+    params = model.init_params(spec, rng)
+    batch = random_batch(rng, spec, mask_fraction=0.0)
+    assert batch.target_mask.sum() == B and batch.target_mask[:, -1].all()
+    report = gradcheck.check_model(params, lambda p: model.loss_and_grads(p, spec, batch))
+    assert worst(report) < TOL, gradcheck.format_report(report)
+
+
 def test_float32_in_gives_float32_out_everywhere(rng):
     spec = small_spec(dtype="float32")
     params = model.init_params(spec, rng)
