@@ -585,6 +585,3 @@ def describe_schema() -> list[tuple[str, str, str, str]]:
 
     walk(Config, "")
     return rows
-
-
-_set_dotted = set_dotted  # the old private name, until attn.sweep moves to set_dotted

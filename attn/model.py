@@ -78,10 +78,6 @@ class Batch:
     target_mask: np.ndarray  # (B, T) bool: which positions carry a target
     target_key: np.ndarray  # (B, T) int: position the query should attend to, -1 if none
 
-    @property
-    def size(self) -> int:
-        return self.tokens.shape[0]
-
 
 def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every trainable parameter, in a stable order."""
