@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from attn import jobs, runs
-from attn.config import ConfigError, describe_schema, load_config, to_dict
+from attn.config import ConfigError, all_keys, describe_schema, load_config, to_dict
 from attn.train import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -42,7 +42,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG] key=value ...: the first item is the config file unless it has an '='."""
     if items and "=" not in items[0]:
+        if items[0] in all_keys() and not Path(items[0]).exists():
+            raise ConfigError(f"{items[0]}: no such config file; to set that field, write {items[0]}=VALUE")
         return items[0], items[1:]
     return None, items
 

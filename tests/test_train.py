@@ -155,3 +155,10 @@ def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
         assert arrays[f"param/{name}"].shape == shape
         assert arrays[f"param/{name}"].dtype == np.dtype(config.dtype)
     assert json.loads(str(arrays["meta"]))["step"] == config.train.steps
+
+
+def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, capsys):
+    code = cli.main(["train", "optim.lr", f"runs_dir={tmp_path}"])
+    assert code == 2
+    assert capsys.readouterr().err == "error: optim.lr: no such config file; to set that field, write optim.lr=VALUE\n"
+    assert not any(tmp_path.iterdir())
