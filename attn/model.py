@@ -197,6 +197,13 @@ def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
     return loss, backward(cache, spec), cache
 
 
+def accuracy(cache, batch: Batch) -> float:
+    """Fraction of target positions whose most probable class is the target."""
+    probs = cache["ce"][0]  # (B, T, C)
+    rows = batch.target_mask  # (B, T)
+    return float((probs.argmax(axis=-1) == batch.targets)[rows].mean())
+
+
 def diagnostics(cache, batch: Batch) -> dict[str, float]:
     """What the experiments measure, read from a forward pass's cache.
 
@@ -208,16 +215,14 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         saturated_frac  fraction of those rows whose largest weight > 0.99
         target_attn     mean weight those rows put on the key they should read
     """
-    probs = cache["ce"][0]  # (B, T, C)
     rows = batch.target_mask  # (B, T)
-    correct = probs.argmax(axis=-1) == batch.targets  # (B, T)
     scores = cache["attn"]["scores"][rows]  # (N, T)
     attn = cache["attn"]["attn"][rows]  # (N, T)
     unmasked = np.isfinite(scores)
     safe_attn = np.where(attn > 0, attn, 1)
     entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
     stats = {
-        "accuracy": float(correct[rows].mean()),
+        "accuracy": accuracy(cache, batch),
         "score_std": float(scores[unmasked].std(dtype=np.float64)),
         "attn_entropy": float(entropy.mean(dtype=np.float64)),
         "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),

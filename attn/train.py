@@ -309,7 +309,7 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
         "step": step,
         "lr": optim_lr(state.config, step),
         "train_loss": float(loss),
-        "train_accuracy": model.diagnostics(train_cache, batch)["accuracy"],
+        "train_accuracy": model.accuracy(train_cache, batch),
         "eval_loss": float(eval_loss),
         "eval_accuracy": stats.pop("accuracy"),
         **stats,
