@@ -74,13 +74,13 @@ from matplotlib.figure import Figure
 
 from attn import plots, runs
 from attn.config import ConfigError, TaskConfig
-from attn.jobs import flatten_config
+from attn.jobs import RESULT_NEUTRAL_KEYS, flatten_config
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
 X_AXES = {"step": "step", "wall_time": "wall time (s)"}
 YSCALES = ("auto", "log", "linear")
 THRESHOLD_METRIC = "eval_accuracy"
-BOOKKEEPING_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
+BOOKKEEPING_KEYS = RESULT_NEUTRAL_KEYS
 NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")

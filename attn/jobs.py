@@ -24,6 +24,11 @@ from attn.config import Config, ConfigError, check_run_name, load_config, to_dic
 from attn.train import StopFlag
 
 
+# Config fields that change no logged number (where the run lives, which files
+# it draws): runs that differ only in these are the same experiment cell.
+RESULT_NEUTRAL_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
+
+
 def provenance(config_path: str | None, overrides) -> dict:
     return {
         "config_file": str(config_path) if config_path else None,

@@ -64,9 +64,6 @@ from attn.train import StopFlag
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 REPORT_KEYS = ("x", "arm", "best_of")
 FINISHED = ("completed", "diverged")
-# Config fields that change no logged number (where the run lives, which files
-# it draws): a run made with other values of these is still the cell's run.
-RESULT_NEUTRAL_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
@@ -247,10 +244,10 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
 def config_change(run_dir: Path, config: Config) -> list[str]:
     """How the config a run directory was made with differs from `config`
     ('key: stored -> wanted', jobs.config_difference), leaving out the
-    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    jobs.RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
     wanted = jobs.flatten_config(to_dict(config))
-    stored = replace(jobs.config_of(run_dir), **{key: wanted[key] for key in RESULT_NEUTRAL_KEYS})
+    stored = replace(jobs.config_of(run_dir), **{key: wanted[key] for key in jobs.RESULT_NEUTRAL_KEYS})
     return jobs.config_difference(stored, config)
 
 
