@@ -24,6 +24,7 @@ import pytest
 
 from attn import cli, jobs, model, runs, train
 from attn.config import load_config
+from helpers import without_timing
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -68,10 +69,6 @@ def assert_one_line_error(outcome: Outcome, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0]
     return lines[0]
-
-
-def without_timing(records):
-    return [{k: v for k, v in r.items() if k not in train.METRIC_TIMING_KEYS} for r in records]
 
 
 def leftover_temporaries(run_dir: Path) -> list[str]:

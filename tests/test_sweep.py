@@ -17,6 +17,7 @@ from attn import cli, jobs, runs, sweep
 from attn.config import ConfigError, load_config, to_dict
 from attn.report import collect, mean_std, write_report
 from attn.train import StopFlag, train
+from helpers import without_timing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,9 +159,7 @@ def test_rerun_skips_finished_and_resumes_interrupted(finished_sweep):
     outcomes = {o.cell: o for o in sweep.run_experiment(finished_sweep, ThreadPoolExecutor(2))}
     assert outcomes[first.name].action == "resumed" and outcomes[first.name].status == "completed"
     assert all(o.action == "skipped-finished" for name, o in outcomes.items() if name != first.name)
-    timing = ("wall_time", "steps_per_sec")
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in timing} for r in recs]  # noqa: E731
-    assert strip(runs.read_metrics(run_dir)) == strip(expected)
+    assert without_timing(runs.read_metrics(run_dir)) == without_timing(expected)
 
 
 def test_a_cell_locked_by_another_sweep_is_skipped(tmp_path):

@@ -21,7 +21,7 @@ import yaml
 
 from attn import runs
 from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
-from attn.train import METRIC_TIMING_KEYS
+from helpers import without_timing
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, LOG_EVERY = 200, 20
@@ -108,10 +108,6 @@ def interrupt(experiment: Path, runs_dir: Path, when, send) -> tuple[int, dict]:
     return code, outcomes(err)
 
 
-def strip_timing(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in METRIC_TIMING_KEYS} for r in records]
-
-
 def assert_completed_once(run_dir: Path) -> None:
     """Completed, and every logged step recorded exactly once, in order."""
     assert runs.read_summary(run_dir)["status"] == "completed"
@@ -183,8 +179,8 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
     for cell, (action, status, _) in outcomes(err).items():
         assert (action, status) == ("resumed" if cell in checkpointed else "ran", "completed")
         assert_completed_once(experiment_dir / cell)
-        assert strip_timing(runs.read_metrics(experiment_dir / cell)) == \
-            strip_timing(runs.read_metrics(reference_dir / cell))
+        assert without_timing(runs.read_metrics(experiment_dir / cell)) == \
+            without_timing(runs.read_metrics(reference_dir / cell))
         resumed, uninterrupted = runs.read_summary(experiment_dir / cell), runs.read_summary(reference_dir / cell)
         assert (resumed["final"], resumed["best"]) == (uninterrupted["final"], uninterrupted["best"])
 

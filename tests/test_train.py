@@ -13,15 +13,12 @@ import yaml
 
 from attn import cli, jobs, model, runs, train
 from attn.config import load_config, to_dict
+from helpers import without_timing
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
         "train.batch_size=16", "task.eval_size=64", "optim.lr=0.2", "logging.plots=false"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def without_timing(records):
-    return [{k: v for k, v in r.items() if k not in train.METRIC_TIMING_KEYS} for r in records]
 
 
 def train_tiny(runs_dir, name, *overrides):
