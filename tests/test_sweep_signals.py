@@ -24,9 +24,9 @@ from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
 from helpers import without_timing
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS, LOG_EVERY = 200, 20
+STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts lands mid-run
 TINY = {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 32,
-        "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 100,
+        "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 500,
         "logging.plots": False, "logging.attention_examples": 0}
 GRID = {"model.scale": ["sqrt"], "optim.lr": [0.3, 0.2]}  # two keys: the report's x and arm
 SEEDS = [0, 1]
