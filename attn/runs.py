@@ -22,6 +22,7 @@ import io
 import json
 import math
 import os
+import re
 import socket
 import time
 import zipfile
@@ -70,6 +71,23 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
     with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
         _fsync_dir(path.parent)
+
+
+TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.tmp$")  # write_atomic's .<name>.<pid>.tmp
+
+
+def remove_dead_temporaries(run_dir: Path) -> list[str]:
+    """Delete write_atomic's temporary files whose writer is gone (a SIGKILL or
+    power loss mid-write leaves one); the target files themselves are intact.
+    Returns the names removed."""
+    removed = []
+    for path in Path(run_dir).iterdir():
+        match = TEMPORARY_NAME.match(path.name)
+        if match and not _pid_alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -169,8 +169,9 @@ def run(state: RunState, *, stop: StopFlag | None = None,
     config, run_dir = state.config, state.run_dir
     stop = stop or StopFlag()
     steps, start_step = config.train.steps, state.step
-    if state.resumed:
+    if state.resumed:  # take the directory back from the process that stopped
         runs.truncate_metrics(run_dir, start_step)
+        runs.remove_dead_temporaries(run_dir)
     summary = {
         "status": "running", "step": start_step, "steps": steps, "task": state.task.name,
         "references": state.task.reference_losses(), "started_at": time.time(),

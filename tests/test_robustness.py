@@ -554,3 +554,15 @@ def test_runs_started_at_the_same_moment_never_share_a_directory(tmp_path):
         thread.join()
     assert len(set(made)) == n
     assert all(jobs.config_of(run_dir) == config for run_dir in made)
+
+
+def test_resuming_removes_temporaries_a_killed_writer_left(tmp_path):
+    """SIGKILL mid-write leaves `.checkpoint.npz.<pid>.tmp`; the next owner of
+    the run directory removes it, but never a live writer's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".checkpoint.npz.{dead.pid}.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / f".summary.json.{os.getpid()}.tmp").write_bytes(b"being written")
+    (tmp_path / "checkpoint.npz").write_bytes(b"intact")
+    assert runs.remove_dead_temporaries(tmp_path) == [f".checkpoint.npz.{dead.pid}.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkpoint.npz", f".summary.json.{os.getpid()}.tmp"])
