@@ -17,7 +17,9 @@ taken under the same load:
   in ROUNDS rounds, so a burst of load elsewhere on the machine hits all
   three. Each step's achieved rate is its matrix-multiply FLOPs (`step_flops`)
   over its median time, as a fraction of the product's median rate in the
-  same rounds.
+  same rounds. Alongside, the step's largest product, [K V] = X [W_k W_v],
+  timed alone in the same rounds: where that product dominates a step (attn
+  at the large size), its rate bounds the step's.
 - the peak memory (ru_maxrss) of `python -m attn train` for a short run at
   each size, and the throughput of a sweep (runs per minute) with one worker
   and with one per core, through the real sweep runner (attn.sweep).
@@ -26,23 +28,32 @@ taken under the same load:
   whose environment lacks OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE.
 
 Matrix-multiply FLOPs of one training step (2 per multiply-add), with C
-classes, d = d_k + d_v, and for queries at Q of the T positions
+classes, d = d_k + d_v, and the query side computed at Q of the T positions
 
-    query(Q)  = 2 B Q D d_k + 2 B Q d_v D + 2 B Q D C    Q_s = X s W_q, (A V) W_o, H W_out at Q
-    scores(Q) = 2 B Q T d                                S = Q_s K^T, A V
+    query(Q)   = 2 B Q D d_k + 2 B Q d_v D + 2 B Q D C   Q_s = X_Q s W_q, (A V) W_o, H W_out at Q
+    scores(Q)  = 2 B Q T d                               S = Q_s K^T, A V
+    forward(Q) = 2 B T D d + query(Q) + scores(Q)        K, V = X W_k, X W_v at all T
 
-    forward   F = 2 B T D d + query(T) + scores(T)       K, V = X W_k, X W_v at all T
-    PyTorch   F + 2 F                                    autograd: every product U W has two, dU, dW
-    attn      F + 2 query(P) + scores(P) + KV(P)         its backward runs the query side at the P
-                                                         positions where some example has a target
-                                                         (retrieval 1, copy T); dQ = dS K, dA = dC V^T
+    model     3 forward(T)                               PyTorch's: autograd gives every product
+                                                         U W two more, dU and dW
+    attn      forward(P) + 2 query(P) + scores(P) + KV(P)
+                                                         the query side, forward and backward, only
+                                                         at the P positions where some example has
+                                                         a target (retrieval 1, copy T); dQ = dS K,
+                                                         dA = dC V^T
 
 KV(P) is the cheaper of attn.layers.key_value_backward_flops (the keys' and
-values' gradient: formed, or factored; 2 F - 2 query(T) - scores(T) at P = T).
-X's gradient flows on into the embeddings: a scatter, not counted (attn's
-is a one-hot product, also not counted). Element-wise work (softmax,
-cross-entropy, the update) is not counted either: the fraction says how
-close each step comes to spending all its time in matrix multiplies.
+values' gradient: formed, or factored; 2 forward(T) - 2 query(T) - scores(T)
+at P = T). X's gradient flows on into the embeddings: a scatter, not counted
+(attn's one-hot products are not counted either). Element-wise work
+(softmax, cross-entropy, the update) is not counted.
+
+Each step's rate is reported two ways, as fractions of the square product's:
+on its own FLOPs (how close the step comes to spending all its time in
+matrix multiplies) and on the model's FLOPs, the same count for both sides
+(how its time compares with the model's full computation at the machine's
+matrix-multiply rate; above 100% when a step skips work the model defines,
+as attn's does).
 
 PyTorch is optional: without it (or with `with_torch=False`) only attn is timed.
 """
@@ -65,7 +76,7 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from attn import layers, model, runs, train
+from attn import allocator, layers, model, runs, train
 from attn.config import Config, load_config, to_dict
 from attn.model import Batch, ModelSpec
 
@@ -96,9 +107,9 @@ def size_config(name: str) -> Config:
 
 
 def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -> int:
-    """Matrix-multiply FLOPs of one training step: PyTorch's (positions None)
-    or attn's, whose backward runs the query side at `positions` of the T
-    positions; see the module docstring."""
+    """Matrix-multiply FLOPs of one training step: the model's (positions
+    None; what PyTorch does) or attn's, whose query side runs at `positions`
+    of the T positions; see the module docstring."""
     B, T, D, C, d_k, d_v = batch_size, spec.n_positions, spec.d_model, spec.n_classes, spec.d_k, spec.d_v
 
     def query(Q: int) -> int:
@@ -107,11 +118,22 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -
     def scores(Q: int) -> int:
         return 2 * B * Q * T * (d_k + d_v)
 
-    forward = 2 * B * T * D * (d_k + d_v) + query(T) + scores(T)
+    def forward(Q: int) -> int:
+        return 2 * B * T * D * (d_k + d_v) + query(Q) + scores(Q)
+
     if positions is None:
-        return 3 * forward
+        return 3 * forward(T)
     key_value = layers.key_value_backward_flops(B, T, positions, D, d_k, d_v)
-    return forward + 2 * query(positions) + scores(positions) + min(key_value.values())
+    return forward(positions) + 2 * query(positions) + scores(positions) + min(key_value.values())
+
+
+def key_value_product(spec: ModelSpec, batch_size: int) -> tuple[Callable, int]:
+    """(function, FLOPs): the step's largest product, [K V] = X [W_k W_v], on random float32 data."""
+    rng = np.random.default_rng(0)
+    rows, d = batch_size * spec.n_positions, spec.d_k + spec.d_v
+    x, w = rng.standard_normal((rows, spec.d_model), dtype=np.float32), rng.standard_normal((spec.d_model, d), dtype=np.float32)
+    out = np.empty((rows, d), dtype=np.float32)
+    return (lambda: np.matmul(x, w, out=out)), 2 * rows * spec.d_model * d
 
 
 def describe_size(config: Config, spec: ModelSpec) -> dict:
@@ -281,18 +303,24 @@ def bench_size(name: str, warmup: int, steps: int, with_torch: bool) -> dict:
     per_round = math.ceil(steps / ROUNDS)
     work = {side: (step, per_round) for side, step in steppers.items()}
     work["matmul"] = (square_matmuls(MATMUL_N, with_torch=False)["numpy"], 1)
+    kv_product, kv_flops = key_value_product(spec, config.train.batch_size)
+    work["kv_product"] = (kv_product, per_round)
     times = time_interleaved(work, ROUNDS)
     matmul = gflops(2.0 * MATMUL_N**3, times.pop("matmul"))
+    kv_rate = gflops(kv_flops, times.pop("kv_product"))
     target_positions = int(batches[0].target_mask.any(axis=0).sum())
     flops = {"torch": step_flops(spec, config.train.batch_size),
              "attn": step_flops(spec, config.train.batch_size, target_positions)}
     result = {"size": name, "overrides": list(SIZES[name]), "shape": describe_size(config, spec),
               "target_positions": target_positions, "gflop_per_step": flops["torch"] / 1e9,
-              "attn_gflop_per_step": flops["attn"] / 1e9, "matmul_in_rounds": matmul}
+              "attn_gflop_per_step": flops["attn"] / 1e9, "matmul_in_rounds": matmul,
+              "kv_product": {**kv_rate, "matmul_fraction": kv_rate["gflops"] / matmul["gflops"]}}
     for side, seconds in times.items():
         stats = spread(seconds)
+        seconds_per_step = stats["median_ms"] / 1e3
         result[side] = {**stats, "loss_after": steppers[side]().item(),
-                        "matmul_fraction": flops[side] / (stats["median_ms"] / 1e3) / 1e9 / matmul["gflops"]}
+                        "matmul_fraction": flops[side] / seconds_per_step / 1e9 / matmul["gflops"],
+                        "model_matmul_fraction": flops["torch"] / seconds_per_step / 1e9 / matmul["gflops"]}
     if with_torch:
         result["ratio"] = result["attn"]["median_ms"] / result["torch"]["median_ms"]
         result["ratio_of_min"] = result["attn"]["min_ms"] / result["torch"]["min_ms"]
@@ -397,6 +425,7 @@ def run(sizes: list[str], warmup: int = 10, steps: int = 50, threads: int | None
     """
     from threadpoolctl import threadpool_limits
 
+    allocator.keep_freed_memory()  # as attn.jobs.execute does for every run (PyTorch's tensors gain alike)
     torch_status = ("timed" if torch_available() else "not installed") if with_torch else "not requested"
     with_torch = torch_status == "timed"
     threads = threads or blas_threads()
@@ -466,9 +495,12 @@ def steps_table(result: dict) -> str:
     header = ["size", "task, B×T, d_model, d_k", "GFLOP/step: PyTorch (attn)", "attn ms: median (IQR)"]
     if with_torch:
         header += ["PyTorch ms: median (IQR)", "attn / PyTorch: median (min)"]
-    header += ["numpy matmul GFLOP/s in the rounds", "attn % of matmul rate"]
+    header += ["numpy matmul GFLOP/s in the rounds", "attn % of matmul rate: own FLOPs (model FLOPs)"]
     if with_torch:
-        header += ["PyTorch % of matmul rate", "loss after the timed steps: attn, PyTorch"]
+        header += ["PyTorch % of matmul rate"]
+    header += ["X [W_k W_v] alone: % of matmul rate"]
+    if with_torch:
+        header += ["loss after the timed steps: attn, PyTorch"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in result["sizes"]:
         shape = s["shape"]
@@ -476,10 +508,13 @@ def steps_table(result: dict) -> str:
                f"{s['gflop_per_step']:.3f} ({s['attn_gflop_per_step']:.3f})", _ms(s["attn"])]
         if with_torch:
             row += [_ms(s["torch"]), f"{s['ratio']:.2f}× ({s['ratio_of_min']:.2f}×)"]
-        row += [f"{s['matmul_in_rounds']['gflops']:.0f}", f"{100 * s['attn']['matmul_fraction']:.0f}%"]
+        row += [f"{s['matmul_in_rounds']['gflops']:.0f}",
+                f"{100 * s['attn']['matmul_fraction']:.0f}% ({100 * s['attn']['model_matmul_fraction']:.0f}%)"]
         if with_torch:
-            row += [f"{100 * s['torch']['matmul_fraction']:.0f}%",
-                    f"{s['attn']['loss_after']:.4f}, {s['torch']['loss_after']:.4f}"]
+            row += [f"{100 * s['torch']['matmul_fraction']:.0f}%"]
+        row += [f"{100 * s['kv_product']['matmul_fraction']:.0f}%"]
+        if with_torch:
+            row += [f"{s['attn']['loss_after']:.4f}, {s['torch']['loss_after']:.4f}"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 

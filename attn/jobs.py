@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import runs, train
+from attn import allocator, runs, train
 from attn.config import Config, ConfigError, check_run_name, load_config, to_dict
 from attn.train import StopFlag
 
@@ -123,6 +123,7 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
     (RunError) with the run left as it was; errors during training are
     recorded in the run directory, then re-raised."""
     run_dir = Path(run_dir)
+    allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
     state = train.prepare(config, run_dir, resume=resume)
     try:
         summary = train.run(state, stop=stop, progress=progress)

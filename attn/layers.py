@@ -15,6 +15,8 @@ width, C number of output classes, F token fields per position.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 # --------------------------------------------------------------------------
@@ -41,15 +43,23 @@ def embedding_forward(ids: np.ndarray, table: np.ndarray):
     return out, (ids, table.shape)
 
 
-def embedding_backward(dout: np.ndarray, cache) -> np.ndarray:
+def embedding_backward(dout, cache) -> np.ndarray:
     """Sum the upstream gradient into the rows that were looked up:
 
         dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
 
     One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
     of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
+
+    dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
+    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
+    (B, R, V), times R, and dout is never formed.
     """
     ids, (V, D) = cache
+    if isinstance(dout, Factored):
+        onehot = (ids[..., None] == np.arange(V)).astype(dout.right.dtype)  # (B, T, V)
+        binned = dout.left @ onehot  # (B, R, V)
+        return binned.reshape(-1, V).T @ dout.right.reshape(-1, D)  # (V, D)
     onehot = (np.arange(V)[:, None] == ids.reshape(1, -1)).astype(dout.dtype)  # (V, N)
     return onehot @ dout.reshape(-1, D)  # (V, D)
 
@@ -79,14 +89,6 @@ def linear_backward(dout: np.ndarray, cache):
     dW = x.reshape(-1, n_in).T @ dout2  # (n_in, n_out)
     db = dout2.sum(axis=0) if has_bias else None
     return dx, dW, db
-
-
-def linear_cache_at(cache, positions):
-    """The cache of a linear layer applied to (B, T, n_in), restricted to
-    `positions` along T (an index array or a slice): for a backward pass
-    whose upstream gradient is zero at the other positions."""
-    x, W, has_bias = cache
-    return x[:, positions], W, has_bias
 
 
 # --------------------------------------------------------------------------
@@ -150,6 +152,62 @@ def cross_entropy_backward(dloss, cache) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
+# A gradient held as factors.
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Factored:
+    """A (B, T, n) array kept as factors: value[b] = left[b]^T right[b].
+
+    left (B, R, T), right (B, R, n): per example, a sum of R outer products.
+    When few query positions carry the loss, the gradient reaching X is of
+    low rank R (a few per query), and its consumers, the embeddings, need it
+    only through onehot^T value (see embedding_backward and
+    sum_over_examples): kept as factors, it is never formed.
+    """
+
+    left: np.ndarray  # (B, R, T)
+    right: np.ndarray  # (B, R, n)
+
+    def dense(self) -> np.ndarray:
+        """The (B, T, n) array itself."""
+        (B, _, T), n = self.left.shape, self.right.shape[-1]
+        out = np.empty((B, T, n), dtype=self.right.dtype)
+        _sum_of_outer_products(self.left, self.right, out=out)
+        return out
+
+
+def position_indicator(B: int, T: int, positions, dtype) -> np.ndarray:
+    """(B, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
+    columns = np.arange(T)[positions]
+    indicator = np.zeros((len(columns), T), dtype=dtype)
+    indicator[np.arange(len(columns)), columns] = 1
+    return np.broadcast_to(indicator, (B, *indicator.shape))
+
+
+def add_at_positions(grad, positions, values: np.ndarray):
+    """grad plus `values` (B, P, n) at `positions` along T (zero elsewhere).
+
+    An array is added to in place; a Factored gradient gains P rows (the
+    indicator e_p on the left, the values on the right).
+    """
+    if isinstance(grad, Factored):
+        B, _, T = grad.left.shape
+        indicator = position_indicator(B, T, positions, values.dtype)  # (B, P, T)
+        return Factored(np.concatenate([grad.left, indicator], axis=1), np.concatenate([grad.right, values], axis=1))
+    grad[:, positions] += values
+    return grad
+
+
+def sum_over_examples(grad) -> np.ndarray:
+    """sum_b grad[b]: (T, n). For Factored, sum_b left[b]^T right[b] = L^T R
+    with the examples' rows stacked: one (T, B R) @ (B R, n) product."""
+    if isinstance(grad, Factored):
+        (B, R, T), n = grad.left.shape, grad.right.shape[-1]
+        return grad.left.transpose(2, 0, 1).reshape(T, B * R) @ grad.right.reshape(B * R, n)
+    return grad.sum(axis=0)
+
+
+# --------------------------------------------------------------------------
 # One attention head.
 # --------------------------------------------------------------------------
 def causal_mask(T: int) -> np.ndarray:
@@ -167,11 +225,6 @@ def _keys_first(B: int, T_k: int, T_q: int, dtype) -> np.ndarray:
     return np.empty((T_k, B, T_q), dtype=dtype).transpose(1, 0, 2)
 
 
-def _split_qkv(a: np.ndarray, d_k: int):
-    """Views of the query, key and value columns of [Q K V]-shaped `a` (last axis 2 d_k + d_v)."""
-    return a[..., :d_k], a[..., d_k:2 * d_k], a[..., 2 * d_k:]
-
-
 def _sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a^T b for stacks a (B, P, m) and b (B, P, n): (B, m, n), the sum
     over the P positions of their outer products. With P = 1 it is a
@@ -183,68 +236,69 @@ def _sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> Non
         np.matmul(a.transpose(0, 2, 1), b, out=out)
 
 
-def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | None = None):
-    """One attention head, as in "Attention Is All You Need":
+def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | None = None, queries=slice(None)):
+    """One attention head, as in "Attention Is All You Need", for the queries
+    at `queries` (an index array or a slice along T; default all T):
 
-        Q = X W_q          (B, T, d_k)
-        K = X W_k          (B, T, d_k)
-        V = X W_v          (B, T, d_v)
-        S = s * Q K^T      (B, T, T)     masked entries set to -inf
-        A = softmax(S)     (B, T, T)     over keys (last axis)
-        C = A V            (B, T, d_v)
-        out = C W_o        (B, T, D)
+        K = X W_k          (B, T, d_k)   every position is a key
+        V = X W_v          (B, T, d_v)   and a value
+        Q = X_Q W_q        (B, P, d_k)   X_Q = X[:, queries]
+        S = s * Q K^T      (B, P, T)     masked entries set to -inf
+        A = softmax(S)     (B, P, T)     over keys (last axis)
+        C = A V            (B, P, d_v)
+        out = C W_o        (B, P, D)
 
-    Computed as one product for the three projections, with the scale s
-    folded into the query weights (s Q K^T = (X s W_q) K^T, and s W_q is
-    small where S is not):
+    Each query row is computed alone, so rows no one reads (positions
+    without a target) can be skipped. K and V are one product, and the
+    scale s is folded into the query weights (s Q K^T = (X_Q s W_q) K^T,
+    and s W_q is small where S is not):
 
-        [Q_s K V] = X [s W_q  W_k  W_v]      (B T, 2 d_k + d_v)
-        S = Q_s K^T
+        [K V] = X [W_k W_v]      (B T, d_k + d_v)
+        S = Q_s K^T,  Q_s = X_Q (s W_q)
 
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
     """
     B, T, _ = x.shape
-    d_k = W_q.shape[1]
-    W_qkv = np.concatenate([W_q * x.dtype.type(scale), W_k, W_v], axis=1)  # (D, 2 d_k + d_v)
-    qkv, projection = linear_forward(x, W_qkv)  # (B, T, 2 d_k + d_v)
-    q_scaled, k, v = _split_qkv(qkv, d_k)  # views: (B, T, d_k), (B, T, d_k), (B, T, d_v)
-    scores_t = _keys_first(B, T, T, x.dtype)  # (B, T_k, T_q)
+    d_k = W_k.shape[1]
+    kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=1))  # (B, T, d_k + d_v)
+    k, v = kv[..., :d_k], kv[..., d_k:]  # views: (B, T, d_k), (B, T, d_v)
+    q_scaled, q_projection = linear_forward(x[:, queries], W_q * x.dtype.type(scale))  # (B, P, d_k)
+    P = q_scaled.shape[1]
+    scores_t = _keys_first(B, T, P, x.dtype)  # (B, T_k, P)
     np.matmul(k, q_scaled.transpose(0, 2, 1), out=scores_t)  # S^T = K Q_s^T
-    scores = scores_t.transpose(0, 2, 1)  # (B, T_q, T_k)
+    scores = scores_t.transpose(0, 2, 1)  # (B, P, T_k)
     if mask is not None:
-        scores[..., mask] = -np.inf
-    attn, _ = softmax_forward(scores)  # (B, T, T)
-    context = attn @ v  # (B, T, d_v)
-    out, output = linear_forward(context, W_o)  # (B, T, D)
-    cache = dict(x=x, scale=scale, q_scaled=q_scaled, k=k, v=v, scores=scores, attn=attn,
-                 projection=projection, output=output)
+        scores[..., mask[queries]] = -np.inf
+    attn, _ = softmax_forward(scores)  # (B, P, T)
+    context = attn @ v  # (B, P, d_v)
+    out, output = linear_forward(context, W_o)  # (B, P, D)
+    cache = dict(x=x, queries=queries, scale=scale, q_scaled=q_scaled, k=k, v=v, scores=scores, attn=attn,
+                 kv_projection=kv_projection, q_projection=q_projection, output=output)
     return out, attn, cache
 
 
-def attention_backward(dout, cache, positions=slice(None)):
+def attention_backward(dout, cache):
     """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
 
-    dout (B, P, D) is the upstream gradient at the query positions
-    `positions` (an index array or a slice along T; default all of them),
-    and zero at the others (e.g. positions without a target). What belongs
-    to a query (dC, dA, dS, dQ) is computed at those P positions alone; the
-    keys and values of all T positions get their gradient through them
-    (see _key_value_backward).
+    dout (B, P, D) is the upstream gradient at the forward's query
+    positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
+    P positions; the keys and values of all T positions get their gradient
+    through them (see _key_value_backward). The gradient of x is an array
+    (B, T, D), or Factored when few queries make that cheaper.
     """
-    k, v = cache["k"], cache["v"]  # (B, T, d_k), (B, T, d_v)
-    q_scaled, attn = cache["q_scaled"][:, positions], cache["attn"][:, positions]  # (B, P, d_k), (B, P, T)
-    (B, T, d_k), P = k.shape, attn.shape[1]
-    dcontext, dW_o, _ = linear_backward(dout, linear_cache_at(cache["output"], positions))  # (B, P, d_v), (d_v, D)
+    k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (B, T, d_k), (B, T, d_v), (B, P, d_k), (B, P, T)
+    (B, T, _), P = k.shape, attn.shape[1]
+    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (B, P, d_v), (d_v, D)
     dattn_t = _keys_first(B, T, P, dout.dtype)  # (B, T_k, P)
     np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
     dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, P, T), zero where masked
     dq_scaled = dscores @ k  # (B, P, d_k)
-    x, W_qkv, _ = cache["projection"]
-    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_qkv[:, d_k:])
-    dx_q, dW_q, _ = linear_backward(dq_scaled, (x[:, positions], W_qkv[:, :d_k], False))  # (B, P, D), (D, d_k)
-    dx[:, positions] += dx_q
-    dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X (s W_q)
+    x, W_kv, _ = cache["kv_projection"]
+    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv)
+    dx_q, dW_q, _ = linear_backward(dq_scaled, cache["q_projection"])  # (B, P, D), (D, d_k)
+    dx = add_at_positions(dx, cache["queries"], dx_q)
+    dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X_Q (s W_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
 
 
@@ -252,7 +306,7 @@ def key_value_backward_flops(B: int, T: int, P: int, D: int, d_k: int, d_v: int)
     """Matrix-multiply FLOPs of each way _key_value_backward can go."""
     d = d_k + d_v
     return {"outer": 2 * B * T * P * d + 4 * B * T * D * d,
-            "factored": 4 * B * P * D * d + 8 * B * P * T * D}
+            "factored": 4 * B * P * D * d + 4 * B * P * T * D}
 
 
 def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
@@ -262,10 +316,11 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
     "outer" (many queries): form [dK dV] (B, T, d_k + d_v), side by side so
     that the projection's backward is two products, not four:
         dX = [dK dV] [W_k W_v]^T,   [dW_k dW_v] = X^T [dK dV].
-    "factored" (few queries, e.g. retrieval's one): never form dK and dV;
+    "factored" (few queries, e.g. retrieval's one): never form dK, dV or dX;
     by associativity, with L = [dS; A] (B, 2P, T), R = [Q_s W_k^T; dC W_v^T]
     (B, 2P, D):
-        dX = L^T R,   dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
+        dX = L^T R  (returned as Factored(L, R)),
+        dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
     summed over examples. key_value_backward_flops says which costs less.
     """
     (B, P, T), (D, d_kv), d_k = attn.shape, W_kv.shape, q_scaled.shape[-1]
@@ -279,9 +334,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
     left = np.concatenate([dscores, attn], axis=1)  # L = [dS; A]  (B, 2P, T)
     right = np.concatenate([linear_forward(q_scaled, W_kv[:, :d_k].T)[0],
                             linear_forward(dcontext, W_kv[:, d_k:].T)[0]], axis=1)  # R  (B, 2P, D)
-    dx = np.empty_like(x)  # (B, T, D)
-    _sum_of_outer_products(left, right, out=dx)  # dX = L^T R
     left_x = (left @ x).reshape(B, 2, P, D)  # [dS X; A X]
     dW_k = left_x[:, 0].reshape(-1, D).T @ q_scaled.reshape(-1, d_k)  # (D, d_k)
     dW_v = left_x[:, 1].reshape(-1, D).T @ dcontext.reshape(-1, d_kv - d_k)  # (D, d_v)
-    return dx, dW_k, dW_v
+    return Factored(left, right), dW_k, dW_v

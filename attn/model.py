@@ -124,8 +124,23 @@ def sinusoidal_positions(T: int, D: int, std: float, dtype: str) -> np.ndarray:
     return table
 
 
-def forward(params: dict, spec: ModelSpec, batch: Batch):
-    """Loss of the batch and the cache that `backward` and `diagnostics` read."""
+def target_positions(batch: Batch):
+    """Positions along T where some example of the batch has a target: a
+    slice of all T if every position has one, else an index array."""
+    with_target = batch.target_mask.any(axis=0)  # (T,)
+    return slice(None) if with_target.all() else np.flatnonzero(with_target)
+
+
+def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False):
+    """Loss of the batch and the cache that `backward` and `diagnostics` read.
+
+    Only positions with a target feed the loss (retrieval: the query, one
+    of T), so the query side of the head (Q, scores, attention, output),
+    the residual, the readout and the cross-entropy are computed at those P
+    positions alone (cache["positions"]); keys and values at all T. With
+    `all_queries`, at every position: the attention map of every row (for
+    figures), and the same loss.
+    """
     B, T, _ = batch.tokens.shape
     x = None
     embed_caches = {}
@@ -139,39 +154,36 @@ def forward(params: dict, spec: ModelSpec, batch: Batch):
         x += params["E_pos"][:T]
     else:
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
+    positions = slice(None) if all_queries else target_positions(batch)
     mask = layers.causal_mask(T) if spec.causal else None
     out, attn, attn_cache = layers.attention_forward(
-        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"], spec.score_scale, mask
+        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"], spec.score_scale, mask, positions
     )
-    h = out  # (B, T, D)
+    h = out  # (B, P, D)
     if spec.residual:
-        h += x  # H = X + out, in place: out is the head's own fresh array
-    logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, T, C)
-    loss, ce_cache = layers.cross_entropy_forward(logits, batch.targets, batch.target_mask)
-    with_target = batch.target_mask.any(axis=0)  # (T,) positions where some example has a target
-    positions = slice(None) if with_target.all() else np.flatnonzero(with_target)
-    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, T=T, positions=positions)
+        h += x[:, positions]  # H = X + out, in place: out is the head's own fresh array
+    logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, P, C)
+    loss, ce_cache = layers.cross_entropy_forward(
+        logits, batch.targets[:, positions], batch.target_mask[:, positions])
+    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions)
     return loss, cache
 
 
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     """Gradient of the loss with respect to every parameter (same keys).
 
-    Only positions with a target feed the loss (retrieval: the query, one of
-    T), so dlogits and dH are zero elsewhere: the readout's and the head's
-    backward run at the P positions where some example of the batch has a
-    target (cache["positions"]). Keys and values at every position still
-    get gradient, through the attention of those queries.
+    Everything from the readout back to the queries runs at the forward's P
+    positions; keys and values at every position still get gradient,
+    through the attention of those queries. With few queries the head
+    hands back X's gradient as Factored, and the embeddings take it so.
     """
     grads = {}
-    positions = cache["positions"]
-    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])[:, positions]  # (B, P, C)
-    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(
-        dlogits, layers.linear_cache_at(cache["readout"], positions))  # (B, P, D)
-    head = layers.attention_backward(dh, cache["attn"], positions)
-    dx = head.pop("x")  # (B, T, D)
+    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])  # (B, P, C)
+    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])  # (B, P, D)
+    head = layers.attention_backward(dh, cache["attn"])
+    dx = head.pop("x")  # (B, T, D): an array or Factored
     if spec.residual:
-        dx[:, positions] += dh
+        dx = layers.add_at_positions(dx, cache["positions"], dh)
     grads.update(head)
     if spec.positional == "learned":
         grads["E_pos"] = _positional_grad(dx, spec)
@@ -180,10 +192,11 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     return {name: grads[name] for name in param_order(spec)}
 
 
-def _positional_grad(dx: np.ndarray, spec: ModelSpec) -> np.ndarray:
+def _positional_grad(dx, spec: ModelSpec) -> np.ndarray:
     """E_pos[:T] was added to every example: its gradient sums over the batch."""
-    dpos = np.zeros((spec.n_positions, spec.d_model), dtype=dx.dtype)
-    dpos[: dx.shape[1]] = dx.sum(axis=0)
+    summed = layers.sum_over_examples(dx)  # (T, D)
+    dpos = np.zeros((spec.n_positions, spec.d_model), dtype=summed.dtype)
+    dpos[: summed.shape[0]] = summed
     return dpos
 
 
@@ -199,9 +212,9 @@ def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
 
 def accuracy(cache, batch: Batch) -> float:
     """Fraction of target positions whose most probable class is the target."""
-    probs = cache["ce"][0]  # (B, T, C)
-    rows = batch.target_mask  # (B, T)
-    return float((probs.argmax(axis=-1) == batch.targets)[rows].mean())
+    probs, positions = cache["ce"][0], cache["positions"]  # (B, P, C)
+    rows = batch.target_mask[:, positions]  # (B, P)
+    return float((probs.argmax(axis=-1) == batch.targets[:, positions])[rows].mean())
 
 
 def diagnostics(cache, batch: Batch) -> dict[str, float]:
@@ -215,7 +228,8 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         saturated_frac  fraction of those rows whose largest weight > 0.99
         target_attn     mean weight those rows put on the key they should read
     """
-    rows = batch.target_mask  # (B, T)
+    positions = cache["positions"]
+    rows = batch.target_mask[:, positions]  # (B, P)
     scores = cache["attn"]["scores"][rows]  # (N, T)
     attn = cache["attn"]["attn"][rows]  # (N, T)
     unmasked = np.isfinite(scores)
@@ -227,7 +241,7 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         "attn_entropy": float(entropy.mean(dtype=np.float64)),
         "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),
     }
-    key = batch.target_key[rows]  # (N,)
+    key = batch.target_key[:, positions][rows]  # (N,)
     has_key = key >= 0
     if has_key.any():
         stats["target_attn"] = float(attn[has_key, key[has_key]].mean(dtype=np.float64))

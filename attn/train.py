@@ -320,7 +320,7 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
     _update_best(state.best, record)
     n_examples = min(state.config.logging.attention_examples, state.config.task.eval_size)
     if n_examples and step in (0, state.config.train.steps):
-        _save_attention(state.run_dir, "init" if step == 0 else "final", eval_cache, state.eval_batch, n_examples)
+        _save_attention(state, "init" if step == 0 else "final", n_examples)
     return record
 
 
@@ -357,14 +357,18 @@ def _final_figures(record: dict | None) -> dict:
     return {k: record[k] for k in keys if k in record}
 
 
-def _save_attention(run_dir: Path, when: str, eval_cache, eval_batch, n: int) -> None:
+def _save_attention(state: RunState, when: str, n: int) -> None:
     """attention.npz: weights of the first n eval examples at init and at the end
-    (the end's snapshot is added beside the init one already on disk)."""
-    path = run_dir / "attention.npz"
+    (the end's snapshot is added beside the init one already on disk). Every
+    row of the map, not only the rows with a target that training computes."""
+    b = state.eval_batch
+    shown = Batch(b.tokens[:n], b.targets[:n], b.target_mask[:n], b.target_key[:n])
+    _, cache = model.forward(state.params, state.spec, shown, all_queries=True)
+    path = state.run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-    arrays.update({f"attn_{when}": eval_cache["attn"]["attn"][:n], "tokens": eval_batch.tokens[:n],
-                   "target_key": eval_batch.target_key[:n], "target_mask": eval_batch.target_mask[:n]})
+    arrays.update({f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
+                   "target_key": shown.target_key, "target_mask": shown.target_mask})
     runs.save_arrays(path, arrays)

@@ -236,3 +236,49 @@ def test_diagnostics_are_read_from_the_forward_cache(rng):
     expected_target = np.take_along_axis(attn, batch.target_key[..., None], -1).mean()
     assert np.isclose(stats["target_attn"], expected_target)
     assert np.isclose(stats["score_std"], cache["attn"]["scores"].std())
+
+
+@pytest.mark.parametrize("queries,causal", [(np.array([T - 1]), False), (np.array([1, 3]), True), (slice(2, 4), False)],
+                         ids=["last", "two-causal", "slice"])
+def test_attention_at_some_queries_matches_finite_differences(rng, queries, causal):
+    """The head computed at a subset of query positions: out is those rows
+    of the full head's, and the gradient of x comes back as factors
+    (Factored) that equal finite differences once formed."""
+    x = rng.standard_normal((B, T, D))
+    weights = {"W_q": rng.standard_normal((D, DK)) * 0.7, "W_k": rng.standard_normal((D, DK)) * 0.7,
+               "W_v": rng.standard_normal((D, DV)), "W_o": rng.standard_normal((DV, D))}
+    s = layers.score_scale("sqrt", DK)
+    mask = layers.causal_mask(T) if causal else None
+    out, attn, cache = layers.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)
+    full_out, full_attn, _ = layers.attention_forward(x, **weights, scale=s, mask=mask)
+    np.testing.assert_allclose(out, full_out[:, queries], rtol=1e-12)
+    np.testing.assert_allclose(attn, full_attn[:, queries], rtol=1e-12)
+    dout = rng.standard_normal(out.shape)
+    analytic = layers.attention_backward(dout, cache)
+    assert isinstance(analytic["x"], layers.Factored), "few queries: the factored path must run"
+    analytic["x"] = analytic["x"].dense()
+
+    def f():
+        return float((layers.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)[0] * dout).sum())
+
+    report = gradcheck.check_gradients(f, {"x": x, **weights}, analytic)
+    assert worst(report) < TOL, gradcheck.format_report(report)
+
+
+def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
+    """embedding_backward, sum_over_examples and add_at_positions give the
+    same for Factored(L, R) as for the array L^T R it stands for."""
+    left, right = rng.standard_normal((B, 2, T)), rng.standard_normal((B, 2, D))
+    factored = layers.Factored(left, right)
+    dense = factored.dense()
+    np.testing.assert_allclose(dense, np.einsum("brt,brd->btd", left, right), rtol=1e-12)
+    positions, values = np.array([0, T - 1]), rng.standard_normal((B, 2, D))
+    factored = layers.add_at_positions(factored, positions, values)
+    dense = layers.add_at_positions(dense, positions, values)
+    assert isinstance(factored, layers.Factored) and factored.left.shape == (B, 4, T)
+    np.testing.assert_allclose(factored.dense(), dense, rtol=1e-12)
+    ids = rng.integers(0, 4, (B, T))  # repeated ids on purpose
+    _, cache = layers.embedding_forward(ids, rng.standard_normal((4, D)))
+    np.testing.assert_allclose(layers.embedding_backward(factored, cache), layers.embedding_backward(dense, cache),
+                               rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(layers.sum_over_examples(factored), dense.sum(axis=0), rtol=1e-12, atol=1e-14)

@@ -28,7 +28,7 @@ STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts
 TINY = {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 32,
         "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 500,
         "logging.plots": False, "logging.attention_examples": 0}
-GRID = {"model.scale": ["sqrt"], "optim.lr": [0.3, 0.2]}  # two keys: the report's x and arm
+GRID = {"model.scale": ["sqrt"], "optim.lr": [0.2, 0.1]}  # two keys: the report's x and arm; rates at which every cell trains stably in float32 (at 0.3, seed 1 blows up late)
 SEEDS = [0, 1]
 N_RUNS = len(GRID["model.scale"]) * len(GRID["optim.lr"]) * len(SEEDS)
 OUTCOME_LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S+): (\S+), (.+?)  (.*)$")
@@ -187,7 +187,7 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
 
 def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_path):
     experiment = write_experiment(tmp_path, "fail", seeds=[0], **{"train.steps": STEPS // 2})
-    blocked, other = "scale-sqrt_lr-0.3_seed-0", "scale-sqrt_lr-0.2_seed-0"
+    blocked, other = "scale-sqrt_lr-0.2_seed-0", "scale-sqrt_lr-0.1_seed-0"
     (tmp_path / "runs" / "fail").mkdir(parents=True)
     (tmp_path / "runs" / "fail" / blocked).write_text("a file where the run directory goes")
     code, out, err = Sweep(experiment, tmp_path / "runs").finish()

@@ -1,9 +1,9 @@
 """attn's hand-written model against references, in float64: its PyTorch twin
 (attn.bench.torch_loss, the model `make bench` times) gives the same loss and
 gradients, and torch.optim.SGD the same steps (PyTorch's autograd is the
-independent reference; skipped without PyTorch); and model.backward's
-shortcut, which runs the query side only at positions with a target, gives
-what the full backward gives."""
+independent reference; skipped without PyTorch); and model's shortcut, which
+runs the query side only at positions with a target, gives what the full
+computation gives."""
 
 import itertools
 
@@ -73,18 +73,22 @@ def test_sgd_steps_match_torch_optim_sgd(torch, optim):
         "the updates changed nothing, so the comparison shows nothing"
 
 
-def test_backward_at_target_positions_equals_the_full_backward():
+def test_forward_and_backward_at_target_positions_equal_the_full_ones():
     """Retrieval (targets at the query only) and a batch whose targets sit at
-    a few scattered positions: model.backward, which skips the positions
-    without a target, agrees with the backward over every position."""
+    a few scattered positions: model.forward and backward, which skip the
+    query rows without a target (and hand X's gradient to the embeddings as
+    factors), give the loss and gradients of the computation over every row."""
     _, spec, params, _, (retrieval, *_) = build("retrieval", "model.scale=none", "model.causal=true")
     B, T = retrieval.targets.shape
     scattered = np.zeros((B, T), dtype=bool)
     scattered[0, 1] = scattered[1, 1] = scattered[2, 3] = True
     for batch in (retrieval, Batch(retrieval.tokens, retrieval.targets, scattered, retrieval.target_key)):
-        _, cache = model.forward(params, spec, batch)
+        loss, cache = model.forward(params, spec, batch)
         assert not isinstance(cache["positions"], slice), "the shortcut must be taken for the check to mean anything"
         fast = model.backward(cache, spec)
-        full = model.backward({**cache, "positions": slice(None)}, spec)
+        full_loss, full_cache = model.forward(params, spec, batch, all_queries=True)
+        assert full_cache["attn"]["attn"].shape == (B, T, T)
+        assert float(loss) == pytest.approx(float(full_loss), rel=1e-12)
+        full = model.backward(full_cache, spec)
         for name, grad in full.items():
             np.testing.assert_allclose(fast[name], grad, rtol=1e-12, atol=1e-14 * np.abs(grad).max(), err_msg=name)
