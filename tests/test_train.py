@@ -154,6 +154,23 @@ def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     assert json.loads(str(arrays["meta"]))["step"] == config.train.steps
 
 
+def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes(learned):
+    """Training computes the attention of the query rows only; the snapshot for
+    the figure has all T rows, and its query rows are the ones training uses."""
+    config, run_dir = learned["config"], learned["run_dir"]
+    state = train.prepare(config, run_dir, resume=True)  # final params and the eval set; writes nothing
+    n, T = config.logging.attention_examples, state.spec.n_positions
+    with np.load(run_dir / "attention.npz", allow_pickle=False) as npz:
+        snapshots = {k: npz[k] for k in npz.files}
+    for when in ("init", "final"):
+        assert snapshots[f"attn_{when}"].shape == (n, T, T)
+        np.testing.assert_allclose(snapshots[f"attn_{when}"].sum(axis=-1), 1, atol=1e-5)
+    _, cache = model.forward(state.params, state.spec, state.eval_batch)
+    query_rows = cache["attn"]["attn"][:n]  # (n, 1, T): retrieval's query, computed alone
+    assert query_rows.shape == (n, 1, T) and cache["positions"].tolist() == [T - 1]
+    np.testing.assert_allclose(snapshots["attn_final"][:, T - 1:], query_rows, rtol=1e-4, atol=1e-6)
+
+
 def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, capsys):
     code = cli.main(["train", "optim.lr", f"runs_dir={tmp_path}"])
     assert code == 2
