@@ -492,7 +492,7 @@ def _blas_line(machine: dict) -> str:
 def steps_table(result: dict) -> str:
     """The step timings as a Markdown table."""
     with_torch = result["with_torch"]
-    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step: PyTorch (attn)", "attn ms: median (IQR)"]
+    header = ["size", "task, B×T, d_model, d_k", "GFLOP/step: model (attn)", "attn ms: median (IQR)"]
     if with_torch:
         header += ["PyTorch ms: median (IQR)", "attn / PyTorch: median (min)"]
     header += ["numpy matmul GFLOP/s in the rounds", "attn % of matmul rate: own FLOPs (model FLOPs)"]
