@@ -42,11 +42,13 @@ classes, d = d_k + d_v, and the query side computed at Q of the T positions
                                                          a target (retrieval 1, copy T); dQ = dS K,
                                                          dA = dC V^T
 
-KV(P) is the cheaper of attn.layers.key_value_backward_flops (the keys' and
-values' gradient: formed, or factored; 2 forward(T) - 2 query(T) - scores(T)
-at P = T). X's gradient flows on into the embeddings: a scatter, not counted
-(attn's one-hot products are not counted either). Element-wise work
-(softmax, cross-entropy, the update) is not counted.
+KV(P) is attn.layers.key_value_backward_flops of the path the step takes
+(the keys' and values' gradient: formed, 2 forward(T) - 2 query(T) -
+scores(T) at P = T; or factored, with the positional table's product of the
+factors; see attn.layers.factored_key_value_backward). X's gradient
+flows on into the embeddings: a scatter, not counted (attn's one-hot
+products are not counted either). Element-wise work (softmax, cross-entropy,
+the update) is not counted.
 
 Each step's rate is reported two ways, as fractions of the square product's:
 on its own FLOPs (how close the step comes to spending all its time in
@@ -124,7 +126,8 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -
     if positions is None:
         return 3 * forward(T)
     key_value = layers.key_value_backward_flops(B, T, positions, D, d_k, d_v)
-    return forward(positions) + 2 * query(positions) + scores(positions) + min(key_value.values())
+    path = "factored" if layers.factored_key_value_backward(T, positions) else "outer"
+    return forward(positions) + 2 * query(positions) + scores(positions) + key_value[path]
 
 
 def key_value_product(spec: ModelSpec, batch_size: int) -> tuple[Callable, int]:

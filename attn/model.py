@@ -12,7 +12,9 @@ value; copy: one token):
     loss   = mean over target positions of -log softmax(logits)[target]
 
 s is 1/sqrt(d_k) ("sqrt"), 1 ("none") or 1/d_k ("linear"); see
-`attn.layers.SCORE_SCALES`.
+`attn.layers.SCORE_SCALES`. Only positions with a target feed the loss, so
+`forward` computes the query side (Q, A, out, H, logits, loss) at those P
+positions alone: A is (B, P, T) and out, H, logits (B, P, ·); see `forward`.
 
 Initialisation (all weights zero-mean Gaussian; `gain`s from the spec):
     E_f, E_pos ~ N(0, 1/n_sources)   n_sources = F + (1 if learned positions),
