@@ -71,11 +71,11 @@ def config_of(run_dir: Path) -> Config:
     return load_config(Path(run_dir) / "config.yaml")
 
 
-def config_difference(a: Config, b: Config) -> list[str]:
-    """'key: a -> b' for every field that differs."""
+def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
+    """'key: a -> b' for every field that differs, except the keys in `ignore`."""
     flat_a, flat_b = flatten_config(to_dict(a)), flatten_config(to_dict(b))
     return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
-            if flat_a.get(k) != flat_b.get(k)]
+            if k not in ignore and flat_a.get(k) != flat_b.get(k)]
 
 
 def flatten_config(data: dict, prefix: str = "") -> dict:

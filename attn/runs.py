@@ -257,10 +257,23 @@ def effective_status(summary: dict | None, now: float | None = None) -> str:
     return "stale" if now - summary.get("updated_at", 0) > STALE_AFTER_SECONDS else status
 
 
+def is_finite_number(value) -> bool:
+    """A metric value that can be drawn or averaged: an int or float (not a
+    bool), finite. Records store non-finite and meaningless values as null."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def format_number(value, spec: str) -> str:
     """A metric for people: formatted if it is a finite number, else 'nan'
     (records store non-finite values, and meaningless ones, as null)."""
-    return format(value, spec) if isinstance(value, (int, float)) and math.isfinite(value) else "nan"
+    return format(value, spec) if is_finite_number(value) else "nan"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; a '|' inside a cell is escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def summary_figures(summary: dict) -> str:
@@ -310,6 +323,12 @@ def save_arrays(path: Path, arrays: dict) -> None:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     write_atomic(Path(path), buffer.getvalue())
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz of plain arrays (no pickle), read into memory."""
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
 
 
 def load_checkpoint(path: Path, param_shapes: dict, optim_template: dict, dtype: str):
