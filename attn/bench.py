@@ -132,10 +132,8 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -
 
 def key_value_product(spec: ModelSpec, batch_size: int) -> tuple[Callable, int]:
     """(function, FLOPs): the step's largest product, [K V] = X [W_k W_v], on random float32 data."""
-    rng = np.random.default_rng(0)
     rows, d = batch_size * spec.n_positions, spec.d_k + spec.d_v
-    x, w = rng.standard_normal((rows, spec.d_model), dtype=np.float32), rng.standard_normal((spec.d_model, d), dtype=np.float32)
-    out = np.empty((rows, d), dtype=np.float32)
+    x, w, out = product_operands(rows, spec.d_model, d)
     return (lambda: np.matmul(x, w, out=out)), 2 * rows * spec.d_model * d
 
 
@@ -263,11 +261,16 @@ def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict
     return times
 
 
+def product_operands(m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random float32 a (m, k), b (k, n) and an output buffer (m, n), for timing a @ b."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    return a, b, np.empty((m, n), dtype=np.float32)
+
+
 def square_matmuls(n: int, with_torch: bool) -> dict[str, Callable]:
     """library -> a function computing one float32 n x n @ n x n product (2 n^3 FLOPs)."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
-    out = np.empty((n, n), dtype=np.float32)
+    a, b, out = product_operands(n, n, n)
     products = {"numpy": lambda: np.matmul(a, b, out=out)}
     if with_torch:
         import torch
@@ -504,7 +507,7 @@ def steps_table(result: dict) -> str:
     header += ["X [W_k W_v] alone: % of matmul rate"]
     if with_torch:
         header += ["loss after the timed steps: attn, PyTorch"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for s in result["sizes"]:
         shape = s["shape"]
         row = [s["size"], f"{shape['task']}, {shape['B']}×{shape['T']}, {shape['d_model']}, {shape['d_k']}",
@@ -518,8 +521,8 @@ def steps_table(result: dict) -> str:
         row += [f"{100 * s['kv_product']['matmul_fraction']:.0f}%"]
         if with_torch:
             row += [f"{s['attn']['loss_after']:.4f}, {s['torch']['loss_after']:.4f}"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(row)
+    return runs.markdown_table(header, rows)
 
 
 def _matmul_line(result: dict) -> str:

@@ -295,8 +295,7 @@ def attention_backward(dout, cache):
     np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
     dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, P, T), zero where masked
     dq_scaled = dscores @ k  # (B, P, d_k)
-    x, W_kv, _ = cache["kv_projection"]
-    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv)
+    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"])
     dx_q, dW_q, _ = linear_backward(dq_scaled, cache["q_projection"])  # (B, P, D), (D, d_k)
     dx = add_at_positions(dx, cache["queries"], dx_q)
     dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X_Q (s W_q)
@@ -322,7 +321,7 @@ def key_value_backward_flops(B: int, T: int, P: int, D: int, d_k: int, d_v: int)
             "factored": 4 * B * P * D * d + 4 * B * P * T * D + 8 * B * P * T * D}
 
 
-def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
+def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection):
     """dX, dW_k, dW_v from the keys' and values' share of the gradient:
     dK = dS^T Q_s and dV = A^T dC, sums of P outer products per example.
 
@@ -336,12 +335,13 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, x, W_kv):
         dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
     summed over examples. factored_key_value_backward says which.
     """
+    x, W_kv, _ = kv_projection  # [K V] = X [W_k W_v]
     (B, P, T), (D, d_kv), d_k = attn.shape, W_kv.shape, q_scaled.shape[-1]
     if not factored_key_value_backward(T, P):
         dkv = np.empty((B, T, d_kv), dtype=x.dtype)  # (B, T, d_k + d_v)
         _sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
         _sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
-        dx, dW_kv, _ = linear_backward(dkv, (x, W_kv, False))  # (B, T, D), (D, d_k + d_v)
+        dx, dW_kv, _ = linear_backward(dkv, kv_projection)  # (B, T, D), (D, d_k + d_v)
         return dx, dW_kv[:, :d_k], dW_kv[:, d_k:]
     left = np.concatenate([dscores, attn], axis=1)  # L = [dS; A]  (B, 2P, T)
     right = np.concatenate([linear_forward(q_scaled, W_kv[:, :d_k].T)[0],

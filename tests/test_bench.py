@@ -15,9 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def spec_and_batch(size: str, *overrides: str):
-    config = bench.size_config(size)
-    if overrides:
-        config = bench.load_config(bench.BASE_CONFIG, [*bench.SIZES[size], *overrides])
+    config = bench.load_config(bench.BASE_CONFIG, [*bench.SIZES[size], *overrides])
     task, spec, params, _, gens = train.build(config)
     return config, spec, params, task.sample(gens.data, config.train.batch_size)
 
