@@ -176,7 +176,7 @@ class Factored:
         return out
 
 
-def position_indicator(B: int, T: int, positions, dtype) -> np.ndarray:
+def _position_indicator(B: int, T: int, positions, dtype) -> np.ndarray:
     """(B, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
     columns = np.arange(T)[positions]
     indicator = np.zeros((len(columns), T), dtype=dtype)
@@ -192,7 +192,7 @@ def add_at_positions(grad, positions, values: np.ndarray):
     """
     if isinstance(grad, Factored):
         B, _, T = grad.left.shape
-        indicator = position_indicator(B, T, positions, values.dtype)  # (B, P, T)
+        indicator = _position_indicator(B, T, positions, values.dtype)  # (B, P, T)
         return Factored(np.concatenate([grad.left, indicator], axis=1), np.concatenate([grad.right, values], axis=1))
     grad[:, positions] += values
     return grad
