@@ -45,6 +45,7 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import fcntl
 import itertools
@@ -58,7 +59,7 @@ from typing import Callable
 
 from attn import jobs, runs
 from attn.config import (Config, ConfigError, all_keys, build, check_run_name, nearest_key, read_yaml_file,
-                         replace, set_dotted, to_dict, validate)
+                         set_dotted, to_dict, validate)
 from attn.train import StopFlag
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
@@ -215,14 +216,14 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
         set_dotted(base, str(key), value)
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
-    validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+    base = to_dict(validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides"))
 
     grid_cells = _expand_grid(data["grid"], source)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
     cells, names = [], set()
     for settings in grid_cells:
         for seed in seeds:
-            merged = to_dict(build(Config, base, source))
+            merged = copy.deepcopy(base)
             for key, value in settings.items():
                 set_dotted(merged, key, value)
             merged["seed"] = seed
@@ -246,9 +247,7 @@ def config_change(run_dir: Path, config: Config) -> list[str]:
     ('key: stored -> wanted', jobs.config_difference), leaving out the
     jobs.RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
-    wanted = jobs.flatten_config(to_dict(config))
-    stored = replace(jobs.config_of(run_dir), **{key: wanted[key] for key in jobs.RESULT_NEUTRAL_KEYS})
-    return jobs.config_difference(stored, config)
+    return jobs.config_difference(jobs.config_of(run_dir), config, ignore=jobs.RESULT_NEUTRAL_KEYS)
 
 
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
