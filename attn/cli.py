@@ -91,14 +91,16 @@ def _progress_printer(total_steps: int):
             bar.close()
 
 
-def _install_stop_handlers(stop: StopFlag):
+def _install_stop_handlers(stop: StopFlag, second_stops_at_once: bool = True):
     """SIGINT/SIGTERM: the first asks the run to stop after the current step,
-    with a checkpoint; a second stops it at once. Returns a function that puts
-    the previous handlers back."""
+    with a checkpoint; a second stops it at once (KeyboardInterrupt), or with
+    `second_stops_at_once` false is ignored. Returns a function that puts the
+    previous handlers back."""
     def handler(signum, _frame):
-        if stop.reason:
+        if not stop.reason:
+            stop.request(signal.Signals(signum).name)
+        elif second_stops_at_once:
             raise KeyboardInterrupt
-        stop.request(signal.Signals(signum).name)
 
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
 
@@ -116,27 +118,30 @@ def cmd_train(args) -> int:
     stop = StopFlag()
     restore_signals = _install_stop_handlers(stop)
     try:
+        state = None
         if args.resume:
             run_dir = Path(args.resume)
             if config_path:
-                config = jobs.check_resumable(run_dir, load_config(config_path, overrides))
+                state = jobs.check_resumable(run_dir, load_config(config_path, overrides))
             else:
-                config = jobs.check_resumable(run_dir, overrides=overrides)
+                state = jobs.check_resumable(run_dir, overrides=overrides)
+            config = state.config
         else:
             config = load_config(config_path, overrides)
             run_dir = jobs.create(config, config_path, overrides, args.name)
         print(f"run directory: {run_dir}", file=sys.stderr)
-        return _train_and_report(config, run_dir, bool(args.resume), stop)
+        return _train_and_report(config, run_dir, bool(args.resume), stop, state)
     finally:
         restore_signals()
 
 
-def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag) -> int:
-    """Run it; one line on how it ended; the run directory as the last stdout line."""
+def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state=None) -> int:
+    """Run it (from `state` when given); one line on how it ended; the run
+    directory as the last stdout line."""
     summary = None
     try:
         with _progress_printer(config.train.steps) as progress:
-            summary = jobs.execute(config, run_dir, resume=resume, stop=stop, progress=progress)
+            summary = jobs.execute(config, run_dir, resume=resume, stop=stop, progress=progress, state=state)
     except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
         summary = runs.read_summary(run_dir) or {"status": "interrupted"}
     except runs.RunError as err:  # the disk or the run directory, mid-run
@@ -196,18 +201,12 @@ def cmd_sweep(args) -> int:
     experiment = sweep.load_experiment(args.experiment, args.runs_dir)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
-
-    def handler(signum, _frame):  # the first signal stops the sweep
-        if not stop.reason:
-            stop.request(signal.Signals(signum).name)
-
     with sweep.active_sweep(experiment) as last_one_out:
-        previous = {signum: signal.signal(signum, handler) for signum in sweep.STOP_SIGNALS}
+        restore_signals = _install_stop_handlers(stop, second_stops_at_once=False)
         try:
             outcomes = _run_sweep(experiment, executor, stop)
         finally:
-            for signum, old in previous.items():
-                signal.signal(signum, signal.SIG_DFL if old is None else old)
+            restore_signals()
         counts = {}
         for outcome in outcomes:
             label = "running in another sweep" if outcome.action == "skipped-locked" else outcome.status

@@ -88,11 +88,12 @@ def flatten_config(data: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()) -> Config:
-    """The run's own config, after checking that the run can be resumed: it is a
-    run directory, not finished, not running elsewhere, its checkpoint fits; and
-    that a config the user also gave (`requested`, or `overrides` applied to the
-    run's config) is the same as the run's."""
+def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()) -> train.RunState:
+    """The state the run resumes from (its own config, its checkpoint loaded),
+    after checking that the run can be resumed: it is a run directory, not
+    finished, not running elsewhere, its checkpoint fits; and that a config the
+    user also gave (`requested`, or `overrides` applied to the run's config) is
+    the same as the run's."""
     run_dir = Path(run_dir)
     what = f"--resume {run_dir}"
     if not (run_dir / "config.yaml").exists():
@@ -113,18 +114,20 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
         raise ConfigError(f"{what}: the run is still running (pid {summary.get('pid')} on {summary.get('host')})")
     if not (run_dir / "checkpoint.npz").exists():
         raise ConfigError(f"{what}: no checkpoint yet; start the run again instead")
-    train.prepare(stored, run_dir, resume=True)  # refuses a checkpoint that does not fit
-    return stored
+    return train.prepare(stored, run_dir, resume=True)  # refuses a checkpoint that does not fit
 
 
 def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
-            progress=None) -> dict:
-    """Train and draw the figures. A checkpoint that does not fit is refused
-    (RunError) with the run left as it was; errors during training are
-    recorded in the run directory, then re-raised."""
+            progress=None, state: train.RunState | None = None) -> dict:
+    """Train and draw the figures, from `state` when it is given (as
+    check_resumable returns it), else from the config (and the checkpoint when
+    resuming). A checkpoint that does not fit is refused (RunError) with the
+    run left as it was; errors during training are recorded in the run
+    directory, then re-raised."""
     run_dir = Path(run_dir)
     allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
-    state = train.prepare(config, run_dir, resume=resume)
+    if state is None:
+        state = train.prepare(config, run_dir, resume=resume)
     try:
         summary = train.run(state, stop=stop, progress=progress)
     except Exception as err:
