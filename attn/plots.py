@@ -14,7 +14,6 @@ Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
 from __future__ import annotations
 
 import io
-import math
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +26,7 @@ REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrie
 
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of a metric, non-finite and missing values dropped."""
-    pairs = [(r["step"], r[key]) for r in records
-             if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    pairs = [(r["step"], r[key]) for r in records if runs.is_finite_number(r.get(key))]
     if not pairs:
         return np.array([]), np.array([])
     steps, values = zip(*pairs)
@@ -113,8 +111,7 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
 
 
 def _attention_figure(run_dir: Path) -> Path:
-    with np.load(run_dir / "attention.npz", allow_pickle=False) as npz:
-        data = {k: npz[k] for k in npz.files}
+    data = runs.load_arrays(run_dir / "attention.npz")
     moments = [k for k in ("attn_init", "attn_final") if k in data]
     n = data[moments[0]].shape[0]
     fig = Figure(figsize=(2.6 * n + 0.8, 2.7 * len(moments) + 0.3))

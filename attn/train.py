@@ -306,6 +306,7 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
     stats = model.diagnostics(eval_cache, state.eval_batch)
     if not np.isfinite(eval_loss):  # argmax and entropies of NaN scores/logits mean nothing
         stats = dict.fromkeys(stats)
+    squares = {n: optim.squared_norm(g) for n, g in grads.items()}
     record = {
         "step": step,
         "lr": optim_lr(state.config, step),
@@ -314,8 +315,8 @@ def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: 
         "eval_loss": float(eval_loss),
         "eval_accuracy": stats.pop("accuracy"),
         **stats,
-        "grad_norm": optim.global_norm(grads),
-        **{f"grad_norm/{n}": math.sqrt(optim.squared_norm(g)) for n, g in grads.items()},
+        "grad_norm": math.sqrt(sum(squares.values())),  # = optim.global_norm(grads), bit for bit
+        **{f"grad_norm/{n}": math.sqrt(square) for n, square in squares.items()},
     }
     _update_best(state.best, record)
     n_examples = min(state.config.logging.attention_examples, state.config.task.eval_size)
@@ -367,8 +368,7 @@ def _save_attention(state: RunState, when: str, n: int) -> None:
     path = state.run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+        arrays = runs.load_arrays(path)
     arrays.update({f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
                    "target_key": shown.target_key, "target_mask": shown.target_mask})
     runs.save_arrays(path, arrays)
