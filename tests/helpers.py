@@ -2,7 +2,20 @@
 
 from attn.train import METRIC_TIMING_KEYS
 
+SIZES = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
+         "train.batch_size=16", "task.eval_size=64"]
+TINY = [*SIZES, "optim.lr=0.2", "logging.plots=false"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 
 def without_timing(records: list[dict]) -> list[dict]:
     """Metric records minus the fields that vary run to run (wall time, speed)."""
     return [{k: v for k, v in r.items() if k not in METRIC_TIMING_KEYS} for r in records]
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """A YAML alias bomb: `seed` expands to 9**(levels + 1) strings."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\nseed: *a{levels}\n"

@@ -16,6 +16,7 @@ import yaml
 from attn import cli, jobs, model, train
 from attn.config import (Config, ConfigError, all_keys, describe_schema, estimate_memory_bytes, load_config,
                          memory_limit_bytes, param_names, replace, to_dict)
+from helpers import billion_laughs
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEPTED = {key: accepted for key, accepted, _, _ in describe_schema()}  # what each field's error promises
@@ -282,13 +283,6 @@ def test_object_building_tags_are_refused(tmp_path, text):
     message = file_error(tmp_path, text.format(pwned=pwned) + "\n")
     assert "tags that build objects are not allowed" in message
     assert not pwned.exists()
-
-
-def billion_laughs(levels: int = 9) -> str:
-    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for i in range(1, levels + 1):
-        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
-    return "\n".join(lines) + f"\nseed: *a{levels}\n"
 
 
 @pytest.mark.parametrize("text, phrase", [

@@ -24,14 +24,10 @@ import pytest
 
 from attn import cli, jobs, model, runs, train
 from attn.config import load_config
-from helpers import without_timing
+from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
-SIZES = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
-         "train.batch_size=16", "task.eval_size=64"]
-TINY = [*SIZES, "optim.lr=0.2", "logging.plots=false"]
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------
@@ -79,11 +75,6 @@ def snapshot(run_dir: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
 
 
-def load_npz(path: Path) -> dict:
-    with np.load(path, allow_pickle=False) as npz:
-        return {k: npz[k] for k in npz.files}
-
-
 def tiny_config(runs_dir: Path, *overrides):
     return load_config(None, [*TINY, f"runs_dir={runs_dir}", *overrides])
 
@@ -104,12 +95,6 @@ def train_in_process(config, name: str, stop_at: int | None = None) -> Path:
 # ---------------------------------------------------------------------------
 # Bad input: one line, exit 2, no traceback, nothing created in runs/
 # ---------------------------------------------------------------------------
-def alias_bomb() -> str:
-    lines = ["l0: &l0 [" + ", ".join(["x"] * 9) + "]"]
-    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 9)]
-    return "\n".join(lines) + "\n"
-
-
 BAD_CONFIG_FILES = {  # name: (file contents; None = no file, "DIR" = a directory), fragments of the error
     "missing": (None, ["no such config file"]),
     "unreadable": ("DIR", ["is a directory"]),
@@ -123,7 +108,7 @@ BAD_CONFIG_FILES = {  # name: (file contents; None = no file, "DIR" = a director
     "out_of_range": ("optim:\n  lr: -1\n", ["optim.lr", "-1", "> 0"]),
     "impossible": ("task:\n  n_keys: 4\n  n_pairs: 8\n", ["task.n_pairs", "8", "task.n_keys"]),
     "object_tag": ("optim: !!python/object/apply:os.system ['touch pwned']\n", ["python/object", "not allowed"]),
-    "alias_bomb": (alias_bomb(), ["alias"]),
+    "alias_bomb": (billion_laughs(), ["alias"]),
     "absurd_sizes": ("model:\n  d_model: 100000\n  d_k: 100000\ntrain:\n  batch_size: 100000\n",
                      ["model.d_model=100000", "GiB"]),
 }
@@ -180,7 +165,7 @@ def stopped_run(tmp_path_factory):
 
 
 def rewrite_checkpoint(path: Path, change) -> None:
-    arrays = load_npz(path)
+    arrays = runs.load_arrays(path)
     change(arrays)
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)
@@ -297,7 +282,7 @@ def test_on_nonfinite_continue_skips_and_records_the_bad_updates(tmp_path):
     bad = [r for r in runs.read_metrics(run_dir) if "nonfinite" in r]
     assert summary["status"] == "completed" and summary["step"] == config.train.steps
     assert summary["nonfinite_steps"] == len(bad) > 0
-    params = {k: v for k, v in load_npz(run_dir / "checkpoint.npz").items() if k.startswith("param/")}
+    params = {k: v for k, v in runs.load_arrays(run_dir / "checkpoint.npz").items() if k.startswith("param/")}
     assert all(np.isfinite(p).all() for p in params.values())  # no non-finite update was applied
 
 
@@ -343,7 +328,7 @@ def signalled(tmp_path_factory):
         case["summary_after_stop"] = runs.read_summary(case["run_dir"])
         case["metrics_lines_after_stop"] = (case["run_dir"] / "metrics.jsonl").read_text().splitlines()
         case["files_after_stop"] = sorted(p.name for p in case["run_dir"].iterdir())
-        case["checkpoint_step"] = json.loads(str(load_npz(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
+        case["checkpoint_step"] = json.loads(str(runs.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
     with open(cases["SIGKILL"]["run_dir"] / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 999, "train_lo')  # and power failed mid-append
     resumes = {name: start_cli("train", "--resume", case["run_dir"], cwd=root) for name, case in cases.items()}
@@ -391,7 +376,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(signalled, name):
     summary, expected = runs.read_summary(resumed), runs.read_summary(reference)
     assert summary["resumed_from"] == case["checkpoint_step"]
     assert (summary["status"], summary["best"], summary["final"]) == ("completed", expected["best"], expected["final"])
-    ours, theirs = load_npz(resumed / "checkpoint.npz"), load_npz(reference / "checkpoint.npz")
+    ours, theirs = runs.load_arrays(resumed / "checkpoint.npz"), runs.load_arrays(reference / "checkpoint.npz")
     assert ours.keys() == theirs.keys()
     for key in ours:
         if key != "meta":
@@ -425,7 +410,7 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     assert summary["status"] == "interrupted"
     assert summary["reason"] == (f"stopped immediately during step {signalled_step}; "
                                  f"resume continues from step {last_checkpoint}")
-    checkpoint_meta = json.loads(str(load_npz(run_dir / "checkpoint.npz")["meta"]))
+    checkpoint_meta = json.loads(str(runs.load_arrays(run_dir / "checkpoint.npz")["meta"]))
     assert checkpoint_meta["step"] == last_checkpoint  # none written for the half-done step
     assert main_in_process(capsys, "train", "--resume", run_dir).code == cli.EXIT_OK
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))

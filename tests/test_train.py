@@ -13,12 +13,9 @@ import yaml
 
 from attn import cli, jobs, model, runs, train
 from attn.config import load_config, to_dict
-from helpers import without_timing
+from helpers import PNG_SIGNATURE, TINY, without_timing
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
-        "train.batch_size=16", "task.eval_size=64", "optim.lr=0.2", "logging.plots=false"]
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def train_tiny(runs_dir, name, *overrides):
@@ -146,8 +143,7 @@ def test_summary_has_status_final_and_best_figures_and_speed(learned):
 def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     config = learned["config"]
     spec = train.build_spec(config, train.build_task(config))
-    with np.load(learned["run_dir"] / "checkpoint.npz", allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
+    arrays = runs.load_arrays(learned["run_dir"] / "checkpoint.npz")
     for name, shape in model.param_shapes(spec).items():
         assert arrays[f"param/{name}"].shape == shape
         assert arrays[f"param/{name}"].dtype == np.dtype(config.dtype)
@@ -160,8 +156,7 @@ def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes
     config, run_dir = learned["config"], learned["run_dir"]
     state = train.prepare(config, run_dir, resume=True)  # final params and the eval set; writes nothing
     n, T = config.logging.attention_examples, state.spec.n_positions
-    with np.load(run_dir / "attention.npz", allow_pickle=False) as npz:
-        snapshots = {k: npz[k] for k in npz.files}
+    snapshots = runs.load_arrays(run_dir / "attention.npz")
     for when in ("init", "final"):
         assert snapshots[f"attn_{when}"].shape == (n, T, T)
         np.testing.assert_allclose(snapshots[f"attn_{when}"].sum(axis=-1), 1, atol=1e-5)
