@@ -193,12 +193,12 @@ def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
 # ---------------------------------------------------------------------------
 # Groups and labels
 # ---------------------------------------------------------------------------
-# The task fields only one task reads, from TaskConfig's help texts ("retrieval: ...", "copy: ...");
-# the unprefixed ones (name, eval_size) are read by every task.
-TASK_NAMES = next(f for f in fields(TaskConfig) if f.name == "name").metadata["choices"]
-TASK_ONLY_KEYS = {f"task.{f.name}": f.metadata["help"].split(":", 1)[0] for f in fields(TaskConfig)
-                  if f.metadata["help"].split(":", 1)[0] in TASK_NAMES}  # dotted key -> the task reading it
-MODE_ONLY_KEYS = {"task.shift": "shift"}  # dotted key -> the task.mode reading it (copy's shift: mode shift only)
+# The task fields only one task (or one task.mode) reads, as TaskConfig declares them;
+# the others (name, eval_size) are read by every task.
+TASK_ONLY_KEYS = {f"task.{f.name}": f.metadata["task"] for f in fields(TaskConfig)
+                  if f.metadata["task"]}  # dotted key -> the task reading it
+MODE_ONLY_KEYS = {f"task.{f.name}": f.metadata["mode"] for f in fields(TaskConfig)
+                  if f.metadata["mode"]}  # dotted key -> the task.mode reading it (copy's shift: mode shift only)
 
 
 def unused_task_keys(settings: dict) -> set[str]:

@@ -61,9 +61,11 @@ class FrozenMapping(collections.abc.Mapping):
         return f"FrozenMapping({self._items!r})"
 
 
-def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None):
-    """A schema field: its default, description and accepted range."""
-    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt)
+def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None):
+    """A schema field: its default, description and accepted range; for a task
+    field, the one task that reads it (None: every task) and the one task.mode
+    of that task that reads it (None: every mode)."""
+    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -88,14 +90,14 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = F("retrieval", "which task", choices=("retrieval", "copy"))
-    n_keys: int = F(16, "retrieval: number of distinct keys", gt=0)
-    n_values: int = F(16, "retrieval: number of distinct values (the classes)", ge=2)
-    n_pairs: int = F(8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1)
-    vocab_size: int = F(16, "copy: number of distinct tokens (the classes)", ge=2)
-    length: int = F(8, "copy: sequence length T", ge=2)
+    n_keys: int = F(16, "retrieval: number of distinct keys", gt=0, task="retrieval")
+    n_values: int = F(16, "retrieval: number of distinct values (the classes)", ge=2, task="retrieval")
+    n_pairs: int = F(8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1, task="retrieval")
+    vocab_size: int = F(16, "copy: number of distinct tokens (the classes)", ge=2, task="copy")
+    length: int = F(8, "copy: sequence length T", ge=2, task="copy")
     mode: str = F("reverse", "copy: target i is input T-1-i (reverse) or (i+shift) mod T (shift)",
-                  choices=("reverse", "shift"))
-    shift: int = F(1, "copy: offset for mode shift", ge=1)
+                  choices=("reverse", "shift"), task="copy")
+    shift: int = F(1, "copy: offset for mode shift", ge=1, task="copy", mode="shift")
     eval_size: int = F(512, "examples in the fixed held-out evaluation set", gt=0)
 
 
