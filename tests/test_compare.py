@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 from attn import cli, compare, jobs, plots, runs
 from attn.config import TaskConfig, load_config, to_dict
@@ -31,13 +30,12 @@ SEEDS = (0, 1)
 def root(tmp_path_factory) -> Path:
     """A runs root holding one experiment, exp/, of real runs named <scale>-s<seed>."""
     root = tmp_path_factory.mktemp("runs")
-    with threadpool_limits(1):  # tiny matrices: BLAS threads only contend on a shared machine
-        for scale, seed in ((scale, seed) for scale in SCALES for seed in SEEDS):
-            overrides = ["train.steps=20", "logging.log_every=5", "logging.plots=false",
-                         "logging.attention_examples=0", "task.eval_size=128", f"runs_dir={root / 'exp'}",
-                         f"model.scale={scale}", f"seed={seed}"]
-            config = load_config(None, overrides)
-            jobs.execute(config, jobs.create(config, None, overrides, name=f"{scale}-s{seed}"))
+    for scale, seed in ((scale, seed) for scale in SCALES for seed in SEEDS):
+        overrides = ["train.steps=20", "logging.log_every=5", "logging.plots=false",
+                     "logging.attention_examples=0", "task.eval_size=128", f"runs_dir={root / 'exp'}",
+                     f"model.scale={scale}", f"seed={seed}"]
+        config = load_config(None, overrides)
+        jobs.execute(config, jobs.create(config, None, overrides, name=f"{scale}-s{seed}"))
     return root
 
 
