@@ -218,7 +218,9 @@ class Group:
     runs: list  # list[Run], by seed
 
 
-def _canonical(value) -> str:
+def canonical(value) -> str:
+    """A value as hashable text, equal for equal values whatever the order of a
+    mapping's items (a setting may be a mapping, e.g. optim.lr_mult)."""
     return json.dumps(value, sort_keys=True, default=str)
 
 
@@ -248,7 +250,7 @@ def varying_keys(settings_list: list[dict]) -> list[str]:
     keys = list(dict.fromkeys(k for settings in settings_list for k in settings))
     readers = [(settings, unused_task_keys(settings)) for settings in settings_list]
     return [k for k in keys
-            if len({_canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1]
+            if len({canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1]
 
 
 def short_names(keys: list[str], among=()) -> dict[str, str]:
@@ -284,7 +286,7 @@ def group_runs(loaded: list[Run]) -> list[Group]:
     members: dict[tuple, tuple[dict, list[Run]]] = {}  # identity -> (the shared settings, the runs)
     for run in loaded:
         settings = used_settings(run.settings, [k for k in run.settings if k not in NOT_GROUPED])
-        identity = tuple((k, _canonical(v)) for k, v in sorted(settings.items()))
+        identity = tuple((k, canonical(v)) for k, v in sorted(settings.items()))
         members.setdefault(identity, (settings, []))[1].append(run)
     shared = [settings for settings, _ in members.values()]
     keys = varying_keys(shared)
@@ -403,17 +405,14 @@ def steps_to_threshold(records: list[dict], threshold: float, metric: str = THRE
     return int(steps[reached[0]]) if len(reached) else None
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def final_figures(run: Run) -> tuple[float | None, float | None]:
     """(eval loss, eval accuracy) of the last record, only if that eval loss is
     finite: a diverged run has no final figures."""
     last = run.records[-1] if run.records else {}
-    if not _finite(last.get("eval_loss")):
+    if not runs.is_finite_number(last.get("eval_loss")):
         return None, None
-    return float(last["eval_loss"]), float(last["eval_accuracy"]) if _finite(last.get("eval_accuracy")) else None
+    accuracy = last.get("eval_accuracy")
+    return float(last["eval_loss"]), float(accuracy) if runs.is_finite_number(accuracy) else None
 
 
 def run_figures(run: Run, threshold: float) -> dict:
@@ -426,7 +425,7 @@ def run_figures(run: Run, threshold: float) -> dict:
         "final_eval_accuracy": final_accuracy,
         "best_eval_loss": float(losses.min()) if len(losses) else None,
         "steps_to_threshold": steps_to_threshold(run.records, threshold),
-        "wall_time": last.get("wall_time") if _finite(last.get("wall_time")) else None,
+        "wall_time": last.get("wall_time") if runs.is_finite_number(last.get("wall_time")) else None,
     }
 
 
@@ -481,18 +480,17 @@ def format_statuses(statuses: dict) -> str:
 def markdown_table(rows: list[GroupRow], threshold: float) -> str:
     header = ["group", "n", "status", "final eval loss", "final eval acc", "best eval loss",
               f"steps to acc ≥ {threshold:g}", "wall time (s)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = []
     for row in rows:
         s = row.stats
-        cells = [row.label.replace("|", "\\|"), str(len(row.seeds)), format_statuses(row.statuses),
-                 format_stat(s["final_eval_loss"], ".4g"), format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
-                 format_stat(s["best_eval_loss"], ".4g"), format_steps(s["steps_to_threshold"]),
-                 format_stat(s["wall_time"], ".1f", ".1f")]
-        lines.append("| " + " | ".join(cells) + " |")
+        cells.append([row.label, str(len(row.seeds)), format_statuses(row.statuses),
+                      format_stat(s["final_eval_loss"], ".4g"), format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
+                      format_stat(s["best_eval_loss"], ".4g"), format_steps(s["steps_to_threshold"]),
+                      format_stat(s["wall_time"], ".1f", ".1f")])
     notes = ["", "mean ± sample std over the seeds of each group; (k/n): only k of its n runs have a value "
              "(a diverged run has no final figures); steps to acc: the first logged step with "
              f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the seeds that reached it."]
-    return "\n".join(lines + notes) + "\n"
+    return "\n".join([runs.markdown_table(header, cells)] + notes) + "\n"
 
 
 def csv_table(rows: list[GroupRow]) -> str:
@@ -517,7 +515,7 @@ def csv_table(rows: list[GroupRow]) -> str:
 # ---------------------------------------------------------------------------
 def shared_references(loaded: list[Run]) -> dict:
     """The reference losses (chance, no retrieval) if every run has the same ones, else {}."""
-    found = {_canonical(run.summary.get("references") or {}) for run in loaded}
+    found = {canonical(run.summary.get("references") or {}) for run in loaded}
     return json.loads(found.pop()) if len(found) == 1 else {}
 
 
@@ -552,15 +550,15 @@ def group_styles(groups: list[Group]) -> list[dict]:
     with fewest values (at most len(LINESTYLES)) sets the line style and the
     others the colour, so `d_k` x `scale` reads as colour = d_k, dash = scale."""
     keys = varying_keys([g.settings for g in groups])
-    seen = {k: list(dict.fromkeys(_canonical(g.settings.get(k)) for g in groups)) for k in keys}
+    seen = {k: list(dict.fromkeys(canonical(g.settings.get(k)) for g in groups)) for k in keys}
     few = [k for k in keys if len(seen[k]) <= len(LINESTYLES)]
     dash_key = min(few, key=lambda k: len(seen[k])) if len(keys) >= 2 and few else None
-    colour_of = [tuple(_canonical(g.settings.get(k)) for k in keys if k != dash_key) for g in groups]
+    colour_of = [tuple(canonical(g.settings.get(k)) for k in keys if k != dash_key) for g in groups]
     colours = list(dict.fromkeys(colour_of))
     styles = []
     for group, colour in zip(groups, colour_of):
         index = colours.index(colour)
-        dash = seen[dash_key].index(_canonical(group.settings.get(dash_key))) if dash_key else index // 10
+        dash = seen[dash_key].index(canonical(group.settings.get(dash_key))) if dash_key else index // 10
         styles.append(dict(color=f"C{index % 10}", linestyle=LINESTYLES[dash % len(LINESTYLES)]))
     return styles
 
@@ -571,9 +569,10 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
     """One panel per metric: each group's mean with a ± std band (single runs as lines);
     a diverged run's last finite value marked ×; references on loss panels."""
     fig = Figure(figsize=(5.0 * len(metrics) + 0.6, 4.4 + 0.22 * math.ceil(len(groups) / 3)), layout="constrained")
+    styles = group_styles(groups)
     for panel, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), panel + 1)
-        _draw_panel(ax, groups, metric, x, smoothing, yscale, references if "loss" in metric else None,
+        _draw_panel(ax, groups, styles, metric, x, smoothing, yscale, references if "loss" in metric else None,
                     threshold if metric == THRESHOLD_METRIC else None)
     handles = {}
     for ax in fig.axes:
@@ -587,7 +586,7 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
     return fig
 
 
-def _draw_panel(ax, groups: list[Group], metric: str, x: str, smoothing: float, yscale: str,
+def _draw_panel(ax, groups: list[Group], styles: list[dict], metric: str, x: str, smoothing: float, yscale: str,
                 references: dict | None, threshold: float | None) -> None:
     curves = [group_curve(group, metric, x, smoothing) for group in groups]
     log = log_scale(metric, [band for _, band in curves], yscale)
@@ -595,7 +594,7 @@ def _draw_panel(ax, groups: list[Group], metric: str, x: str, smoothing: float, 
         ax.set_yscale("log", nonpositive="clip")
     extents = [[0.0, 1.0]] if "accuracy" in metric and not log else []
     alpha = 0.18 if len(groups) <= 4 else 0.1
-    for group, style, (xs, band) in zip(groups, group_styles(groups), curves):
+    for group, style, (xs, band) in zip(groups, styles, curves):
         ax.plot(xs, band.mean, linewidth=1.5, label=legend_label(group), **style)
         spread = np.isfinite(band.std)
         extents.append(band.mean)
@@ -759,7 +758,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
         task=str(run.settings.get("task.name", "?")),
         settings=used_settings(run.settings, keys),
         final=final_figures(run),
-        age=now - (run.summary["updated_at"] if _finite(run.summary.get("updated_at"))
+        age=now - (run.summary["updated_at"] if runs.is_finite_number(run.summary.get("updated_at"))
                    else (run.path / "config.yaml").stat().st_mtime),
     ) for run in loaded]
     return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)

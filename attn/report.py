@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -63,8 +62,8 @@ import yaml
 from matplotlib.figure import Figure
 
 from attn import runs
-from attn.compare import (Run, band_stats, describe, final_figures, format_stat, format_steps, format_value,
-                          load_runs, shared_references, steps_to_threshold)
+from attn.compare import (Run, band_stats, canonical, describe, final_figures, format_stat, format_steps,
+                          format_value, load_runs, shared_references, short_names, steps_to_threshold)
 from attn.config import ConfigError
 from attn.layers import score_scale
 from attn.plots import draw_references, save_figure, series
@@ -120,17 +119,13 @@ def plateau_level(summary: dict) -> float | None:
     no-retrieval loss where the task has one, else chance."""
     references = summary.get("references") or {}
     level = references.get("no_retrieval", references.get("chance"))
-    return float(level) if _finite(level) else None
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(level) if runs.is_finite_number(level) else None
 
 
 def seed_of(run: Run, seed: int) -> Seed:
     final_loss, final_accuracy = final_figures(run)
-    scored = [r for r in run.records if _finite(r.get("eval_loss"))]
-    accuracies = [r["eval_accuracy"] for r in scored if _finite(r.get("eval_accuracy"))]
+    scored = [r for r in run.records if runs.is_finite_number(r.get("eval_loss"))]
+    accuracies = [r["eval_accuracy"] for r in scored if runs.is_finite_number(r.get("eval_accuracy"))]
     return Seed(seed, run, final_loss, final_accuracy,
                 min((r["eval_loss"] for r in scored), default=None), max(accuracies, default=None),
                 steps_to_threshold(run.records, THRESHOLD), int(run.summary.get("steps", 0)), plateau_level(run.summary))
@@ -183,7 +178,7 @@ class Excluded:
 
 
 def _number(value) -> float:
-    return float(value) if _finite(value) else math.nan
+    return float(value) if runs.is_finite_number(value) else math.nan
 
 
 def mean_std(values) -> tuple[float, float]:
@@ -191,12 +186,6 @@ def mean_std(values) -> tuple[float, float]:
     nan where there are too few values."""
     stat = describe(list(values))
     return (math.nan if stat.mean is None else stat.mean, math.nan if stat.std is None else stat.std)
-
-
-def canonical_settings(settings) -> str:
-    """Grid settings as hashable text, equal for equal values whatever the
-    order of a mapping's items (a grid may vary a mapping, e.g. optim.lr_mult)."""
-    return json.dumps(settings, sort_keys=True, default=str)
 
 
 def collect(experiment: Experiment) -> tuple[list[CellResult], list[Excluded]]:
@@ -223,7 +212,7 @@ def collect(experiment: Experiment) -> tuple[list[CellResult], list[Excluded]]:
         if difference:
             excluded.append(Excluded(cell.name, "config differs from the experiment's: " + "; ".join(difference)))
             continue
-        key = canonical_settings(cell.settings)
+        key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
             theory = math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2
@@ -250,17 +239,17 @@ def layout(experiment: Experiment) -> tuple[list[str], list[str], str | None]:
     return x, arm, best_of
 
 
-def x_value(r: CellResult, x: list[str]):
+def x_value(r: CellResult, x: list[str], names: dict[str, str]):
     """The cell's position on the x axis: the value of a single key (a
     mapping or list as its text), else a label of the keys' values."""
     if len(x) > 1:
-        return _label(r.settings, x)
+        return _label(r.settings, x, names)
     value = r.settings.get(x[0])
     return format_value(value) if isinstance(value, (dict, list)) else value
 
 
-def x_name(x: list[str]) -> str:
-    return " / ".join(k.rsplit(".", 1)[-1] for k in x)
+def x_name(x: list[str], names: dict[str, str]) -> str:
+    return " / ".join(names[k] for k in x)
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +259,7 @@ def best_of_groups(results: list[CellResult], best_of: str) -> list[list[CellRes
     """The cells that differ only in `best_of`, together."""
     groups: dict[str, list[CellResult]] = {}
     for r in results:
-        groups.setdefault(canonical_settings({k: v for k, v in r.settings.items() if k != best_of}), []).append(r)
+        groups.setdefault(canonical({k: v for k, v in r.settings.items() if k != best_of}), []).append(r)
     return list(groups.values())
 
 
@@ -293,19 +282,19 @@ def select_best(results: list[CellResult], best_of: str | None) -> list[CellResu
     return [min(group, key=selection_score) for group in best_of_groups(results, best_of)]
 
 
-def edge_notes(results: list[CellResult], best_of: str | None) -> list[str]:
+def edge_notes(results: list[CellResult], best_of: str | None, names: dict[str, str]) -> list[str]:
     """A sentence for each chosen cell whose numeric best_of value is the
     lowest or highest of the values tried: the best may lie beyond the grid."""
     if not best_of:
         return []
     notes = []
     for group in best_of_groups(results, best_of):
-        tried = sorted({r.settings[best_of] for r in group if _finite(r.settings.get(best_of))})
+        tried = sorted({r.settings[best_of] for r in group if runs.is_finite_number(r.settings.get(best_of))})
         chosen = min(group, key=selection_score).settings.get(best_of)
         if len(tried) < 2 or chosen not in (tried[0], tried[-1]):
             continue
         rest = [k for k in group[0].settings if k != best_of]
-        notes.append(f"- {_label(group[0].settings, rest)}: `{best_of}` = {format_value(chosen)} is the "
+        notes.append(f"- {_label(group[0].settings, rest, names)}: `{best_of}` = {format_value(chosen)} is the "
                      f"{'lowest' if chosen == tried[0] else 'highest'} value tried "
                      f"({', '.join(format_value(v) for v in tried)}): the best may lie beyond the grid.")
     return notes
@@ -314,15 +303,15 @@ def edge_notes(results: list[CellResult], best_of: str | None) -> list[str]:
 # ---------------------------------------------------------------------------
 # The table
 # ---------------------------------------------------------------------------
-def _label(settings: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={format_value(settings[k])}" for k in keys if k in settings) or "all runs"
+def _label(settings: dict, keys: list[str], names: dict[str, str]) -> str:
+    return ", ".join(f"{names[k]}={format_value(settings[k])}" for k in keys if k in settings) or "all runs"
 
 
 def _cell_value(value):
     return format_value(value) if isinstance(value, (dict, list)) else value
 
 
-def table_rows(results: list[CellResult], keys: list[str]) -> list[dict]:
+def table_rows(results: list[CellResult], keys: list[str], names: dict[str, str]) -> list[dict]:
     rows = []
     for r in results:
         statuses = r.statuses()
@@ -331,7 +320,7 @@ def table_rows(results: list[CellResult], keys: list[str]) -> list[dict]:
         def stat(values, spec=".3g"):
             return format_stat(describe(list(values)), spec)
 
-        row = {k.rsplit(".", 1)[-1]: _cell_value(r.settings.get(k)) for k in keys}
+        row = {names[k]: _cell_value(r.settings.get(k)) for k in keys}
         row.update({
             "seeds": len(r.runs),
             "status": ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses))),
@@ -360,9 +349,7 @@ TABLE_NOTE = (f"Mean ± sample std over the finished (completed or diverged) see
 
 def _markdown_table(rows: list[dict]) -> str:
     header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(row[h]).replace("|", "\\|") for h in header) + " |" for row in rows]
-    return "\n".join(lines)
+    return runs.markdown_table(header, [[row[h] for h in header] for row in rows])
 
 
 def _csv_text(rows: list[dict]) -> str:
@@ -376,28 +363,28 @@ def _csv_text(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------
 # Conclusion, from the numbers
 # ---------------------------------------------------------------------------
-def conclusion(results: list[CellResult], x: list[str], arms: list[str]) -> list[str]:
+def conclusion(results: list[CellResult], x: list[str], arms: list[str], names: dict[str, str]) -> list[str]:
     """For each x value, one line per arm computed from the data: how many
     seeds reached 99% and how fast, how much slower than the fastest arm,
     and what became of the seeds (module docstring: fates)."""
     lines = []
     by_x: dict = {}
     for r in results:
-        by_x.setdefault(x_value(r, x), []).append(r)
+        by_x.setdefault(x_value(r, x, names), []).append(r)
     for xv in sorted(by_x, key=_sort_key):
         cells = by_x[xv]
         complete = [r.censored_mean_steps() for r in cells if r.seeds and None not in r.steps_to_99()]
         fastest = min(complete) if len(cells) > 1 and complete else None
-        lines.append(f"- **{x_name(x)} = {xv}**")
-        lines += [f"  - {cell_sentence(r, arms, fastest)}" for r in cells]
+        lines.append(f"- **{x_name(x, names)} = {xv}**")
+        lines += [f"  - {cell_sentence(r, arms, fastest, names)}" for r in cells]
     return lines
 
 
-def cell_sentence(r: CellResult, arms: list[str], fastest: float | None) -> str:
+def cell_sentence(r: CellResult, arms: list[str], fastest: float | None, names: dict[str, str]) -> str:
     """One arm at one x value, e.g. 'scale=none: 2/5 seeds reached 99%, those
     in 255 steps on average (≥ 7.3× the fastest arm, counting never as 500
     steps); of the 3 that did not: 3 never left the plateau (...)'."""
-    label = _label(r.settings, arms)
+    label = _label(r.settings, arms, names)
     unfinished = r.unfinished()
     not_counted = ("; not counted: " + ", ".join(f"{n} {status}" for status, n in sorted(unfinished.items()))
                    if unfinished else "")
@@ -457,7 +444,8 @@ def _sort_key(value):
     return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
 
 
-def expectation_check(results: list[CellResult], x: list[str], arms: list[str], references: dict) -> list[str]:
+def expectation_check(results: list[CellResult], x: list[str], arms: list[str], references: dict,
+                      names: dict[str, str]) -> list[str]:
     """The headline's expectations, tested against the data: only for
     x = model.d_k and the arms model.scale alone, with both `sqrt` and `none`."""
     if x != ["model.d_k"] or arms != ["model.scale"]:
@@ -465,7 +453,7 @@ def expectation_check(results: list[CellResult], x: list[str], arms: list[str], 
     arm_key = arms[0]
     sqrt_cells = [r for r in results if r.settings.get(arm_key) == "sqrt"]
     none_cells = sorted((r for r in results if r.settings.get(arm_key) == "none" and r.seeds),
-                        key=lambda r: _sort_key(x_value(r, x)))
+                        key=lambda r: _sort_key(x_value(r, x, names)))
     if not sqrt_cells or not none_cells:
         return []
     out = []
@@ -473,24 +461,25 @@ def expectation_check(results: list[CellResult], x: list[str], arms: list[str], 
     n_learned = sum(s is not None for r in sqrt_cells for s in r.steps_to_99())
     worst = max((s for r in sqrt_cells for s in r.steps_to_99() if s is not None), default=None)
     verdict = "confirmed" if n_learned == n_scaled else "NOT confirmed"
-    out.append(f"- Scaled runs learn at every {x_name(x)}: {verdict} — {n_learned}/{n_scaled} seeds "
+    out.append(f"- Scaled runs learn at every {x_name(x, names)}: {verdict} — {n_learned}/{n_scaled} seeds "
                f"reached {THRESHOLD:.0%}" + (f", the slowest in {worst} steps." if worst is not None else "."))
     largest = none_cells[-1]
     stuck = [s for s in largest.seeds if s.steps_to_99 is None]
     n = len(largest.seeds)
     verdict = "confirmed" if len(stuck) > n / 2 else "NOT confirmed"
     diverged = sum(s.run.status == "diverged" for s in stuck)
-    out.append(f"- Unscaled runs at the largest {x_name(x)} ({x_value(largest, x)}) fail to learn in most seeds: "
-               f"{verdict} — {len(stuck)}/{n} did not reach {THRESHOLD:.0%} within {largest.budget} steps "
-               f"({diverged} of them diverged).")
+    out.append(f"- Unscaled runs at the largest {x_name(x, names)} ({x_value(largest, x, names)}) fail to learn in "
+               f"most seeds: {verdict} — {len(stuck)}/{n} did not reach {THRESHOLD:.0%} within {largest.budget} "
+               f"steps ({diverged} of them diverged).")
     plateau = references.get("no_retrieval")
     if plateau is not None:
-        waits = [(x_value(r, x), mean_std([_fraction_not_retrieving(s.run.records, plateau, r.budget) for s in r.seeds]))
+        waits = [(x_value(r, x, names),
+                  mean_std([_fraction_not_retrieving(s.run.records, plateau, r.budget) for s in r.seeds]))
                  for r in none_cells]
         growing = all(b[0] >= a[0] for (_, a), (_, b) in zip(waits, waits[1:]))
         verdict = "confirmed" if growing else "NOT confirmed (not monotone)"
         out.append(f"- Unscaled runs take longer to leave the no-retrieval plateau ({plateau:.3f} nats) as "
-                   f"{x_name(x)} grows: {verdict} — fraction of the budget before the eval loss first drops "
+                   f"{x_name(x, names)} grows: {verdict} — fraction of the budget before the eval loss first drops "
                    f"below {PLATEAU_FRACTION:.0%} of it (1 = never; mean ± std over seeds): "
                    + ", ".join(f"{xv}: {m:.2f} ± {sd:.2f}" for xv, (m, sd) in waits) + ".")
     return out
@@ -508,8 +497,8 @@ def _fraction_not_retrieving(records: list[dict], no_retrieval: float, budget: i
 # ---------------------------------------------------------------------------
 # Figures
 # ---------------------------------------------------------------------------
-def _arm_colors(results: list[CellResult], arms: list[str]) -> dict[str, str]:
-    labels = sorted({_label(r.settings, arms) for r in results})
+def _arm_colors(results: list[CellResult], arms: list[str], names: dict[str, str]) -> dict[str, str]:
+    labels = sorted({_label(r.settings, arms, names) for r in results})
     palette = [f"C{i}" for i in range(10)]
     return {label: palette[i % 10] for i, label in enumerate(labels)}
 
@@ -521,22 +510,22 @@ def _panels(n: int, width: float = 3.6, height: float = 3.0):
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
-def _curves_figure(results, x, arms, colors, key, ylabel, log_y, references, path, title):
-    xs = sorted({x_value(r, x) for r in results}, key=_sort_key)
+def _curves_figure(results, x, arms, names, colors, key, ylabel, log_y, references, path, title):
+    xs = sorted({x_value(r, x, names) for r in results}, key=_sort_key)
     fig, axes = _panels(len(xs))
     for ax, xv in zip(axes, xs):
-        for r in (r for r in results if x_value(r, x) == xv and r.seeds):
+        for r in (r for r in results if x_value(r, x, names) == xv and r.seeds):
             curve = band_stats([series(s.run.records, key) for s in r.seeds])
             if not curve.steps.size:
                 continue
-            label = _label(r.settings, arms)
+            label = _label(r.settings, arms, names)
             ax.plot(curve.steps, curve.mean, color=colors[label], label=f"{label} (n={len(r.seeds)})", linewidth=1.4)
             ax.fill_between(curve.steps, *curve.edges(), color=colors[label], alpha=0.2, linewidth=0)
         if references:
             draw_references(ax, references)
         if log_y:
             ax.set_yscale("log")
-        ax.set_title(f"{x_name(x)} = {xv}", fontsize=10)
+        ax.set_title(f"{x_name(x, names)} = {xv}", fontsize=10)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.25)
@@ -549,10 +538,10 @@ def _numeric(values) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def _x_positions(results, x, ax) -> dict:
+def _x_positions(results, x, names, ax) -> dict:
     """x value -> position on ax: the value itself on a log axis when all x
     values are positive numbers, else evenly spaced categories."""
-    xs = sorted({x_value(r, x) for r in results}, key=_sort_key)
+    xs = sorted({x_value(r, x, names) for r in results}, key=_sort_key)
     if _numeric(xs) and min(xs) > 0:
         ax.set_xscale("log")
         return {xv: xv for xv in xs}
@@ -560,65 +549,67 @@ def _x_positions(results, x, ax) -> dict:
     return {xv: i for i, xv in enumerate(xs)}
 
 
-def _steps_figure(results, x, arms, colors, path):
+def _steps_figure(results, x, arms, names, colors, path):
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
-    position = _x_positions(results, x, ax)
+    position = _x_positions(results, x, names, ax)
     budget = max(r.budget for r in results)
     for arm_index, label in enumerate(colors):
-        cells = sorted((r for r in results if _label(r.settings, arms) == label), key=lambda r: _sort_key(x_value(r, x)))
+        cells = sorted((r for r in results if _label(r.settings, arms, names) == label),
+                       key=lambda r: _sort_key(x_value(r, x, names)))
         px, means, stds = [], [], []
         for r in cells:
             reached = [s for s in r.steps_to_99() if s is not None]
             never = len(r.seeds) - len(reached)
             if reached:
                 m, s = mean_std(reached)
-                px.append(position[x_value(r, x)])
+                px.append(position[x_value(r, x, names)])
                 means.append(m)
                 stds.append(s)
             if never:
-                ax.scatter([position[x_value(r, x)]], [budget], marker="x", color=colors[label], s=50)
-                ax.annotate(f"never {never}/{len(r.seeds)}", (position[x_value(r, x)], budget),
+                ax.scatter([position[x_value(r, x, names)]], [budget], marker="x", color=colors[label], s=50)
+                ax.annotate(f"never {never}/{len(r.seeds)}", (position[x_value(r, x, names)], budget),
                             fontsize=7, color=colors[label], textcoords="offset points", xytext=(4, -10 - 9 * arm_index))
         if px:
             ax.errorbar(px, means, yerr=stds, color=colors[label], marker="o", capsize=3, label=label)
     ax.axhline(budget, color="0.5", linestyle=":", linewidth=1, label=f"budget ({budget} steps)")
     ax.set_yscale("log")
-    ax.set_xlabel(x_name(x))
+    ax.set_xlabel(x_name(x, names))
     ax.set_ylabel(f"steps to {THRESHOLD:.0%} eval accuracy (seeds that got there)")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
-def _score_std_figure(results, x, arms, colors, path):
+def _score_std_figure(results, x, arms, names, colors, path):
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
-    position = _x_positions(results, x, ax)
+    position = _x_positions(results, x, names, ax)
     for label in colors:
-        cells = sorted((r for r in results if _label(r.settings, arms) == label), key=lambda r: _sort_key(x_value(r, x)))
-        xs = [position[x_value(r, x)] for r in cells]
+        cells = sorted((r for r in results if _label(r.settings, arms, names) == label),
+                       key=lambda r: _sort_key(x_value(r, x, names)))
+        xs = [position[x_value(r, x, names)] for r in cells]
         measured = [mean_std(r.at_init("score_std")) for r in cells]
         ax.errorbar(xs, [m for m, _ in measured], yerr=[s for _, s in measured], color=colors[label], marker="o",
                     linestyle="none", capsize=3, label=f"{label}: measured")
         ax.plot(xs, [r.theory_score_std for r in cells], color=colors[label], linestyle="--", linewidth=1,
                 label=f"{label}: theory √d_k·s·g²")
     ax.set_yscale("log")
-    ax.set_xlabel(x_name(x))
+    ax.set_xlabel(x_name(x, names))
     ax.set_ylabel("std of scores at initialisation")
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7)
     return save_figure(fig, path)
 
 
-def _outcome_map(results, arms, colors, path):
+def _outcome_map(results, arms, names, colors, path):
     """Every finished seed as a point: x = measured score std at init; y =
     steps to 99% (left) and final eval loss (right)."""
     fig = Figure(figsize=(11, 4.2))
     ax_steps, ax_loss = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     budget = max(r.budget for r in results)
     for r in results:
-        label = _label(r.settings, arms)
+        label = _label(r.settings, arms, names)
         std0 = r.at_init("score_std")
         steps = np.array([s if s is not None else np.nan for s in r.steps_to_99()], dtype=float)
         reached = np.isfinite(steps) & np.isfinite(std0)
@@ -666,22 +657,27 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
         raise runs.RunError(f"{out}: no runs of this experiment yet{left_out}; "
                             f"run `python -m attn sweep {experiment.path}` first")
     x, arms, best_of = layout(experiment)
+    names = short_names(list(experiment.grid_keys))
     results = select_best(all_results, best_of)
     finished = [s.run for r in results for s in r.seeds]
     references = shared_references(finished) if finished else {}
-    colors = _arm_colors(results, arms)
+    colors = _arm_colors(results, arms, names)
     keys = x + arms + ([best_of] if best_of else [])
-    rows = table_rows(sorted(results, key=lambda r: tuple(_sort_key(_cell_value(r.settings.get(k))) for k in keys)), keys)
+    rows = table_rows(sorted(results, key=lambda r: tuple(_sort_key(_cell_value(r.settings.get(k))) for k in keys)),
+                      keys, names)
     paths = {"csv": out / "report.csv", "md": out / "report.md"}
     runs.write_atomic(paths["csv"], _csv_text(rows).encode())
-    paths["loss_curves"] = _curves_figure(results, x, arms, colors, "eval_loss", "eval loss (nats)", True, references,
-                                          out / "loss_curves.png", f"{experiment.name}: eval loss, mean ± std over seeds")
-    paths["entropy"] = _curves_figure(results, x, arms, colors, "attn_entropy", "attention entropy (nats)", False, {},
-                                      out / "entropy.png", f"{experiment.name}: attention entropy of the query rows")
-    paths["steps_to_99"] = _steps_figure(results, x, arms, colors, out / "steps_to_99.png")
-    paths["score_std_init"] = _score_std_figure(results, x, arms, colors, out / "score_std_init.png")
+    paths["loss_curves"] = _curves_figure(results, x, arms, names, colors, "eval_loss", "eval loss (nats)", True,
+                                          references, out / "loss_curves.png",
+                                          f"{experiment.name}: eval loss, mean ± std over seeds")
+    paths["entropy"] = _curves_figure(results, x, arms, names, colors, "attn_entropy", "attention entropy (nats)",
+                                      False, {}, out / "entropy.png",
+                                      f"{experiment.name}: attention entropy of the query rows")
+    paths["steps_to_99"] = _steps_figure(results, x, arms, names, colors, out / "steps_to_99.png")
+    paths["score_std_init"] = _score_std_figure(results, x, arms, names, colors, out / "score_std_init.png")
     map_arms = arms + ([best_of] if best_of else [])
-    paths["outcome_map"] = _outcome_map(all_results, map_arms, _arm_colors(all_results, map_arms), out / "outcome_map.png")
+    paths["outcome_map"] = _outcome_map(all_results, map_arms, names, _arm_colors(all_results, map_arms, names),
+                                         out / "outcome_map.png")
     n_runs = sum(len(r.runs) for r in all_results)
     n_finished = sum(len(r.seeds) for r in all_results)
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
@@ -692,10 +688,10 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
     if best_of:
         text += ["", f"Each cell at the `{best_of}` with the fewest steps to {THRESHOLD:.0%} (mean over its "
                  "finished seeds, never = budget; ties: the lower mean final eval loss)."]
-        text += edge_notes(all_results, best_of)
+        text += edge_notes(all_results, best_of, names)
     text += ["", _markdown_table(rows), "", TABLE_NOTE, "", "## Conclusion (computed from the runs)", ""]
-    text += conclusion(results, x, arms) + ["", fates_note(results)]
-    checks = expectation_check(results, x, arms, references)
+    text += conclusion(results, x, arms, names) + ["", fates_note(results)]
+    checks = expectation_check(results, x, arms, references, names)
     if checks:
         text += ["", "## Expectations, tested", ""] + checks
     if excluded:

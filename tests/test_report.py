@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from attn import runs, sweep
+from attn.compare import short_names
 from attn.config import replace, to_dict
 from attn.report import (collect, conclusion, edge_notes, expectation_check, layout, select_best, table_rows,
                          write_report)
@@ -92,6 +93,11 @@ def headline(tmp_path_factory):
     return experiment
 
 
+def names(experiment):
+    """The report's short name of each grid key."""
+    return short_names(list(experiment.grid_keys))
+
+
 def finite(values):
     return [v for v in values if not math.isnan(v)]
 
@@ -104,7 +110,8 @@ def stat_text(values, n_finished):
 
 def test_table_counts_only_finished_seeds_and_no_final_figures_after_divergence(headline):
     results, _ = collect(headline)
-    rows = {(row["d_k"], row["scale"]): row for row in table_rows(results, ["model.d_k", "model.scale"])}
+    rows = {(row["d_k"], row["scale"]): row
+            for row in table_rows(results, ["model.d_k", "model.scale"], names(headline))}
     row = rows[(64, "none")]
     finished = {seed: curve for seed, (status, curve) in NONE_64.items() if status != "interrupted"}
     completed = [curve for seed, curve in finished.items() if NONE_64[seed][0] == "completed"]
@@ -122,7 +129,7 @@ def test_table_counts_only_finished_seeds_and_no_final_figures_after_divergence(
 
 def test_conclusion_names_each_fate_and_bounds_the_slowdown(headline):
     results, _ = collect(headline)
-    lines = conclusion(results, ["model.d_k"], ["model.scale"])
+    lines = conclusion(results, ["model.d_k"], ["model.scale"], names(headline))
     censored = (20 + 30 + 40 + 4 * BUDGET) / 7  # never = budget
     fastest = 15
     assert lines[lines.index("- **d_k = 64**") + 1:] == [
@@ -143,7 +150,7 @@ def test_no_ratio_when_no_arm_has_every_seed_there(tmp_path):
     for scale in ("sqrt", "none"):
         write_run(experiment, {"model.d_k": 64, "model.scale": scale}, 0, kept(20))
         write_run(experiment, {"model.d_k": 64, "model.scale": scale}, 1, NONE_64[3][1])
-    lines = conclusion(collect(experiment)[0], ["model.d_k"], ["model.scale"])
+    lines = conclusion(collect(experiment)[0], ["model.d_k"], ["model.scale"], names(experiment))
     assert lines[1] == ("  - scale=sqrt: 1/2 seeds reached 99%, those in 20 steps on average; of the 1 that did "
                         "not: 1 never left the plateau (best eval loss 2.45).")
 
@@ -165,7 +172,7 @@ def test_report_leaves_out_runs_made_with_another_config_and_lists_them(headline
 def test_expectations_only_for_d_k_against_the_scale_and_count_diverged_among_the_stuck(headline):
     results, _ = collect(headline)
     references = build_task(headline.cells[0].config).reference_losses()
-    checks = expectation_check(results, ["model.d_k"], ["model.scale"], references)
+    checks = expectation_check(results, ["model.d_k"], ["model.scale"], references, names(headline))
     assert checks[:2] == [
         "- Scaled runs learn at every d_k: confirmed — 9/9 seeds reached 99%, the slowest in 20 steps.",
         f"- Unscaled runs at the largest d_k (64) fail to learn in most seeds: confirmed — 4/7 did not reach 99% "
@@ -175,7 +182,7 @@ def test_expectations_only_for_d_k_against_the_scale_and_count_diverged_among_th
                                 f"({references['no_retrieval']:.3f} nats) as d_k grows")
     for x, arms in ((["model.scale"], ["model.d_k"]), (["model.qk_gain"], ["model.scale"]),
                     (["model.d_k", "model.qk_gain"], ["model.scale"]), (["model.d_k"], ["model.scale", "model.qk_gain"])):
-        assert expectation_check(results, x, arms, references) == [], (x, arms)
+        assert expectation_check(results, x, arms, references, names(headline)) == [], (x, arms)
 
 
 def test_select_best_by_steps_to_99_with_never_as_the_budget(tmp_path):
@@ -197,7 +204,7 @@ def test_select_best_by_steps_to_99_with_never_as_the_budget(tmp_path):
     assert (x, arms, best_of) == (["model.scale"], [], "optim.lr")
     chosen = {r.settings["model.scale"]: r.settings["optim.lr"] for r in select_best(results, best_of)}
     assert chosen == {"none": 1.0, "sqrt": 3.0}
-    assert edge_notes(results, best_of) == [
+    assert edge_notes(results, best_of, names(experiment)) == [
         "- scale=sqrt: `optim.lr` = 3 is the highest value tried (0.01, 0.1, 1, 3): the best may lie beyond the grid."]
 
 
