@@ -125,9 +125,8 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int | None = None) -
 
     if positions is None:
         return 3 * forward(T)
-    key_value = layers.key_value_backward_flops(B, T, positions, D, d_k, d_v)
-    path = "factored" if layers.factored_key_value_backward(T, positions) else "outer"
-    return forward(positions) + 2 * query(positions) + scores(positions) + key_value[path]
+    head = min(layers.head_costs(B, positions, T, D, d_k, d_v).values())  # multiply-adds of the association taken
+    return 2 * head + 3 * 2 * B * positions * D * C  # and the readout's three products
 
 
 def key_value_product(spec: ModelSpec, batch_size: int) -> tuple[Callable, int]:

@@ -11,13 +11,20 @@ the dtype of the inputs is the dtype of the outputs (float32 stays float32).
 
 Shapes: B batch, T positions, D = d_model, d_k query/key width, d_v value
 width, C number of output classes, F token fields per position.
+
+Members. Every pair also computes M models at once (attn.train's stacked
+runs: seeds, rates and scales of one shape trained as one computation).
+Then each weight carries a leading member axis, W (M, n_in, n_out), every
+activation carries the same axis in front, x (M, B, T, D), and a scale is
+one per member, (M,). Shape comments below write it as `*M`: absent for
+one model, (M,) for a stack. Member m's numbers are those of model m alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from attn.factored import Factored, add_at_positions, keep_factored, sum_of_outer_products, sum_over_examples  # noqa: F401 (part of the layers API)
 
 # --------------------------------------------------------------------------
 # Score scales.  scores = s * Q K^T.  Adding a mode is one entry here.
@@ -34,12 +41,26 @@ def score_scale(mode: str, d_k: int) -> float:
     return float(SCORE_SCALES[mode](d_k))
 
 
+def _members(weight: np.ndarray) -> int:
+    """How many leading member axes a weight matrix (or table) carries: 0 or 1."""
+    return weight.ndim - 2
+
+
+def _per_member(value, like: np.ndarray) -> np.ndarray:
+    """A scalar, or one value per member (*M,), shaped to broadcast over `like`'s matrices."""
+    return np.asarray(value, dtype=like.dtype)[..., None, None]
+
+
 # --------------------------------------------------------------------------
 # Embedding: out[b, t] = table[ids[b, t]]
 # --------------------------------------------------------------------------
 def embedding_forward(ids: np.ndarray, table: np.ndarray):
-    """Look up rows of `table` (V, D) for integer `ids` (...,) -> (..., D)."""
-    out = table[ids]  # (..., D)
+    """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
+    if _members(table):
+        M = table.shape[0]
+        out = table[np.arange(M).reshape(M, *[1] * (ids.ndim - 1)), ids]  # (M, ..., D)
+    else:
+        out = table[ids]  # (..., D)
     return out, (ids, table.shape)
 
 
@@ -55,40 +76,106 @@ def embedding_backward(dout, cache) -> np.ndarray:
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
     (B, R, V), times R, and dout is never formed.
     """
-    ids, (V, D) = cache
+    ids, shape = cache
+    (V, D), lead = shape[-2:], shape[:-2]
     if isinstance(dout, Factored):
-        onehot = (ids[..., None] == np.arange(V)).astype(dout.right.dtype)  # (B, T, V)
-        binned = dout.left @ onehot  # (B, R, V)
-        return binned.reshape(-1, V).T @ dout.right.reshape(-1, D)  # (V, D)
-    onehot = (np.arange(V)[:, None] == ids.reshape(1, -1)).astype(dout.dtype)  # (V, N)
-    return onehot @ dout.reshape(-1, D)  # (V, D)
+        onehot = (ids[..., None] == np.arange(V)).astype(dout.right.dtype)  # (*M, B, T, V)
+        binned = dout.left @ onehot  # (*M, B, R, V)
+        return _rows(binned, len(lead)).swapaxes(-1, -2) @ _rows(dout.right, len(lead))  # (*M, V, D)
+    onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
+    return onehot @ _rows(dout, len(lead))  # (*M, V, D)
+
+
+def _rows(x: np.ndarray, members: int) -> np.ndarray:
+    """x (*M, ..., n) as a stack of matrices (*M, N, n): every row of one member together."""
+    return x.reshape(*x.shape[:members], -1, x.shape[-1])
 
 
 # --------------------------------------------------------------------------
 # Linear: out = x W (+ b)
 # --------------------------------------------------------------------------
 def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
-    """x (..., n_in) @ W (n_in, n_out) (+ b (n_out,)) -> (..., n_out); cache (x, W, has_bias).
+    """x (*M, ..., n_in) @ W (*M, n_in, n_out) (+ b (*M, n_out)) -> (*M, ..., n_out);
+    cache (x, W, has_bias).
 
     The leading axes are flattened first, so the product is one matrix
-    multiply over all rows rather than one per leading index.
+    multiply over all rows (per member) rather than one per leading index.
     """
-    n_in, n_out = W.shape
-    out = x.reshape(-1, n_in) @ W  # (N, n_out)
+    n_out = W.shape[-1]
+    out = _rows(x, _members(W)) @ W  # (*M, N, n_out)
     if b is not None:
-        out += b
+        out += b[..., None, :]
     return out.reshape(*x.shape[:-1], n_out), (x, W, b is not None)
 
 
 def linear_backward(dout: np.ndarray, cache):
     """Returns (dx, dW, db); db is None when the forward had no bias."""
     x, W, has_bias = cache
-    n_in, n_out = W.shape
-    dout2 = dout.reshape(-1, n_out)  # (N, n_out)
-    dx = (dout2 @ W.T).reshape(x.shape)  # (..., n_in)
-    dW = x.reshape(-1, n_in).T @ dout2  # (n_in, n_out)
-    db = dout2.sum(axis=0) if has_bias else None
+    members = _members(W)
+    dout2 = _rows(dout, members)  # (*M, N, n_out)
+    dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
+    dW = _rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
+    db = dout2.sum(axis=-2) if has_bias else None
     return dx, dW, db
+
+
+# --------------------------------------------------------------------------
+# A linear map through a product of two matrices: out = x U V
+# --------------------------------------------------------------------------
+def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
+    """Whether x (U V) costs fewer multiply-adds than (x U) V, forward and
+    backward together, for `rows` rows of x:
+
+        chained  (x U) V:  3 rows rank (n_in + n_out)
+        merged   x (U V):  3 n_in rank n_out + 3 rows n_in n_out
+
+    (forward one of each product, backward two: the input's and the weight's
+    gradient). Merging wins when the rank is large and the rows are many."""
+    return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
+
+
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, merged: bool | None = None):
+    """out = x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out).
+
+        chained:  h = x U,  out = h V
+        merged:   W = U V,  out = x W        (W: n_in x n_out, formed once)
+
+    The same map either way; `merged` None picks the cheaper (merge_is_cheaper).
+    """
+    members = _members(U)
+    n_in, rank, n_out = *U.shape[-2:], V.shape[-1]
+    rows = _rows(x, members)  # (*M, N, n_in)
+    if merged is None:
+        merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
+    if merged:
+        W = U @ V  # (*M, n_in, n_out)
+        out = rows @ W
+        cache = (rows, U, V, W, None)
+    else:
+        hidden = rows @ U  # (*M, N, r)
+        out = hidden @ V
+        cache = (rows, U, V, None, hidden)
+    return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
+
+
+def factorised_linear_backward(dout: np.ndarray, cache):
+    """(dx, dU, dV) of out = x U V:
+
+        chained:  dh = dout V^T,  dV = h^T dout,  dx = dh U^T,  dU = x^T dh
+        merged:   dW = x^T dout,  dx = dout W^T,  dU = dW V^T,  dV = U^T dW
+    """
+    x_shape, (rows, U, V, W, hidden) = cache
+    dout2 = _rows(dout, _members(U))  # (*M, N, n_out)
+    if W is not None:
+        dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
+        dx = dout2 @ W.swapaxes(-1, -2)
+        dU, dV = dW @ V.swapaxes(-1, -2), U.swapaxes(-1, -2) @ dW
+    else:
+        dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
+        dV = hidden.swapaxes(-1, -2) @ dout2
+        dx = dhidden @ U.swapaxes(-1, -2)
+        dU = rows.swapaxes(-1, -2) @ dhidden
+    return dx.reshape(x_shape), dU, dV
 
 
 # --------------------------------------------------------------------------
@@ -123,88 +210,35 @@ def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
 def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: np.ndarray):
     """Mean of -log softmax(logits)[target] over positions where target_mask.
 
-    logits (B, T, C), targets (B, T) ints, target_mask (B, T) bool.
+    logits (*M, B, T, C), targets (*M, B, T) ints, target_mask (*M, B, T) bool.
     With z = logits - max(logits), -log softmax(z)[y] = log sum exp z - z[y]:
     only the target's entry is needed, not the whole log-softmax.
-    Returns (loss as a 0-d array of the logits' dtype, cache); the cache
-    holds softmax(logits), which backward needs and which gives the
-    predicted class for accuracy at no extra cost, as its first entry.
+    Returns (loss of each member, (*M,), a 0-d array for one model, of the
+    logits' dtype; cache); the cache holds softmax(logits), which backward
+    needs and which gives the predicted class for accuracy at no extra cost,
+    as its first entry.
     """
-    z = np.moveaxis(logits, -1, 0).copy()  # (C, B, T): classes first in memory (see _keys_first)
+    z = np.moveaxis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see _keys_first)
     z -= z.max(axis=0)  # shifted logits
-    onehot = np.arange(z.shape[0])[:, None, None] == targets  # (C, B, T) bool
-    picked = (z * onehot).sum(axis=0)  # (B, T) z[target]
+    onehot = np.arange(z.shape[0]).reshape(-1, *[1] * targets.ndim) == targets  # (C, *M, B, T) bool
+    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
-    sum_exp = z.sum(axis=0)  # (B, T)
+    sum_exp = z.sum(axis=0)  # (*M, B, T)
     z /= sum_exp
-    probs = np.moveaxis(z, 0, -1)  # (B, T, C) softmax, a view of z
-    weight = target_mask.astype(logits.dtype) / logits.dtype.type(target_mask.sum())  # (B, T)
-    loss = ((np.log(sum_exp) - picked) * weight).sum(dtype=logits.dtype)
+    probs = np.moveaxis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
+    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
+    weight = target_mask.astype(logits.dtype) / counts.astype(logits.dtype)  # (*M, B, T)
+    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
     return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
 
 
 def cross_entropy_backward(dloss, cache) -> np.ndarray:
-    """dlogits = dloss * weight * (softmax(logits) - onehot(target))."""
+    """dlogits = dloss * weight * (softmax(logits) - onehot(target)); dloss a
+    scalar or one per member."""
     probs, onehot, weight = cache
-    dlogits = probs - onehot  # (B, T, C)
-    dlogits *= (weight * probs.dtype.type(dloss))[..., None]
+    dlogits = probs - onehot  # (*M, B, T, C)
+    dlogits *= (weight * np.asarray(dloss, dtype=probs.dtype)[..., None, None])[..., None]
     return dlogits
-
-
-# --------------------------------------------------------------------------
-# A gradient held as factors.
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Factored:
-    """A (B, T, n) array kept as factors: value[b] = left[b]^T right[b].
-
-    left (B, R, T), right (B, R, n): per example, a sum of R outer products.
-    When few query positions carry the loss, the gradient reaching X is of
-    low rank R (a few per query), and its consumers, the embeddings, need it
-    only through onehot^T value (see embedding_backward and
-    sum_over_examples): kept as factors, it is never formed.
-    """
-
-    left: np.ndarray  # (B, R, T)
-    right: np.ndarray  # (B, R, n)
-
-    def dense(self) -> np.ndarray:
-        """The (B, T, n) array itself."""
-        (B, _, T), n = self.left.shape, self.right.shape[-1]
-        out = np.empty((B, T, n), dtype=self.right.dtype)
-        _sum_of_outer_products(self.left, self.right, out=out)
-        return out
-
-
-def _position_indicator(B: int, T: int, positions, dtype) -> np.ndarray:
-    """(B, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
-    columns = np.arange(T)[positions]
-    indicator = np.zeros((len(columns), T), dtype=dtype)
-    indicator[np.arange(len(columns)), columns] = 1
-    return np.broadcast_to(indicator, (B, *indicator.shape))
-
-
-def add_at_positions(grad, positions, values: np.ndarray):
-    """grad plus `values` (B, P, n) at the distinct `positions` along T (zero elsewhere).
-
-    An array is added to in place; a Factored gradient gains P rows (the
-    indicator e_p on the left, the values on the right).
-    """
-    if isinstance(grad, Factored):
-        B, _, T = grad.left.shape
-        indicator = _position_indicator(B, T, positions, values.dtype)  # (B, P, T)
-        return Factored(np.concatenate([grad.left, indicator], axis=1), np.concatenate([grad.right, values], axis=1))
-    grad[:, positions] += values
-    return grad
-
-
-def sum_over_examples(grad) -> np.ndarray:
-    """sum_b grad[b]: (T, n). For Factored, sum_b left[b]^T right[b] = L^T R
-    with the examples' rows stacked: one (T, B R) @ (B R, n) product."""
-    if isinstance(grad, Factored):
-        (B, R, T), n = grad.left.shape, grad.right.shape[-1]
-        return grad.left.transpose(2, 0, 1).reshape(T, B * R) @ grad.right.reshape(B * R, n)
-    return grad.sum(axis=0)
 
 
 # --------------------------------------------------------------------------
@@ -215,28 +249,57 @@ def causal_mask(T: int) -> np.ndarray:
     return np.triu(np.ones((T, T), dtype=bool), k=1)
 
 
-def _keys_first(B: int, T_k: int, T_q: int, dtype) -> np.ndarray:
-    """An empty (B, T_k, T_q) array laid out (T_k, B, T_q) in memory, for S^T or dA^T.
+def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """queries @ keys^T, (..., P, T) for keys (..., T, n) and queries (..., P, n),
+    in an array laid out with the keys outermost in memory.
 
-    Its transpose (B, T_q, T_k) has the keys outermost in memory. The softmax
-    reduces over keys, and numpy reduces an outer axis (across rows, vectorised)
-    several times faster than an inner one (along rows of T, often ~10, entries).
+    The softmax reduces over keys, and numpy reduces an outer axis (across
+    rows, vectorised) several times faster than an inner one (along rows of
+    T, often ~10, entries)."""
+    *lead, T, _ = keys.shape
+    P = queries.shape[-2]
+    transposed = np.moveaxis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
+    np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
+    return transposed.swapaxes(-1, -2)  # (..., P, T)
+
+
+def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> dict[str, int]:
+    """Multiply-adds of one forward and backward of the head for each
+    association (N_q = B P query rows, N_k = B T key rows, d = d_k + d_v):
+
+    projected   K, V over all T, Q at the queries (the equations as written):
+        forward    N_k D d + N_q D d_k + N_q T d + N_q d_v D
+        backward   2 N_q d_v D + N_q T d + 2 N_q D d_k + the keys' and values':
+                   formed   N_q T d + 2 N_k D d
+                   factored 2 B P T D + 2 N_q D d          (keep_factored)
+    bilinear    S = X_Q W_QK X^T, out = (A X) W_OV, never forming K or V:
+        the two maps (factorised_linear, each chained or merged, the cheaper)
+        + 4 N_q T D (S, A X and their backward) + 2 N_q T D if dX is formed.
     """
-    return np.empty((T_k, B, T_q), dtype=dtype).transpose(1, 0, 2)
+    Nq, Nk, d = B * P, B * T, d_k + d_v
+    factored = keep_factored(T, P)
+    projected = (Nk * D * d + Nq * D * d_k + Nq * T * d + Nq * d_v * D
+                 + 2 * Nq * d_v * D + Nq * T * d + 2 * Nq * D * d_k
+                 + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d))
+
+    def map_cost(rank: int) -> int:
+        return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
+
+    bilinear = map_cost(d_k) + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
+    return {"projected": projected, "bilinear": bilinear}
 
 
-def _sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = a^T b for stacks a (B, P, m) and b (B, P, n): (B, m, n), the sum
-    over the P positions of their outer products. With P = 1 it is a
-    broadcast product: numpy's matmul is several times slower when the inner
-    dimension is 1."""
-    if a.shape[1] == 1:
-        np.multiply(a.transpose(0, 2, 1), b, out=out)
-    else:
-        np.matmul(a.transpose(0, 2, 1), b, out=out)
+def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> str:
+    """The rule: the association of head_costs with fewer multiply-adds
+    (ties: projected). Bilinear wins with few query rows (retrieval's one)
+    or d_k, d_v wider than d_model; projected with a query at every position
+    and narrow heads (copy at d_k = d_v < 2 D / 3)."""
+    costs = head_costs(B, P, T, D, d_k, d_v)
+    return "bilinear" if costs["bilinear"] < costs["projected"] else "projected"
 
 
-def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | None = None, queries=slice(None)):
+def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),
+                      association: str | None = None):
     """One attention head, as in "Attention Is All You Need", for the queries
     at `queries` (distinct positions: an index array or a slice along T;
     default all T):
@@ -250,103 +313,124 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale: float, mask: np.ndarray | No
         out = C W_o        (B, P, D)
 
     Each query row is computed alone, so rows no one reads (positions
-    without a target) can be skipped. K and V are one product, and the
-    scale s is folded into the query weights (s Q K^T = (X_Q s W_q) K^T,
-    and s W_q is small where S is not):
+    without a target) can be skipped. The same head is a bilinear form in X,
+    and `association` chooses how to compute it (None: choose_association):
 
-        [K V] = X [W_k W_v]      (B T, d_k + d_v)
-        S = Q_s K^T,  Q_s = X_Q (s W_q)
+        projected   as written, with K and V one product, [K V] = X [W_k W_v],
+                    and s folded into the queries: S = (X_Q s W_q) K^T
+        bilinear    S = X_Q W_QK X^T,   out = (A X) W_OV,
+                    W_QK = s W_q W_k^T (D x D),  W_OV = W_v W_o (D x D),
+                    each applied as a product of its two factors or formed,
+                    whichever is cheaper (factorised_linear_forward)
 
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
     """
-    B, T, _ = x.shape
-    d_k = W_k.shape[1]
-    kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=1))  # (B, T, d_k + d_v)
-    k, v = kv[..., :d_k], kv[..., d_k:]  # views: (B, T, d_k), (B, T, d_v)
-    q_scaled, q_projection = linear_forward(x[:, queries], W_q * x.dtype.type(scale))  # (B, P, d_k)
-    P = q_scaled.shape[1]
-    scores_t = _keys_first(B, T, P, x.dtype)  # (B, T_k, P)
-    np.matmul(k, q_scaled.transpose(0, 2, 1), out=scores_t)  # S^T = K Q_s^T
-    scores = scores_t.transpose(0, 2, 1)  # (B, P, T_k)
+    if association is None:
+        *_, B, T, D = x.shape
+        association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
+    scale = _per_member(scale, W_q)  # s, or s per member (M, 1, 1)
+    x_q = x[..., queries, :]  # (*M, B, P, D)
+    if association == "projected":
+        d_k = W_k.shape[-1]
+        kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)
+        k, v = kv[..., :d_k], kv[..., d_k:]  # views: (*M, B, T, d_k), (*M, B, T, d_v)
+        q_scaled, q_projection = linear_forward(x_q, W_q * scale)  # Q_s = X_Q (s W_q): (*M, B, P, d_k)
+        scores = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
+    else:
+        q_circuit, query_map = factorised_linear_forward(x_q, W_q * scale, W_k.swapaxes(-1, -2))  # X_Q W_QK: (*M, B, P, D)
+        scores = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
     if mask is not None:
         scores[..., mask[queries]] = -np.inf
-    attn, _ = softmax_forward(scores)  # (B, P, T)
-    context = attn @ v  # (B, P, d_v)
-    out, output = linear_forward(context, W_o)  # (B, P, D)
-    cache = dict(x=x, queries=queries, scale=scale, q_scaled=q_scaled, k=k, v=v, scores=scores, attn=attn,
-                 kv_projection=kv_projection, q_projection=q_projection, output=output)
+    attn, _ = softmax_forward(scores)  # (*M, B, P, T)
+    cache = dict(association=association, x=x, queries=queries, scale=scale, scores=scores, attn=attn)
+    if association == "projected":
+        out, output = linear_forward(attn @ v, W_o)  # C = A V: (*M, B, P, d_v);  C W_o: (*M, B, P, D)
+        cache.update(k=k, v=v, q_scaled=q_scaled, kv_projection=kv_projection, q_projection=q_projection,
+                     output=output)
+    else:
+        attended = attn @ x  # A X: (*M, B, P, D)
+        out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
+        cache.update(q_circuit=q_circuit, query_map=query_map, attended=attended, value_map=value_map)
     return out, attn, cache
 
 
 def attention_backward(dout, cache):
     """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
 
-    dout (B, P, D) is the upstream gradient at the forward's query
+    dout (*M, B, P, D) is the upstream gradient at the forward's query
     positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
     P positions; the keys and values of all T positions get their gradient
-    through them (see _key_value_backward). The gradient of x is an array
-    (B, T, D), or Factored when few queries make that cheaper.
+    through them. The gradient of x is an array (*M, B, T, D), or Factored
+    when few queries make that cheaper (keep_factored).
     """
-    k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (B, T, d_k), (B, T, d_v), (B, P, d_k), (B, P, T)
-    (B, T, _), P = k.shape, attn.shape[1]
-    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (B, P, d_v), (d_v, D)
-    dattn_t = _keys_first(B, T, P, dout.dtype)  # (B, T_k, P)
-    np.matmul(v, dcontext.transpose(0, 2, 1), out=dattn_t)  # dA^T = V dC^T
-    dscores = softmax_backward(dattn_t.transpose(0, 2, 1), attn)  # (B, P, T), zero where masked
-    dq_scaled = dscores @ k  # (B, P, d_k)
+    backward = _projected_backward if cache["association"] == "projected" else _bilinear_backward
+    return backward(dout, cache)
+
+
+def _projected_backward(dout, cache):
+    k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
+    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
+    dscores = softmax_backward(_key_major_product(v, dcontext), attn)  # dA = dC V^T; (*M, B, P, T), zero where masked
+    dq_scaled = dscores @ k  # (*M, B, P, d_k)
     dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"])
-    dx_q, dW_q, _ = linear_backward(dq_scaled, cache["q_projection"])  # (B, P, D), (D, d_k)
+    dx_q, dW_q, _ = linear_backward(dq_scaled, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    dW_q *= dW_q.dtype.type(cache["scale"])  # Q_s = X_Q (s W_q)
+    dW_q *= cache["scale"]  # Q_s = X_Q (s W_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
-
-
-def factored_key_value_backward(T: int, P: int) -> bool:
-    """Whether _key_value_backward keeps X's gradient as factors: when they
-    have fewer rows, 4 per query (through K, V, the query's own row, the
-    residual), than X has positions. Every product of that path is then
-    smaller than the formed path's, and so is the embeddings' work on it.
-    With a query at every position (copy), forming dX is the faster way:
-    measured at d_k 256 and 1024, 3.6 and 11.0 ms a step against 4.5 and 14.1."""
-    return 4 * P < T
-
-
-def key_value_backward_flops(B: int, T: int, P: int, D: int, d_k: int, d_v: int) -> dict[str, int]:
-    """Matrix-multiply FLOPs of each way _key_value_backward can go; for
-    "factored" including the positional table's sum of the factors over
-    the batch, L^T R, a (T, 4 P B) @ (4 P B, D) product."""
-    d = d_k + d_v
-    return {"outer": 2 * B * T * P * d + 4 * B * T * D * d,
-            "factored": 4 * B * P * D * d + 4 * B * P * T * D + 8 * B * P * T * D}
 
 
 def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection):
     """dX, dW_k, dW_v from the keys' and values' share of the gradient:
     dK = dS^T Q_s and dV = A^T dC, sums of P outer products per example.
 
-    "outer" (many queries): form [dK dV] (B, T, d_k + d_v), side by side so
+    formed (many queries): [dK dV] (*M, B, T, d_k + d_v), side by side so
     that the projection's backward is two products, not four:
         dX = [dK dV] [W_k W_v]^T,   [dW_k dW_v] = X^T [dK dV].
-    "factored" (few queries, e.g. retrieval's one): never form dK, dV or dX;
-    by associativity, with L = [dS; A] (B, 2P, T), R = [Q_s W_k^T; dC W_v^T]
+    factored (few queries, keep_factored): never form dK, dV or dX; by
+    associativity, with L = [dS; A] (B, 2P, T), R = [Q_s W_k^T; dC W_v^T]
     (B, 2P, D):
         dX = L^T R  (returned as Factored(L, R)),
         dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
-    summed over examples. factored_key_value_backward says which.
+    summed over examples.
     """
     x, W_kv, _ = kv_projection  # [K V] = X [W_k W_v]
-    (B, P, T), (D, d_kv), d_k = attn.shape, W_kv.shape, q_scaled.shape[-1]
-    if not factored_key_value_backward(T, P):
-        dkv = np.empty((B, T, d_kv), dtype=x.dtype)  # (B, T, d_k + d_v)
-        _sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
-        _sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
-        dx, dW_kv, _ = linear_backward(dkv, kv_projection)  # (B, T, D), (D, d_k + d_v)
-        return dx, dW_kv[:, :d_k], dW_kv[:, d_k:]
-    left = np.concatenate([dscores, attn], axis=1)  # L = [dS; A]  (B, 2P, T)
-    right = np.concatenate([linear_forward(q_scaled, W_kv[:, :d_k].T)[0],
-                            linear_forward(dcontext, W_kv[:, d_k:].T)[0]], axis=1)  # R  (B, 2P, D)
-    left_x = (left @ x).reshape(B, 2, P, D)  # [dS X; A X]
-    dW_k = left_x[:, 0].reshape(-1, D).T @ q_scaled.reshape(-1, d_k)  # (D, d_k)
-    dW_v = left_x[:, 1].reshape(-1, D).T @ dcontext.reshape(-1, d_kv - d_k)  # (D, d_v)
+    *_, P, T = attn.shape
+    d_k, members = q_scaled.shape[-1], _members(W_kv)
+    if not keep_factored(T, P):
+        dkv = np.empty((*x.shape[:-1], W_kv.shape[-1]), dtype=x.dtype)  # (*M, B, T, d_k + d_v)
+        sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
+        sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
+        dx, dW_kv, _ = linear_backward(dkv, kv_projection)  # (*M, B, T, D), (*M, D, d_k + d_v)
+        return dx, dW_kv[..., :d_k], dW_kv[..., d_k:]
+    W_kT = W_kv[..., :d_k].swapaxes(-1, -2)  # (*M, d_k, D)
+    W_vT = W_kv[..., d_k:].swapaxes(-1, -2)  # (*M, d_v, D)
+    left = np.concatenate([dscores, attn], axis=-2)  # L = [dS; A]  (*M, B, 2P, T)
+    right = np.concatenate([linear_forward(q_scaled, W_kT)[0], linear_forward(dcontext, W_vT)[0]], axis=-2)  # R
+    left_x = left @ x  # [dS X; A X]  (*M, B, 2P, D)
+    dW_k = _rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ _rows(q_scaled, members)  # (*M, D, d_k)
+    dW_v = _rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ _rows(dcontext, members)  # (*M, D, d_v)
     return Factored(left, right), dW_k, dW_v
+
+
+def _bilinear_backward(dout, cache):
+    """Through out = (A X) W_OV and S = X_Q W_QK X^T:
+
+        d(A X) = dout W_OV^T,   dA = d(A X) X^T,   dS = softmax VJP,
+        d(X_Q W_QK) = dS X,
+        dX = dS^T (X_Q W_QK) + A^T d(A X) + the query rows' own gradient,
+    the first two as Factored([dS; A], [X_Q W_QK; d(A X)]) (formed when
+    keep_factored says so), and the weights' through the two maps:
+    dW_q = s dU, dW_k = dV^T for the query map's U = s W_q, V = W_k^T.
+    """
+    x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
+    dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
+    dscores = softmax_backward(_key_major_product(x, dattended), attn)  # dA = d(AX) X^T; (*M, B, P, T)
+    dq_circuit = dscores @ x  # (*M, B, P, D)
+    dx_q, dU, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
+    dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
+    if not keep_factored(x.shape[-2], attn.shape[-2]):
+        dx = dx.dense()  # (*M, B, T, D)
+    dx = add_at_positions(dx, cache["queries"], dx_q)
+    dU *= cache["scale"]  # U = s W_q
+    return {"x": dx, "W_q": dU, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o}

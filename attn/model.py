@@ -15,11 +15,19 @@ s is 1/sqrt(d_k) ("sqrt"), 1 ("none") or 1/d_k ("linear"); see
 `attn.layers.SCORE_SCALES`. Only positions with a target feed the loss, so
 `forward` computes the query side (Q, A, out, H, logits, loss) at those P
 positions alone: A is (B, P, T) and out, H, logits (B, P, ·); see `forward`.
+attn.reference computes the equations exactly as written, every row; the
+tests hold this model to it.
+
+A stack of M models of one shape (seeds, rates, scales: attn.train's
+stacked runs) is the same code with a leading member axis on every
+parameter, (M, ...), and on the batch, tokens (M, B, T, F); the loss,
+accuracy and diagnostics then come one per member. See attn.layers.
 
 Initialisation (all weights zero-mean Gaussian; `gain`s from the spec):
-    E_f, E_pos ~ N(0, 1/n_sources)   n_sources = F + (1 if learned positions),
-                                     so each component of X has variance ~1
-                                     (sinusoidal positions are scaled alike)
+    E_f, E_pos ~ N(0, 1/n_sources)   n_sources = F + 1 (the fields and the
+                                     positions, learned or sinusoidal, which
+                                     are scaled alike), so each component of
+                                     X has variance ~1
     W_q, W_k   ~ N(0, qk_gain^2 / D) so each component of q, k has variance
                                      qk_gain^2 (the paper's footnote 4 at gain 1)
     W_v        ~ N(0, v_gain^2 / D)
@@ -129,11 +137,12 @@ def sinusoidal_positions(T: int, D: int, std: float, dtype: str) -> np.ndarray:
 def target_positions(batch: Batch):
     """Positions along T where some example of the batch has a target: a
     slice of all T if every position has one, else an index array."""
-    with_target = batch.target_mask.any(axis=0)  # (T,)
+    with_target = batch.target_mask.reshape(-1, batch.target_mask.shape[-1]).any(axis=0)  # (T,)
     return slice(None) if with_target.all() else np.flatnonzero(with_target)
 
 
-def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False):
+def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
+            association: str | None = None):
     """Loss of the batch and the cache that `backward` and `diagnostics` read.
 
     Only positions with a target feed the loss (retrieval: the query, one
@@ -141,38 +150,41 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     the residual, the readout and the cross-entropy are computed at those P
     positions alone (cache["positions"]); keys and values at all T. With
     `all_queries`, at every position: the attention map of every row (for
-    figures), and the same loss.
+    figures), and the same loss. `scale` is the score scale, spec.score_scale
+    by default, one per member for a stack; `association` forces the head's
+    (attn.layers.attention_forward; default: the cheaper).
     """
-    B, T, _ = batch.tokens.shape
+    T = batch.tokens.shape[-2]
     x = None
     embed_caches = {}
     for f, (name, _) in enumerate(spec.fields):
         e, embed_caches[name] = layers.embedding_forward(batch.tokens[..., f], params[f"E_{name}"])
         if x is None:
-            x = e  # (B, T, D), a fresh array: the sums below go into it in place
+            x = e  # (*M, B, T, D), a fresh array: the sums below go into it in place
         else:
             x += e
     if spec.positional == "learned":
-        x += params["E_pos"][:T]
+        x += params["E_pos"][..., None, :T, :]
     else:
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
     mask = layers.causal_mask(T) if spec.causal else None
     out, attn, attn_cache = layers.attention_forward(
-        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"], spec.score_scale, mask, positions
-    )
-    h = out  # (B, P, D)
+        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"],
+        spec.score_scale if scale is None else scale, mask, positions, association)
+    h = out  # (*M, B, P, D)
     if spec.residual:
-        h += x[:, positions]  # H = X + out, in place: out is the head's own fresh array
-    logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (B, P, C)
+        h += x[..., positions, :]  # H = X + out, in place: out is the head's own fresh array
+    logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = layers.cross_entropy_forward(
-        logits, batch.targets[:, positions], batch.target_mask[:, positions])
+        logits, batch.targets[..., positions], batch.target_mask[..., positions])
     cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions)
     return loss, cache
 
 
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
-    """Gradient of the loss with respect to every parameter (same keys).
+    """Gradient of the loss with respect to every parameter (same keys; for
+    a stack, of each member's loss with respect to its own parameters).
 
     Everything from the readout back to the queries runs at the forward's P
     positions; keys and values at every position still get gradient,
@@ -180,10 +192,10 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     hands back X's gradient as Factored, and the embeddings take it so.
     """
     grads = {}
-    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])  # (B, P, C)
-    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])  # (B, P, D)
+    dlogits = layers.cross_entropy_backward(1.0, cache["ce"])  # (*M, B, P, C)
+    dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])  # (*M, B, P, D)
     head = layers.attention_backward(dh, cache["attn"])
-    dx = head.pop("x")  # (B, T, D): an array or Factored
+    dx = head.pop("x")  # (*M, B, T, D): an array or Factored
     if spec.residual:
         dx = layers.add_at_positions(dx, cache["positions"], dh)
     grads.update(head)
@@ -196,9 +208,9 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
 
 def _positional_grad(dx, spec: ModelSpec) -> np.ndarray:
     """E_pos[:T] was added to every example: its gradient sums over the batch."""
-    summed = layers.sum_over_examples(dx)  # (T, D)
-    dpos = np.zeros((spec.n_positions, spec.d_model), dtype=summed.dtype)
-    dpos[: summed.shape[0]] = summed
+    summed = layers.sum_over_examples(dx)  # (*M, T, D)
+    dpos = np.zeros((*summed.shape[:-2], spec.n_positions, spec.d_model), dtype=summed.dtype)
+    dpos[..., : summed.shape[-2], :] = summed
     return dpos
 
 
@@ -206,21 +218,29 @@ def param_order(spec: ModelSpec) -> list[str]:
     return list(param_shapes(spec))
 
 
-def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
+def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None):
     """(loss, grads, cache) for one batch: the training step's model half."""
-    loss, cache = forward(params, spec, batch)
+    loss, cache = forward(params, spec, batch, scale=scale)
     return loss, backward(cache, spec), cache
 
 
-def accuracy(cache, batch: Batch) -> float:
-    """Fraction of target positions whose most probable class is the target."""
-    probs, positions = cache["ce"][0], cache["positions"]  # (B, P, C)
-    rows = batch.target_mask[:, positions]  # (B, P)
-    return float((probs.argmax(axis=-1) == batch.targets[:, positions])[rows].mean())
+def _per_member(values: np.ndarray):
+    """A float for one model, an (M,) float64 array for a stack."""
+    return float(values) if values.ndim == 0 else values.astype(np.float64)
 
 
-def diagnostics(cache, batch: Batch) -> dict[str, float]:
-    """What the experiments measure, read from a forward pass's cache.
+def accuracy(cache, batch: Batch):
+    """Fraction of target positions whose most probable class is the target
+    (one per member for a stack)."""
+    probs, positions = cache["ce"][0], cache["positions"]  # (*M, B, P, C)
+    rows = batch.target_mask[..., positions]  # (*M, B, P)
+    right = (probs.argmax(axis=-1) == batch.targets[..., positions]) & rows
+    return _per_member(right.sum(axis=(-2, -1)) / rows.sum(axis=(-2, -1)))
+
+
+def diagnostics(cache, batch: Batch) -> dict:
+    """What the experiments measure, read from a forward pass's cache (floats;
+    for a stack, one value per member).
 
     Attention statistics are taken over the rows that feed the loss (query
     positions with a target): the rows whose gradient matters.
@@ -229,22 +249,29 @@ def diagnostics(cache, batch: Batch) -> dict[str, float]:
         attn_entropy    mean entropy of those rows of A, in nats
         saturated_frac  fraction of those rows whose largest weight > 0.99
         target_attn     mean weight those rows put on the key they should read
+                        (absent when no row has such a key)
     """
     positions = cache["positions"]
-    rows = batch.target_mask[:, positions]  # (B, P)
-    scores = cache["attn"]["scores"][rows]  # (N, T)
-    attn = cache["attn"]["attn"][rows]  # (N, T)
-    unmasked = np.isfinite(scores)
+    rows = batch.target_mask[..., positions]  # (*M, B, P)
+    scores = cache["attn"]["scores"].astype(np.float64)  # (*M, B, P, T)
+    attn = cache["attn"]["attn"]  # (*M, B, P, T)
+    n_rows = rows.sum(axis=(-2, -1))  # (*M,)
+    counted = rows[..., None] & np.isfinite(scores)  # (*M, B, P, T): the unmasked scores of those rows
+    n_scores = counted.sum(axis=(-3, -2, -1))
+    mean = np.where(counted, scores, 0).sum(axis=(-3, -2, -1)) / n_scores  # (*M,)
+    centred = np.where(counted, scores - mean[..., None, None, None], 0)
     safe_attn = np.where(attn > 0, attn, 1)
-    entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
+    entropy = -(attn * np.log(safe_attn)).sum(axis=-1, dtype=np.float64)  # (*M, B, P)
     stats = {
         "accuracy": accuracy(cache, batch),
-        "score_std": float(scores[unmasked].std(dtype=np.float64)),
-        "attn_entropy": float(entropy.mean(dtype=np.float64)),
-        "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),
+        "score_std": _per_member(np.sqrt((centred * centred).sum(axis=(-3, -2, -1)) / n_scores)),
+        "attn_entropy": _per_member(np.where(rows, entropy, 0).sum(axis=(-2, -1)) / n_rows),
+        "saturated_frac": _per_member(((attn.max(axis=-1) > 0.99) & rows).sum(axis=(-2, -1)) / n_rows),
     }
-    key = batch.target_key[:, positions][rows]  # (N,)
-    has_key = key >= 0
+    key = batch.target_key[..., positions]  # (*M, B, P)
+    has_key = rows & (key >= 0)
     if has_key.any():
-        stats["target_attn"] = float(attn[has_key, key[has_key]].mean(dtype=np.float64))
+        on_key = np.take_along_axis(attn, np.maximum(key, 0)[..., None], axis=-1)[..., 0]  # (*M, B, P)
+        stats["target_attn"] = _per_member(np.where(has_key, on_key, 0).sum(axis=(-2, -1), dtype=np.float64)
+                                           / has_key.sum(axis=(-2, -1)))
     return stats

@@ -1,0 +1,106 @@
+"""The textbook model: README's equations, line for line, and their backward.
+
+    X      = sum_f E_f[tokens[..., f]] + P[:T]          (B, T, D)
+    Q, K, V = X W_q, X W_k, X W_v                        (B, T, d_k), (B, T, d_k), (B, T, d_v)
+    S      = s Q K^T    (-inf above the diagonal if causal)   (B, T, T)
+    A      = softmax(S)  over keys                       (B, T, T)
+    C      = A V                                         (B, T, d_v)
+    out    = C W_o                                       (B, T, D)
+    H      = X + out    (or out, without the residual)   (B, T, D)
+    logits = H W_out + b_out                             (B, T, C)
+    loss   = mean over target positions of -log softmax(logits)[target]
+
+The middle three lines are the blog post's: scores = Q K^T / sqrt(d_k),
+softmax, A V. Nothing here is clever: every position is a query, K and V
+are formed, one model at a time. It is the page to learn the model from,
+and the yardstick of attn.model, which computes the same loss and
+gradients faster (the tests hold every fast path to this, in float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attn.model import Batch, ModelSpec, param_order, sinusoidal_positions
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Row-wise softmax over the last axis, the row max subtracted first."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def forward(params: dict, spec: ModelSpec, batch: Batch):
+    """(loss, cache): the equations above, every row of every matrix."""
+    tokens, T = batch.tokens, batch.tokens.shape[1]
+    X = sum(params[f"E_{name}"][tokens[..., f]] for f, (name, _) in enumerate(spec.fields))
+    if spec.positional == "learned":
+        X = X + params["E_pos"][:T]
+    else:
+        X = X + sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
+    Q, K, V = X @ params["W_q"], X @ params["W_k"], X @ params["W_v"]
+    S = spec.score_scale * Q @ K.transpose(0, 2, 1)
+    if spec.causal:
+        S = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, S)
+    A = softmax(S)
+    C = A @ V
+    out = C @ params["W_o"]
+    H = X + out if spec.residual else out
+    logits = H @ params["W_out"] + params["b_out"]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    log_probs = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    picked = np.take_along_axis(log_probs, batch.targets[..., None], axis=-1)[..., 0]  # (B, T)
+    n_targets = batch.target_mask.sum()
+    loss = -(picked * batch.target_mask).sum() / n_targets
+    cache = dict(params=params, batch=batch, X=X, Q=Q, K=K, V=V, S=S, A=A, C=C, H=H,
+                 probs=np.exp(log_probs), n_targets=n_targets)
+    return loss, cache
+
+
+def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
+    """Every parameter's gradient, the chain rule taken backwards through forward:
+
+        dlogits = (softmax(logits) - onehot(target)) * mask / n_targets
+        dH = dlogits W_out^T                dW_out = H^T dlogits,  db_out = sum dlogits
+        dC = dH W_o^T                       dW_o = C^T dH
+        dA = dC V^T                         dV = A^T dC
+        dS = A * (dA - sum(dA * A, -1))     (the softmax's vector-Jacobian product)
+        dQ = s dS K,   dK = s dS^T Q
+        dX = dH (residual) + dQ W_q^T + dK W_k^T + dV W_v^T
+        dW_q = X^T dQ,  dW_k = X^T dK,  dW_v = X^T dV
+        dE_f[id] += dX at every position holding id,   dE_pos[:T] = sum over the batch of dX
+    """
+    p, batch = cache["params"], cache["batch"]
+    X, Q, K, V, A, C, H = (cache[k] for k in "XQKVACH")
+    s = spec.score_scale
+    onehot = np.eye(spec.n_classes)[batch.targets]  # (B, T, C)
+    dlogits = (cache["probs"] - onehot) * batch.target_mask[..., None] / cache["n_targets"]
+    grads = {"W_out": np.einsum("btd,btc->dc", H, dlogits), "b_out": dlogits.sum(axis=(0, 1))}
+    dH = dlogits @ p["W_out"].T
+    grads["W_o"] = np.einsum("btv,btd->vd", C, dH)
+    dC = dH @ p["W_o"].T
+    dA = dC @ V.transpose(0, 2, 1)
+    dV = A.transpose(0, 2, 1) @ dC
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    dQ = s * dS @ K
+    dK = s * dS.transpose(0, 2, 1) @ Q
+    grads.update(W_q=np.einsum("btd,btk->dk", X, dQ), W_k=np.einsum("btd,btk->dk", X, dK),
+                 W_v=np.einsum("btd,btv->dv", X, dV))
+    dX = dQ @ p["W_q"].T + dK @ p["W_k"].T + dV @ p["W_v"].T
+    if spec.residual:
+        dX = dX + dH
+    for f, (name, vocab) in enumerate(spec.fields):
+        dE = np.zeros((vocab, spec.d_model), dtype=dX.dtype)
+        np.add.at(dE, batch.tokens[..., f], dX)
+        grads[f"E_{name}"] = dE
+    if spec.positional == "learned":
+        dE_pos = np.zeros((spec.n_positions, spec.d_model), dtype=dX.dtype)
+        dE_pos[: X.shape[1]] = dX.sum(axis=0)
+        grads["E_pos"] = dE_pos
+    return {name: grads[name] for name in param_order(spec)}
+
+
+def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
+    """(loss, grads, cache), as attn.model.loss_and_grads returns them."""
+    loss, cache = forward(params, spec, batch)
+    return loss, backward(cache, spec), cache
