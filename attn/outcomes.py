@@ -131,7 +131,8 @@ def classify(steps, eval_accuracy, eval_loss, *, diverged: bool, budget: int, pl
         best_loss=_value(np.nanmin(loss)) if np.isfinite(loss).any() else None,
         final_accuracy=final_accuracy,
         final_loss=_value(loss[-1]) if len(loss) else None,
-        time_to_threshold=CensoredTime(int(budget), False) if reached_step is None else CensoredTime(reached_step, True))
+        time_to_threshold=CensoredTime(reached_step, True) if reached_step is not None
+        else CensoredTime(int(budget), False))
 
 
 def definitions(threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_FRACTION,
@@ -142,7 +143,8 @@ def definitions(threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_
     chance_accuracy when every seed of the report shares them, to have
     their values printed too."""
     level = f"{plateau_fraction:g} L" + ("" if plateau_loss is None else f" = {plateau_fraction * plateau_loss:.3g}")
-    bar = f"{accuracy_bar_factor:g}/C" + ("" if chance_accuracy is None else f" = {accuracy_bar_factor * chance_accuracy:.3g}")
+    bar = f"{accuracy_bar_factor:g}/C" + (
+        "" if chance_accuracy is None else f" = {accuracy_bar_factor * chance_accuracy:.3g}")
     plateau = "" if plateau_loss is None else f", here {plateau_loss:.3g} nats"
     chance = "" if chance_accuracy is None else f" (chance accuracy 1/C = {chance_accuracy:.3g})"
     t = f"{threshold:g}"

@@ -70,7 +70,8 @@ class _ProductLimit(NamedTuple):
 def _product_limit(times, observed) -> _ProductLimit:
     times, observed = _censored(times, observed)
     event_times, deaths = np.unique(times[observed], return_counts=True)  # (m,), (m,)
-    at_risk = np.array([np.count_nonzero(times >= t) for t in event_times], dtype=np.int64)  # (m,) censored at t still at risk
+    # (m,) at risk at t: time >= t, so a seed censored at t still counts (events before censorings)
+    at_risk = np.array([np.count_nonzero(times >= t) for t in event_times], dtype=np.int64)
     exact = list(accumulate((Fraction(int(n - d), int(n)) for n, d in zip(at_risk, deaths)), operator.mul))
     with np.errstate(divide="ignore"):
         greenwood = np.cumsum(deaths / (at_risk * (at_risk - deaths)))  # (m,)
@@ -140,7 +141,8 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     if not len(accepted):
         return KMMedian(median, None, None)
     end = accepted[-1] + 1
-    return KMMedian(median, event_times[accepted[0]].item(), event_times[end].item() if end < len(event_times) else None)
+    high = event_times[end].item() if end < len(event_times) else None
+    return KMMedian(median, event_times[accepted[0]].item(), high)
 
 
 def bootstrap_interval(samples, statistic: Callable[[np.ndarray], float], rng: np.random.Generator,
