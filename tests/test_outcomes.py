@@ -1,0 +1,180 @@
+"""attn.outcomes on synthetic eval curves of every class and every edge case
+its docstring names."""
+
+import math
+
+import numpy as np
+import pytest
+
+from attn.outcomes import (ACCURACY_BAR_FACTOR, DIVERGED, LEARNED, LEARNED_THEN_LOST, OUTCOMES, PLATEAU_FRACTION,
+                           SLOW, STALLED, THRESHOLD, CensoredTime, classify, definitions)
+
+BUDGET = 500
+STEPS = np.arange(0, BUDGET + 1, 50)  # (11,) logged steps
+CLASSES = 16
+CHANCE = 1 / CLASSES
+PLATEAU = 1.8  # nats: the no-retrieval level of a retrieval task
+LOW_BAR = ACCURACY_BAR_FACTOR * CHANCE
+PLATEAU_LEVEL = PLATEAU_FRACTION * PLATEAU
+NAN = math.nan
+
+
+def run(accuracy, loss, *, diverged=False, steps=STEPS, **overrides):
+    """classify() on one curve, with this module's task."""
+    settings = dict(diverged=diverged, budget=BUDGET, plateau_loss=PLATEAU, chance_accuracy=CHANCE)
+    return classify(steps, accuracy, loss, **(settings | overrides))
+
+
+def ramp(start, end, first, last):
+    """Per logged step: `start` until step `first`, linear to `end` at step `last`, then `end`."""
+    return np.interp(STEPS, [first, last], [start, end])
+
+
+LEARNING_LOSS = ramp(2.7, 0.01, 0, 200)
+REACHING_ACCURACY = ramp(CHANCE, 1.0, 0, 200)  # first >= 0.99 at step 200
+
+
+def test_a_learner_that_holds_it_is_learned():
+    outcome = run(REACHING_ACCURACY, LEARNING_LOSS)
+    assert outcome.outcome == LEARNED
+    assert outcome.reached_step == 200
+    first_left = STEPS[(REACHING_ACCURACY > LOW_BAR) | (LEARNING_LOSS < PLATEAU_LEVEL)][0]
+    assert outcome.left_plateau_step == first_left == 50
+    assert outcome.time_to_threshold == CensoredTime(200, True)
+    assert (outcome.best_accuracy, outcome.final_accuracy) == (1.0, 1.0)
+    assert outcome.best_loss == outcome.final_loss == pytest.approx(0.01)
+    assert not outcome.diverged_after_reaching
+
+
+def test_a_learner_that_ends_below_the_threshold_learned_then_lost():
+    accuracy = np.where(STEPS >= 400, 0.5, REACHING_ACCURACY)
+    loss = np.where(STEPS >= 400, 2.0, LEARNING_LOSS)
+    outcome = run(accuracy, loss)
+    assert outcome.outcome == LEARNED_THEN_LOST
+    assert outcome.time_to_threshold == CensoredTime(200, True)
+    assert (outcome.best_accuracy, outcome.final_accuracy, outcome.final_loss) == (1.0, 0.5, 2.0)
+
+
+def test_a_final_accuracy_that_is_not_finite_does_not_hold_the_threshold():
+    accuracy = np.where(STEPS == BUDGET, NAN, REACHING_ACCURACY)
+    outcome = run(accuracy, LEARNING_LOSS)
+    assert outcome.outcome == LEARNED_THEN_LOST and outcome.final_accuracy is None
+
+
+def test_high_loss_with_accuracy_rising_to_one_half_is_slow_not_stalled():
+    accuracy = ramp(CHANCE, 0.5, 100, 400)
+    loss = np.full(len(STEPS), 2.5)  # above the plateau level throughout
+    outcome = run(accuracy, loss)
+    assert outcome.outcome == SLOW
+    assert outcome.left_plateau_step == STEPS[accuracy > LOW_BAR][0]
+    assert outcome.reached_step is None
+    assert outcome.time_to_threshold == CensoredTime(BUDGET, False)
+
+
+def test_loss_below_the_plateau_level_with_low_accuracy_is_slow():
+    accuracy = np.full(len(STEPS), LOW_BAR)  # at the bar: not above it
+    loss = ramp(2.7, 1.5, 0, 300)
+    outcome = run(accuracy, loss)
+    assert outcome.outcome == SLOW
+    assert outcome.left_plateau_step == STEPS[loss < PLATEAU_LEVEL][0]
+
+
+def test_a_run_that_never_leaves_the_plateau_is_stalled():
+    rng = np.random.default_rng(0)
+    accuracy = CHANCE + rng.uniform(-0.02, 0.02, size=len(STEPS))
+    loss = 2.7 + rng.uniform(-0.05, 0.05, size=len(STEPS))
+    outcome = run(accuracy, loss)
+    assert outcome.outcome == STALLED
+    assert outcome.left_plateau_step is None and outcome.reached_step is None
+    assert outcome.best_accuracy == accuracy.max() and outcome.best_loss == loss.min()
+    assert outcome.time_to_threshold == CensoredTime(BUDGET, False)
+
+
+def test_the_threshold_is_inclusive_and_the_plateau_bars_strict():
+    exactly = np.where(STEPS == 150, THRESHOLD, REACHING_ACCURACY)
+    assert run(exactly, LEARNING_LOSS).reached_step == 150
+    at_the_bars = run(np.full(len(STEPS), LOW_BAR), np.full(len(STEPS), PLATEAU_LEVEL))
+    assert at_the_bars.outcome == STALLED
+    just_below = run(np.full(len(STEPS), LOW_BAR), np.full(len(STEPS), np.nextafter(PLATEAU_LEVEL, 0)))
+    assert just_below.outcome == SLOW
+
+
+def test_a_run_that_diverges_after_reaching():
+    accuracy = np.where(STEPS >= 450, NAN, REACHING_ACCURACY)
+    loss = np.where(STEPS >= 450, NAN, LEARNING_LOSS)
+    outcome = run(accuracy, loss, diverged=True)
+    assert outcome.outcome == DIVERGED and outcome.diverged_after_reaching
+    assert outcome.reached_step == 200 and outcome.time_to_threshold == CensoredTime(200, True)
+    assert outcome.final_accuracy is None and outcome.final_loss is None
+    assert outcome.best_accuracy == 1.0
+
+
+def test_a_run_that_diverges_before_reaching_is_censored_at_the_budget():
+    accuracy = np.where(STEPS >= 150, NAN, ramp(CHANCE, 0.5, 0, 100))
+    loss = np.where(STEPS >= 150, math.inf, ramp(2.7, 1.2, 0, 100))  # inf counts as NaN
+    outcome = run(accuracy, loss, diverged=True)
+    assert outcome.outcome == DIVERGED and not outcome.diverged_after_reaching
+    assert outcome.time_to_threshold == CensoredTime(BUDGET, False)
+    assert outcome.best_loss == pytest.approx(1.2) and outcome.final_loss is None
+
+
+@pytest.mark.parametrize("diverged, expected", [(False, STALLED), (True, DIVERGED)])
+def test_no_records_and_no_finite_values(diverged, expected):
+    nothing = run([], [], steps=[], diverged=diverged)
+    only_nan = run(np.full(len(STEPS), NAN), np.full(len(STEPS), NAN), diverged=diverged)
+    for outcome in (nothing, only_nan):
+        assert outcome.outcome == expected
+        assert outcome.reached_step is outcome.left_plateau_step is None
+        assert outcome.best_accuracy is outcome.best_loss is outcome.final_accuracy is outcome.final_loss is None
+        assert outcome.time_to_threshold == CensoredTime(BUDGET, False)
+
+
+def test_without_a_finite_loss_leaving_is_judged_by_accuracy():
+    no_loss = np.full(len(STEPS), NAN)
+    assert run(ramp(CHANCE, 0.5, 100, 400), no_loss).outcome == SLOW
+    assert run(np.full(len(STEPS), CHANCE), no_loss).outcome == STALLED
+    low_loss = np.full(len(STEPS), 0.5)
+    assert run(np.full(len(STEPS), CHANCE), low_loss, plateau_loss=NAN).outcome == STALLED  # plateau unknown
+
+
+def test_every_class_is_reachable_and_listed_once():
+    seen = {run(REACHING_ACCURACY, LEARNING_LOSS).outcome,
+            run(np.where(STEPS >= 400, 0.5, REACHING_ACCURACY), LEARNING_LOSS).outcome,
+            run(ramp(CHANCE, 0.5, 100, 400), np.full(len(STEPS), 2.5)).outcome,
+            run(np.full(len(STEPS), CHANCE), np.full(len(STEPS), 2.7)).outcome,
+            run(REACHING_ACCURACY, LEARNING_LOSS, diverged=True).outcome}
+    assert seen == set(OUTCOMES) and len(OUTCOMES) == len(set(OUTCOMES)) == 5
+
+
+def test_the_threshold_and_bars_are_parameters():
+    assert run(ramp(CHANCE, 0.96, 0, 200), LEARNING_LOSS).outcome == SLOW
+    assert run(ramp(CHANCE, 0.96, 0, 200), LEARNING_LOSS, threshold=0.95).outcome == LEARNED
+    flat_accuracy, loss = np.full(len(STEPS), 0.2), np.full(len(STEPS), 1.7)
+    assert run(flat_accuracy, loss).outcome == SLOW  # 0.2 > 2/16
+    assert run(flat_accuracy, loss, accuracy_bar_factor=4, plateau_fraction=0.9).outcome == STALLED
+    assert run(flat_accuracy, loss, accuracy_bar_factor=4, plateau_fraction=1.0).outcome == SLOW
+
+
+@pytest.mark.parametrize("steps, accuracy, loss, field", [
+    (STEPS[:-1], REACHING_ACCURACY, LEARNING_LOSS, "lengths"),
+    (STEPS[::-1], REACHING_ACCURACY, LEARNING_LOSS, "increasing"),
+    (STEPS, REACHING_ACCURACY, LEARNING_LOSS[:-1], "lengths")])
+def test_inconsistent_curves_are_refused(steps, accuracy, loss, field):
+    with pytest.raises(ValueError, match=field):
+        run(accuracy, loss, steps=steps)
+
+
+def test_chance_accuracy_must_be_a_probability():
+    with pytest.raises(ValueError, match="chance_accuracy"):
+        run(REACHING_ACCURACY, LEARNING_LOSS, chance_accuracy=0)
+
+
+def test_definitions_name_every_class_with_the_numbers_in_force():
+    text = definitions()
+    assert all(repr(name) in text for name in OUTCOMES)
+    assert f"{THRESHOLD:g}" in text and f"{PLATEAU_FRACTION:g} L" in text and f"{ACCURACY_BAR_FACTOR:g}/C" in text
+    assert "\n" not in text
+    other = definitions(0.95, 0.8, 3)
+    assert "0.95" in other and "0.8 L" in other and "3/C" in other and f"{THRESHOLD:g}" not in other
+    shared = definitions(plateau_loss=PLATEAU, chance_accuracy=CHANCE)
+    assert f"{PLATEAU_LEVEL:.3g}" in shared and f"{LOW_BAR:.3g}" in shared and f"{CHANCE:.3g}" in shared
