@@ -73,8 +73,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import plots, runs
-from attn.config import ConfigError, TaskConfig
-from attn.jobs import RESULT_NEUTRAL_KEYS, flatten_config
+from attn.config import ConfigError, TaskConfig, flatten_config
+from attn.jobs import RESULT_NEUTRAL_KEYS
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
 X_AXES = {"step": "step", "wall_time": "wall time (s)"}

@@ -441,6 +441,17 @@ def _plain(value):
     return dict(value) if isinstance(value, FrozenMapping) else value
 
 
+def flatten_config(data: dict, prefix: str = "") -> dict:
+    """A nested config dict (to_dict) as dotted key -> value; optim.lr_mult's mapping is one value."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and k != "lr_mult":
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
 def replace(config: Config, **dotted_values) -> Config:
     """A copy of `config` with dotted fields replaced (values validated)."""
     data = to_dict(config)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from attn import allocator, runs, train
-from attn.config import Config, ConfigError, check_run_name, load_config, to_dict
+from attn.config import Config, ConfigError, check_run_name, flatten_config, load_config, to_dict
 from attn.train import StopFlag
 
 
@@ -76,16 +76,6 @@ def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
     flat_a, flat_b = flatten_config(to_dict(a)), flatten_config(to_dict(b))
     return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
             if k not in ignore and flat_a.get(k) != flat_b.get(k)]
-
-
-def flatten_config(data: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict) and k != "lr_mult":
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()) -> train.RunState:

@@ -240,7 +240,7 @@ def accuracy(cache, batch: Batch):
 
 def diagnostics(cache, batch: Batch) -> dict:
     """What the experiments measure, read from a forward pass's cache (floats;
-    for a stack, one value per member).
+    for a stack, an (M,) array of each member's).
 
     Attention statistics are taken over the rows that feed the loss (query
     positions with a target): the rows whose gradient matters.
@@ -253,25 +253,32 @@ def diagnostics(cache, batch: Batch) -> dict:
     """
     positions = cache["positions"]
     rows = batch.target_mask[..., positions]  # (*M, B, P)
-    scores = cache["attn"]["scores"].astype(np.float64)  # (*M, B, P, T)
-    attn = cache["attn"]["attn"]  # (*M, B, P, T)
-    n_rows = rows.sum(axis=(-2, -1))  # (*M,)
-    counted = rows[..., None] & np.isfinite(scores)  # (*M, B, P, T): the unmasked scores of those rows
-    n_scores = counted.sum(axis=(-3, -2, -1))
-    mean = np.where(counted, scores, 0).sum(axis=(-3, -2, -1)) / n_scores  # (*M,)
-    centred = np.where(counted, scores - mean[..., None, None, None], 0)
-    safe_attn = np.where(attn > 0, attn, 1)
-    entropy = -(attn * np.log(safe_attn)).sum(axis=-1, dtype=np.float64)  # (*M, B, P)
-    stats = {
-        "accuracy": accuracy(cache, batch),
-        "score_std": _per_member(np.sqrt((centred * centred).sum(axis=(-3, -2, -1)) / n_scores)),
-        "attn_entropy": _per_member(np.where(rows, entropy, 0).sum(axis=(-2, -1)) / n_rows),
-        "saturated_frac": _per_member(((attn.max(axis=-1) > 0.99) & rows).sum(axis=(-2, -1)) / n_rows),
-    }
     key = batch.target_key[..., positions]  # (*M, B, P)
-    has_key = rows & (key >= 0)
+    scores, attn = cache["attn"]["scores"], cache["attn"]["attn"]  # (*M, B, P, T)
+    if rows.ndim == 2:
+        return {"accuracy": accuracy(cache, batch), **_attention_statistics(scores, attn, rows, key)}
+    # One member at a time, on its own contiguous arrays: numpy orders a
+    # reduction by the array's shape, and a member's figures must not depend on the stack.
+    members = [_attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key)))
+               for m in range(len(rows))]
+    stats = {"accuracy": accuracy(cache, batch)}
+    for name in members[0]:
+        stats[name] = np.array([member[name] for member in members])
+    return stats
+
+
+def _attention_statistics(scores, attn, rows, key) -> dict[str, float]:
+    """score_std, attn_entropy, saturated_frac, target_attn of one model's rows (see diagnostics)."""
+    scores, attn, key = scores[rows], attn[rows], key[rows]  # (N, T), (N, T), (N,)
+    unmasked = np.isfinite(scores)
+    safe_attn = np.where(attn > 0, attn, 1)
+    entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
+    stats = {
+        "score_std": float(scores[unmasked].std(dtype=np.float64)),
+        "attn_entropy": float(entropy.mean(dtype=np.float64)),
+        "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),
+    }
+    has_key = key >= 0
     if has_key.any():
-        on_key = np.take_along_axis(attn, np.maximum(key, 0)[..., None], axis=-1)[..., 0]  # (*M, B, P)
-        stats["target_attn"] = _per_member(np.where(has_key, on_key, 0).sum(axis=(-2, -1), dtype=np.float64)
-                                           / has_key.sum(axis=(-2, -1)))
+        stats["target_attn"] = float(attn[has_key, key[has_key]].mean(dtype=np.float64))
     return stats

@@ -4,6 +4,11 @@ Parameters, gradients and optimiser state are dicts keyed by parameter name,
 so an update is a loop over keys. Every update is in place. The learning
 rate of parameter p is lr * lr_mult.get(p, 1).
 
+A stack of M runs (attn.train) steps as one: its parameters carry a leading
+member axis, and lr (and any lr_mult value) may be one number per member,
+(M,); Adam's step count t is then one per member too. Member m's update is
+exactly the one it would get alone.
+
 SGD (with weight decay wd, momentum mu, dampening 0):
     g = grad + wd * w
     heavy-ball:  b = mu * b + g;  w -= lr * b
@@ -31,20 +36,41 @@ def squared_norm(a: np.ndarray) -> float:
     return float(np.sum(a64 * a64))
 
 
+def squared_norms(a: np.ndarray) -> np.ndarray:
+    """squared_norm of each member's slice a[m], (M,): one call per member,
+    so a member's figure does not depend on the others (numpy orders a
+    reduction over a stack by its shape)."""
+    return np.array([squared_norm(np.ascontiguousarray(member)) for member in a])
+
+
 def global_norm(grads: dict[str, np.ndarray]) -> float:
     """sqrt of the sum of squares of every gradient entry."""
     return math.sqrt(sum(squared_norm(g) for g in grads.values()))
 
 
-def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
+def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm, stacked: bool = False):
     """Scale all grads in place so their global norm is at most max_norm.
-    Returns the norm before clipping."""
-    norm = global_norm(grads)
-    if norm > max_norm:
-        factor = max_norm / norm
-        for g in grads.values():
-            g *= g.dtype.type(factor)
-    return norm
+    Returns the norm before clipping. For a stack, norms and max_norm are
+    one per member (a max_norm of inf never clips)."""
+    if not stacked:
+        norm = global_norm(grads)
+        if norm > max_norm:
+            factor = max_norm / norm
+            for g in grads.values():
+                g *= g.dtype.type(factor)
+        return norm
+    norms = np.sqrt(sum(squared_norms(g) for g in grads.values()))  # (M,)
+    factor = np.where(norms > max_norm, max_norm / norms, 1.0)
+    for g in grads.values():
+        g *= per_member(factor, g)
+    return norms
+
+
+def per_member(value, w: np.ndarray) -> np.ndarray:
+    """A scalar, or one value per member (M,), as w's dtype, shaped to
+    broadcast over w (M, ...): the factor an update multiplies w's entries by."""
+    value = np.asarray(value, dtype=np.float64).astype(w.dtype)
+    return value.reshape(value.shape + (1,) * (w.ndim - value.ndim))
 
 
 def learning_rate(step: int, base_lr: float, schedule: str, warmup_steps: int,
@@ -77,7 +103,7 @@ class SGD:
             g = grads[name]
             if self.weight_decay:
                 g = g + w.dtype.type(self.weight_decay) * w
-            step_lr = w.dtype.type(lr * self.lr_mult.get(name, 1.0))
+            step_lr = per_member(np.multiply(lr, self.lr_mult.get(name, 1.0)), w)
             if self.momentum:
                 buf = self.state[f"momentum/{name}"]
                 buf *= w.dtype.type(self.momentum)
@@ -101,14 +127,14 @@ class Adam:
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
         self.state["t"] += 1
-        t = int(self.state["t"])
+        t = self.state["t"].astype(np.float64)  # () or one per member (M,)
         bias1, bias2 = 1 - self.beta1**t, 1 - self.beta2**t
         for name, w in params.items():
             dt = w.dtype.type
             g = grads[name]
-            step_lr = lr * self.lr_mult.get(name, 1.0)
+            step_lr = np.multiply(lr, self.lr_mult.get(name, 1.0))
             if self.weight_decay and self.decoupled:
-                w -= dt(step_lr * self.weight_decay) * w
+                w -= per_member(step_lr * self.weight_decay, w) * w
             elif self.weight_decay:
                 g = g + dt(self.weight_decay) * w
             m, v = self.state[f"m/{name}"], self.state[f"v/{name}"]
@@ -116,4 +142,4 @@ class Adam:
             m += dt(1 - self.beta1) * g
             v *= dt(self.beta2)
             v += dt(1 - self.beta2) * (g * g)
-            w -= dt(step_lr / bias1) * m / (np.sqrt(v / dt(bias2)) + dt(self.eps))
+            w -= per_member(step_lr / bias1, w) * m / (np.sqrt(v / per_member(bias2, w)) + dt(self.eps))

@@ -3,25 +3,44 @@
 Step numbering: record `step` s describes the parameters after s updates.
 Iteration s draws batch s, computes loss and gradients there, logs (when
 s % log_every == 0, and at s = steps), and then applies update s + 1. The
-last iteration, s = steps, only measures. A checkpoint "at step s" holds the
-parameters after s updates and the batch generator's state after s draws,
-so resuming from it re-runs iteration s and everything after it exactly.
+last iteration, s = steps, only measures.
+
+Checkpoints. A checkpoint "at step s" holds the parameters and optimiser
+state after s updates and the batch generator's state before batch s is
+drawn (after s draws), so resuming from it re-runs iteration s and
+everything after it exactly. The periodic checkpoint is written after
+update s; the completion checkpoint, at s = steps, after the last
+iteration has logged, with the generator state saved before that
+iteration's draw: resuming from it re-runs the last iteration (the same
+record), and extending the run to more steps continues from it as if the
+budget had been larger from the start (a constant schedule gives the same
+numbers bit for bit).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.
 Two configs that differ only in, say, the score scale share their initial
 weights, batches and eval set for the same seed: paired comparisons.
 
+Stacks. Runs that share every shape (stack_key: the same task, model
+widths, batch, eval set size, optimiser and dtype) train as one stack: their
+parameters carry a leading member axis and every step is one computation
+(attn.layers). Each member keeps its own seed, generators, learning rate
+and schedule, score scale, initial gains, budget, logging and run
+directory, and its numbers are those it would have alone (a single run is
+a stack of one: the same code). A member that completes, diverges or is
+stopped leaves the stack; the others go on. Members must start from the
+same step.
+
 Non-finite values: a NaN/inf loss or gradient at iteration s is logged with
 a `nonfinite` field naming what went wrong. With train.on_nonfinite = stop
 the run ends there, status `diverged`; with `continue` update s + 1 is
 skipped and the run goes on (summary `nonfinite_steps` counts them).
 
-Stopping: a StopFlag set (by a signal handler) ends the run after the
+Stopping: a StopFlag set (by a signal handler) ends every member after the
 current iteration with a checkpoint, status `interrupted`. A
-KeyboardInterrupt ends it at once, without a checkpoint (the parameters may
-be half-updated): status `interrupted`, and resuming continues from the
-last checkpoint written.
+KeyboardInterrupt ends them at once, without a checkpoint (the parameters
+may be half-updated): status `interrupted`, and resuming continues from
+the last checkpoint written.
 
 This module never prints; `progress(step, record)` is called after every
 iteration (record is None except on logged steps).
@@ -38,12 +57,17 @@ from typing import Callable
 import numpy as np
 
 from attn import model, optim, runs
-from attn.config import Config
+from attn.config import Config, flatten_config, to_dict
 from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 
 METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the only record fields that vary run to run
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
+# Config keys whose values may differ between the members of one stack; every other key is shared.
+PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "model.v_gain", "model.o_gain",
+                   "model.readout_gain", "optim.lr", "optim.lr_mult", "optim.clip_norm", "optim.schedule",
+                   "optim.warmup_steps", "optim.min_lr_ratio", "train.steps", "train.on_nonfinite")
+PER_MEMBER_SECTIONS = ("logging.",)
 
 
 def build_task(config: Config):
@@ -63,11 +87,14 @@ def build_spec(config: Config, task) -> ModelSpec:
     )
 
 
-def build_optimizer(config: Config, params: dict):
+def build_optimizer(config: Config, params: dict, lr_mult: dict | None = None):
+    """The config's optimiser over `params`; `lr_mult` (default the config's)
+    may hold one multiplier per member for a stack."""
     o = config.optim
+    lr_mult = o.lr_mult if lr_mult is None else lr_mult
     if o.name == "sgd":
-        return optim.SGD(params, o.momentum, o.nesterov, o.weight_decay, o.lr_mult)
-    return optim.Adam(params, o.beta1, o.beta2, o.eps, o.weight_decay, o.name == "adamw", o.lr_mult)
+        return optim.SGD(params, o.momentum, o.nesterov, o.weight_decay, lr_mult)
+    return optim.Adam(params, o.beta1, o.beta2, o.eps, o.weight_decay, o.name == "adamw", lr_mult)
 
 
 @dataclass
@@ -90,6 +117,14 @@ def build(config: Config):
     return task, spec, params, build_optimizer(config, params), gens
 
 
+def stack_key(config: Config) -> tuple:
+    """What runs must share to train as one stack: every config value but
+    PER_MEMBER_KEYS and the logging section."""
+    flat = flatten_config(to_dict(config))
+    return tuple((k, repr(v)) for k, v in sorted(flat.items())
+                 if k not in PER_MEMBER_KEYS and not k.startswith(PER_MEMBER_SECTIONS))
+
+
 class StopFlag:
     """Set by a signal handler; the loop stops cleanly after the current update."""
 
@@ -102,7 +137,7 @@ class StopFlag:
 
 @dataclass
 class RunState:
-    """A run at an iteration boundary: what a checkpoint holds (params,
+    """One run at an iteration boundary: what a checkpoint holds (params,
     optimiser state, batch generator, step, training seconds, best figures,
     non-finite count) and what is rebuilt from the config."""
 
@@ -111,7 +146,7 @@ class RunState:
     task: RetrievalTask | CopyTask
     spec: ModelSpec
     params: dict
-    optimizer: optim.SGD | optim.Adam
+    optimizer_state: dict
     gens: Generators
     eval_batch: Batch
     step: int = 0  # the next iteration to run
@@ -125,23 +160,23 @@ def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
     """The state a run starts from: fresh, or its checkpoint when resuming.
     Writes nothing; a checkpoint that does not fit is refused with RunError."""
     task, spec, params, optimizer, gens = build(config)
-    state = RunState(config, Path(run_dir), task, spec, params, optimizer, gens,
+    state = RunState(config, Path(run_dir), task, spec, params, optimizer.state, gens,
                      task.sample(gens.eval, config.task.eval_size))
     if resume:
         _restore_checkpoint(state)
     return state
 
 
-def _save_checkpoint(state: RunState) -> None:
-    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
+def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict, data_rng: dict) -> None:
+    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": data_rng,
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
-    runs.save_checkpoint(state.run_dir / "checkpoint.npz", state.params, state.optimizer.state, meta)
+    runs.save_checkpoint(state.run_dir / "checkpoint.npz", params, optimizer_state, meta)
 
 
 def _restore_checkpoint(state: RunState) -> None:
     path = state.run_dir / "checkpoint.npz"
-    state.params, state.optimizer.state, meta = runs.load_checkpoint(
-        path, model.param_shapes(state.spec), state.optimizer.state, state.config.dtype)
+    state.params, state.optimizer_state, meta = runs.load_checkpoint(
+        path, model.param_shapes(state.spec), state.optimizer_state, state.config.dtype)
     try:
         state.gens.data.bit_generator.state = meta["data_rng"]
         state.step, state.wall_time = int(meta["step"]), float(meta["wall_time"])
@@ -165,89 +200,193 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag
 
 def run(state: RunState, *, stop: StopFlag | None = None,
         progress: Callable[[int, dict | None], None] | None = None) -> dict:
-    """The loop, from `state` to the end (or a stop, or divergence)."""
-    config, run_dir = state.config, state.run_dir
+    """One run, from `state` to the end (or a stop, or divergence): a stack of one."""
+    member_progress = None if progress is None else (lambda _member, step, record: progress(step, record))
+    return run_stack([state], stop=stop, progress=member_progress)[0]
+
+
+class Member:
+    """One run of a stack while it trains: its state, summary and clock."""
+
+    def __init__(self, state: RunState, stack_size: int):
+        self.state, self.config, self.run_dir = state, state.config, state.run_dir
+        self.summary = {
+            "status": "running", "step": state.step, "steps": state.config.train.steps, "task": state.task.name,
+            "references": state.task.reference_losses(), "started_at": time.time(),
+            "resumed_from": state.step if state.resumed else None, "best": state.best,
+            "nonfinite_steps": state.nonfinite_steps, "stack_size": stack_size,
+        }
+        self.clock = _Clock(state.wall_time, state.step)
+        self.last_checkpoint = state.step if state.resumed else None
+        self.final_record = None
+
+    def lr(self, step: int) -> float:
+        return optim_lr(self.config, step)
+
+    def logs(self, step: int) -> bool:
+        return step % self.config.logging.log_every == 0 or step == self.config.train.steps
+
+
+class Stack:
+    """The stacked arrays of the members still training: parameters and
+    optimiser state (M, ...), score scales and eval batches, one per member."""
+
+    def __init__(self, states: list[RunState]):
+        first = states[0]
+        self.spec = first.spec
+        self.params = {name: np.stack([s.params[name] for s in states]) for name in first.params}
+        names = set().union(*(s.config.optim.lr_mult for s in states))
+        lr_mult = {n: np.array([s.config.optim.lr_mult.get(n, 1.0) for s in states]) for n in names}
+        self.optimizer = build_optimizer(first.config, self.params, lr_mult)
+        self.optimizer.state = {k: np.stack([s.optimizer_state[k] for s in states]) for k in first.optimizer_state}
+        self.scales = np.array([s.spec.score_scale for s in states])
+        self.eval_batch = stack_batches([s.eval_batch for s in states])
+
+    def keep(self, kept: list[int]) -> None:
+        """Drop every member but those at the indices `kept`."""
+        take = np.array(kept, dtype=np.intp)
+        self.params = {n: p[take] for n, p in self.params.items()}
+        self.optimizer.state = {k: v[take] for k, v in self.optimizer.state.items()}
+        self.optimizer.lr_mult = {n: v[take] for n, v in self.optimizer.lr_mult.items()}
+        self.scales = self.scales[take]
+        self.eval_batch = Batch(*(getattr(self.eval_batch, f)[take] for f in BATCH_FIELDS))
+
+    def member_params(self, m: int) -> dict:
+        return {n: p[m] for n, p in self.params.items()}
+
+    def member_optimizer_state(self, m: int) -> dict:
+        return {k: v[m] for k, v in self.optimizer.state.items()}
+
+
+BATCH_FIELDS = ("tokens", "targets", "target_mask", "target_key")
+
+
+def stack_batches(batches: list[Batch]) -> Batch:
+    """One batch per member -> a stacked batch (M, B, ...)."""
+    return Batch(*(np.stack([getattr(b, f) for b in batches]) for f in BATCH_FIELDS))
+
+
+def member_batch(batch: Batch, m: int, n: int | None = None) -> Batch:
+    """Member m's batch of a stacked batch (its first n examples)."""
+    return Batch(*(getattr(batch, f)[m, :n] for f in BATCH_FIELDS))
+
+
+def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
+              progress: Callable[[int, int, dict | None], None] | None = None) -> list[dict]:
+    """Train every member from its state to its end; returns their final
+    summaries (also in each summary.json), in the order of `states`.
+    `progress(member index, step, record)` after each member's iteration."""
+    steps_at = {s.step for s in states}
+    if len(steps_at) != 1 or len({stack_key(s.config) for s in states}) != 1:
+        raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
-    steps, start_step = config.train.steps, state.step
-    if state.resumed:  # take the directory back from the process that stopped
-        runs.truncate_metrics(run_dir, start_step)
-        runs.remove_dead_temporaries(run_dir)
-    summary = {
-        "status": "running", "step": start_step, "steps": steps, "task": state.task.name,
-        "references": state.task.reference_losses(), "started_at": time.time(),
-        "resumed_from": start_step if state.resumed else None, "best": state.best,
-        "nonfinite_steps": state.nonfinite_steps,
-    }
-    _write_summary(run_dir, summary)
-    clock = _Clock(state.wall_time, start_step)
-    last_write, last_checkpoint = time.perf_counter(), start_step if state.resumed else None
-    final_record, status, reason = None, "completed", None
-    step = start_step
+    members = [Member(state, len(states)) for state in states]
+    for member in members:
+        if member.state.resumed:  # take the directory back from the process that stopped
+            runs.truncate_metrics(member.run_dir, member.state.step)
+            runs.remove_dead_temporaries(member.run_dir)
+        _write_summary(member)
+    stack, active = Stack(states), list(range(len(members)))  # indices into members, in stack order
+    step, last_write = steps_at.pop(), time.perf_counter()
     try:
         # Overflow to inf/NaN is detected and handled here, not warned about.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            for step in range(start_step, steps + 1):
-                record, fault = _iterate(state, step, clock)
-                if record is not None:
-                    runs.append_metrics(run_dir, record)
-                    final_record = record
-                    summary.update(step=step, nonfinite_steps=state.nonfinite_steps)
+            while active:
+                active = _iterate(stack, [members[i] for i in active], active, step, stop, progress)
+                step += 1
                 if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                    _write_summary(run_dir, summary)
+                    for i in active:
+                        _write_summary(members[i])
                     last_write = time.perf_counter()
-                if progress is not None:
-                    progress(step, record)
-                if fault is not None and config.train.on_nonfinite == "stop":
-                    what, note = fault
-                    status, reason = "diverged", f"non-finite {what} at step {step}{note}"
-                    break
-                if step < steps and (state.step % config.logging.checkpoint_every == 0 or stop.reason):
-                    state.wall_time = clock.elapsed()
-                    _save_checkpoint(state)
-                    last_checkpoint = state.step
-                    if stop.reason:
-                        status, reason = "interrupted", f"stopped by {stop.reason} at step {state.step}; checkpoint saved"
-                        break
     except KeyboardInterrupt:
-        resumable = f"resume continues from step {last_checkpoint}" if last_checkpoint is not None else "no checkpoint yet"
-        summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
-                       wall_time=clock.elapsed())
-        _write_summary(run_dir, summary)
+        for member in (members[i] for i in active if members[i].summary["status"] == "running"):
+            resumable = (f"resume continues from step {member.last_checkpoint}" if member.last_checkpoint is not None
+                         else "no checkpoint yet")
+            member.summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
+                                  wall_time=member.clock.elapsed())
+            _write_summary(member)
         raise
-    wall = clock.elapsed()
-    if status == "completed":
-        state.wall_time = wall
-        _save_checkpoint(state)
-    end_step = step if status == "diverged" else state.step
-    summary.update(
-        status=status, reason=reason, step=end_step, wall_time=wall, best=state.best,
-        nonfinite_steps=state.nonfinite_steps, final=_final_figures(final_record),
-        steps_per_sec=clock.rate_since_start(end_step),
+    return [member.summary for member in members]
+
+
+def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int, stop: StopFlag,
+             progress) -> list[int]:
+    """Iteration `step` of every active member: their batches, losses and
+    gradients; a record for those that log; the members that end here
+    (completed, or diverged with on_nonfinite = stop) finish and leave the
+    stack; the others take update step + 1 (unless their values are
+    non-finite) and checkpoint when due. Returns the indices still active."""
+    rng_before = [m.state.gens.data.bit_generator.state if step == m.config.train.steps else None for m in members]
+    batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
+    loss, grads, train_cache = model.loss_and_grads(stack.params, stack.spec, batch, stack.scales)
+    faults = _find_nonfinite(loss, grads, stack.params)
+    logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
+    records = _measure(stack, members, step, loss, grads, train_cache, batch, logged)
+    reported = list(zip(indices, records))  # every member that ran this iteration, for `progress`
+    ending, skipped = [], []  # (index, status, reason) of the members that end here; those not updated
+    for k, member in enumerate(members):
+        if faults[k] is not None:
+            records[k]["nonfinite"] = "".join(faults[k])
+            member.state.nonfinite_steps += 1
+        if faults[k] is not None and member.config.train.on_nonfinite == "stop":
+            what, note = faults[k]
+            ending.append((k, "diverged", f"non-finite {what} at step {step}{note}"))
+        elif step == member.config.train.steps:
+            ending.append((k, "completed", None))
+        elif faults[k] is not None:
+            skipped.append(k)
+    for k, status, reason in ending:
+        member = members[k]
+        _log(member, records[k], step)
+        if status == "completed":
+            member.state.wall_time = member.clock.elapsed()
+            _save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k), rng_before[k])
+        _finish(member, status, reason, step)
+    if ending:
+        kept = [k for k in range(len(members)) if k not in {e[0] for e in ending}]
+        for name in grads:
+            grads[name] = grads[name][kept]
+        stack.keep(kept)
+        members, indices = [members[k] for k in kept], [indices[k] for k in kept]
+        records, skipped = [records[k] for k in kept], [kept.index(k) for k in skipped]
+    if members:
+        _apply_update(stack, members, grads, step, records, skipped)  # adds the update ratios to the records
+    for k, member in enumerate(members):
+        _log(member, records[k], step)
+        member.state.step = step + 1
+    if progress is not None:
+        for index, record in reported:
+            progress(index, step, record)
+    for k, member in enumerate(members):
+        if member.state.step % member.config.logging.checkpoint_every == 0 or stop.reason:
+            member.state.wall_time = member.clock.elapsed()
+            _save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k),
+                             member.state.gens.data.bit_generator.state)
+            member.last_checkpoint = member.state.step
+    if stop.reason:
+        for member in members:
+            _finish(member, "interrupted", f"stopped by {stop.reason} at step {member.state.step}; checkpoint saved",
+                    member.state.step)
+        members, indices = [], []
+    return indices
+
+
+def _log(member: Member, record: dict | None, step: int) -> None:
+    """Append the member's record of this iteration, if it has one."""
+    if record is not None:
+        runs.append_metrics(member.run_dir, record)
+        member.final_record = record
+        member.summary.update(step=step, nonfinite_steps=member.state.nonfinite_steps)
+
+
+def _finish(member: Member, status: str, reason: str | None, end_step: int) -> None:
+    wall = member.clock.elapsed()
+    member.summary.update(
+        status=status, reason=reason, step=end_step, wall_time=wall, best=member.state.best,
+        nonfinite_steps=member.state.nonfinite_steps, final=_final_figures(member.final_record),
+        steps_per_sec=member.clock.rate_since_start(end_step),
     )
-    _write_summary(run_dir, summary)
-    return summary
-
-
-def _iterate(state: RunState, step: int, clock: _Clock) -> tuple[dict | None, tuple[str, str] | None]:
-    """Iteration `step`: a batch, its loss and gradients, a metrics record on
-    logged steps, then update step + 1 unless a value is non-finite or this is
-    the last step. Returns (record or None, what went non-finite or None)."""
-    config = state.config
-    batch = state.task.sample(state.gens.data, config.train.batch_size)
-    loss, grads, train_cache = model.loss_and_grads(state.params, state.spec, batch)
-    fault = _find_nonfinite(loss, grads, state.params)
-    record = None
-    if step % config.logging.log_every == 0 or step == config.train.steps or fault is not None:
-        record = {**_measure(state, step, loss, grads, train_cache, batch), **clock.lap(step)}
-    if fault is not None:
-        record["nonfinite"] = "".join(fault)
-        state.nonfinite_steps += 1
-    elif step < config.train.steps:
-        ratios = _apply_update(state, grads, optim_lr(config, step), measure=record is not None)
-        if record is not None:
-            record.update(ratios)
-    state.step = min(step + 1, config.train.steps)
-    return record, fault
+    _write_summary(member)
 
 
 class _Clock:
@@ -274,9 +413,9 @@ class _Clock:
         return (step - self.first_step) / seconds if seconds > 0 else None
 
 
-def _write_summary(run_dir: Path, summary: dict) -> None:
-    summary.update(runs.heartbeat_fields())
-    runs.write_json(run_dir / "summary.json", summary)
+def _write_summary(member: Member) -> None:
+    member.summary.update(runs.heartbeat_fields())
+    runs.write_json(member.run_dir / "summary.json", member.summary)
 
 
 def optim_lr(config: Config, step: int) -> float:
@@ -284,59 +423,90 @@ def optim_lr(config: Config, step: int) -> float:
     return optim.learning_rate(step, o.lr, o.schedule, o.warmup_steps, config.train.steps, o.min_lr_ratio)
 
 
-def _find_nonfinite(loss, grads: dict, params: dict) -> tuple[str, str] | None:
-    """None if the loss and gradients are finite; else (what, note) naming a
-    parameter: ('gradient of W_q', ''), or for the loss the parameter that is
-    itself non-finite or else holds the largest weight (the likely culprit)."""
-    if math.isfinite(loss):
-        bad = next((name for name, g in grads.items() if not np.isfinite(g).all()), None)
-        return None if bad is None else (f"gradient of {bad}", "")
-    bad = next((name for name, p in params.items() if not np.isfinite(p).all()), None)
-    if bad is not None:
-        return "loss", f"; parameter {bad} is non-finite"
-    largest = {name: float(np.abs(p).max()) for name, p in params.items()}
-    name = max(largest, key=largest.get)
-    return "loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"
+def _find_nonfinite(loss: np.ndarray, grads: dict, params: dict) -> list[tuple[str, str] | None]:
+    """Per member, None if its loss and gradients are finite; else (what,
+    note) naming a parameter: ('gradient of W_q', ''), or for the loss the
+    parameter that is itself non-finite or else holds the largest weight
+    (the likely culprit)."""
+    finite_grads = {name: np.isfinite(g).reshape(len(g), -1).all(axis=1) for name, g in grads.items()}
+    faults = []
+    for m, finite_loss in enumerate(np.isfinite(loss)):
+        if finite_loss:
+            bad = next((name for name, ok in finite_grads.items() if not ok[m]), None)
+            faults.append(None if bad is None else (f"gradient of {bad}", ""))
+            continue
+        bad = next((name for name, p in params.items() if not np.isfinite(p[m]).all()), None)
+        if bad is not None:
+            faults.append(("loss", f"; parameter {bad} is non-finite"))
+            continue
+        largest = {name: float(np.abs(p[m]).max()) for name, p in params.items()}
+        name = max(largest, key=largest.get)
+        faults.append(("loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"))
+    return faults
 
 
-def _measure(state: RunState, step: int, loss, grads: dict, train_cache, batch: Batch) -> dict:
-    """One metrics record (without timing and update ratios); evaluates on the
-    fixed eval set and snapshots its attention at the first and last step."""
-    eval_loss, eval_cache = model.forward(state.params, state.spec, state.eval_batch)
-    stats = model.diagnostics(eval_cache, state.eval_batch)
-    if not np.isfinite(eval_loss):  # argmax and entropies of NaN scores/logits mean nothing
-        stats = dict.fromkeys(stats)
-    squares = {n: optim.squared_norm(g) for n, g in grads.items()}
-    record = {
-        "step": step,
-        "lr": optim_lr(state.config, step),
-        "train_loss": float(loss),
-        "train_accuracy": model.accuracy(train_cache, batch),
-        "eval_loss": float(eval_loss),
-        "eval_accuracy": stats.pop("accuracy"),
-        **stats,
-        "grad_norm": math.sqrt(sum(squares.values())),  # = optim.global_norm(grads), bit for bit
-        **{f"grad_norm/{n}": math.sqrt(square) for n, square in squares.items()},
-    }
-    _update_best(state.best, record)
-    n_examples = min(state.config.logging.attention_examples, state.config.task.eval_size)
-    if n_examples and step in (0, state.config.train.steps):
-        _save_attention(state, "init" if step == 0 else "final", n_examples)
-    return record
+def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, train_cache, batch: Batch,
+             logged: list[bool]) -> list[dict | None]:
+    """A metrics record (without update ratios) for each member that logs
+    this step, None for the others: it evaluates the stack on its fixed eval
+    sets, and snapshots a member's attention at its first and last step."""
+    if not any(logged):
+        return [None] * len(members)
+    eval_loss, eval_cache = model.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales)
+    stats = model.diagnostics(eval_cache, stack.eval_batch)
+    train_accuracy = model.accuracy(train_cache, batch)
+    squares = {n: optim.squared_norms(g) for n, g in grads.items()}
+    records = []
+    for k, member in enumerate(members):
+        if not logged[k]:
+            records.append(None)
+            continue
+        member_stats = {name: float(values[k]) for name, values in stats.items()}
+        if not np.isfinite(eval_loss[k]):  # argmax and entropies of NaN scores/logits mean nothing
+            member_stats = dict.fromkeys(member_stats)
+        record = {
+            "step": step,
+            "lr": member.lr(step),
+            "train_loss": float(loss[k]),
+            "train_accuracy": float(train_accuracy[k]),
+            "eval_loss": float(eval_loss[k]),
+            "eval_accuracy": member_stats.pop("accuracy"),
+            **member_stats,
+            "grad_norm": math.sqrt(sum(float(square[k]) for square in squares.values())),
+            **{f"grad_norm/{n}": math.sqrt(float(square[k])) for n, square in squares.items()},
+            **member.clock.lap(step),
+        }
+        _update_best(member.state.best, record)
+        n_examples = min(member.config.logging.attention_examples, member.config.task.eval_size)
+        if n_examples and step in (0, member.config.train.steps):
+            _save_attention(member, stack, k, "init" if step == 0 else "final", n_examples)
+        records.append(record)
+    return records
 
 
-def _apply_update(state: RunState, grads: dict, lr: float, measure: bool) -> dict:
-    """Clip, step the optimiser; with `measure`, the update-to-weight ratio
+def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, records: list, skipped: list[int]) -> None:
+    """Clip, step the optimiser of every member but the `skipped` ones (whose
+    values are non-finite: their parameters and state are put back as they
+    were); for the members with a record, the update-to-weight ratio
     ||w_new - w|| / ||w|| of each parameter (None where w = 0)."""
-    if state.config.optim.clip_norm is not None:
-        optim.clip_by_global_norm(grads, state.config.optim.clip_norm)
-    before = {n: p.copy() for n, p in state.params.items()} if measure else {}
-    state.optimizer.step(state.params, grads, lr)
-    ratios = {}
+    clip = np.array([m.config.optim.clip_norm or math.inf for m in members])
+    if np.isfinite(clip).any():
+        optim.clip_by_global_norm(grads, clip, stacked=True)
+    measured = [k for k, record in enumerate(records) if record is not None]
+    before = {n: p.copy() for n, p in stack.params.items()} if measured else {}
+    kept_as_was = ({n: p[skipped].copy() for n, p in stack.params.items()},
+                   {k: v[skipped].copy() for k, v in stack.optimizer.state.items()}) if skipped else None
+    stack.optimizer.step(stack.params, grads, np.array([m.lr(step) for m in members]))
+    if kept_as_was is not None:
+        for n, values in kept_as_was[0].items():
+            stack.params[n][skipped] = values
+        for key, values in kept_as_was[1].items():
+            stack.optimizer.state[key][skipped] = values
     for n, w in before.items():
-        norm_w = math.sqrt(optim.squared_norm(w))
-        ratios[f"update_ratio/{n}"] = math.sqrt(optim.squared_norm(state.params[n] - w)) / norm_w if norm_w else None
-    return ratios
+        norm_w = np.sqrt(optim.squared_norms(w))
+        norm_step = np.sqrt(optim.squared_norms(stack.params[n] - w))
+        for k in measured:
+            records[k][f"update_ratio/{n}"] = float(norm_step[k] / norm_w[k]) if norm_w[k] else None
 
 
 def _update_best(best: dict, record: dict) -> None:
@@ -358,14 +528,13 @@ def _final_figures(record: dict | None) -> dict:
     return {k: record[k] for k in keys if k in record}
 
 
-def _save_attention(state: RunState, when: str, n: int) -> None:
+def _save_attention(member: Member, stack: Stack, k: int, when: str, n: int) -> None:
     """attention.npz: weights of the first n eval examples at init and at the end
     (the end's snapshot is added beside the init one already on disk). Every
     row of the map, not only the rows with a target that training computes."""
-    b = state.eval_batch
-    shown = Batch(b.tokens[:n], b.targets[:n], b.target_mask[:n], b.target_key[:n])
-    _, cache = model.forward(state.params, state.spec, shown, all_queries=True)
-    path = state.run_dir / "attention.npz"
+    shown = member_batch(stack.eval_batch, k, n)
+    _, cache = model.forward(stack.member_params(k), stack.spec, shown, all_queries=True, scale=stack.scales[k])
+    path = member.run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():
         arrays = runs.load_arrays(path)
