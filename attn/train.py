@@ -6,15 +6,16 @@ s % log_every == 0, and at s = steps), and then applies update s + 1. The
 last iteration, s = steps, only measures.
 
 Checkpoints. A checkpoint "at step s" holds the parameters and optimiser
-state after s updates and the batch generator's state before batch s is
-drawn (after s draws), so resuming from it re-runs iteration s and
-everything after it exactly. The periodic checkpoint is written after
-update s; the completion checkpoint, at s = steps, after the last
-iteration has logged, with the generator state saved before that
-iteration's draw: resuming from it re-runs the last iteration (the same
-record), and extending the run to more steps continues from it as if the
-budget had been larger from the start (a constant schedule gives the same
-numbers bit for bit).
+state after s updates, the batch generator's state after s draws, and
+`best` and `nonfinite_steps` as iterations 0..s-1 left them; it is only
+ever written between iterations s - 1 and s (never after iteration s has
+drawn its batch). Resuming from it first drops every record with step >= s,
+then runs iterations s..steps: exactly the run that was stopped. The last
+checkpoint of a completed run is the one at s = steps, written before the
+final (measuring) iteration, so a run killed anywhere after it resumes by
+re-running that iteration alone, bit for bit; and extending the run to
+more steps continues from it as if the budget had been larger from the
+start (with a constant schedule, the same numbers bit for bit).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.
@@ -167,8 +168,8 @@ def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
     return state
 
 
-def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict, data_rng: dict) -> None:
-    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": data_rng,
+def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict) -> None:
+    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
     runs.save_checkpoint(state.run_dir / "checkpoint.npz", params, optimizer_state, meta)
 
@@ -316,7 +317,6 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
     (completed, or diverged with on_nonfinite = stop) finish and leave the
     stack; the others take update step + 1 (unless their values are
     non-finite) and checkpoint when due. Returns the indices still active."""
-    rng_before = [m.state.gens.data.bit_generator.state if step == m.config.train.steps else None for m in members]
     batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
     loss, grads, train_cache = model.loss_and_grads(stack.params, stack.spec, batch, stack.scales)
     faults = _find_nonfinite(loss, grads, stack.params)
@@ -336,12 +336,8 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
         elif faults[k] is not None:
             skipped.append(k)
     for k, status, reason in ending:
-        member = members[k]
-        _log(member, records[k], step)
-        if status == "completed":
-            member.state.wall_time = member.clock.elapsed()
-            _save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k), rng_before[k])
-        _finish(member, status, reason, step)
+        _log(members[k], records[k], step)
+        _finish(members[k], status, reason, step)
     if ending:
         kept = [k for k in range(len(members)) if k not in {e[0] for e in ending}]
         for name in grads:
@@ -358,11 +354,12 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
         for index, record in reported:
             progress(index, step, record)
     for k, member in enumerate(members):
-        if member.state.step % member.config.logging.checkpoint_every == 0 or stop.reason:
-            member.state.wall_time = member.clock.elapsed()
-            _save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k),
-                             member.state.gens.data.bit_generator.state)
-            member.last_checkpoint = member.state.step
+        state = member.state
+        if (state.step % member.config.logging.checkpoint_every == 0 or state.step == member.config.train.steps
+                or stop.reason):
+            state.wall_time = member.clock.elapsed()
+            _save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k))
+            member.last_checkpoint = state.step
     if stop.reason:
         for member in members:
             _finish(member, "interrupted", f"stopped by {stop.reason} at step {member.state.step}; checkpoint saved",

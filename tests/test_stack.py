@@ -103,10 +103,10 @@ def test_a_stopped_stack_checkpoints_every_member_and_each_resumes_alone_exactly
         assert_same_run(stacked[i], run_dir)
 
 
-def test_resuming_the_completion_checkpoint_reproduces_the_last_record(tmp_path):
-    """The completion checkpoint holds the generator before the last draw: a
-    run resumed from it (its summary lost, as when killed between the two
-    writes) re-runs the last iteration and ends with the same record."""
+def test_resuming_the_last_checkpoint_reproduces_the_last_record(tmp_path):
+    """The last checkpoint is written before the final iteration: a run
+    resumed from it (its summary lost, as when killed after the last record)
+    re-runs that iteration and ends with the same record."""
     c = config("seed=5")
     _, run_dir = train_alone(tmp_path, c, "run")
     before = runs.read_metrics(run_dir)
