@@ -56,12 +56,16 @@ def _per_member(value, like: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 def embedding_forward(ids: np.ndarray, table: np.ndarray):
     """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
-    if _members(table):
-        M = table.shape[0]
-        out = table[np.arange(M).reshape(M, *[1] * (ids.ndim - 1)), ids]  # (M, ..., D)
-    else:
-        out = table[ids]  # (..., D)
+    out = np.take(*_flat_lookup(ids, table), axis=0)  # (*M, ..., D)
     return out, (ids, table.shape)
+
+
+def _flat_lookup(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(table as rows (M V, D), ids into those rows): member m's row v is row m V + v."""
+    if not _members(table):
+        return table, ids
+    M, V, D = table.shape
+    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 1))
 
 
 def embedding_backward(dout, cache) -> np.ndarray:
@@ -74,14 +78,19 @@ def embedding_backward(dout, cache) -> np.ndarray:
 
     dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
-    (B, R, V), times R, and dout is never formed.
+    (B, R, V), times R, and dout is never formed. The binning is one
+    np.bincount over every (example, row) (accumulated in float64, then
+    the gradient's dtype): a batch of tiny products would cost more.
     """
     ids, shape = cache
     (V, D), lead = shape[-2:], shape[:-2]
     if isinstance(dout, Factored):
-        onehot = (ids[..., None] == np.arange(V)).astype(dout.right.dtype)  # (*M, B, T, V)
-        binned = dout.left @ onehot  # (*M, B, R, V)
-        return _rows(binned, len(lead)).swapaxes(-1, -2) @ _rows(dout.right, len(lead))  # (*M, V, D)
+        *batch, R, T = dout.left.shape  # batch = (*M, B)
+        n_rows = int(np.prod(batch)) * R
+        bins = np.arange(n_rows).reshape(*batch, R, 1) * V + ids[..., None, :]  # (*M, B, R, T): bin of each entry
+        binned = np.bincount(bins.ravel(), weights=dout.left.ravel(), minlength=n_rows * V)
+        binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
+        return binned.swapaxes(-1, -2) @ _rows(dout.right, len(lead))  # (*M, V, D)
     onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
     return onehot @ _rows(dout, len(lead))  # (*M, V, D)
 
@@ -134,13 +143,15 @@ def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
     return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
 
 
-def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, merged: bool | None = None):
-    """out = x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out).
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=1.0, merged: bool | None = None):
+    """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
+    s a scalar or one per member (*M, 1, 1):
 
-        chained:  h = x U,  out = h V
-        merged:   W = U V,  out = x W        (W: n_in x n_out, formed once)
+        chained:  h = s (x U),  out = h V
+        merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
 
     The same map either way; `merged` None picks the cheaper (merge_is_cheaper).
+    s multiplies the smaller product (h or W), never U itself.
     """
     members = _members(U)
     n_in, rank, n_out = *U.shape[-2:], V.shape[-1]
@@ -149,33 +160,46 @@ def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, merge
         merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
     if merged:
         W = U @ V  # (*M, n_in, n_out)
+        W *= scale
         out = rows @ W
-        cache = (rows, U, V, W, None)
+        cache = (rows, U, V, scale, W, None)
     else:
         hidden = rows @ U  # (*M, N, r)
+        hidden *= scale
         out = hidden @ V
-        cache = (rows, U, V, None, hidden)
+        cache = (rows, U, V, scale, None, hidden)
     return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
 
 
 def factorised_linear_backward(dout: np.ndarray, cache):
-    """(dx, dU, dV) of out = x U V:
+    """(dx, dU, dV) of out = s x U V:
 
-        chained:  dh = dout V^T,  dV = h^T dout,  dx = dh U^T,  dU = x^T dh
-        merged:   dW = x^T dout,  dx = dout W^T,  dU = dW V^T,  dV = U^T dW
+        chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
+        merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
     """
-    x_shape, (rows, U, V, W, hidden) = cache
+    x_shape, (rows, U, V, scale, W, hidden) = cache
     dout2 = _rows(dout, _members(U))  # (*M, N, n_out)
     if W is not None:
         dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
         dx = dout2 @ W.swapaxes(-1, -2)
-        dU, dV = dW @ V.swapaxes(-1, -2), U.swapaxes(-1, -2) @ dW
+        dW *= scale
+        dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
     else:
+        dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
         dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
-        dV = hidden.swapaxes(-1, -2) @ dout2
+        dhidden *= scale
         dx = dhidden @ U.swapaxes(-1, -2)
         dU = rows.swapaxes(-1, -2) @ dhidden
     return dx.reshape(x_shape), dU, dV
+
+
+def _product_laid_out_as(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b in the memory layout of `like`: computed as (b^T a^T)^T when
+    `like` is a transposed view (W_k^T), so that the gradient is as
+    contiguous as its weight and the optimiser walks it in order."""
+    if like.ndim >= 2 and like.swapaxes(-1, -2).flags.c_contiguous and not like.flags.c_contiguous:
+        return (b.swapaxes(-1, -2) @ a.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return a @ b
 
 
 # --------------------------------------------------------------------------
@@ -317,7 +341,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     and `association` chooses how to compute it (None: choose_association):
 
         projected   as written, with K and V one product, [K V] = X [W_k W_v],
-                    and s folded into the queries: S = (X_Q s W_q) K^T
+                    and s applied to the queries: S = (s X_Q W_q) K^T
         bilinear    S = X_Q W_QK X^T,   out = (A X) W_OV,
                     W_QK = s W_q W_k^T (D x D),  W_OV = W_v W_o (D x D),
                     each applied as a product of its two factors or formed,
@@ -335,10 +359,11 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         d_k = W_k.shape[-1]
         kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)
         k, v = kv[..., :d_k], kv[..., d_k:]  # views: (*M, B, T, d_k), (*M, B, T, d_v)
-        q_scaled, q_projection = linear_forward(x_q, W_q * scale)  # Q_s = X_Q (s W_q): (*M, B, P, d_k)
+        q_scaled, q_projection = linear_forward(x_q, W_q)  # Q = X_Q W_q: (*M, B, P, d_k)
+        q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
         scores = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
     else:
-        q_circuit, query_map = factorised_linear_forward(x_q, W_q * scale, W_k.swapaxes(-1, -2))  # X_Q W_QK: (*M, B, P, D)
+        q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
         scores = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
     if mask is not None:
         scores[..., mask[queries]] = -np.inf
@@ -372,11 +397,11 @@ def _projected_backward(dout, cache):
     k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
     dscores = softmax_backward(_key_major_product(v, dcontext), attn)  # dA = dC V^T; (*M, B, P, T), zero where masked
-    dq_scaled = dscores @ k  # (*M, B, P, d_k)
+    dq = dscores @ k  # (*M, B, P, d_k)
+    dq *= cache["scale"][..., None]  # Q_s = s Q
     dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"])
-    dx_q, dW_q, _ = linear_backward(dq_scaled, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
+    dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    dW_q *= cache["scale"]  # Q_s = X_Q (s W_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
 
 
@@ -421,16 +446,15 @@ def _bilinear_backward(dout, cache):
         dX = dS^T (X_Q W_QK) + A^T d(A X) + the query rows' own gradient,
     the first two as Factored([dS; A], [X_Q W_QK; d(A X)]) (formed when
     keep_factored says so), and the weights' through the two maps:
-    dW_q = s dU, dW_k = dV^T for the query map's U = s W_q, V = W_k^T.
+    dW_q = dU, dW_k = dV^T for the query map's U = W_q, V = W_k^T, scale s.
     """
     x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
     dscores = softmax_backward(_key_major_product(x, dattended), attn)  # dA = d(AX) X^T; (*M, B, P, T)
     dq_circuit = dscores @ x  # (*M, B, P, D)
-    dx_q, dU, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
+    dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
     dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
     if not keep_factored(x.shape[-2], attn.shape[-2]):
         dx = dx.dense()  # (*M, B, T, D)
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    dU *= cache["scale"]  # U = s W_q
-    return {"x": dx, "W_q": dU, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o}
+    return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o}

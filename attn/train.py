@@ -425,7 +425,7 @@ def _find_nonfinite(loss: np.ndarray, grads: dict, params: dict) -> list[tuple[s
     note) naming a parameter: ('gradient of W_q', ''), or for the loss the
     parameter that is itself non-finite or else holds the largest weight
     (the likely culprit)."""
-    finite_grads = {name: np.isfinite(g).reshape(len(g), -1).all(axis=1) for name, g in grads.items()}
+    finite_grads = {name: _all_finite(g) for name, g in grads.items()}
     faults = []
     for m, finite_loss in enumerate(np.isfinite(loss)):
         if finite_loss:
@@ -440,6 +440,16 @@ def _find_nonfinite(loss: np.ndarray, grads: dict, params: dict) -> list[tuple[s
         name = max(largest, key=largest.get)
         faults.append(("loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"))
     return faults
+
+
+def _all_finite(stacked: np.ndarray) -> np.ndarray:
+    """Per member, whether every entry is finite. A finite sum has only finite
+    terms (one inf or NaN makes it non-finite), so one pass decides for most
+    members; a sum that overflowed is checked entry by entry."""
+    finite = np.isfinite(stacked.sum(axis=tuple(range(1, stacked.ndim))))  # (M,)
+    for m in np.flatnonzero(~finite):
+        finite[m] = np.isfinite(stacked[m]).all()
+    return finite
 
 
 def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, train_cache, batch: Batch,
