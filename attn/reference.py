@@ -82,6 +82,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     dA = dC @ V.transpose(0, 2, 1)
     dV = A.transpose(0, 2, 1) @ dC
     dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    cache["dS"] = dS  # kept: attn.mechanism reads each row's score gradient
     dQ = s * dS @ K
     dK = s * dS.transpose(0, 2, 1) @ Q
     grads.update(W_q=np.einsum("btd,btk->dk", X, dQ), W_k=np.einsum("btd,btk->dk", X, dK),

@@ -1,0 +1,73 @@
+"""Why an unscaled head stops learning, measured row by row.
+
+The claim: with scores of variance d_k the softmax saturates, and the
+gradient through a saturated row vanishes. Each query row i that carries a
+target (retrieval: one per example) gives, from the textbook model's
+forward and backward (attn.reference; the row's share of the batch loss):
+
+    max_p      its largest attention weight; saturated when max_p > 0.99
+    grad_W_q   ||d loss_i / d W_q|| = s ||x_i|| ||dS_i K||     (a rank-one matrix)
+    grad_W_k   ||d loss_i / d W_k|| = s ||dS_i X|| ||q_i||     (so is this)
+    jacobian   ||J||_2 of the row's softmax, J = diag(p) - p p^T
+    bound      2 (1 - max_p), which bounds it: J is symmetric, and row j of
+               J sums in absolute value to 2 p_j (1 - p_j) <= 2 (1 - max_p)
+               (for j the argmax since p_j <= 1; for any other j since
+               p_j <= 1 - max_p), so ||J||_2 <= ||J||_inf <= 2 (1 - max_p)
+
+Since W_q and W_k reach the loss only through the scores, a row whose
+Jacobian is near zero passes almost no gradient to them: a saturated row
+does not learn where to look.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attn import reference
+from attn.model import Batch, ModelSpec
+
+SATURATED = 0.99  # a row is saturated when its largest weight exceeds this (as model.diagnostics counts)
+TOP_FRACTION = 0.1  # the share of the squared gradient carried by this fraction of the rows
+
+
+def row_statistics(params: dict, spec: ModelSpec, batch: Batch) -> dict[str, np.ndarray]:
+    """Per query row with a target, (N,) arrays: max_p, saturated, grad_W_q,
+    grad_W_k, jacobian, bound (module docstring). params and batch of one model."""
+    _, cache = reference.forward(params, spec, batch)
+    reference.backward(cache, spec)  # leaves each row's score gradient dS in the cache
+    rows = batch.target_mask  # (B, T)
+    s = spec.score_scale
+    X, Q, K, A, dS = cache["X"], cache["Q"], cache["K"], cache["A"], cache["dS"]  # (B, T, D), (B, T, d_k), ..., (B, T, T)
+    grad_q = s * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
+    grad_k = s * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
+    p = A[rows]  # (N, T)
+    jacobian = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[:, None, :] - p[:, :, None] * p[:, None, :])  # (N, T)
+    max_p = p.max(axis=-1)
+    return {"max_p": max_p, "saturated": max_p > SATURATED, "grad_W_q": grad_q[rows], "grad_W_k": grad_k[rows],
+            "jacobian": np.abs(jacobian).max(axis=-1), "bound": 2 * (1 - max_p)}
+
+
+def top_share(values: np.ndarray, fraction: float = TOP_FRACTION) -> float:
+    """The share of sum(values^2) carried by the largest `fraction` of the
+    values (at least one); nan when they are all zero."""
+    squares = np.sort(np.asarray(values, dtype=np.float64) ** 2)[::-1]
+    total = squares.sum()
+    return float(squares[: max(1, int(round(fraction * len(squares))))].sum() / total) if total > 0 else float("nan")
+
+
+def summary(rows: dict[str, np.ndarray]) -> dict[str, float]:
+    """One model's rows in numbers: the saturated fraction; the median
+    gradient norms of saturated and of other rows (nan where there are
+    none); the top rows' share of each squared gradient; the largest
+    ratio of a row's Jacobian norm to its bound (<= 1)."""
+    saturated = rows["saturated"]
+    out = {"saturated_frac": float(saturated.mean()) if len(saturated) else float("nan")}
+    for name in ("grad_W_q", "grad_W_k"):
+        values = rows[name]
+        out[f"{name}_median_saturated"] = float(np.median(values[saturated])) if saturated.any() else float("nan")
+        out[f"{name}_median_other"] = float(np.median(values[~saturated])) if (~saturated).any() else float("nan")
+        out[f"{name}_top_share"] = top_share(values)
+    bounded = rows["bound"] > 0
+    out["jacobian_over_bound_max"] = float((rows["jacobian"][bounded] / rows["bound"][bounded]).max()) \
+        if bounded.any() else float("nan")
+    return out
