@@ -1,0 +1,241 @@
+"""The training step of attn against its strongest rivals, timed side by side.
+
+At each size of SIZES, in one process with a fixed number of threads:
+
+- attn's step (forward, backward, SGD update; batches drawn beforehand) and
+  every rival of attn.bench.rivals that is installed: PyTorch eager,
+  torch.compile and JAX jit, each in the projected and the bilinear
+  formulation, from the same weights on the same batches;
+- numpy's float32 product of two MATMUL_N squares, the machine's rate in
+  the same rounds (a yardstick that moves with the load).
+
+Every side is warmed up (compiled) first; then the sides and the square
+product alternate in ROUNDS rounds, so a burst of load elsewhere hits all
+alike. The figure of merit is attn's median step over the fastest rival's:
+the yardstick is the strongest rival, never the easiest. Each side's loss
+after its steps is kept, to show they computed the same thing.
+
+A child process per thread count (`python -m attn.bench.timing`) does the
+timing, since JAX fixes its threads when it starts: OPENBLAS/OMP/MKL
+threads, torch.set_num_threads and XLA's intra-op threads all set to N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from attn import allocator, layers, model, train
+from attn.bench import rivals
+from attn.config import Config, load_config
+from attn.model import Batch, ModelSpec
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_CONFIG = REPO / "configs" / "default.yaml"
+# name -> overrides of configs/default.yaml. `wide` is the headline
+# experiment's costliest cell (d_k 4096 at d_model 64); `large` is retrieval
+# with 63 pairs (T = 64), its rate lowered so that every timed step stays
+# finite: the cost of a step does not depend on the rate.
+SIZES = {
+    "default": (),
+    "wide": ("model.d_k=4096", "model.d_v=32"),
+    "copy": ("task.name=copy", "task.length=16", "model.d_k=64"),
+    "large": ("task.name=retrieval", "task.n_keys=64", "task.n_pairs=63", "train.batch_size=128",
+              "model.d_model=256", "model.d_k=256", "optim.lr=0.1"),
+}
+MATMUL_N = 2048
+BATCH_POOL = 16  # distinct batches cycled through by the timed steps
+ROUNDS = 5  # alternating rounds of every side and one square product
+THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+PROGRESS_PREFIX = "bench-child: "
+
+
+def size_config(name: str) -> Config:
+    """configs/default.yaml with the overrides of size `name`."""
+    return load_config(BASE_CONFIG, SIZES[name])
+
+
+def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
+    """Matrix-multiply FLOPs of attn's step with its query side at
+    `positions` of the T positions: twice the multiply-adds of the head's
+    association (attn.layers.head_costs) and the readout's three products.
+    The embeddings' one-hot products are not counted."""
+    B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
+    head = min(layers.head_costs(B, positions, T, D, spec.d_k, spec.d_v).values())
+    return 2 * head + 3 * 2 * B * positions * D * C
+
+
+def spread(seconds: list[float]) -> dict:
+    """Median, quartiles and extremes, in milliseconds."""
+    ms = np.asarray(seconds) * 1e3
+    p25, median, p75 = np.percentile(ms, [25, 50, 75])
+    return {"median_ms": float(median), "p25_ms": float(p25), "p75_ms": float(p75),
+            "min_ms": float(ms.min()), "max_ms": float(ms.max()), "n": int(ms.size)}
+
+
+def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict[str, list[float]]:
+    """name -> the seconds of each call, where work[name] = (function, calls
+    per round). All are timed in `rounds` alternating rounds, so that load
+    elsewhere on the machine hits each alike; the garbage collector is off
+    meanwhile."""
+    times = {name: [] for name in work}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for name, (function, calls) in work.items():
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    function()
+                    times[name].append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return times
+
+
+def square_product(n: int = MATMUL_N) -> Callable[[], None]:
+    """One float32 n x n @ n x n product (2 n^3 FLOPs) into a fixed buffer."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    out = np.empty((n, n), dtype=np.float32)
+    return lambda: np.matmul(a, b, out=out)
+
+
+def attn_stepper(config: Config, spec: ModelSpec, params: dict, optimizer, batches: list[Batch]) -> Callable:
+    """step() -> loss: one training step of attn on the next batch of the pool."""
+    pool = itertools.cycle(batches)
+
+    def step():
+        loss, grads, _ = model.loss_and_grads(params, spec, next(pool))
+        optimizer.step(params, grads, config.optim.lr)
+        return float(loss)
+
+    return step
+
+
+def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """Time attn and every installed rival at one size (module docstring)."""
+    config = size_config(name)
+    task, spec, params, optimizer, gens = train.build(config)
+    batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+    steppers, skipped = {}, {}
+    for framework, formulation in itertools.product(rivals.FRAMEWORKS, rivals.FORMULATIONS):
+        if not rivals.available(framework):
+            skipped[framework] = "not installed"
+            continue
+        progress(f"{name}: preparing {framework} {formulation}")
+        steppers[f"{framework} {formulation}"] = rivals.stepper(framework, formulation, spec, params, batches,
+                                                                config.optim.lr)
+    steppers["attn"] = attn_stepper(config, spec, {k: v.copy() for k, v in params.items()}, optimizer, batches)
+    for side, step in steppers.items():
+        for _ in range(warmup):
+            step()
+    per_round = math.ceil(steps / ROUNDS)
+    work = {side: (step, per_round) for side, step in steppers.items()}
+    work["matmul"] = (square_product(), 1)
+    progress(f"{name}: timing {len(steppers)} sides in {ROUNDS} rounds")
+    times = time_interleaved(work, ROUNDS)
+    matmul_seconds = times.pop("matmul")
+    positions = int(np.arange(spec.n_positions)[rivals.target_positions(batches)].size)
+    flops = step_flops(spec, config.train.batch_size, positions)
+    sides = {side: {**spread(seconds), "loss_after": steppers[side]()} for side, seconds in times.items()}
+    fastest = min((s for s in sides if s != "attn"), key=lambda s: sides[s]["median_ms"], default=None)
+    return {
+        "size": name, "overrides": list(SIZES[name]),
+        "shape": {"task": config.task.name, "B": config.train.batch_size, "T": spec.n_positions, "P": positions,
+                  "d_model": spec.d_model, "d_k": spec.d_k, "d_v": spec.d_v, "classes": spec.n_classes},
+        "association": layers.choose_association(config.train.batch_size, positions, spec.n_positions,
+                                                 spec.d_model, spec.d_k, spec.d_v),
+        "attn_gflop_per_step": flops / 1e9,
+        "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
+        "sides": sides, "skipped": skipped, "fastest_rival": fastest,
+        "ratio_to_fastest": sides["attn"]["median_ms"] / sides[fastest]["median_ms"] if fastest else None,
+    }
+
+
+def blas_info() -> list[dict]:
+    from threadpoolctl import threadpool_info
+
+    return [{k: v for k, v in entry.items() if k != "filepath"} for entry in threadpool_info()]
+
+
+def versions() -> dict:
+    """numpy's, and each rival framework's that is installed."""
+    found = {"numpy": np.__version__}
+    for module in ("torch", "jax"):
+        if rivals.available("jax" if module == "jax" else "torch"):
+            found[module] = __import__(module).__version__
+    return found
+
+
+def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """Every size at `threads` threads, in this process (whose thread
+    environment the parent set; see timed_in_child)."""
+    if rivals.available("torch"):
+        import torch
+
+        torch.set_num_threads(threads)
+    allocator.keep_freed_memory()  # as attn.jobs.execute does for every run
+    return {"threads": threads, "blas": blas_info(), "versions": versions(),
+            "sizes": [bench_size(name, warmup, steps, progress) for name in sizes]}
+
+
+def child_environment(threads: int) -> dict:
+    env = {**os.environ, **{k: str(threads) for k in THREAD_ENV}}
+    xla = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" if threads == 1 else ""
+    env["XLA_FLAGS"] = " ".join(filter(None, (env.get("XLA_FLAGS", ""), xla)))
+    return env
+
+
+def timed_in_child(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
+                   extra_env: dict | None = None) -> dict:
+    """measure() in a fresh `python -m attn.bench.timing` with `threads`
+    threads everywhere (and `extra_env`, e.g. another BLAS kernel); its
+    progress lines are passed on."""
+    command = [sys.executable, "-m", "attn.bench.timing", "--threads", str(threads), "--sizes", ",".join(sizes),
+               "--warmup", str(warmup), "--steps", str(steps)]
+    child = subprocess.Popen(command, cwd=REPO, env={**child_environment(threads), **(extra_env or {})},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result, other = None, []
+    for line in child.stdout:  # one stream, so that neither pipe fills while the other is read
+        if line.startswith("{"):
+            result = json.loads(line)
+        elif line.startswith(PROGRESS_PREFIX):
+            progress(line.removeprefix(PROGRESS_PREFIX).rstrip())
+        else:
+            other = (other + [line.rstrip()])[-5:]  # compiler warnings and the like; kept for an error message
+    if child.wait() != 0 or result is None:
+        raise RuntimeError(f"the timing child at {threads} threads failed: {' | '.join(other)}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child's entry point: progress lines, then the result as one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m attn.bench.timing")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--sizes", required=True)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        result = measure(args.sizes.split(","), args.threads, args.warmup, args.steps,
+                         lambda message: print(f"{PROGRESS_PREFIX}{args.threads} thread(s): {message}", flush=True))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
