@@ -9,10 +9,12 @@ RUNS   ?=
 
 .PHONY: train test bench ablation ablations sweep publish compare runs plot clean-venv
 
-$(VENV)/.runtime: requirements.txt
+# The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "attn needs Python >= 3.10; found " + sys.version.split()[0] + " (set PYTHON=python3.x)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
