@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import mimetypes
+import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -61,6 +62,7 @@ class BoardServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, board: Board, host: str, port: int):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # read by the base class's __init__
         super().__init__((host, port), _Handler)
         self.board = board
         self.static_names = {p.name for p in STATIC_DIR.iterdir() if p.is_file()}
@@ -71,7 +73,7 @@ class BoardServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
     def handle_error(self, request, client_address):
         """Silent: the handler answers every error itself; what reaches here is a dropped connection."""
