@@ -119,7 +119,7 @@ class Board:
         self._draw_lock = threading.Lock()  # one plot_run at a time: write_atomic's temporary names are per process
 
     # ----------------------------------------------------------------- names
-    def _relative(self, index: int, directory: Path) -> str:
+    def _id(self, index: int, directory: Path) -> str:
         relative = directory.relative_to(self.roots[index]).as_posix()
         return str(index) if relative == "." else f"{index}/{relative}"
 
@@ -155,7 +155,9 @@ class Board:
                 if run_dir.resolve() not in seen:
                     seen.add(run_dir.resolve())
                     found.append((index, run_dir))
-        self._located = {self._relative(index, run_dir): (index, run_dir) for index, run_dir in found}
+        self._located = {self._id(index, run_dir): (index, run_dir) for index, run_dir in found}
+        present = {run_dir for _, run_dir in found}
+        self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs forgotten
         return found, notes
 
     def _read(self, run_dir: Path) -> _Read:
@@ -196,7 +198,7 @@ class Board:
         logged = [read.logged for _, _, read in reads if read.run]
         figures = [read.figures for _, _, read in reads if read.run]
         all_runs = [run for _, run in loaded]
-        run_ids = {id(run): self._relative(index, run.path) for index, run in loaded}
+        run_ids = {id(run): self._id(index, run.path) for index, run in loaded}
         keys = table_keys(all_runs)
         names = compare.short_names(keys, among=[k for run in all_runs for k in run.settings])
         groups = compare.group_runs(all_runs)
@@ -249,7 +251,7 @@ class Board:
             if directory == self.roots[index] and not report.is_file():
                 experiments[directory] = None
             else:
-                experiment_id = self._relative(index, directory)
+                experiment_id = self._id(index, directory)
                 try:
                     text = report.read_text(errors="replace") if report.is_file() else None
                 except OSError as err:
