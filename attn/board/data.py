@@ -157,7 +157,7 @@ class Board:
                     found.append((index, run_dir))
         self._located = {self._id(index, run_dir): (index, run_dir) for index, run_dir in found}
         present = {run_dir for _, run_dir in found}
-        self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs forgotten
+        self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs
         return found, notes
 
     def _read(self, run_dir: Path) -> _Read:
@@ -272,7 +272,8 @@ class Board:
         if read.run is None:
             raise NotFound(f"run {run_id!r}: {read.skipped.reason}")
         records = read.run.records
-        reset = since > len(records) or (since > 0 and last_step is not None and records[since - 1]["step"] != last_step)
+        held_last = records[since - 1]["step"] if 0 < since <= len(records) else None
+        reset = since > len(records) or (last_step is not None and held_last != last_step)
         start = 0 if reset else since
         return {"run": run_id, "status": read.run.status, "total": len(records), "start": start, "reset": reset,
                 "records": records[start:]}
