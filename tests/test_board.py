@@ -439,8 +439,8 @@ def images_shown(driver, section: str) -> list[str]:
     images = driver.find_elements("css selector", f"{section} img")
     for image in images:
         driver.execute_script("arguments[0].scrollIntoView()", image)
-        wait_for(driver, lambda: driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0",
-                                                       image))
+        wait_for(driver, lambda image=image: driver.execute_script(
+            "return arguments[0].complete && arguments[0].naturalWidth > 0", image))
     return [image.get_attribute("alt") for image in images]
 
 

@@ -192,23 +192,22 @@ class Board:
         records())."""
         with self._lock:
             found, notes = self._scan()
-            reads = [(index, run_dir, self._read(run_dir)) for index, run_dir in found]
-        notes += [read.skipped for _, _, read in reads if read.skipped]
-        loaded = [(index, read.run) for index, _, read in reads if read.run]
-        logged = [read.logged for _, _, read in reads if read.run]
-        figures = [read.figures for _, _, read in reads if read.run]
-        all_runs = [run for _, run in loaded]
-        run_ids = {id(run): self._id(index, run.path) for index, run in loaded}
+            reads = [(index, self._read(run_dir)) for index, run_dir in found]
+        notes += [read.skipped for _, read in reads if read.skipped]
+        loaded = [(index, read) for index, read in reads if read.run]
+        all_runs = [read.run for _, read in loaded]
+        run_ids = {id(read.run): self._id(index, read.run.path) for index, read in loaded}
         keys = table_keys(all_runs)
         names = compare.short_names(keys, among=[k for run in all_runs for k in run.settings])
         groups = compare.group_runs(all_runs)
         group_of = {id(run): group_id(group) for group in groups for run in group.runs}
-        metrics = [m for m in compare.DEFAULT_METRICS if m in set().union(*logged)]
-        metrics += sorted(set().union(*logged) - set(metrics), key=compare.natural_key)
+        logged = set().union(*(read.logged for _, read in loaded))
+        metrics = [m for m in compare.DEFAULT_METRICS if m in logged]
+        metrics += sorted(logged - set(metrics), key=compare.natural_key)
         experiments: dict[Path, dict | None] = {}
         entries = []
-        for (index, run), table in zip(loaded, figures):
-            run_id = run_ids[id(run)]
+        for index, read in loaded:
+            run, run_id = read.run, run_ids[id(read.run)]
             experiment = self._experiment(index, run.path, experiments)
             if experiment is not None:
                 experiment["runs"].append(run_id)
@@ -223,7 +222,7 @@ class Board:
                 "reason": run.summary.get("reason"),
                 "settings": {k: compare.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
-                **table,
+                **read.figures,
                 "figures": self._figures(run_id, run.path),
             })
         return {
