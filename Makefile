@@ -7,12 +7,14 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test bench ablation ablations sweep publish compare runs plot clean-venv
+.PHONY: train test bench ablation ablations sweep publish compare runs board board-screenshot plot clean-venv
 
-$(VENV)/.runtime: requirements.txt
+# The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
+$(VENV)/.runtime: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "attn needs Python >= 3.10; found " + sys.version.split()[0] + " (set PYTHON=python3.x)")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
@@ -36,6 +38,30 @@ compare: $(VENV)/.runtime
 ## make runs [RUNS=runs/sqrt_dk] [ARGS="--status diverged"]: list runs
 runs: $(VENV)/.runtime
 	$(PY) -m attn runs $(RUNS) $(ARGS)
+
+## make board [RUNS="runs/sqrt_dk runs/lr"] [ARGS="--port 9000" or ARGS="--static DIR"]: the run board,
+## live on http://127.0.0.1:8765/ until Ctrl-C (RUNS default: runs)
+board: $(VENV)/.runtime
+	set -f; $(PY) -m attn board $(RUNS) $(ARGS)
+
+## make board-screenshot [RUNS=...]: README's picture of the board, experiments/results/board.png, from four
+## short real runs (two scales x two seeds) trained into a temporary directory, or from RUNS; needs chromium
+BOARD_PNG := experiments/results/board.png
+CHROMIUM_FLAGS := --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+  --disable-component-update --disable-sync --hide-scrollbars --window-size=1280,980 --virtual-time-budget=3000
+board-screenshot: $(VENV)/.runtime
+	@command -v chromium >/dev/null || { echo 'error: make board-screenshot needs chromium (apt-get install chromium)' >&2; exit 2; }
+	@set -ef; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	if [ -z '$(RUNS)' ]; then \
+	  for scale in sqrt none; do for seed in 0 1; do \
+	    $(PY) -m attn train configs/default.yaml model.scale=$$scale seed=$$seed train.steps=400 logging.plots=false \
+	      runs_dir=$$tmp/runs/default --name scale-$$scale-seed-$$seed >/dev/null 2>&1 || test $$? = 3; \
+	  done; done; \
+	  here=$$PWD; cd $$tmp; $$here/$(PY) -m attn board --static page runs >/dev/null; cd $$here; \
+	else $(PY) -m attn board --static $$tmp/page $(RUNS) >/dev/null; fi; \
+	chromium $(CHROMIUM_FLAGS) --user-data-dir=$$tmp/profile --screenshot=$(BOARD_PNG) \
+	  "file://$$tmp/page/index.html?groups=all" 2>/dev/null >/dev/null; \
+	echo "$(BOARD_PNG): $$(wc -c < $(BOARD_PNG)) bytes"
 
 ## make sweep EXP=experiments/<name>.yaml [ARGS="--workers 2"]: any experiment, then its report
 sweep: $(VENV)/.runtime

@@ -1,11 +1,17 @@
 """Command line: the only module that prints.
 
-    python -m attn train [CONFIG] [key=value ...] [--name NAME] [--resume RUN_DIR]
-    python -m attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
-    python -m attn plot RUN_DIR ...                     redraw a run's figures
-    python -m attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
-    python -m attn runs [PATH] [--status S]             list runs
-    python -m attn bench [--sizes default,mid,large]    time the training step against PyTorch
+    attn train [CONFIG] [key=value ...] [--name NAME] [--resume RUN_DIR]
+    attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
+    attn plot RUN_DIR ...                     redraw a run's figures
+    attn sweep EXPERIMENT [--workers N]       run an experiment's grid, then its report
+    attn report EXPERIMENT                    rewrite an experiment's report
+    attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
+    attn runs [PATH] [--status S]             list runs
+    attn board [PATH ...] [--port N]          the live run board in a browser (--static DIR: as files)
+    attn bench [--sizes default,mid,large]    time the training step against PyTorch
+
+(`attn` is the console script of the editable install that the make targets
+make in .venv; `python -m attn` is the same.)
 
 Exit codes: 0 done; 1 failed during training (recorded in the run directory
 when the disk allows); 2 bad input (config, override, path, checkpoint,
@@ -25,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from attn import jobs, runs
+from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.config import ConfigError, all_keys, describe_schema, load_config, to_dict
 from attn.train import StopFlag
 
@@ -363,9 +370,44 @@ def cmd_bench(args) -> int:
     return EXIT_OK
 
 
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a port number 0..65535 (0: any free port)")
+    return int(text)
+
+
+def cmd_board(args) -> int:
+    from attn.board import data, export, server
+
+    board = data.Board(args.paths)
+    if args.static:
+        print(export.export(board, Path(args.static)))
+        return EXIT_OK
+    try:
+        httpd, taken = server.open_server(board, args.host, args.port)
+    except OSError as err:
+        port = DEFAULT_PORT if args.port is None else args.port
+        raise UsageError(f"board: cannot listen on {args.host}:{port}: {err.strerror}; "
+                         "choose another with --port N (0: any free port) or --host") from None
+    with httpd:
+        if taken:
+            print(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
+        if not server.is_loopback(args.host):
+            print(f"--host {args.host}: the board is open to other machines on that network", file=sys.stderr)
+        shown = board.snapshot()
+        print(f"attn board: {len(shown['runs'])} runs under {board.title}, live; Ctrl-C stops it", file=sys.stderr)
+        print(httpd.url, flush=True)
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            print("attn board: stopped", file=sys.stderr)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
+                                title="commands")
     p = sub.add_parser("train", help="train one run")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value", help="config file, then overrides")
     p.add_argument("--name", help="run directory name (default: <config>-<time>)")
@@ -407,7 +449,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "failed, stale, unknown)")
     p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
     p.set_defaults(func=cmd_runs)
-    p = sub.add_parser("bench", help="time attn's training step against PyTorch; matmul rate, memory, sweep throughput")
+    p = sub.add_parser("board", help="serve the run board: runs and experiments in a browser, live")
+    p.add_argument("paths", nargs="*", default=["runs"], metavar="PATH",
+                   help="run directories, directories of runs, or globs (default: runs)")
+    p.add_argument("--port", type=_port, help=f"port to serve on (default: {DEFAULT_PORT}, or a free one if that is "
+                   "taken; 0: any free port)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}, this "
+                   "machine only)")
+    p.add_argument("--static", metavar="DIR", help="write the page with its data into DIR (opens from disk, "
+                   "no server) instead of serving it")
+    p.set_defaults(func=cmd_board)
+    p = sub.add_parser("bench", help="time the training step against PyTorch; matmul rate, memory")
     p.add_argument("--sizes", type=_bench_sizes, default="default,mid,large", help="which sizes (default: all)")
     p.add_argument("--steps", type=_count(1), default=50, help="timed steps per size (default: 50)")
     p.add_argument("--warmup", type=_count(0), default=10, help="untimed steps first (default: 10)")

@@ -1,0 +1,73 @@
+"""`attn board --static DIR`: the board as files that open from disk (file://),
+with no server and no network.
+
+    DIR/index.html          the page, the board's data embedded in it (every run's records too)
+    DIR/static/             the page's files as the server serves them (board.js, board.css, uPlot)
+    DIR/files/<root>/...    copies of the figures and reports the page shows, at the paths
+                            the server serves them under
+
+The page is the server's index.html with the data in place of its `null`
+placeholder; it then draws from that data and never polls. DIR must be new,
+empty, or an earlier export (its index.html says so): an earlier export's
+static/ and files/ are replaced, nothing else in DIR is touched.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from urllib.parse import unquote
+
+from attn import runs
+from attn.board import STATIC_DIR
+from attn.board.data import FILES_PREFIX, Board, to_json
+
+DATA_PLACEHOLDER = '<script id="board-data" type="application/json">null</script>'
+EXPORT_MARK = '<meta name="generator" content="attn board">'  # in index.html: a page this module may overwrite
+EXPORTED = ("static", "files")  # the directories an export writes beside index.html
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise runs.RunError(f"--static {out_dir}: not a directory; expected a new or empty directory, "
+                            "or an earlier board export")
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    page = out_dir / "index.html"
+    try:
+        earlier = page.is_file() and EXPORT_MARK in page.read_text(errors="replace")
+    except OSError:
+        earlier = False
+    if not earlier:
+        raise runs.RunError(f"--static {out_dir}: not empty and not an earlier board export; "
+                            "expected a new or empty directory, or an earlier export (its index.html)")
+
+
+def export(board: Board, out_dir: Path) -> Path:
+    """Write the board as of now into out_dir (module docstring); returns out_dir/index.html."""
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir)
+    snapshot = board.snapshot(with_records=True)
+    template = (STATIC_DIR / "index.html").read_text()
+    if DATA_PLACEHOLDER not in template or EXPORT_MARK not in template:
+        raise AssertionError(f"{STATIC_DIR / 'index.html'}: lacks the data placeholder or the export mark")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in EXPORTED:
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+        (out_dir / "static").mkdir()
+    except OSError as err:
+        raise runs.RunError(f"--static {out_dir}: cannot write: {err.strerror}") from None
+    for source in sorted(p for p in STATIC_DIR.iterdir() if p.is_file() and p.name != "index.html"):
+        runs.write_atomic(out_dir / "static" / source.name, source.read_bytes())
+    shown = [f["url"] for entry in snapshot["runs"] + snapshot["experiments"] for f in entry["figures"]]
+    shown += [e["report_url"] for e in snapshot["experiments"] if e["report_url"]]
+    for url in shown:
+        relative = unquote(url.removeprefix(FILES_PREFIX))
+        target = out_dir / FILES_PREFIX / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        runs.write_atomic(target, board.resolve_file(relative).read_bytes())
+    data = f'<script id="board-data" type="application/json">{to_json(snapshot)}</script>'
+    page = out_dir / "index.html"
+    runs.write_atomic(page, template.replace(DATA_PLACEHOLDER, data).encode())
+    return page

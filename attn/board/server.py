@@ -1,0 +1,201 @@
+"""The board over HTTP, with the standard library's ThreadingHTTPServer.
+
+    GET  /                             the page (static/index.html; it polls /api/board)
+    GET  /static/<name>                the page's own files (board.js, board.css, uPlot)
+    GET  /api/board                    Board.snapshot(): runs, groups, experiments, columns, metrics;
+                                       with an ETag, so an unchanged board is a 304
+    GET  /api/records?run=ID&since=N[&last=STEP]
+                                       the run's records from index N on (Board.records): the page
+                                       holds the first N, the last of them at step STEP
+    POST /api/plot?run=ID              draw the run's figures (attn.plots.plot_run); the request must
+                                       carry the header X-Attn-Board (the page's own requests do)
+    GET  /files/<root>/<path>          a figure or report under a served root (Board.resolve_file)
+
+Errors are JSON, {"error": "<one line>"}, with status 400 (a bad parameter), 403
+(a refused request), 404 (no such run or file) or 500 (anything else; the server
+carries on). The server never prints.
+
+Safety. It listens on 127.0.0.1 unless --host says otherwise; it serves only
+files under the served roots (Board.resolve_file) and the package's static
+directory (by name, no path). On a loopback address, a request whose Host
+header names another host is refused, so a page elsewhere cannot reach the
+board through a DNS name rebound to 127.0.0.1; and the one request that
+writes (POST /api/plot) needs a custom header, which another site's page
+cannot send without a CORS preflight that the board never answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import mimetypes
+import socket
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from attn.board import DEFAULT_HOST, DEFAULT_PORT, STATIC_DIR
+from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
+
+WRITE_HEADER = "X-Attn-Board"
+TEXT_SUFFIXES = {".md": "text/plain", ".jsonl": "text/plain", ".yaml": "text/plain", ".csv": "text/plain"}
+
+
+class _Refused(Exception):
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class BoardServer(ThreadingHTTPServer):
+    """Serves one Board; each request in its own daemon thread."""
+
+    daemon_threads = True
+
+    def __init__(self, board: Board, host: str, port: int):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # read by the base class's __init__
+        super().__init__((host, port), _Handler)
+        self.board = board
+        self.static_names = {p.name for p in STATIC_DIR.iterdir() if p.is_file()}
+        port = self.server_address[1]
+        names = {host, "localhost", "127.0.0.1", "[::1]"}
+        self.allowed_hosts = {f"{name}:{port}" for name in names} if is_loopback(host) else None  # None: any
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+    def handle_error(self, request, client_address):
+        """Silent: the handler answers every error itself; what reaches here is a dropped connection."""
+
+
+def open_server(board: Board, host: str = DEFAULT_HOST, port: int | None = None,
+                default_port: int = DEFAULT_PORT) -> tuple[BoardServer, int | None]:
+    """A server listening on host:port (0: any free port). port None: default_port, or any free
+    port if that one is taken; the second value is then the port that was taken, else None.
+    OSError when it cannot listen there (an explicit port that is taken, a host not on this machine)."""
+    if port is not None:
+        return BoardServer(board, host, port), None
+    try:
+        return BoardServer(board, host, default_port), None
+    except OSError:
+        return BoardServer(board, host, 0), default_port
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "attn-board"
+    protocol_version = "HTTP/1.1"
+    server: BoardServer
+
+    def log_message(self, format, *args):  # the server never prints
+        pass
+
+    def do_GET(self):
+        self._answer(self._get)
+
+    def do_HEAD(self):
+        self._answer(self._get, body=False)
+
+    def do_POST(self):
+        self._answer(self._post)
+
+    # ------------------------------------------------------------------ routing
+    def _answer(self, route, body: bool = True) -> None:
+        try:
+            host = self.headers.get("Host", "")
+            if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
+                raise _Refused(HTTPStatus.FORBIDDEN, f"Host {host!r}: the board answers only to "
+                               f"{', '.join(sorted(self.server.allowed_hosts))}")
+            url = urlsplit(self.path)
+            status, content, content_type, headers = route(url.path, parse_qs(url.query, keep_blank_values=True))
+        except _Refused as err:
+            status, content, content_type, headers = err.status, _error(err), "application/json", {}
+        except NotFound as err:
+            status, content, content_type, headers = HTTPStatus.NOT_FOUND, _error(err), "application/json", {}
+        except Exception as err:  # the server carries on; the page shows the message
+            status, content = HTTPStatus.INTERNAL_SERVER_ERROR, _error(f"{type(err).__name__}: {err}")
+            content_type, headers = "application/json", {}
+        etag = headers.get("ETag")
+        if etag and self.headers.get("If-None-Match") == etag:
+            status, content = HTTPStatus.NOT_MODIFIED, b""
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(content)))
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            if body and status != HTTPStatus.NOT_MODIFIED:
+                self.wfile.write(content)
+        except ConnectionError:  # the page went away mid-answer
+            self.close_connection = True
+
+    def _get(self, path: str, query: dict):
+        if path in ("/", "/index.html"):
+            return self._static("index.html")
+        if path.startswith("/static/"):
+            return self._static(unquote(path.removeprefix("/static/")))
+        if path == "/api/board":
+            content = to_json(self.server.board.snapshot()).encode()
+            return HTTPStatus.OK, content, "application/json", {"ETag": '"' + hashlib.sha1(content).hexdigest() + '"'}
+        if path == "/api/records":
+            since, last = _count(query, "since", 0), _count(query, "last", None)
+            return _json(self.server.board.records(_required(query, "run"), since, last))
+        if path.startswith("/" + FILES_PREFIX):
+            file = self.server.board.resolve_file(unquote(path.removeprefix("/" + FILES_PREFIX)))
+            return HTTPStatus.OK, file.read_bytes(), _content_type(file.suffix), {}
+        raise NotFound(f"{path}: no such page")
+
+    def _post(self, path: str, query: dict):
+        if path != "/api/plot":
+            raise NotFound(f"{path}: nothing to post to")
+        if not self.headers.get(WRITE_HEADER):
+            raise _Refused(HTTPStatus.FORBIDDEN, f"POST {path}: refused without the {WRITE_HEADER} header")
+        return _json({"figures": self.server.board.draw_figures(_required(query, "run"))})
+
+    def _static(self, name: str):
+        if name not in self.server.static_names:
+            raise NotFound(f"static/{name}: no such file of the page")
+        file = STATIC_DIR / name
+        return HTTPStatus.OK, file.read_bytes(), _content_type(file.suffix), {}
+
+
+def _json(payload) -> tuple:
+    return HTTPStatus.OK, to_json(payload).encode(), "application/json", {}
+
+
+def _error(message) -> bytes:
+    return to_json({"error": str(message)}).encode()
+
+
+def _content_type(suffix: str) -> str:
+    kind = TEXT_SUFFIXES.get(suffix) or mimetypes.guess_type("file" + suffix)[0] or "application/octet-stream"
+    return kind + "; charset=utf-8" if kind.startswith("text/") or kind.endswith(("javascript", "json")) else kind
+
+
+def _required(query: dict, name: str) -> str:
+    values = query.get(name)
+    if not values or not values[0]:
+        raise _Refused(HTTPStatus.BAD_REQUEST, f"{name}: missing; expected ?{name}=...")
+    return values[0]
+
+
+def _count(query: dict, name: str, default: int | None) -> int | None:
+    values = query.get(name)
+    if not values:
+        return default
+    if not (values[0].isascii() and values[0].isdigit()):
+        raise _Refused(HTTPStatus.BAD_REQUEST, f"{name}: got {values[0]!r}; expected an integer >= 0")
+    return int(values[0])

@@ -1,0 +1,550 @@
+// The board page: the groups and runs tables (sorted by a click on a header,
+// filtered by the filter box), the chart (uPlot) of the ticked runs and
+// groups, a run's figures, and the experiments' reports. Served, it polls
+// api/board and fetches only the records it lacks (api/records?since=N);
+// exported (attn board --static), it draws from the data embedded in the page.
+//
+// URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
+// metric=, x=step|wall_time, yscale=auto|log|linear, smooth=BETA, filter=,
+// open=RUN_ID (its figures), poll=SECONDS (default 2).
+//
+// For tests, #chart carries data-series (curves drawn), data-bands (± std
+// bands), data-points (finite points of the curves) and data-draws (draws so far).
+"use strict";
+(function (board) {
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];  // matplotlib's C0..C9, as in the figures
+  const DASHES = [[], [7, 4], [2, 3], [8, 3, 2, 3]];  // after the first ten curves
+  const X_LABELS = {step: "step", wall_time: "wall time (s)"};
+  const DEFAULT_POLL_SECONDS = 2;
+  const params = new URLSearchParams(location.search);
+  const embedded = JSON.parse(document.getElementById("board-data").textContent);
+  const $ = (id) => document.getElementById(id);
+
+  const state = {
+    data: null,  // the snapshot (api/board, or the export's)
+    dataText: "",
+    runsById: new Map(),
+    records: new Map(),  // run id -> its records, as far as fetched
+    selectedRuns: new Set(),
+    selectedGroups: new Set(),
+    sorts: {runs: {key: null, dir: 1}, groups: {key: null, dir: 1}},
+    filter: {tests: [], errors: []},
+    openRun: params.get("open"),
+    openExperiments: new Set(),
+    rendered: new Map(),  // element id -> the JSON it was last rendered from
+    plot: null,
+    plotShape: "",
+    draws: 0,
+  };
+
+  // ------------------------------------------------------------------ helpers
+  function element(tag, attributes = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attributes)) {
+      if (value === false || value == null) continue;
+      if (name === "text") node.textContent = value;
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : value);
+    }
+    node.append(...children.filter((c) => c != null));
+    return node;
+  }
+
+  // Python's format(value, ".{digits}g")
+  function formatG(value, digits) {
+    if (!board.isFiniteNumber(value)) return "—";
+    const exponent = Number(value.toExponential(digits - 1).split("e")[1]);
+    if (exponent < -4 || exponent >= digits) {
+      const [mantissa, power] = value.toExponential(digits - 1).split("e");
+      const sign = power.startsWith("-") ? "-" : "+";
+      return mantissa.replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "") + "e" + sign + power.replace(/^[-+]/, "").padStart(2, "0");
+    }
+    const fixed = value.toFixed(Math.max(0, digits - 1 - exponent));
+    return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
+  }
+
+  function formatFixed(value, decimals) {
+    return board.isFiniteNumber(value) ? value.toFixed(decimals) : "—";
+  }
+
+  async function getJSON(url, options = {}) {
+    const response = await fetch(url, {cache: "no-cache", ...options});
+    const body = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+    return body;
+  }
+
+  function renderOnChange(id, value, render) {
+    const key = JSON.stringify(value);
+    if (state.rendered.get(id) === key) return;
+    state.rendered.set(id, key);
+    render();
+  }
+
+  function setLive(text, bad = false) {
+    const live = $("live");
+    live.textContent = text;
+    live.classList.toggle("bad", bad);
+  }
+
+  // ------------------------------------------------------------------ data
+  function takeData(data) {
+    state.data = data;
+    state.runsById = new Map(data.runs.map((run) => [run.id, run]));
+    const groups = new Map(data.groups.map((group) => [group.id, group]));
+    const experiments = new Map(data.experiments.map((e) => [e.id, e]));
+    for (const run of data.runs) {
+      run.group_label = groups.get(run.group)?.label;
+      run.experiment_name = experiments.get(run.experiment)?.name;
+    }
+    state.keys = [...new Set(data.runs.flatMap((run) => Object.keys(run.settings)))];
+  }
+
+  function wantedRuns() {
+    const wanted = new Set(state.selectedRuns);
+    for (const group of state.data.groups) {
+      if (state.selectedGroups.has(group.id)) group.runs.forEach((id) => wanted.add(id));
+    }
+    return [...wanted].filter((id) => state.runsById.has(id));
+  }
+
+  // fetch the records of the runs drawn that the page lacks; true if any arrived. One fetch at a
+  // time (a tick during a poll waits for it), so no record is appended twice.
+  let fetching = Promise.resolve();
+  function fetchRecords() {
+    const next = fetching.then(fetchMissingRecords);
+    fetching = next.catch(() => {});
+    return next;
+  }
+
+  async function fetchMissingRecords() {
+    if (embedded) return false;
+    let changed = false;
+    for (const id of wantedRuns()) {
+      const have = state.records.get(id);
+      if (have && have.length === state.runsById.get(id).n_records) continue;
+      const since = have ? have.length : 0;
+      let url = `api/records?run=${encodeURIComponent(id)}&since=${since}`;
+      if (since) url += `&last=${have[since - 1].step}`;
+      const answer = await getJSON(url);
+      if (answer.reset || !have) state.records.set(id, answer.records);
+      else if (answer.records.length) state.records.set(id, have.concat(answer.records));
+      changed = changed || answer.reset || !have || answer.records.length > 0;
+    }
+    return changed;
+  }
+
+  // ------------------------------------------------------------------ tables
+  function compareValues(a, b) {
+    const missingA = a == null || (typeof a === "number" && !Number.isFinite(a));
+    const missingB = b == null || (typeof b === "number" && !Number.isFinite(b));
+    if (missingA || missingB) return missingA - missingB;
+    if (typeof a === "number" && typeof b === "number") return a - b;
+    return String(a).localeCompare(String(b), undefined, {numeric: true});
+  }
+
+  function sortRows(rows, columns, sort) {
+    const column = columns.find((c) => c.key === sort.key);
+    if (!column) return rows;
+    return rows.slice().sort((a, b) => {
+      const va = column.value(a), vb = column.value(b);
+      const missing = (v) => v == null || (typeof v === "number" && !Number.isFinite(v));
+      if (missing(va) || missing(vb)) return missing(va) - missing(vb);  // missing values last either way
+      return sort.dir * compareValues(va, vb);
+    });
+  }
+
+  // columns: [{key, label, value: row => sort value, cell: row => node or text, title}]
+  function renderTable(table, name, columns, rows, selected, rowId) {
+    const sort = state.sorts[name];
+    const sorted = sortRows(rows, columns, sort);
+    const allBox = element("input", {type: "checkbox", title: "tick every row shown",
+                                     checked: sorted.length > 0 && sorted.every((row) => selected.has(rowId(row)))});
+    allBox.addEventListener("change", () => {
+      sorted.forEach((row) => (allBox.checked ? selected.add(rowId(row)) : selected.delete(rowId(row))));
+      renderTables();
+      refreshChart();
+    });
+    const header = element("tr", {}, element("th", {}, allBox), ...columns.map((column) => {
+      const mark = sort.key === column.key ? (sort.dir > 0 ? " ▲" : " ▼") : "";
+      return element("th", {"data-key": column.key, title: column.title || `sort by ${column.label}`,
+                            "aria-sort": sort.key === column.key ? (sort.dir > 0 ? "ascending" : "descending") : false,
+                            onclick: () => {
+                              state.sorts[name] = {key: column.key, dir: sort.key === column.key ? -sort.dir : 1};
+                              renderTables();
+                            }}, column.label + mark);
+    }));
+    const body = sorted.map((row) => {
+      const id = rowId(row);
+      const box = element("input", {type: "checkbox", checked: selected.has(id), "aria-label": `draw ${id}`});
+      box.addEventListener("change", () => {
+        box.checked ? selected.add(id) : selected.delete(id);
+        refreshChart();
+      });
+      return element("tr", {"data-id": id}, element("td", {}, box),
+                     ...columns.map((column) => element("td", {class: column.className}, column.cell(row))));
+    });
+    table.replaceChildren(element("thead", {}, header), element("tbody", {}, ...body));
+    table.dataset.sort = sort.key ? `${sort.key}:${sort.dir > 0 ? "asc" : "desc"}` : "";
+    table.dataset.rows = String(sorted.length);
+  }
+
+  function metricColumn(key, label, format) {
+    return {key, label, value: (run) => run[key], cell: (run) => format(run[key]), className: "number"};
+  }
+
+  function runColumns() {
+    const threshold = Math.round(state.data.threshold * 100);
+    return [
+      {key: "name", label: "name", value: (run) => run.name,
+       cell: (run) => element("a", {href: "#", class: "run-link", title: run.path,
+                                    onclick: (event) => { event.preventDefault(); openRun(run.id); }}, run.name)},
+      {key: "status", label: "status", value: (run) => run.status,
+       cell: (run) => element("span", {class: `status status-${run.status}`, title: run.reason || false}, run.status)},
+      {key: "step", label: "step", value: (run) => run.step, className: "number",
+       cell: (run) => (run.step == null ? "—" : `${run.step}/${run.steps}`)},
+      ...state.data.columns.map((column) => ({
+        key: `setting:${column.key}`, label: column.name, title: `${column.key} (sort)`,
+        value: (run) => run.values[column.key], cell: (run) => run.settings[column.key] ?? "—",
+      })),
+      metricColumn("final_eval_loss", "eval_loss", (v) => formatG(v, 4)),
+      metricColumn("best_eval_loss", "best eval_loss", (v) => formatG(v, 4)),
+      metricColumn("final_eval_accuracy", "eval_acc", (v) => formatFixed(v, 3)),
+      metricColumn("best_eval_accuracy", "best eval_acc", (v) => formatFixed(v, 3)),
+      metricColumn("steps_to_99", `steps to ${threshold}%`, (v) => (v == null ? "never" : String(v))),
+    ];
+  }
+
+  function groupColumns() {
+    const statuses = (group) => Object.entries(group.statuses).map(([s, n]) => `${s} ${n}`).join(", ");
+    return [
+      {key: "label", label: "group", value: (group) => group.label, cell: (group) => group.label},
+      {key: "n", label: "runs", value: (group) => group.runs.length, cell: (group) => String(group.runs.length),
+       className: "number"},
+      {key: "status", label: "status", value: statuses, cell: statuses},
+    ];
+  }
+
+  function shownRuns() {
+    return state.data.runs.filter((run) => state.filter.tests.every((test) => test(run)));
+  }
+
+  function renderTables() {
+    const runs = shownRuns();
+    const shownIds = new Set(runs.map((run) => run.id));
+    const groups = state.data.groups.filter((group) => group.runs.some((id) => shownIds.has(id)));
+    renderTable($("groups"), "groups", groupColumns(), groups, state.selectedGroups, (group) => group.id);
+    renderTable($("runs"), "runs", runColumns(), runs, state.selectedRuns, (run) => run.id);
+    $("run-count").textContent = `(${runs.length} of ${state.data.runs.length} shown)`;
+  }
+
+  function applyFilter() {
+    state.filter = board.filter.parse($("filter").value, {keys: state.keys || []});
+    $("filter").classList.toggle("bad", state.filter.errors.length > 0);
+    $("filter-errors").replaceChildren(...state.filter.errors.map((error) =>
+      element("li", {}, element("code", {}, error.term), `: ${error.message} (ignored)`)));
+    if (state.data) renderTables();
+  }
+
+  // ------------------------------------------------------------------ chart
+  function chartCurves(metric, x, smoothing) {
+    const curves = [];
+    const add = (label, runIds) => {
+      const {xs, band} = board.groupCurve(runIds.map((id) => state.records.get(id) || []), metric, x, smoothing);
+      const i = curves.length;
+      curves.push({label, xs, band, color: PALETTE[i % PALETTE.length], dash: DASHES[Math.floor(i / PALETTE.length) % DASHES.length]});
+    };
+    for (const group of state.data.groups) {
+      if (state.selectedGroups.has(group.id)) {
+        add(`${group.label} (n=${group.runs.length})`, group.runs.filter((id) => state.runsById.has(id)));
+      }
+    }
+    for (const run of state.data.runs) {
+      if (state.selectedRuns.has(run.id)) add(run.name, [run.id]);
+    }
+    return curves;
+  }
+
+  // uPlot's data: one x array (the union of the curves' x) and a column per series; null where a
+  // series has no finite value (or no positive one, on a log axis)
+  function aligned(curves, log) {
+    const xs = [...new Set(curves.flatMap((c) => c.xs))].sort((a, b) => a - b);
+    const at = new Map(xs.map((x, i) => [x, i]));
+    const column = (curve, values) => {
+      const out = new Array(xs.length).fill(null);
+      curve.xs.forEach((x, i) => {
+        if (Number.isFinite(values[i]) && (!log || values[i] > 0)) out[at.get(x)] = values[i];
+      });
+      return out;
+    };
+    const data = [xs], series = [{}], bands = [];
+    let points = 0;
+    for (const curve of curves) {
+      const mean = column(curve, curve.band.mean);
+      points += mean.filter((v) => v !== null).length;
+      data.push(mean);
+      series.push({label: curve.label, stroke: curve.color, dash: curve.dash, width: 1.6, spanGaps: true,
+                   points: {show: curve.xs.length < 5}});
+      if (curve.band.std.some(Number.isFinite)) {
+        const {lower, upper} = board.edges(curve.band);
+        const spread = (values) => values.map((v, i) => (Number.isFinite(curve.band.std[i]) ? v : NaN));
+        data.push(column(curve, spread(upper)), column(curve, spread(lower)));
+        const edge = {label: `${curve.label} ± std`, class: "band-edge", stroke: "rgba(0,0,0,0)", width: 1,
+                      points: {show: false}};
+        series.push(edge, {...edge});
+        bands.push({series: [series.length - 2, series.length - 1], fill: curve.color + "2e"});
+      }
+    }
+    return {data, series, bands, points};
+  }
+
+  function chartOptions(metric, x, log, built) {
+    const chart = $("chart");
+    const bound = (id) => ($(id).value === "" ? null : Number($(id).value));
+    return {
+      width: Math.max(chart.clientWidth, 300),
+      height: 360,
+      series: [{label: X_LABELS[x]}, ...built.series.slice(1)],
+      bands: built.bands,
+      scales: {
+        x: {time: false, range: (u, min, max) => {
+          const from = bound("x-from"), to = bound("x-to");
+          const low = from ?? min, high = to ?? max;
+          return low < high ? [low, high] : [min, max];
+        }},
+        y: log ? {distr: 3, log: 10} : {},
+      },
+      axes: [{label: X_LABELS[x]}, {label: metric, size: 70}],
+      cursor: {drag: {x: true, y: false, setScale: false}},
+      legend: {live: true},
+      hooks: {
+        setSelect: [(u) => {
+          if (u.select.width < 4) return;
+          $("x-from").value = Number(u.posToVal(u.select.left, "x").toPrecision(4));
+          $("x-to").value = Number(u.posToVal(u.select.left + u.select.width, "x").toPrecision(4));
+          u.setSelect({left: 0, top: 0, width: 0, height: 0}, false);
+          refreshChart(true);
+        }],
+      },
+    };
+  }
+
+  function drawChart(force = false) {
+    const chart = $("chart");
+    const metric = $("metric").value, x = $("x").value, smoothing = Number($("smoothing").value);
+    const curves = metric ? chartCurves(metric, x, smoothing) : [];
+    const yscale = $("yscale").value;
+    const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range)
+                                  : yscale === "log";
+    const built = aligned(curves, log);
+    const empty = built.points === 0;
+    $("chart-empty").textContent = curves.length && empty
+      ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
+      : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
+    $("chart-empty").hidden = curves.length > 0 && !empty;
+    const shape = JSON.stringify([metric, x, log, built.series.map((s) => s.label)]);
+    if (state.plot && (force || empty || shape !== state.plotShape)) {
+      state.plot.destroy();
+      state.plot = null;
+    }
+    if (!empty) {
+      if (state.plot) {
+        state.plot.setData(built.data);
+      } else {
+        state.plot = new uPlot(chartOptions(metric, x, log, built), built.data, chart);
+        state.plot.over.addEventListener("dblclick", () => {
+          $("x-from").value = $("x-to").value = "";
+          refreshChart(true);
+        });
+      }
+    }
+    state.plotShape = shape;
+    state.draws += 1;
+    Object.assign(chart.dataset, {series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
+                                  points: String(built.points), draws: String(state.draws), log: String(log)});
+  }
+
+  async function refreshChart(force = false) {
+    try {
+      await fetchRecords();
+    } catch (error) {
+      setLive(`cannot fetch records: ${error.message}`, true);
+    }
+    drawChart(force);
+  }
+
+  // ------------------------------------------------------------------ a run's figures, experiments
+  function figuresOf(entry) {
+    return element("div", {class: "figures"}, ...entry.figures.map((figure) =>
+      element("figure", {}, element("img", {src: figure.url, alt: figure.name, loading: "lazy"}),
+              element("figcaption", {}, figure.name))));
+  }
+
+  async function drawFigures(run, button) {
+    button.disabled = true;
+    button.textContent = "drawing…";
+    try {
+      const answer = await getJSON(`api/plot?run=${encodeURIComponent(run.id)}`,
+                                   {method: "POST", headers: {"X-Attn-Board": "1"}});
+      run.figures = answer.figures;
+      state.rendered.delete("run-details");
+      renderRunDetails();
+    } catch (error) {
+      button.disabled = false;
+      button.textContent = "draw figures";
+      button.after(element("span", {class: "bad"}, ` could not draw them: ${error.message}`));
+    }
+  }
+
+  function openRun(id) {
+    state.openRun = id;
+    renderRunDetails();
+    $("run-details").scrollIntoView({behavior: "smooth", block: "start"});
+  }
+
+  function renderRunDetails() {
+    const section = $("run-details");
+    const run = state.runsById.get(state.openRun);
+    section.hidden = !run;
+    if (!run) return;
+    renderOnChange("run-details", [run.id, run.status, run.figures, run.reason], () => {
+      let figures;
+      if (run.figures.length) figures = figuresOf(run);
+      else if (embedded) {
+        figures = element("p", {class: "no-figures"}, `no figures drawn for this run (attn plot ${run.path} draws them)`);
+      } else {
+        const button = element("button", {type: "button", id: "draw-figures"}, "draw figures");
+        button.addEventListener("click", () => drawFigures(run, button));
+        figures = element("p", {class: "no-figures"}, "no figures drawn for this run yet ", button);
+      }
+      const settings = state.data.columns.map((c) => `${c.name}=${run.settings[c.key] ?? "—"}`).join(", ");
+      section.replaceChildren(
+        element("h2", {}, `Run ${run.name} `, element("button", {type: "button", class: "close",
+                                                                  onclick: () => { state.openRun = null; renderRunDetails(); }}, "close")),
+        element("p", {}, element("code", {}, run.path), ` · ${run.status}` + (run.reason ? ` (${run.reason})` : "") +
+                (settings ? ` · ${settings}` : "")),
+        figures);
+    });
+  }
+
+  function renderExperiments() {
+    const container = $("experiments");
+    const experiments = state.data.experiments;
+    renderOnChange("experiments", experiments, () => {
+      if (!experiments.length) {
+        container.replaceChildren(element("p", {class: "hint"}, "No experiment directories under these paths."));
+        return;
+      }
+      container.replaceChildren(...experiments.map((experiment) => {
+        const details = element("details", {"data-id": experiment.id, open: state.openExperiments.has(experiment.id)});
+        details.addEventListener("toggle", () => {
+          details.open ? state.openExperiments.add(experiment.id) : state.openExperiments.delete(experiment.id);
+        });
+        const groupIds = new Set(experiment.runs.map((id) => state.runsById.get(id)?.group).filter(Boolean));
+        const drawGroups = element("button", {type: "button", onclick: () => {
+          groupIds.forEach((id) => state.selectedGroups.add(id));
+          renderTables();
+          refreshChart();
+        }}, `draw its ${groupIds.size} groups`);
+        const report = element("div", {class: "report"});
+        if (experiment.report) report.innerHTML = board.markdown.render(experiment.report);  // escaped by render
+        else report.append(element("p", {class: "hint"}, "no report.md yet (the sweep writes it when its runs are done)"));
+        details.append(element("summary", {}, `${experiment.name} `,
+                               element("span", {class: "hint"}, `${experiment.runs.length} runs`)),
+                       element("p", {}, drawGroups), report, figuresOf(experiment));
+        return details;
+      }));
+    });
+  }
+
+  function renderNotes() {
+    renderOnChange("notes", state.data.skipped, () => {
+      $("notes").replaceChildren(...state.data.skipped.map((s) => element("li", {}, element("code", {}, s.path), `: ${s.reason}`)));
+    });
+  }
+
+  function renderAll() {
+    $("title").textContent = state.data.title;
+    const metric = $("metric");
+    renderOnChange("metric", state.data.metrics, () => {
+      const current = metric.value || params.get("metric") || state.data.metrics[0];
+      metric.replaceChildren(...state.data.metrics.map((m) => element("option", {value: m, selected: m === current}, m)));
+    });
+    renderNotes();
+    renderTables();
+    renderRunDetails();
+    renderExperiments();
+  }
+
+  // ------------------------------------------------------------------ start, poll
+  function selectFromParams() {
+    const pick = (name, all, selected) => {
+      const wanted = params.get(name);
+      if (!wanted) return;
+      (wanted === "all" ? all : wanted.split(",")).forEach((id) => selected.add(id));
+    };
+    pick("groups", state.data.groups.map((g) => g.id), state.selectedGroups);
+    pick("runs", state.data.runs.map((r) => r.id), state.selectedRuns);
+  }
+
+  async function poll(seconds) {
+    try {
+      const response = await fetch("api/board", {cache: "no-cache"});
+      const text = await response.text();
+      if (!response.ok) throw new Error(JSON.parse(text).error || response.statusText);
+      if (text !== state.dataText) {
+        state.dataText = text;
+        takeData(JSON.parse(text));
+        renderAll();
+      }
+      if (await fetchRecords()) drawChart();
+      setLive(`live · updated ${new Date().toLocaleTimeString()}`);
+    } catch (error) {
+      setLive(`cannot reach the board (${error.message}); retrying`, true);
+    }
+    setTimeout(() => poll(seconds), seconds * 1000);
+  }
+
+  function start() {
+    for (const [id, name] of [["x", "x"], ["yscale", "yscale"], ["filter", "filter"]]) {
+      if (params.get(name)) $(id).value = params.get(name);
+    }
+    if (params.get("smooth")) $("smoothing").value = params.get("smooth");
+    $("smoothing-value").textContent = $("smoothing").value;
+    for (const id of ["metric", "x", "yscale", "x-from", "x-to"]) $(id).addEventListener("change", () => refreshChart(true));
+    $("smoothing").addEventListener("input", () => {
+      $("smoothing-value").textContent = $("smoothing").value;
+      drawChart();
+    });
+    $("filter").addEventListener("input", applyFilter);
+    $("clear-selection").addEventListener("click", () => {
+      state.selectedRuns.clear();
+      state.selectedGroups.clear();
+      renderTables();
+      drawChart();
+    });
+    window.addEventListener("resize", () => state.plot?.setSize({width: Math.max($("chart").clientWidth, 300), height: 360}));
+    if (embedded) {
+      takeData(embedded);
+      for (const [id, records] of Object.entries(embedded.records)) state.records.set(id, records);
+      applyFilter();
+      selectFromParams();
+      renderAll();
+      drawChart();
+      setLive(`static export: ${embedded.runs.length} runs, as they were when exported`);
+      return;
+    }
+    const seconds = Number(params.get("poll")) > 0 ? Number(params.get("poll")) : DEFAULT_POLL_SECONDS;
+    (async () => {
+      await poll(seconds);
+      if (!state.data) return;
+      selectFromParams();
+      applyFilter();
+      await refreshChart();
+    })();
+  }
+
+  board.page = {state, formatG, drawChart};
+  start();
+})(window.AttnBoard = window.AttnBoard || {});
