@@ -132,6 +132,8 @@ class LoggingConfig:
     checkpoint_every: int = F(500, "steps between checkpoints", gt=0)
     plots: bool = F(True, "draw the run's figures when it ends")
     attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0)
+    mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient (attn.mechanism) "
+                                             "at step 0 and at this step; null = never", ge=0)
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,13 @@ def row_statistics(params: dict, spec: ModelSpec, batch: Batch) -> dict[str, np.
     grad_q = s * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
     grad_k = s * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
     p = A[rows]  # (N, T)
-    jacobian = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[:, None, :] - p[:, :, None] * p[:, None, :])  # (N, T)
+    finite = np.isfinite(p).all(axis=-1)  # a diverged model's rows are NaN: their norms are too
+    jacobian = np.full(len(p), np.nan)
+    eigenvalues = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[finite, None, :] - p[finite, :, None] * p[finite, None, :])
+    jacobian[finite] = np.abs(eigenvalues).max(axis=-1)
     max_p = p.max(axis=-1)
     return {"max_p": max_p, "saturated": max_p > SATURATED, "grad_W_q": grad_q[rows], "grad_W_k": grad_k[rows],
-            "jacobian": np.abs(jacobian).max(axis=-1), "bound": 2 * (1 - max_p)}
+            "jacobian": jacobian, "bound": 2 * (1 - max_p)}
 
 
 def top_share(values: np.ndarray, fraction: float = TOP_FRACTION) -> float:

@@ -57,7 +57,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn import model, optim, runs
+from attn import mechanism, model, optim, runs
 from attn.config import Config, flatten_config, to_dict
 from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
@@ -487,8 +487,20 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
         n_examples = min(member.config.logging.attention_examples, member.config.task.eval_size)
         if n_examples and step in (0, member.config.train.steps):
             _save_attention(member, stack, k, "init" if step == 0 else "final", n_examples)
+        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
+            _save_mechanism(member, stack, k, step)
         records.append(record)
     return records
+
+
+def _save_mechanism(member: Member, stack: Stack, k: int, step: int) -> None:
+    """mechanism.npz: attn.mechanism.row_statistics of the eval set's query
+    rows at `step`, as arrays named '<step>/<statistic>' (added to the file)."""
+    rows = mechanism.row_statistics(stack.member_params(k), member.state.spec, member_batch(stack.eval_batch, k))
+    path = member.run_dir / "mechanism.npz"
+    arrays = runs.load_arrays(path) if step and path.exists() else {}
+    arrays.update({f"{step}/{name}": values for name, values in rows.items()})
+    runs.save_arrays(path, arrays)
 
 
 def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, records: list, skipped: list[int]) -> None:

@@ -1,16 +1,17 @@
 """attn's hand-written model against references, in float64: its PyTorch twin
-(attn.bench.torch_loss, the model `make bench` times) gives the same loss and
-gradients, and torch.optim.SGD the same steps (PyTorch's autograd is the
-independent reference; skipped without PyTorch); and model's shortcut, which
-runs the query side only at positions with a target, gives what the full
-computation gives."""
+(attn.bench.rivals' loss at every position, the textbook model) gives the
+same loss and gradients, and torch.optim.SGD the same steps (PyTorch's
+autograd is the independent reference; skipped without PyTorch); and
+model's shortcut, which runs the query side only at positions with a
+target, gives what the full computation gives."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from attn import bench, model, train
+from attn import model, train
+from attn.bench import rivals
 from attn.config import load_config
 from attn.model import Batch
 
@@ -24,6 +25,39 @@ TASKS = {
 @pytest.fixture(scope="module")
 def torch():
     return pytest.importorskip("torch")
+
+
+def torch_twin(spec, batch, params):
+    """(loss, leaf tensors): the textbook model in PyTorch, from copies of params."""
+    import torch
+
+    weights = {name: torch.tensor(p, requires_grad=True) for name, p in params.items()}
+    loss = rivals.loss_function(spec, "torch", "projected", slice(None), len(batch.tokens))
+    arrays = (batch.tokens, batch.targets, batch.target_mask.astype(spec.dtype))
+    return loss(weights, *(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)), weights
+
+
+def torch_sgd_stepper(config, spec, params, batches):
+    """step() -> loss: torch.optim.SGD with the config's settings (one group per parameter, for lr_mult)."""
+    import torch
+
+    o = config.optim
+    pool = itertools.cycle(batches)
+    weights = {name: torch.tensor(p, requires_grad=True) for name, p in params.items()}
+    groups = [{"params": [w], "lr": o.lr * o.lr_mult.get(name, 1.0)} for name, w in weights.items()]
+    optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
+    loss = rivals.loss_function(spec, "torch", "projected", slice(None), config.train.batch_size)
+
+    def step():
+        batch = next(pool)
+        optimizer.zero_grad()
+        value = loss(weights, *(torch.from_numpy(np.ascontiguousarray(a))
+                                for a in (batch.tokens, batch.targets, batch.target_mask.astype(spec.dtype))))
+        value.backward()
+        optimizer.step()
+        return value.item()
+
+    return step
 
 
 def build(task: str, *overrides: str):
@@ -41,8 +75,7 @@ CASES.append(("copy", "model.positional=sinusoidal", "model.residual=false"))
 @pytest.mark.parametrize("task,first,second", CASES, ids=lambda v: v.removeprefix("model."))
 def test_loss_and_gradients_match_pytorch(torch, task, first, second):
     _, spec, params, _, (batch, *_) = build(task, first, second)
-    weights = bench.torch_params(params)
-    reference = bench.torch_loss(weights, spec, bench.torch_batch(batch))
+    reference, weights = torch_twin(spec, batch, params)
     reference.backward()
     loss, grads, _ = model.loss_and_grads(params, spec, batch)
     assert loss.dtype == np.float64
@@ -63,10 +96,12 @@ def test_sgd_steps_match_torch_optim_sgd(torch, optim):
     """Three steps from the same weights on the same batches: the third loss
     depends on both updates (momentum included) of every parameter."""
     config, spec, params, optimizer, batches = build("retrieval", *optim)
-    torch_step = bench.torch_stepper(config, spec, params, batches)
-    attn_step = bench.attn_stepper(config, spec, params, optimizer, batches)
-    for _ in batches:
-        ours, theirs = float(attn_step()), torch_step().item()
+    torch_step = torch_sgd_stepper(config, spec, params, batches)
+    weights = {name: p.copy() for name, p in params.items()}
+    for batch in batches:
+        loss, grads, _ = model.loss_and_grads(weights, spec, batch)
+        optimizer.step(weights, grads, config.optim.lr)
+        ours, theirs = float(loss), torch_step()
         assert ours == pytest.approx(theirs, rel=1e-12)
     initial = train.build(config)[2]
     assert ours != pytest.approx(float(model.forward(initial, spec, batches[-1])[0]), rel=1e-6), \

@@ -1,0 +1,207 @@
+"""An experiment's results, cell by cell: each seed's outcome, each cell's statistics.
+
+Which runs. A cell's run directory counts if it holds a summary and was
+made with the cell's config (attn.experiment.config_change: equal but for
+fields that change no logged number); a run made with another config, or
+one that cannot be read, is left out with the reason. Of the runs kept, the
+finished ones (completed or diverged) are the seeds every statistic is
+over; interrupted, running, stale and failed runs are counted apart.
+
+Per seed: its outcome class and time to the threshold (attn.outcomes, from
+the logged eval accuracy and loss); its step-0 record (score std, entropy,
+saturated rows, gradient norms of W_q and W_k); the per-row mechanism at
+the steps it was measured (mechanism.npz, attn.mechanism.summary).
+
+Per cell (attn.stats):
+    success      seeds that `learned` (reached the threshold and held it), Wilson 95%
+    stalled, diverged, learned then lost, slow: the same, each a Wilson interval
+    time         Kaplan–Meier median steps to the threshold, a seed that never
+                 got there censored at the budget, Brookmeyer–Crowley 95%
+    final loss   every seed's last eval loss (a diverged seed: +inf), and their
+                 median with a percentile-bootstrap 95% interval over seeds
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attn import mechanism, outcomes, runs, stats
+from attn.compare import Run, canonical, load_runs
+from attn.config import ConfigError
+from attn.layers import score_scale
+
+FINISHED = ("completed", "diverged")
+AT_INIT_KEYS = ("score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
+BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
+COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
+           "lost": outcomes.LEARNED_THEN_LOST, "slow": outcomes.SLOW}  # rate name -> outcome class
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One finished seed of a cell."""
+
+    seed: int
+    run: Run
+    outcome: outcomes.RunOutcome
+    budget: int
+    at_init: dict  # AT_INIT_KEYS -> the step-0 record's value (None where missing)
+    mechanism: dict  # step -> attn.mechanism.summary of the rows at that step
+
+    @property
+    def final_loss(self) -> float:
+        """The last eval loss, +inf for a diverged seed (worse than any loss)."""
+        loss = self.outcome.final_loss
+        return math.inf if self.outcome.outcome == outcomes.DIVERGED or loss is None else loss
+
+
+def plateau_level(summary: dict) -> float:
+    """The loss of a model that has not learned the task's mechanism: the
+    no-retrieval loss where the task has one, else chance (nan if unknown)."""
+    references = summary.get("references") or {}
+    level = references.get("no_retrieval", references.get("chance"))
+    return float(level) if runs.is_finite_number(level) else math.nan
+
+
+def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
+    records = run.records
+    steps = np.array([r["step"] for r in records], dtype=np.int64)
+
+    def values(key):
+        return np.array([r[key] if runs.is_finite_number(r.get(key)) else np.nan for r in records], dtype=float)
+
+    budget = int(run.summary.get("steps") or 0)
+    outcome = outcomes.classify(steps, values("eval_accuracy"), values("eval_loss"),
+                                diverged=run.status == "diverged", budget=budget,
+                                plateau_loss=plateau_level(run.summary), chance_accuracy=1.0 / n_classes,
+                                threshold=threshold)
+    first = records[0] if records and records[0]["step"] == 0 else {}
+    at_init = {k: first.get(k) if runs.is_finite_number(first.get(k)) else None for k in AT_INIT_KEYS}
+    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run))
+
+
+def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
+    """step -> the run's per-row arrays at that step (mechanism.npz; {} without one)."""
+    path = run.path / "mechanism.npz"
+    if not path.exists():
+        return {}
+    rows: dict[int, dict] = {}
+    for name, values in runs.load_arrays(path).items():
+        step, _, statistic = name.partition("/")
+        rows.setdefault(int(step), {})[statistic] = values
+    return rows
+
+
+def read_mechanism(run: Run) -> dict:
+    """step -> attn.mechanism.summary of the run's rows at that step."""
+    return {step: mechanism.summary(rows) for step, rows in mechanism_rows(run).items()}
+
+
+@dataclass
+class Cell:
+    """The runs of one grid cell (one setting of every grid key), read back."""
+
+    settings: dict  # grid key -> value
+    theory_score_std: float  # sqrt(d_k) s qk_gain^2
+    seeds: list[Seed] = field(default_factory=list)  # the finished ones
+    unfinished: Counter = field(default_factory=Counter)  # status -> runs not finished
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def budget(self) -> int:
+        return max((s.budget for s in self.seeds), default=0)
+
+    def count(self, outcome: str) -> int:
+        return sum(s.outcome.outcome == outcome for s in self.seeds)
+
+    def rate(self, name: str) -> dict:
+        """{k, n, rate, low, high}: seeds of class COUNTED[name], Wilson 95%."""
+        k = self.count(COUNTED[name])
+        low, high = stats.wilson_interval(k, self.n)
+        return {"k": k, "n": self.n, "rate": k / self.n if self.n else None, "low": low, "high": high}
+
+    def time(self) -> stats.KMMedian:
+        """Kaplan–Meier median steps to the threshold (censored at the budget)."""
+        if not self.seeds:
+            return stats.KMMedian(None, None, None)
+        times = [s.outcome.time_to_threshold for s in self.seeds]
+        return stats.km_median([t.time for t in times], [t.observed for t in times])
+
+    def final_losses(self) -> list[float]:
+        return [s.final_loss for s in self.seeds]
+
+    def final_loss(self) -> dict:
+        """Median final eval loss over seeds (inf if half or more diverged) and a bootstrap 95% interval."""
+        losses = np.array(self.final_losses())
+        if not len(losses):
+            return {"median": None, "low": None, "high": None}
+        low, high = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
+        return {"median": float(np.median(losses)), "low": float(low), "high": float(high)}
+
+    def at_init(self, key: str) -> list[float]:
+        return [s.at_init[key] for s in self.seeds if s.at_init.get(key) is not None]
+
+    def mechanism(self, step: int, key: str) -> list[float]:
+        """The seeds' mechanism.summary[key] at `step` (finite values only)."""
+        return [s.mechanism[step][key] for s in self.seeds
+                if runs.is_finite_number((s.mechanism.get(step) or {}).get(key))]
+
+    def selection_figures(self) -> dict:
+        """What a selection rule may name (attn.stats.select): success_rate,
+        stall_rate, divergence_rate, median_time (None: not reached, the
+        worst), final_loss (the median)."""
+        return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
+                "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
+                "final_loss": self.final_loss()["median"]}
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A run directory of the experiment that the report leaves out."""
+
+    name: str
+    reason: str
+
+
+def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) -> tuple[list[Cell], list[Excluded]]:
+    """Every cell's runs (module docstring: which runs), and the runs left
+    out; `config_change(run_dir, config)` lists how a run's config differs
+    from its cell's. A cell with no run holding a summary is not listed."""
+    cells: dict[str, Cell] = {}
+    excluded = []
+    for cell in experiment.cells:
+        run_dir = experiment.directory / cell.name
+        if not (run_dir / "config.yaml").is_file():
+            continue
+        loaded, skipped = load_runs([run_dir])
+        if skipped:
+            excluded.append(Excluded(cell.name, skipped[0].reason))
+            continue
+        run = loaded[0]
+        if not run.summary:
+            continue  # not started
+        try:
+            difference = config_change(run_dir, cell.config)
+        except ConfigError as err:
+            excluded.append(Excluded(cell.name, f"config.yaml is not a valid config: {err}"))
+            continue
+        if difference:
+            excluded.append(Excluded(cell.name, "config differs from the experiment's: " + "; ".join(difference)))
+            continue
+        key = canonical(cell.settings)
+        if key not in cells:
+            m = cell.config.model
+            cells[key] = Cell(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
+        if run.status in FINISHED:
+            n_classes = cell.config.task.n_values if cell.config.task.name == "retrieval" else cell.config.task.vocab_size
+            cells[key].seeds.append(seed_of(run, cell.seed, n_classes, threshold))
+        else:
+            cells[key].unfinished[run.status] += 1
+    return list(cells.values()), excluded
