@@ -7,6 +7,15 @@ last iteration, s = steps, only measures. A checkpoint "at step s" holds the
 parameters after s updates and the batch generator's state after s draws,
 so resuming from it re-runs iteration s and everything after it exactly.
 
+The resume invariant: a checkpoint at step s is only ever written between
+iterations s - 1 and s (never after iteration s has drawn its batch), with
+`best` and `nonfinite_steps` as iterations 0..s-1 left them; resuming from
+it first drops every record with step >= s, then runs iterations s..steps.
+The last checkpoint of a completed run is the one at s = steps, written
+before the final (measuring) iteration, so a run killed anywhere after it
+resumes by re-running that iteration alone, bit for bit. (A run with no
+checkpoint yet resumes from step 0: attn.jobs.prepare_resume.)
+
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.
 Two configs that differ only in, say, the score scale share their initial
@@ -201,7 +210,8 @@ def run(state: RunState, *, stop: StopFlag | None = None,
                     what, note = fault
                     status, reason = "diverged", f"non-finite {what} at step {step}{note}"
                     break
-                if step < steps and (state.step % config.logging.checkpoint_every == 0 or stop.reason):
+                if step < steps and (state.step % config.logging.checkpoint_every == 0 or state.step == steps
+                                     or stop.reason):
                     state.wall_time = clock.elapsed()
                     _save_checkpoint(state)
                     last_checkpoint = state.step
@@ -215,9 +225,6 @@ def run(state: RunState, *, stop: StopFlag | None = None,
         _write_summary(run_dir, summary)
         raise
     wall = clock.elapsed()
-    if status == "completed":
-        state.wall_time = wall
-        _save_checkpoint(state)
     end_step = step if status == "diverged" else state.step
     summary.update(
         status=status, reason=reason, step=end_step, wall_time=wall, best=state.best,
