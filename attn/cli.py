@@ -120,7 +120,7 @@ def cmd_train(args) -> int:
     try:
         if args.resume is not None:
             run_dir = _run_dir_argument(args.resume, "--resume")
-            with runs.RunLock(run_dir, "resume"):  # before the checks: none can start it in between
+            with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
                 requested = load_config(config_path, overrides) if config_path else None
                 state = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
                 print(f"run directory: {run_dir}", file=sys.stderr)

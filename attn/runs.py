@@ -215,6 +215,7 @@ class RunLock:
     _held = threading.local()  # per thread: (st_dev, st_ino) of the directory -> [fd, depth]
 
     def __init__(self, directory: Path, purpose: str):
+        """purpose: the attn command taking it (train, train --resume, sweep, plot, report)."""
         self.directory, self.purpose = Path(directory), purpose
         self._key = None
 
@@ -280,13 +281,13 @@ def is_locked(directory: Path) -> bool:
 
 
 def describe_holder(holder: dict) -> str:
-    """'a sweep (pid 123 on host-a since 12:00:03)' from a lock file's record."""
+    """'attn sweep (pid 123 on host-a since 12:00:03)' from a lock file's record
+    (its purpose is the attn command holding it)."""
     if not holder:
         return "another process (it has not recorded its pid yet)"
     since = holder.get("since")
     when = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if is_finite_number(since) else ""
-    purpose = str(holder.get("purpose", "writer"))[:40]
-    return f"a {purpose} (pid {holder.get('pid')} on {str(holder.get('host'))[:80]}{when})"
+    return f"attn {str(holder.get('purpose'))[:40]} (pid {holder.get('pid')} on {str(holder.get('host'))[:80]}{when})"
 
 
 def _read_holder(fd: int) -> dict:
@@ -306,7 +307,7 @@ def _open_real_directory(directory: Path) -> int:
     try:
         return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
-        if err.errno == errno.ELOOP:
+        if err.errno == errno.ELOOP or os.path.islink(directory):  # Linux says ENOTDIR for a link with O_DIRECTORY
             raise RunError(f"{directory}: is a symbolic link; attn writes only into a real directory "
                            "(use the directory it points to, or move that directory here)") from None
         if err.errno == errno.ENOTDIR:

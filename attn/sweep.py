@@ -279,9 +279,9 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
             return _run_locked_cell(cell, run_dir, experiment_file)
     except runs.RunLocked as err:
         holder = err.holder
-        who = f" (pid {holder.get('pid')} on {holder.get('host')})" if holder else ""
-        return RunOutcome(cell.name, "skipped-locked", "running",
-                          f"another {holder.get('purpose', 'writer')} is running this cell{who}")
+        who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
+               if holder.get("purpose") == "sweep" else f"{runs.describe_holder(holder)} is running this cell")
+        return RunOutcome(cell.name, "skipped-locked", "running", who)
     except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
         return RunOutcome(cell.name, "failed", "failed", str(err))
     except Exception as err:  # recorded in the run directory; never stops the other cells
