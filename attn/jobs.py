@@ -85,8 +85,12 @@ def create(config: Config, config_path: str | None = None, overrides=(), name: s
 
 
 def config_of(run_dir: Path) -> Config:
-    """The config a run was made with."""
-    return load_config(Path(run_dir) / "config.yaml")
+    """The config a run was made with; ConfigError (naming its config.yaml)
+    if that no longer reads as a valid config."""
+    try:
+        return load_config(Path(run_dir) / "config.yaml")
+    except ConfigError as err:
+        raise ConfigError(f"{err}; move the run directory away") from None
 
 
 def config_difference(a: Config, b: Config, ignore=()) -> list[str]:

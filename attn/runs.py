@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from attn.config import MAX_CONFIG_BYTES, ConfigError, parse_yaml, read_regular_file
+from attn.config import ConfigError, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 STALE_AFTER_SECONDS = 120.0  # a `running` run whose heartbeat is older than this is stale
@@ -354,20 +354,17 @@ def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
 
 def read_run_config(run_dir: Path) -> dict:
     """The run's config.yaml as written: the resolved config and its
-    `provenance` (a mapping); RunError if it is missing or not such a mapping."""
+    `provenance` (a mapping), read as any config file is (config.read_yaml_file:
+    bounded, safe); RunError if it is missing or damaged."""
     path = Path(run_dir) / "config.yaml"
-    data = read_run_file(path, MAX_CONFIG_BYTES, "run config")
-    if data is None:
+    if not path.exists():
         raise RunError(f"{run_dir}: not a run directory (no config.yaml)")
     try:
-        config = parse_yaml(data.decode("utf-8"), str(path))
-    except UnicodeDecodeError:
-        raise RunError(f"{path}: unreadable: not UTF-8 text; move the run directory away") from None
+        config = read_yaml_file(path)
     except ConfigError as err:
         raise RunError(f"{path}: unreadable: {str(err).removeprefix(f'{path}: ')}; move the run directory away") from None
-    if not isinstance(config, dict) or not isinstance(config.get("provenance", {}), dict):
-        raise RunError(f"{path}: not a mapping of config sections with a `provenance` mapping; "
-                       "move the run directory away")
+    if not isinstance(config.get("provenance", {}), dict):
+        raise RunError(f"{path}: unreadable: `provenance` is not a mapping; move the run directory away")
     return config
 
 
@@ -435,7 +432,7 @@ def _record_problem(record, last_step: int) -> str | None:
         return f"has step {step} after step {last_step} (steps must increase; two writers?)"
     nested = next((key for key, value in record.items() if isinstance(value, (dict, list))), None)
     if nested is not None:
-        return f"holds a {_json_kind(record[nested])} in `{nested[:80]}`; expected numbers"
+        return f"holds {_json_kind(record[nested])} in `{nested[:80]}`; expected numbers"
     return None
 
 
