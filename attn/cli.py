@@ -32,7 +32,7 @@ import yaml
 
 from attn import jobs, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.config import ConfigError, all_keys, describe_schema, load_config, to_dict
+from attn.config import ConfigError, all_keys, check_run_name, describe_schema, load_config, show_value, to_dict
 from attn.train import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -120,26 +120,36 @@ def _install_stop_handlers(stop: StopFlag, second_stops_at_once: bool = True):
 
 def cmd_train(args) -> int:
     config_path, overrides = _split_config_and_overrides(args.items)
-    if args.resume and args.name:
+    if args.resume is not None and args.name is not None:
         raise UsageError("train: --name cannot be given with --resume (a resumed run keeps its directory)")
     stop = StopFlag()
     restore_signals = _install_stop_handlers(stop)
     try:
-        state = None
-        if args.resume:
-            run_dir = Path(args.resume)
-            if config_path:
-                state = jobs.check_resumable(run_dir, load_config(config_path, overrides))
-            else:
-                state = jobs.check_resumable(run_dir, overrides=overrides)
-            config = state.config
-        else:
-            config = load_config(config_path, overrides)
-            run_dir = jobs.create(config, config_path, overrides, args.name)
-        print(f"run directory: {run_dir}", file=sys.stderr)
-        return _train_and_report(config, run_dir, bool(args.resume), stop, state)
+        if args.resume is not None:
+            run_dir = _run_dir_argument(args.resume, "--resume")
+            with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+                requested = load_config(config_path, overrides) if config_path else None
+                state = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
+                print(f"run directory: {run_dir}", file=sys.stderr)
+                return _train_and_report(state.config, run_dir, True, stop, state)
+        config = load_config(config_path, overrides)
+        with jobs.new_run(config, config_path, overrides, args.name) as run_dir:
+            print(f"run directory: {run_dir}", file=sys.stderr)
+            return _train_and_report(config, run_dir, False, stop)
     finally:
         restore_signals()
+
+
+def _run_dir_argument(text: str, what: str) -> Path:
+    """A RUN_DIR argument: its last component a valid run name (config.check_run_name),
+    a directory holding config.yaml; else one line, before anything is touched."""
+    run_dir = Path(text)
+    name = Path(os.path.abspath(text)).name if text else text  # `.` is the directory it stands for
+    check_run_name(name, f"{what} {show_value(text)}: the run directory's name")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{what} {show_value(text)}: not a run directory (no config.yaml); "
+                          "expected a directory such as runs/<name>")
+    return run_dir
 
 
 def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state=None) -> int:
@@ -190,11 +200,11 @@ def cmd_config(args) -> int:
 def cmd_plot(args) -> int:
     from attn import plots  # matplotlib takes ~1 s to import: only for commands that draw
 
-    for run_dir in args.run_dirs:
-        if not (Path(run_dir) / "config.yaml").exists():
-            raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-        for path in plots.plot_run(Path(run_dir)):
-            print(path)
+    for text in args.run_dirs:
+        run_dir = _run_dir_argument(text, "plot")
+        with runs.RunLock(run_dir, "plot"):
+            for path in plots.plot_run(run_dir):
+                print(path)
     return EXIT_OK
 
 
@@ -205,7 +215,7 @@ def _is_interactive() -> bool:
 def cmd_sweep(args) -> int:
     from attn import sweep
 
-    experiment = sweep.load_experiment(args.experiment, args.runs_dir)
+    experiment = sweep.load_experiment(args.experiment, args.runs_dir, args.max_cells)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
@@ -295,7 +305,7 @@ def _print_report(experiment) -> None:
 def cmd_report(args) -> int:
     from attn import sweep
 
-    experiment = sweep.load_experiment(args.experiment, args.runs_dir)
+    experiment = sweep.load_experiment(args.experiment, args.runs_dir, args.max_cells)
     _print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
@@ -404,6 +414,13 @@ def cmd_board(args) -> int:
     return EXIT_OK
 
 
+def _add_max_cells(parser) -> None:
+    from attn.sweep import MAX_CELLS
+
+    parser.add_argument("--max-cells", type=_count(1), default=MAX_CELLS,
+                        help=f"refuse an experiment of more runs (grid points x seeds) than this (default: {MAX_CELLS})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
@@ -424,10 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
+    _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    _add_max_cells(p)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")

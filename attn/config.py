@@ -8,9 +8,13 @@ a file or an override raises `ConfigError` with one line naming the source,
 the field, the bad value and what is accepted.
 
 YAML is read with a safe loader only (no object-constructing tags); duplicate
-keys, alias bombs, recursive aliases and deep nesting are refused; values are
-coerced by the field's type: PyYAML reads `1e-3` as a string, which a float
-field accepts as 0.001. Each override is typed and checked as it is applied;
+keys, alias bombs, recursive aliases and deep nesting are refused. Plain
+scalars are numbers by the YAML 1.2 core schema: `1e-3` is a float, `010` is
+10 (not octal 8) and `12:30:00` is a string (not the sexagesimal 45000 of
+YAML 1.1); values are then coerced by the field's type (a float field also
+accepts the string '1e-3'). Files are read only when they are regular files
+under a size cap (read_regular_file), so `/dev/zero` or a FIFO is refused at
+once. Each override is typed and checked as it is applied;
 the checks across fields (task.n_pairs <= task.n_keys, lr_mult names, memory)
 see the final config, so the order of overrides does not matter.
 """
@@ -20,8 +24,11 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import errno
 import math
 import os
+import re
+import stat
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +40,9 @@ from attn.layers import SCORE_SCALES
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
 MAX_YAML_NODES = 10_000  # nodes visited through aliases; beyond this is an alias bomb
 MAX_YAML_DEPTH = 32  # nesting levels; configs use 3, experiment files a few more
+MAX_INT_DIGITS = 100  # a YAML integer with more digits is refused (no field needs one; Python caps str() at 4300)
+MAX_NAME_CHARS = 200  # run and experiment names; NAME_MAX is 255 bytes and `-<n>` suffixes are added
+SHOWN_CHARS = 80  # a value quoted in an error message is cut to this many characters
 
 
 class ConfigError(ValueError):
@@ -152,8 +162,19 @@ class Config:
 # ---------------------------------------------------------------------------
 # YAML reading: safe, strict about duplicates and aliases.
 # ---------------------------------------------------------------------------
+INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+CORE_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")  # YAML 1.2 core schema
+CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and nesting deeper than MAX_YAML_DEPTH."""
+    """SafeLoader that refuses duplicate keys and nesting deeper than MAX_YAML_DEPTH,
+    and resolves plain ints and floats by the YAML 1.2 core schema (no
+    sexagesimal `12:30:00`, no octal `010`, no `1_000`)."""
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -189,6 +210,40 @@ class _StrictLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _construct_core_int(loader, node) -> int:
+    text = loader.construct_scalar(node)
+    digits = text.lstrip("+-")
+    base = {"0o": 8, "0x": 16}.get(digits[:2], 10)
+    digits = digits[2:] if base != 10 else digits
+    if len(digits) > MAX_INT_DIGITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer of {len(digits)} digits; at most {MAX_INT_DIGITS} are read", node.start_mark)
+    try:
+        return (-1 if text.startswith("-") else 1) * int(digits, base)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(None, None, f"{show_value(text)} is not an integer", node.start_mark) from None
+
+
+def _construct_core_float(loader, node) -> float | str:
+    """A float; a literal beyond the float range (1e400) stays its text, so that
+    the field refusing it shows it as written."""
+    text = loader.construct_scalar(node)
+    special = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
+    if text.lower() in special:
+        return special[text.lower()]
+    try:
+        value = float(text)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(None, None, f"{show_value(text)} is not a number", node.start_mark) from None
+    return value if math.isfinite(value) else text
+
+
+_StrictLoader.add_implicit_resolver(INT_TAG, CORE_INT, list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(FLOAT_TAG, CORE_FLOAT, list("-+.0123456789"))
+_StrictLoader.add_constructor(INT_TAG, _construct_core_int)
+_StrictLoader.add_constructor(FLOAT_TAG, _construct_core_float)
 
 
 def _check_expansion(root, source: str) -> None:
@@ -233,24 +288,58 @@ def parse_yaml(text: str, source: str):
         raise ConfigError(f"{source}: not valid YAML:{where} {problem}") from None
 
 
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+              (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_regular_file(path: str | os.PathLike, limit: int, what: str, error: type[Exception] = ConfigError,
+                      follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. Anything else is
+    refused with one line naming the path (`error`): a directory, device,
+    FIFO or socket before a byte is read (the open never blocks), a file over
+    the cap (checked before reading, and again while reading, as the file may
+    grow), and with follow_symlinks false a symbolic link. FileNotFoundError
+    passes through: whether a missing file is an error is the caller's call."""
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except PermissionError:
+        raise error(f"{path}: {what} is not readable (permission denied)") from None
+    except OSError as err:
+        if err.errno == errno.ELOOP and not follow_symlinks:
+            raise error(f"{path}: is a symbolic link, not a {what}; attn reads and writes run files only "
+                        "in place (replace the link by the file)") from None
+        raise error(f"{path}: cannot read {what}: {err.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), None)
+        if kind is not None or not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: is {kind or 'not a regular file'}, not a {what}")
+        if info.st_size > limit:
+            raise error(f"{path}: {info.st_size} bytes is too large for a {what} (limit {limit})")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as err:
+        raise error(f"{path}: cannot read {what}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise error(f"{path}: more than {limit} bytes is too large for a {what} (it grew while being read)")
+    return data
+
+
 def read_yaml_file(path: str | os.PathLike, what: str = "config file"):
-    """Read and parse a YAML file with every failure as a one-line ConfigError."""
+    """Read and parse a YAML mapping from a file with every failure as a one-line ConfigError."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise ConfigError(f"{path}: is a directory, not a {what}")
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size} bytes is too large for a {what} (limit {MAX_CONFIG_BYTES})")
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_file(path, MAX_CONFIG_BYTES, what).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {what}") from None
-    except PermissionError:
-        raise ConfigError(f"{path}: {what} is not readable (permission denied)") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: {what} is not UTF-8 text") from None
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read {what}: {err.strerror}") from None
     data = parse_yaml(text, str(path))
     if data is None:
         raise ConfigError(f"{path}: {what} is empty; expected a mapping such as `optim: {{lr: 0.1}}`")
@@ -331,14 +420,19 @@ def _yaml_line(value) -> str:
     return " ".join(text.split())
 
 
-def _show(value, limit: int = 80) -> str:
-    """A bad value for an error message: strings quoted, one line, cut to `limit` characters."""
-    shown = repr(value) if isinstance(value, str) else _yaml_line(value)
-    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+def show_value(value, limit: int = SHOWN_CHARS) -> str:
+    """A value for an error message: strings quoted, on one line, cut to `limit`
+    characters (a 10,000-character override is shown by its first 80)."""
+    return cut(repr(value) if isinstance(value, str) else _yaml_line(value), limit)
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """Text for an error message, cut to `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fail(source: str, key: str, value, hint, meta) -> typing.NoReturn:
-    raise ConfigError(f"{source}: {key}: got {_show(value)}; expected {_describe_accepted(hint, meta)}")
+    raise ConfigError(f"{source}: {key}: got {show_value(value)}; expected {_describe_accepted(hint, meta)}")
 
 
 def _in_range(x, meta) -> bool:
@@ -353,13 +447,13 @@ def _in_range(x, meta) -> bool:
 def _as_float(value):
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
             return float(value.strip())
-        except ValueError:
-            return None
+    except (ValueError, OverflowError):  # not a number; an integer beyond any float
+        return None
     return None
 
 
@@ -393,10 +487,11 @@ def coerce(value, hint, meta, key: str, source: str):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ConfigError(f"{source}: {key}: got key {_show(k)}; expected parameter names such as W_q")
+                raise ConfigError(f"{source}: {key}: got key {show_value(k)}; expected parameter names such as W_q")
             if v is None and ":" in k:  # `{W_q:0.1}` is YAML for {"W_q:0.1": null}
                 name, _, number = k.partition(":")
-                raise ConfigError(f"{source}: {key}: got {{{k}}}; YAML needs a space after the colon: {{{name}: {number}}}")
+                raise ConfigError(f"{source}: {key}: got {{{cut(k)}}}; YAML needs a space after the colon: "
+                                  f"{{{cut(name)}: {cut(number)}}}")
             number = _coerce_scalar(v, float)
             if number is None or not _in_range(number, meta):
                 _fail(source, f"{key}.{k}", v, float, meta)
@@ -420,11 +515,11 @@ def build(cls, data: dict, source: str, prefix: str = ""):
         if key not in hints:
             suggestion = nearest_key(dotted)
             hint = f"; did you mean `{suggestion}`?" if suggestion else ""
-            raise ConfigError(f"{source}: unknown key `{dotted}`{hint}")
+            raise ConfigError(f"{source}: unknown key `{cut(dotted)}`{hint}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {dotted}: got {_show(value)}; expected a mapping of {dotted}.* fields")
+                raise ConfigError(f"{source}: {dotted}: got {show_value(value)}; expected a mapping of {dotted}.* fields")
             kwargs[key] = build(hint, value, source, dotted + ".")
         else:
             kwargs[key] = coerce(value, hint, dict(fields[key].metadata), dotted, source)
@@ -456,10 +551,26 @@ def flatten_config(data: dict, prefix: str = "") -> dict:
 
 def replace(config: Config, **dotted_values) -> Config:
     """A copy of `config` with dotted fields replaced (values validated)."""
-    data = to_dict(config)
-    for key, value in dotted_values.items():
-        set_dotted(data, key, value)
-    return validate(build(Config, data, "replace"), "replace")
+    return with_values(config, dotted_values, "replace")
+
+
+def with_values(config: Config, values: dict, source: str) -> Config:
+    """A copy of `config` with dotted fields set to raw values, each coerced
+    and checked as in a file, then validate()d. Costs the fields changed, not
+    the whole schema: a sweep makes one config per grid point this way."""
+    sections: dict[str, dict] = {}
+    for key, value in values.items():
+        if key not in all_keys():
+            suggestion = nearest_key(str(key))
+            hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+            raise ConfigError(f"{source}: unknown key `{cut(str(key))}`{hint}")
+        section, _, leaf = key.rpartition(".")
+        owner = type(getattr(config, section)) if section else Config
+        meta = dict(_sections(owner)[leaf].metadata)
+        sections.setdefault(section, {})[leaf] = coerce(value, _hints(owner)[leaf], meta, key, source)
+    top = sections.pop("", {})
+    top.update({section: dataclasses.replace(getattr(config, section), **fields) for section, fields in sections.items()})
+    return validate(dataclasses.replace(config, **top), source)
 
 
 def set_dotted(data: dict, key: str, value) -> None:
@@ -478,15 +589,16 @@ def parse_override(text: str) -> tuple[str, object]:
     """'optim.lr=0.05' -> ('optim.lr', 0.05). The value is read as YAML."""
     key, sep, raw = text.partition("=")
     key = key.strip()
+    source = f"override {show_value(text)}"
     if not sep or not key or any(not part.isidentifier() for part in key.split(".")):
-        raise ConfigError(f"override {text!r}: expected key=value with a dotted key, e.g. optim.lr=0.05")
-    value = parse_yaml(raw, f"override {text!r}") if raw.strip() else ""
+        raise ConfigError(f"{source}: expected key=value with a dotted key, e.g. optim.lr=0.05")
+    value = parse_yaml(raw, source) if raw.strip() else ""
     if dataclasses.is_dataclass(_hints(Config).get(key)):
-        raise ConfigError(f"override {text!r}: `{key}` is a section; override one field, e.g. {key}.<field>=value")
+        raise ConfigError(f"{source}: `{key}` is a section; override one field, e.g. {key}.<field>=value")
     if key not in all_keys():
         suggestion = nearest_key(key)
         hint = f"; did you mean `{suggestion}`?" if suggestion else ""
-        raise ConfigError(f"override {text!r}: unknown key `{key}`{hint}")
+        raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
     return key, value
 
 
@@ -500,9 +612,9 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
         key, value = parse_override(text)
         merged = to_dict(config)
         set_dotted(merged, key, value)
-        config = build(Config, merged, f"override {text!r}")
+        config = build(Config, merged, f"override {show_value(text)}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
-    return validate(config, f"{source} with overrides {' '.join(overrides)}" if overrides else source)
+    return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source)
 
 
 # ---------------------------------------------------------------------------
@@ -541,7 +653,7 @@ def memory_limit_bytes() -> int:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**30:.3g} GiB"
 
 
 def validate(config: Config, source: str) -> Config:
@@ -563,23 +675,27 @@ def validate(config: Config, source: str) -> Config:
     if config.name is not None:
         check_run_name(config.name, f"{source}: name")
     if not config.runs_dir.strip():
-        raise ConfigError(f"{source}: runs_dir: got {config.runs_dir!r}; expected a directory path")
+        raise ConfigError(f"{source}: runs_dir: got {show_value(config.runs_dir)}; expected a directory path")
     need, limit = estimate_memory_bytes(config), memory_limit_bytes()
     if need > limit:
         m = config.model
         raise ConfigError(
-            f"{source}: sizes need about {_gib(need)} of memory (model.d_model={m.d_model}, model.d_k={m.d_k}, "
-            f"train.batch_size={config.train.batch_size}, task.eval_size={t.eval_size}); "
+            f"{source}: sizes need about {_gib(need)} of memory (model.d_model={m.d_model:.12g}, model.d_k={m.d_k:.12g}, "
+            f"train.batch_size={config.train.batch_size:.12g}, task.eval_size={t.eval_size:.12g}); "
             f"expected at most {_gib(limit)} (half this machine's memory)")
     return config
 
 
-def check_run_name(name: str, what: str) -> str:
-    """A run name is one plain path component: no separators, no '..', not hidden."""
-    if (not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith(".")
-            or "\0" in name or os.path.isabs(name) or len(name) > 200):
-        raise ConfigError(f"{what}: got {name!r}; expected a plain directory name "
-                          "(no '/', '\\', leading '.', or '..'), at most 200 characters")
+def check_run_name(name, what: str) -> str:
+    """The one rule for run and experiment names (--name, --resume's directory,
+    a config's `name`, an experiment's `name`, a cell's name): a string of at
+    most MAX_NAME_CHARS printable characters (no newline or other control
+    character) that is one plain path component: no '/', '\\', NUL, not
+    '.', '..' or hidden (a leading '.')."""
+    if (not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name
+            or not name.isprintable() or len(name) > MAX_NAME_CHARS):
+        raise ConfigError(f"{what}: got {show_value(name, MAX_NAME_CHARS + 8)}; expected a plain directory name: one path component "
+                          f"of printable characters (no '/', '\\', leading '.', or '..'), at most {MAX_NAME_CHARS} characters")
     return name
 
 

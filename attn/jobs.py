@@ -1,10 +1,13 @@
 """One run from start to finish: its directory, training, figures.
 
 Used by the CLI's `train` and by the sweep workers, so a run started either
-way is the same run. A run that cannot start (a checkpoint that does not
-fit) is refused before anything in its directory changes; failures inside
-training are recorded in the run directory (status `failed`, the error in
-summary.json, the traceback in error.txt) before they propagate.
+way is the same run. Every write happens under the run directory's
+runs.RunLock: execute takes it (re-entrantly, so a caller that took it to
+check the run first keeps one unbroken hold). A run that cannot start (a
+damaged file, a checkpoint that does not fit) is refused before anything in
+its directory changes; failures inside training are recorded in the run
+directory (status `failed`, the error in summary.json, the traceback in
+error.txt) before they propagate.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -52,23 +56,41 @@ def source_revision() -> str | None:
     return result.stdout.strip() or None if result.returncode == 0 else None
 
 
-def create(config: Config, config_path: str | None = None, overrides=(), name: str | None = None) -> Path:
-    """Make a fresh run directory for `config` and write its config.yaml
-    (if that fails, the directory is removed again)."""
-    name = check_run_name(name, "--name") if name else config.name or runs.default_run_name(config_path)
+@contextlib.contextmanager
+def new_run(config: Config, config_path: str | None = None, overrides=(), name: str | None = None):
+    """A fresh run directory for `config` with its config.yaml, its RunLock
+    held from the moment it exists to the end of the block (if writing
+    config.yaml fails, the directory is removed again)."""
+    if name is not None:
+        check_run_name(name, "--name")
+    else:  # config.name is checked with the config; a default name is made from the config file's
+        name = config.name or check_run_name(runs.default_run_name(config_path), "the run name made from the config file")
     run_dir = runs.create_run_dir(Path(config.runs_dir), name)
-    try:
-        runs.write_config(run_dir, to_dict(config), provenance(config_path, overrides))
-    except runs.RunError:
-        with contextlib.suppress(OSError):
-            run_dir.rmdir()
-        raise
-    return run_dir
+    with contextlib.ExitStack() as hold:
+        try:
+            hold.enter_context(runs.RunLock(run_dir, "train"))
+            runs.write_config(run_dir, to_dict(config), provenance(config_path, overrides))
+        except runs.RunError:
+            with contextlib.suppress(OSError):
+                (run_dir / runs.LOCK_NAME).unlink(missing_ok=True)
+                run_dir.rmdir()
+            raise
+        yield run_dir
+
+
+def create(config: Config, config_path: str | None = None, overrides=(), name: str | None = None) -> Path:
+    """A fresh run directory with its config.yaml (new_run, its lock released at once)."""
+    with new_run(config, config_path, overrides, name) as run_dir:
+        return run_dir
 
 
 def config_of(run_dir: Path) -> Config:
-    """The config a run was made with."""
-    return load_config(Path(run_dir) / "config.yaml")
+    """The config a run was made with; ConfigError (naming its config.yaml)
+    if that no longer reads as a valid config."""
+    try:
+        return load_config(Path(run_dir) / "config.yaml")
+    except ConfigError as err:
+        raise ConfigError(f"{err}; move the run directory away") from None
 
 
 def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
@@ -79,11 +101,12 @@ def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
 
 
 def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()) -> train.RunState:
-    """The state the run resumes from (its own config, its checkpoint loaded),
-    after checking that the run can be resumed: it is a run directory, not
-    finished, not running elsewhere, its checkpoint fits; and that a config the
-    user also gave (`requested`, or `overrides` applied to the run's config) is
-    the same as the run's."""
+    """The state the run resumes from (prepare_resume), after checking that
+    the run can be resumed: it is a run directory, not finished, not running
+    elsewhere, its files are sound and its checkpoint fits; and that a config
+    the user also gave (`requested`, or `overrides` applied to the run's
+    config) is the same as the run's. The caller holds the run's RunLock,
+    taken before this check, so nothing can start the run in between."""
     run_dir = Path(run_dir)
     what = f"--resume {run_dir}"
     if not (run_dir / "config.yaml").exists():
@@ -100,37 +123,54 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
     status = runs.effective_status(summary)
     if status in ("completed", "diverged"):
         raise ConfigError(f"{what}: the run already {status} ({summary.get('reason') or 'nothing to resume'})")
-    if status == "running":
+    if status == "running":  # a writer on another host, whose lock this file system does not share
         raise ConfigError(f"{what}: the run is still running (pid {summary.get('pid')} on {summary.get('host')})")
-    if not (run_dir / "checkpoint.npz").exists():
-        raise ConfigError(f"{what}: no checkpoint yet; start the run again instead")
-    return train.prepare(stored, run_dir, resume=True)  # refuses a checkpoint that does not fit
+    return prepare_resume(stored, run_dir)
+
+
+def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
+    """The state a run resumes from, every file of the run read and checked
+    before anything changes (so damage is refused, never recorded as a
+    failure): its last checkpoint, or before its first one step 0 (training
+    is deterministic, so starting over in place is exact; either way
+    train.run first drops the records the stopped writer logged from there on)."""
+    run_dir = Path(run_dir)
+    runs.read_metrics(run_dir)
+    runs.read_summary(run_dir)
+    if (run_dir / "attention.npz").exists():
+        runs.load_arrays(run_dir / "attention.npz")
+    state = train.prepare(config, run_dir, resume=(run_dir / "checkpoint.npz").exists())
+    state.resumed = True
+    return state
 
 
 def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
             progress=None, state: train.RunState | None = None) -> dict:
-    """Train and draw the figures, from `state` when it is given (as
-    check_resumable returns it), else from the config (and the checkpoint when
-    resuming). A checkpoint that does not fit is refused (RunError) with the
-    run left as it was; errors during training are recorded in the run
-    directory, then re-raised."""
+    """Train and draw the figures, holding the run's RunLock, from `state`
+    when it is given (as check_resumable returns it), else from the config
+    (and prepare_resume when resuming). A damaged file or a checkpoint that
+    does not fit is refused (RunError) with the run left as it was; errors
+    during training are recorded in the run directory, then re-raised."""
     run_dir = Path(run_dir)
-    allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
-    if state is None:
-        state = train.prepare(config, run_dir, resume=resume)
-    try:
-        summary = train.run(state, stop=stop, progress=progress)
-    except Exception as err:
-        record_failure(run_dir, err)
-        raise
-    if config.logging.plots:
-        from attn import plots  # matplotlib takes ~1 s to import: only for runs that draw
-
+    with runs.RunLock(run_dir, "train"), warnings.catch_warnings():
+        # model.diagnostics takes the std of no scores when every score is non-finite; the record holds null there.
+        warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
+        allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
+        if state is None:
+            state = prepare_resume(config, run_dir) if resume else train.prepare(config, run_dir)
         try:
-            plots.plot_run(run_dir)
-        except Exception as err:  # a figure must never cost the run
-            summary["plot_error"] = f"{type(err).__name__}: {err}"
-            runs.write_json(run_dir / "summary.json", summary)
+            summary = train.run(state, stop=stop, progress=progress)
+        except Exception as err:
+            record_failure(run_dir, err)
+            raise
+        if config.logging.plots:
+            from attn import plots  # matplotlib takes ~1 s to import: only for runs that draw
+
+            try:
+                plots.plot_run(run_dir)
+            except Exception as err:  # a figure must never cost the run
+                summary["plot_error"] = f"{type(err).__name__}: {err}"
+                runs.write_json(run_dir / "summary.json", summary)
     return summary
 
 

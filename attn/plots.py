@@ -40,14 +40,40 @@ def draw_references(ax, references: dict) -> None:
 
 
 def plot_run(run_dir: Path) -> list[Path]:
-    """Draw every figure of a run; returns the paths written."""
+    """Draw every figure of a run; returns the paths written. Every file is
+    read and checked before the first figure is written (RunError names a
+    damaged one), so a damaged run gets no figures rather than some. The
+    caller holds the run's runs.RunLock."""
     run_dir = Path(run_dir)
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir) or {}
+    attention = read_attention(run_dir / "attention.npz") if (run_dir / "attention.npz").exists() else None
     written = [_loss_figure(run_dir, records, summary), _diagnostics_figure(run_dir, records)]
-    if (run_dir / "attention.npz").exists():
-        written.append(_attention_figure(run_dir))
+    if attention is not None:
+        written.append(_attention_figure(run_dir, attention))
     return written
+
+
+def read_attention(path: Path) -> dict[str, np.ndarray]:
+    """attention.npz, checked: snapshots `attn_init` and/or `attn_final` of n
+    examples (n, T, T) in [0, 1], beside their `target_mask` (n, T) and
+    `target_key` (n, T) integers; RunError naming what is wrong."""
+    data = runs.load_arrays(path)
+    moments = [k for k in ("attn_init", "attn_final") if k in data]
+    shape = data[moments[0]].shape if moments else ()
+    problem = None
+    if not moments:
+        problem = "holds neither attn_init nor attn_final"
+    elif len(shape) != 3 or shape[1] != shape[2] or not shape[0]:
+        problem = f"{moments[0]} has shape {list(shape)}, expected (examples, T, T)"
+    elif any(data[k].shape != shape or data[k].dtype.kind != "f" for k in moments):
+        problem = "attn_init and attn_final differ in shape, or are not floating point"
+    elif any(data.get(k) is None or data[k].shape != shape[:2] for k in ("target_mask", "target_key")) \
+            or data["target_key"].dtype.kind not in "iu":
+        problem = f"target_mask and target_key must be {list(shape[:2])} arrays (target_key of integers)"
+    if problem:
+        raise runs.RunError(f"{path}: {problem}; delete it (the other figures do not need it) or move the run away")
+    return data
 
 
 def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
@@ -110,8 +136,7 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
     return save_figure(fig, run_dir / "diagnostics.png")
 
 
-def _attention_figure(run_dir: Path) -> Path:
-    data = runs.load_arrays(run_dir / "attention.npz")
+def _attention_figure(run_dir: Path, data: dict[str, np.ndarray]) -> Path:
     moments = [k for k in ("attn_init", "attn_final") if k in data]
     n = data[moments[0]].shape[0]
     fig = Figure(figsize=(2.6 * n + 0.8, 2.7 * len(moments) + 0.3))

@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 from matplotlib.figure import Figure
 
 from attn import runs
@@ -640,22 +639,30 @@ def source_revisions(results: list) -> list[str]:
     revisions = set()
     for run in (run for r in results for run in r.runs):
         try:
-            data = yaml.safe_load((run.path / "config.yaml").read_text())
-        except (OSError, yaml.YAMLError):
+            provenance = runs.read_run_config(run.path).get("provenance") or {}
+        except runs.RunError:
             continue
-        revisions.add(str((data.get("provenance") or {}).get("attn_commit") or "unknown"))
+        revisions.add(str(provenance.get("attn_commit") or "unknown"))
     return sorted(revisions) or ["unknown"]
 
 
 def write_report(experiment: Experiment) -> dict[str, Path]:
     """Compute the report of an experiment from its run directories and write
-    report.md, report.csv and the figures into the experiment directory."""
+    report.md, report.csv and the figures into the experiment directory,
+    holding its runs.RunLock (one report writer at a time; another is refused)."""
     out = experiment.directory
     all_results, excluded = collect(experiment)
     if not all_results:
         left_out = f" ({len(excluded)} left out: {excluded[0].name}: {excluded[0].reason}, ...)" if excluded else ""
         raise runs.RunError(f"{out}: no runs of this experiment yet{left_out}; "
                             f"run `python -m attn sweep {experiment.path}` first")
+    with runs.RunLock(out, "report"):
+        return _write(experiment, all_results, excluded)
+
+
+def _write(experiment: Experiment, all_results: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
+    """write_report's files, from the cells collected."""
+    out = experiment.directory
     x, arms, best_of = layout(experiment)
     names = short_names(list(experiment.grid_keys))
     results = select_best(all_results, best_of)

@@ -16,8 +16,11 @@ The `report:` section may name `x` (a grid key or a list of them), `arm`
 (the same) and `best_of` (one grid key), each a key of the grid and each
 key in one role only; anything else is refused, with a did-you-mean.
 
-Every cell of every grid is validated before any run starts. Each (cell,
-seed) is one run directory named after its settings, e.g.
+Every cell of every grid is validated before any run starts, each grid
+point's config once (its seeds differ only in `seed`). The number of cells
+(grid points x seeds) is computed from the grid's shape before anything is
+expanded, and more than MAX_CELLS (`--max-cells` raises it) is refused.
+Each (cell, seed) is one run directory named after its settings, e.g.
 runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
 a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
 Re-running an experiment skips runs that finished (completed or diverged),
@@ -25,9 +28,10 @@ resumes interrupted, stale or failed runs from their checkpoint, and starts
 the rest; a finished or resumable run whose config.yaml differs from the
 cell's config (config_change) is neither skipped nor resumed: it is a
 `failed` outcome with status `config-changed` and the difference, so an
-edited experiment file never silently reuses old runs. A run holds an exclusive
-lock (flock on <run>/.lock) while it trains, so two sweeps over the same
-experiment never run the same cell twice: the second one skips it.
+edited experiment file never silently reuses old runs. A cell is run under
+its run directory's runs.RunLock, taken before its status is read, so two
+sweeps (or a sweep and `attn train --resume`) never run the same cell at
+once: the second one skips it (`skipped-locked`, naming the holder).
 
 Stopping: SIGINT or SIGTERM in a local worker process sets that process's
 stop flag (for good): its current run stops after the step with a
@@ -45,10 +49,11 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 import difflib
 import fcntl
 import itertools
+import math
 import os
 import re
 import signal
@@ -58,8 +63,8 @@ from pathlib import Path
 from typing import Callable
 
 from attn import jobs, runs
-from attn.config import (Config, ConfigError, all_keys, build, check_run_name, nearest_key, read_yaml_file,
-                         set_dotted, to_dict, validate)
+from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, read_yaml_file,
+                         set_dotted, to_dict, validate, with_values)
 from attn.train import StopFlag
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
@@ -68,6 +73,7 @@ FINISHED = ("completed", "diverged")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
+MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
 
 # This process's stop flag when it is a local worker: set by SIGINT/SIGTERM
 # (see _init_worker), never cleared; other executors' threads never set it.
@@ -131,22 +137,28 @@ def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: li
     return "_".join(parts + [f"seed-{seed}"])
 
 
-def _expand_grid(grid, source: str) -> list[dict]:
-    """A mapping -> its cartesian product; a list of mappings -> the union of theirs."""
+def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
+    """A mapping -> its cartesian product; a list of mappings -> the union of
+    theirs. Refused before expanding when the points times n_seeds exceed max_cells."""
     blocks = grid if isinstance(grid, list) else [grid]
     if not blocks or any(not isinstance(b, dict) or not b for b in blocks):
         raise ConfigError(f"{source}: grid: expected a non-empty mapping of dotted key -> list of values "
                           "(or a list of such mappings)")
-    cells = []
     for block in blocks:
         for key, values in block.items():
             if key not in all_keys() or key in ("seed", "name", "runs_dir"):
                 suggestion = nearest_key(str(key))
                 hint = f"; did you mean `{suggestion}`?" if suggestion else ""
                 reason = "set with `seeds:`" if key == "seed" else "not a config field that a grid can vary"
-                raise ConfigError(f"{source}: grid: `{key}`: {reason}{hint}")
+                raise ConfigError(f"{source}: grid: `{cut(str(key))}`: {reason}{hint}")
             if not isinstance(values, list) or not values:
-                raise ConfigError(f"{source}: grid: {key}: got {values!r}; expected a non-empty list of values")
+                raise ConfigError(f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values")
+    n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
+    if n_cells > max_cells:
+        raise ConfigError(f"{source}: grid: {n_cells:,} cells (grid points x {n_seeds} seeds) is more than the "
+                          f"limit of {max_cells:,}; make the grid smaller, or raise the limit with --max-cells {n_cells}")
+    cells = []
+    for block in blocks:
         keys = list(block)
         for combo in itertools.product(*(block[k] for k in keys)):
             cells.append(dict(zip(keys, combo)))
@@ -162,10 +174,10 @@ def check_report(report, grid_keys: list[str], source: str) -> dict:
     """The experiment's `report:` section: only REPORT_KEYS; x and arm a grid
     key or a list of them, best_of one grid key; no key in two roles."""
     if not isinstance(report, dict):
-        raise ConfigError(f"{source}: report: got {report!r}; expected a mapping with keys {', '.join(REPORT_KEYS)}")
+        raise ConfigError(f"{source}: report: got {cut(repr(report))}; expected a mapping with keys {', '.join(REPORT_KEYS)}")
     for key in report:
         if key not in REPORT_KEYS:
-            raise ConfigError(f"{source}: report: unknown key `{key}`{_did_you_mean(key, REPORT_KEYS)}; "
+            raise ConfigError(f"{source}: report: unknown key `{cut(str(key))}`{_did_you_mean(key, REPORT_KEYS)}; "
                               f"expected {', '.join(REPORT_KEYS)}")
     role_of = {}
     for role in (r for r in REPORT_KEYS if r in report):
@@ -174,10 +186,10 @@ def check_report(report, grid_keys: list[str], source: str) -> dict:
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
                 or (role == "best_of" and not isinstance(value, str)):
             expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
-            raise ConfigError(f"{source}: report: {role}: got {value!r}; expected {expected} ({', '.join(grid_keys)})")
+            raise ConfigError(f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} ({', '.join(grid_keys)})")
         for name in names:
             if name not in grid_keys:
-                raise ConfigError(f"{source}: report: {role}: `{name}` is not a key of the grid"
+                raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
                                   f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
             if name in role_of:
                 raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
@@ -186,7 +198,7 @@ def check_report(report, grid_keys: list[str], source: str) -> dict:
     return report
 
 
-def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Experiment:
+def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
     checked here, so a bad cell is reported before any run starts."""
     path = Path(path)
@@ -194,19 +206,21 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
     source = str(path)
     unknown = [k for k in data if k not in EXPERIMENT_KEYS]
     if unknown:
-        raise ConfigError(f"{source}: unknown key `{unknown[0]}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
+        raise ConfigError(f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
     for key in ("name", "base", "grid", "seeds"):
         if key not in data:
             raise ConfigError(f"{source}: missing `{key}`")
-    name = check_run_name(str(data["name"]), f"{source}: name")
+    name = check_run_name(data["name"], f"{source}: name")
     seeds = data["seeds"]
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
             or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"{source}: seeds: got {seeds!r}; expected a non-empty list of distinct integers >= 0")
+        raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
     overrides = data.get("overrides") or {}
     if not isinstance(overrides, dict):
-        raise ConfigError(f"{source}: overrides: got {overrides!r}; expected a mapping of dotted key -> value")
-    base_path = (path.parent / str(data["base"])) if not Path(str(data["base"])).is_absolute() else Path(data["base"])
+        raise ConfigError(f"{source}: overrides: got {cut(repr(overrides))}; expected a mapping of dotted key -> value")
+    if not isinstance(data["base"], str) or not data["base"]:
+        raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
+    base_path = path.parent / data["base"]  # an absolute base stays as it is
     try:
         base = read_yaml_file(base_path)
     except ConfigError as err:
@@ -216,25 +230,21 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None) -> Exp
         set_dotted(base, str(key), value)
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
-    base = to_dict(validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides"))
+    base_config = validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
 
-    grid_cells = _expand_grid(data["grid"], source)
+    grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
     cells, names = [], set()
     for settings in grid_cells:
+        shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
+        where = f"{source}: grid cell {{{shown}}}"
+        config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
         for seed in seeds:
-            merged = copy.deepcopy(base)
-            for key, value in settings.items():
-                set_dotted(merged, key, value)
-            merged["seed"] = seed
-            shown = ", ".join(f"{k}: {v}" for k, v in settings.items())
-            where = f"{source}: grid cell {{{shown}}}"
-            config = validate(build(Config, merged, where), where)
-            cname = cell_name(tuple(settings.items()), seed, grid_keys)
+            cname = check_run_name(cell_name(tuple(settings.items()), seed, grid_keys), f"{where}: its run name")
             if cname in names:
                 raise ConfigError(f"{source}: grid: cell {{{shown}}} appears twice")
             names.add(cname)
-            cells.append(Cell(cname, tuple(settings.items()), seed, config))
+            cells.append(Cell(cname, tuple(settings.items()), seed, dataclasses.replace(config, seed=seed)))
     report = check_report(data.get("report") or {}, grid_keys, source)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
 
@@ -252,50 +262,56 @@ def config_change(run_dir: Path, config: Config) -> list[str]:
 
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
     """Train one cell into experiment_dir/cell.name, unless the sweep was
-    stopped, the run finished, or another sweep holds it. Every problem comes
+    stopped, the run finished, or another writer holds it (skipped-locked).
+    The run's RunLock is taken before its state is read. Every problem comes
     back as a `failed` outcome, never as an exception."""
-    from threadpoolctl import threadpool_limits
-
     if _worker_stop.reason:
         return RunOutcome(cell.name, "cancelled", "not started",
                           f"the sweep was stopped by {_worker_stop.reason} before it started")
     run_dir = Path(experiment_dir) / cell.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(run_dir / ".lock", "a")
     except OSError as err:
         return RunOutcome(cell.name, "failed", "failed",
                           f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return RunOutcome(cell.name, "skipped-locked", "running", "another sweep is running this cell")
-        try:
-            summary = runs.read_summary(run_dir) or {}
-            finished = summary.get("status") in FINISHED
-            resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
-            if finished or resume:
-                diff = config_change(run_dir, cell.config)
-                if diff:
-                    what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
-                    return RunOutcome(cell.name, "failed", "config-changed",
-                                      f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
-                                      f"({what}; move or delete its directory to run the cell with the new config)")
-            if finished:
-                return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
-            if not resume:
-                runs.write_config(run_dir, to_dict(cell.config),
-                                  {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
-                                   "cell": dict(cell.settings), "seed": cell.seed})
-                (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-            with threadpool_limits(limits=1):
-                summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
-        except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
-            return RunOutcome(cell.name, "failed", "failed", str(err))
-        except Exception as err:  # recorded in the run directory; never stops the other cells
-            return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
-        return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
+    try:
+        with runs.RunLock(run_dir, "sweep"):
+            return _run_locked_cell(cell, run_dir, experiment_file)
+    except runs.RunLocked as err:
+        holder = err.holder
+        who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
+               if holder.get("purpose") == "sweep" else f"{runs.describe_holder(holder)} is running this cell")
+        return RunOutcome(cell.name, "skipped-locked", "running", who)
+    except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
+        return RunOutcome(cell.name, "failed", "failed", str(err))
+    except Exception as err:  # recorded in the run directory; never stops the other cells
+        return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
+
+
+def _run_locked_cell(cell: Cell, run_dir: Path, experiment_file: str) -> RunOutcome:
+    """run_cell's work, under the run's lock: skip, refuse a changed config, resume or start."""
+    from threadpoolctl import threadpool_limits
+
+    summary = runs.read_summary(run_dir) or {}
+    finished = summary.get("status") in FINISHED
+    resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
+    if finished or resume:
+        diff = config_change(run_dir, cell.config)
+        if diff:
+            what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
+            return RunOutcome(cell.name, "failed", "config-changed",
+                              f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
+                              f"({what}; move or delete its directory to run the cell with the new config)")
+    if finished:
+        return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+    if not resume:
+        runs.write_config(run_dir, to_dict(cell.config),
+                          {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
+                           "cell": dict(cell.settings), "seed": cell.seed})
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    with threadpool_limits(limits=1):
+        summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
+    return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
 
 
 def _figures(summary: dict) -> str:

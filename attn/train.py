@@ -15,7 +15,8 @@ checkpoint of a completed run is the one at s = steps, written before the
 final (measuring) iteration, so a run killed anywhere after it resumes by
 re-running that iteration alone, bit for bit; and extending the run to
 more steps continues from it as if the budget had been larger from the
-start (with a constant schedule, the same numbers bit for bit).
+start (with a constant schedule, the same numbers bit for bit). A run with
+no checkpoint yet resumes from step 0 (attn.jobs.prepare_resume).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.

@@ -93,7 +93,8 @@ def test_the_run_directory_holds_every_file_and_nothing_half_written(learned):
     names = {p.name for p in learned["run_dir"].iterdir()}
     assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz",
             "loss.png", "attention.png", "diagnostics.png"} <= names
-    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")]
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".") and n != runs.LOCK_NAME]
+    assert (learned["run_dir"] / runs.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
     for figure in ("loss.png", "attention.png", "diagnostics.png"):
         assert (learned["run_dir"] / figure).read_bytes().startswith(PNG_SIGNATURE)
 

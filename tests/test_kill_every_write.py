@@ -1,0 +1,134 @@
+"""Exact resume at every kill point (the resume invariant in attn.train's docstring).
+
+A short run is SIGKILLed right after each of its durable writes in turn
+(ATTN_TEST_KILL_AFTER_WRITES=N: write_atomic, append_metrics), then resumed
+with `python -m attn train --resume`; every resumed run must equal an
+uninterrupted one bit for bit: metrics.jsonl (less the timing fields), the
+final checkpoint's arrays and metadata (less wall time), the attention
+snapshots and the summary's figures. The resume of one of them is killed at
+each of its own writes too, and resumed again. A run killed before its first
+checkpoint resumes from step 0 in place.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attn import cli, jobs, runs
+from attn.config import load_config
+from helpers import TINY, without_timing
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
+ENV.pop(runs.KILL_AFTER_WRITES, None)
+# Adam (moments and a step count to restore), a checkpoint and a record every other step.
+RUN = [*TINY, "train.steps=6", "logging.log_every=2", "logging.checkpoint_every=2", "optim.name=adam",
+       "optim.lr=0.01", "logging.attention_examples=2", "logging.mechanism_step=2"]
+
+
+def start(root: Path, *args, kill_after: int | None = None) -> subprocess.Popen:
+    env = ENV if kill_after is None else {**ENV, runs.KILL_AFTER_WRITES: str(kill_after)}
+    return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    _, stderr = process.communicate(timeout=120)
+    return process.returncode, stderr
+
+
+def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
+    """The names of the files an uninterrupted run writes durably, in order (counted in-process)."""
+    written = []
+
+    def counted(function, name_of):
+        def wrapper(*args, **kwargs):
+            function(*args, **kwargs)
+            written.append(name_of(args[0]))
+        return wrapper
+
+    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path: Path(path).name))
+    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda _run_dir: "metrics.jsonl"))
+    config = load_config(None, [*RUN, f"runs_dir={run_dir.parent}"])
+    jobs.execute(config, jobs.create(config, name=run_dir.name))
+    monkeypatch.undo()
+    return written
+
+
+def checkpoint(run_dir: Path) -> tuple[dict, dict]:
+    arrays = runs.load_arrays(run_dir / "checkpoint.npz")
+    meta = json.loads(str(arrays.pop("meta")))
+    meta.pop("wall_time")
+    return arrays, meta
+
+
+def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
+    assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))
+    (ours, our_meta), (theirs, their_meta) = checkpoint(run_dir), checkpoint(reference)
+    assert our_meta == their_meta and ours.keys() == theirs.keys()
+    for key in ours:
+        np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+    for snapshot in ("attention.npz", "mechanism.npz"):
+        ours, theirs = runs.load_arrays(run_dir / snapshot), runs.load_arrays(reference / snapshot)
+        assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in ours)
+    summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
+    assert (summary["status"], summary["step"], summary["final"], summary["best"]) == \
+        (expected["status"], expected["step"], expected["final"], expected["best"])
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def resume_until_complete(root: Path, run_dir: Path) -> None:
+    """Resume the run if it is not completed yet; it must then complete."""
+    if runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed":
+        code, stderr = finish(start(root, "train", "--resume", run_dir))
+        assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
+        return
+    code, stderr = finish(start(root, "train", "--resume", run_dir))
+    assert code == cli.EXIT_OK, stderr
+
+
+@pytest.fixture(scope="module")
+def kill_points(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kill")
+    reference = root / "reference" / "run"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        writes = durable_writes(reference, monkeypatch)
+    return root, reference, writes
+
+
+def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
+    root, reference, writes = kill_points
+    assert len(writes) >= 14  # config, summaries, 4 records, 3 checkpoints, 2 attention and 2 mechanism snapshots
+    killed = {n: start(root, "train", *RUN, "--name", f"killed-{n}", kill_after=n) for n in range(1, len(writes) + 1)}
+    for n, process in killed.items():
+        code, stderr = finish(process)
+        assert code == -signal.SIGKILL, (n, stderr)
+    for n in killed:
+        run_dir = root / "runs" / f"killed-{n}"
+        resume_until_complete(root, run_dir)
+        assert_equals_uninterrupted(run_dir, reference)
+    assert "mechanism.npz" in writes and "attention.npz" in writes
+
+
+def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
+    """The run is killed right after its first checkpoint; its resume is
+    killed after each of its writes in turn; a last resume finishes it."""
+    root, reference, writes = kill_points
+    first_checkpoint = writes.index("checkpoint.npz") + 1  # the checkpoint at step 2
+    names = []
+    for m in range(1, 9):
+        name = f"twice-{m}"
+        code, stderr = finish(start(root, "train", *RUN, "--name", name, kill_after=first_checkpoint))
+        assert code == -signal.SIGKILL and (root / "runs" / name / "checkpoint.npz").exists(), stderr
+        names.append((name, start(root, "train", "--resume", root / "runs" / name, kill_after=m)))
+    for name, process in names:
+        code, stderr = finish(process)
+        assert code in (-signal.SIGKILL, cli.EXIT_OK), stderr
+        resume_until_complete(root, root / "runs" / name)
+        assert_equals_uninterrupted(root / "runs" / name, reference)

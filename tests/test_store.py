@@ -1,0 +1,408 @@
+"""The store's contract (attn.runs and its callers): one writer per run
+directory (RunLock), every read bounded and checked, one rule for names, no
+writing through symbolic links, quiet and short failures. Each class of the
+issue has its cases here; everything runs in-process except the lock holders
+(a process that holds a lock, then dies)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from attn import cli, config as config_module, jobs, plots, runs, sweep
+from attn.config import ConfigError, load_config, parse_yaml
+from helpers import SIZES, TINY
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+def main(capsys, *args) -> tuple[int, str]:
+    code = cli.main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def one_line_error(capsys, *args) -> str:
+    """Run the CLI in-process; it must fail with exit 2 and a single `error:` line."""
+    code, err = main(capsys, *args)
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def snapshot(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+class Holder:
+    """Another process holding a directory's RunLock until it is killed."""
+
+    def __init__(self, directory: Path, purpose: str = "sweep"):
+        code = ("import sys, time; from attn import runs; runs.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
+                "print('held', flush=True); time.sleep(120)")
+        self.process = subprocess.Popen([sys.executable, "-c", code, str(directory), purpose], env=ENV,
+                                        stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline() == "held\n"
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    """A run stopped with a checkpoint at step 8, resumable; DAMAGE's line numbers follow from its records."""
+    root = tmp_path_factory.mktemp("store")
+    config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2",
+                                "logging.checkpoint_every=4"])
+    run_dir = jobs.create(config, name="stopped")
+    stop = jobs.StopFlag()
+    jobs.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
+    assert runs.read_summary(run_dir)["status"] == "interrupted"
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == [0, 2, 4, 6]
+    return run_dir
+
+
+@pytest.fixture
+def run_copy(stopped, tmp_path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(stopped, tmp_path / "runs" / "copy"))
+
+
+# ---------------------------------------------------------------------------
+# 1. One writer per run directory
+# ---------------------------------------------------------------------------
+def test_a_second_writer_is_refused_in_one_line_naming_the_holder(run_copy, capsys):
+    holder = Holder(run_copy, "sweep")
+    try:
+        before = snapshot(run_copy)
+        expected = f"error: {run_copy}: in use by attn sweep (pid {holder.process.pid} on {socket.gethostname()} since "
+        assert one_line_error(capsys, "train", "--resume", run_copy).startswith(expected)
+        assert one_line_error(capsys, "plot", run_copy).startswith(expected)
+        assert snapshot(run_copy) == before
+        assert runs.effective_status(runs.read_summary(run_copy), run_dir=run_copy) == "interrupted"
+    finally:
+        holder.kill()
+    code, err = main(capsys, "train", "--resume", run_copy)  # the holder is gone: the run is free again
+    assert code == cli.EXIT_OK, err
+
+
+def test_a_sweep_skips_a_cell_that_a_cli_resume_holds(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({"name": "exp", "base": str(REPO / "configs/default.yaml"),
+                                    "overrides": {"train.steps": 4, "logging.plots": False},
+                                    "grid": {"model.d_k": [4]}, "seeds": [0]}))
+    experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
+    cell = experiment.cells[0]
+    (experiment.directory / cell.name).mkdir(parents=True)
+    holder = Holder(experiment.directory / cell.name, "train --resume")
+    try:
+        outcome = sweep.run_cell(cell, str(experiment.directory), str(path))
+    finally:
+        holder.kill()
+    assert (outcome.action, outcome.status) == ("skipped-locked", "running")
+    assert outcome.detail.startswith(f"attn train --resume (pid {holder.process.pid} on {socket.gethostname()}")
+    assert sweep.run_cell(cell, str(experiment.directory), str(path)).action == "ran"
+
+
+def test_the_lock_is_reentrant_in_its_thread_and_exclusive_across_threads(tmp_path):
+    refused = []
+
+    def other_thread():
+        try:
+            with runs.RunLock(tmp_path, "plot"):
+                pass
+        except runs.RunLocked as err:
+            refused.append(err.holder)
+
+    with runs.RunLock(tmp_path, "train"):
+        with runs.RunLock(tmp_path, "plot"):  # a run's figures inside its training
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+        assert json.loads((tmp_path / runs.LOCK_NAME).read_text())["purpose"] == "train"
+    assert [h["pid"] for h in refused] == [os.getpid()]
+    assert (tmp_path / runs.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
+    other_thread()
+    assert len(refused) == 1
+
+
+def test_a_writer_killed_holding_the_lock_frees_it_and_its_run_reads_stale(tmp_path):
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    runs.write_config(run_dir, {"seed": 0}, {})  # killed before its first summary.json
+    holder = Holder(run_dir, "train")
+    assert runs.effective_status(None, run_dir=run_dir) == "running"
+    holder.kill()
+    assert runs.effective_status(None, run_dir=run_dir) == "stale"
+    assert runs.effective_status(None, run_dir=tmp_path) == "unknown"  # not a run directory
+    with runs.RunLock(run_dir, "train"):
+        pass
+
+
+def test_runs_lists_a_run_killed_before_its_first_summary_as_stale(tmp_path, capsys):
+    run_dir = jobs.create(load_config(None, [*TINY, f"runs_dir={tmp_path}"]), name="early")
+    code, out = cli.main(["runs", str(tmp_path), "--status", "stale"]), capsys.readouterr().out
+    assert code == cli.EXIT_OK and out.splitlines()[1].split()[:2] == [run_dir.name, "stale"]
+
+
+# ---------------------------------------------------------------------------
+# 3. Every read bounded
+# ---------------------------------------------------------------------------
+def test_devices_fifos_and_directories_are_refused_before_a_byte_is_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo.yaml")  # opening it for reading would block without O_NONBLOCK
+    assert one_line_error(capsys, "train", "/dev/zero") == "error: /dev/zero: is a character device, not a config file"
+    assert "fifo.yaml: is a FIFO, not a config file" in one_line_error(capsys, "config", tmp_path / "fifo.yaml")
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text("name: e\nbase: /dev/zero\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
+    assert "base: /dev/zero: is a character device" in one_line_error(capsys, "sweep", experiment)
+    assert "is a FIFO, not a experiment file" in one_line_error(capsys, "sweep", tmp_path / "fifo.yaml")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, spoil, fragment", [
+    ("metrics.jsonl", lambda p: (p.unlink(), os.mkfifo(p)), "metrics.jsonl: is a FIFO, not a metrics file"),
+    ("summary.json", lambda p: (p.unlink(), p.mkdir()), "summary.json: is a directory, not a run summary"),
+    ("metrics.jsonl", lambda p: p.write_bytes(b'{"step": 0}\n' + b" " * 2048 + b"\n"), "bytes is too large"),
+    ("checkpoint.npz", lambda p: p.write_bytes(p.read_bytes() + b"\0" * (2 << 20)), "bytes is too large"),
+    ("config.yaml", lambda p: p.write_bytes(p.read_bytes() + b"#" * (1 << 20)), "bytes is too large"),
+])
+def test_run_files_that_are_not_regular_or_over_their_cap_are_refused(run_copy, monkeypatch, capsys, name, spoil, fragment):
+    monkeypatch.setattr(runs, "MAX_METRICS_BYTES", 2048)
+    spoil(run_copy / name)
+    before = snapshot(run_copy)
+    assert fragment in one_line_error(capsys, "train", "--resume", run_copy)
+    assert snapshot(run_copy) == before
+
+
+def write_grid(tmp_path, grid, seeds=(0,), **extra) -> Path:
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "base": str(REPO / "configs/default.yaml"), "grid": grid,
+                                    "seeds": list(seeds), **extra}))
+    return path
+
+
+def test_the_cell_cap_is_computed_from_the_grid_shape_before_anything_is_expanded(tmp_path, monkeypatch, capsys):
+    grid = {f"model.{k}": [1.0 + i for i in range(10)] for k in ("qk_gain", "v_gain", "o_gain", "readout_gain")}
+    grid.update({"optim.lr": [0.1 * (i + 1) for i in range(10)], "optim.momentum": [0.05 * i for i in range(10)]})
+    path = write_grid(tmp_path, grid, seeds=(0, 1))
+    monkeypatch.setattr(sweep.itertools, "product", lambda *a: pytest.fail("the grid was expanded"))
+    message = one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs")
+    assert "2,000,000 cells (grid points x 2 seeds) is more than the limit of 10,000" in message
+    assert "--max-cells 2000000" in message
+    monkeypatch.undo()
+    small = write_grid(tmp_path, {"model.d_k": [4, 8]}, seeds=(0, 1))
+    assert "4 cells (grid points x 2 seeds) is more than the limit of 3" in \
+        one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs")
+    assert len(sweep.load_experiment(small, max_cells=4).cells) == 4
+    assert not (tmp_path / "runs").exists()
+
+
+def test_each_grid_point_is_validated_once_and_gives_the_config_a_file_would(tmp_path, monkeypatch):
+    points = []
+    with_values = sweep.with_values
+    monkeypatch.setattr(sweep, "with_values", lambda *args: points.append(args[1]) or with_values(*args))
+    grid = {"model.d_k": [4, 8, 16], "optim.lr_mult": [{"W_q": 0.5}, {}], "optim.lr": ["1e-2"]}
+    experiment = sweep.load_experiment(write_grid(tmp_path, grid, seeds=(0, 1, 2)))
+    assert len(points) == 3 * 2 and len(experiment.cells) == 3 * 2 * 3
+    for cell in experiment.cells:
+        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}"]
+        assert cell.config == load_config(REPO / "configs/default.yaml", overrides)
+
+
+# ---------------------------------------------------------------------------
+# 4 and 7. Damaged run files: one line naming the file and what to do; nothing changed, never `failed`
+# ---------------------------------------------------------------------------
+def add_metrics_line(line: bytes, at: int | None = None):
+    def spoil(run_dir: Path):
+        lines = (run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+        lines.insert(len(lines) if at is None else at, line + b"\n")
+        (run_dir / "metrics.jsonl").write_bytes(b"".join(lines))
+    return spoil
+
+
+def edit_summary(**fields):
+    def spoil(run_dir: Path):
+        runs.write_json(run_dir / "summary.json", {**json.loads((run_dir / "summary.json").read_text()), **fields})
+    return spoil
+
+
+def rewrite(name: str, data: bytes):
+    return lambda run_dir: (run_dir / name).write_bytes(data)
+
+
+METRICS_REPAIR = "; delete that line (or move the run directory away) and try again"
+SUMMARY_REPAIR = "; delete it (a resumed run writes it again) or move the run directory away"
+DAMAGE = {  # case: (how the run is damaged, the file named, what the error says is wrong, what it says to do)
+    "a_list_line": (add_metrics_line(b"[1, 2]"), "metrics.jsonl", "line 5 is not a JSON object (got a list)",
+                    METRICS_REPAIR),
+    "bytes_0xff": (add_metrics_line(b'\xff\xfe{"step": 7}', at=1), "metrics.jsonl", "line 2 is not UTF-8 text",
+                   METRICS_REPAIR),
+    "garbage_mid_file": (add_metrics_line(b"garbage", at=2), "metrics.jsonl", "line 3 is not JSON", METRICS_REPAIR),
+    "no_step": (add_metrics_line(b'{"train_loss": 1.0}', at=2), "metrics.jsonl", "line 3 has no integer `step`",
+                METRICS_REPAIR),
+    "two_writers": (add_metrics_line(b'{"step": 2}'), "metrics.jsonl", "line 5 has step 2 after step 6", METRICS_REPAIR),
+    "nested_value": (add_metrics_line(b'{"step": 9, "eval_loss": [1]}'), "metrics.jsonl",
+                     "line 5 holds a list in `eval_loss`", METRICS_REPAIR),
+    "summary_list": (rewrite("summary.json", b"[1, 2, 3]\n"), "summary.json",
+                     "unreadable: not a JSON object (got a list)", SUMMARY_REPAIR),
+    "summary_status": (edit_summary(status=5), "summary.json", "unreadable: `status` is a number, expected one of",
+                       SUMMARY_REPAIR),
+    "summary_heartbeat": (edit_summary(updated_at="soon"), "summary.json", "unreadable: `updated_at` is a string",
+                          SUMMARY_REPAIR),
+    "summary_figures": (edit_summary(best=[1]), "summary.json", "unreadable: `best` is a list, expected a mapping",
+                        SUMMARY_REPAIR),
+    "config_list": (rewrite("config.yaml", b"- 1\n"), "config.yaml", "config file must be a YAML mapping",
+                    "; move the run directory away"),
+    "attention_damaged": (rewrite("attention.npz", b"PK\x03\x04 half a zip"), "attention.npz",
+                          "refused: not a complete .npz array file", ")"),
+}
+LISTING_READS = ("metrics.jsonl", "summary.json", "config.yaml")
+
+
+@pytest.mark.parametrize("case", DAMAGE)
+def test_a_damaged_run_file_is_one_line_that_says_what_to_do_and_changes_nothing(case, run_copy, capsys):
+    spoil, name, problem, repair = DAMAGE[case]
+    spoil(run_copy)
+    before = snapshot(run_copy)
+    message = one_line_error(capsys, "train", "--resume", run_copy)
+    assert message.startswith(f"error: {run_copy / name}: ") and problem in message and message.endswith(repair)
+    if name != "config.yaml":  # plot needs a run directory: one with a readable config.yaml
+        assert one_line_error(capsys, "plot", run_copy) == message
+    assert snapshot(run_copy) == before, "refused before anything changed: not marked failed, no figure drawn"
+    code = cli.main(["runs", str(run_copy.parent)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_OK and "Traceback" not in err
+    skipped = err.startswith(f"skipped {run_copy}: {name}: ") and problem in err.splitlines()[0]
+    assert skipped == (name in LISTING_READS), err
+
+
+def test_a_damaged_attention_snapshot_is_named_with_what_is_wrong(run_copy):
+    arrays = runs.load_arrays(run_copy / "attention.npz")
+    runs.save_arrays(run_copy / "attention.npz", {**arrays, "attn_init": arrays["attn_init"][:, :, :-1]})
+    with pytest.raises(runs.RunError, match=r"attention.npz: attn_init has shape \[\d+, \d+, \d+\], expected"):
+        plots.read_attention(run_copy / "attention.npz")
+
+
+# ---------------------------------------------------------------------------
+# 5. One rule for names
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("args, fragment", [
+    (["--resume", ""], "--resume '': the run directory's name: got ''"),
+    (["--name", ""], "--name: got ''"),
+    (["--name", "a\nb"], r"--name: got 'a\nb'"),
+    (["--name", "tab\there"], r"--name: got 'tab\there'"),
+    (["--name", "n" * 201], "at most 200 characters"),
+    (["--resume", "runs/a\nb"], r"the run directory's name: got 'a\nb'"),
+    (['name="a\\x1bb"'], r"name: got 'a\x1bb'"),  # YAML's escape: the control character itself is not YAML
+])
+def test_bad_run_names_are_refused_before_anything_is_created(tmp_path, monkeypatch, capsys, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    message = one_line_error(capsys, "train", *SIZES, *args)
+    assert fragment in message and "expected a plain directory name" in message
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, shown", [("null", "null"), ("[a, b]", "[a, b]"), ("''", "''"), ("a/b", "'a/b'")])
+def test_an_experiment_name_follows_the_same_rule(tmp_path, capsys, name, shown):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"name: {name}\nbase: {REPO / 'configs/default.yaml'}\ngrid: {{model.d_k: [4]}}\nseeds: [0]\n")
+    assert f"{path}: name: got {shown}; expected a plain directory name" in \
+        one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_cell_whose_run_name_would_be_too_long_is_refused_before_any_run(tmp_path):
+    keys = ["model.qk_gain", "model.v_gain", "model.o_gain", "model.readout_gain", "optim.momentum",
+            "optim.beta1", "optim.beta2", "optim.weight_decay", "optim.min_lr_ratio", "optim.eps", "optim.clip_norm"]
+    path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.warmup_steps": [1234567]})
+    with pytest.raises(ConfigError, match="its run name: got 'o_gain-0.123457_qk_gain.*; expected a plain directory name"):
+        sweep.load_experiment(path)
+
+
+# ---------------------------------------------------------------------------
+# 6. Symbolic links: never written through
+# ---------------------------------------------------------------------------
+def test_a_symlinked_run_directory_is_refused_and_its_target_left_alone(run_copy, tmp_path, capsys):
+    target = run_copy.rename(tmp_path / "outside")
+    link = tmp_path / "runs" / "link"
+    link.symlink_to(target)
+    before = snapshot(target)
+    for command in ("train --resume", "plot"):
+        message = one_line_error(capsys, *command.split(), link)
+        assert message == f"error: {link}: is a symbolic link; attn writes only into a real directory " \
+                          "(use the directory it points to, or move that directory here)"
+    assert snapshot(target) == before
+
+
+def test_a_sweep_cell_that_is_a_symlink_fails_without_writing_through(tmp_path):
+    path = write_grid(tmp_path, {"model.d_k": [4]}, overrides={"train.steps": 2, "logging.plots": False})
+    experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
+    (tmp_path / "elsewhere").mkdir()
+    experiment.directory.mkdir(parents=True)
+    (experiment.directory / experiment.cells[0].name).symlink_to(tmp_path / "elsewhere")
+    outcome = sweep.run_cell(experiment.cells[0], str(experiment.directory), str(path))
+    assert (outcome.action, outcome.status) == ("failed", "failed") and "is a symbolic link" in outcome.detail
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_metrics_are_never_appended_through_a_symbolic_link(tmp_path):
+    (tmp_path / "victim").write_text("keep me\n")
+    (tmp_path / "metrics.jsonl").symlink_to(tmp_path / "victim")
+    with pytest.raises(runs.RunError, match="metrics.jsonl: cannot append"):
+        runs.append_metrics(tmp_path, {"step": 0})
+    with pytest.raises(runs.RunError, match="metrics.jsonl: is a symbolic link"):
+        runs.read_metrics(tmp_path)
+    assert (tmp_path / "victim").read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------------
+# 8. Noise
+# ---------------------------------------------------------------------------
+def test_a_run_whose_scores_are_all_nan_warns_nothing(tmp_path, capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, err = main(capsys, "train", *TINY, "model.qk_gain=1e20", "train.steps=3", f"runs_dir={tmp_path}")
+    assert code == cli.EXIT_DIVERGED, err
+    assert [str(w.message) for w in caught] == [] and "Warning" not in err
+
+
+def test_long_values_are_cut_and_big_numbers_shown_short(capsys):
+    message = one_line_error(capsys, "train", "optim.lr=" + "x" * 10_000)
+    assert len(message) < 300 and "x" * 76 + "..." in message
+    message = one_line_error(capsys, "train", "model.d_k=1.0e+308")
+    assert len(message) < 300 and "model.d_k=1e+308" in message and "GiB" in message
+    assert "seed: got 'y" in one_line_error(capsys, "train", "seed=" + "y" * 5000)
+    assert "an integer of 5000 digits" in one_line_error(capsys, "train", "seed=" + "9" * 5000)
+    assert "optim.lr: got '1" in one_line_error(capsys, "train", "optim.lr=1" + "0" * 400 + ".0")
+    assert "is not a number" in one_line_error(capsys, "train", "optim.lr=!!float abc")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("12:30:00", "12:30:00"), ("1:30", "1:30"), ("010", 10), ("0o17", 15), ("0x1F", 31), ("1_000", "1_000"),
+    ("1e-3", 0.001), ("-2.5E+2", -250.0), (".inf", float("inf")), ("+12", 12), ("yes", True), ("~", None),
+])
+def test_yaml_numbers_follow_the_1_2_core_schema(text, value):
+    assert parse_yaml(text, "test") == value
+
+
+def test_a_sexagesimal_looking_value_is_refused_as_text(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  steps: 12:30:00\n")
+    with pytest.raises(ConfigError, match="train.steps: got '12:30:00'; expected an integer > 0"):
+        load_config(path)
+    assert config_module.MAX_INT_DIGITS < 4300  # Python's own cap on str(int) would otherwise raise first
