@@ -152,26 +152,44 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
     does not fit is refused (RunError) with the run left as it was; errors
     during training are recorded in the run directory, then re-raised."""
     run_dir = Path(run_dir)
-    with runs.RunLock(run_dir, "train"), warnings.catch_warnings():
+    with runs.RunLock(run_dir, "train"):
+        if state is None:
+            state = prepare_resume(config, run_dir) if resume else train.prepare(config, run_dir)
+        member_progress = None if progress is None else (lambda _member, step, record: progress(step, record))
+        return execute_stack([state], stop=stop, progress=member_progress)[0]
+
+
+def execute_stack(states: list[train.RunState], *, stop: StopFlag | None = None, progress=None) -> list[dict]:
+    """Train runs of one shape as one stack (train.run_stack) and draw each
+    run's figures if its config asks; the caller holds every run's RunLock.
+    Errors during training are recorded in each run directory not yet
+    finished, then re-raised."""
+    with warnings.catch_warnings():
         # model.diagnostics takes the std of no scores when every score is non-finite; the record holds null there.
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
         allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
-        if state is None:
-            state = prepare_resume(config, run_dir) if resume else train.prepare(config, run_dir)
         try:
-            summary = train.run(state, stop=stop, progress=progress)
+            summaries = train.run_stack(states, stop=stop, progress=progress)
         except Exception as err:
-            record_failure(run_dir, err)
+            for state in states:
+                if (runs.read_summary(state.run_dir) or {}).get("status") == "running":
+                    record_failure(state.run_dir, err)
             raise
-        if config.logging.plots:
-            from attn import plots  # matplotlib takes ~1 s to import: only for runs that draw
+        for state, summary in zip(states, summaries):
+            if state.config.logging.plots:
+                draw_figures(state.run_dir, summary)
+    return summaries
 
-            try:
-                plots.plot_run(run_dir)
-            except Exception as err:  # a figure must never cost the run
-                summary["plot_error"] = f"{type(err).__name__}: {err}"
-                runs.write_json(run_dir / "summary.json", summary)
-    return summary
+
+def draw_figures(run_dir: Path, summary: dict) -> None:
+    """The run's figures (attn.plots); a failure is noted in its summary, never raised."""
+    from attn import plots  # matplotlib takes ~1 s to import: only for runs that draw
+
+    try:
+        plots.plot_run(run_dir)
+    except Exception as err:  # a figure must never cost the run
+        summary["plot_error"] = f"{type(err).__name__}: {err}"
+        runs.write_json(run_dir / "summary.json", summary)
 
 
 def record_failure(run_dir: Path, err: BaseException) -> None:

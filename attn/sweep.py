@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from attn import jobs, runs
+from attn import jobs, runs, train
 from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, read_yaml_file,
                          set_dotted, to_dict, validate, with_values)
 from attn.train import StopFlag
@@ -261,37 +261,73 @@ def config_change(run_dir: Path, config: Config) -> list[str]:
 
 
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
-    """Train one cell into experiment_dir/cell.name, unless the sweep was
-    stopped, the run finished, or another writer holds it (skipped-locked).
-    The run's RunLock is taken before its state is read. Every problem comes
-    back as a `failed` outcome, never as an exception."""
+    """One cell alone: run_cells([cell])."""
+    return run_cells([cell], experiment_dir, experiment_file)[0]
+
+
+def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[RunOutcome]:
+    """Train cells of one shape into experiment_dir/<cell name> as one stack
+    (attn.train; those resuming from different steps as one stack per step),
+    each unless the sweep was stopped, the run finished, or another writer
+    holds it (skipped-locked). Each run's RunLock is taken before its state
+    is read and held until its stack ends. Every problem comes back as a
+    `failed` outcome, never as an exception; one outcome per cell, in order."""
+    from threadpoolctl import threadpool_limits
+
     if _worker_stop.reason:
-        return RunOutcome(cell.name, "cancelled", "not started",
-                          f"the sweep was stopped by {_worker_stop.reason} before it started")
-    run_dir = Path(experiment_dir) / cell.name
+        return [RunOutcome(c.name, "cancelled", "not started",
+                           f"the sweep was stopped by {_worker_stop.reason} before it started") for c in cells]
+    outcomes: dict[str, RunOutcome] = {}
+    with contextlib.ExitStack() as held:
+        ready: dict[int, list[tuple[Cell, train.RunState]]] = {}  # start step -> the cells to train from it
+        for cell in cells:
+            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
+            if isinstance(prepared, RunOutcome):
+                outcomes[cell.name] = prepared
+            else:
+                ready.setdefault(prepared.step, []).append((cell, prepared))
+        for group in ready.values():
+            try:
+                with threadpool_limits(limits=1):
+                    summaries = jobs.execute_stack([state for _, state in group], stop=_worker_stop)
+            except (runs.RunError, ConfigError) as err:  # the run directories, their files
+                summaries = [{"status": "failed", "reason": str(err)}] * len(group)
+            except Exception as err:  # recorded in the run directories; never stops the other cells
+                summaries = [{"status": "failed", "reason": f"{type(err).__name__}: {err}"}] * len(group)
+            for (cell, state), summary in zip(group, summaries):
+                action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
+                detail = summary["reason"] if action == "failed" else _figures(summary)
+                outcomes[cell.name] = RunOutcome(cell.name, action, summary["status"], detail)
+    return [outcomes[cell.name] for cell in cells]
+
+
+def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack):
+    """Take the cell's run directory (its RunLock, entered on `held`) and
+    the state to train it from; or the outcome that says why not."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(runs.RunLock(run_dir, "sweep"))
     except OSError as err:
         return RunOutcome(cell.name, "failed", "failed",
                           f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
-    try:
-        with runs.RunLock(run_dir, "sweep"):
-            return _run_locked_cell(cell, run_dir, experiment_file)
     except runs.RunLocked as err:
         holder = err.holder
         who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
                if holder.get("purpose") == "sweep" else f"{runs.describe_holder(holder)} is running this cell")
         return RunOutcome(cell.name, "skipped-locked", "running", who)
+    except runs.RunError as err:
+        return RunOutcome(cell.name, "failed", "failed", str(err))
+    try:
+        return _prepare_locked_cell(cell, run_dir, experiment_file)
     except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
         return RunOutcome(cell.name, "failed", "failed", str(err))
-    except Exception as err:  # recorded in the run directory; never stops the other cells
+    except Exception as err:
         return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
 
 
-def _run_locked_cell(cell: Cell, run_dir: Path, experiment_file: str) -> RunOutcome:
-    """run_cell's work, under the run's lock: skip, refuse a changed config, resume or start."""
-    from threadpoolctl import threadpool_limits
-
+def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
+    """Under the run's lock: skip a finished run, refuse a changed config,
+    else the state to resume or start it from."""
     summary = runs.read_summary(run_dir) or {}
     finished = summary.get("status") in FINISHED
     resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
@@ -304,14 +340,27 @@ def _run_locked_cell(cell: Cell, run_dir: Path, experiment_file: str) -> RunOutc
                               f"({what}; move or delete its directory to run the cell with the new config)")
     if finished:
         return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
-    if not resume:
-        runs.write_config(run_dir, to_dict(cell.config),
-                          {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
-                           "cell": dict(cell.settings), "seed": cell.seed})
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    with threadpool_limits(limits=1):
-        summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
-    return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
+    if resume:
+        return jobs.prepare_resume(cell.config, run_dir)
+    runs.write_config(run_dir, to_dict(cell.config),
+                      {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
+                       "cell": dict(cell.settings), "seed": cell.seed})
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    return train.prepare(cell.config, run_dir)
+
+
+def plan_stacks(cells) -> list[list[Cell]]:
+    """The cells as stacks to train: those of one shape (train.stack_key)
+    together, at most train.members_per_stack of them; the most costly
+    stacks first (train.stack_cost), so that the workers finish together."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(train.stack_key(cell.config), []).append(cell)
+    stacks = []
+    for group in groups.values():
+        size = train.members_per_stack(group[0].config)
+        stacks += [group[i:i + size] for i in range(0, len(group), size)]
+    return sorted(stacks, key=lambda stack: -train.stack_cost([c.config for c in stack]))
 
 
 def _figures(summary: dict) -> str:
@@ -365,14 +414,15 @@ def executor_from_address(address: str) -> Executor:
 def run_experiment(experiment: Experiment, executor: Executor,
                    on_outcome: Callable[[RunOutcome], None] | None = None,
                    should_stop: Callable[[], bool] = lambda: False) -> list[RunOutcome]:
-    """Submit every cell, report each outcome as it arrives; never stops on a
-    failure. Once should_stop() is true, cells not yet handed to a worker are
-    cancelled (outcome `cancelled`, status `not started`)."""
+    """Submit every stack of cells (plan_stacks), report each cell's outcome
+    as its stack ends; never stops on a failure. Once should_stop() is true,
+    stacks not yet handed to a worker are cancelled (outcome `cancelled`,
+    status `not started`)."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
     with _stop_signals_blocked():  # a local pool spawns its workers here
-        futures: dict[Future, Cell] = {
-            executor.submit(run_cell, cell, str(experiment.directory), str(experiment.path)): cell
-            for cell in experiment.cells
+        futures: dict[Future, list[Cell]] = {
+            executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
+            for stack in plan_stacks(experiment.cells)
         }
     outcomes, pending = [], set(futures)
     while pending:
@@ -381,16 +431,19 @@ def run_experiment(experiment: Experiment, executor: Executor,
             for future in pending:
                 future.cancel()
         for future in done:
-            cell = futures[future]
+            stack = futures[future]
             try:
-                outcome = future.result()
+                arrived = future.result()
             except CancelledError:
-                outcome = RunOutcome(cell.name, "cancelled", "not started", "the sweep was stopped before it started")
+                arrived = [RunOutcome(c.name, "cancelled", "not started", "the sweep was stopped before it started")
+                           for c in stack]
             except Exception as err:  # the worker itself died
-                outcome = RunOutcome(cell.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
-            outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(outcome)
+                arrived = [RunOutcome(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+                           for c in stack]
+            for outcome in arrived:
+                outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(outcome)
     return outcomes
 
 

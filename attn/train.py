@@ -58,8 +58,8 @@ from typing import Callable
 
 import numpy as np
 
-from attn import mechanism, model, optim, runs
-from attn.config import Config, flatten_config, to_dict
+from attn import layers, mechanism, model, optim, runs
+from attn.config import Config, estimate_memory_bytes, flatten_config, to_dict
 from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 
@@ -70,6 +70,8 @@ PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "
                    "model.readout_gain", "optim.lr", "optim.lr_mult", "optim.clip_norm", "optim.schedule",
                    "optim.warmup_steps", "optim.min_lr_ratio", "train.steps", "train.on_nonfinite")
 PER_MEMBER_SECTIONS = ("logging.",)
+MAX_STACK_MEMBERS = 16  # beyond about this many, a stack of small runs gains no more per member
+STACK_MEMORY_BYTES = 128 << 20  # a stack's estimated memory; past it, more members cost more than they save
 
 
 def build_task(config: Config):
@@ -125,6 +127,28 @@ def stack_key(config: Config) -> tuple:
     flat = flatten_config(to_dict(config))
     return tuple((k, repr(v)) for k, v in sorted(flat.items())
                  if k not in PER_MEMBER_KEYS and not k.startswith(PER_MEMBER_SECTIONS))
+
+
+def members_per_stack(config: Config) -> int:
+    """How many runs of this config's shape to stack: as many as fit
+    STACK_MEMORY_BYTES by config.estimate_memory_bytes, at most
+    MAX_STACK_MEMBERS (a stack's arrays then still fit the caches), at least one."""
+    return max(1, min(MAX_STACK_MEMBERS, STACK_MEMORY_BYTES // estimate_memory_bytes(config)))
+
+
+def stack_cost(configs: list[Config]) -> int:
+    """A stack's relative cost, for ordering work: its members' steps times
+    the multiply-adds of one head step (attn.layers.head_costs) and the
+    elementwise work on X."""
+    total = 0
+    for config in configs:
+        task = build_task(config)
+        spec = build_spec(config, task)
+        positions = 1 if task.name == "retrieval" else task.seq_len
+        head = min(layers.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.d_k,
+                                     spec.d_v).values())
+        total += config.train.steps * (head + 10 * config.train.batch_size * task.seq_len * spec.d_model)
+    return total
 
 
 class StopFlag:
