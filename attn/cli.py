@@ -214,8 +214,9 @@ def _is_interactive() -> bool:
 
 def cmd_sweep(args) -> int:
     from attn import sweep
+    from attn.experiment import load_experiment
 
-    experiment = sweep.load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
@@ -303,9 +304,9 @@ def _print_report(experiment) -> None:
 
 
 def cmd_report(args) -> int:
-    from attn import sweep
+    from attn.experiment import load_experiment
 
-    experiment = sweep.load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
     _print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
@@ -415,7 +416,7 @@ def cmd_board(args) -> int:
 
 
 def _add_max_cells(parser) -> None:
-    from attn.sweep import MAX_CELLS
+    from attn.experiment import MAX_CELLS
 
     parser.add_argument("--max-cells", type=_count(1), default=MAX_CELLS,
                         help=f"refuse an experiment of more runs (grid points x seeds) than this (default: {MAX_CELLS})")
@@ -441,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
+    p.add_argument("--plots", action="store_true", help="draw every run's own figures as it ends (default: none; "
+                   "attn plot RUN draws them at any time, and the report draws its own)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")

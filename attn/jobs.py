@@ -13,6 +13,7 @@ error.txt) before they propagate.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import subprocess
 import sys
@@ -40,9 +41,31 @@ def provenance(config_path: str | None, overrides) -> dict:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": platform.python_version(),
         "numpy": np.__version__,
+        **platform_facts(),
         "attn_commit": source_revision(),
         "command": " ".join(sys.argv),
     }
+
+
+def platform_facts() -> dict:
+    """The machine a run is made on, for reports to name: the CPU model, the
+    BLAS numpy uses (library, version, kernel) and OPENBLAS_CORETYPE."""
+    from threadpoolctl import threadpool_info
+
+    blas = [f"{e.get('internal_api')} {e.get('version')} ({e.get('architecture')} kernel)"
+            for e in threadpool_info() if e.get("user_api") == "blas"]
+    return {"cpu": cpu_model(), "blas": ", ".join(blas) or "none found",
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def source_revision() -> str | None:

@@ -153,6 +153,10 @@ class Cell:
         return [s.mechanism[step][key] for s in self.seeds
                 if runs.is_finite_number((s.mechanism.get(step) or {}).get(key))]
 
+    def dominant(self) -> str:
+        """The most frequent outcome class of the seeds (ties: outcomes.OUTCOMES order)."""
+        return max(outcomes.OUTCOMES, key=lambda name: (self.count(name), -outcomes.OUTCOMES.index(name)))
+
     def selection_figures(self) -> dict:
         """What a selection rule may name (attn.stats.select): success_rate,
         stall_rate, divergence_rate, median_time (None: not reached, the
@@ -160,6 +164,11 @@ class Cell:
         return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
                 "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
                 "final_loss": self.final_loss()["median"]}
+
+
+def sort_key(value):
+    """Numbers before text, each in order: how settings are laid out."""
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from attn import runs, sweep
+from attn import experiment as experiments
 from attn.compare import short_names
 from attn.config import replace, to_dict
 from attn.report import (collect, conclusion, edge_notes, expectation_check, layout, select_best, table_rows,
@@ -33,7 +34,7 @@ def load(tmp_path, grid, seeds, report, name="exp"):
             "seeds": list(seeds), "report": report}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
-    return sweep.load_experiment(path, str(tmp_path / "runs"))
+    return experiments.load_experiment(path, str(tmp_path / "runs"))
 
 
 def write_run(experiment, settings: dict, seed: int, curve, status="completed", config=None):

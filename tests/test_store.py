@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from attn import cli, config as config_module, jobs, plots, runs, sweep
+from attn import experiment as experiments
 from attn.config import ConfigError, load_config, parse_yaml
 from helpers import SIZES, TINY
 
@@ -105,7 +106,7 @@ def test_a_sweep_skips_a_cell_that_a_cli_resume_holds(tmp_path):
     path.write_text(yaml.safe_dump({"name": "exp", "base": str(REPO / "configs/default.yaml"),
                                     "overrides": {"train.steps": 4, "logging.plots": False},
                                     "grid": {"model.d_k": [4]}, "seeds": [0]}))
-    experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
     cell = experiment.cells[0]
     (experiment.directory / cell.name).mkdir(parents=True)
     holder = Holder(experiment.directory / cell.name, "train --resume")
@@ -200,7 +201,7 @@ def test_the_cell_cap_is_computed_from_the_grid_shape_before_anything_is_expande
     grid = {f"model.{k}": [1.0 + i for i in range(10)] for k in ("qk_gain", "v_gain", "o_gain", "readout_gain")}
     grid.update({"optim.lr": [0.1 * (i + 1) for i in range(10)], "optim.momentum": [0.05 * i for i in range(10)]})
     path = write_grid(tmp_path, grid, seeds=(0, 1))
-    monkeypatch.setattr(sweep.itertools, "product", lambda *a: pytest.fail("the grid was expanded"))
+    monkeypatch.setattr(experiments.itertools, "product", lambda *a: pytest.fail("the grid was expanded"))
     message = one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs")
     assert "2,000,000 cells (grid points x 2 seeds) is more than the limit of 10,000" in message
     assert "--max-cells 2000000" in message
@@ -208,19 +209,19 @@ def test_the_cell_cap_is_computed_from_the_grid_shape_before_anything_is_expande
     small = write_grid(tmp_path, {"model.d_k": [4, 8]}, seeds=(0, 1))
     assert "4 cells (grid points x 2 seeds) is more than the limit of 3" in \
         one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs")
-    assert len(sweep.load_experiment(small, max_cells=4).cells) == 4
+    assert len(experiments.load_experiment(small, max_cells=4).cells) == 4
     assert not (tmp_path / "runs").exists()
 
 
 def test_each_grid_point_is_validated_once_and_gives_the_config_a_file_would(tmp_path, monkeypatch):
     points = []
-    with_values = sweep.with_values
-    monkeypatch.setattr(sweep, "with_values", lambda *args: points.append(args[1]) or with_values(*args))
+    with_values = experiments.with_values
+    monkeypatch.setattr(experiments, "with_values", lambda *args: points.append(args[1]) or with_values(*args))
     grid = {"model.d_k": [4, 8, 16], "optim.lr_mult": [{"W_q": 0.5}, {}], "optim.lr": ["1e-2"]}
-    experiment = sweep.load_experiment(write_grid(tmp_path, grid, seeds=(0, 1, 2)))
+    experiment = experiments.load_experiment(write_grid(tmp_path, grid, seeds=(0, 1, 2)))
     assert len(points) == 3 * 2 and len(experiment.cells) == 3 * 2 * 3
     for cell in experiment.cells:
-        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}"]
+        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}", "logging.plots=false"]
         assert cell.config == load_config(REPO / "configs/default.yaml", overrides)
 
 
@@ -331,7 +332,7 @@ def test_a_cell_whose_run_name_would_be_too_long_is_refused_before_any_run(tmp_p
             "optim.beta1", "optim.beta2", "optim.weight_decay", "optim.min_lr_ratio", "optim.eps", "optim.clip_norm"]
     path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.warmup_steps": [1234567]})
     with pytest.raises(ConfigError, match="its run name: got 'o_gain-0.123457_qk_gain.*; expected a plain directory name"):
-        sweep.load_experiment(path)
+        experiments.load_experiment(path)
 
 
 # ---------------------------------------------------------------------------
@@ -351,7 +352,7 @@ def test_a_symlinked_run_directory_is_refused_and_its_target_left_alone(run_copy
 
 def test_a_sweep_cell_that_is_a_symlink_fails_without_writing_through(tmp_path):
     path = write_grid(tmp_path, {"model.d_k": [4]}, overrides={"train.steps": 2, "logging.plots": False})
-    experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
     (tmp_path / "elsewhere").mkdir()
     experiment.directory.mkdir(parents=True)
     (experiment.directory / experiment.cells[0].name).symlink_to(tmp_path / "elsewhere")

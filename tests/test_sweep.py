@@ -3,6 +3,7 @@ locking, failures that don't stop the others, Dask, the report, the
 miniature headline ablation, and the scaled/unscaled equivalence."""
 
 import csv
+import json
 import fcntl
 import math
 import shutil
@@ -14,8 +15,11 @@ import pytest
 import yaml
 
 from attn import cli, jobs, runs, sweep
+from attn import experiment as experiments
 from attn.config import ConfigError, load_config, to_dict
-from attn.report import collect, mean_std, write_report
+from attn import outcomes
+from attn.report import write_report
+from attn.results import collect
 from attn.train import StopFlag, train
 from helpers import without_timing
 
@@ -52,7 +56,7 @@ def write_experiment(tmp_path, name="exp", grid=None, seeds=(0, 1), overrides=No
 def test_bad_grids_are_refused_before_any_run(tmp_path, grid, message):
     path = write_experiment(tmp_path, grid=grid)
     with pytest.raises(ConfigError) as err:
-        sweep.load_experiment(path, str(tmp_path / "runs"))
+        experiments.load_experiment(path, str(tmp_path / "runs"))
     assert message in str(err.value)
     assert str(path) in str(err.value)
     assert not (tmp_path / "runs").exists()
@@ -62,17 +66,17 @@ def test_bad_seeds_and_missing_keys_are_refused(tmp_path):
     for seeds, message in (([], r"seeds: got \[\]"), ([1, 1], "distinct"), (["a"], "integers")):
         path = write_experiment(tmp_path, seeds=seeds)
         with pytest.raises(ConfigError, match=message):
-            sweep.load_experiment(path)
+            experiments.load_experiment(path)
     path = tmp_path / "x.yaml"
     path.write_text("name: x\nbase: nowhere.yaml\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
     with pytest.raises(ConfigError, match="nowhere.yaml: no such config file"):
-        sweep.load_experiment(path)
+        experiments.load_experiment(path)
     path.write_text("name: x\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
     with pytest.raises(ConfigError, match="missing `base`"):
-        sweep.load_experiment(path)
+        experiments.load_experiment(path)
     path.write_text("name: ../x\nbase: b.yaml\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
     with pytest.raises(ConfigError, match="name: got '../x'"):
-        sweep.load_experiment(path)
+        experiments.load_experiment(path)
 
 
 def test_cli_reports_a_bad_cell_in_one_line_and_runs_nothing(tmp_path, capsys):
@@ -98,24 +102,24 @@ def test_cli_reports_a_bad_cell_in_one_line_and_runs_nothing(tmp_path, capsys):
 def test_report_section_typos_are_refused_in_one_line(tmp_path, report, message):
     """A typo in `report:` used to give a column of None; now it is refused before any run."""
     with pytest.raises(ConfigError) as err:
-        sweep.load_experiment(write_experiment(tmp_path, report=report), str(tmp_path / "runs"))
+        experiments.load_experiment(write_experiment(tmp_path, report=report), str(tmp_path / "runs"))
     assert message in str(err.value) and "\n" not in str(err.value)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_mapping_value_makes_a_shell_safe_run_name(tmp_path):
     grid = {"optim.lr_mult": [{"W_q": 0.1, "W_k": 0.1}, {"W_k": 1.0, "W_q": 1.0}]}
-    experiment = sweep.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[0]))
+    experiment = experiments.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[0]))
     assert [c.name for c in experiment.cells] == ["lr_mult-W_k0.1-W_q0.1_seed-0", "lr_mult-W_k1-W_q1_seed-0"]
-    assert sweep.cell_name((("task.mode", "a b/c'{}"),), 1, ["task.mode"]) == "mode-a_b_c____seed-1"
+    assert experiments.cell_name((("task.mode", "a b/c'{}"),), 1, ["task.mode"]) == "mode-a_b_c____seed-1"
     same = {"optim.lr_mult": [{"W_q": 0.1, "W_k": 0.1}, {"W_k": 0.1, "W_q": 0.1}]}
     with pytest.raises(ConfigError, match="appears twice"):
-        sweep.load_experiment(write_experiment(tmp_path, grid=same, seeds=[0]))
+        experiments.load_experiment(write_experiment(tmp_path, grid=same, seeds=[0]))
 
 
 def test_grid_cells_names_and_union_of_products(tmp_path):
     grid = [{"model.d_k": [4, 8], "model.scale": ["sqrt"]}, {"model.d_k": [16], "optim.lr": [0.1, 1e-2]}]
-    experiment = sweep.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[3]))
+    experiment = experiments.load_experiment(write_experiment(tmp_path, grid=grid, seeds=[3]))
     names = [c.name for c in experiment.cells]
     assert names == ["d_k-4_scale-sqrt_seed-3", "d_k-8_scale-sqrt_seed-3", "d_k-16_lr-0.1_seed-3", "d_k-16_lr-0.01_seed-3"]
     assert experiment.cells[3].config.optim.lr == 0.01 and experiment.cells[3].config.model.d_k == 16
@@ -132,7 +136,7 @@ def finished_sweep(tmp_path_factory):
     path = write_experiment(tmp)
     code = cli.main(["sweep", str(path), "--runs-dir", str(tmp / "runs"), "--workers", "2"])
     assert code == 0
-    return sweep.load_experiment(path, str(tmp / "runs"))
+    return experiments.load_experiment(path, str(tmp / "runs"))
 
 
 def test_every_cell_is_a_normal_run_directory(finished_sweep):
@@ -163,7 +167,7 @@ def test_rerun_skips_finished_and_resumes_interrupted(finished_sweep):
 
 
 def test_a_cell_locked_by_another_sweep_is_skipped(tmp_path):
-    experiment = sweep.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4]}, seeds=[0]), str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4]}, seeds=[0]), str(tmp_path / "runs"))
     cell = experiment.cells[0]
     run_dir = experiment.directory / cell.name
     run_dir.mkdir(parents=True)
@@ -175,7 +179,7 @@ def test_a_cell_locked_by_another_sweep_is_skipped(tmp_path):
 
 
 def test_a_failing_run_is_reported_and_does_not_stop_the_others(tmp_path):
-    experiment = sweep.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4, 8]}, seeds=[0]), str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4, 8]}, seeds=[0]), str(tmp_path / "runs"))
     experiment.directory.mkdir(parents=True)
     (experiment.directory / experiment.cells[0].name).write_text("a file where the run directory should be")
     seen = []
@@ -188,7 +192,7 @@ def test_a_failing_run_is_reported_and_does_not_stop_the_others(tmp_path):
 
 
 def test_a_changed_config_is_not_silently_resumed(finished_sweep, tmp_path):
-    changed = sweep.load_experiment(
+    changed = experiments.load_experiment(
         write_experiment(tmp_path, overrides={"optim.lr": 0.25}), str(finished_sweep.directory.parent))
     cell = changed.cells[0]
     runs_dir = finished_sweep.directory / cell.name
@@ -203,7 +207,7 @@ def test_a_changed_config_is_not_silently_resumed(finished_sweep, tmp_path):
 
 def test_a_finished_run_with_a_changed_config_is_not_reused(finished_sweep, tmp_path):
     """An edited experiment file used to reuse the old finished runs silently."""
-    changed = sweep.load_experiment(
+    changed = experiments.load_experiment(
         write_experiment(tmp_path, overrides={"optim.lr": 0.25}), str(finished_sweep.directory.parent))
     cell = changed.cells[0]
     before = runs.read_summary(finished_sweep.directory / cell.name)
@@ -214,7 +218,7 @@ def test_a_finished_run_with_a_changed_config_is_not_reused(finished_sweep, tmp_
 
 
 def test_a_finished_run_is_reused_when_only_result_neutral_keys_changed(finished_sweep, tmp_path):
-    changed = sweep.load_experiment(
+    changed = experiments.load_experiment(
         write_experiment(tmp_path, overrides={"logging.plots": True, "logging.checkpoint_every": 5}),
         str(finished_sweep.directory.parent))
     outcome = sweep.run_cell(changed.cells[0], str(finished_sweep.directory), str(changed.path))
@@ -223,7 +227,7 @@ def test_a_finished_run_is_reused_when_only_result_neutral_keys_changed(finished
 
 def test_dask_local_cluster_runs_the_same_sweep(tmp_path):
     distributed = pytest.importorskip("distributed")
-    experiment = sweep.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4, 8]}, seeds=[0]), str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(write_experiment(tmp_path, grid={"model.d_k": [4, 8]}, seeds=[0]), str(tmp_path / "runs"))
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
             distributed.Client(cluster) as client:
         outcomes = sweep.run_experiment(experiment, client.get_executor())
@@ -240,31 +244,27 @@ def test_executor_address_must_be_dask():
 # ---------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------
-def test_report_statistics_are_sample_mean_and_std_over_finite_values():
-    assert mean_std([1.0, None, float("nan"), 3.0]) == (2.0, pytest.approx(np.std([1.0, 3.0], ddof=1)))
-    assert math.isnan(mean_std([2.0])[1]) and math.isnan(mean_std([])[0])
-
-
 def test_report_figures_and_table_come_from_the_run_directories(finished_sweep):
     paths = write_report(finished_sweep)
-    for key in ("md", "csv", "loss_curves", "steps_to_99", "score_std_init", "entropy", "outcome_map"):
+    for key in ("md", "csv", "json", "headline", "final_loss", "loss_curves", "mechanism"):
         assert paths[key].exists() and paths[key].stat().st_size > 0
     rows = list(csv.DictReader(paths["csv"].open()))
     assert len(rows) == 4
     for row in rows:
         cells = [c for c in finished_sweep.cells if c.config.model.d_k == int(row["d_k"]) and c.config.model.scale == row["scale"]]
         finals = [runs.read_summary(finished_sweep.directory / c.name)["final"]["eval_loss"] for c in cells]
-        assert row["final eval loss"] == f"{np.mean(finals):.3g} ± {np.std(finals, ddof=1):.2g}"
-        theory = math.sqrt(cells[0].config.model.d_k) * (cells[0].config.model.d_k ** -0.5 if row["scale"] == "sqrt" else 1)
-        assert float(row["theory √d_k·s·g²"]) == pytest.approx(theory, rel=1e-3)
+        assert row["median final loss [95%]"].startswith(f"{np.median(finals):.3g} [")
+        assert int(row["seeds"]) == len(cells) == sum(int(row[n]) for n in outcomes.OUTCOMES)
+    data = json.loads(paths["json"].read_text())
+    assert len(data["cells"]) == 4 and data["platform"]["dtype"] == ["float32"]
     text = paths["md"].read_text()
-    assert "## Conclusion (computed from the runs)" in text and "**d_k = 8**" in text
+    assert "## In one paragraph (generated)" in text and data["headline"] in text
 
 
 def test_report_without_runs_says_so(tmp_path, capsys):
     path = write_experiment(tmp_path)
     assert cli.main(["report", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
-    assert "no runs of this experiment yet" in capsys.readouterr().err
+    assert "no finished runs of this experiment yet" in capsys.readouterr().err
 
 
 def test_miniature_headline_ablation_shows_the_effect(tmp_path):
@@ -276,18 +276,21 @@ def test_miniature_headline_ablation_shows_the_effect(tmp_path):
                    "logging.log_every": 10, "task.eval_size": 128},
         report={"x": "model.d_k", "arm": "model.scale"})
     assert cli.main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--workers", "2"]) == 0
-    experiment = sweep.load_experiment(path, str(tmp_path / "runs"))
-    collected, excluded = collect(experiment)
+    experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
+    collected, excluded = collect(experiment, experiments.config_change)
     assert excluded == []
     results = {(r.settings["model.d_k"], r.settings["model.scale"]): r for r in collected}
     big_sqrt, big_none = results[(512, "sqrt")], results[(512, "none")]
-    assert np.nanmean(big_none.at_init("score_std")) > 10 * np.nanmean(big_sqrt.at_init("score_std"))
-    assert np.nanmean(big_none.at_init("saturated_frac")) > np.nanmean(big_sqrt.at_init("saturated_frac"))
-    assert np.nanmean(big_none.at_init("attn_entropy")) < np.nanmean(big_sqrt.at_init("attn_entropy"))
-    assert all(s is not None for s in big_sqrt.steps_to_99()), "the scaled arm learns"
-    slower = [n is None or n > s for n, s in zip(big_none.steps_to_99(), big_sqrt.steps_to_99())]
-    assert all(slower), (big_none.steps_to_99(), big_sqrt.steps_to_99())
-    assert np.nanmean(big_none.final_losses()) > 5 * np.nanmean(big_sqrt.final_losses())
+    assert np.mean(big_none.at_init("score_std")) > 10 * np.mean(big_sqrt.at_init("score_std"))
+    assert np.mean(big_none.at_init("saturated_frac")) > np.mean(big_sqrt.at_init("saturated_frac"))
+    assert np.mean(big_none.at_init("attn_entropy")) < np.mean(big_sqrt.at_init("attn_entropy"))
+    reached = {arm: [s.outcome.reached_step for s in cell.seeds] for arm, cell in (("sqrt", big_sqrt), ("none", big_none))}
+    assert all(s is not None for s in reached["sqrt"]), "the scaled arm learns"
+    slower = [n is None or n > s for n, s in zip(reached["none"], reached["sqrt"])]
+    assert all(slower), reached
+    assert np.mean(big_none.final_losses()) > 5 * np.mean(big_sqrt.final_losses())
+    saturated = {arm: np.median(cell.mechanism(0, "saturated_frac")) for arm, cell in (("sqrt", big_sqrt), ("none", big_none))}
+    assert saturated["none"] > 0.3 > saturated["sqrt"] == 0, saturated
 
 
 # ---------------------------------------------------------------------------

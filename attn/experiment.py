@@ -1,0 +1,371 @@
+"""An experiment file: a base config, a grid of overrides, seeds and how to report them.
+
+    name: sqrt_dk                    # output folder: <runs_dir>/sqrt_dk/
+    base: ../configs/default.yaml    # relative to the experiment file
+    overrides: {train.steps: 600}    # applied to every cell
+    grid:                            # a mapping: the cartesian product of its lists;
+      model.d_k: [16, 64, 256]       # or a list of such mappings: the union of their products
+      model.scale: [sqrt, none]
+      optim.lr: [0.03, 0.1, 0.3]
+    seeds: [0, 1, 2, 3, 4]
+    report:                          # how attn.report lays out and judges the results
+      x: model.d_k                   # grid key(s) along the x axis
+      arm: model.scale               # grid key(s) whose values are the compared arms
+      best_of: optim.lr              # chosen per (x, arm) by `select`, a rule declared before the runs
+      select: [max success_rate, min median_time, min final_loss]
+      shared: 0.1                    # best_of also reported at this one value, the same for every arm
+      expect:                        # claims, each judged confirmed / not confirmed / inconclusive
+        - id: scaled-beats-unscaled
+          claim: the scaled arm succeeds more often than the unscaled one at every d_k >= 256
+          stat: success_rate
+          arm: {model.scale: sqrt}
+          better_than: {model.scale: none}
+          where: {model.d_k: [256, 1024, 4096]}
+          at: best                   # best (each arm at its own best_of) or shared
+
+Every key of `report:` is optional and checked here: x, arm and best_of
+name grid keys, each in one role; `select` is a list of criteria, each
+'max <figure>' or 'min <figure>' of SELECTION_FIGURES; `shared` is one of
+best_of's values. An expectation names a `stat` of STATS, the cells of one
+arm (`arm`: a value of every arm key), where along x (`where`, default
+everywhere), `at` (best or shared) and one rule: `better_than` another arm
+(intervals separated the right way: confirmed; the wrong way: not
+confirmed; overlapping: inconclusive), or `above` / `below` a number (the
+interval wholly on the claimed side, wholly on the other, or across it).
+
+Every cell of every grid is validated before any run starts, each grid
+point's config once (its seeds differ only in `seed`). The number of cells
+(grid points x seeds) is computed from the grid's shape before anything is
+expanded, and more than MAX_CELLS (`--max-cells` raises it) is refused.
+Each (cell, seed) is one run directory named after its settings, e.g.
+runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
+a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
+A sweep (attn.sweep) draws no per-run figures unless asked (`plots`):
+logging.plots of every cell is set from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attn import jobs
+from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, read_yaml_file,
+                         set_dotted, validate, with_values)
+
+EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect")
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
+SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
+DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
+# stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.results)
+STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
+         "final_loss": False}
+EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One claim of the experiment file, judged by attn.report."""
+
+    id: str
+    claim: str
+    stat: str  # a key of STATS
+    arm: tuple[tuple[str, object], ...]  # the arm's value of every arm key
+    at: str  # best | shared
+    where: tuple[tuple[str, tuple], ...] = ()  # x key -> the values it is judged at (none: all)
+    better_than: tuple[tuple[str, object], ...] | None = None
+    above: float | None = None
+    below: float | None = None
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """The `report:` section, checked."""
+
+    x: tuple[str, ...]
+    arm: tuple[str, ...]
+    best_of: str | None = None
+    select: tuple[str, ...] = DEFAULT_SELECT
+    shared: object = None
+    expect: tuple[Expectation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of an experiment: a validated config and where it goes."""
+
+    name: str  # run directory name, e.g. d_k-64_scale-none_seed-3
+    settings: tuple[tuple[str, object], ...]  # the grid values of this cell (dotted key, value)
+    seed: int
+    config: Config
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: Path
+    cells: tuple[Cell, ...]
+    grid_keys: tuple[str, ...]
+    report: ReportSpec = field(default_factory=lambda: ReportSpec((), ()))
+    description: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.cells[0].config.runs_dir) / self.name
+
+
+def _short_key(key: str, keys: list[str]) -> str:
+    leaf = key.rsplit(".", 1)[-1]
+    return leaf if sum(k.rsplit(".", 1)[-1] == leaf for k in keys) == 1 else key.replace(".", "-")
+
+
+def _format_value(value) -> str:
+    """A grid value as part of a run directory name: 0.001, sqrt, W_k0.1-W_q0.1
+    for a mapping (sorted by key), a-b for a list; other characters than
+    [A-Za-z0-9._=-] become `_`."""
+    if isinstance(value, dict):
+        text = "-".join(f"{k}{_format_value(v)}" for k, v in sorted(value.items(), key=lambda item: str(item[0])))
+    elif isinstance(value, list):
+        text = "-".join(_format_value(v) for v in value)
+    else:
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+    return NAME_UNSAFE.sub("_", text)
+
+
+def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: list[str]) -> str:
+    parts = [f"{_short_key(k, grid_keys)}-{_format_value(v)}" for k, v in settings]
+    return "_".join(parts + [f"seed-{seed}"])
+
+
+def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
+    """A mapping -> its cartesian product; a list of mappings -> the union of
+    theirs. Refused before expanding when the points times n_seeds exceed max_cells."""
+    blocks = grid if isinstance(grid, list) else [grid]
+    if not blocks or any(not isinstance(b, dict) or not b for b in blocks):
+        raise ConfigError(f"{source}: grid: expected a non-empty mapping of dotted key -> list of values "
+                          "(or a list of such mappings)")
+    for block in blocks:
+        for key, values in block.items():
+            if key not in all_keys() or key in ("seed", "name", "runs_dir"):
+                suggestion = nearest_key(str(key))
+                hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+                reason = "set with `seeds:`" if key == "seed" else "not a config field that a grid can vary"
+                raise ConfigError(f"{source}: grid: `{cut(str(key))}`: {reason}{hint}")
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values")
+    n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
+    if n_cells > max_cells:
+        raise ConfigError(f"{source}: grid: {n_cells:,} cells (grid points x {n_seeds} seeds) is more than the "
+                          f"limit of {max_cells:,}; make the grid smaller, or raise the limit with --max-cells {n_cells}")
+    cells = []
+    for block in blocks:
+        keys = list(block)
+        for combo in itertools.product(*(block[k] for k in keys)):
+            cells.append(dict(zip(keys, combo)))
+    return cells
+
+
+def _hashable(value):
+    """A grid value as the report compares it (a mapping or list as its name)."""
+    return _format_value(value) if isinstance(value, (dict, list)) else value
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def check_report(report, grid_keys: list[str], grid_values: dict, source: str) -> ReportSpec:
+    """The experiment's `report:` section (module docstring), checked: x and
+    arm a grid key or a list of them, best_of one grid key, no key in two
+    roles (x defaults to the first grid key, arm to the next one that is not
+    best_of); the selection rule, the shared value and the expectations."""
+    if not isinstance(report, dict):
+        raise ConfigError(f"{source}: report: got {cut(repr(report))}; expected a mapping with keys {', '.join(REPORT_KEYS)}")
+    for key in report:
+        if key not in REPORT_KEYS:
+            raise ConfigError(f"{source}: report: unknown key `{cut(str(key))}`{_did_you_mean(key, REPORT_KEYS)}; "
+                              f"expected {', '.join(REPORT_KEYS)}")
+    role_of = {}
+    for role in (r for r in ("x", "arm", "best_of") if r in report):
+        value = report[role]
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
+                or (role == "best_of" and not isinstance(value, str)):
+            expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
+            raise ConfigError(f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} ({', '.join(grid_keys)})")
+        for name in names:
+            if name not in grid_keys:
+                raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
+                                  f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
+            if name in role_of:
+                raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
+                                  "a grid key has one role")
+            role_of[name] = role
+    best_of = report.get("best_of")
+    rest = [k for k in grid_keys if k != best_of]
+    x = _names(report.get("x")) or rest[:1]
+    arm = _names(report.get("arm")) or [k for k in rest if k not in x][:1]
+    select = tuple(_check_select(report.get("select", list(DEFAULT_SELECT)), source))
+    shared = report.get("shared")
+    if shared is not None and (best_of is None or shared not in grid_values.get(best_of, ())):
+        values = ", ".join(map(str, grid_values.get(best_of, ()))) if best_of else "none: no best_of"
+        raise ConfigError(f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values ({values})")
+    expect = report.get("expect") or []
+    if not isinstance(expect, list):
+        raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
+    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared)
+    checked = [_check_expectation(e, i, spec, grid_values, f"{source}: report: expect[{i}]") for i, e in enumerate(expect)]
+    ids = [e.id for e in checked]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` is used twice")
+    return dataclasses.replace(spec, expect=tuple(checked))
+
+
+def _names(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _check_select(select, source: str) -> list[str]:
+    if not isinstance(select, list) or not select or not all(isinstance(c, str) for c in select):
+        raise ConfigError(f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
+                          f"[{', '.join(DEFAULT_SELECT)}]")
+    for criterion in select:
+        direction, _, figure = criterion.partition(" ")
+        if direction not in ("max", "min") or figure not in SELECTION_FIGURES:
+            raise ConfigError(f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
+                              f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}")
+    return select
+
+
+def _check_expectation(entry, index: int, spec: ReportSpec, grid_values: dict, where_: str) -> Expectation:
+    """One expectation of the file, checked against the grid and the report's layout."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where_}: got {cut(repr(entry))}; expected a mapping with keys {', '.join(EXPECTATION_KEYS)}")
+    for key in entry:
+        if key not in EXPECTATION_KEYS:
+            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, EXPECTATION_KEYS)}; "
+                              f"expected {', '.join(EXPECTATION_KEYS)}")
+    for key in ("id", "claim", "stat", "arm"):
+        if key not in entry:
+            raise ConfigError(f"{where_}: missing `{key}`")
+    if not isinstance(entry["id"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", entry["id"]):
+        raise ConfigError(f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'")
+    if entry["stat"] not in STATS:
+        raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
+    arm = _check_arm(entry["arm"], spec, grid_values, f"{where_}: arm")
+    rules = [k for k in ("better_than", "above", "below") if k in entry]
+    if len(rules) != 1:
+        raise ConfigError(f"{where_}: got {len(rules)} rules ({', '.join(rules) or 'none'}); expected exactly one "
+                          "of better_than, above, below")
+    better_than = _check_arm(entry["better_than"], spec, grid_values, f"{where_}: better_than") \
+        if "better_than" in entry else None
+    bound = {}
+    for key in ("above", "below"):
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{where_}: {key}: got {cut(repr(value))}; expected a number")
+            bound[key] = float(value)
+    at = entry.get("at", "best")
+    if at not in ("best", "shared") or (at == "shared" and spec.shared is None):
+        raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected best" + (" or shared" if spec.shared is not None
+                                                                              else " (the report has no `shared` value)"))
+    where = entry.get("where") or {}
+    if not isinstance(where, dict):
+        raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")
+    checked_where = []
+    for key, values in where.items():
+        if key not in spec.x:
+            raise ConfigError(f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected "
+                              f"{', '.join(spec.x)}")
+        values = values if isinstance(values, list) else [values]
+        unknown = [v for v in values if v not in grid_values[key]]
+        if unknown or not values:
+            raise ConfigError(f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the grid "
+                              f"({', '.join(map(str, grid_values[key]))})")
+        checked_where.append((key, tuple(values)))
+    return Expectation(entry["id"], str(entry["claim"]), entry["stat"], arm, at, tuple(checked_where), better_than,
+                       bound.get("above"), bound.get("below"))
+
+
+def _check_arm(value, spec: ReportSpec, grid_values: dict, where_: str) -> tuple:
+    """An arm as (key, value) for every arm key, each value in the grid."""
+    if not isinstance(value, dict) or set(value) != set(spec.arm):
+        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
+                          f"({', '.join(spec.arm)}) one of its grid values")
+    for key, v in value.items():
+        if v not in grid_values[key]:
+            raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}")
+    return tuple((k, value[k]) for k in spec.arm)
+def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
+                    plots: bool = False) -> Experiment:
+    """Read and validate an experiment file: every cell's config is built and
+    checked here, so a bad cell is reported before any run starts. `plots`:
+    whether each run draws its figures (logging.plots of every cell)."""
+    path = Path(path)
+    data = read_yaml_file(path, "experiment file")
+    source = str(path)
+    unknown = [k for k in data if k not in EXPERIMENT_KEYS]
+    if unknown:
+        raise ConfigError(f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
+    for key in ("name", "base", "grid", "seeds"):
+        if key not in data:
+            raise ConfigError(f"{source}: missing `{key}`")
+    name = check_run_name(data["name"], f"{source}: name")
+    seeds = data["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
+    overrides = data.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"{source}: overrides: got {cut(repr(overrides))}; expected a mapping of dotted key -> value")
+    if not isinstance(data["base"], str) or not data["base"]:
+        raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
+    base_path = path.parent / data["base"]  # an absolute base stays as it is
+    try:
+        base = read_yaml_file(base_path)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: base: {err}") from None
+    base.pop("provenance", None)
+    for key, value in overrides.items():
+        set_dotted(base, str(key), value)
+    if runs_dir is not None:
+        base["runs_dir"] = runs_dir
+    set_dotted(base, "logging.plots", plots)
+    base_config = validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+
+    grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
+    grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
+    cells, names = [], set()
+    for settings in grid_cells:
+        shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
+        where = f"{source}: grid cell {{{shown}}}"
+        config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
+        for seed in seeds:
+            cname = check_run_name(cell_name(tuple(settings.items()), seed, grid_keys), f"{where}: its run name")
+            if cname in names:
+                raise ConfigError(f"{source}: grid: cell {{{shown}}} appears twice")
+            names.add(cname)
+            cells.append(Cell(cname, tuple(settings.items()), seed, dataclasses.replace(config, seed=seed)))
+    grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
+    report = check_report(data.get("report") or {}, grid_keys, grid_values, source)
+    return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
+
+
+def config_change(run_dir: Path, config: Config) -> list[str]:
+    """How the config a run directory was made with differs from `config`
+    ('key: stored -> wanted', jobs.config_difference), leaving out the
+    jobs.RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    if its config.yaml cannot be read."""
+    return jobs.config_difference(jobs.config_of(run_dir), config, ignore=jobs.RESULT_NEUTRAL_KEYS)
+
+
