@@ -86,9 +86,14 @@ publish:
 	  mkdir -p experiments/results/$$name && cp runs/$$name/report.md runs/$$name/report.csv runs/$$name/*.png experiments/results/$$name/ && echo "experiments/results/$$name"; \
 	done
 
-## make bench [ARGS="--sizes default,large --unset-coretype"]: attn's training step against PyTorch eager
-## (optional: .venv/bin/pip install torch), matmul rate, peak memory, sweep throughput -> runs/bench/
-bench: $(VENV)/.runtime
+## make bench [ARGS="--sizes default,large --threads 1 --headline"]: attn's training step against the fastest of
+## PyTorch eager, torch.compile and JAX jit (installed from requirements-bench.txt when possible), memory, sweeps
+$(VENV)/.bench: requirements-bench.txt $(VENV)/.runtime
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt || \
+	  echo "make bench: requirements-bench.txt did not install; timing attn against the rivals that are installed" >&2
+	@touch $@
+
+bench: $(VENV)/.bench
 	$(PY) -m attn bench $(ARGS)
 
 ## make test: the whole suite

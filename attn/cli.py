@@ -348,13 +348,29 @@ def cmd_runs(args) -> int:
 
 
 def _bench_sizes(text: str) -> list[str]:
-    from attn import bench
+    from attn.bench.timing import SIZES
 
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in bench.SIZES]
+    unknown = [n for n in names if n not in SIZES]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(bench.SIZES)}")
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(SIZES)}")
     return names
+
+
+def _rivals(text: str) -> list[str]:
+    from attn.bench.rivals import FRAMEWORKS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if any(n not in FRAMEWORKS for n in names):
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(FRAMEWORKS)}")
+    return names
+
+
+def _thread_counts(text: str) -> list[int]:
+    counts = [n.strip() for n in text.split(",") if n.strip()]
+    if not counts or not all(n.isdigit() and int(n) >= 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of thread counts >= 1, e.g. 1,2")
+    return [int(n) for n in counts]
 
 
 def _count(minimum: int):
@@ -367,15 +383,17 @@ def _count(minimum: int):
 
 
 def cmd_bench(args) -> int:
-    from attn import bench
+    from attn.bench import rivals, suite
 
-    if not args.no_torch and not bench.torch_available():
-        print("PyTorch is not installed: timing attn alone (pip install torch to compare)", file=sys.stderr)
-    result = bench.run(args.sizes, args.warmup, args.steps, args.threads, with_torch=not args.no_torch,
-                       processes=not args.no_processes, unset_coretype=args.unset_coretype,
-                       progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
-    paths = bench.write(result, Path(args.out))
-    print(bench.markdown(result))
+    missing = [f for f in args.rivals if not rivals.available(f)]
+    if missing:
+        print(f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
+              "(make bench installs requirements-bench.txt)", file=sys.stderr)
+    result = suite.run(args.sizes, args.threads, args.warmup, args.steps, processes=not args.no_processes,
+                       headline=args.headline, frameworks=args.rivals, progress=lambda message: print(f"bench: {message}", file=sys.stderr,
+                                                                              flush=True))
+    paths = suite.write(result, Path(args.out))
+    print(suite.markdown(result))
     for path in paths.values():
         print(path)
     return EXIT_OK
@@ -481,17 +499,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static", metavar="DIR", help="write the page with its data into DIR (opens from disk, "
                    "no server) instead of serving it")
     p.set_defaults(func=cmd_board)
-    p = sub.add_parser("bench", help="time the training step against PyTorch; matmul rate, memory")
-    p.add_argument("--sizes", type=_bench_sizes, default="default,mid,large", help="which sizes (default: all)")
-    p.add_argument("--steps", type=_count(1), default=50, help="timed steps per size (default: 50)")
+    p = sub.add_parser("bench", help="time the training step against PyTorch and JAX; memory; sweep efficiency")
+    p.add_argument("--sizes", type=_bench_sizes, default="default,wide,copy,large", help="which sizes (default: all)")
+    p.add_argument("--threads", type=_thread_counts, default="1,2", help="thread counts to time at (default: 1,2)")
+    p.add_argument("--steps", type=_count(1), default=50, help="timed steps per side and size (default: 50)")
     p.add_argument("--warmup", type=_count(0), default=10, help="untimed steps first (default: 10)")
-    p.add_argument("--threads", type=_count(1), help="BLAS threads of numpy and intra-op threads of PyTorch while "
-                   "timing (default: numpy's BLAS threads as the environment sets them)")
     p.add_argument("--out", default="runs/bench", help="where the JSON and Markdown go (default: runs/bench)")
-    p.add_argument("--no-torch", action="store_true", help="time attn alone even if PyTorch is installed")
-    p.add_argument("--no-processes", action="store_true", help="skip peak memory and sweep throughput")
-    p.add_argument("--unset-coretype", action="store_true",
-                   help="also time the steps in a child without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE")
+    p.add_argument("--rivals", type=_rivals, default="torch,torch.compile,jax",
+                   help="rival frameworks to time, those installed (default: torch,torch.compile,jax)")
+    p.add_argument("--no-processes", action="store_true", help="skip peak memory and the sweep measurements")
+    p.add_argument("--headline", action="store_true", help="also time the headline experiment (a few minutes)")
     p.set_defaults(func=cmd_bench)
     return parser
 

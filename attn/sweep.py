@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ class RunOutcome:
     action: str  # ran | resumed | skipped-finished | skipped-locked | failed | cancelled
     status: str  # the run's status afterwards
     detail: str = ""  # error message, reason, or final figures
+    train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
 
 
 def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
@@ -91,6 +93,7 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
             else:
                 ready.setdefault(prepared.step, []).append((cell, prepared))
         for group in ready.values():
+            start = time.perf_counter()
             try:
                 with threadpool_limits(limits=1):
                     summaries = jobs.execute_stack([state for _, state in group], stop=_worker_stop)
@@ -98,10 +101,11 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
                 summaries = [{"status": "failed", "reason": str(err)}] * len(group)
             except Exception as err:  # recorded in the run directories; never stops the other cells
                 summaries = [{"status": "failed", "reason": f"{type(err).__name__}: {err}"}] * len(group)
+            share = (time.perf_counter() - start) / len(group)
             for (cell, state), summary in zip(group, summaries):
                 action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
                 detail = summary["reason"] if action == "failed" else _figures(summary)
-                outcomes[cell.name] = RunOutcome(cell.name, action, summary["status"], detail)
+                outcomes[cell.name] = RunOutcome(cell.name, action, summary["status"], detail, share)
     return [outcomes[cell.name] for cell in cells]
 
 

@@ -1,5 +1,7 @@
-"""The benchmark: its FLOP counts against PyTorch's own counter (skipped
-without PyTorch), and a short run through the CLI writing its JSON and table."""
+"""The benchmark: the cost model that chooses the head's association
+(attn.layers.head_costs) against PyTorch's own FLOP counter on the rivals'
+formulations (skipped without PyTorch), and a short run through the CLI
+writing its JSON and table."""
 
 import json
 import os
@@ -9,62 +11,59 @@ from pathlib import Path
 
 import pytest
 
-from attn import bench, train
+from attn import layers, train
+from attn.bench import rivals, timing
+from attn.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def spec_and_batch(size: str, *overrides: str):
-    config = bench.load_config(bench.BASE_CONFIG, [*bench.SIZES[size], *overrides])
-    task, spec, params, _, gens = train.build(config)
-    return config, spec, params, task.sample(gens.data, config.train.batch_size)
-
-
-@pytest.mark.parametrize("size,overrides", [("default", ()), ("mid", ()),
-                                            ("default", ("task.name=copy", "model.causal=true"))],
-                         ids=["default", "mid", "copy-causal"])
-def test_model_flops_are_what_pytorch_counts_for_its_step(size, overrides):
-    """step_flops(spec, B) against torch.utils.flop_counter on the PyTorch
-    twin's forward and backward: every matrix product, counted independently."""
+@pytest.mark.parametrize("formulation,overrides", [
+    ("projected", ("task.name=copy", "model.causal=true")), ("bilinear", ("task.name=copy",)),
+    ("bilinear", ("task.name=copy", "model.d_k=512")), ("projected", ("task.name=copy", "model.d_k=48", "model.d_v=24")),
+], ids=["projected-causal", "bilinear-chained", "bilinear-merged", "projected-dk-dv"])
+def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
+    """With a query at every position (no factored gradient), autograd does
+    every product the cost model counts: 2 x head_costs + the readout's three."""
     pytest.importorskip("torch")
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    config, spec, params, batch = spec_and_batch(size, *overrides)
-    weights = bench.torch_params(params)
+    config = load_config(None, ["model.d_model=32", "train.batch_size=8", *overrides])
+    task, spec, params, _, gens = train.build(config)
+    batch = task.sample(gens.data, config.train.batch_size)
+    B, T, D, C = config.train.batch_size, spec.n_positions, spec.d_model, spec.n_classes
+    loss = rivals.loss_function(spec, "torch", formulation, slice(None), B)
+    weights = {name: torch.tensor(p, requires_grad=True) for name, p in params.items()}
+    arrays = [torch.from_numpy(a) for a in (batch.tokens, batch.targets, batch.target_mask.astype("float32"))]
     with FlopCounterMode(display=False) as counter:
-        bench.torch_loss(weights, spec, bench.torch_batch(batch)).backward()
-    assert counter.get_total_flops() == bench.step_flops(spec, config.train.batch_size)
-
-
-def test_attn_flops_equal_the_models_when_every_position_has_a_target():
-    """With queries at all T and the keys' gradient formed (the outer path),
-    attn multiplies what the model does; with one query, far less."""
-    config, spec, _, _ = spec_and_batch("default", "task.name=copy")
-    B, T = config.train.batch_size, spec.n_positions
-    assert bench.step_flops(spec, B, positions=T) == bench.step_flops(spec, B)
-    config, spec, _, _ = spec_and_batch("large")
-    B, T = config.train.batch_size, spec.n_positions
-    assert bench.step_flops(spec, B, positions=1) < bench.step_flops(spec, B) / 5
+        loss(weights, *arrays).backward()
+    costs = layers.head_costs(B, T, T, D, spec.d_k, spec.d_v)
+    assert counter.get_total_flops() == 2 * costs[formulation] + 3 * 2 * B * T * D * C
 
 
 def test_a_short_bench_writes_its_json_and_table(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "attn", "bench", "--sizes", "default", "--steps", "5", "--warmup", "1",
-                          "--threads", "1", "--no-torch", "--no-processes", "--out", str(tmp_path)],
-                         cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-m", "attn", "bench", "--sizes", "default", "--steps", "5", "--warmup", "1",
+               "--threads", "1", "--rivals", "torch,jax", "--no-processes", "--out", str(tmp_path)]
+    out = subprocess.run(command, cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
     (json_path,) = tmp_path.glob("bench-*.json")
     (md_path,) = tmp_path.glob("bench-*.md")
     result = json.loads(json_path.read_text())
-    (size,) = result["sizes"]
-    assert result["torch_status"] == "not requested" and "torch" not in size
-    assert size["attn"]["n"] == 5 and 0 < size["attn"]["min_ms"] <= size["attn"]["median_ms"] <= size["attn"]["max_ms"]
-    config, spec, _, _ = spec_and_batch("default")
-    assert size["target_positions"] == 1  # retrieval: the query
-    assert size["attn_gflop_per_step"] * 1e9 == pytest.approx(bench.step_flops(spec, config.train.batch_size, 1))
-    rate = size["matmul_in_rounds"]["gflops"]
-    attn_rate = size["attn_gflop_per_step"] / (size["attn"]["median_ms"] / 1e3)
-    assert size["attn"]["matmul_fraction"] == pytest.approx(attn_rate / rate)
-    assert 0 < size["kv_product"]["matmul_fraction"]
+    (timed,) = result["timings"]
+    (size,) = timed["sizes"]
+    assert timed["threads"] == 1 and size["shape"]["P"] == 1  # retrieval: the query
+    attn = size["sides"]["attn"]
+    assert attn["n"] == 5 and 0 < attn["min_ms"] <= attn["median_ms"] <= attn["max_ms"]
+    installed = sorted(s for s in size["sides"] if s != "attn")
+    assert installed == sorted(f"{f} {p}" for f in ("torch", "jax") if rivals.available(f) for p in rivals.FORMULATIONS)
+    if installed:
+        assert size["fastest_rival"] in installed
+        assert size["ratio_to_fastest"] == pytest.approx(attn["median_ms"] / size["sides"][size["fastest_rival"]]["median_ms"])
+    config = timing.size_config("default")
+    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(train.build_spec(config, train.build_task(config)),
+                                                                   config.train.batch_size, 1)
     table = md_path.read_text()
-    assert "attn % of matmul rate: own FLOPs (model FLOPs)" in table and "| default |" in table
+    assert "attn / fastest (target ≤ 0.7)" in table and "| default |" in table
     assert table in out.stdout

@@ -124,13 +124,14 @@ def attn_stepper(config: Config, spec: ModelSpec, params: dict, optimizer, batch
     return step
 
 
-def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
-    """Time attn and every installed rival at one size (module docstring)."""
+def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], None],
+               frameworks=rivals.FRAMEWORKS) -> dict:
+    """Time attn and every installed rival of `frameworks` at one size (module docstring)."""
     config = size_config(name)
     task, spec, params, optimizer, gens = train.build(config)
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
     steppers, skipped = {}, {}
-    for framework, formulation in itertools.product(rivals.FRAMEWORKS, rivals.FORMULATIONS):
+    for framework, formulation in itertools.product(frameworks, rivals.FORMULATIONS):
         if not rivals.available(framework):
             skipped[framework] = "not installed"
             continue
@@ -179,7 +180,8 @@ def versions() -> dict:
     return found
 
 
-def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
+def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
+            frameworks=rivals.FRAMEWORKS) -> dict:
     """Every size at `threads` threads, in this process (whose thread
     environment the parent set; see timed_in_child)."""
     if rivals.available("torch"):
@@ -188,7 +190,7 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
         torch.set_num_threads(threads)
     allocator.keep_freed_memory()  # as attn.jobs.execute does for every run
     return {"threads": threads, "blas": blas_info(), "versions": versions(),
-            "sizes": [bench_size(name, warmup, steps, progress) for name in sizes]}
+            "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes]}
 
 
 def child_environment(threads: int) -> dict:
@@ -199,12 +201,12 @@ def child_environment(threads: int) -> dict:
 
 
 def timed_in_child(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
-                   extra_env: dict | None = None) -> dict:
+                   frameworks=rivals.FRAMEWORKS, extra_env: dict | None = None) -> dict:
     """measure() in a fresh `python -m attn.bench.timing` with `threads`
     threads everywhere (and `extra_env`, e.g. another BLAS kernel); its
     progress lines are passed on."""
     command = [sys.executable, "-m", "attn.bench.timing", "--threads", str(threads), "--sizes", ",".join(sizes),
-               "--warmup", str(warmup), "--steps", str(steps)]
+               "--warmup", str(warmup), "--steps", str(steps), "--rivals", ",".join(frameworks)]
     child = subprocess.Popen(command, cwd=REPO, env={**child_environment(threads), **(extra_env or {})},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result, other = None, []
@@ -227,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", required=True)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rivals", default=",".join(rivals.FRAMEWORKS))
     args = parser.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=args.threads, user_api="blas"):
         result = measure(args.sizes.split(","), args.threads, args.warmup, args.steps,
-                         lambda message: print(f"{PROGRESS_PREFIX}{args.threads} thread(s): {message}", flush=True))
+                         lambda message: print(f"{PROGRESS_PREFIX}{args.threads} thread(s): {message}", flush=True),
+                         [f for f in args.rivals.split(",") if f])
     print(json.dumps(result), flush=True)
     return 0
 

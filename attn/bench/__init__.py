@@ -1,0 +1,8 @@
+"""Speed against the strongest rivals: `attn bench`.
+
+    rivals.py   attn's model in PyTorch (eager and torch.compile) and JAX (jit),
+                in attn's algorithm and reassociated
+    timing.py   the training step of attn and of every rival, side by side, per thread count
+    sweeps.py   a training process's peak memory; sweep efficiency and scaling; the headline's wall time
+    suite.py    all of it as one result, its Markdown table and its files (the CLI's entry)
+"""

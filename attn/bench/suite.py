@@ -1,0 +1,124 @@
+"""`attn bench`: every measurement of attn.bench, as one result, its table and its files.
+
+    attn bench [--sizes default,wide,copy,large] [--threads 1,2] [--steps 50] [--warmup 10]
+               [--rivals torch,torch.compile,jax] [--no-processes] [--headline] [--out runs/bench]
+
+The step timings (attn.bench.timing, one child process per thread count),
+then, unless --no-processes, the peak memory of a training process at each
+size and the sweep measurements (attn.bench.sweeps); --headline adds the
+headline experiment's wall time. The targets are ratios measured side by
+side in one run: attn's step over the fastest rival's (TARGET_STEP_RATIO or
+less at every size and thread count), the sweep's efficiency (at least
+TARGET_EFFICIENCY) and the speed-up of one worker per core over one worker
+(at least TARGET_SPEEDUP on two cores); the table says which are met.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+from attn import jobs, runs
+from attn.bench import rivals, sweeps, timing
+
+TARGET_STEP_RATIO = 0.7
+TARGET_EFFICIENCY = 0.8
+TARGET_SPEEDUP = 1.8
+TARGET_OLD_GRID_SECONDS = 30.0
+TARGET_HEADLINE_SECONDS = 300.0
+
+
+def run(sizes: list[str], threads: list[int], warmup: int = 10, steps: int = 50, processes: bool = True,
+        headline: bool = False, frameworks=rivals.FRAMEWORKS,
+        progress: Callable[[str], None] = lambda message: None) -> dict:
+    """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
+    result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "warmup": warmup, "steps": steps,
+              "machine": {"cpu": jobs.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+                          "python": platform.python_version(), **jobs.platform_facts()},
+              "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
+              "timings": [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads]}
+    if processes:
+        result["memory"] = []
+        for name in sizes:
+            progress(f"peak memory of a training process at size {name}")
+            result["memory"].append(sweeps.training_peak_memory(name))
+        result["sweep"] = sweeps.sweep_scaling(progress)
+    if headline:
+        result["headline"] = sweeps.headline_wall_time(progress)
+    return result
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def steps_table(result: dict) -> str:
+    """One row per size and thread count: attn against every rival, the fastest named."""
+    sides = sorted({side for t in result["timings"] for s in t["sizes"] for side in s["sides"] if side != "attn"})
+    header = ["size", "task, B×T (P), d_model, d_k", "threads", "attn's head", "attn ms", *[f"{s} ms" for s in sides],
+              "fastest rival", f"attn / fastest (target ≤ {TARGET_STEP_RATIO})"]
+    rows = []
+    for t in result["timings"]:
+        for s in t["sizes"]:
+            shape = s["shape"]
+            ratio = s["ratio_to_fastest"]
+            rows.append([s["size"], f"{shape['task']}, {shape['B']}×{shape['T']} ({shape['P']}), {shape['d_model']}, "
+                         f"{shape['d_k']}", str(t["threads"]), s["association"], _ms(s["sides"]["attn"]),
+                         *[_ms(s["sides"][side]) if side in s["sides"] else "—" for side in sides],
+                         s["fastest_rival"] or "none installed",
+                         "—" if ratio is None else f"{ratio:.2f} ({_met(ratio <= TARGET_STEP_RATIO)})"])
+    return runs.markdown_table(header, rows)
+
+
+def _ms(stats: dict) -> str:
+    return f"{stats['median_ms']:.3g} ({stats['p25_ms']:.3g}–{stats['p75_ms']:.3g})"
+
+
+def markdown(result: dict) -> str:
+    machine = result["machine"]
+    lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores", "",
+             f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
+             + ", ".join(f"{k} {v}" for k, v in result["rivals"].items()) + ".", "",
+             f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
+             f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
+             "rivals in attn's algorithm (projected) and reassociated (bilinear):", "", steps_table(result)]
+    for t in result["timings"]:
+        losses = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
+                           for s in t["sizes"])
+        lines += ["", f"Loss after the timed steps at {t['threads']} thread(s) (every side computed the same "
+                  f"thing): {losses}."]
+    if "memory" in result:
+        memory = ", ".join(f"{m['size']} {m['peak_rss_mib']:.0f} MiB" for m in result["memory"])
+        lines += ["", f"Peak memory (ru_maxrss) of `attn train` for {result['memory'][0]['steps']} steps: {memory}."]
+    if "sweep" in result:
+        sweep = result["sweep"]
+        parts = [f"{r['workers']} worker(s): {r['wall_s']:.1f} s wall, {r['runs']} runs in {r['stacks']} stacks, "
+                 f"efficiency {r['efficiency']:.0%} ({_met(r['efficiency'] >= TARGET_EFFICIENCY)} "
+                 f"at ≥ {TARGET_EFFICIENCY:.0%})" for r in sweep["results"]]
+        last = sweep["results"][-1]
+        lines += ["", "Sweep of the old headline grid (50 runs of 500 steps): " + "; ".join(parts) + "."]
+        if sweep["speedup"] is not None:
+            lines.append(f"Speed-up of {last['workers']} workers over 1: {sweep['speedup']:.2f}× "
+                         f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×); its wall time "
+                         f"{last['wall_s']:.1f} s ({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at "
+                         f"≤ {TARGET_OLD_GRID_SECONDS:.0f} s).")
+    if "headline" in result:
+        h = result["headline"]
+        lines += ["", f"The headline experiment ({h['experiment']}: {h['runs']} runs in {h['stacks']} stacks) on "
+                  f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
+                  f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}."]
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out_dir: Path) -> dict[str, Path]:
+    """bench-<time>.json and .md in out_dir; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
+    runs.write_json(paths["json"], result)
+    runs.write_atomic(paths["md"], markdown(result).encode())
+    return paths

@@ -1,0 +1,96 @@
+"""Whole-process measurements: a training run's peak memory, and sweeps.
+
+- peak memory: ru_maxrss of `python -m attn train` for a short run at a
+  size, measured in a fresh interpreter (Linux carries a process's peak RSS
+  across fork and exec, so a child of the benchmark itself would report at
+  least the benchmark's own peak);
+- a sweep of the old headline grid (THROUGHPUT_GRID: 5 d_k x 2 scales x 5
+  seeds of 500 steps) through the real runner (attn.sweep), with one
+  worker and with one per core: its wall time, how much of the workers'
+  time went to training (the sweep's efficiency: the stacks' training
+  seconds over wall time x workers), and the speed-up of the second;
+- optionally, the headline experiment itself (experiments/sqrt_dk.yaml),
+  its wall time on every core.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from attn.bench.timing import BASE_CONFIG, REPO, SIZES
+
+THROUGHPUT_GRID = {"model.d_k": [16, 64, 256, 1024, 4096], "model.scale": ["sqrt", "none"]}
+THROUGHPUT_OVERRIDES = {"model.d_v": 32, "optim.lr": 0.3, "train.steps": 500, "task.eval_size": 256,
+                        "logging.log_every": 10, "logging.checkpoint_every": 250}
+THROUGHPUT_SEEDS = [0, 1, 2, 3, 4]
+HEADLINE = REPO / "experiments" / "sqrt_dk.yaml"
+
+_PEAK_RSS_OF_CHILD = ("import resource, subprocess, sys; "
+                      "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+                      "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)")
+
+
+def training_peak_memory(name: str, steps: int = 20) -> dict:
+    """Peak RSS (ru_maxrss) of `python -m attn train` at size `name` for `steps` steps (no figures)."""
+    with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+        command = [sys.executable, "-m", "attn", "train", str(BASE_CONFIG), *SIZES[name],
+                   f"train.steps={steps}", f"runs_dir={tmp}", "logging.plots=false"]
+        report = subprocess.run([sys.executable, "-c", _PEAK_RSS_OF_CHILD, *command], cwd=REPO, check=True,
+                                capture_output=True, text=True).stdout
+    max_rss_kib, exit_code = (int(field) for field in report.split())
+    return {"size": name, "steps": steps, "peak_rss_mib": max_rss_kib / 1024, "exit_code": exit_code}
+
+
+def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
+    """Run an experiment into runs_dir with `workers` local workers: wall
+    time, the runs' outcomes, the stacks' training seconds, and the efficiency."""
+    from attn import sweep
+    from attn.experiment import load_experiment
+
+    experiment = load_experiment(experiment_file, runs_dir=str(runs_dir))
+    start = time.perf_counter()
+    with sweep.default_executor(workers) as executor:
+        outcomes = sweep.run_experiment(experiment, executor)
+    wall = time.perf_counter() - start
+    training = sum(o.train_seconds for o in outcomes)
+    return {"workers": workers, "runs": len(outcomes), "stacks": len(sweep.plan_stacks(experiment.cells)),
+            "completed": sum(o.status == "completed" for o in outcomes),
+            "diverged": sum(o.status == "diverged" for o in outcomes), "wall_s": wall,
+            "training_s": training, "efficiency": training / (wall * workers)}
+
+
+def throughput_experiment(directory: Path) -> Path:
+    """The old headline grid as an experiment file in `directory`."""
+    path = directory / "throughput.yaml"
+    path.write_text(yaml.safe_dump({"name": "throughput", "base": str(BASE_CONFIG), "overrides": THROUGHPUT_OVERRIDES,
+                                    "grid": THROUGHPUT_GRID, "seeds": THROUGHPUT_SEEDS}))
+    return path
+
+
+def sweep_scaling(progress) -> dict:
+    """timed_sweep of the old headline grid with 1 worker and with one per core."""
+    cores = os.cpu_count() or 1
+    results = []
+    with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+        path = throughput_experiment(Path(tmp))
+        for workers in sorted({1, cores}):
+            progress(f"sweep of the old headline grid (50 runs) with {workers} worker(s)")
+            results.append(timed_sweep(path, workers, Path(tmp) / f"runs-{workers}"))
+    speedup = results[0]["wall_s"] / results[-1]["wall_s"] if len(results) > 1 else None
+    return {"grid": THROUGHPUT_GRID, "overrides": THROUGHPUT_OVERRIDES, "seeds": THROUGHPUT_SEEDS,
+            "results": results, "speedup": speedup}
+
+
+def headline_wall_time(progress) -> dict:
+    """timed_sweep of experiments/sqrt_dk.yaml on every core, into a temporary directory."""
+    cores = os.cpu_count() or 1
+    progress(f"the headline experiment ({HEADLINE.name}) with {cores} worker(s)")
+    with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+        return {"experiment": str(HEADLINE.relative_to(REPO)), **timed_sweep(HEADLINE, cores, Path(tmp))}
