@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test bench ablation ablations sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test bench ablation ablations verify-ablation sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -78,6 +78,10 @@ ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \
 	for name in $(ABLATIONS); do $(PY) -m attn sweep experiments/$$name.yaml $(ARGS) || status=$$?; done; \
 	echo "make ablations: $$(( $$(date +%s) - start )) s wall time for $(ABLATIONS)" >&2; exit $$status
+
+## make verify-ablation: the headline again in float64 and under a second BLAS kernel; its verdicts compared
+verify-ablation: $(VENV)/.runtime
+	$(PY) -m attn verify experiments/sqrt_dk.yaml $(ARGS)
 
 ## make publish: copy the experiments' reports and figures from runs/ into experiments/results/ (committed)
 publish:

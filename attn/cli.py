@@ -216,7 +216,8 @@ def cmd_sweep(args) -> int:
     from attn import sweep
     from attn.experiment import load_experiment
 
-    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots)
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
+                                 overrides=args.overrides)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
@@ -310,6 +311,19 @@ def cmd_report(args) -> int:
     _print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from attn import verify
+    from attn.experiment import load_experiment
+
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    result = verify.verify(experiment, args.kernel, args.workers,
+                           progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    print(verify.markdown(result))
+    for path in result["files"]:
+        print(path)
+    return EXIT_OK if result["agree"] else EXIT_FAILED
 
 
 def cmd_compare(args) -> int:
@@ -457,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="set for every cell, e.g. dtype=float64")
     p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
@@ -469,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_report)
+    p = sub.add_parser("verify", help="re-run an experiment in float64 and under a second BLAS kernel; compare verdicts")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml (its sweep done)")
+    p.add_argument("--kernel", help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
+                   "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)")
+    p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
+    p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    _add_max_cells(p)
+    p.set_defaults(func=cmd_verify)
     p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
     p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "

@@ -52,12 +52,13 @@ import itertools
 import math
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn import jobs
-from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, read_yaml_file,
-                         set_dotted, validate, with_values)
+from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, parse_override,
+                         read_yaml_file, set_dotted, validate, with_values)
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect")
@@ -307,10 +308,12 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, where_: str) -> tuple
             raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}")
     return tuple((k, value[k]) for k in spec.arm)
 def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
-                    plots: bool = False) -> Experiment:
+                    plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
     checked here, so a bad cell is reported before any run starts. `plots`:
-    whether each run draws its figures (logging.plots of every cell)."""
+    whether each run draws its figures (logging.plots of every cell);
+    `overrides`: key=value texts applied to every cell after the file's own
+    (e.g. dtype=float64), never to a key the grid varies."""
     path = Path(path)
     data = read_yaml_file(path, "experiment file")
     source = str(path)
@@ -325,9 +328,9 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
             or len(set(seeds)) != len(seeds):
         raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
-    overrides = data.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"{source}: overrides: got {cut(repr(overrides))}; expected a mapping of dotted key -> value")
+    file_overrides = data.get("overrides") or {}
+    if not isinstance(file_overrides, dict):
+        raise ConfigError(f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value")
     if not isinstance(data["base"], str) or not data["base"]:
         raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
     base_path = path.parent / data["base"]  # an absolute base stays as it is
@@ -336,8 +339,11 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
     except ConfigError as err:
         raise ConfigError(f"{source}: base: {err}") from None
     base.pop("provenance", None)
-    for key, value in overrides.items():
+    for key, value in file_overrides.items():
         set_dotted(base, str(key), value)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(base, key, value)
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     set_dotted(base, "logging.plots", plots)
@@ -345,6 +351,9 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
+    varied = [k for k in (parse_override(text)[0] for text in overrides) if k in grid_keys]
+    if varied:
+        raise ConfigError(f"override {varied[0]}: the grid of {source} varies it; set it in the experiment's grid")
     cells, names = [], set()
     for settings in grid_cells:
         shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())

@@ -1,0 +1,120 @@
+"""Conclusions that do not depend on rounding: an experiment re-run where
+its floating point differs, and its verdicts compared one by one.
+
+    attn verify experiments/sqrt_dk.yaml [--kernel Sandybridge] [--workers N]
+
+The experiment's own report (runs/<name>/report.json, from `attn sweep`)
+is the reference. It is re-run twice, each time through `attn sweep` in a
+child process, into runs/verify/<variant>/<name>:
+
+    float64   every cell in float64 (dtype=float64), on the same BLAS kernel
+    <kernel>  float32 again, with OPENBLAS_CORETYPE=<kernel> set for that
+              child alone: another of OpenBLAS's kernels for this CPU, whose
+              products round differently (by default Sandybridge, which has
+              no fused multiply-add; SkylakeX where the CPU has AVX-512 and
+              Sandybridge is what runs already)
+
+Each writes its report; then every expectation's verdict is compared across
+the three. A verdict that flips is a claim too fine to make: weaken it, or
+add seeds, until every verdict agrees. The comparison is written to
+runs/verify/<name>.md and .json, and verify exits 1 if any verdict differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from attn import runs
+from attn.experiment import Experiment
+
+KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
+
+
+def running_kernel(env: dict | None = None) -> str | None:
+    """The OpenBLAS kernel numpy uses under `env` (a child process asked)."""
+    code = ("from threadpoolctl import threadpool_info; import numpy; "
+            "print(next((i.get('architecture') for i in threadpool_info() if i.get('internal_api') == 'openblas'), ''))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or None
+
+
+def second_kernel(requested: str | None = None) -> str:
+    """An OpenBLAS kernel other than the one running that this CPU runs
+    (`requested` if it does); RunError when there is none (not OpenBLAS)."""
+    current = running_kernel()
+    if current is None:
+        raise runs.RunError("verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses; "
+                            "only the float64 re-run is possible (--no-kernel)")
+    for kernel in [requested] if requested else KERNELS:
+        if kernel != current and running_kernel({**os.environ, "OPENBLAS_CORETYPE": kernel}) == kernel:
+            return kernel
+    raise runs.RunError(f"verify: --kernel {requested or ', '.join(KERNELS)}: not available on this CPU "
+                        f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}")
+
+
+def rerun(experiment: Experiment, variant: str, overrides: list[str], env: dict, workers: int | None,
+          progress: Callable[[str], None]) -> Path:
+    """`attn sweep` of the experiment into runs/verify/<variant>; its report.json."""
+    runs_dir = Path(experiment.cells[0].config.runs_dir) / "verify" / variant
+    command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *overrides, "--runs-dir", str(runs_dir)]
+    if workers:
+        command += ["--workers", str(workers)]
+    progress(f"{variant}: {' '.join(command[2:])}")
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    report = runs_dir / experiment.name / "report.json"
+    if done.returncode != 0 or not report.exists():
+        lines = done.stderr.strip().splitlines()
+        raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
+                            f"{lines[-1] if lines else 'no output'}")
+    return report
+
+
+def compare(reports: dict[str, dict]) -> list[dict]:
+    """Per expectation id: its verdict in every report, and whether they agree."""
+    ids = list(dict.fromkeys(e["id"] for r in reports.values() for e in r["expectations"]))
+    rows = []
+    for eid in ids:
+        verdicts = {variant: next((e["verdict"] for e in r["expectations"] if e["id"] == eid), "absent")
+                    for variant, r in reports.items()}
+        rows.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
+    return rows
+
+
+def verify(experiment: Experiment, kernel: str | None, workers: int | None,
+           progress: Callable[[str], None] = lambda message: None) -> dict:
+    """Re-run the experiment in float64 and under a second kernel, compare every verdict (module docstring)."""
+    main = experiment.directory / "report.json"
+    if not main.exists():
+        raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
+    kernel = second_kernel(kernel)
+    reports = {"as run": json.loads(main.read_text())}
+    paths = {"float64": rerun(experiment, "float64", ["dtype=float64"], dict(os.environ), workers, progress),
+             kernel: rerun(experiment, kernel.lower(), [], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers, progress)}
+    reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
+    rows = compare(reports)
+    result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
+              "expectations": rows, "agree": all(r["agree"] for r in rows)}
+    out = Path(experiment.cells[0].config.runs_dir) / "verify"
+    out.mkdir(parents=True, exist_ok=True)
+    runs.write_json(out / f"{experiment.name}.json", result)
+    runs.write_atomic(out / f"{experiment.name}.md", markdown(result).encode())
+    result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
+    return result
+
+
+def markdown(result: dict) -> str:
+    variants = list(result["platforms"])
+    header = ["expectation", *variants, "agree"]
+    rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
+    platforms = "; ".join(f"{v}: {', '.join(p.get('blas', []))}, {', '.join(p.get('dtype', []))}, "
+                          f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}"
+                          for v, p in result["platforms"].items())
+    verdict = ("Every verdict agrees." if result["agree"] else
+               "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds.")
+    return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
+                      f"Platforms: {platforms}.", "", runs.markdown_table(header, rows), "", verdict, ""])
