@@ -121,10 +121,13 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     The test never accepts where S = 1 (before the first event) or S = 0.
     low is the first event time from which it accepts; high is the event
     time at which the last step where it accepts ends, None when it still
-    accepts at the last event time (the upper bound is not reached). Both
-    None when it never accepts (no events; or S falls from 1 straight to 0,
-    where the test has no variance to work with). Times come back as the
-    type they went in as (int steps stay int)."""
+    accepts at the last event time (the upper bound is not reached). Where
+    it never accepts although S reaches 1/2 (S falls from 1 straight to 0,
+    as when every seed gets there at one logged step: no variance to work
+    with), the interval is that of the bands' own medians, the first event
+    times at which the lower and the upper band are <= 1/2 (a point, there).
+    Both None without a median. Times come back as the type they went in as
+    (int steps stay int)."""
     z = _z(confidence)
     estimate = _product_limit(times, observed)
     survival = estimate.survival
@@ -139,7 +142,13 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     median = event_times[at_or_below_half[0]].item() if len(at_or_below_half) else None
     accepted = np.flatnonzero(accepts)
     if not len(accepted):
-        return KMMedian(median, None, None)
+        if median is None:
+            return KMMedian(None, None, None)
+        # S crossed 1/2 in steps the test cannot see into (no variance on either side: every seed at
+        # one logged step): the bands' own medians, the first times each is at or below 1/2 (0 where S is).
+        lower_band, upper_band = (np.where(survival > 0, band, 0.0) for band in (lower_band, upper_band))
+        return KMMedian(median, event_times[np.flatnonzero(lower_band <= 0.5)[0]].item(),
+                        event_times[np.flatnonzero(upper_band <= 0.5)[0]].item())
     end = accepted[-1] + 1
     high = event_times[end].item() if end < len(event_times) else None
     return KMMedian(median, event_times[accepted[0]].item(), high)

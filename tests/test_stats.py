@@ -8,7 +8,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from attn.stats import bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
+from attn.stats import KMMedian, bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
 
 Z95 = NormalDist().inv_cdf(0.975)
 
@@ -267,3 +267,12 @@ def test_select_names_an_unknown_key_and_needs_candidates():
         select([{"median_time": 1.0, "final_loss": 2.0}], ["min median_tim"])
     with pytest.raises(ValueError, match="candidates"):
         select([], ["min x"])
+
+
+def test_km_median_interval_where_every_seed_arrives_at_one_step_is_that_step():
+    """S falls from 1 to 0 (or past 1/2 with no variance left to test against)
+    at one logged step: the interval is the bands' medians, a point there."""
+    assert km_median([50] * 10, [True] * 10) == KMMedian(50, 50, 50)
+    median, low, high = km_median([50] * 9 + [1500], [True] * 9 + [False])
+    assert (median, low, high) == (50, 50, 50)
+    assert km_median([7, 7, 9], [False, False, False]) == KMMedian(None, None, None)
