@@ -484,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("verify", help="re-run an experiment in float64 and under a second BLAS kernel; compare verdicts")
+    p = sub.add_parser("verify", help="re-run an experiment in float64 and on another BLAS kernel")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml (its sweep done)")
     p.add_argument("--kernel", help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
                    "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)")
@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--static", metavar="DIR", help="write the page with its data into DIR (opens from disk, "
                    "no server) instead of serving it")
     p.set_defaults(func=cmd_board)
-    p = sub.add_parser("bench", help="time the training step against PyTorch and JAX; memory; sweep efficiency")
+    p = sub.add_parser("bench", help="time the training step against PyTorch and JAX; sweeps")
     p.add_argument("--sizes", type=_bench_sizes, default="default,wide,copy,large", help="which sizes (default: all)")
     p.add_argument("--threads", type=_thread_counts, default="1,2", help="thread counts to time at (default: 1,2)")
     p.add_argument("--steps", type=_count(1), default=50, help="timed steps per side and size (default: 50)")

@@ -73,7 +73,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import plots, runs
-from attn.config import ConfigError, TaskConfig, flatten_config
+from attn.config import ConfigError, TaskConfig, flatten_config, unread_keys
 from attn.jobs import RESULT_NEUTRAL_KEYS
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
@@ -198,11 +198,10 @@ MODE_ONLY_KEYS = {f"task.{f.name}": f.metadata["mode"] for f in fields(TaskConfi
 
 
 def unused_task_keys(settings: dict) -> set[str]:
-    """The task keys of a flattened config that its task never reads: the other
-    task's fields, and copy's shift outside mode shift."""
-    task, mode = settings.get("task.name"), settings.get("task.mode")
-    return ({key for key, owner in TASK_ONLY_KEYS.items() if owner != task}
-            | {key for key, reader in MODE_ONLY_KEYS.items() if mode != reader})
+    """The keys of a flattened config that its task (or score mode) never reads:
+    the other task's fields, copy's shift outside mode shift, other score
+    modes' fields (attn.config.unread_keys)."""
+    return unread_keys(settings)
 
 
 @dataclass(frozen=True)

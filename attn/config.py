@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from attn.layers import SCORE_SCALES
+from attn.scores import SCORE_MODES
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file larger than this is not a config
 MAX_YAML_NODES = 10_000  # nodes visited through aliases; beyond this is an alias bomb
@@ -71,11 +72,11 @@ class FrozenMapping(collections.abc.Mapping):
         return f"FrozenMapping({self._items!r})"
 
 
-def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None):
+def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None):
     """A schema field: its default, description and accepted range; for a task
     field, the one task that reads it (None: every task) and the one task.mode
     of that task that reads it (None: every mode)."""
-    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode)
+    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -95,6 +96,18 @@ class ModelConfig:
     v_gain: float = F(1.0, "init gain of W_v", gt=0)
     o_gain: float = F(1.0, "init gain of W_o", gt=0)
     readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0)
+    score: str = F("dot", "how scores are made (attn.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
+                   "sigma_reparam, log_length: the fixes", choices=SCORE_MODES)
+    qk_norm: str = F("rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"),
+                     score="qk_norm")
+    qk_norm_gain: str = F("vector", "qk_norm: a learned gain per dimension, one scalar, or none",
+                          choices=("vector", "scalar", "none"), score="qk_norm")
+    softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, score="softcap")
+    temperature_init: typing.Optional[float] = F(None, "temperature: theta at init (s = exp(theta)); null = ln of "
+                                                 "model.scale's s", score="temperature")
+    length_scale_init: typing.Optional[float] = F(None, "log_length: s_len at init; null = 1 / ln T", gt=0,
+                                                  score="log_length")
+    mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup")
 
 
 @dataclass(frozen=True)
@@ -621,11 +634,15 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
 # Cross-field checks: impossible tasks, unknown parameter names, memory.
 # ---------------------------------------------------------------------------
 def param_names(config: Config) -> list[str]:
+    from attn.model import score_param_shapes
+
     fields = ["key", "value"] if config.task.name == "retrieval" else ["token"]
     names = [f"E_{f}" for f in fields]
     if config.model.positional == "learned":
         names.append("E_pos")
-    return names + ["W_q", "W_k", "W_v", "W_o", "W_out", "b_out"]
+    m = config.model
+    return names + ["W_q", "W_k", "W_v", "W_o", "W_out", "b_out",
+                    *score_param_shapes(m.score, m.qk_norm_gain, m.d_k)]
 
 
 def estimate_memory_bytes(config: Config) -> int:
@@ -656,8 +673,43 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
+# Who decides whether a field is read: a field declared for one task (F's task=), one copy mode
+# (mode=) or one score mode (score=) is read only when that setting has that value.
+_DECIDERS = {"task": "task.name", "mode": "task.mode", "score": "model.score"}
+
+
+def read_only_by() -> dict[str, tuple[str, str]]:
+    """Dotted key -> (the setting that decides whether it is read, the value for which it is),
+    for every field read only sometimes (copy's shift: by task.mode shift, which only copy has)."""
+    out = {}
+    for section, cls in (("task", TaskConfig), ("model", ModelConfig)):
+        for f in dataclasses.fields(cls):
+            for meta, decider in _DECIDERS.items():
+                if f.metadata.get(meta):
+                    out[f"{section}.{f.name}"] = (decider, f.metadata[meta])
+    return out
+
+
+def unread_keys(flat: dict) -> set[str]:
+    """The keys of a flattened config (flatten_config) that nothing reads: the
+    other task's fields, copy's shift outside mode shift, other score modes' fields."""
+    return {key for key, (decider, value) in read_only_by().items()
+            if flat.get(decider) != value or (key == "task.shift" and flat.get("task.name") != "copy")}
+
+
+def _check_everything_set_is_read(config: Config, source: str) -> None:
+    """A field set away from its default that the config's task or score mode never reads is an error."""
+    flat, defaults = flatten_config(to_dict(config)), flatten_config(to_dict(Config()))
+    for key in sorted(unread_keys(flat)):
+        if flat[key] != defaults[key]:
+            decider, value = read_only_by()[key]
+            raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
+                              f"{decider} is {flat[decider]}: remove it, or set {decider}={value}")
+
+
 def validate(config: Config, source: str) -> Config:
     """Checks that involve more than one field."""
+    _check_everything_set_is_read(config, source)
     t = config.task
     if t.name == "retrieval" and t.n_pairs > t.n_keys:
         raise ConfigError(f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attn import scores
 from attn.factored import Factored, add_at_positions, keep_factored, sum_of_outer_products, sum_over_examples  # noqa: F401 (part of the layers API)
 
 # --------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> st
 
 
 def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),
-                      association: str | None = None):
+                      association: str | None = None, score: scores.HeadScore | None = None):
     """One attention head, as in "Attention Is All You Need", for the queries
     at `queries` (distinct positions: an index array or a slice along T;
     default all T):
@@ -347,9 +348,16 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
                     each applied as a product of its two factors or formed,
                     whichever is cheaper (factorised_linear_forward)
 
+    `score`: a score mode beyond s q.k (attn.scores): a map of S before the
+    mask (softcap, a learned temperature or length scale), or a norm of q and
+    k, which only the projected association can apply.
+
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
     """
+    norm = score.norm if score is not None else None
+    if norm is not None:
+        association = "projected"  # norm(q).norm(k) is no bilinear form in X
     if association is None:
         *_, B, T, D = x.shape
         association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
@@ -360,19 +368,25 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)
         k, v = kv[..., :d_k], kv[..., d_k:]  # views: (*M, B, T, d_k), (*M, B, T, d_v)
         q_scaled, q_projection = linear_forward(x_q, W_q)  # Q = X_Q W_q: (*M, B, P, d_k)
+        key_norm = query_norm = None
+        if norm is not None:  # q, k <- g norm(q), g norm(k) over d_k
+            k, key_norm = scores.norm_forward(k, score.g_k, norm)
+            q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm)
         q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
-        scores = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
+        logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
     else:
         q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
-        scores = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
+        logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
+    logits, transform = scores.transform_forward(logits, score, scores.keys_seen(x.shape[-2], mask, queries))
     if mask is not None:
-        scores[..., mask[queries]] = -np.inf
-    attn, _ = softmax_forward(scores)  # (*M, B, P, T)
-    cache = dict(association=association, x=x, queries=queries, scale=scale, scores=scores, attn=attn)
+        logits[..., mask[queries]] = -np.inf
+    attn, _ = softmax_forward(logits)  # (*M, B, P, T)
+    cache = dict(association=association, x=x, queries=queries, scale=scale, scores=logits, attn=attn,
+                 transform=transform)
     if association == "projected":
         out, output = linear_forward(attn @ v, W_o)  # C = A V: (*M, B, P, d_v);  C W_o: (*M, B, P, D)
         cache.update(k=k, v=v, q_scaled=q_scaled, kv_projection=kv_projection, q_projection=q_projection,
-                     output=output)
+                     output=output, key_norm=key_norm, query_norm=query_norm)
     else:
         attended = attn @ x  # A X: (*M, B, P, D)
         out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
@@ -387,27 +401,41 @@ def attention_backward(dout, cache):
     positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
     P positions; the keys and values of all T positions get their gradient
     through them. The gradient of x is an array (*M, B, T, D), or Factored
-    when few queries make that cheaper (keep_factored).
+    when few queries make that cheaper (keep_factored). A score mode's own
+    parameters get theirs too (theta, length_scale, g_q, g_k).
     """
     backward = _projected_backward if cache["association"] == "projected" else _bilinear_backward
     return backward(dout, cache)
 
 
+def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
+    """dS from dA (given keys-outermost, as _key_major_product leaves it)
+    through the softmax and the score mode's map; and that map's parameter gradients."""
+    dscores = softmax_backward(dattn_t, cache["attn"])  # zero where masked
+    return scores.transform_backward(dscores, cache["transform"])
+
+
 def _projected_backward(dout, cache):
     k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
-    dscores = softmax_backward(_key_major_product(v, dcontext), attn)  # dA = dC V^T; (*M, B, P, T), zero where masked
+    dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
     dq = dscores @ k  # (*M, B, P, d_k)
     dq *= cache["scale"][..., None]  # Q_s = s Q
-    dx, dW_k, dW_v = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"])
+    if cache["query_norm"] is not None:
+        dq, grads["g_q"] = scores.norm_backward(dq, cache["query_norm"])
+    dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"],
+                                                       cache["key_norm"])
     dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o}
+    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o,
+            **{name: g for name, g in grads.items() if g is not None}}
 
 
-def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection):
-    """dX, dW_k, dW_v from the keys' and values' share of the gradient:
-    dK = dS^T Q_s and dV = A^T dC, sums of P outer products per example.
+def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_norm=None):
+    """dX, dW_k, dW_v (and the key norm's gain's gradient, or None) from the
+    keys' and values' share of the gradient: dK = dS^T Q_s and dV = A^T dC,
+    sums of P outer products per example; through the norm of the keys when
+    there is one (formed, then: the norm is per key row).
 
     formed (many queries): [dK dV] (*M, B, T, d_k + d_v), side by side so
     that the projection's backward is two products, not four:
@@ -422,12 +450,15 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection):
     x, W_kv, _ = kv_projection  # [K V] = X [W_k W_v]
     *_, P, T = attn.shape
     d_k, members = q_scaled.shape[-1], _members(W_kv)
-    if not keep_factored(T, P):
+    if key_norm is not None or not keep_factored(T, P):
         dkv = np.empty((*x.shape[:-1], W_kv.shape[-1]), dtype=x.dtype)  # (*M, B, T, d_k + d_v)
         sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
         sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
+        dgain = None
+        if key_norm is not None:  # K = norm(X W_k)
+            dkv[..., :d_k], dgain = scores.norm_backward(dkv[..., :d_k], key_norm)
         dx, dW_kv, _ = linear_backward(dkv, kv_projection)  # (*M, B, T, D), (*M, D, d_k + d_v)
-        return dx, dW_kv[..., :d_k], dW_kv[..., d_k:]
+        return dx, dW_kv[..., :d_k], dW_kv[..., d_k:], dgain
     W_kT = W_kv[..., :d_k].swapaxes(-1, -2)  # (*M, d_k, D)
     W_vT = W_kv[..., d_k:].swapaxes(-1, -2)  # (*M, d_v, D)
     left = np.concatenate([dscores, attn], axis=-2)  # L = [dS; A]  (*M, B, 2P, T)
@@ -435,7 +466,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection):
     left_x = left @ x  # [dS X; A X]  (*M, B, 2P, D)
     dW_k = _rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ _rows(q_scaled, members)  # (*M, D, d_k)
     dW_v = _rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ _rows(dcontext, members)  # (*M, D, d_v)
-    return Factored(left, right), dW_k, dW_v
+    return Factored(left, right), dW_k, dW_v, None
 
 
 def _bilinear_backward(dout, cache):
@@ -450,11 +481,11 @@ def _bilinear_backward(dout, cache):
     """
     x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
-    dscores = softmax_backward(_key_major_product(x, dattended), attn)  # dA = d(AX) X^T; (*M, B, P, T)
+    dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
     dq_circuit = dscores @ x  # (*M, B, P, D)
     dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
     dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
     if not keep_factored(x.shape[-2], attn.shape[-2]):
         dx = dx.dense()  # (*M, B, T, D)
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o}
+    return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}

@@ -17,6 +17,11 @@ forward and backward (attn.reference; the row's share of the batch loss):
 Since W_q and W_k reach the loss only through the scores, a row whose
 Jacobian is near zero passes almost no gradient to them: a saturated row
 does not learn where to look.
+
+For a score mode (attn.scores), dS is the gradient of S = s q.k before the
+mode's map of it, so the closed forms hold as written for every mode but
+qk_norm, whose q and k pass through a norm (its gradient norms are NaN),
+and sigma_reparam, for which they are those of the reparametrised W'.
 """
 
 from __future__ import annotations
@@ -30,16 +35,18 @@ SATURATED = 0.99  # a row is saturated when its largest weight exceeds this (as 
 TOP_FRACTION = 0.1  # the share of the squared gradient carried by this fraction of the rows
 
 
-def row_statistics(params: dict, spec: ModelSpec, batch: Batch) -> dict[str, np.ndarray]:
+def row_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None) -> dict[str, np.ndarray]:
     """Per query row with a target, (N,) arrays: max_p, saturated, grad_W_q,
-    grad_W_k, jacobian, bound (module docstring). params and batch of one model."""
-    _, cache = reference.forward(params, spec, batch)
+    grad_W_k, jacobian, bound (module docstring). params, batch and buffers of one model."""
+    _, cache = reference.forward(params, spec, batch, buffers)
     reference.backward(cache, spec)  # leaves each row's score gradient dS in the cache
     rows = batch.target_mask  # (B, T)
     s = spec.score_scale
     X, Q, K, A, dS = cache["X"], cache["Q"], cache["K"], cache["A"], cache["dS"]  # (B, T, D), (B, T, d_k), ..., (B, T, T)
     grad_q = s * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
     grad_k = s * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
+    if spec.score == "qk_norm":  # q and k pass through a norm: no rank-one closed form
+        grad_q = grad_k = np.full(rows.shape, np.nan)
     p = A[rows]  # (N, T)
     finite = np.isfinite(p).all(axis=-1)  # a diverged model's rows are NaN: their norms are too
     jacobian = np.full(len(p), np.nan)

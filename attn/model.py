@@ -46,7 +46,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from attn import layers
+from attn import layers, scores
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,23 @@ class ModelSpec:
     o_gain: float = 1.0
     readout_gain: float = 1.0
     dtype: str = "float32"
+    score: str = "dot"  # a mode of attn.scores.SCORE_MODES
+    qk_norm: str = "rms"  # qk_norm: rms | layer
+    qk_norm_gain: str = "vector"  # qk_norm: vector | scalar | none
+    softcap: float = 10.0  # softcap: c
+    temperature_init: float | None = None  # temperature: theta at init; None: ln of `scale`'s s
+    length_scale_init: float | None = None  # log_length: s_len at init; None: 1 / ln T
+    mup_zero_init_q: bool = True  # mup: W_q starts at zero
 
     @property
     def score_scale(self) -> float:
-        return layers.score_scale(self.scale, self.d_k)
+        """The fixed s of s q.k: `scale`'s, except 1/d_k for mup, 1 for a learned
+        temperature (exp(theta) is its s) and 1/sqrt(d_k) for log_length."""
+        if self.score == "mup":
+            return 1.0 / self.d_k
+        if self.score == "temperature":
+            return 1.0
+        return layers.score_scale("sqrt" if self.score == "log_length" else self.scale, self.d_k)
 
     @property
     def n_sources(self) -> int:
@@ -90,7 +103,9 @@ class Batch:
 
 
 def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every trainable parameter, in a stable order."""
+    """Name -> shape of every trainable parameter, in a stable order: the
+    embeddings, the head, the readout, then the score mode's own
+    (score_param_shapes)."""
     D = spec.d_model
     shapes = {f"E_{name}": (vocab, D) for name, vocab in spec.fields}
     if spec.positional == "learned":
@@ -99,7 +114,29 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         W_q=(D, spec.d_k), W_k=(D, spec.d_k), W_v=(D, spec.d_v), W_o=(spec.d_v, D),
         W_out=(D, spec.n_classes), b_out=(spec.n_classes,),
     )
-    return shapes
+    return {**shapes, **score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)}
+
+
+def score_param_shapes(score: str, qk_norm_gain: str, d_k: int) -> dict[str, tuple[int, ...]]:
+    """The parameters a score mode adds: qk_norm's gains g_q, g_k (d_k,) or
+    (1,) (none without a gain); temperature's theta (); log_length's
+    length_scale (); sigma_reparam's gamma_q, gamma_k ()."""
+    if score == "qk_norm" and qk_norm_gain != "none":
+        width = d_k if qk_norm_gain == "vector" else 1
+        return {"g_q": (width,), "g_k": (width,)}
+    return {"temperature": {"theta": ()}, "log_length": {"length_scale": ()},
+            "sigma_reparam": {"gamma_q": (), "gamma_k": ()}}.get(score, {})
+
+
+def buffer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """State the model carries across steps that is not trained: sigma_reparam's
+    power-iteration vectors u (D,), v (d_k,) for W_q and for W_k."""
+    if spec.score != "sigma_reparam":
+        return {}
+    return {"u_q": (spec.d_model,), "v_q": (spec.d_k,), "u_k": (spec.d_model,), "v_k": (spec.d_k,)}
+
+
+POWER_ITERATIONS_AT_INIT = 15  # sigma_reparam: power-iteration steps before the first training step
 
 
 def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -114,9 +151,39 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
         W_out=spec.readout_gain / np.sqrt(D), b_out=0.0,
     )
     params = {}
+    mode = score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)
     for name, shape in param_shapes(spec).items():
-        params[name] = rng.standard_normal(shape, dtype=dtype) * dtype.type(std[name])
+        if name not in mode:  # the mode's own take no random draw: every mode starts from the same weights
+            params[name] = rng.standard_normal(shape, dtype=dtype) * dtype.type(std[name])
+    if spec.score == "mup" and spec.mup_zero_init_q:
+        params["W_q"][...] = 0
+    initial = {"g_q": 1.0, "g_k": 1.0, "gamma_q": 1.0, "gamma_k": 1.0,
+               "theta": spec.temperature_init if spec.temperature_init is not None
+               else np.log(layers.score_scale(spec.scale, spec.d_k)),
+               "length_scale": spec.length_scale_init if spec.length_scale_init is not None
+               else 1.0 / np.log(spec.n_positions)}
+    for name, shape in mode.items():
+        params[name] = np.full(shape, initial[name], dtype=dtype)
     return params
+
+
+def init_buffers(spec: ModelSpec, params: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """sigma_reparam's u, v: random unit vectors, then POWER_ITERATIONS_AT_INIT
+    steps toward W_q's and W_k's top singular pairs ({} for other modes)."""
+    buffers = {}
+    for name, shape in buffer_shapes(spec).items():
+        vector = rng.standard_normal(shape).astype(spec.dtype)
+        buffers[name] = vector / np.linalg.norm(vector)
+    for _ in range(POWER_ITERATIONS_AT_INIT if buffers else 0):
+        advance_buffers(params, buffers, spec)
+    return buffers
+
+
+def advance_buffers(params: dict, buffers: dict, spec: ModelSpec) -> None:
+    """One power-iteration step for each reparametrised weight, in place (once per training step)."""
+    if spec.score == "sigma_reparam":
+        scores.power_iteration(params["W_q"], buffers["u_q"], buffers["v_q"])
+        scores.power_iteration(params["W_k"], buffers["u_k"], buffers["v_k"])
 
 
 @lru_cache(maxsize=32)
@@ -142,7 +209,7 @@ def target_positions(batch: Batch):
 
 
 def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
-            association: str | None = None):
+            association: str | None = None, buffers: dict | None = None):
     """Loss of the batch and the cache that `backward` and `diagnostics` read.
 
     Only positions with a target feed the loss (retrieval: the query, one
@@ -152,7 +219,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     `all_queries`, at every position: the attention map of every row (for
     figures), and the same loss. `scale` is the score scale, spec.score_scale
     by default, one per member for a stack; `association` forces the head's
-    (attn.layers.attention_forward; default: the cheaper).
+    (attn.layers.attention_forward; default: the cheaper); `buffers`: the
+    score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
     x = None
@@ -169,17 +237,37 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
     mask = layers.causal_mask(T) if spec.causal else None
+    W_q, W_k, spectral = params["W_q"], params["W_k"], None
+    if spec.score == "sigma_reparam":  # W' = gamma W / sigma(W)
+        (W_q, query), (W_k, key) = (scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"],
+                                                             buffers[f"u_{w}"], buffers[f"v_{w}"]) for w in "qk")
+        spectral = (query, key)
     out, attn, attn_cache = layers.attention_forward(
-        x, params["W_q"], params["W_k"], params["W_v"], params["W_o"],
-        spec.score_scale if scale is None else scale, mask, positions, association)
+        x, W_q, W_k, params["W_v"], params["W_o"], spec.score_scale if scale is None else scale, mask, positions,
+        association, head_score(params, spec))
     h = out  # (*M, B, P, D)
     if spec.residual:
         h += x[..., positions, :]  # H = X + out, in place: out is the head's own fresh array
     logits, readout_cache = layers.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = layers.cross_entropy_forward(
         logits, batch.targets[..., positions], batch.target_mask[..., positions])
-    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions)
+    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
+                 spectral=spectral)
     return loss, cache
+
+
+def head_score(params: dict, spec: ModelSpec) -> scores.HeadScore | None:
+    """What the head's score mode needs besides s q.k (None for dot, mup and sigma_reparam)."""
+    if spec.score == "qk_norm":
+        gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
+        return scores.HeadScore(norm=spec.qk_norm, g_q=gains[0], g_k=gains[1])
+    if spec.score == "softcap":
+        return scores.HeadScore(cap=spec.softcap)
+    if spec.score == "temperature":
+        return scores.HeadScore(temperature=params["theta"])
+    if spec.score == "log_length":
+        return scores.HeadScore(length_scale=params["length_scale"])
+    return None
 
 
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
@@ -194,8 +282,11 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     grads = {}
     dlogits = layers.cross_entropy_backward(1.0, cache["ce"])  # (*M, B, P, C)
     dh, grads["W_out"], grads["b_out"] = layers.linear_backward(dlogits, cache["readout"])  # (*M, B, P, D)
-    head = layers.attention_backward(dh, cache["attn"])
+    head = layers.attention_backward(dh, cache["attn"])  # with the score mode's own (theta, g_q, ...)
     dx = head.pop("x")  # (*M, B, T, D): an array or Factored
+    if cache["spectral"] is not None:
+        for w, spectral in zip("qk", cache["spectral"]):
+            head[f"W_{w}"], head[f"gamma_{w}"] = scores.spectral_backward(head[f"W_{w}"], spectral)
     if spec.residual:
         dx = layers.add_at_positions(dx, cache["positions"], dh)
     grads.update(head)
@@ -218,9 +309,9 @@ def param_order(spec: ModelSpec) -> list[str]:
     return list(param_shapes(spec))
 
 
-def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None):
+def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None, buffers: dict | None = None):
     """(loss, grads, cache) for one batch: the training step's model half."""
-    loss, cache = forward(params, spec, batch, scale=scale)
+    loss, cache = forward(params, spec, batch, scale=scale, buffers=buffers)
     return loss, backward(cache, spec), cache
 
 

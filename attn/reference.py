@@ -15,12 +15,18 @@ softmax, A V. Nothing here is clever: every position is a query, K and V
 are formed, one model at a time. It is the page to learn the model from,
 and the yardstick of attn.model, which computes the same loss and
 gradients faster (the tests hold every fast path to this, in float64).
+
+A score mode (attn.scores) changes one line or two: W_q, W_k become
+gamma W / sigma(W) (sigma_reparam); Q and K are normalised (qk_norm); S is
+capped, or multiplied by exp(theta) or by s_len ln(n) (softcap,
+temperature, log_length); s is 1/d_k (mup). The backward undoes each in turn.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from attn import model, scores
 from attn.model import Batch, ModelSpec, param_order, sinusoidal_positions
 
 
@@ -30,18 +36,31 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def forward(params: dict, spec: ModelSpec, batch: Batch):
-    """(loss, cache): the equations above, every row of every matrix."""
+def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None):
+    """(loss, cache): the equations above, every row of every matrix
+    (buffers: sigma_reparam's power-iteration vectors)."""
     tokens, T = batch.tokens, batch.tokens.shape[1]
     X = sum(params[f"E_{name}"][tokens[..., f]] for f, (name, _) in enumerate(spec.fields))
     if spec.positional == "learned":
         X = X + params["E_pos"][:T]
     else:
         X = X + sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
-    Q, K, V = X @ params["W_q"], X @ params["W_k"], X @ params["W_v"]
-    S = spec.score_scale * Q @ K.transpose(0, 2, 1)
+    W_q, W_k, spectral = params["W_q"], params["W_k"], None
+    if spec.score == "sigma_reparam":
+        (W_q, query), (W_k, key) = (scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"],
+                                                             buffers[f"u_{w}"], buffers[f"v_{w}"]) for w in "qk")
+        spectral = (query, key)
+    Q, K, V = X @ W_q, X @ W_k, X @ params["W_v"]
+    norms = None
+    if spec.score == "qk_norm":
+        gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
+        (Q, query_norm), (K, key_norm) = (scores.norm_forward(Z, g, spec.qk_norm) for Z, g in zip((Q, K), gains))
+        norms = (query_norm, key_norm)
+    causal = np.triu(np.ones((T, T), dtype=bool), k=1) if spec.causal else None
+    S, transform = scores.transform_forward(spec.score_scale * Q @ K.transpose(0, 2, 1),
+                                            model.head_score(params, spec), scores.keys_seen(T, causal, slice(None)))
     if spec.causal:
-        S = np.where(np.triu(np.ones((T, T), dtype=bool), k=1), -np.inf, S)
+        S = np.where(causal, -np.inf, S)
     A = softmax(S)
     C = A @ V
     out = C @ params["W_o"]
@@ -52,8 +71,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch):
     picked = np.take_along_axis(log_probs, batch.targets[..., None], axis=-1)[..., 0]  # (B, T)
     n_targets = batch.target_mask.sum()
     loss = -(picked * batch.target_mask).sum() / n_targets
-    cache = dict(params=params, batch=batch, X=X, Q=Q, K=K, V=V, S=S, A=A, C=C, H=H,
-                 probs=np.exp(log_probs), n_targets=n_targets)
+    cache = dict(params=params, batch=batch, X=X, Q=Q, K=K, V=V, S=S, A=A, C=C, H=H, W_q=W_q, W_k=W_k,
+                 probs=np.exp(log_probs), n_targets=n_targets, transform=transform, norms=norms, spectral=spectral)
     return loss, cache
 
 
@@ -69,6 +88,9 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
         dX = dH (residual) + dQ W_q^T + dK W_k^T + dV W_v^T
         dW_q = X^T dQ,  dW_k = X^T dK,  dW_v = X^T dV
         dE_f[id] += dX at every position holding id,   dE_pos[:T] = sum over the batch of dX
+
+    with a score mode's map of S, norm of Q and K, or reparametrisation of
+    W_q and W_k undone at its place in that chain (attn.scores' backwards).
     """
     p, batch = cache["params"], cache["batch"]
     X, Q, K, V, A, C, H = (cache[k] for k in "XQKVACH")
@@ -82,12 +104,19 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     dA = dC @ V.transpose(0, 2, 1)
     dV = A.transpose(0, 2, 1) @ dC
     dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    dS, mode_grads = scores.transform_backward(dS, cache["transform"])  # the gradient of S = s Q K^T
     cache["dS"] = dS  # kept: attn.mechanism reads each row's score gradient
+    grads.update(mode_grads)
     dQ = s * dS @ K
     dK = s * dS.transpose(0, 2, 1) @ Q
+    if cache["norms"] is not None:
+        (dQ, grads["g_q"]), (dK, grads["g_k"]) = (scores.norm_backward(dZ, n) for dZ, n in zip((dQ, dK), cache["norms"]))
     grads.update(W_q=np.einsum("btd,btk->dk", X, dQ), W_k=np.einsum("btd,btk->dk", X, dK),
                  W_v=np.einsum("btd,btv->dv", X, dV))
-    dX = dQ @ p["W_q"].T + dK @ p["W_k"].T + dV @ p["W_v"].T
+    if cache["spectral"] is not None:
+        for w, spectral in zip("qk", cache["spectral"]):
+            grads[f"W_{w}"], grads[f"gamma_{w}"] = scores.spectral_backward(grads[f"W_{w}"], spectral)
+    dX = dQ @ cache["W_q"].T + dK @ cache["W_k"].T + dV @ p["W_v"].T
     if spec.residual:
         dX = dX + dH
     for f, (name, vocab) in enumerate(spec.fields):
@@ -101,7 +130,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     return {name: grads[name] for name in param_order(spec)}
 
 
-def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch):
+def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None):
     """(loss, grads, cache), as attn.model.loss_and_grads returns them."""
-    loss, cache = forward(params, spec, batch)
+    loss, cache = forward(params, spec, batch, buffers)
     return loss, backward(cache, spec), cache

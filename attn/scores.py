@@ -72,12 +72,12 @@ def transform_backward(dscores: np.ndarray, cache) -> tuple[np.ndarray, dict]:
     if cache[0] == "cap":
         return softcap_backward(dscores, cache[1]), {}
     kind, inner, n_keys = cache
-    dscores, dfactor = multiply_backward(dscores, inner)  # dfactor (*M, 1, 1 or P, 1)
-    factor = inner[1]
-    if kind == "temperature":
-        return dscores, {"theta": (dfactor * factor).reshape(dfactor.shape[:-3])}  # d exp(theta) / d theta = exp(theta)
-    log_n = np.log(n_keys).astype(dscores.dtype)[:, None]  # (P, 1)
-    return dscores, {"length_scale": (dfactor * log_n).sum(axis=(-3, -2, -1))}
+    dscores, product = multiply_backward(dscores, inner)  # (*M, B, P, T) each
+    members = dscores.ndim - 3
+    if kind == "temperature":  # S' = exp(theta) S: d/dtheta = exp(theta) sum dS' S
+        return dscores, {"theta": _member_sums(product, members) * inner[1].reshape(inner[1].shape[:members])}
+    log_n = np.log(n_keys).astype(dscores.dtype)[:, None]  # (P, 1): S' = s_len ln(n) S, d/ds_len = sum dS' S ln(n)
+    return dscores, {"length_scale": _member_sums(product * log_n, members)}
 
 
 # --------------------------------------------------------------------------
@@ -89,12 +89,17 @@ def multiply_forward(scores: np.ndarray, factor: np.ndarray):
 
 
 def multiply_backward(dout: np.ndarray, cache):
-    """(dS, dfactor summed to the factor's shape): dS = factor dS',  dfactor = sum dS' S."""
+    """(dS, dS' S): dS = factor dS', and the elementwise product dS' S whose
+    sum over the entries a factor multiplies is that factor's gradient."""
     scores, factor = cache
-    product = dout * scores
-    reduce = tuple(i for i, (a, b) in enumerate(zip(np.broadcast_shapes(factor.shape, dout.shape), factor.shape))
-                   if b == 1 and a != 1)
-    return dout * factor, product.sum(axis=reduce, keepdims=True)
+    return dout * factor, dout * scores
+
+
+def _member_sums(values: np.ndarray, members: int) -> np.ndarray:
+    """The sum of each member's entries, (*M,): one contiguous run per member,
+    so that a member's sum does not depend on the stack (numpy orders a
+    reduction over several axes by the array's shape)."""
+    return np.ascontiguousarray(values).reshape(*values.shape[:members], -1).sum(axis=-1)
 
 
 # --------------------------------------------------------------------------
@@ -120,9 +125,9 @@ def norm_forward(x: np.ndarray, gain: np.ndarray | None, kind: str):
     over the last axis (d_k); g (*M, d_k) or (*M, 1) broadcast over the rows, or None (no gain)."""
     centred = x - x.mean(axis=-1, keepdims=True) if kind == "layer" else x
     inverse = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + x.dtype.type(NORM_EPS))
-    normed = centred * inverse
+    normed = centred * inverse  # a fresh array, the caller's to scale in place: the cache keeps its factors
     g = None if gain is None else gain.reshape(gain.shape[:-1] + (1,) * (x.ndim - gain.ndim) + gain.shape[-1:])
-    return (normed if g is None else normed * g), (normed, inverse, g, kind, gain is not None and gain.shape)
+    return (normed if g is None else normed * g), (centred, inverse, g, kind, gain is not None and gain.shape)
 
 
 def norm_backward(dout: np.ndarray, cache):
@@ -130,7 +135,8 @@ def norm_backward(dout: np.ndarray, cache):
         dn = dout g,   dx = r (dn - mean(dn) - n mean(dn n))   (layer)
                        dx = r (dn - n mean(dn n))              (rms)
         dg = sum of dout n over every row (to g's shape)."""
-    normed, inverse, g, kind, gain_shape = cache
+    centred, inverse, g, kind, gain_shape = cache
+    normed = centred * inverse
     dnormed = dout if g is None else dout * g
     dx = dnormed - normed * (dnormed * normed).mean(axis=-1, keepdims=True)
     if kind == "layer":
@@ -140,7 +146,8 @@ def norm_backward(dout: np.ndarray, cache):
         return dx, None
     product = dout * normed  # (*M, ..., d_k)
     members = len(gain_shape) - 1
-    dgain = product.reshape(*product.shape[:members], -1, product.shape[-1]).sum(axis=-2)  # (*M, d_k)
+    rows = product.reshape(*product.shape[:members], -1, product.shape[-1]).swapaxes(-1, -2)  # (*M, d_k, N)
+    dgain = _member_sums(rows, members + 1)  # (*M, d_k): each dimension's sum over every row
     return dx, dgain.sum(axis=-1, keepdims=True) if gain_shape[-1] == 1 else dgain
 
 

@@ -87,7 +87,9 @@ def build_spec(config: Config, task) -> ModelSpec:
         fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
         d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal,
         residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
-        o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype,
+        o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
+        qk_norm_gain=m.qk_norm_gain, softcap=m.softcap, temperature_init=m.temperature_init,
+        length_scale_init=m.length_scale_init, mup_zero_init_q=m.mup_zero_init_q,
     )
 
 
@@ -180,6 +182,7 @@ class RunState:
     best: dict = field(default_factory=dict)
     nonfinite_steps: int = 0
     resumed: bool = False
+    buffers: dict = field(default_factory=dict)  # the score mode's state across steps (attn.model.buffer_shapes)
 
 
 def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
@@ -187,22 +190,29 @@ def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
     Writes nothing; a checkpoint that does not fit is refused with RunError."""
     task, spec, params, optimizer, gens = build(config)
     state = RunState(config, Path(run_dir), task, spec, params, optimizer.state, gens,
-                     task.sample(gens.eval, config.task.eval_size))
+                     task.sample(gens.eval, config.task.eval_size), buffers=model.init_buffers(spec, params, gens.init))
     if resume:
         _restore_checkpoint(state)
     return state
 
 
-def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict) -> None:
+BUFFER = "buffer/"  # the model's buffers ride in the checkpoint beside the optimiser's state, under this prefix
+
+
+def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict, buffers: dict) -> None:
     meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
-    runs.save_checkpoint(state.run_dir / "checkpoint.npz", params, optimizer_state, meta)
+    runs.save_checkpoint(state.run_dir / "checkpoint.npz", params,
+                         {**optimizer_state, **{BUFFER + k: v for k, v in buffers.items()}}, meta)
 
 
 def _restore_checkpoint(state: RunState) -> None:
     path = state.run_dir / "checkpoint.npz"
-    state.params, state.optimizer_state, meta = runs.load_checkpoint(
-        path, model.param_shapes(state.spec), state.optimizer_state, state.config.dtype)
+    template = {**state.optimizer_state, **{BUFFER + k: v for k, v in state.buffers.items()}}
+    state.params, carried, meta = runs.load_checkpoint(path, model.param_shapes(state.spec), template,
+                                                       state.config.dtype)
+    state.optimizer_state = {k: v for k, v in carried.items() if not k.startswith(BUFFER)}
+    state.buffers = {k.removeprefix(BUFFER): v for k, v in carried.items() if k.startswith(BUFFER)}
     try:
         state.gens.data.bit_generator.state = meta["data_rng"]
         state.step, state.wall_time = int(meta["step"]), float(meta["wall_time"])
@@ -266,6 +276,7 @@ class Stack:
         self.optimizer = build_optimizer(first.config, self.params, lr_mult)
         self.optimizer.state = {k: np.stack([s.optimizer_state[k] for s in states]) for k in first.optimizer_state}
         self.scales = np.array([s.spec.score_scale for s in states])
+        self.buffers = {k: np.stack([s.buffers[k] for s in states]) for k in first.buffers}
         self.eval_batch = stack_batches([s.eval_batch for s in states])
 
     def keep(self, kept: list[int]) -> None:
@@ -275,10 +286,14 @@ class Stack:
         self.optimizer.state = {k: v[take] for k, v in self.optimizer.state.items()}
         self.optimizer.lr_mult = {n: v[take] for n, v in self.optimizer.lr_mult.items()}
         self.scales = self.scales[take]
+        self.buffers = {k: v[take] for k, v in self.buffers.items()}
         self.eval_batch = Batch(*(getattr(self.eval_batch, f)[take] for f in BATCH_FIELDS))
 
     def member_params(self, m: int) -> dict:
         return {n: p[m] for n, p in self.params.items()}
+
+    def member_buffers(self, m: int) -> dict:
+        return {n: b[m] for n, b in self.buffers.items()}
 
     def member_optimizer_state(self, m: int) -> dict:
         return {k: v[m] for k, v in self.optimizer.state.items()}
@@ -343,7 +358,8 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
     stack; the others take update step + 1 (unless their values are
     non-finite) and checkpoint when due. Returns the indices still active."""
     batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
-    loss, grads, train_cache = model.loss_and_grads(stack.params, stack.spec, batch, stack.scales)
+    model.advance_buffers(stack.params, stack.buffers, stack.spec)
+    loss, grads, train_cache = model.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
     faults = _find_nonfinite(loss, grads, stack.params)
     logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
     records = _measure(stack, members, step, loss, grads, train_cache, batch, logged)
@@ -383,7 +399,7 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
         if (state.step % member.config.logging.checkpoint_every == 0 or state.step == member.config.train.steps
                 or stop.reason):
             state.wall_time = member.clock.elapsed()
-            _save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k))
+            _save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k), stack.member_buffers(k))
             member.last_checkpoint = state.step
     if stop.reason:
         for member in members:
@@ -484,7 +500,8 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
     sets, and snapshots a member's attention at its first and last step."""
     if not any(logged):
         return [None] * len(members)
-    eval_loss, eval_cache = model.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales)
+    eval_loss, eval_cache = model.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales,
+                                          buffers=stack.buffers)
     stats = model.diagnostics(eval_cache, stack.eval_batch)
     train_accuracy = model.accuracy(train_cache, batch)
     squares = {n: optim.squared_norms(g) for n, g in grads.items()}
@@ -521,7 +538,8 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
 def _save_mechanism(member: Member, stack: Stack, k: int, step: int) -> None:
     """mechanism.npz: attn.mechanism.row_statistics of the eval set's query
     rows at `step`, as arrays named '<step>/<statistic>' (added to the file)."""
-    rows = mechanism.row_statistics(stack.member_params(k), member.state.spec, member_batch(stack.eval_batch, k))
+    rows = mechanism.row_statistics(stack.member_params(k), member.state.spec, member_batch(stack.eval_batch, k),
+                                    stack.member_buffers(k))
     path = member.run_dir / "mechanism.npz"
     arrays = runs.load_arrays(path) if step and path.exists() else {}
     arrays.update({f"{step}/{name}": values for name, values in rows.items()})
@@ -577,7 +595,8 @@ def _save_attention(member: Member, stack: Stack, k: int, when: str, n: int) -> 
     (the end's snapshot is added beside the init one already on disk). Every
     row of the map, not only the rows with a target that training computes."""
     shown = member_batch(stack.eval_batch, k, n)
-    _, cache = model.forward(stack.member_params(k), stack.spec, shown, all_queries=True, scale=stack.scales[k])
+    _, cache = model.forward(stack.member_params(k), stack.spec, shown, all_queries=True, scale=stack.scales[k],
+                             buffers=stack.member_buffers(k))
     path = member.run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():

@@ -64,7 +64,8 @@ MEMBERS = [
 
 @pytest.mark.parametrize("shared", [
     ("dtype=float32",), ("dtype=float64",), ("optim.momentum=0.5", "optim.nesterov=true"),
-    ("optim.name=adam", "optim.lr=0.01"), ("task.name=copy", "task.length=6", "model.causal=true"),
+    ("optim.name=adam", "optim.lr=0.01"),
+    ("task.name=copy", "task.length=6", "model.causal=true", "task.n_keys=16", "task.n_values=16", "task.n_pairs=8"),
 ], ids=["float32", "float64", "nesterov", "adam", "copy-causal"])
 def test_each_member_of_a_stack_is_its_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *member) for member in MEMBERS]

@@ -146,7 +146,7 @@ def test_two_sweeps_at_once_run_every_cell_exactly_once(reference):
         locked = sum(action == "skipped-locked" for action, _, _ in lines.values())
         assert (f"{locked} running in another sweep" in err) == (locked > 0), err
     assert sorted(p.name for p in experiment_dir.iterdir() if p.is_dir()) == sorted(seen[0])
-    assert f"{N_RUNS} runs of {N_RUNS} from" in (experiment_dir / "report.md").read_text(), "the last one reported all"
+    assert f"{N_RUNS} finished runs of {N_RUNS} from" in (experiment_dir / "report.md").read_text(), "the last one reported all"
 
 
 def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(reference, tmp_path):
