@@ -91,7 +91,8 @@ class ModelConfig:
                    choices=tuple(SCORE_SCALES))
     causal: bool = F(False, "mask keys after the query (causal attention)")
     residual: bool = F(True, "add the head's output to its input before the readout")
-    positional: str = F("learned", "position information added to X", choices=("learned", "sinusoidal"))
+    positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
+                        choices=("learned", "sinusoidal", "none"))
     qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0)
     v_gain: float = F(1.0, "init gain of W_v", gt=0)
     o_gain: float = F(1.0, "init gain of W_o", gt=0)
@@ -139,6 +140,8 @@ class OptimConfig:
     warmup_steps: int = F(0, "linear warm-up steps", ge=0)
     min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1)
     lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0)
+    qk_lr_exponent: float = F(0.0, "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
+                              "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k")
 
 
 @dataclass(frozen=True)

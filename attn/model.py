@@ -26,8 +26,9 @@ accuracy and diagnostics then come one per member. See attn.layers.
 Initialisation (all weights zero-mean Gaussian; `gain`s from the spec):
     E_f, E_pos ~ N(0, 1/n_sources)   n_sources = F + 1 (the fields and the
                                      positions, learned or sinusoidal, which
-                                     are scaled alike), so each component of
-                                     X has variance ~1
+                                     are scaled alike; F with positional
+                                     none), so each component of X has
+                                     variance ~1
     W_q, W_k   ~ N(0, qk_gain^2 / D) so each component of q, k has variance
                                      qk_gain^2 (the paper's footnote 4 at gain 1)
     W_v        ~ N(0, v_gain^2 / D)
@@ -62,7 +63,7 @@ class ModelSpec:
     scale: str = "sqrt"
     causal: bool = False
     residual: bool = True
-    positional: str = "learned"  # learned | sinusoidal
+    positional: str = "learned"  # learned | sinusoidal | none
     qk_gain: float = 1.0
     v_gain: float = 1.0
     o_gain: float = 1.0
@@ -88,8 +89,8 @@ class ModelSpec:
 
     @property
     def n_sources(self) -> int:
-        """How many embedding tables are summed into X (positions included)."""
-        return len(self.fields) + 1
+        """How many embeddings are summed into X: the fields', and the positions' unless none."""
+        return len(self.fields) + (self.positional != "none")
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
             x += e
     if spec.positional == "learned":
         x += params["E_pos"][..., None, :T, :]
-    else:
+    elif spec.positional == "sinusoidal":
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
     mask = layers.causal_mask(T) if spec.causal else None

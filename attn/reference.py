@@ -43,7 +43,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     X = sum(params[f"E_{name}"][tokens[..., f]] for f, (name, _) in enumerate(spec.fields))
     if spec.positional == "learned":
         X = X + params["E_pos"][:T]
-    else:
+    elif spec.positional == "sinusoidal":
         X = X + sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
     if spec.score == "sigma_reparam":

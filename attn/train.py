@@ -67,7 +67,8 @@ METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the only record fields th
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
 # Config keys whose values may differ between the members of one stack; every other key is shared.
 PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "model.v_gain", "model.o_gain",
-                   "model.readout_gain", "optim.lr", "optim.lr_mult", "optim.clip_norm", "optim.schedule",
+                   "model.readout_gain", "optim.lr", "optim.lr_mult", "optim.qk_lr_exponent", "optim.clip_norm",
+                   "optim.schedule",
                    "optim.warmup_steps", "optim.min_lr_ratio", "train.steps", "train.on_nonfinite")
 PER_MEMBER_SECTIONS = ("logging.",)
 MAX_STACK_MEMBERS = 16  # beyond about this many, a stack of small runs gains no more per member
@@ -93,11 +94,22 @@ def build_spec(config: Config, task) -> ModelSpec:
     )
 
 
+def lr_multipliers(config: Config) -> dict[str, float]:
+    """Each parameter's rate multiplier: optim.lr_mult, with W_q's and W_k's
+    times d_k ** optim.qk_lr_exponent."""
+    o = config.optim
+    multipliers = dict(o.lr_mult)
+    if o.qk_lr_exponent:
+        for name in ("W_q", "W_k"):
+            multipliers[name] = multipliers.get(name, 1.0) * config.model.d_k ** o.qk_lr_exponent
+    return multipliers
+
+
 def build_optimizer(config: Config, params: dict, lr_mult: dict | None = None):
-    """The config's optimiser over `params`; `lr_mult` (default the config's)
+    """The config's optimiser over `params`; `lr_mult` (default lr_multipliers)
     may hold one multiplier per member for a stack."""
     o = config.optim
-    lr_mult = o.lr_mult if lr_mult is None else lr_mult
+    lr_mult = lr_multipliers(config) if lr_mult is None else lr_mult
     if o.name == "sgd":
         return optim.SGD(params, o.momentum, o.nesterov, o.weight_decay, lr_mult)
     return optim.Adam(params, o.beta1, o.beta2, o.eps, o.weight_decay, o.name == "adamw", lr_mult)
@@ -271,8 +283,8 @@ class Stack:
         first = states[0]
         self.spec = first.spec
         self.params = {name: np.stack([s.params[name] for s in states]) for name in first.params}
-        names = set().union(*(s.config.optim.lr_mult for s in states))
-        lr_mult = {n: np.array([s.config.optim.lr_mult.get(n, 1.0) for s in states]) for n in names}
+        multipliers = [lr_multipliers(s.config) for s in states]
+        lr_mult = {n: np.array([m.get(n, 1.0) for m in multipliers]) for n in set().union(*multipliers)}
         self.optimizer = build_optimizer(first.config, self.params, lr_mult)
         self.optimizer.state = {k: np.stack([s.optimizer_state[k] for s in states]) for k in first.optimizer_state}
         self.scales = np.array([s.spec.score_scale for s in states])

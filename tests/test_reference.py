@@ -49,7 +49,7 @@ def batch_of(rng, spec: ModelSpec, where: str, members: tuple = ()) -> Batch:
 
 VARIANTS = [
     dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False),
-    dict(scale="sqrt", positional="sinusoidal"), dict(scale="none", d_k=WIDE_DK),
+    dict(scale="sqrt", positional="sinusoidal"), dict(scale="sqrt", positional="none"), dict(scale="none", d_k=WIDE_DK),
     dict(scale="sqrt", fields=(("token", 7),), n_classes=7, qk_gain=2.0, causal=True),
 ]
 

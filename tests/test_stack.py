@@ -59,6 +59,7 @@ MEMBERS = [
     ("seed=2", "optim.lr=0.1", "model.qk_gain=2.0", "train.steps=25", "logging.log_every=3"),
     ("seed=3", "optim.lr=0.3", "optim.schedule=cosine", "optim.warmup_steps=5", "optim.clip_norm=0.5"),
     ("seed=4", "optim.lr=0.3", "optim.lr_mult={W_q: 0.1, W_k: 0.1}", "model.scale=linear"),
+    ("seed=5", "optim.lr=0.3", "optim.qk_lr_exponent=-0.5", "model.scale=none"),
 ]
 
 

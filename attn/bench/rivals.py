@@ -74,13 +74,16 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
     merge_qk = layers.merge_is_cheaper(batch_size * P, D, spec.d_k, D)
     merge_ov = layers.merge_is_cheaper(batch_size * P, D, spec.d_v, D)
     masked = ops["array"](np.triu(np.ones((T, T), dtype=bool), k=1)[query_rows]) if spec.causal else None
-    sinusoids = None if spec.positional == "learned" else ops["array"](
-        np.array(model.sinusoidal_positions(T, D, spec.n_sources ** -0.5, spec.dtype)))
+    sinusoids = ops["array"](np.array(model.sinusoidal_positions(T, D, spec.n_sources ** -0.5, spec.dtype))) \
+        if spec.positional == "sinusoidal" else None
     rows = ops["array"](query_rows)
 
     def loss(params, tokens, targets, target_mask):
         x = sum(params[f"E_{name}"][tokens[..., f]] for f, (name, _) in enumerate(spec.fields))
-        x = x + (params["E_pos"][:T] if sinusoids is None else sinusoids)  # (B, T, D)
+        if spec.positional == "learned":
+            x = x + params["E_pos"][:T]  # (B, T, D)
+        elif sinusoids is not None:
+            x = x + sinusoids
         x_q = x[:, rows]  # (B, P, D)
         if formulation == "projected":
             scores = ((x_q @ params["W_q"]) * s) @ ops["T"](x @ params["W_k"])  # (B, P, T)
