@@ -122,7 +122,7 @@ def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
         return []
     notes = []
     for (x, arm), cell in judged_cells(cells, layout, "best").items():
-        tried = sorted({c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]}, key=sort_key)
+        tried = sorted((c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]), key=sort_key)
         value = cell.settings[layout.best_of]
         if len(tried) > 1 and value in (tried[0], tried[-1]):
             notes.append(f"- {layout.arm_label(arm)} at {layout.x_name} = {layout.x_label(x)}: "
