@@ -161,8 +161,8 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout) -> dict:
         point = {"x": [_plain(v) for v in x]}
         mine = chosen.get((x, arm))
         theirs = chosen.get((x, other)) if other is not None else None
-        if mine is None or (other is not None and theirs is None):
-            point.update(verdict=INCONCLUSIVE, note="no runs")
+        if mine is None or not mine.n or (other is not None and (theirs is None or not theirs.n)):
+            point.update(verdict=INCONCLUSIVE, note="no finished runs")  # no evidence: no verdict either way
             points.append(point)
             continue
         value, low, high = interval(mine, expectation.stat)
