@@ -400,7 +400,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                                           "shared": _plain(experiment.report.shared)},
         "cells": [cell_json(c, layout) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c, layout)["settings"]} for (x, arm), c in best.items()],
-        "expectations": judged, "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "expectations": [{**j, "points": [{k: _plain(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
+        "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
     }
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
     runs.write_json(paths["json"], data)
