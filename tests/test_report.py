@@ -40,6 +40,7 @@ BASE_CONFIG = load_config(BASE)
 REFERENCES = build_task(BASE_CONFIG).reference_losses()
 PLATEAU = REFERENCES["no_retrieval"]  # L: the report's plateau level for retrieval
 CHANCE = 1 / BASE_CONFIG.task.n_values  # 1/C
+SQRT, NONE = {"model.scale": "sqrt"}, {"model.scale": "none"}  # arms, as an expectation names them
 
 
 def curve(outcome: str, step: int = 40, final_loss: float = 0.01) -> list[tuple]:
@@ -163,6 +164,7 @@ DIVERGED_RUNS = {4, 5}  # summary status diverged
 EXPECTED_CLASS = {0: LEARNED, 1: LEARNED_THEN_LOST, 2: SLOW, 3: STALLED, 4: DIVERGED, 5: DIVERGED}
 UNFINISHED = {6: "interrupted", 7: "running", 8: "failed"}
 SQRT_SEEDS = {seed: curve(LEARNED, step=10 + 10 * seed) for seed in range(5)}
+LINEAR_SEEDS = {seed: curve(DIVERGED) for seed in range(3)}
 MECHANISM_STEPS = (0, 10)
 
 
@@ -183,9 +185,12 @@ MECHANISM = {seed: {step: made_up_rows(np.random.default_rng([seed, step])) for 
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory):
     """d_k = 64 x scale: every outcome class and three unfinished runs in the
-    unscaled cell; the scaled one all learned, two seeds with mechanism.npz."""
-    experiment = load(tmp_path_factory.mktemp("classes"), {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
-                      range(9), {"x": "model.d_k", "arm": "model.scale"})
+    unscaled cell; the scaled one all learned, two seeds with mechanism.npz;
+    the linear one all diverged."""
+    experiment = load(tmp_path_factory.mktemp("classes"),
+                      {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"]}, range(9),
+                      {"x": "model.d_k", "arm": "model.scale"})
+    write_plan(experiment, [((64, "linear"), LINEAR_SEEDS.values())], ("model.d_k", "model.scale"))
     for seed, records in NONE_SEEDS.items():
         write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, records,
                   "diverged" if seed in DIVERGED_RUNS else "completed")
@@ -233,16 +238,26 @@ def test_unfinished_runs_are_counted_apart_never_as_seeds(classes):
     cell = classes.cell(scale="none")
     assert cell["n"] == len(EXPECTED_CLASS) and cell["unfinished"] == {s: 1 for s in UNFINISHED.values()}
     assert not set(UNFINISHED) & {s["seed"] for s in cell["seeds"]}
-    assert classes.data["runs"] == len(NONE_SEEDS) + len(UNFINISHED) + len(SQRT_SEEDS)
+    assert classes.data["runs"] == len(NONE_SEEDS) + len(UNFINISHED) + len(SQRT_SEEDS) + len(LINEAR_SEEDS)
     rows = {row["scale"]: row for row in csv.DictReader(io.StringIO(classes.paths["csv"].read_text()))}
     counts = Counter(EXPECTED_CLASS.values())
     assert {name: int(rows["none"][name]) for name in outcomes.OUTCOMES} == {n: counts[n] for n in outcomes.OUTCOMES}
     assert rows["none"]["seeds"] == str(len(EXPECTED_CLASS))
     assert rows["none"]["unfinished"] == ", ".join(f"1 {s}" for s in sorted(UNFINISHED.values()))
-    assert rows["sqrt"]["seeds"] == rows["sqrt"][LEARNED] == str(len(SQRT_SEEDS)) and rows["sqrt"]["unfinished"] == "—"
+    assert rows["sqrt"]["seeds"] == rows["sqrt"][LEARNED] == str(len(SQRT_SEEDS))
+    assert rows["sqrt"]["unfinished"] == "—"
     low, high = stats.wilson_interval(counts[LEARNED], len(EXPECTED_CLASS))
     assert rows["none"]["success [95%]"] == f"{counts[LEARNED]}/{len(EXPECTED_CLASS)} [{low:.2f}, {high:.2f}]"
-    assert f"{len(NONE_SEEDS) + len(SQRT_SEEDS)} finished runs of {len(classes.experiment.cells)}" in classes.md
+    finished = len(NONE_SEEDS) + len(SQRT_SEEDS) + len(LINEAR_SEEDS)
+    assert f"{finished} finished runs of {len(classes.experiment.cells)}" in classes.md
+
+
+def test_a_cell_whose_seeds_all_diverged_has_an_infinite_final_loss_and_interval(classes):
+    cell = classes.cell(scale="linear")
+    assert cell["outcomes"][DIVERGED] == cell["n"] == len(LINEAR_SEEDS)
+    assert cell["final_loss"] == {"median": "inf", "low": "inf", "high": "inf"}
+    [row] = [r for r in markdown_rows(classes.md, "## Every cell") if r["scale"] == "linear"]
+    assert row["median final loss [95%]"] == "inf [inf, inf]"
 
 
 # ---------------------------------------------------------------------------
@@ -262,11 +277,15 @@ SELECTION = {  # (d_k, scale, lr) -> the records of seeds 0 and 1; one arm for e
 SELECTION_KEYS = ("model.d_k", "model.scale", "optim.lr")
 BY_DEFAULT_RULE = {(64, "sqrt"): 1.0, (64, "linear"): 0.1, (64, "none"): 0.01}
 BY_TIME_ALONE = {(64, "sqrt"): 0.01, (64, "linear"): 0.01, (64, "none"): 0.01}  # select: [min median_time]
+SHARED_BOUND = 0.03  # sqrt's final loss is below it at lr 0.1 (shared), above it at its best lr 1.0
+SHARED_CLAIMS = [{"id": f"loss-at-{at}", "claim": "scaled ends low", "stat": "final_loss", "arm": SQRT,
+                  "below": SHARED_BOUND, "at": at} for at in ("shared", "best")]
 
 
 def selection_experiment(tmp_path, stem="selection", **report):
     return load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"], "optim.lr": list(LRS)}, [0, 1],
-                {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", **report}, "selection", stem)
+                {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "shared": 0.1,
+                 "expect": SHARED_CLAIMS, **report}, "selection", stem)
 
 
 @pytest.fixture(scope="module")
@@ -307,47 +326,21 @@ def test_an_edge_note_for_each_choice_at_the_lowest_or_highest_value_tried(selec
 
 
 # ---------------------------------------------------------------------------
-# 3. The shared value
+# 3. The shared value (of the selection experiment: 0.1)
 # ---------------------------------------------------------------------------
-SHARED_SEEDS = range(5)
-SHARED_PLAN = {(scale, lr): [curve(outcome)] * len(SHARED_SEEDS) for scale, lr, outcome in (
-    ("sqrt", 0.1, LEARNED), ("sqrt", 1.0, DIVERGED), ("none", 0.1, STALLED), ("none", 1.0, LEARNED))}
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    """Each arm learns at its own lr only: sqrt at 0.1, none at 1.0; shared 0.1."""
-    claim = {"claim": "scaled learns more often", "stat": "success_rate", "arm": {"model.scale": "sqrt"},
-             "better_than": {"model.scale": "none"}}
-    experiment = load(tmp_path_factory.mktemp("shared"),
-                      {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 1.0]}, SHARED_SEEDS,
-                      {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "shared": 0.1,
-                       "expect": [{"id": "at-best", **claim}, {"id": "at-shared", **claim, "at": "shared"}]},
-                      "shared")
-    write_plan(experiment, (((64, *key), curves) for key, curves in SHARED_PLAN.items()), SELECTION_KEYS)
-    return report_of(experiment, figures=False)
-
-
-def test_the_shared_value_is_used_for_every_arm(shared):
-    n = len(SHARED_SEEDS)
-    assert best_lr(shared) == {(64, "sqrt"): 0.1, (64, "none"): 1.0}
-    rows = markdown_rows(shared.md, "## Headline: each arm at its own best optim.lr")
-    assert {r["scale"]: (r["lr"], r[LEARNED]) for r in rows} == {"sqrt": ("0.1", str(n)), "none": ("1", str(n))}
-    rows = markdown_rows(shared.md, "## Headline: every arm at the shared optim.lr = 0.1")
-    assert {r["scale"]: (r["lr"], r[LEARNED]) for r in rows} == {"sqrt": ("0.1", str(n)), "none": ("0.1", "0")}
-    diverged = shared.cell(scale="sqrt", lr=1.0)
-    assert diverged["outcomes"][DIVERGED] == n and diverged["final_loss"] == {"median": "inf", "low": "inf", "high": "inf"}
-    [row] = [r for r in markdown_rows(shared.md, "## Every cell") if (r["scale"], r["lr"]) == ("sqrt", "1")]
-    assert row["median final loss [95%]"] == "inf [inf, inf]"
-    at_shared_sentence = shared.data["headline"].split("At the shared lr 0.1, ")[1].split(". ")[0]
-    assert f"scale=sqrt learned in {n}/{n} seeds" in at_shared_sentence
-    assert f"scale=none learned in 0/{n} seeds" in at_shared_sentence
-    assert shared.expectation("at-best")["verdict"] == "inconclusive", f"{n}/{n} against {n}/{n}"
-    at_shared = shared.expectation("at-shared")
-    [point] = at_shared["points"]
-    assert at_shared["verdict"] == "confirmed"
-    assert (point["low"], point["other_high"]) == (stats.wilson_interval(n, n)[0], stats.wilson_interval(0, n)[1])
-    assert "at the shared lr" in at_shared["rule"]
+def test_the_shared_value_is_used_for_every_arm(selection):
+    rows = markdown_rows(selection.md, "## Headline: every arm at the shared optim.lr = 0.1")
+    assert {r["scale"]: r["lr"] for r in rows} == {"sqrt": "0.1", "linear": "0.1", "none": "0.1"}
+    assert set(BY_DEFAULT_RULE.values()) != {0.1}, "each arm's own best is not always the shared value"
+    sentence = selection.data["headline"].split("At the shared lr 0.1, ")[1].split(". ")[0]
+    assert all(f"scale={scale} learned in 2/2 seeds" in sentence for _, scale in BY_DEFAULT_RULE)
+    for at, lr, verdict, where in (("shared", 0.1, "confirmed", "at the shared lr"),
+                                   ("best", BY_DEFAULT_RULE[(64, "sqrt")], "not confirmed", "at each arm's best lr")):
+        result = selection.expectation(f"loss-at-{at}")
+        [point] = result["points"]
+        assert [point[k] for k in ("value", "low", "high")] == [
+            as_json(v) for v in expected_interval("final_loss", SELECTION[(64, "sqrt", lr)])], at
+        assert result["verdict"] == verdict and where in result["rule"], at
 
 
 # ---------------------------------------------------------------------------
@@ -363,7 +356,6 @@ JUDGED = {  # (d_k, scale) -> the seeds' records
     (256, "sqrt"): [curve(LEARNED, step, 0.01 + 0.002 * i) for i, step in enumerate(FAST)],
     (256, "none"): [curve(LEARNED, step, 0.3 + 0.02 * i) for i, step in enumerate(SLOW_STEPS)],
 }
-SQRT, NONE = {"model.scale": "sqrt"}, {"model.scale": "none"}
 EXPECTATIONS = [  # (id, stat, arm, rule, where: d_k values, the verdict)
     ("rate-apart", "success_rate", SQRT, {"better_than": NONE}, [64], "confirmed"),  # 10/10 vs 0/10
     ("rate-overlap", "success_rate", SQRT, {"better_than": NONE}, [16], "inconclusive"),  # 3/3 vs 0/3
@@ -575,7 +567,8 @@ def test_a_grid_over_a_mapping_field_reports(mapping):
 # 8. Bad report sections
 # ---------------------------------------------------------------------------
 GOOD_EXPECTATION = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE}
-BAD_REPORTS = [  # (report: the changes to a good one, what the message says)
+GOOD_REPORT = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": [GOOD_EXPECTATION]}
+BAD_REPORTS = [  # (the changes to GOOD_REPORT, what the message says after the file's path)
     ({"select": ["max succes_rate"]},
      "report: select: got 'max succes_rate'; expected 'max <figure>' or 'min <figure>' with a figure of "
      + ", ".join(experiments.SELECTION_FIGURES)),
@@ -591,8 +584,6 @@ BAD_REPORTS = [  # (report: the changes to a good one, what the message says)
      "report: expect[0]: where: `model.scale` is not an x key of the report; expected model.d_k"),
 ]
 
-
-GOOD_REPORT = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": [GOOD_EXPECTATION]}
 
 
 @pytest.mark.parametrize("changes, message", BAD_REPORTS, ids=["select", "shared", "two-rules", "stat", "arm", "where"])
