@@ -122,7 +122,7 @@ def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
         return []
     notes = []
     for (x, arm), cell in judged_cells(cells, layout, "best").items():
-        tried = sorted({c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]}, key=sort_key)
+        tried = sorted((c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]), key=sort_key)
         value = cell.settings[layout.best_of]
         if len(tried) > 1 and value in (tried[0], tried[-1]):
             notes.append(f"- {layout.arm_label(arm)} at {layout.x_name} = {layout.x_label(x)}: "
@@ -161,8 +161,8 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout) -> dict:
         point = {"x": [_plain(v) for v in x]}
         mine = chosen.get((x, arm))
         theirs = chosen.get((x, other)) if other is not None else None
-        if mine is None or (other is not None and theirs is None):
-            point.update(verdict=INCONCLUSIVE, note="no runs")
+        if mine is None or not mine.n or (other is not None and (theirs is None or not theirs.n)):
+            point.update(verdict=INCONCLUSIVE, note="no finished runs")  # no evidence: no verdict either way
             points.append(point)
             continue
         value, low, high = interval(mine, expectation.stat)
@@ -400,7 +400,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                                           "shared": _plain(experiment.report.shared)},
         "cells": [cell_json(c, layout) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c, layout)["settings"]} for (x, arm), c in best.items()],
-        "expectations": judged, "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "expectations": [{**j, "points": [{k: _plain(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
+        "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
     }
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
     runs.write_json(paths["json"], data)

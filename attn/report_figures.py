@@ -26,7 +26,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import outcomes
-from attn.compare import format_value
+from attn.compare import canonical, format_value
 from attn.plots import save_figure, series
 from attn.results import mechanism_rows, sort_key
 
@@ -170,7 +170,8 @@ def phase_figure(by_key, best, layout, path):
     arms = _arms(best)
     fig = Figure(figsize=(4.2 * len(arms) + 0.5, 4.4))
     xs = _xs(best)
-    rates = sorted({c.settings[layout.best_of] for group in by_key.values() for c in group}, key=sort_key)
+    rates = sorted({canonical(c.settings[layout.best_of]): c.settings[layout.best_of] for group in by_key.values()
+                    for c in group}.values(), key=sort_key)  # by canonical text: a value may be a mapping
     for i, arm in enumerate(arms):
         ax = fig.add_subplot(1, len(arms), i + 1)
         for col, x in enumerate(xs):

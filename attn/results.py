@@ -142,7 +142,11 @@ class Cell:
         losses = np.array(self.final_losses())
         if not len(losses):
             return {"median": None, "low": None, "high": None}
-        low, high = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
+        # the resampled medians are finite or +inf, never NaN: a NaN bound is np.quantile interpolating
+        # between two +inf medians (inf - inf), and the bound is +inf
+        with np.errstate(invalid="ignore"):
+            bounds = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
+        low, high = (math.inf if math.isnan(b) else b for b in bounds)
         return {"median": float(np.median(losses)), "low": float(low), "high": float(high)}
 
     def at_init(self, key: str) -> list[float]:

@@ -1,231 +1,595 @@
-"""The experiment report, from hand-made run directories (config.yaml,
-metrics.jsonl and summary.json written directly, no training): diverged
-seeds have no final figures, seeds are classified by fate, the unfinished
-are not counted, steps are compared with never = budget, runs made with
-another config are left out and listed, best_of picks by steps to 99%,
-the expectation block shows only for the headline layout, and a grid over
-a mapping field reports."""
+"""The experiment report (attn.report), from hand-made run directories
+(config.yaml, metrics.jsonl and summary.json written directly, no
+training): every seed's outcome class as attn.outcomes defines it, the
+unfinished runs counted apart; each (x, arm) judged at the best_of value
+the declared `select` rule picks, the edge notes, the shared value; every
+kind of expectation judged confirmed / not confirmed / inconclusive with the
+numbers behind it, computed here from attn.stats; runs left out with the
+reason; the figures; a grid over a mapping field; bad `report:` sections
+refused."""
 
+import csv
+import io
+import itertools
+import json
 import math
 import re
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from helpers import PNG_SIGNATURE
 
-from attn import runs, sweep
 from attn import experiment as experiments
-from attn.compare import short_names
-from attn.config import replace, to_dict
-from attn.report import (collect, conclusion, edge_notes, expectation_check, layout, select_best, table_rows,
-                         write_report)
+from attn import mechanism, outcomes, report_figures, runs, stats
+from attn.compare import format_value
+from attn.config import ConfigError, load_config, replace, to_dict
+from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
+from attn.report import Layout, judged_cells, write_report
+from attn.results import BOOTSTRAP_SEED, COUNTED, collect
 from attn.train import build_task
 
 ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "configs" / "default.yaml"
 BUDGET = 100
-NAN = float("nan")
-INIT = {"score_std": 4.0, "attn_entropy": 0.7, "saturated_frac": 0.1, "grad_norm/W_q": 1.5, "grad_norm/W_k": 1.25}
+NAN = math.nan
+BASE_CONFIG = load_config(BASE)
+REFERENCES = build_task(BASE_CONFIG).reference_losses()
+PLATEAU = REFERENCES["no_retrieval"]  # L: the report's plateau level for retrieval
+CHANCE = 1 / BASE_CONFIG.task.n_values  # 1/C
+SQRT, NONE = {"model.scale": "sqrt"}, {"model.scale": "none"}  # arms, as an expectation names them
 
 
-def load(tmp_path, grid, seeds, report, name="exp"):
-    data = {"name": name, "base": str(ROOT / "configs" / "default.yaml"),
-            "overrides": {"train.steps": BUDGET, "logging.log_every": 10, "optim.lr": 0.1}, "grid": grid,
-            "seeds": list(seeds), "report": report}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
+def curve(outcome: str, step: int = 40, final_loss: float = 0.01) -> list[tuple]:
+    """(step, eval loss, eval accuracy) records of a seed meant to be of that
+    outcome class (test_each_seed_is_classed_as_attn_outcomes_defines checks
+    that it is): a learner first reaches the threshold at `step`. Two
+    records each: every record is a durable write, and they add up."""
+    reached = (step, 0.05, 0.995)
+    return {
+        LEARNED: [reached, (BUDGET, final_loss, 1.0)],
+        LEARNED_THEN_LOST: [reached, (BUDGET, final_loss, 0.8)],
+        SLOW: [(50, 0.5 * PLATEAU, 0.5), (BUDGET, final_loss, 0.7)],
+        STALLED: [(50, PLATEAU, CHANCE), (BUDGET, 0.95 * PLATEAU, 1.5 * CHANCE)],
+        DIVERGED: [(50, 1.2 * PLATEAU, 1.5 * CHANCE), (60, NAN, 0.3)],  # 0.3: garbage beside the NaN
+    }[outcome]
+
+
+def status_of(records) -> str:
+    return "diverged" if math.isnan(records[-1][1]) else "completed"
+
+
+def reached_step(records) -> int | None:
+    """The first logged step with eval accuracy at the threshold."""
+    return next((step for step, _, accuracy in records if accuracy >= outcomes.THRESHOLD), None)
+
+
+def load(tmp_path, grid, seeds, report, name="exp", stem=None):
+    """The experiment file <stem or name>.yaml, written and loaded; its runs under tmp_path/runs/<name>."""
+    data = {"name": name, "base": str(BASE), "overrides": {"train.steps": BUDGET, "logging.log_every": 10},
+            "grid": grid, "seeds": list(seeds), "report": report}
+    path = tmp_path / f"{stem or name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return experiments.load_experiment(path, str(tmp_path / "runs"))
 
 
-def write_run(experiment, settings: dict, seed: int, curve, status="completed", config=None):
-    """A run directory as training would leave it: (step, eval loss, eval
-    accuracy) records, NaN loss beside the garbage accuracy old code logged."""
-    cell = next(c for c in experiment.cells if dict(c.settings) == settings and c.seed == seed)
+def cell_of(experiment, settings: dict, seed: int) -> experiments.Cell:
+    return next(c for c in experiment.cells if dict(c.settings) == settings and c.seed == seed)
+
+
+def write_run(experiment, settings: dict, seed: int, records, status=None, config=None):
+    """A run directory as training leaves it, with `records` (step, eval
+    loss, eval accuracy); status: completed, or diverged where the last loss
+    is NaN, unless given; config: the cell's unless given."""
+    cell = cell_of(experiment, settings, seed)
     run_dir = experiment.directory / cell.name
     run_dir.mkdir(parents=True)
     runs.write_config(run_dir, to_dict(config or cell.config), {})
-    for step, loss, accuracy in curve:
-        runs.append_metrics(run_dir, {"step": step, "eval_loss": loss, "eval_accuracy": accuracy,
-                                      **(INIT if step == 0 else {})})
-    runs.write_json(run_dir / "summary.json", {
-        "status": status, "step": curve[-1][0], "steps": BUDGET, "task": "retrieval",
-        "references": build_task(cell.config).reference_losses()})
+    for step, loss, accuracy in records:
+        runs.append_metrics(run_dir, {"step": step, "eval_loss": loss, "eval_accuracy": accuracy})
+    status = status or status_of(records)
+    writer = runs.heartbeat_fields() if status == "running" else {}  # this process: running, not stale
+    runs.write_json(run_dir / "summary.json", {"status": status, "step": records[-1][0], "steps": BUDGET,
+                                               "task": "retrieval", "references": REFERENCES, **writer})
     return cell
 
 
-START = (0, 2.8, 0.06)
+def write_plan(experiment, plan, keys: tuple) -> None:
+    """plan: (the values of `keys`, each seed's records (seed = its index)) pairs."""
+    for values, curves in plan:
+        for seed, records in enumerate(curves):
+            write_run(experiment, dict(zip(keys, values)), seed, records)
 
 
-def kept(step):  # reaches 99% at `step` and keeps it
-    return [START, (step, 0.02, 0.995), (BUDGET, 0.01, 1.0)]
+@dataclass
+class Report:
+    experiment: experiments.Experiment
+    paths: dict
+    data: dict  # report.json
+    md: str
+
+    def cell(self, **settings) -> dict:
+        """report.json's cell with these settings (short keys: d_k=64)."""
+        [match] = [c for c in self.data["cells"] if all(c["settings"][k] == v for k, v in full(settings).items())]
+        return match
+
+    def expectation(self, id_: str) -> dict:
+        [match] = [e for e in self.data["expectations"] if e["id"] == id_]
+        return match
 
 
-# Seeds of the unscaled cell at d_k = 64, one of each fate.
-NONE_64 = {
-    0: ("completed", kept(20)),
-    1: ("diverged", [START, (30, 0.03, 0.992), (50, NAN, 0.07)]),  # reached 99%, then diverged
-    2: ("completed", [START, (40, 0.3, 0.95), (BUDGET, 2.0, 0.4)]),  # learned, then lost it
-    3: ("completed", [START, (50, 2.5, 0.2), (BUDGET, 2.45, 0.22)]),  # never left the plateau
-    4: ("diverged", [START, (40, 2.6, 0.1), (60, NAN, 0.3)]),  # diverged on the plateau; 0.3 is garbage
-    5: ("interrupted", [START, (30, 2.0, 0.5)]),
-    6: ("completed", [START, (50, 0.9, 0.7), (BUDGET, 0.5, 0.9)]),  # left the plateau, ended short of 99%
-    7: ("completed", [START, (40, 0.05, 0.993), (BUDGET, 0.7, 0.8)]),  # reached 99%, ended below it
+def full(settings: dict) -> dict:
+    keys = {"d_k": "model.d_k", "scale": "model.scale", "lr": "optim.lr", "lr_mult": "optim.lr_mult"}
+    return {keys[k]: v for k, v in settings.items()}
+
+
+def report_of(experiment, figures: bool = True) -> Report:
+    """write_report's files, read back; figures=False: none drawn (they take
+    most of a report's time, and the figure tests draw them for other reports)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not figures:
+            patch.setattr(report_figures, "draw_all", lambda *args: {})
+        paths = write_report(experiment)
+    return Report(experiment, paths, json.loads(paths["json"].read_text()), paths["md"].read_text())
+
+
+def as_json(value):
+    return "inf" if value == math.inf else pytest.approx(value)
+
+
+def markdown_rows(md: str, title: str) -> list[dict]:
+    """The rows of the first table after the line `title`, as column -> text."""
+    lines = md[md.index(title):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table]
+    return [dict(zip(header, row)) for row in rows]
+
+
+# ---------------------------------------------------------------------------
+# 1. Outcome classes; the unfinished counted apart
+# ---------------------------------------------------------------------------
+NONE_SEEDS = {  # the unscaled cell: one seed of each class, one diverged after reaching, three unfinished
+    0: curve(LEARNED),
+    1: curve(LEARNED_THEN_LOST, final_loss=0.7),
+    2: curve(SLOW),
+    3: curve(STALLED),
+    4: curve(DIVERGED),
+    5: [(30, 0.05, 0.995), (60, 2.0, 0.07)],  # diverged after reaching, between two logged evals
 }
-SEEDS = range(8)
+DIVERGED_RUNS = {4, 5}  # summary status diverged
+EXPECTED_CLASS = {0: LEARNED, 1: LEARNED_THEN_LOST, 2: SLOW, 3: STALLED, 4: DIVERGED, 5: DIVERGED}
+UNFINISHED = {6: "interrupted", 7: "running", 8: "failed"}
+SQRT_SEEDS = {seed: curve(LEARNED, step=10 + 10 * seed) for seed in range(5)}
+LINEAR_SEEDS = {seed: curve(DIVERGED) for seed in range(3)}
+MECHANISM_STEPS = (0, 10)
+
+
+def made_up_rows(rng: np.random.Generator, n_rows: int = 12) -> dict:
+    """Per-row statistics as attn.mechanism.row_statistics gives them, made up."""
+    max_p = rng.uniform(0.3, 1.0, n_rows)
+    max_p[:3] = 0.995  # some saturated rows
+    bound = 2 * (1 - max_p)
+    return {"max_p": max_p, "saturated": max_p > mechanism.SATURATED, "grad_W_q": rng.uniform(0.1, 1.0, n_rows),
+            "grad_W_k": rng.uniform(0.1, 1.0, n_rows), "jacobian": bound * rng.uniform(0.2, 1.0, n_rows),
+            "bound": bound}
+
+
+MECHANISM = {seed: {step: made_up_rows(np.random.default_rng([seed, step])) for step in MECHANISM_STEPS}
+             for seed in (0, 1)}  # the scaled seeds with a mechanism.npz
 
 
 @pytest.fixture(scope="module")
-def headline(tmp_path_factory):
-    """d_k x scale, every fate in (64, none); at d_k = 16 one run made with
-    another lr (left out) and one with another runs_dir (kept: no logged number changes)."""
-    tmp = tmp_path_factory.mktemp("report")
-    experiment = load(tmp, {"model.d_k": [16, 64], "model.scale": ["sqrt", "none"]}, SEEDS,
+def classes(tmp_path_factory):
+    """d_k = 64 x scale: every outcome class and three unfinished runs in the
+    unscaled cell; the scaled one all learned, two seeds with mechanism.npz;
+    the linear one all diverged."""
+    experiment = load(tmp_path_factory.mktemp("classes"),
+                      {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"]}, range(9),
                       {"x": "model.d_k", "arm": "model.scale"})
-    for seed, (status, curve) in NONE_64.items():
-        write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, curve, status)
-    for seed in SEEDS:
-        write_run(experiment, {"model.d_k": 64, "model.scale": "sqrt"}, seed, kept(10 + 10 * (seed % 2)))
-    write_run(experiment, {"model.d_k": 16, "model.scale": "sqrt"}, 0, kept(10))
-    sqrt_16 = next(c for c in experiment.cells if c.name == "d_k-16_scale-sqrt_seed-1")
-    write_run(experiment, dict(sqrt_16.settings), 1, kept(90), config=replace(sqrt_16.config, **{"optim.lr": 0.7}))
-    write_run(experiment, {"model.d_k": 16, "model.scale": "none"}, 0, kept(20))
-    none_16 = next(c for c in experiment.cells if c.name == "d_k-16_scale-none_seed-1")
-    write_run(experiment, dict(none_16.settings), 1, kept(40), config=replace(none_16.config, runs_dir="elsewhere"))
-    return experiment
+    write_plan(experiment, [((64, "linear"), LINEAR_SEEDS.values())], ("model.d_k", "model.scale"))
+    for seed, records in NONE_SEEDS.items():
+        write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, records,
+                  "diverged" if seed in DIVERGED_RUNS else "completed")
+    for seed, status in UNFINISHED.items():
+        write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, curve(LEARNED)[:1], status)
+    for seed, records in SQRT_SEEDS.items():
+        cell = write_run(experiment, {"model.d_k": 64, "model.scale": "sqrt"}, seed, records)
+        if seed in MECHANISM:
+            runs.save_arrays(experiment.directory / cell.name / "mechanism.npz",
+                             {f"{step}/{k}": v for step, rows in MECHANISM[seed].items() for k, v in rows.items()})
+    return report_of(experiment)
 
 
-def names(experiment):
-    """The report's short name of each grid key."""
-    return short_names(list(experiment.grid_keys))
+def classify(records, diverged: bool) -> str:
+    steps, losses, accuracies = zip(*records)
+    return outcomes.classify(steps, accuracies, losses, diverged=diverged, budget=BUDGET, plateau_loss=PLATEAU,
+                             chance_accuracy=CHANCE).outcome
 
 
-def finite(values):
-    return [v for v in values if not math.isnan(v)]
+def test_each_seed_is_classed_as_attn_outcomes_defines(classes):
+    assert {seed: classify(records, seed in DIVERGED_RUNS) for seed, records in NONE_SEEDS.items()} == EXPECTED_CLASS
+    assert set(EXPECTED_CLASS.values()) == set(outcomes.OUTCOMES), "the unscaled cell has every class"
+    cell = classes.cell(scale="none")
+    assert {s["seed"]: s["outcome"] for s in cell["seeds"]} == EXPECTED_CLASS
+    counts = Counter(EXPECTED_CLASS.values())
+    assert cell["outcomes"] == {name: counts[name] for name in outcomes.OUTCOMES}
+    n = len(EXPECTED_CLASS)
+    for name, outcome in COUNTED.items():
+        low, high = stats.wilson_interval(counts[outcome], n)
+        assert cell[f"{name}_rate"] == {"k": counts[outcome], "n": n, "rate": counts[outcome] / n, "low": low,
+                                        "high": high}, name
+    reached = [reached_step(NONE_SEEDS[s]) for s in EXPECTED_CLASS]
+    assert [s["reached_step"] for s in cell["seeds"]] == reached and reached.count(None) == 3
+    km = stats.km_median([BUDGET if t is None else t for t in reached], [t is not None for t in reached])
+    assert cell["median_time"] == {"median": km.median, "low": km.low, "high": km.high}
+    losses = [math.inf if s in DIVERGED_RUNS else NONE_SEEDS[s][-1][1] for s in EXPECTED_CLASS]  # diverged: +inf
+    assert [s["final_loss"] for s in cell["seeds"]] == [as_json(loss) for loss in losses]
+    with np.errstate(invalid="ignore"):
+        low, _ = stats.bootstrap_interval(np.array(losses), np.median, np.random.default_rng(BOOTSTRAP_SEED))
+    # 2 of 6 seeds at +inf: about a third of the resamples have a median of +inf, so has the upper bound
+    assert cell["final_loss"] == {"median": pytest.approx(np.median(losses)), "low": pytest.approx(low), "high": "inf"}
 
 
-def stat_text(values, n_finished):
-    """format_stat's text, computed here from the values."""
-    text = f"{np.mean(values):.3g} ± {np.std(values, ddof=1):.2g}"
-    return text + (f" ({len(values)}/{n_finished})" if len(values) < n_finished else "")
+def test_unfinished_runs_are_counted_apart_never_as_seeds(classes):
+    cell = classes.cell(scale="none")
+    assert cell["n"] == len(EXPECTED_CLASS) and cell["unfinished"] == {s: 1 for s in UNFINISHED.values()}
+    assert not set(UNFINISHED) & {s["seed"] for s in cell["seeds"]}
+    assert classes.data["runs"] == len(NONE_SEEDS) + len(UNFINISHED) + len(SQRT_SEEDS) + len(LINEAR_SEEDS)
+    rows = {row["scale"]: row for row in csv.DictReader(io.StringIO(classes.paths["csv"].read_text()))}
+    counts = Counter(EXPECTED_CLASS.values())
+    assert {name: int(rows["none"][name]) for name in outcomes.OUTCOMES} == {n: counts[n] for n in outcomes.OUTCOMES}
+    assert rows["none"]["seeds"] == str(len(EXPECTED_CLASS))
+    assert rows["none"]["unfinished"] == ", ".join(f"1 {s}" for s in sorted(UNFINISHED.values()))
+    assert rows["sqrt"]["seeds"] == rows["sqrt"][LEARNED] == str(len(SQRT_SEEDS))
+    assert rows["sqrt"]["unfinished"] == "—"
+    low, high = stats.wilson_interval(counts[LEARNED], len(EXPECTED_CLASS))
+    assert rows["none"]["success [95%]"] == f"{counts[LEARNED]}/{len(EXPECTED_CLASS)} [{low:.2f}, {high:.2f}]"
+    finished = len(NONE_SEEDS) + len(SQRT_SEEDS) + len(LINEAR_SEEDS)
+    assert f"{finished} finished runs of {len(classes.experiment.cells)}" in classes.md
 
 
-def test_table_counts_only_finished_seeds_and_no_final_figures_after_divergence(headline):
-    results, _ = collect(headline)
-    rows = {(row["d_k"], row["scale"]): row
-            for row in table_rows(results, ["model.d_k", "model.scale"], names(headline))}
-    row = rows[(64, "none")]
-    finished = {seed: curve for seed, (status, curve) in NONE_64.items() if status != "interrupted"}
-    completed = [curve for seed, curve in finished.items() if NONE_64[seed][0] == "completed"]
-    assert row["seeds"] == 8 and row["status"] == "5 completed, 2 diverged, 1 interrupted"
-    assert row["final eval loss"] == stat_text([c[-1][1] for c in completed], len(finished))
-    assert row["final eval acc"] == stat_text([c[-1][2] for c in completed], len(finished)), "no garbage accuracy"
-    best_acc = [max(a for _, loss, a in c if not math.isnan(loss)) for c in finished.values()]
-    assert 0.3 not in best_acc and row["best eval acc"] == stat_text(best_acc, len(finished))
-    assert row["best eval loss"] == stat_text([min(finite([loss for _, loss, _ in c])) for c in finished.values()],
-                                              len(finished))
-    reached = [20, 30, 40]  # seeds 0, 1 and 7
-    assert row["steps to 99%"] == f"{np.mean(reached):.0f} ± {np.std(reached, ddof=1):.0f}; never 4/7"
-    assert rows[(64, "sqrt")]["steps to 99%"] == "15 ± 5" and rows[(64, "sqrt")]["score std @init"] == "4 ± 0"
+def test_a_cell_whose_seeds_all_diverged_has_an_infinite_final_loss_and_interval(classes):
+    cell = classes.cell(scale="linear")
+    assert cell["outcomes"][DIVERGED] == cell["n"] == len(LINEAR_SEEDS)
+    assert cell["final_loss"] == {"median": "inf", "low": "inf", "high": "inf"}
+    [row] = [r for r in markdown_rows(classes.md, "## Every cell") if r["scale"] == "linear"]
+    assert row["median final loss [95%]"] == "inf [inf, inf]"
 
 
-def test_conclusion_names_each_fate_and_bounds_the_slowdown(headline):
-    results, _ = collect(headline)
-    lines = conclusion(results, ["model.d_k"], ["model.scale"], names(headline))
-    censored = (20 + 30 + 40 + 4 * BUDGET) / 7  # never = budget
-    fastest = 15
-    assert lines[lines.index("- **d_k = 64**") + 1:] == [
-        "  - scale=sqrt: 8/8 seeds reached 99%, in 15 steps on average.",
-        f"  - scale=none: 3/7 seeds reached 99%, those in 30 steps on average (≥ {censored / fastest:.1f}× the fastest "
-        f"arm, counting never as {BUDGET} steps); 1 of them ended below 99% (final eval acc 0.800), 1 of them "
-        "diverged after reaching 99%; of the 4 that did not: 1 never left the plateau (best eval loss 2.45), "
-        "1 learned, then lost it (best eval acc 0.950), 1 left the plateau, ended short of 99% (final eval acc "
-        "0.900), 1 diverged; not counted: 1 interrupted.",
-    ]
-    assert lines[:3] == ["- **d_k = 16**", "  - scale=sqrt: 1/1 seeds reached 99%, in 10 steps on average.",
-                         "  - scale=none: 2/2 seeds reached 99%, in 30 steps on average (3.0× the fastest arm)."]
+# ---------------------------------------------------------------------------
+# 2. The selection rule and its edge notes
+# ---------------------------------------------------------------------------
+LRS = (0.01, 0.1, 1.0)
+SELECTION = {  # (d_k, scale, lr) -> the records of seeds 0 and 1; one arm for each way the rule decides
+    # the success rate first (0.01 is fastest but 1/2), then the median time (1.0), though 0.1 ends lower
+    (64, "sqrt", 0.01): [curve(LEARNED, 10), curve(STALLED)],
+    (64, "sqrt", 0.1): [curve(LEARNED, 80, 0.01)] * 2,
+    (64, "sqrt", 1.0): [curve(LEARNED, 30, 0.05)] * 2,
+    # rates and times tie: the final loss decides
+    **{(64, "linear", lr): [curve(LEARNED, 40, final)] * 2 for lr, final in zip(LRS, (0.02, 0.01, 0.03))},
+    # everything ties: the smallest lr
+    **{(64, "none", lr): [curve(LEARNED, 40, 0.02)] * 2 for lr in LRS},
+}
+SELECTION_KEYS = ("model.d_k", "model.scale", "optim.lr")
+BY_DEFAULT_RULE = {(64, "sqrt"): 1.0, (64, "linear"): 0.1, (64, "none"): 0.01}
+BY_TIME_ALONE = {(64, "sqrt"): 0.01, (64, "linear"): 0.01, (64, "none"): 0.01}  # select: [min median_time]
+SHARED_BOUND = 0.03  # sqrt's final loss is below it at lr 0.1 (shared), above it at its best lr 1.0
+SHARED_CLAIMS = [{"id": f"loss-at-{at}", "claim": "scaled ends low", "stat": "final_loss", "arm": SQRT,
+                  "below": SHARED_BOUND, "at": at} for at in ("shared", "best")]
 
 
-def test_no_ratio_when_no_arm_has_every_seed_there(tmp_path):
-    experiment = load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "none"]}, [0, 1],
-                      {"x": "model.d_k", "arm": "model.scale"})
-    for scale in ("sqrt", "none"):
-        write_run(experiment, {"model.d_k": 64, "model.scale": scale}, 0, kept(20))
-        write_run(experiment, {"model.d_k": 64, "model.scale": scale}, 1, NONE_64[3][1])
-    lines = conclusion(collect(experiment)[0], ["model.d_k"], ["model.scale"], names(experiment))
-    assert lines[1] == ("  - scale=sqrt: 1/2 seeds reached 99%, those in 20 steps on average; of the 1 that did "
-                        "not: 1 never left the plateau (best eval loss 2.45).")
+def selection_experiment(tmp_path, stem="selection", **report):
+    return load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"], "optim.lr": list(LRS)}, [0, 1],
+                {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "shared": 0.1,
+                 "expect": SHARED_CLAIMS, **report}, "selection", stem)
 
 
-def test_report_leaves_out_runs_made_with_another_config_and_lists_them(headline):
-    results, excluded = collect(headline)
-    cell = next(c for c in headline.cells if c.name == "d_k-16_scale-sqrt_seed-1")
-    assert [(e.name, e.reason) for e in excluded] == [
-        (cell.name, f"config differs from the experiment's: optim.lr: 0.7 -> {cell.config.optim.lr!r}")]
-    by_cell = {(r.settings["model.d_k"], r.settings["model.scale"]): r for r in results}
-    assert [s.seed for s in by_cell[(16, "sqrt")].seeds] == [0]
-    assert [s.seed for s in by_cell[(16, "none")].seeds] == [0, 1], "a run elsewhere is the same run"
-    text = write_report(headline)["md"].read_text()
-    assert "## Runs left out (1)" in text and "## Expectations, tested" in text
-    assert f"- `{cell.name}`: config differs from the experiment's: optim.lr: 0.7 -> {cell.config.optim.lr!r}" in text
-    assert f"19 runs of {len(headline.cells)} from" in text and "(18 finished)" in text
+@pytest.fixture(scope="module")
+def selection(tmp_path_factory):
+    experiment = selection_experiment(tmp_path_factory.mktemp("selection"))
+    write_plan(experiment, SELECTION.items(), SELECTION_KEYS)
+    return report_of(experiment, figures=False)
 
 
-def test_expectations_only_for_d_k_against_the_scale_and_count_diverged_among_the_stuck(headline):
-    results, _ = collect(headline)
-    references = build_task(headline.cells[0].config).reference_losses()
-    checks = expectation_check(results, ["model.d_k"], ["model.scale"], references, names(headline))
-    assert checks[:2] == [
-        "- Scaled runs learn at every d_k: confirmed — 9/9 seeds reached 99%, the slowest in 20 steps.",
-        f"- Unscaled runs at the largest d_k (64) fail to learn in most seeds: confirmed — 4/7 did not reach 99% "
-        f"within {BUDGET} steps (1 of them diverged).",
-    ]
-    assert checks[2].startswith(f"- Unscaled runs take longer to leave the no-retrieval plateau "
-                                f"({references['no_retrieval']:.3f} nats) as d_k grows")
-    for x, arms in ((["model.scale"], ["model.d_k"]), (["model.qk_gain"], ["model.scale"]),
-                    (["model.d_k", "model.qk_gain"], ["model.scale"]), (["model.d_k"], ["model.scale", "model.qk_gain"])):
-        assert expectation_check(results, x, arms, references, names(headline)) == [], (x, arms)
+def best_lr(report: Report) -> dict:
+    """(d_k, scale) -> the lr report.json says each is judged at."""
+    return {(b["x"][0], b["arm"][0]): b["settings"]["optim.lr"] for b in report.data["best"]}
 
 
-def test_select_best_by_steps_to_99_with_never_as_the_budget(tmp_path):
-    """Per scale, four rates: the old rule (lowest final loss) would take 0.01,
-    dropping the never-seed would take 0.1; never = budget takes 1.0 (0.1 costs
-    (30 + 30 + 100)/3 > 50), and 1.0 beats 3.0 on final loss alone."""
-    experiment = load(tmp_path, {"optim.lr": [0.01, 0.1, 1.0, 3.0], "model.scale": ["none", "sqrt"]}, [0, 1, 2],
-                      {"x": "model.scale", "best_of": "optim.lr"})
-    plan = {0.01: [[START, (80, 0.02, 0.995), (BUDGET, 0.001, 1.0)]] * 3,
-            0.1: [kept(30), kept(30), NONE_64[3][1]],
-            1.0: [[START, (50, 0.02, 0.995), (BUDGET, 0.01, 1.0)]] * 3,
-            3.0: [[START, (50, 0.02, 0.995), (BUDGET, 0.02, 1.0)]] * 3}
-    for lr, curves in plan.items():
-        for seed, curve in enumerate(curves):
-            write_run(experiment, {"optim.lr": lr, "model.scale": "none"}, seed, curve)
-            write_run(experiment, {"optim.lr": lr, "model.scale": "sqrt"}, seed, kept(10 if lr == 3.0 else 40))
-    results, _ = collect(experiment)
-    x, arms, best_of = layout(experiment)
-    assert (x, arms, best_of) == (["model.scale"], [], "optim.lr")
-    chosen = {r.settings["model.scale"]: r.settings["optim.lr"] for r in select_best(results, best_of)}
-    assert chosen == {"none": 1.0, "sqrt": 3.0}
-    assert edge_notes(results, best_of, names(experiment)) == [
-        "- scale=sqrt: `optim.lr` = 3 is the highest value tried (0.01, 0.1, 1, 3): the best may lie beyond the grid."]
+def test_each_x_and_arm_is_judged_at_the_value_the_declared_rule_picks(selection):
+    assert selection.experiment.report.select == experiments.DEFAULT_SELECT
+    assert best_lr(selection) == BY_DEFAULT_RULE
+    assert selection.data["layout"]["select"] == list(experiments.DEFAULT_SELECT)
+    rows = markdown_rows(selection.md, "## Headline: each arm at its own best optim.lr")
+    assert {(int(r["d_k"]), r["scale"]): float(r["lr"]) for r in rows} == BY_DEFAULT_RULE
 
 
-def test_a_grid_over_a_mapping_field_reports(tmp_path):
-    """Used to fail with TypeError: unhashable type: 'dict'."""
-    grid = {"optim.lr_mult": [{"W_q": 0.1, "W_k": 0.1}, {"W_q": 1.0, "W_k": 1.0}], "model.scale": ["none"]}
-    experiment = load(tmp_path, grid, [0], {"x": "optim.lr_mult", "arm": "model.scale"})
-    for mult, step in ((0.1, 60), (1.0, 20)):
-        write_run(experiment, {"optim.lr_mult": {"W_q": mult, "W_k": mult}, "model.scale": "none"}, 0, kept(step))
-    assert all(re.fullmatch(r"[A-Za-z0-9._=-]+", path.name) for path in experiment.directory.iterdir())
-    text = write_report(experiment)["md"].read_text()
-    assert "| {W_k: 0.1, W_q: 0.1} | none | 1 |" in text
-    assert "- **lr_mult = {W_k: 1, W_q: 1}**" in text
+def test_a_select_rule_in_the_file_changes_the_choice(selection):
+    """The same runs, read by a file that declares another rule."""
+    by_time = selection_experiment(selection.experiment.path.parent, "by_time", select=["min median_time"])
+    assert by_time.directory == selection.experiment.directory and by_time.report.select == ("min median_time",)
+    cells, _ = collect(by_time, experiments.config_change)
+    chosen = judged_cells(cells, Layout(by_time), "best")
+    assert {(x[0], arm[0]): cell.settings["optim.lr"] for (x, arm), cell in chosen.items()} == BY_TIME_ALONE
+    assert BY_TIME_ALONE != BY_DEFAULT_RULE
 
 
-def test_an_unreadable_run_is_left_out_with_the_reason(tmp_path):
-    experiment = load(tmp_path, {"model.scale": ["sqrt"]}, [0, 1], {"x": "model.scale"})
-    write_run(experiment, {"model.scale": "sqrt"}, 0, kept(20))
-    broken = write_run(experiment, {"model.scale": "sqrt"}, 1, kept(20))
-    (experiment.directory / broken.name / "summary.json").write_text("{torn")
-    results, excluded = collect(experiment)
-    assert [len(r.seeds) for r in results] == [1]
-    assert [e.name for e in excluded] == [broken.name] and "summary.json: unreadable" in excluded[0].reason
+def test_an_edge_note_for_each_choice_at_the_lowest_or_highest_value_tried(selection):
+    notes = [line for line in selection.md.splitlines() if line.endswith("the best may lie beyond the grid.")]
+    assert sorted(notes) == [  # none for scale=linear: 0.1 lies inside the grid
+        "- scale=none at d_k = 64: lr = 0.01 is the lowest value tried: the best may lie beyond the grid.",
+        "- scale=sqrt at d_k = 64: lr = 1 is the highest value tried: the best may lie beyond the grid."]
+
+
+# ---------------------------------------------------------------------------
+# 3. The shared value (of the selection experiment: 0.1)
+# ---------------------------------------------------------------------------
+def test_the_shared_value_is_used_for_every_arm(selection):
+    rows = markdown_rows(selection.md, "## Headline: every arm at the shared optim.lr = 0.1")
+    assert {r["scale"]: r["lr"] for r in rows} == {"sqrt": "0.1", "linear": "0.1", "none": "0.1"}
+    assert set(BY_DEFAULT_RULE.values()) != {0.1}, "each arm's own best is not always the shared value"
+    sentence = selection.data["headline"].split("At the shared lr 0.1, ")[1].split(". ")[0]
+    assert all(f"scale={scale} learned in 2/2 seeds" in sentence for _, scale in BY_DEFAULT_RULE)
+    for at, lr, verdict, where in (("shared", 0.1, "confirmed", "at the shared lr"),
+                                   ("best", BY_DEFAULT_RULE[(64, "sqrt")], "not confirmed", "at each arm's best lr")):
+        result = selection.expectation(f"loss-at-{at}")
+        [point] = result["points"]
+        assert [point[k] for k in ("value", "low", "high")] == [
+            as_json(v) for v in expected_interval("final_loss", SELECTION[(64, "sqrt", lr)])], at
+        assert result["verdict"] == verdict and where in result["rule"], at
+
+
+# ---------------------------------------------------------------------------
+# 4. Expectations
+# ---------------------------------------------------------------------------
+FAST = (10, 10, 20, 30, 40)  # steps to the threshold of five seeds
+SLOW_STEPS = (60, 70, 70, 80, 90)
+JUDGED = {  # (d_k, scale) -> the seeds' records
+    (16, "sqrt"): [curve(LEARNED)] * 3,
+    (16, "none"): [curve(STALLED)] * 3,
+    (64, "sqrt"): [curve(LEARNED, step, 0.01) for step in FAST * 2],
+    (64, "none"): [curve(STALLED)] * 10,
+    (256, "sqrt"): [curve(LEARNED, step, 0.01 + 0.002 * i) for i, step in enumerate(FAST)],
+    (256, "none"): [curve(LEARNED, step, 0.3 + 0.02 * i) for i, step in enumerate(SLOW_STEPS)],
+}
+EXPECTATIONS = [  # (id, stat, arm, rule, where: d_k values, the verdict)
+    ("rate-apart", "success_rate", SQRT, {"better_than": NONE}, [64], "confirmed"),  # 10/10 vs 0/10
+    ("rate-overlap", "success_rate", SQRT, {"better_than": NONE}, [16], "inconclusive"),  # 3/3 vs 0/3
+    ("rate-wrong-way", "success_rate", NONE, {"better_than": SQRT}, [64], "not confirmed"),
+    ("rate-everywhere", "success_rate", SQRT, {"better_than": NONE}, None, "inconclusive"),
+    ("rate-above", "success_rate", SQRT, {"above": 0.5}, [64], "confirmed"),
+    ("rate-not-above", "success_rate", NONE, {"above": 0.5}, [64], "not confirmed"),
+    ("rate-across-above", "success_rate", SQRT, {"above": 0.5}, [16], "inconclusive"),
+    ("any-not-confirmed", "success_rate", NONE, {"above": 0.5}, None, "not confirmed"),
+    ("stall-below", "stall_rate", SQRT, {"below": 0.5}, [64], "confirmed"),
+    ("stall-not-below", "stall_rate", NONE, {"below": 0.5}, [64], "not confirmed"),
+    ("stall-across-below", "stall_rate", SQRT, {"below": 0.5}, [16], "inconclusive"),
+    ("time-apart", "median_time", SQRT, {"better_than": NONE}, [256], "confirmed"),  # lower is better
+    ("time-wrong-way", "median_time", NONE, {"better_than": SQRT}, [256], "not confirmed"),
+    ("time-below", "median_time", SQRT, {"below": 50}, [256], "confirmed"),
+    ("time-not-below", "median_time", NONE, {"below": 50}, [256], "not confirmed"),
+    ("time-across-above", "median_time", SQRT, {"above": 20}, [256], "inconclusive"),
+    # never reached: +inf, its interval [0, inf] (unbounded ends): no separation either way
+    ("time-not-reached", "median_time", SQRT, {"better_than": NONE}, [64], "inconclusive"),
+    ("loss-apart", "final_loss", SQRT, {"better_than": NONE}, [256], "confirmed"),
+    ("loss-wrong-way", "final_loss", NONE, {"better_than": SQRT}, [256], "not confirmed"),
+    ("loss-below", "final_loss", SQRT, {"below": 0.1}, [256], "confirmed"),
+    ("loss-not-below", "final_loss", NONE, {"below": 0.1}, [256], "not confirmed"),
+]
+
+
+def expectation_entry(id_, stat, arm, rule, where) -> dict:
+    return {"id": id_, "claim": f"the claim {id_}", "stat": stat, "arm": arm, **rule,
+            **({"where": {"model.d_k": where}} if where else {})}
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    experiment = load(tmp_path_factory.mktemp("judged"), {"model.d_k": [16, 64, 256], "model.scale": ["sqrt", "none"]},
+                      range(10), {"x": "model.d_k", "arm": "model.scale",
+                                  "expect": [expectation_entry(*e[:5]) for e in EXPECTATIONS]}, "judged")
+    write_plan(experiment, JUDGED.items(), ("model.d_k", "model.scale"))
+    return report_of(experiment, figures=False)
+
+
+def expected_interval(stat: str, seeds: list) -> tuple[float, float, float]:
+    """(value, low, high) of a stat over the seeds' records, from attn.stats;
+    a median not reached is +inf, an unbounded end 0 or +inf."""
+    if stat in ("success_rate", "stall_rate"):
+        k = sum(classify(r, False) == (LEARNED if stat == "success_rate" else STALLED) for r in seeds)
+        return (k / len(seeds), *stats.wilson_interval(k, len(seeds)))
+    if stat == "median_time":
+        reached = [reached_step(r) for r in seeds]
+        km = stats.km_median([BUDGET if t is None else t for t in reached], [t is not None for t in reached])
+        return (math.inf if km.median is None else km.median, 0.0 if km.low is None else km.low,
+                math.inf if km.high is None else km.high)
+    losses = np.array([r[-1][1] for r in seeds])
+    low, high = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
+    return float(np.median(losses)), low, high
+
+
+@pytest.mark.parametrize("id_, stat, arm, rule, where, verdict", EXPECTATIONS, ids=[e[0] for e in EXPECTATIONS])
+def test_an_expectation_is_judged_by_its_intervals(judged, id_, stat, arm, rule, where, verdict):
+    result = judged.expectation(id_)
+    assert result["verdict"] == verdict
+    assert [p["x"] for p in result["points"]] == [[d_k] for d_k in where or (16, 64, 256)], "`where` restricts x"
+    lines = judged.md[judged.md.index(f"- **{id_}**"):].splitlines()
+    assert lines[0] == f"- **{id_}** — the claim {id_}: **{verdict}**. Rule: {result['rule']}."
+    for point, line in zip(result["points"], lines[1:]):
+        (d_k,) = point["x"]
+        mine = expected_interval(stat, JUDGED[(d_k, arm["model.scale"])])
+        numbers = {"value": mine[0], "low": mine[1], "high": mine[2]}
+        text = f"{mine[0]:.3g} [{mine[1]:.3g}, {mine[2]:.3g}]"
+        if "better_than" in rule:
+            theirs = expected_interval(stat, JUDGED[(d_k, rule["better_than"]["model.scale"])])
+            numbers.update(other_value=theirs[0], other_low=theirs[1], other_high=theirs[2])
+            text += f" vs {theirs[0]:.3g} [{theirs[1]:.3g}, {theirs[2]:.3g}]"
+        assert {k: point[k] for k in numbers} == {k: as_json(v) for k, v in numbers.items()}
+        assert line == f"  - d_k = {d_k}: {text} → {point['verdict']}"
+
+
+def test_an_expectation_over_several_x_is_confirmed_only_if_every_one_is(judged):
+    assert [p["verdict"] for p in judged.expectation("rate-everywhere")["points"]] == [
+        "inconclusive", "confirmed", "inconclusive"]
+    assert [p["verdict"] for p in judged.expectation("any-not-confirmed")["points"]] == [
+        "inconclusive", "not confirmed", "confirmed"]
+    verdicts = Counter(verdict for *_, verdict in EXPECTATIONS)
+    assert judged.data["headline"].endswith(f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
+                                            f"{verdicts['not confirmed']} not confirmed, "
+                                            f"{verdicts['inconclusive']} inconclusive.")
+
+
+# ---------------------------------------------------------------------------
+# 5. Runs left out; a cell with no finished seed
+# ---------------------------------------------------------------------------
+SQRT_64, NONE_64 = {"model.d_k": 64, "model.scale": "sqrt"}, {"model.d_k": 64, "model.scale": "none"}
+
+
+@pytest.fixture(scope="module")
+def left_out(tmp_path_factory):
+    """sqrt: seed 0 kept, seed 1 made with another lr (left out), seed 2 with
+    another runs_dir (kept: no logged number changes); none: seed 0
+    interrupted, seed 1's summary torn, seed 2's config not valid."""
+    experiment = load(tmp_path_factory.mktemp("left_out"), {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
+                      range(3), {"x": "model.d_k", "arm": "model.scale", "expect": [
+                          expectation_entry("loss-no-seed", "final_loss", NONE, {"below": 1.0}, None),
+                          expectation_entry("rate-no-seed", "success_rate", SQRT, {"better_than": NONE}, None)]},
+                      "left_out")
+    write_run(experiment, SQRT_64, 0, curve(LEARNED))
+    write_run(experiment, SQRT_64, 1, curve(LEARNED),
+              config=replace(cell_of(experiment, SQRT_64, 1).config, **{"optim.lr": 0.7}))
+    write_run(experiment, SQRT_64, 2, curve(LEARNED),
+              config=replace(cell_of(experiment, SQRT_64, 2).config, runs_dir="elsewhere"))
+    write_run(experiment, NONE_64, 0, curve(LEARNED)[:1], "interrupted")
+    torn = write_run(experiment, NONE_64, 1, curve(LEARNED))
+    (experiment.directory / torn.name / "summary.json").write_text("{torn")
+    invalid = write_run(experiment, NONE_64, 2, curve(LEARNED))
+    config = to_dict(invalid.config)
+    config["model"]["scale"] = "cubic"
+    runs.write_config(experiment.directory / invalid.name, config, {})
+    return report_of(experiment)
+
+
+def test_runs_made_with_another_config_or_unreadable_are_left_out_with_the_reason(left_out):
+    other_lr, torn, invalid = (cell_of(left_out.experiment, settings, seed)
+                               for settings, seed in ((SQRT_64, 1), (NONE_64, 1), (NONE_64, 2)))
+    reasons = {e["name"]: e["reason"] for e in left_out.data["excluded"]}
+    assert list(reasons) == [other_lr.name, torn.name, invalid.name]
+    assert reasons[other_lr.name] == (f"config differs from the experiment's: optim.lr: {0.7!r} -> "
+                                      f"{other_lr.config.optim.lr!r}")
+    assert "summary.json: unreadable: not JSON" in reasons[torn.name]
+    assert reasons[invalid.name].startswith("config.yaml is not a valid config: ") and "cubic" in reasons[invalid.name]
+    assert f"## Runs left out ({len(reasons)})" in left_out.md
+    assert all(f"- `{name}`: {reason}" in left_out.md for name, reason in reasons.items())
+    assert [s["seed"] for s in left_out.cell(scale="sqrt")["seeds"]] == [0, 2], "a run elsewhere is the same run"
+
+
+def test_a_cell_with_no_finished_seed_does_not_break_the_report(left_out):
+    cell = left_out.cell(scale="none")
+    assert (cell["n"], cell["unfinished"], cell["seeds"]) == (0, {"interrupted": 1}, [])
+    [row] = [r for r in markdown_rows(left_out.md, "## Every cell") if r["scale"] == "none"]
+    assert (row["seeds"], row["success [95%]"], row["unfinished"]) == ("0", "—", "1 interrupted")
+    for id_ in ("loss-no-seed", "rate-no-seed"):  # no evidence, no verdict (an empty final loss is not +inf)
+        result = left_out.expectation(id_)
+        assert result["verdict"] == "inconclusive" and result["points"] == [
+            {"x": [64], "verdict": "inconclusive", "note": "no finished runs"}], id_
+        assert f"- **{id_}** — the claim {id_}: **inconclusive**. Rule: {result['rule']}.\n" \
+               "  - d_k = 64: no finished runs → inconclusive" in left_out.md
+
+
+# ---------------------------------------------------------------------------
+# 6. Figures
+# ---------------------------------------------------------------------------
+def figures(report: Report) -> list[str]:
+    return re.findall(r"!\[[^]]*\]\(([^)]+)\)", report.md)
+
+
+@pytest.mark.parametrize("fixture", ["classes", "left_out", "mapping"])
+def test_every_figure_named_in_the_markdown_is_a_png(request, fixture):
+    report = request.getfixturevalue(fixture)
+    named = figures(report)
+    assert named and sorted(named) == sorted(p.name for p in report.experiment.directory.glob("*.png"))
+    for name in named:
+        assert (report.experiment.directory / name).read_bytes().startswith(PNG_SIGNATURE), name
+
+
+def test_curves_are_drawn_only_where_a_judged_cells_seeds_split(classes, mapping):
+    assert "curves.png" in figures(classes), "the unscaled cell splits"
+    assert "curves.png" not in figures(mapping) and not (mapping.experiment.directory / "curves.png").exists(), \
+        "its only split cell is not judged"
+    assert "phase.png" in figures(mapping) and "phase.png" not in figures(classes), "phase: with best_of only"
+
+
+def test_the_mechanism_is_reported_from_mechanism_npz(classes):
+    assert {"mechanism.png", "headline.png", "final_loss.png", "loss_curves.png"} <= set(figures(classes))
+    [row] = [r for r in markdown_rows(classes.md, "## The mechanism, measured") if r["arm"] == "scale=sqrt"]
+    for step in MECHANISM_STEPS:
+        summaries = [mechanism.summary(MECHANISM[seed][step]) for seed in MECHANISM]
+        assert row[f"saturated @{step}"] == f"{np.median([s['saturated_frac'] for s in summaries]):.3g}"
+        top_share = np.median([s["grad_W_q_top_share"] for s in summaries])
+        assert row[f"top-10% share of ‖∇W_q‖² @{step}"] == f"{top_share:.3g}"
+
+
+# ---------------------------------------------------------------------------
+# 7. A grid over a mapping field (here best_of: the phase diagram's rows, the edge notes)
+# ---------------------------------------------------------------------------
+SMALL, LARGE = {"W_q": 0.1, "W_k": 0.1}, {"W_q": 1.0, "W_k": 1.0}
+MAPPING_PLAN = [((SMALL, "sqrt"), [curve(LEARNED, 60)] * 2), ((LARGE, "sqrt"), [curve(LEARNED, 20)] * 2),
+                ((SMALL, "none"), [curve(LEARNED, 30)] * 2),
+                ((LARGE, "none"), [curve(LEARNED, 30), curve(STALLED)])]  # split, and not judged: 1/2 < 2/2
+
+
+@pytest.fixture(scope="module")
+def mapping(tmp_path_factory):
+    experiment = load(tmp_path_factory.mktemp("mapping"), {"optim.lr_mult": [SMALL, LARGE],
+                                                           "model.scale": ["sqrt", "none"]}, [0, 1],
+                      {"x": "model.scale", "best_of": "optim.lr_mult"}, "mapping")
+    write_plan(experiment, MAPPING_PLAN, ("optim.lr_mult", "model.scale"))
+    return report_of(experiment)
+
+
+def test_a_grid_over_a_mapping_field_reports(mapping):
+    assert all(re.fullmatch(r"[A-Za-z0-9._=-]+", path.name) for path in mapping.experiment.directory.iterdir()
+               if path.is_dir())
+    assert {b["x"][0]: b["settings"]["optim.lr_mult"] for b in mapping.data["best"]} == {
+        "sqrt": format_value(LARGE), "none": format_value(SMALL)}
+    assert f"lr_mult = {format_value(LARGE)} is the highest value tried" in mapping.md
+    assert f"lr_mult = {format_value(SMALL)} is the lowest value tried" in mapping.md
+    assert [c["settings"]["optim.lr_mult"] for c in mapping.data["cells"]] == [
+        format_value(mult) for (mult, _), _ in MAPPING_PLAN]
+
+
+# ---------------------------------------------------------------------------
+# 8. Bad report sections
+# ---------------------------------------------------------------------------
+GOOD_EXPECTATION = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE}
+GOOD_REPORT = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": [GOOD_EXPECTATION]}
+BAD_REPORTS = [  # (the changes to GOOD_REPORT, what the message says after the file's path)
+    ({"select": ["max succes_rate"]},
+     "report: select: got 'max succes_rate'; expected 'max <figure>' or 'min <figure>' with a figure of "
+     + ", ".join(experiments.SELECTION_FIGURES)),
+    ({"shared": 0.2}, "report: shared: got 0.2; expected one of best_of's values (0.1, 1.0)"),
+    ({"expect": [{**GOOD_EXPECTATION, "above": 0.5}]},
+     "report: expect[0]: got 2 rules (better_than, above); expected exactly one of better_than, above, below"),
+    ({"expect": [{**GOOD_EXPECTATION, "stat": "succes_rate"}]},
+     "report: expect[0]: stat: got 'succes_rate'; expected one of " + ", ".join(experiments.STATS)),
+    ({"arm": ["model.scale", "model.qk_gain"]},
+     "report: expect[0]: arm: got {'model.scale': 'sqrt'}; expected a mapping giving each arm key "
+     "(model.scale, model.qk_gain) one of its grid values"),
+    ({"expect": [{**GOOD_EXPECTATION, "where": {"model.scale": ["sqrt"]}}]},
+     "report: expect[0]: where: `model.scale` is not an x key of the report; expected model.d_k"),
+]
+
+
+
+@pytest.mark.parametrize("changes, message", BAD_REPORTS, ids=["select", "shared", "two-rules", "stat", "arm", "where"])
+def test_a_bad_report_section_is_refused_with_one_line(tmp_path, changes, message):
+    grid = {"model.d_k": [16, 64], "model.scale": ["sqrt", "none"], "model.qk_gain": [1.0], "optim.lr": [0.1, 1.0]}
+    assert load(tmp_path, grid, [0], GOOD_REPORT, "good").report.expect, "the section without the change is good"
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, grid, [0], {**GOOD_REPORT, **changes})
+    assert str(caught.value) == f"{tmp_path / 'exp.yaml'}: {message}"
