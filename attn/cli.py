@@ -307,7 +307,7 @@ def _print_report(experiment) -> None:
 def cmd_report(args) -> int:
     from attn.experiment import load_experiment
 
-    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, overrides=args.overrides)
     _print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
@@ -481,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="as given to its sweep, e.g. dtype=float64")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_report)

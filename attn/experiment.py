@@ -22,7 +22,7 @@
           better_than: {model.scale: none}
           where: {model.d_k: [256, 1024, 4096]}
           at: best                   # best (each arm at its own best_of) or shared
-
+      sensitivity: true              # each (x, arm)'s learning-rate sensitivity over best_of
 Every key of `report:` is optional and checked here: x, arm and best_of
 name grid keys, each in one role; `select` is a list of criteria, each
 'max <figure>' or 'min <figure>' of SELECTION_FIGURES; `shared` is one of
@@ -61,7 +61,7 @@ from attn.config import (Config, ConfigError, all_keys, build, check_run_name, c
                          read_yaml_file, set_dotted, validate, with_values)
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
-REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect")
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
@@ -97,6 +97,7 @@ class ReportSpec:
     select: tuple[str, ...] = DEFAULT_SELECT
     shared: object = None
     expect: tuple[Expectation, ...] = ()
+    sensitivity: bool = False  # with best_of a rate: each (x, arm)'s learning-rate sensitivity (Wortsman et al.)
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ def _did_you_mean(word: str, choices) -> str:
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
-def check_report(report, grid_keys: list[str], grid_values: dict, source: str) -> ReportSpec:
+def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=()) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
@@ -223,8 +224,13 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str) -
     expect = report.get("expect") or []
     if not isinstance(expect, list):
         raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
-    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared)
-    checked = [_check_expectation(e, i, spec, grid_values, f"{source}: report: expect[{i}]") for i, e in enumerate(expect)]
+    sensitivity = report.get("sensitivity", False)
+    if not isinstance(sensitivity, bool) or (sensitivity and best_of is None):
+        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
+                          "(true needs a best_of, the rate it is measured over)")
+    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity)
+    checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
+               for i, e in enumerate(expect)]
     ids = [e.id for e in checked]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` is used twice")
@@ -247,7 +253,7 @@ def _check_select(select, source: str) -> list[str]:
     return select
 
 
-def _check_expectation(entry, index: int, spec: ReportSpec, grid_values: dict, where_: str) -> Expectation:
+def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> Expectation:
     """One expectation of the file, checked against the grid and the report's layout."""
     if not isinstance(entry, dict):
         raise ConfigError(f"{where_}: got {cut(repr(entry))}; expected a mapping with keys {', '.join(EXPECTATION_KEYS)}")
@@ -262,12 +268,12 @@ def _check_expectation(entry, index: int, spec: ReportSpec, grid_values: dict, w
         raise ConfigError(f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'")
     if entry["stat"] not in STATS:
         raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
-    arm = _check_arm(entry["arm"], spec, grid_values, f"{where_}: arm")
+    arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
     rules = [k for k in ("better_than", "above", "below") if k in entry]
     if len(rules) != 1:
         raise ConfigError(f"{where_}: got {len(rules)} rules ({', '.join(rules) or 'none'}); expected exactly one "
                           "of better_than, above, below")
-    better_than = _check_arm(entry["better_than"], spec, grid_values, f"{where_}: better_than") \
+    better_than = _check_arm(entry["better_than"], spec, grid_values, partial_keys, f"{where_}: better_than") \
         if "better_than" in entry else None
     bound = {}
     for key in ("above", "below"):
@@ -298,15 +304,20 @@ def _check_expectation(entry, index: int, spec: ReportSpec, grid_values: dict, w
                        bound.get("above"), bound.get("below"))
 
 
-def _check_arm(value, spec: ReportSpec, grid_values: dict, where_: str) -> tuple:
-    """An arm as (key, value) for every arm key, each value in the grid."""
-    if not isinstance(value, dict) or set(value) != set(spec.arm):
+def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> tuple:
+    """An arm as (key, value) for every arm key, each value in the grid; an
+    arm key may be left out only if some grid block does not set it (None)."""
+    optional = [k for k in spec.arm if k in partial_keys]
+    if not isinstance(value, dict) or not set(spec.arm) - set(optional) <= set(value) <= set(spec.arm):
         raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
-                          f"({', '.join(spec.arm)}) one of its grid values")
+                          f"({', '.join(spec.arm)}) one of its grid values"
+                          + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)" if optional else ""))
     for key, v in value.items():
         if v not in grid_values[key]:
             raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}")
-    return tuple((k, value[k]) for k in spec.arm)
+    return tuple((k, value.get(k)) for k in spec.arm)
+
+
 def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
                     plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
@@ -366,7 +377,8 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
             names.add(cname)
             cells.append(Cell(cname, tuple(settings.items()), seed, dataclasses.replace(config, seed=seed)))
     grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
-    report = check_report(data.get("report") or {}, grid_keys, grid_values, source)
+    partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
+    report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
 
 

@@ -41,7 +41,7 @@ import yaml
 from attn import outcomes, report_figures, runs
 from attn.compare import format_value, short_names
 from attn.experiment import STATS, Experiment, Expectation, config_change
-from attn.results import COUNTED, Cell, Excluded, collect, sort_key
+from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 
@@ -65,7 +65,9 @@ class Layout:
         return tuple(_value(cell.settings.get(k)) for k in self.arm)
 
     def label(self, values: tuple, keys: list[str]) -> str:
-        return ", ".join(f"{self.names[k]}={format_value(v)}" for k, v in zip(keys, values)) or "all runs"
+        """'scale=none, d_k=256': the keys' values, those a cell's grid block does not set (None) left out."""
+        return ", ".join(f"{self.names[k]}={format_value(v)}" for k, v in zip(keys, values) if v is not None) \
+            or "all runs"
 
     def arm_label(self, arm: tuple) -> str:
         return self.label(arm, self.arm)
@@ -339,7 +341,7 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
             arms.append(f"{layout.arm_label(arm)} learned in " + ", ".join(
                 f"{c.count(outcomes.LEARNED)}/{c.n}" for _, c in cells) + f" seeds (at {layout.x_name} = "
                 + ", ".join(layout.x_label(x) for x, _ in cells) + ")")
-        text.append(f"{label.capitalize()}, " + "; ".join(arms) + ".")
+        text.append(f"{label[:1].upper() + label[1:]}, " + "; ".join(arms) + ".")
     if judged:
         counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
         text.append(f"Of {len(judged)} expectations, " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
@@ -391,6 +393,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(_value(c.settings.get(k))) for k in keys])
     summary_text = headline(best, shared, layout, judged)
+    sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
+                     if experiment.report.sensitivity else {})
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
@@ -407,9 +411,10 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     runs.write_json(paths["json"], data)
     all_rows = table_rows(ordered, layout, keys)
     runs.write_atomic(paths["csv"], _csv_text(all_rows).encode())
-    paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps))
+    paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
+                                         sensitive=bool(sensitivities)))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths).encode())
+                                            summary_text, data["platform"], paths, sensitivities).encode())
     return paths
 
 
@@ -422,7 +427,22 @@ def _csv_text(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
-def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths) -> str:
+def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
+    """One row per arm: its learning-rate sensitivity at each x, with the interval."""
+    xs = sorted({x for x, _ in sensitivities}, key=lambda x: [sort_key(v) for v in x])
+    rows = []
+    for arm in sorted({a for _, a in sensitivities}, key=lambda a: [sort_key(v) for v in a]):
+        row = {"arm": layout.arm_label(arm)}
+        for x in xs:
+            value = sensitivities.get((x, arm))
+            row[f"{layout.x_name} = {layout.x_label(x)}"] = "—" if not value or value["sensitivity"] is None else \
+                f"{value['sensitivity']:.3g} [{value['low']:.3g}, {value['high']:.3g}] ({value['seeds']} seeds)"
+        rows.append(row)
+    return rows
+
+
+def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
+             sensitivities) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -451,6 +471,12 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
                                                if "other_value" in p else ""))
                 text.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
         text.append("")
+    if sensitivities:
+        rates = next(iter(sensitivities.values()))["rates"]
+        text += [f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}", "",
+                 "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
+                 "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
+                 "over seeds, bootstrap 95% interval.", "", markdown_table(sensitivity_rows(sensitivities, layout)), ""]
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  markdown_table(mechanism_rows(best, layout, steps)), ""]

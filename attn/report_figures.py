@@ -12,6 +12,10 @@
                     gradient of saturated and other rows, its concentration,
                     and each row's softmax Jacobian against its bound
     loss_curves.png eval loss over training per x, each seed and the median
+    score_growth.png the std of the scores over training, the same way: which
+                    arms keep the logits from growing
+    lr_sensitivity.png final loss against the rate per x, every arm (with
+                    report: sensitivity)
 
 Every figure: one colour per arm (arm_color, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
@@ -94,17 +98,25 @@ def _bulk_limits(values, log: bool) -> tuple[float, float] | None:
 
 
 def _legend_below(fig, handles, labels, ncol=None) -> None:
+    if not labels:
+        return
     fig.legend(handles, labels, loc="lower center", ncol=ncol or min(len(labels), 4), fontsize=8, frameon=False)
 
 
-def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int]) -> dict:
+def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool) -> dict:
     """Every figure of the module docstring; by_key: (x, arm) -> the cells
-    there (one per best_of value); best, shared: (x, arm) -> the judged cell."""
+    there (one per best_of value); best, shared: (x, arm) -> the judged cell;
+    `sensitive`: draw final loss against the rate, every arm."""
     out = experiment.directory
     colors = arm_colors(_arms(best))
     paths = {"headline": headline_figure(best, shared, layout, colors, out / "headline.png", experiment.name),
-             "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png"),
-             "loss_curves": loss_curves_figure(best, layout, colors, out / "loss_curves.png")}
+             "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png")}
+    for name, metric, label in (("loss_curves", "eval_loss", "eval loss (nats)"),
+                                ("score_growth", "score_std", "std of the scores")):
+        if any(series(s.run.records, metric)[0].size for c in best.values() for s in c.seeds):
+            paths[name] = curves_over_training(best, layout, colors, metric, label, out / f"{name}.png")
+    if sensitive:
+        paths["lr_sensitivity"] = sensitivity_figure(by_key, layout, colors, out / "lr_sensitivity.png")
     if layout.best_of:
         paths["phase"] = phase_figure(by_key, best, layout, out / "phase.png")
     mixed = {key: c for key, c in best.items() if sum(c.count(n) > 0 for n in outcomes.OUTCOMES) > 1}
@@ -333,7 +345,8 @@ def mechanism_figure(best, layout, colors, steps, path):
     return save_figure(fig, path, tight=False)
 
 
-def loss_curves_figure(best, layout, colors, path):
+def curves_over_training(best, layout, colors, metric, ylabel, path):
+    """A metric over training at each arm's best setting: every seed (thin) and the median (thick), a panel per x."""
     xs, arms = _xs(best), _arms(best)
     fig, axes = _panels(len(xs))
     handles = {}
@@ -343,12 +356,15 @@ def loss_curves_figure(best, layout, colors, path):
             cell = best.get((x, arm))
             if cell is None or not cell.n:
                 continue
-            curves = [series(s.run.records, "eval_loss") for s in cell.seeds]
-            for steps, loss in curves:
-                ax.plot(steps, loss, color=colors[arm], linewidth=0.6, alpha=0.35)
-                values += list(loss)
+            curves = [series(s.run.records, metric) for s in cell.seeds]
+            curves = [(steps, v) for steps, v in curves if len(steps)]
+            if not curves:
+                continue
+            for steps, v in curves:
+                ax.plot(steps, v, color=colors[arm], linewidth=0.6, alpha=0.35)
+                values += list(v)
             longest = max(curves, key=lambda c: len(c[0]))[0]
-            median = [np.median([loss[steps == s][0] for steps, loss in curves if (steps == s).any()]) for s in longest]
+            median = [np.median([v[steps == s][0] for steps, v in curves if (steps == s).any()]) for s in longest]
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
         limits = _bulk_limits(values, log=True)
         if limits:
@@ -356,12 +372,46 @@ def loss_curves_figure(best, layout, colors, path):
         ax.set_yscale("log")
         ax.set_title(f"{layout.x_name} = {layout.x_label(x)}", fontsize=9)
         ax.set_xlabel("step")
-        ax.set_ylabel("eval loss (nats)")
+        ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.25)
-    fig.suptitle("eval loss at each arm's best setting: every seed (thin) and the median (thick); "
+    fig.suptitle(f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
                  "y range from the bulk of the values", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return save_figure(fig, path, tight=False)
+
+
+def sensitivity_figure(by_key, layout, colors, path):
+    """Final eval loss against the rate (median over seeds, a seed's divergence at its loss at init), a panel per x."""
+    xs = sorted({x for x, _ in by_key}, key=lambda x: [sort_key(v) for v in x])
+    arms = sorted({a for _, a in by_key}, key=lambda a: [sort_key(v) for v in a])
+    fig, axes = _panels(len(xs), width=3.8, height=3.2)
+    handles = {}
+    for ax, x in zip(axes, xs):
+        initial = []
+        for arm in arms:
+            cells = sorted(by_key.get((x, arm), []), key=lambda c: sort_key(c.settings[layout.best_of]))
+            rates, medians = [], []
+            for cell in cells:
+                init = [v for v in cell.at_init("eval_loss")]
+                initial += init
+                if cell.n and init:
+                    rates.append(cell.settings[layout.best_of])
+                    medians.append(float(np.median([min(loss, max(init)) for loss in cell.final_losses()])))
+            if rates:
+                handles[layout.arm_label(arm)] = ax.plot(rates, medians, "o-", color=colors[arm], markersize=3)[0]
+        if initial:
+            ax.axhline(float(np.median(initial)), color="0.4", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{layout.x_name} = {layout.x_label(x)}  (dotted: loss at init)", fontsize=8)
+        ax.set_xlabel(layout.names[layout.best_of])
+        ax.set_ylabel("final eval loss (median over seeds)")
+        ax.grid(True, which="major", alpha=0.25)
+    fig.suptitle("learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
+                 "counts as its loss at init)", fontsize=9)
+    _legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return save_figure(fig, path, tight=False)
 
 

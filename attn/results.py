@@ -35,7 +35,7 @@ from attn.config import ConfigError
 from attn.layers import score_scale
 
 FINISHED = ("completed", "diverged")
-AT_INIT_KEYS = ("score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
+AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
 BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
 COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
            "lost": outcomes.LEARNED_THEN_LOST, "slow": outcomes.SLOW}  # rate name -> outcome class
@@ -109,6 +109,7 @@ class Cell:
     theory_score_std: float  # sqrt(d_k) s qk_gain^2
     seeds: list[Seed] = field(default_factory=list)  # the finished ones
     unfinished: Counter = field(default_factory=Counter)  # status -> runs not finished
+    _final_loss: dict = field(default_factory=dict, repr=False, compare=False)  # final losses -> final_loss()
 
     @property
     def n(self) -> int:
@@ -138,8 +139,15 @@ class Cell:
         return [s.final_loss for s in self.seeds]
 
     def final_loss(self) -> dict:
-        """Median final eval loss over seeds (inf if half or more diverged) and a bootstrap 95% interval."""
-        losses = np.array(self.final_losses())
+        """Median final eval loss over seeds (inf if half or more diverged) and a
+        bootstrap 95% interval (computed once: a cell's seeds are read, then fixed)."""
+        key = tuple(self.final_losses())
+        if key not in self._final_loss:
+            self._final_loss.clear()
+            self._final_loss[key] = self._final_loss_of(np.array(key))
+        return self._final_loss[key]
+
+    def _final_loss_of(self, losses: np.ndarray) -> dict:
         if not len(losses):
             return {"median": None, "low": None, "high": None}
         # the resampled medians are finite or +inf, never NaN: a NaN bound is np.quantile interpolating
@@ -173,6 +181,35 @@ class Cell:
 def sort_key(value):
     """Numbers before text, each in order: how settings are laid out."""
     return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def lr_sensitivity(cells: list[Cell], rate_key: str) -> dict:
+    """Wortsman et al.'s learning-rate sensitivity of cells that differ only in
+    their rate: for each seed run at every rate, with L0 its eval loss at
+    initialisation and L* its best final loss over the rates,
+
+        mean over the rates of min(final loss, L0) - L*
+
+    (0: every rate as good as the best; a diverged seed counts as L0), then
+    the mean over those seeds with a percentile-bootstrap 95% interval."""
+    rates = sorted({c.settings[rate_key] for c in cells}, key=sort_key)
+    finals: dict[int, dict] = {}
+    initial: dict[int, float] = {}
+    for cell in cells:
+        for seed in cell.seeds:
+            finals.setdefault(seed.seed, {})[cell.settings[rate_key]] = seed.final_loss
+            if seed.at_init.get("eval_loss") is not None:
+                initial[seed.seed] = seed.at_init["eval_loss"]
+    per_seed = []
+    for seed, by_rate in sorted(finals.items()):
+        if len(by_rate) == len(rates) and seed in initial:
+            capped = [min(loss, initial[seed]) for loss in by_rate.values()]
+            per_seed.append(float(np.mean(capped) - min(by_rate.values())))
+    if not per_seed:
+        return {"sensitivity": None, "low": None, "high": None, "seeds": 0, "rates": rates}
+    low, high = stats.bootstrap_interval(np.array(per_seed), np.mean, np.random.default_rng(BOOTSTRAP_SEED))
+    return {"sensitivity": float(np.mean(per_seed)), "low": float(low), "high": float(high),
+            "seeds": len(per_seed), "rates": rates}
 
 
 @dataclass(frozen=True)

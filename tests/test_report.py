@@ -131,7 +131,7 @@ def report_of(experiment, figures: bool = True) -> Report:
     most of a report's time, and the figure tests draw them for other reports)."""
     with pytest.MonkeyPatch.context() as patch:
         if not figures:
-            patch.setattr(report_figures, "draw_all", lambda *args: {})
+            patch.setattr(report_figures, "draw_all", lambda *args, **kwargs: {})
         paths = write_report(experiment)
     return Report(experiment, paths, json.loads(paths["json"].read_text()), paths["md"].read_text())
 
