@@ -68,7 +68,7 @@ SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_ti
 DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
 # stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.results)
 STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
-         "final_loss": False}
+         "final_loss": False, "lr_sensitivity": False}
 EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at")
 
 
@@ -268,6 +268,8 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         raise ConfigError(f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'")
     if entry["stat"] not in STATS:
         raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
+    if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:
+        raise ConfigError(f"{where_}: stat: lr_sensitivity needs `sensitivity: true` in the report section")
     arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
     rules = [k for k in ("better_than", "above", "below") if k in entry]
     if len(rules) != 1:

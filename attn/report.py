@@ -136,8 +136,12 @@ def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
 # ---------------------------------------------------------------------------
 # Statistics with intervals, and verdicts
 # ---------------------------------------------------------------------------
-def interval(cell: Cell, stat: str) -> tuple[float, float, float]:
-    """(value, low, high) of a STATS figure, unbounded ends as 0 or +inf."""
+def interval(cell: Cell, stat: str, sensitivities: dict | None = None, key=None) -> tuple[float, float, float]:
+    """(value, low, high) of a STATS figure, unbounded ends as 0 or +inf
+    (lr_sensitivity: of the cell's (x, arm), `key`, in `sensitivities`)."""
+    if stat == "lr_sensitivity":
+        value = (sensitivities or {}).get(key) or {}
+        return tuple(math.nan if value.get(k) is None else value[k] for k in ("sensitivity", "low", "high"))
     if stat == "median_time":
         km = cell.time()
         value = math.inf if km.median is None else float(km.median)
@@ -149,8 +153,9 @@ def interval(cell: Cell, stat: str) -> tuple[float, float, float]:
     return (math.nan if rate["rate"] is None else rate["rate"]), rate["low"], rate["high"]
 
 
-def judge(expectation: Expectation, cells: list[Cell], layout: Layout) -> dict:
-    """The expectation's verdict and, at each x it covers, the numbers behind it."""
+def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivities: dict | None = None) -> dict:
+    """The expectation's verdict and, at each x it covers, the numbers behind
+    it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
     chosen = judged_cells(cells, layout, expectation.at)
     wanted = dict(expectation.where)
     xs = sorted({x for x, _ in chosen
@@ -167,10 +172,10 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout) -> dict:
             point.update(verdict=INCONCLUSIVE, note="no finished runs")  # no evidence: no verdict either way
             points.append(point)
             continue
-        value, low, high = interval(mine, expectation.stat)
+        value, low, high = interval(mine, expectation.stat, sensitivities, (x, arm))
         point.update(value=value, low=low, high=high, n=mine.n)
         if other is not None:
-            t_value, t_low, t_high = interval(theirs, expectation.stat)
+            t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
             point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
             better, worse = (low > t_high, high < t_low) if larger_is_better else (high < t_low, low > t_high)
         elif expectation.above is not None:
@@ -388,13 +393,13 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     out, layout = experiment.directory, Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
-    judged = [judge(e, cells, layout) for e in experiment.report.expect]
+    sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
+                     if experiment.report.sensitivity else {})
+    judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(_value(c.settings.get(k))) for k in keys])
     summary_text = headline(best, shared, layout, judged)
-    sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
-                     if experiment.report.sensitivity else {})
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
