@@ -72,7 +72,7 @@ ablation: $(VENV)/.runtime
 	@start=$$(date +%s); $(PY) -m attn sweep experiments/sqrt_dk.yaml $(ARGS) || exit $$?; \
 	echo "make ablation: $$(( $$(date +%s) - start )) s wall time" >&2
 
-ABLATIONS := sqrt_dk init_scale lr optimizer scalings copy
+ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy
 ## make ablations: the headline and every boundary experiment, with the total wall time
 ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \
@@ -83,12 +83,10 @@ ablations: $(VENV)/.runtime
 verify-ablation: $(VENV)/.runtime
 	$(PY) -m attn verify experiments/sqrt_dk.yaml $(ARGS)
 
-## make publish: copy the experiments' reports and figures from runs/ into experiments/results/ (committed)
-publish:
-	@for name in $(ABLATIONS); do \
-	  test -f runs/$$name/report.md || { echo "skip $$name: no runs/$$name/report.md" >&2; continue; }; \
-	  mkdir -p experiments/results/$$name && cp runs/$$name/report.md runs/$$name/report.csv runs/$$name/*.png experiments/results/$$name/ && echo "experiments/results/$$name"; \
-	done
+## make publish: copy the experiments' reports into experiments/results/ and regenerate experiments/README.md
+## and README's results block from their report.json
+publish: $(VENV)/.runtime
+	$(PY) -m attn publish $(ARGS)
 
 ## make bench [ARGS="--sizes default,large --threads 1 --headline"]: attn's training step against the fastest of
 ## PyTorch eager, torch.compile and JAX jit (installed from requirements-bench.txt when possible), memory, sweeps

@@ -326,6 +326,14 @@ def cmd_verify(args) -> int:
     return EXIT_OK if result["agree"] else EXIT_FAILED
 
 
+def cmd_publish(args) -> int:
+    from attn import publish
+
+    for path in publish.publish(args.names or None, Path(args.runs_dir)):
+        print(path)
+    return EXIT_OK
+
+
 def cmd_compare(args) -> int:
     from attn import compare
 
@@ -493,6 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("publish", help="copy reports into experiments/results/; regenerate the results text")
+    p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
+    p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
+    p.set_defaults(func=cmd_publish)
     p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
     p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
