@@ -190,12 +190,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
     best_of); the selection rule, the shared value and the expectations."""
-    if not isinstance(report, dict):
-        raise ConfigError(f"{source}: report: got {cut(repr(report))}; expected a mapping with keys {', '.join(REPORT_KEYS)}")
-    for key in report:
-        if key not in REPORT_KEYS:
-            raise ConfigError(f"{source}: report: unknown key `{cut(str(key))}`{_did_you_mean(key, REPORT_KEYS)}; "
-                              f"expected {', '.join(REPORT_KEYS)}")
+    _check_mapping(report, REPORT_KEYS, f"{source}: report")
     role_of = {}
     for role in (r for r in ("x", "arm", "best_of") if r in report):
         value = report[role]
@@ -237,6 +232,16 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     return dataclasses.replace(spec, expect=tuple(checked))
 
 
+def _check_mapping(value, keys: tuple, where_: str) -> None:
+    """A mapping whose keys are all of `keys`, or one line naming what is not."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
+    for key in value:
+        if key not in keys:
+            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, keys)}; "
+                              f"expected {', '.join(keys)}")
+
+
 def _names(value) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
@@ -255,12 +260,7 @@ def _check_select(select, source: str) -> list[str]:
 
 def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> Expectation:
     """One expectation of the file, checked against the grid and the report's layout."""
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{where_}: got {cut(repr(entry))}; expected a mapping with keys {', '.join(EXPECTATION_KEYS)}")
-    for key in entry:
-        if key not in EXPECTATION_KEYS:
-            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, EXPECTATION_KEYS)}; "
-                              f"expected {', '.join(EXPECTATION_KEYS)}")
+    _check_mapping(entry, EXPECTATION_KEYS, where_)
     for key in ("id", "claim", "stat", "arm"):
         if key not in entry:
             raise ConfigError(f"{where_}: missing `{key}`")
