@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test bench ablation ablations sweep publish compare runs plot clean-venv
+.PHONY: train test test-faults bench ablation ablations sweep publish compare runs plot clean-venv
 
 $(VENV)/.runtime: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "attn needs Python >= 3.10; found " + sys.version.split()[0] + " (set PYTHON=python3.x)")'
@@ -65,9 +65,15 @@ publish:
 bench: $(VENV)/.runtime
 	$(PY) -m attn bench $(ARGS)
 
-## make test: the whole suite
+## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores)
 test: $(VENV)/.dev
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not faults" $(ARGS)
+
+## make test-faults: a real Dask cluster losing a worker, sweeps racing a CLI resume, and the
+## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)
+test-faults: $(VENV)/.dev
+	$(PY) -m pytest -q -m faults $(ARGS)
+	HYPOTHESIS_PROFILE=campaign $(PY) -m pytest -q tests/test_store_properties.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

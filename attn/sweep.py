@@ -57,6 +57,7 @@ import math
 import os
 import re
 import signal
+import threading
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,6 +269,7 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
     if _worker_stop.reason:
         return RunOutcome(cell.name, "cancelled", "not started",
                           f"the sweep was stopped by {_worker_stop.reason} before it started")
+    _one_blas_thread()
     run_dir = Path(experiment_dir) / cell.name
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -290,8 +292,6 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
 
 def _run_locked_cell(cell: Cell, run_dir: Path, experiment_file: str) -> RunOutcome:
     """run_cell's work, under the run's lock: skip, refuse a changed config, resume or start."""
-    from threadpoolctl import threadpool_limits
-
     summary = runs.read_summary(run_dir) or {}
     finished = summary.get("status") in FINISHED
     resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
@@ -309,9 +309,26 @@ def _run_locked_cell(cell: Cell, run_dir: Path, experiment_file: str) -> RunOutc
                           {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
                            "cell": dict(cell.settings), "seed": cell.seed})
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    with threadpool_limits(limits=1):
-        summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
+    summary = jobs.execute(cell.config, run_dir, resume=resume, stop=_worker_stop)
     return RunOutcome(cell.name, "resumed" if resume else "ran", summary["status"], _figures(summary))
+
+
+_blas_lock = threading.Lock()
+_blas_limits = []  # this worker process's one threadpool_limits, once set
+
+
+def _one_blas_thread() -> None:
+    """Cap this worker process's BLAS at one thread (cells run one per core),
+    once, before its first cell. Once and not per cell: threadpoolctl finds
+    the BLAS by walking the loaded libraries under the dynamic loader's lock
+    while running Python, so a cell in another thread loading an extension
+    module meanwhile (numpy.random on first use, matplotlib) deadlocks both;
+    the other threads wait here until the walk is over."""
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        if not _blas_limits:
+            _blas_limits.append(threadpool_limits(limits=1))
 
 
 def _figures(summary: dict) -> str:
@@ -359,7 +376,22 @@ def executor_from_address(address: str) -> Executor:
         client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
     except OSError as err:
         raise ConfigError(f"--executor: cannot reach the Dask scheduler at {address}: {err}") from None
-    return client.get_executor()
+    return DaskExecutor(client)
+
+
+class DaskExecutor(Executor):
+    """A Dask client's executor that closes the client when it shuts down
+    (else the client outlives the sweep, retrying a scheduler that is gone)."""
+
+    def __init__(self, client):
+        self.client, self._executor = client, client.get_executor()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self._executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, **_) -> None:
+        self._executor.shutdown(wait)
+        self.client.close()
 
 
 def run_experiment(experiment: Experiment, executor: Executor,
