@@ -145,11 +145,18 @@ def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
     is deterministic, so starting over in place is exact; either way
     train.run first drops the records the stopped writer logged from there on)."""
     run_dir = Path(run_dir)
-    runs.read_metrics(run_dir)
+    logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
     if (run_dir / "attention.npz").exists():
         runs.load_arrays(run_dir / "attention.npz")
     state = train.prepare(config, run_dir, resume=(run_dir / "checkpoint.npz").exists())
+    # Each record is fsynced before the next checkpoint: every step logged before it must be there.
+    lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
+    if lost:
+        more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+        raise runs.RunError(f"{run_dir / 'metrics.jsonl'}: no record of step {lost[0]}{more}, though the checkpoint "
+                            f"is at step {state.step}; move the run directory away, or delete its checkpoint.npz "
+                            "to train it again from step 0")
     state.resumed = True
     return state
 

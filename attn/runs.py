@@ -184,7 +184,7 @@ class RunLock:
     """The exclusive write lock of a run directory (or of an experiment
     directory, for its report): an flock on <directory>/.lock.
 
-        with runs.RunLock(run_dir, "resume"):
+        with runs.RunLock(run_dir, "train --resume"):
             ...look at the run's state, then write it...
 
     Contract:
@@ -248,8 +248,9 @@ class RunLock:
                 raise RunLocked(f"{self.directory}: in use by {describe_holder(holder)}; wait for it to finish "
                                 "(or stop that process), then try again", holder) from None
         record = json.dumps({"purpose": self.purpose, "since": time.time(), **_identity()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
+        with contextlib.suppress(OSError):  # a full disk: the lock holds, only its record is missing
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
         held[self._key] = [fd, 1]
         return self
 
@@ -379,11 +380,13 @@ def read_config_dict(run_dir: Path) -> dict:
 # metrics.jsonl
 # ---------------------------------------------------------------------------
 def append_metrics(run_dir: Path, record: dict) -> None:
-    """Append one record as a line, flushed and fsynced (never through a symbolic link)."""
+    """Append one record as a line, flushed and fsynced (never through a symbolic
+    link, never waiting on a FIFO)."""
     line = json.dumps(_json_safe(record), sort_keys=True) + "\n"
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o644)
         with open(fd, "a") as fh:
             fh.write(line)
             fh.flush()
