@@ -24,15 +24,22 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from attn import cli, jobs, runs
 from attn.config import all_keys, load_config
 from helpers import TINY
 
 REPO = Path(__file__).resolve().parents[1]
-settings.register_profile("default", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("campaign", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
+# No example database, and Hypothesis's other files in a temporary directory: nothing written into the source tree.
+HYPOTHESIS_HOME = tempfile.TemporaryDirectory(prefix="attn-hypothesis-")
+set_hypothesis_home_dir(HYPOTHESIS_HOME.name)
+settings.register_profile("default", max_examples=25, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("campaign", max_examples=1500, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("campaign" if CAMPAIGN else "default")
 
 SECTIONS = ["model", "task", "optim", "train", "logging"]
 KEYS = all_keys()
@@ -228,7 +235,7 @@ def test_a_damaged_run_is_resumed_listed_or_refused_with_nothing_changed(templat
     check_damaged_run(template, damaged, command)
 
 
-@settings(max_examples=8 if os.environ.get("HYPOTHESIS_PROFILE") != "campaign" else 100)
+@settings(max_examples=150 if CAMPAIGN else 8)  # drawing figures: ~0.5 s an example
 @given(damaged=st.lists(damages, min_size=1, max_size=2))
 def test_a_damaged_run_is_plotted_or_refused_with_nothing_changed(template, damaged):
     check_damaged_run(template, damaged, "plot")
