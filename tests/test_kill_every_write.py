@@ -43,23 +43,26 @@ def finish(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, stderr
 
 
-def durable_writes(run_dir: Path, monkeypatch) -> int:
-    """How many durable writes an uninterrupted run makes (counted in-process)."""
-    count = 0
+def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
+    """The files an uninterrupted run writes durably, in order (counted in-process)."""
+    written = []
 
-    def counted(function):
-        def wrapper(*args, **kwargs):
-            nonlocal count
-            function(*args, **kwargs)
-            count += 1
+    def counted(function, name_of):
+        def wrapper(path, *args, **kwargs):
+            function(path, *args, **kwargs)
+            written.append(name_of(Path(path)))
         return wrapper
 
-    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic))
-    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics))
+    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path: path.name))
+    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda _: "metrics.jsonl"))
     config = load_config(None, [*RUN, f"runs_dir={run_dir.parent}"])
     jobs.execute(config, jobs.create(config, name=run_dir.name))
     monkeypatch.undo()
-    return count
+    steps, log_every, checkpoint_every = config.train.steps, config.logging.log_every, config.logging.checkpoint_every
+    assert written.count("metrics.jsonl") == steps // log_every + 1
+    assert written.count("checkpoint.npz") == steps // checkpoint_every  # the last at step `steps`
+    assert written[0] == "config.yaml" and written[-1] == "summary.json"
+    return written
 
 
 def checkpoint(run_dir: Path) -> tuple[dict, dict]:
@@ -98,14 +101,13 @@ def kill_points(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     reference = root / "reference" / "run"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        writes = durable_writes(reference, monkeypatch)
-    return root, reference, writes
+        written = durable_writes(reference, monkeypatch)
+    return root, reference, written
 
 
 def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
-    root, reference, writes = kill_points
-    assert writes >= 12  # config, summaries, 4 records, 3 checkpoints, 2 attention snapshots
-    killed = {n: start(root, "train", *RUN, "--name", f"killed-{n}", kill_after=n) for n in range(1, writes + 1)}
+    root, reference, written = kill_points
+    killed = {n: start(root, "train", *RUN, "--name", f"killed-{n}", kill_after=n) for n in range(1, len(written) + 1)}
     for n, process in killed.items():
         code, stderr = finish(process)
         assert code == -signal.SIGKILL, (n, stderr)
@@ -118,10 +120,11 @@ def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_poin
 def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
     """The run is killed right after its first checkpoint; its resume is
     killed after each of its writes in turn; a last resume finishes it."""
-    root, reference, _ = kill_points
-    first_checkpoint = 5  # config.yaml, summary, record 0, attention at init, then the checkpoint at step 2
+    root, reference, written = kill_points
+    first_checkpoint = written.index("checkpoint.npz") + 1
+    resume_writes = len(written) - first_checkpoint + 2  # what is left, and the resume's own summary and truncation
     names = []
-    for m in range(1, 9):
+    for m in range(1, resume_writes + 1):
         name = f"twice-{m}"
         code, stderr = finish(start(root, "train", *RUN, "--name", name, kill_after=first_checkpoint))
         assert code == -signal.SIGKILL and (root / "runs" / name / "checkpoint.npz").exists(), stderr

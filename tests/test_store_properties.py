@@ -88,6 +88,15 @@ def assert_contract(code: int, err: str) -> None:
         assert err.count("\n") == 1 and err.startswith("error: "), err
 
 
+def call_changing_nothing(root: Path, *args) -> int:
+    """call(*args) under the contract, nothing below root created or changed; the exit code."""
+    before = tree(root)
+    code, err = call(*args)
+    assert_contract(code, err)
+    assert tree(root) == before
+    return code
+
+
 @contextlib.contextmanager
 def scratch():
     with tempfile.TemporaryDirectory(prefix="attn-property-") as directory:
@@ -102,9 +111,7 @@ def test_any_config_file_is_read_or_refused_in_one_line(contents):
     with scratch() as root:
         path = root / "config.yaml"
         path.write_bytes(contents)
-        before = tree(root)
-        assert_contract(*call("config", path))
-        assert tree(root) == before
+        call_changing_nothing(root, "config", path)
 
 
 @given(overrides=st.lists(st.tuples(st.one_of(st.sampled_from(KEYS), st.text(max_size=12)),
@@ -112,9 +119,7 @@ def test_any_config_file_is_read_or_refused_in_one_line(contents):
                           min_size=1, max_size=3))
 def test_any_override_is_applied_or_refused_in_one_line(overrides):
     with scratch() as root:
-        before = tree(root)
-        assert_contract(*call("config", *(f"{key}={value}" for key, value in overrides)))
-        assert tree(root) == before
+        call_changing_nothing(root, "config", *(f"{key}={value}" for key, value in overrides))
 
 
 grids = st.one_of(values, st.dictionaries(st.sampled_from(KEYS + ["seed", "bogus.key"]), st.lists(values, max_size=3),
@@ -137,11 +142,8 @@ def test_any_experiment_file_is_read_or_refused_in_one_line(contents):
     with scratch() as root:
         path = root / "exp.yaml"
         path.write_bytes(contents)
-        before = tree(root)
-        code, err = call("report", path, "--runs-dir", root / "runs", "--max-cells", "50")
-        assert_contract(code, err)
+        code = call_changing_nothing(root, "report", path, "--runs-dir", root / "runs", "--max-cells", "50")
         assert code == cli.EXIT_BAD_INPUT  # a valid experiment has no runs yet
-        assert tree(root) == before
 
 
 # ---------------------------------------------------------------------------
