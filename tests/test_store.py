@@ -417,3 +417,8 @@ def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(r
     message = one_line_error(capsys, "train", "--resume", run_copy)
     assert message.startswith(f"error: {path}: lacks `") and message.endswith("; move the run directory away")
     assert snapshot(run_copy) == before
+
+
+def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
+    assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
+    assert one_line_error(capsys, "train", "-\n=") == "error: python -m attn: unrecognized arguments: -\\n="
