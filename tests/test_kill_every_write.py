@@ -33,6 +33,7 @@ RUN = [*TINY, "train.steps=6", "logging.log_every=2", "logging.checkpoint_every=
 
 
 def start(root: Path, *args, kill_after: int | None = None) -> subprocess.Popen:
+    """`python -m attn ARGS` in root; with kill_after, SIGKILLed after that many durable writes."""
     env = ENV if kill_after is None else {**ENV, runs.KILL_AFTER_WRITES: str(kill_after)}
     return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -86,14 +87,21 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
-def resume_until_complete(root: Path, run_dir: Path) -> None:
-    """Resume the run if it is not completed yet; it must then complete."""
-    if runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed":
-        code, stderr = finish(start(root, "train", "--resume", run_dir))
-        assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
-        return
-    code, stderr = finish(start(root, "train", "--resume", run_dir))
-    assert code == cli.EXIT_OK, stderr
+def run_all(root: Path, commands: dict, kill_after: dict | None = None) -> dict:
+    """Start every command at once (name -> argument list), then wait for all: name -> (exit code, stderr)."""
+    started = {name: start(root, *args, kill_after=(kill_after or {}).get(name)) for name, args in commands.items()}
+    return {name: finish(process) for name, process in started.items()}
+
+
+def resume_until_complete(root: Path, run_dirs: list[Path]) -> None:
+    """Resume each run (all at once); one killed after its final summary is already complete."""
+    done = {run_dir: runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed"
+            for run_dir in run_dirs}
+    for run_dir, (code, stderr) in run_all(root, {run_dir: ["train", "--resume", run_dir] for run_dir in run_dirs}).items():
+        if done[run_dir]:
+            assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
+        else:
+            assert code == cli.EXIT_OK, stderr
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +115,13 @@ def kill_points(tmp_path_factory):
 
 def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
     root, reference, written = kill_points
-    killed = {n: start(root, "train", *RUN, "--name", f"killed-{n}", kill_after=n) for n in range(1, len(written) + 1)}
-    for n, process in killed.items():
-        code, stderr = finish(process)
-        assert code == -signal.SIGKILL, (n, stderr)
-    for n in killed:
-        run_dir = root / "runs" / f"killed-{n}"
-        resume_until_complete(root, run_dir)
+    boundaries = range(1, len(written) + 1)
+    killed = run_all(root, {n: ["train", *RUN, "--name", f"killed-{n}"] for n in boundaries},
+                     kill_after={n: n for n in boundaries})
+    assert {n: code for n, (code, _) in killed.items()} == {n: -signal.SIGKILL for n in boundaries}, killed
+    run_dirs = [root / "runs" / f"killed-{n}" for n in boundaries]
+    resume_until_complete(root, run_dirs)
+    for run_dir in run_dirs:
         assert_equals_uninterrupted(run_dir, reference)
 
 
@@ -123,14 +131,14 @@ def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_poin
     root, reference, written = kill_points
     first_checkpoint = written.index("checkpoint.npz") + 1
     resume_writes = len(written) - first_checkpoint + 2  # what is left, and the resume's own summary and truncation
-    names = []
-    for m in range(1, resume_writes + 1):
-        name = f"twice-{m}"
-        code, stderr = finish(start(root, "train", *RUN, "--name", name, kill_after=first_checkpoint))
-        assert code == -signal.SIGKILL and (root / "runs" / name / "checkpoint.npz").exists(), stderr
-        names.append((name, start(root, "train", "--resume", root / "runs" / name, kill_after=m)))
-    for name, process in names:
-        code, stderr = finish(process)
-        assert code in (-signal.SIGKILL, cli.EXIT_OK), stderr
-        resume_until_complete(root, root / "runs" / name)
-        assert_equals_uninterrupted(root / "runs" / name, reference)
+    boundaries = range(1, resume_writes + 1)
+    run_dirs = {m: root / "runs" / f"twice-{m}" for m in boundaries}
+    killed = run_all(root, {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
+                     kill_after=dict.fromkeys(boundaries, first_checkpoint))
+    assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
+    resumed = run_all(root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries},
+                      kill_after={m: m for m in boundaries})
+    assert all(code in (-signal.SIGKILL, cli.EXIT_OK) for code, _ in resumed.values()), resumed
+    resume_until_complete(root, list(run_dirs.values()))
+    for run_dir in run_dirs.values():
+        assert_equals_uninterrupted(run_dir, reference)
