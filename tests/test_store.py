@@ -10,11 +10,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
