@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test bench ablation ablations verify-ablation sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test test-faults bench ablation ablations verify-ablation sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -98,9 +98,15 @@ $(VENV)/.bench: requirements-bench.txt $(VENV)/.runtime
 bench: $(VENV)/.bench
 	$(PY) -m attn bench $(ARGS)
 
-## make test: the whole suite
+## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores)
 test: $(VENV)/.dev
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -m "not faults" $(ARGS)
+
+## make test-faults: a real Dask cluster losing a worker, sweeps racing a CLI resume, and the
+## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)
+test-faults: $(VENV)/.dev
+	$(PY) -m pytest -q -m faults $(ARGS)
+	HYPOTHESIS_PROFILE=campaign $(PY) -m pytest -q tests/test_store_properties.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -43,6 +43,12 @@ class UsageError(Exception):
     """Bad command-line usage; one line."""
 
 
+def one_line(text: str) -> str:
+    """A message as one line: a newline or other unprintable character that
+    came with a path or an argument is shown escaped (`\\n`), not printed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         raise UsageError(f"{self.prog}: {message}")
@@ -162,11 +168,11 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
     except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
         summary = runs.read_summary(run_dir) or {"status": "interrupted"}
     except runs.RunError as err:  # the disk or the run directory, mid-run
-        print(f"error: run failed: {err}", file=sys.stderr)
+        print(f"error: run failed: {one_line(str(err))}", file=sys.stderr)
     except Exception as err:
         traceback_file = run_dir / "error.txt"
         where = f" (traceback in {traceback_file})" if traceback_file.exists() else ""
-        print(f"error: run failed: {type(err).__name__}: {err}{where}", file=sys.stderr)
+        print(f"error: run failed: {type(err).__name__}: {one_line(str(err))}{where}", file=sys.stderr)
     status = summary["status"] if summary else "failed"
     if summary:
         line = f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
@@ -501,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("publish", help="copy reports into experiments/results/; regenerate the results text")
+    p = sub.add_parser("publish", help="publish reports and their generated results text")
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
     p.set_defaults(func=cmd_publish)
@@ -554,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except (ConfigError, UsageError, runs.RunError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -576,12 +576,12 @@ def with_values(config: Config, values: dict, source: str) -> Config:
     the whole schema: a sweep makes one config per grid point this way."""
     sections: dict[str, dict] = {}
     for key, value in values.items():
-        if key not in all_keys():
+        section, _, leaf = str(key).rpartition(".")
+        owner = _hints(Config).get(section) if section else Config
+        if not dataclasses.is_dataclass(owner) or leaf not in _hints(owner) or dataclasses.is_dataclass(_hints(owner)[leaf]):
             suggestion = nearest_key(str(key))
             hint = f"; did you mean `{suggestion}`?" if suggestion else ""
             raise ConfigError(f"{source}: unknown key `{cut(str(key))}`{hint}")
-        section, _, leaf = key.rpartition(".")
-        owner = type(getattr(config, section)) if section else Config
         meta = dict(_sections(owner)[leaf].metadata)
         sections.setdefault(section, {})[leaf] = coerce(value, _hints(owner)[leaf], meta, key, source)
     top = sections.pop("", {})

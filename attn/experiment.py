@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 import math
 import os
@@ -124,9 +125,11 @@ class Experiment:
         return Path(self.cells[0].config.runs_dir) / self.name
 
 
-def _short_key(key: str, keys: list[str]) -> str:
-    leaf = key.rsplit(".", 1)[-1]
-    return leaf if sum(k.rsplit(".", 1)[-1] == leaf for k in keys) == 1 else key.replace(".", "-")
+@functools.lru_cache(maxsize=16)
+def _short_keys(keys: tuple[str, ...]) -> dict[str, str]:
+    """Each key by its leaf where no other key shares it, else in full with '-' for '.'."""
+    leaves = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: leaf if leaves.count(leaf) == 1 else key.replace(".", "-") for key, leaf in zip(keys, leaves)}
 
 
 def _format_value(value) -> str:
@@ -143,7 +146,8 @@ def _format_value(value) -> str:
 
 
 def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: list[str]) -> str:
-    parts = [f"{_short_key(k, grid_keys)}-{_format_value(v)}" for k, v in settings]
+    short = _short_keys(tuple(grid_keys))
+    parts = [f"{short[k]}-{_format_value(v)}" for k, v in settings]
     return "_".join(parts + [f"seed-{seed}"])
 
 

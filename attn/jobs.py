@@ -154,15 +154,24 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
 def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
     """The state a run resumes from, every file of the run read and checked
     before anything changes (so damage is refused, never recorded as a
-    failure): its last checkpoint, or before its first one step 0 (training
+    failure; a config.yaml must hold every field, so none silently takes its
+    default): its last checkpoint, or before its first one step 0 (training
     is deterministic, so starting over in place is exact; either way
     train.run first drops the records the stopped writer logged from there on)."""
     run_dir = Path(run_dir)
-    runs.read_metrics(run_dir)
+    runs.read_run_config(run_dir, complete=True)
+    logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
     if (run_dir / "attention.npz").exists():
         runs.load_arrays(run_dir / "attention.npz")
     state = train.prepare(config, run_dir, resume=(run_dir / "checkpoint.npz").exists())
+    # Each record is fsynced before the next checkpoint: every step logged before it must be there.
+    lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
+    if lost:
+        more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
+        raise runs.RunError(f"{run_dir / 'metrics.jsonl'}: no record of step {lost[0]}{more}, though the checkpoint "
+                            f"is at step {state.step}; move the run directory away, or delete its checkpoint.npz "
+                            "to train it again from step 0")
     state.resumed = True
     return state
 

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from attn.config import ConfigError, read_regular_file, read_yaml_file
+from attn.config import ConfigError, all_keys, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 STALE_AFTER_SECONDS = 120.0  # a `running` run whose heartbeat is older than this is stale
@@ -184,7 +184,7 @@ class RunLock:
     """The exclusive write lock of a run directory (or of an experiment
     directory, for its report): an flock on <directory>/.lock.
 
-        with runs.RunLock(run_dir, "resume"):
+        with runs.RunLock(run_dir, "train --resume"):
             ...look at the run's state, then write it...
 
     Contract:
@@ -248,8 +248,9 @@ class RunLock:
                 raise RunLocked(f"{self.directory}: in use by {describe_holder(holder)}; wait for it to finish "
                                 "(or stop that process), then try again", holder) from None
         record = json.dumps({"purpose": self.purpose, "since": time.time(), **_identity()}).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record, 0)
+        with contextlib.suppress(OSError):  # a full disk: the lock holds, only its record is missing
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
         held[self._key] = [fd, 1]
         return self
 
@@ -352,20 +353,35 @@ def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
     write_atomic(run_dir / "config.yaml", text.encode())
 
 
-def read_run_config(run_dir: Path) -> dict:
+def read_run_config(run_dir: Path, complete: bool = False) -> dict:
     """The run's config.yaml as written: the resolved config and its
     `provenance` (a mapping), read as any config file is (config.read_yaml_file:
-    bounded, safe); RunError if it is missing or damaged."""
+    bounded, safe); RunError if it is missing or damaged. With `complete`, also
+    if it lacks a field or its provenance: write_config writes every field, so
+    a run to be resumed must not take a default for one (a truncated file)."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         raise RunError(f"{run_dir}: not a run directory (no config.yaml)")
+    repair = "move the run directory away"
     try:
         config = read_yaml_file(path)
     except ConfigError as err:
-        raise RunError(f"{path}: unreadable: {str(err).removeprefix(f'{path}: ')}; move the run directory away") from None
+        raise RunError(f"{path}: unreadable: {str(err).removeprefix(f'{path}: ')}; {repair}") from None
     if not isinstance(config.get("provenance", {}), dict):
-        raise RunError(f"{path}: unreadable: `provenance` is not a mapping; move the run directory away")
+        raise RunError(f"{path}: unreadable: `provenance` is not a mapping; {repair}")
+    missing = next((key for key in [*all_keys(), "provenance"] if not _has_dotted(config, key)), None)
+    if complete and missing:
+        raise RunError(f"{path}: lacks `{missing}`, which attn writes into every run's config.yaml "
+                       f"(is it cut short, or from an older attn?); {repair}")
     return config
+
+
+def _has_dotted(data: dict, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
 
 
 def read_config_dict(run_dir: Path) -> dict:
@@ -379,11 +395,13 @@ def read_config_dict(run_dir: Path) -> dict:
 # metrics.jsonl
 # ---------------------------------------------------------------------------
 def append_metrics(run_dir: Path, record: dict) -> None:
-    """Append one record as a line, flushed and fsynced (never through a symbolic link)."""
+    """Append one record as a line, flushed and fsynced (never through a symbolic
+    link, never waiting on a FIFO)."""
     line = json.dumps(_json_safe(record), sort_keys=True) + "\n"
     path = Path(run_dir) / "metrics.jsonl"
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o644)
         with open(fd, "a") as fh:
             fh.write(line)
             fh.flush()

@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -78,11 +79,10 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
-    from threadpoolctl import threadpool_limits
-
     if _worker_stop.reason:
         return [RunOutcome(c.name, "cancelled", "not started",
                            f"the sweep was stopped by {_worker_stop.reason} before it started") for c in cells]
+    _one_blas_thread()
     outcomes: dict[str, RunOutcome] = {}
     with contextlib.ExitStack() as held:
         ready: dict[int, list[tuple[Cell, train.RunState]]] = {}  # start step -> the cells to train from it
@@ -95,8 +95,7 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
         for group in ready.values():
             start = time.perf_counter()
             try:
-                with threadpool_limits(limits=1):
-                    summaries = jobs.execute_stack([state for _, state in group], stop=_worker_stop)
+                summaries = jobs.execute_stack([state for _, state in group], stop=_worker_stop)
             except (runs.RunError, ConfigError) as err:  # the run directories, their files
                 summaries = [{"status": "failed", "reason": str(err)}] * len(group)
             except Exception as err:  # recorded in the run directories; never stops the other cells
@@ -155,6 +154,24 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
                        "cell": dict(cell.settings), "seed": cell.seed})
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     return train.prepare(cell.config, run_dir)
+
+
+_blas_lock = threading.Lock()
+_blas_limits = []  # this worker process's one threadpool_limits, once set
+
+
+def _one_blas_thread() -> None:
+    """Cap this worker process's BLAS at one thread (stacks run one per core),
+    once, before its first stack. Once and not per stack: threadpoolctl finds
+    the BLAS by walking the loaded libraries under the dynamic loader's lock
+    while running Python, so a stack in another thread loading an extension
+    module meanwhile (numpy.random on first use, matplotlib) deadlocks both;
+    the other threads wait here until the walk is over."""
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        if not _blas_limits:
+            _blas_limits.append(threadpool_limits(limits=1))
 
 
 def plan_stacks(cells) -> list[list[Cell]]:
@@ -216,7 +233,22 @@ def executor_from_address(address: str) -> Executor:
         client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
     except OSError as err:
         raise ConfigError(f"--executor: cannot reach the Dask scheduler at {address}: {err}") from None
-    return client.get_executor()
+    return DaskExecutor(client)
+
+
+class DaskExecutor(Executor):
+    """A Dask client's executor that closes the client when it shuts down
+    (else the client outlives the sweep, retrying a scheduler that is gone)."""
+
+    def __init__(self, client):
+        self.client, self._executor = client, client.get_executor()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self._executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, **_) -> None:
+        self._executor.shutdown(wait)
+        self.client.close()
 
 
 def run_experiment(experiment: Experiment, executor: Executor,

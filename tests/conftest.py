@@ -18,3 +18,7 @@ for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 def one_blas_thread():
     with threadpool_limits(limits=1):
         yield
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "faults: slow fault-injection tests with real processes (make test-faults)")

@@ -33,6 +33,7 @@ RUN = [*TINY, "train.steps=6", "logging.log_every=2", "logging.checkpoint_every=
 
 
 def start(root: Path, *args, kill_after: int | None = None) -> subprocess.Popen:
+    """`python -m attn ARGS` in root; with kill_after, SIGKILLed after that many durable writes."""
     env = ENV if kill_after is None else {**ENV, runs.KILL_AFTER_WRITES: str(kill_after)}
     return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -44,20 +45,24 @@ def finish(process: subprocess.Popen) -> tuple[int, str]:
 
 
 def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
-    """The names of the files an uninterrupted run writes durably, in order (counted in-process)."""
+    """The files an uninterrupted run writes durably, in order (counted in-process)."""
     written = []
 
     def counted(function, name_of):
-        def wrapper(*args, **kwargs):
-            function(*args, **kwargs)
-            written.append(name_of(args[0]))
+        def wrapper(path, *args, **kwargs):
+            function(path, *args, **kwargs)
+            written.append(name_of(Path(path)))
         return wrapper
 
-    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path: Path(path).name))
-    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda _run_dir: "metrics.jsonl"))
+    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path: path.name))
+    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda _: "metrics.jsonl"))
     config = load_config(None, [*RUN, f"runs_dir={run_dir.parent}"])
     jobs.execute(config, jobs.create(config, name=run_dir.name))
     monkeypatch.undo()
+    steps, log_every, checkpoint_every = config.train.steps, config.logging.log_every, config.logging.checkpoint_every
+    assert written.count("metrics.jsonl") == steps // log_every + 1
+    assert written.count("checkpoint.npz") == steps // checkpoint_every  # the last at step `steps`
+    assert written[0] == "config.yaml" and written[-1] == "summary.json"
     return written
 
 
@@ -83,14 +88,21 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
-def resume_until_complete(root: Path, run_dir: Path) -> None:
-    """Resume the run if it is not completed yet; it must then complete."""
-    if runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed":
-        code, stderr = finish(start(root, "train", "--resume", run_dir))
-        assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
-        return
-    code, stderr = finish(start(root, "train", "--resume", run_dir))
-    assert code == cli.EXIT_OK, stderr
+def run_all(root: Path, commands: dict, kill_after: dict | None = None) -> dict:
+    """Start every command at once (name -> argument list), then wait for all: name -> (exit code, stderr)."""
+    started = {name: start(root, *args, kill_after=(kill_after or {}).get(name)) for name, args in commands.items()}
+    return {name: finish(process) for name, process in started.items()}
+
+
+def resume_until_complete(root: Path, run_dirs: list[Path]) -> None:
+    """Resume each run (all at once); one killed after its final summary is already complete."""
+    done = {run_dir: runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed"
+            for run_dir in run_dirs}
+    for run_dir, (code, stderr) in run_all(root, {run_dir: ["train", "--resume", run_dir] for run_dir in run_dirs}).items():
+        if done[run_dir]:
+            assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
+        else:
+            assert code == cli.EXIT_OK, stderr
 
 
 @pytest.fixture(scope="module")
@@ -98,37 +110,37 @@ def kill_points(tmp_path_factory):
     root = tmp_path_factory.mktemp("kill")
     reference = root / "reference" / "run"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        writes = durable_writes(reference, monkeypatch)
-    return root, reference, writes
+        written = durable_writes(reference, monkeypatch)
+    return root, reference, written
 
 
 def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
-    root, reference, writes = kill_points
-    assert len(writes) >= 14  # config, summaries, 4 records, 3 checkpoints, 2 attention and 2 mechanism snapshots
-    killed = {n: start(root, "train", *RUN, "--name", f"killed-{n}", kill_after=n) for n in range(1, len(writes) + 1)}
-    for n, process in killed.items():
-        code, stderr = finish(process)
-        assert code == -signal.SIGKILL, (n, stderr)
-    for n in killed:
-        run_dir = root / "runs" / f"killed-{n}"
-        resume_until_complete(root, run_dir)
+    root, reference, written = kill_points
+    boundaries = range(1, len(written) + 1)
+    killed = run_all(root, {n: ["train", *RUN, "--name", f"killed-{n}"] for n in boundaries},
+                     kill_after={n: n for n in boundaries})
+    assert {n: code for n, (code, _) in killed.items()} == {n: -signal.SIGKILL for n in boundaries}, killed
+    run_dirs = [root / "runs" / f"killed-{n}" for n in boundaries]
+    resume_until_complete(root, run_dirs)
+    for run_dir in run_dirs:
         assert_equals_uninterrupted(run_dir, reference)
-    assert "mechanism.npz" in writes and "attention.npz" in writes
+    assert "mechanism.npz" in written and "attention.npz" in written
 
 
 def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
     """The run is killed right after its first checkpoint; its resume is
     killed after each of its writes in turn; a last resume finishes it."""
-    root, reference, writes = kill_points
-    first_checkpoint = writes.index("checkpoint.npz") + 1  # the checkpoint at step 2
-    names = []
-    for m in range(1, 9):
-        name = f"twice-{m}"
-        code, stderr = finish(start(root, "train", *RUN, "--name", name, kill_after=first_checkpoint))
-        assert code == -signal.SIGKILL and (root / "runs" / name / "checkpoint.npz").exists(), stderr
-        names.append((name, start(root, "train", "--resume", root / "runs" / name, kill_after=m)))
-    for name, process in names:
-        code, stderr = finish(process)
-        assert code in (-signal.SIGKILL, cli.EXIT_OK), stderr
-        resume_until_complete(root, root / "runs" / name)
-        assert_equals_uninterrupted(root / "runs" / name, reference)
+    root, reference, written = kill_points
+    first_checkpoint = written.index("checkpoint.npz") + 1
+    resume_writes = len(written) - first_checkpoint + 2  # what is left, and the resume's own summary and truncation
+    boundaries = range(1, resume_writes + 1)
+    run_dirs = {m: root / "runs" / f"twice-{m}" for m in boundaries}
+    killed = run_all(root, {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
+                     kill_after=dict.fromkeys(boundaries, first_checkpoint))
+    assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
+    resumed = run_all(root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries},
+                      kill_after={m: m for m in boundaries})
+    assert all(code in (-signal.SIGKILL, cli.EXIT_OK) for code, _ in resumed.values()), resumed
+    resume_until_complete(root, list(run_dirs.values()))
+    for run_dir in run_dirs.values():
+        assert_equals_uninterrupted(run_dir, reference)

@@ -10,11 +10,9 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -407,3 +405,19 @@ def test_a_sexagesimal_looking_value_is_refused_as_text(tmp_path):
     with pytest.raises(ConfigError, match="train.steps: got '12:30:00'; expected an integer > 0"):
         load_config(path)
     assert config_module.MAX_INT_DIGITS < 4300  # Python's own cap on str(int) would otherwise raise first
+
+
+def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(run_copy, capsys):
+    """Half a config.yaml is still YAML, and its missing fields would take their defaults."""
+    path = run_copy / "config.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[: next(i for i, line in enumerate(lines) if line.startswith("optim:"))]))
+    before = snapshot(run_copy)
+    message = one_line_error(capsys, "train", "--resume", run_copy)
+    assert message.startswith(f"error: {path}: lacks `") and message.endswith("; move the run directory away")
+    assert snapshot(run_copy) == before
+
+
+def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
+    assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
+    assert one_line_error(capsys, "train", "-\n=") == "error: attn: unrecognized arguments: -\\n="
