@@ -32,7 +32,8 @@ import yaml
 
 from attn import jobs, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.config import ConfigError, all_keys, check_run_name, describe_schema, load_config, show_value, to_dict
+from attn.config import (ConfigError, all_keys, check_run_name, describe_schema, load_config, nearest_key,
+                         show_value, to_dict)
 from attn.train import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -126,24 +127,70 @@ def _install_stop_handlers(stop: StopFlag, second_stops_at_once: bool = True):
 
 def cmd_train(args) -> int:
     config_path, overrides = _split_config_and_overrides(args.items)
+    if args.resume is not None and args.fork is not None:
+        raise UsageError("train: --resume and --fork cannot be given together (--fork starts a new run from a "
+                         "checkpoint; --resume continues the run itself)")
     if args.resume is not None and args.name is not None:
         raise UsageError("train: --name cannot be given with --resume (a resumed run keeps its directory)")
+    if args.fork is not None and config_path is not None:
+        raise UsageError(f"train: --fork starts from its run's config: give changes as key=value, not the config "
+                         f"file {config_path}")
     stop = StopFlag()
     restore_signals = _install_stop_handlers(stop)
     try:
         if args.resume is not None:
-            run_dir = _run_dir_argument(args.resume, "--resume")
-            with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
-                requested = load_config(config_path, overrides) if config_path else None
-                state = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
-                print(f"run directory: {run_dir}", file=sys.stderr)
-                return _train_and_report(state.config, run_dir, True, stop, state)
-        config = load_config(config_path, overrides)
+            return _resume(args.resume, config_path, overrides, stop)
+        if args.fork is not None:
+            return _fork(args.fork, overrides, args.name, stop)
+        config = _load_run_config(config_path, overrides)
         with jobs.new_run(config, config_path, overrides, args.name) as run_dir:
             print(f"run directory: {run_dir}", file=sys.stderr)
             return _train_and_report(config, run_dir, False, stop)
     finally:
         restore_signals()
+
+
+def _load_run_config(config_path: str | None, overrides: list[str]):
+    """load_config, saying so when the file is an experiment file, not a config."""
+    from attn.experiment import is_experiment_file
+
+    try:
+        return load_config(config_path, overrides)
+    except ConfigError:
+        if config_path is not None and is_experiment_file(config_path):
+            raise ConfigError(f"{config_path}: is an experiment file (it has a grid and seeds), not a run config; "
+                              f"run it with: attn sweep {config_path}") from None
+        raise
+
+
+def _resume(text: str, config_path: str | None, overrides: list[str], stop: StopFlag) -> int:
+    """--resume RUN [train.steps=N]: continue the run, or extend it to N steps."""
+    run_dir = _run_dir_argument(text, "--resume")
+    with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+        requested = _load_run_config(config_path, overrides) if config_path else None
+        resumption = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
+        state = resumption.state
+        if resumption.extended_from is not None:
+            jobs.record_extension(run_dir, resumption)
+            print(f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
+                  "(recorded in its config.yaml)", file=sys.stderr)
+        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        return _train_and_report(state.config, run_dir, True, stop, state)
+
+
+def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> int:
+    """--fork RUN[@STEP] [key=value ...]: a new run from the run's checkpoint at STEP."""
+    source_text, at, step_text = text.rpartition("@")
+    if not at or not (step_text.isascii() and step_text.isdigit()):
+        source_text, step_text = text, None
+    source = _run_dir_argument(source_text, "--fork")
+    plan = jobs.plan_fork(source, None if step_text is None else int(step_text), overrides)
+    with jobs.new_fork(plan, overrides, name) as run_dir:
+        state = jobs.prepare_resume(plan.config, run_dir)
+        changed = "; ".join(plan.changes) or "no change: it continues as its source"
+        print(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
+        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        return _train_and_report(plan.config, run_dir, True, stop, state)
 
 
 def _run_dir_argument(text: str, what: str) -> Path:
@@ -472,10 +519,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND",
                                 title="commands")
+    parser.commands = sub.choices  # name -> its parser, for parse_arguments
     p = sub.add_parser("train", help="train one run")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value", help="config file, then overrides")
     p.add_argument("--name", help="run directory name (default: <config>-<time>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint; with "
+                   "train.steps=N larger than its budget, extend a completed (or stopped) run to N steps")
+    p.add_argument("--fork", metavar="RUN_DIR[@STEP]", help="start a new run (default name <run>-fork-<step>) from "
+                   "the run's checkpoint at STEP (default: its last), with key=value changes to its rates, "
+                   "schedule, budget, score scale or logging")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("config", help="print the schema, or a resolved config")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value")
@@ -555,9 +607,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OVERRIDE_COMMANDS = ("train", "config", "sweep", "report")  # the commands that take key=value overrides
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """A command's options, positionals and overrides in any order
+    (parse_intermixed_args: `attn train cfg.yaml --name x optim.lr=0.1`).
+    An unknown option is one line, and for a command that takes overrides it
+    names the config field it looks like: `--steps 100` -> train.steps=100."""
+    parser = build_parser()
+    command = parser.commands.get(argv[0]) if argv else None
+    if command is None:  # no command, an unknown one, or -h: argparse's own handling
+        return parser.parse_args(argv)
+    args, extra = command.parse_known_intermixed_args(argv[1:])
+    if extra:
+        message = f"{command.prog}: unrecognized arguments: {' '.join(extra)}"
+        flag = next((e for e in extra if e.startswith("-")), None)
+        if argv[0] in OVERRIDE_COMMANDS and flag:
+            name, equals, value = flag.lstrip("-").partition("=")
+            after = argv[argv.index(flag) + 1:]  # its value may have been taken for a positional
+            if not equals:
+                value = after[0] if after and not after[0].startswith("-") and "=" not in after[0] else "VALUE"
+            key = name.replace("-", "_")
+            key = key if key in all_keys() else nearest_key(key)
+            if key:
+                message += f"; to set the config field {key}, write {key}={value} (no dashes)"
+        raise UsageError(message)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_arguments(list(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except (ConfigError, UsageError, runs.RunError) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)

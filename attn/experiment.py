@@ -324,6 +324,17 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_:
     return tuple((k, value.get(k)) for k in spec.arm)
 
 
+def is_experiment_file(path: str | os.PathLike) -> bool:
+    """Whether a YAML file is an experiment file, told by its content: a
+    mapping with `grid` or `seeds` (no run config has either); False for a
+    file that cannot be read as YAML."""
+    try:
+        data = read_yaml_file(path, "experiment file")
+    except ConfigError:
+        return False
+    return bool({"grid", "seeds"} & set(data))
+
+
 def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
                     plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and

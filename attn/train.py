@@ -15,8 +15,13 @@ checkpoint of a completed run is the one at s = steps, written before the
 final (measuring) iteration, so a run killed anywhere after it resumes by
 re-running that iteration alone, bit for bit; and extending the run to
 more steps continues from it as if the budget had been larger from the
-start (with a constant schedule, the same numbers bit for bit). A run with
-no checkpoint yet resumes from step 0 (attn.jobs.prepare_resume).
+start (with a constant schedule, the same numbers bit for bit; a cosine
+schedule is a function of the budget, so attn.jobs refuses to extend it).
+A run with no checkpoint yet resumes from step 0 (attn.jobs.prepare_resume).
+Every checkpoint is also kept as checkpoint-<s>.npz (written first, so a
+kill between the two leaves checkpoint.npz at an earlier step, which a
+resume replays from): a fork starts a new run from any of them
+(prepare(..., checkpoint=...), attn.jobs.plan_fork).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.
@@ -51,6 +56,7 @@ iteration (record is None except on logged steps).
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,29 +203,50 @@ class RunState:
     buffers: dict = field(default_factory=dict)  # the score mode's state across steps (attn.model.buffer_shapes)
 
 
-def prepare(config: Config, run_dir: Path, *, resume: bool = False) -> RunState:
-    """The state a run starts from: fresh, or its checkpoint when resuming.
-    Writes nothing; a checkpoint that does not fit is refused with RunError."""
+def prepare(config: Config, run_dir: Path, *, resume: bool = False, checkpoint: Path | None = None) -> RunState:
+    """The state a run starts from: fresh, or its checkpoint when resuming
+    (`checkpoint`: that file instead of the run's checkpoint.npz, as a fork
+    starts from another run's). Writes nothing; a checkpoint that does not
+    fit is refused with RunError."""
     task, spec, params, optimizer, gens = build(config)
     state = RunState(config, Path(run_dir), task, spec, params, optimizer.state, gens,
                      task.sample(gens.eval, config.task.eval_size), buffers=model.init_buffers(spec, params, gens.init))
-    if resume:
-        _restore_checkpoint(state)
+    if resume or checkpoint is not None:
+        _restore_checkpoint(state, checkpoint_file(run_dir) if checkpoint is None else Path(checkpoint))
     return state
 
 
 BUFFER = "buffer/"  # the model's buffers ride in the checkpoint beside the optimiser's state, under this prefix
+KEPT_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.npz$")
 
 
-def _save_checkpoint(state: RunState, params: dict, optimizer_state: dict, buffers: dict) -> None:
+def checkpoint_file(run_dir: Path, step: int | None = None) -> Path:
+    """The run's last checkpoint, checkpoint.npz; with a step, the one kept at that step, checkpoint-<step>.npz."""
+    return Path(run_dir) / ("checkpoint.npz" if step is None else f"checkpoint-{step}.npz")
+
+
+def kept_checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of the checkpoints kept in a run directory (checkpoint-<step>.npz), in order."""
+    try:
+        names = [p.name for p in Path(run_dir).iterdir()]
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(KEPT_CHECKPOINT.match, names) if m)
+
+
+def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state: dict | None = None,
+                    buffers: dict | None = None) -> None:
+    """The checkpoint at state.step: checkpoint-<step>.npz, then checkpoint.npz
+    (the arrays default to the state's own)."""
     meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
-    runs.save_checkpoint(state.run_dir / "checkpoint.npz", params,
-                         {**optimizer_state, **{BUFFER + k: v for k, v in buffers.items()}}, meta)
+    carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),
+               **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()}}
+    for path in (checkpoint_file(state.run_dir, state.step), checkpoint_file(state.run_dir)):
+        runs.save_checkpoint(path, state.params if params is None else params, carried, meta)
 
 
-def _restore_checkpoint(state: RunState) -> None:
-    path = state.run_dir / "checkpoint.npz"
+def _restore_checkpoint(state: RunState, path: Path) -> None:
     template = {**state.optimizer_state, **{BUFFER + k: v for k, v in state.buffers.items()}}
     state.params, carried, meta = runs.load_checkpoint(path, model.param_shapes(state.spec), template,
                                                        state.config.dtype)
@@ -411,7 +438,7 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
         if (state.step % member.config.logging.checkpoint_every == 0 or state.step == member.config.train.steps
                 or stop.reason):
             state.wall_time = member.clock.elapsed()
-            _save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k), stack.member_buffers(k))
+            save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k), stack.member_buffers(k))
             member.last_checkpoint = state.step
     if stop.reason:
         for member in members:
