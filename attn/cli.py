@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -267,10 +268,8 @@ def _is_interactive() -> bool:
 
 def cmd_sweep(args) -> int:
     from attn import sweep
-    from attn.experiment import load_experiment
 
-    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
-                                 overrides=args.overrides)
+    experiment = _experiment_to_sweep(args)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
@@ -279,12 +278,8 @@ def cmd_sweep(args) -> int:
             outcomes = _run_sweep(experiment, executor, stop)
         finally:
             restore_signals()
-        counts = {}
-        for outcome in outcomes:
-            label = "running in another sweep" if outcome.action == "skipped-locked" else outcome.status
-            counts[label] = counts.get(label, 0) + 1
         failed = [o for o in outcomes if o.action == "failed"]
-        print(f"sweep {experiment.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), file=sys.stderr)
+        print(_sweep_summary(experiment, outcomes), file=sys.stderr)
         for outcome in failed:
             print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
         if stop.reason:
@@ -295,42 +290,131 @@ def cmd_sweep(args) -> int:
         report_failed = False
         if not last_one_out():
             print(f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
-                  f"writes it; or: python -m attn report {experiment.path})", file=sys.stderr)
+                  f"writes it; or: attn report {experiment.path})", file=sys.stderr)
         else:
             try:
                 _print_report(experiment)
             except Exception as err:  # the runs are done and kept; only the summary of them failed
-                print(f"error: report failed: {type(err).__name__}: {err} (the runs are kept; "
-                      f"python -m attn report {experiment.path} writes it again)", file=sys.stderr)
+                print(f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
+                      f"attn report {experiment.path} writes it again)", file=sys.stderr)
                 report_failed = True
     print(experiment.directory)
     return EXIT_FAILED if failed or report_failed else EXIT_OK
 
 
+SWEEP_OPTIONS = {"seeds": "--seeds", "seed": "--seeds", "grid": "--grid"}  # overrides that mean a sweep's option
+
+
+def _experiment_to_sweep(args):
+    """The experiment `attn sweep FILE ...` runs: FILE's own if it is an
+    experiment file; for a run config, the one its --grid and --seeds make,
+    whose file is written into its directory."""
+    from attn import experiment as experiments
+
+    for text in args.overrides:
+        key, _, value = text.partition("=")
+        if key.strip() in SWEEP_OPTIONS:
+            option = SWEEP_OPTIONS[key.strip()]
+            raise UsageError(f"sweep: {text}: did you mean {option} {value or '...'}? (a sweep's "
+                             f"{'grid' if option == '--grid' else 'seeds'} are set with {option}, not as key=value)")
+    given = [option for option, value in (("--grid", args.grid), ("--seeds", args.seeds), ("--name", args.name)) if value]
+    if experiments.is_experiment_file(args.experiment):
+        if given:
+            raise UsageError(f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
+                             f"drop {', '.join(given)} (they make an experiment from a run config)")
+        return experiments.load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
+                                           overrides=args.overrides)
+    if not args.grid:
+        load_config(args.experiment)  # a file that is no config either says why, as `attn train` would
+        raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
+                          f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
+    if args.runs_dir is not None:
+        jobs.check_directory_path(args.runs_dir, "--runs-dir")
+    experiment, data = experiments.command_line_experiment(
+        args.experiment, args.grid, args.seeds, args.name, args.overrides, args.runs_dir, args.max_cells, args.plots,
+        command=" ".join(["attn", *sys.argv[1:]]))
+    jobs.check_directory_path(experiment.directory.parent, "runs_dir")
+    experiments.save_experiment_file(experiment.path, data)
+    return experiment
+
+
+class _SweepProgress:
+    """A sweep's progress as its runs start and end: done, running, skipped
+    and failed counts and the cells in flight. On a terminal, a tqdm bar over
+    the runs to train (a skipped run leaves its total; it appears with the
+    first run that starts or ends, so a re-run with nothing to do shows none;
+    a run never started is never counted done); elsewhere, one plain line per
+    stack started and per run ended."""
+
+    def __init__(self, total: int, interactive: bool):
+        self.total, self.interactive = total, interactive
+        self.ended = 0  # outcomes so far, of every kind
+        self.counts = dict.fromkeys(("done", "failed", "interrupted", "skipped"), 0)
+        self.running: dict[str, None] = {}  # the cells in flight, in the order they started
+        self.bar = None
+
+    def tally(self) -> str:
+        c = self.counts
+        return (f"done {c['done']}, running {len(self.running)}, skipped {c['skipped']}, failed {c['failed']}"
+                + (f", interrupted {c['interrupted']}" if c["interrupted"] else ""))
+
+    def started(self, names: list[str]) -> None:
+        self.running.update(dict.fromkeys(names))
+        if self.interactive:
+            self._show()
+        else:
+            print(f"started {_few(names)}  ({self.tally()}; of {self.total})", file=sys.stderr, flush=True)
+
+    def ended_with(self, outcome) -> None:
+        self.ended += 1
+        self.running.pop(outcome.cell, None)
+        kind = ("skipped" if outcome.action.startswith("skipped") else None if outcome.action == "cancelled"
+                else "failed" if "failed" in (outcome.action, outcome.status)
+                else "interrupted" if outcome.status == "interrupted" else "done")
+        if kind is not None:
+            self.counts[kind] += 1
+        line = f"[{self.ended}/{self.total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
+        if not self.interactive:
+            print(line, file=sys.stderr, flush=True)
+            return
+        if kind in ("skipped", None):  # a skipped run leaves the total; a cancelled one stays in it, never done
+            if self.bar is not None:
+                self.bar.total -= kind == "skipped"
+                self._show()
+            return
+        self._show()
+        if kind in ("failed", "interrupted"):
+            self.bar.write(line, file=sys.stderr)
+
+    def _show(self) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total - self.counts["skipped"], unit="run", dynamic_ncols=True, file=sys.stderr)
+        self.bar.n = self.counts["done"] + self.counts["failed"] + self.counts["interrupted"]
+        self.bar.set_postfix_str(f"{self.tally()}; in flight: {_few(list(self.running), 1)}", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    """'a, b, c +5 more': the first few names."""
+    more = f" +{len(names) - shown} more" if len(names) > shown else ""
+    return (", ".join(names[:shown]) or "none") + more
+
+
 def _run_sweep(experiment, executor, stop: StopFlag) -> list:
-    """Run the experiment's cells, one line per finished run (a tqdm bar over
-    runs on a terminal, with failures and interruptions written above it)."""
+    """Run the experiment's cells, showing their progress (_SweepProgress)."""
     from attn import sweep
 
     total = len(experiment.cells)
     print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
-    bar = None
-    if _is_interactive():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="run", dynamic_ncols=True)
-    done = {"n": 0}
-
-    def on_outcome(outcome):
-        done["n"] += 1
-        line = f"[{done['n']}/{total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
-        if bar is None:
-            print(line, file=sys.stderr, flush=True)
-        else:
-            bar.update(1)
-            if outcome.action == "failed" or outcome.status in ("failed", "interrupted"):
-                bar.write(line, file=sys.stderr)
-
+    if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
+        print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
+    progress = _SweepProgress(total, _is_interactive())
     forwarded = False
 
     def should_stop() -> bool:
@@ -344,17 +428,34 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
 
     try:
         with executor:
-            return sweep.run_experiment(experiment, executor, on_outcome, should_stop)
+            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
     finally:
-        if bar is not None:
-            bar.close()
+        progress.close()
+
+
+def _sweep_summary(experiment, outcomes: list) -> str:
+    """One line: the runs by status, those skipped, or that there was nothing to run."""
+    counts, skipped = {}, 0
+    for outcome in outcomes:
+        label = "running in another sweep" if outcome.action == "skipped-locked" else outcome.status
+        counts[label] = counts.get(label, 0) + 1
+        skipped += outcome.action == "skipped-finished"
+    by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if outcomes and skipped == len(outcomes):
+        return f"sweep {experiment.name}: nothing to run: all {skipped} runs had finished ({by_status})"
+    return (f"sweep {experiment.name}: {len(outcomes)} runs: {by_status}"
+            + (f"; {skipped} of them had finished before (skipped)" if skipped else ""))
 
 
 def _print_report(experiment) -> None:
+    """Write the report; print its expectations' verdicts (from report.json) and its path."""
     from attn import report
 
     paths = report.write_report(experiment)
-    print(paths["md"].read_text(), file=sys.stderr)
+    judged = json.loads(paths["json"].read_text()).get("expectations") or []
+    for expectation in judged:
+        print(f"{expectation['verdict']:>13}: {expectation['id']}", file=sys.stderr)
+    print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
 
 
 def cmd_report(args) -> int:
@@ -536,8 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
-    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("experiment", metavar="FILE", help="an experiment file, e.g. experiments/sqrt_dk.yaml; or a run "
+                   "config with --grid")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="set for every cell, e.g. dtype=float64")
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="with a run config: a grid key and its "
+                   "values (typed as overrides are); repeat for more keys: their product is the grid")
+    p.add_argument("--seeds", metavar="SEEDS", help="with a run config: the seeds, e.g. 0-4, 0,2,5 or 0-2,7 "
+                   "(default: the config's seed)")
+    p.add_argument("--name", help="with a run config: the experiment's name, its directory under runs_dir "
+                   "(default: <config>-<grid keys>); its experiment.yaml is written there")
     p.add_argument("--workers", type=_count(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")

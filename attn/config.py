@@ -146,7 +146,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = F(2000, "number of optimiser updates", gt=0)
+    steps: int = F(1500, "number of optimiser updates", gt=0)
     batch_size: int = F(64, "examples per update", gt=0)
     on_nonfinite: str = F("stop", "on a NaN/inf loss or gradient: stop the run, or continue and record it",
                           choices=("stop", "continue"))

@@ -42,6 +42,15 @@ runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
 a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
 A sweep (attn.sweep) draws no per-run figures unless asked (`plots`):
 logging.plots of every cell is set from it.
+
+On the command line, `attn sweep CONFIG --grid model.d_k=16,64 --grid
+model.scale=sqrt,none --seeds 0-4 [--name N] [key=value ...]` makes the
+same thing from a run config (command_line_experiment) and writes its file
+into the experiment's directory (<runs_dir>/<name>/experiment.yaml, base
+the config's absolute path, the overrides and runs_dir in `overrides`), so
+that file is what any later `attn sweep` or `attn report` of it reads.
+Which a YAML file is, a config or an experiment file, is told by its
+content (is_experiment_file: an experiment file has `grid` or `seeds`).
 """
 
 from __future__ import annotations
@@ -57,9 +66,11 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn import jobs
-from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, nearest_key, parse_override,
-                         read_yaml_file, set_dotted, validate, with_values)
+import yaml
+
+from attn import jobs, runs
+from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, load_config, nearest_key,
+                         parse_override, parse_yaml, read_yaml_file, set_dotted, show_value, validate, with_values)
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity")
@@ -151,6 +162,15 @@ def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: li
     return "_".join(parts + [f"seed-{seed}"])
 
 
+def check_grid_key(key, where: str, seeds: str = "`seeds:`") -> None:
+    """A key a grid may vary: a config field, but not seed (set by `seeds`), name or runs_dir."""
+    if key not in all_keys() or key in ("seed", "name", "runs_dir"):
+        suggestion = nearest_key(str(key)) if key != "seed" else None
+        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        reason = f"set with {seeds}" if key == "seed" else "not a config field that a grid can vary"
+        raise ConfigError(f"{where}: `{cut(str(key))}`: {reason}{hint}")
+
+
 def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
     """A mapping -> its cartesian product; a list of mappings -> the union of
     theirs. Refused before expanding when the points times n_seeds exceed max_cells."""
@@ -160,11 +180,7 @@ def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
                           "(or a list of such mappings)")
     for block in blocks:
         for key, values in block.items():
-            if key not in all_keys() or key in ("seed", "name", "runs_dir"):
-                suggestion = nearest_key(str(key))
-                hint = f"; did you mean `{suggestion}`?" if suggestion else ""
-                reason = "set with `seeds:`" if key == "seed" else "not a config field that a grid can vary"
-                raise ConfigError(f"{source}: grid: `{cut(str(key))}`: {reason}{hint}")
+            check_grid_key(key, f"{source}: grid")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values")
     n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
@@ -343,7 +359,13 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
     `overrides`: key=value texts applied to every cell after the file's own
     (e.g. dtype=float64), never to a key the grid varies."""
     path = Path(path)
-    data = read_yaml_file(path, "experiment file")
+    return build_experiment(read_yaml_file(path, "experiment file"), path, runs_dir, max_cells, plots, overrides)
+
+
+def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
+                     plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
+    """The experiment an experiment file's contents make (load_experiment),
+    every cell checked; `path`: the file's, which a relative base is read from."""
     source = str(path)
     unknown = [k for k in data if k not in EXPERIMENT_KEYS]
     if unknown:
@@ -397,6 +419,99 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
     report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
+
+
+# ---------------------------------------------------------------------------
+# An experiment made on the command line: attn sweep CONFIG --grid KEY=V1,V2 --seeds 0-4
+# ---------------------------------------------------------------------------
+EXPERIMENT_FILE_NAME = "experiment.yaml"  # where a command-line experiment's file is written, in its directory
+
+
+def parse_grid_argument(text: str) -> tuple[str, list]:
+    """'model.d_k=16,64,256' -> ('model.d_k', [16, 64, 256]): the values are
+    read as one YAML flow list, so each is typed as an override's value is
+    (1e-3 a float, sqrt a string, {W_q: 0.1} a mapping), then by its field."""
+    key, equals, raw = text.partition("=")
+    where = f"--grid {show_value(text)}"
+    if not equals or not key.strip() or not raw.strip():
+        raise ConfigError(f"{where}: expected KEY=VALUE,VALUE,..., e.g. --grid model.d_k=16,64,256")
+    check_grid_key(key.strip(), where, seeds="--seeds (e.g. --seeds 0-4)")
+    values = parse_yaml(f"[{raw}]", where)
+    if not values:
+        raise ConfigError(f"{where}: expected at least one value, e.g. --grid model.d_k=16,64,256")
+    return key.strip(), values
+
+
+def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,2,5' and '0-2,7' likewise; distinct integers >= 0."""
+    bad = (f"--seeds: got {show_value(text)}; expected integers >= 0 as a range or a list, e.g. 0-4 or 0,2,5 "
+           "(or both: 0-2,7)")
+    ranges = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
+            raise ConfigError(bad)
+        ranges.append((int(low), int(high) if dash else int(low)))
+    if any(high < low for low, high in ranges):
+        raise ConfigError(f"{bad}; a range goes from low to high")
+    if sum(high - low + 1 for low, high in ranges) > max_cells:
+        raise ConfigError(f"--seeds: got {show_value(text)}: more seeds than the limit of {max_cells:,} runs "
+                          f"(--max-cells)")
+    seeds = [seed for low, high in ranges for seed in range(low, high + 1)]
+    twice = next((seed for seed in seeds if seeds.count(seed) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"--seeds: got {show_value(text)}: seed {twice} is given twice")
+    return seeds
+
+
+def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequence[str], seeds: str | None = None,
+                            name: str | None = None, overrides: typing.Sequence[str] = (), runs_dir: str | None = None,
+                            max_cells: int = MAX_CELLS, plots: bool = False,
+                            command: str = "") -> tuple[Experiment, dict]:
+    """The experiment `attn sweep CONFIG --grid ... [--seeds ...] [--name N]
+    [key=value ...]` runs, checked as an experiment file is, and the contents
+    of the file that says so (save_experiment_file writes it): base the
+    config's absolute path; overrides the key=value texts and the absolute
+    runs_dir; grid the product of the --grid values; seeds --seeds (default:
+    the config's seed); name --name (default <config>-<grid keys>). Its path
+    is <runs_dir>/<name>/experiment.yaml, so `attn sweep` of that file runs it again."""
+    block = {}
+    for text in grid:
+        key, values = parse_grid_argument(text)
+        if key in block:
+            raise ConfigError(f"--grid {key}: given twice; give its values once, e.g. --grid {key}=1,2,3")
+        block[key] = values
+    base = load_config(config_path, overrides)  # the config file and the overrides, checked on their own first
+    file_overrides = dict(parse_override(text) for text in overrides)
+    file_overrides["runs_dir"] = os.path.abspath(runs_dir if runs_dir is not None else base.runs_dir)
+    short = _short_keys(tuple(block))
+    name = check_run_name(name if name is not None else "-".join([Path(config_path).stem, *short.values()]),
+                          "--name" if name is not None else "the experiment name made from the config and grid")
+    data = {"name": name, "description": f"Made on the command line: {command}".strip(),
+            "base": os.path.abspath(config_path), "overrides": file_overrides, "grid": block,
+            "seeds": parse_seeds(seeds, max_cells) if seeds is not None else [base.seed]}
+    path = Path(file_overrides["runs_dir"]) / name / EXPERIMENT_FILE_NAME
+    return build_experiment(data, path, max_cells=max_cells, plots=plots), data
+
+
+def save_experiment_file(path: Path, data: dict) -> None:
+    """Write a command-line experiment's file (command_line_experiment), or
+    keep the one there if it is the same experiment; ConfigError if the file
+    there is another experiment's (it differs in more than its description)."""
+    path = Path(path)
+    if path.exists():
+        there = read_yaml_file(path, "experiment file")
+        if {k: v for k, v in there.items() if k != "description"} != {k: v for k, v in data.items() if k != "description"}:
+            changed = [k for k in EXPERIMENT_KEYS if there.get(k) != data.get(k) and k != "description"]
+            raise ConfigError(f"{path}: holds another experiment of this name (its {', '.join(changed)} differ); "
+                              f"run that one with `attn sweep {path}`, or name this one with --name")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise runs.RunError(f"{path.parent}: cannot create the experiment directory: {err.strerror}") from None
+    text = "# attn experiment made on the command line; `attn sweep` this file to run (or resume) it again.\n"
+    runs.write_atomic(path, (text + yaml.safe_dump(data, sort_keys=False)).encode())
 
 
 def config_change(run_dir: Path, config: Config) -> list[str]:

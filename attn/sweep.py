@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import queue
 import signal
 import threading
 import time
@@ -54,6 +55,8 @@ STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits
 # This process's stop flag when it is a local worker: set by SIGINT/SIGTERM
 # (see _init_worker), never cleared; other executors' threads never set it.
 _worker_stop = StopFlag()
+# A local worker's queue to the sweep (LocalPool.started): the names of the cells of each stack as it starts.
+_started = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
             else:
                 ready.setdefault(prepared.step, []).append((cell, prepared))
         for group in ready.values():
+            if _started is not None:
+                _started.put([cell.name for cell, _ in group])
             start = time.perf_counter()
             try:
                 summaries = jobs.execute_stack([state for _, state in group], stop=_worker_stop)
@@ -192,9 +197,12 @@ def _figures(summary: dict) -> str:
     return runs.summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
 
 
-def _init_worker() -> None:
-    """A local worker's first act: SIGINT/SIGTERM set its stop flag; then the
-    signals blocked since it was spawned (see _stop_signals_blocked) arrive."""
+def _init_worker(started=None) -> None:
+    """A local worker's first act: keep the sweep's queue of started cells;
+    SIGINT/SIGTERM set its stop flag; then the signals blocked since it was
+    spawned (see _stop_signals_blocked) arrive."""
+    global _started
+    _started = started
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda received, _frame: _worker_stop.request(signal.Signals(received).name))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -214,11 +222,22 @@ def _stop_signals_blocked():
 # ---------------------------------------------------------------------------
 # The sweep
 # ---------------------------------------------------------------------------
-def default_executor(workers: int | None = None) -> Executor:
-    import multiprocessing
+class LocalPool(ProcessPoolExecutor):
+    """The default executor: spawned worker processes (_init_worker), and
+    `started`, the queue on which they name the cells of each stack as it
+    starts training (a future's running() says only that it was handed on)."""
 
-    return ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1,
-                               mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker)
+    def __init__(self, workers: int | None = None):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.started = context.Queue()
+        super().__init__(max_workers=workers or os.cpu_count() or 1, mp_context=context, initializer=_init_worker,
+                         initargs=(self.started,))
+
+
+def default_executor(workers: int | None = None) -> Executor:
+    return LocalPool(workers)
 
 
 def executor_from_address(address: str) -> Executor:
@@ -253,20 +272,28 @@ class DaskExecutor(Executor):
 
 def run_experiment(experiment: Experiment, executor: Executor,
                    on_outcome: Callable[[RunOutcome], None] | None = None,
-                   should_stop: Callable[[], bool] = lambda: False) -> list[RunOutcome]:
+                   should_stop: Callable[[], bool] = lambda: False,
+                   on_start: Callable[[list[str]], None] | None = None) -> list[RunOutcome]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
-    status `not started`)."""
+    status `not started`). With a LocalPool, on_start(cell names) is called
+    as each stack starts training (the cells it trains, not those skipped),
+    within STOP_POLL_SECONDS, and never after one of those cells' outcome
+    (a start that arrives later is dropped); other executors report no starts."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
     with _stop_signals_blocked():  # a local pool spawns its workers here
         futures: dict[Future, list[Cell]] = {
             executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
             for stack in plan_stacks(experiment.cells)
         }
-    outcomes, pending = [], set(futures)
+    outcomes, pending, ended = [], set(futures), set()
     while pending:
         done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
+        for names in _drained(getattr(executor, "started", None)):
+            fresh = [name for name in names if name not in ended]
+            if on_start is not None and fresh:
+                on_start(fresh)
         if should_stop():
             for future in pending:
                 future.cancel()
@@ -281,10 +308,22 @@ def run_experiment(experiment: Experiment, executor: Executor,
                 arrived = [RunOutcome(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
                            for c in stack]
             for outcome in arrived:
+                ended.add(outcome.cell)
                 outcomes.append(outcome)
                 if on_outcome is not None:
                     on_outcome(outcome)
     return outcomes
+
+
+def _drained(started) -> list[list[str]]:
+    """Every start waiting on a LocalPool's queue (none for other executors)."""
+    found = []
+    while started is not None:
+        try:
+            found.append(started.get_nowait())
+        except queue.Empty:
+            break
+    return found
 
 
 @contextlib.contextmanager

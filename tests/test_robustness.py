@@ -513,7 +513,7 @@ def test_an_unwritable_runs_dir_is_one_line_and_leaves_nothing(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("not a directory")
     assert_one_line_error(main_in_process(capsys, "train", *TINY, "runs_dir=a_file/runs"),
-                          "a_file/runs", "cannot create a run directory")
+                          "runs_dir 'a_file/runs': a_file is a file, not a directory; choose a directory")
     monkeypatch.setattr(runs, "open", FullDisk(allowed=0), raising=False)  # no room for config.yaml
     assert_one_line_error(main_in_process(capsys, "train", *TINY, "runs_dir=runs", "--name", "x"),
                           "config.yaml", "no space left on device")

@@ -420,4 +420,4 @@ def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(r
 
 def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
     assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
-    assert one_line_error(capsys, "train", "-\n=") == "error: attn: unrecognized arguments: -\\n="
+    assert one_line_error(capsys, "train", "-\n=") == "error: attn train: unrecognized arguments: -\\n="
