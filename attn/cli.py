@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -492,9 +493,12 @@ def cmd_compare(args) -> int:
     from attn import compare
 
     result = compare.compare(args.paths, args.metric or compare.DEFAULT_METRICS, args.x, args.smooth,
-                             args.threshold, args.yscale, args.out)
+                             args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
+                             facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
     for skipped in result.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(result.table, end="")
     for path in result.written:
         print(path)
@@ -573,6 +577,17 @@ def cmd_bench(args) -> int:
     for path in paths.values():
         print(path)
     return EXIT_OK
+
+
+def _limits(text: str) -> tuple[float, float]:
+    low, comma, high = text.partition(",")
+    try:
+        limits = (float(low), float(high))
+    except ValueError:
+        limits = None
+    if not comma or limits is None or not all(map(math.isfinite, limits)) or limits[0] >= limits[1]:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
+    return limits
 
 
 def _port(text: str) -> int:
@@ -684,6 +699,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "more than 3 decades, else linear")
     p.add_argument("--out", help="output directory (default: <dir>/compare when every run lies directly in "
                    "one directory <dir>, else a new compare-<time> in the runs' deepest common directory)")
+    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="only the runs whose setting KEY (a "
+                   "dotted config key) has VALUE, typed as in an override; repeat to require several")
+    p.add_argument("--group-by", nargs="+", metavar="KEY", help="group by these config keys only: seeds and every "
+                   "other setting are pooled in a group (default: every setting but the seed)")
+    p.add_argument("--facet", metavar="KEY", help="one row of panels per value of this config key")
+    p.add_argument("--xlim", type=_limits, metavar="LOW,HIGH", help="the x range of every panel; runs of very "
+                   "different lengths on one x axis: e.g. --xlim 0,500 shows the first 500 steps of all")
+    p.add_argument("--include-unfinished", action="store_true", help="count runs that did not finish (running, "
+                   "stale, interrupted, failed) in the table's statistics too (default: drawn, but left out)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")
     p.add_argument("path", nargs="?", default="runs", help="a directory of runs (default: runs)")

@@ -14,14 +14,37 @@ file, or a directory with no run below it, among the PATHs or a glob's
 matches (an experiment's report.md, *.png, compare/) is skipped and listed
 as skipped; finding no run at all is an error.
 
+Which runs, further: `--where KEY=VALUE` (repeatable) keeps the runs whose
+setting KEY has that value, typed as an override's (`--where optim.lr=1e-1`
+matches 0.1); a run whose task does not read KEY has no value for it.
+
 Groups. Runs whose configs agree on every key except `seed` and the
 bookkeeping keys (BOOKKEEPING_KEYS: they change no logged number) are one
-group: the seeds of one setting. Every config carries every task field, so
+group: the seeds of one setting. With `--group-by KEY ...` runs are grouped
+by those keys alone: seeds and every other setting are pooled (the title
+says so). With `--facet KEY` each value of KEY gets its own row of panels
+(a group never spans two), and KEY leaves the labels. Two runs of one group
+with the same settings and seed (a run made twice) are named in a warning:
+both are averaged, as runs of their own. Every config carries every task field, so
 the fields a run's task never reads (unused_task_keys: retrieval ignores
 copy's `length`) are no setting of that run: they neither split groups nor
 appear in labels. A group's label names the keys whose values differ
 between groups, each by its shortest unambiguous dotted suffix
-(`model.scale` -> `scale=none, d_k=256`).
+(`model.scale` -> `scale=none, d_k=256`); the n beside it in the legend is
+the number of runs averaged at its last step drawn (of the first panel's
+metric; within --xlim), not how many runs it has.
+
+Statistics. The table's figures (final and best eval loss, steps to the
+threshold, wall time) are over the runs of a group that finished
+(completed or diverged, FINISHED): a run still going, stale, interrupted or
+failed is drawn as far as it got, but its last figures are not final; the
+table says how many runs each group left out, and --include-unfinished
+counts them too.
+
+Axes. --xlim LOW,HIGH fixes the x range of every panel (runs of very
+different lengths on one axis), and the y range follows what is drawn in it.
+A long legend goes below the panels, in as many columns as fit the figure's
+width, its labels wrapped to fit, and the figure grows to hold it.
 
 Output. Figures and tables go to --out if given; else, when every run lies
 directly in one directory (an experiment, or a runs_dir of hand-trained
@@ -58,14 +81,18 @@ are a weighted mean of what was seen so far, not pulled toward 0.
 from __future__ import annotations
 
 import csv
+import difflib
 import glob
 import io
 import json
 import math
 import os
 import re
+import textwrap
 import time
 from collections import Counter
+from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -73,7 +100,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import plots, runs
-from attn.config import ConfigError, TaskConfig, flatten_config, unread_keys
+from attn.config import (ConfigError, TaskConfig, all_keys, field_value, flatten_config, nearest_key, parse_yaml,
+                         show_value, unread_keys)
 from attn.jobs import RESULT_NEUTRAL_KEYS
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
@@ -84,6 +112,7 @@ BOOKKEEPING_KEYS = RESULT_NEUTRAL_KEYS
 NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
+FINISHED = ("completed", "diverged")  # the statuses whose last figures are final (see Statistics above)
 NOT_A_RUN = "not a run or experiment directory"
 RUNS_ROOT = Path("runs")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -145,9 +174,10 @@ def find_run_dirs(paths) -> tuple[list[Path], list[Skipped]]:
                 seen.add(run_dir.resolve())
                 found.append(run_dir)
     if not found:
-        shown = ", ".join(str(p) for p in paths)
-        raise runs.RunError(f"{shown}: no run directories found (a run directory holds config.yaml); "
-                            f"{NOT_A_RUN}: " + ", ".join(str(s.path) for s in not_runs))
+        shown = [str(p) for p in paths]
+        listed = [str(s.path) for s in not_runs]
+        raise runs.RunError(f"{', '.join(shown)}: no run directories found (a run directory holds config.yaml)"
+                            + (f"; {NOT_A_RUN}: {', '.join(listed)}" if listed != shown else ""))
     return found, not_runs
 
 
@@ -206,11 +236,18 @@ def unused_task_keys(settings: dict) -> set[str]:
 
 @dataclass(frozen=True)
 class Group:
-    """The runs of one setting: configs equal except for the seed (and bookkeeping)."""
+    """The runs of one setting: configs equal except for the seed (and
+    bookkeeping); or, grouped by some keys, equal in those."""
 
-    label: str
-    settings: dict  # the shared config, without NOT_GROUPED keys and the task keys unused by its task
+    label: str  # what differs between groups, the facet key left out
+    settings: dict  # the shared config (or the grouping keys), without NOT_GROUPED keys and keys its task ignores
     runs: list  # list[Run], by seed
+    facet: str = ""  # 'd_k=64' with --facet model.d_k
+
+    @property
+    def name(self) -> str:
+        """The label with the facet: what tells the group apart in a table."""
+        return ", ".join(part for part in (self.label, self.facet) if part)
 
 
 def canonical(value) -> str:
@@ -274,24 +311,70 @@ def label(settings: dict, keys: list[str], names: dict[str, str]) -> str:
     return ", ".join(f"{names[k]}={format_value(v)}" for k, v in used_settings(settings, keys).items())
 
 
-def group_runs(loaded: list[Run]) -> list[Group]:
-    """Groups of runs equal in config except seed, labelled by what differs, ordered by those values."""
+def group_runs(loaded: list[Run], by: list[str] | None = None, facet: str | None = None) -> list[Group]:
+    """Groups of runs equal in config except seed (or, `by` given, equal in
+    those keys), a group never spanning two values of `facet`; labelled by
+    what differs (the facet key aside), ordered by facet, then those values."""
     if not loaded:
         return []
     members: dict[tuple, tuple[dict, list[Run]]] = {}  # identity -> (the shared settings, the runs)
     for run in loaded:
-        settings = used_settings(run.settings, [k for k in run.settings if k not in NOT_GROUPED])
+        keys = [k for k in run.settings if k not in NOT_GROUPED] if by is None else \
+            list(dict.fromkeys([*by, *([facet] if facet else [])]))
+        settings = used_settings(run.settings, keys)
         identity = tuple((k, canonical(v)) for k, v in sorted(settings.items()))
         members.setdefault(identity, (settings, []))[1].append(run)
     shared = [settings for settings, _ in members.values()]
-    keys = varying_keys(shared)
-    if not keys:  # one group: name it by what it is
-        keys = [k for k in FALLBACK_LABEL_KEYS if k in shared[0]]
-    names = short_names(keys, among=[k for run in loaded for k in run.settings])
+    keys = [k for k in varying_keys(shared) if k != facet]
+    if not keys:  # one group (in each facet): name it by what it is
+        keys = [k for k in (by or FALLBACK_LABEL_KEYS) if k in shared[0] and k != facet]
+    among = [k for run in loaded for k in run.settings]
+    names = short_names(keys + ([facet] if facet else []), among=among)
     groups = [Group(label(settings, keys, names), settings,
-                    sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))))
+                    sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))),
+                    label(settings, [facet], names) if facet else "")
               for settings, group in members.values()]
-    return sorted(groups, key=lambda g: [_sort_value(g.settings.get(k)) for k in keys])
+    return sorted(groups, key=lambda g: [_sort_value(g.settings.get(k)) for k in ([facet] if facet else []) + keys])
+
+
+def duplicate_seeds(groups: list[Group]) -> list[str]:
+    """One line per seed that a group holds twice with the same settings (a
+    run made twice): 'group lr=0.1: seed 0 is there 2 times: runs/a, runs/a-2'."""
+    lines = []
+    for group in groups:
+        made: dict[str, list[Run]] = {}
+        for run in group.runs:
+            settings = used_settings(run.settings, [k for k in run.settings if k not in BOOKKEEPING_KEYS])
+            made.setdefault(canonical(settings), []).append(run)
+        for twins in (runs_ for runs_ in made.values() if len(runs_) > 1):
+            lines.append(f"group {group.name or 'of every run'}: seed {format_value(twins[0].settings.get('seed'))} "
+                         f"is there {len(twins)} times with the same settings: {', '.join(str(r.path) for r in twins)} "
+                         "(each is averaged as a run of its own)")
+    return lines
+
+
+def parse_where(texts) -> list[tuple[str, object]]:
+    """--where KEY=VALUE texts -> (dotted key, value typed as the field takes it, as in an override)."""
+    conditions = []
+    for text in texts:
+        key, equals, raw = text.partition("=")
+        where = f"--where {show_value(text)}"
+        if not equals or not key.strip():
+            raise ConfigError(f"{where}: expected KEY=VALUE with a dotted config key, e.g. --where model.d_k=64")
+        value = parse_yaml(raw, where) if raw.strip() else ""
+        conditions.append((key.strip(), field_value(key.strip(), value, where)))
+    return conditions
+
+
+def matches(run: Run, conditions: list[tuple[str, object]]) -> bool:
+    """Whether the run has every (key, value) of the conditions; a key its task does not read it has not."""
+    unread = unused_task_keys(run.settings)
+    return all(key in run.settings and key not in unread and canonical(run.settings[key]) == canonical(_plain(value))
+               for key, value in conditions)
+
+
+def _plain(value):
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 # ---------------------------------------------------------------------------
@@ -433,20 +516,24 @@ class GroupRow:
     settings: dict  # the keys that differ between groups and that its task reads -> this group's values
     seeds: list
     statuses: dict  # effective status -> number of runs
-    stats: dict  # STAT_COLUMNS -> Stat
+    stats: dict  # STAT_COLUMNS -> Stat, over the runs counted
+    left_out: int = 0  # runs drawn but not counted: they did not finish (module docstring, Statistics)
 
 
-def table_rows(groups: list[Group], threshold: float) -> list[GroupRow]:
+def table_rows(groups: list[Group], threshold: float, include_unfinished: bool = False) -> list[GroupRow]:
+    """One row per group; its statistics over the runs that finished (all of them with include_unfinished)."""
     keys = varying_keys([g.settings for g in groups])
     rows = []
     for group in groups:
-        figures = [run_figures(run, threshold) for run in group.runs]
+        counted = [run for run in group.runs if include_unfinished or run.status in FINISHED]
+        figures = [run_figures(run, threshold) for run in counted]
         rows.append(GroupRow(
-            label=group.label,
+            label=group.name,
             settings=used_settings(group.settings, keys),
             seeds=[run.settings.get("seed") for run in group.runs],
             statuses=dict(Counter(run.status for run in group.runs)),
             stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
+            left_out=len(group.runs) - len(counted),
         ))
     return rows
 
@@ -472,19 +559,27 @@ def format_statuses(statuses: dict) -> str:
     return ", ".join(f"{status} {count}" for status, count in sorted(statuses.items()))
 
 
-def markdown_table(rows: list[GroupRow], threshold: float) -> str:
+def markdown_table(rows: list[GroupRow], threshold: float, include_unfinished: bool = False) -> str:
     header = ["group", "n", "status", "final eval loss", "final eval acc", "best eval loss",
               f"steps to acc ≥ {threshold:g}", "wall time (s)"]
     cells = []
     for row in rows:
         s = row.stats
-        cells.append([row.label, str(len(row.seeds)), format_statuses(row.statuses),
+        n = str(len(row.seeds)) + (f" ({row.left_out} left out)" if row.left_out else "")
+        cells.append([row.label, n, format_statuses(row.statuses),
                       format_stat(s["final_eval_loss"], ".4g"), format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
                       format_stat(s["best_eval_loss"], ".4g"), format_steps(s["steps_to_threshold"]),
                       format_stat(s["wall_time"], ".1f", ".1f")])
-    notes = ["", "mean ± sample std over the seeds of each group; (k/n): only k of its n runs have a value "
+    notes = ["", "mean ± sample std over the runs of each group; (k/n): only k of its n runs have a value "
              "(a diverged run has no final figures); steps to acc: the first logged step with "
-             f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the seeds that reached it."]
+             f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the runs that reached it."]
+    left_out = sum(row.left_out for row in rows)
+    if left_out:
+        notes.append(f"Left out of the statistics: {left_out} runs that did not finish (drawn as far as they got; "
+                     "--include-unfinished counts them).")
+    elif include_unfinished and any(status not in FINISHED for row in rows for status in row.statuses):
+        notes.append("Runs that did not finish are counted (--include-unfinished): their figures are where they "
+                     "stopped, not final.")
     return "\n".join([runs.markdown_table(header, cells)] + notes) + "\n"
 
 
@@ -493,12 +588,12 @@ def csv_table(rows: list[GroupRow]) -> str:
     keys = list(dict.fromkeys(k for row in rows for k in row.settings))
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["group", *keys, "n_runs", "seeds", "status",
+    writer.writerow(["group", *keys, "n_runs", "n_left_out", "seeds", "status",
                      *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")]])
     for row in rows:
         stats = [value for c in STAT_COLUMNS for value in (row.stats[c].mean, row.stats[c].std, row.stats[c].n)]
         writer.writerow([row.label, *[format_value(row.settings[k]) if k in row.settings else "" for k in keys],
-                         len(row.seeds),
+                         len(row.seeds), row.left_out,
                          " ".join(format_value(s) for s in row.seeds),
                          "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
                          *["" if v is None else v for v in stats]])
@@ -528,8 +623,51 @@ def _limits(arrays: list, log: bool) -> tuple[float, float] | None:
     return low - 0.05 * span, high + 0.05 * span
 
 
-def legend_label(group: Group) -> str:
-    return f"{group.label}  (n={len(group.runs)})"
+LEGEND_FONT_POINTS = 8
+CHAR_INCHES = 0.55 * LEGEND_FONT_POINTS / 72  # the width of a legend character, about
+HANDLE_INCHES = 0.7  # a legend entry's line sample and padding
+LINE_INCHES = 1.6 * LEGEND_FONT_POINTS / 72  # a legend line's height
+
+
+def last_counts(groups: list[Group], metric: str, x: str = "step", smoothing: float = 0.0,
+                xlim: tuple[float, float] | None = None) -> list[int]:
+    """Per group, the number of runs averaged at its last point drawn (within xlim) of `metric`."""
+    counts = []
+    for group in groups:
+        xs, band = group_curve(group, metric, x, smoothing)
+        inside = np.flatnonzero((xs >= xlim[0]) & (xs <= xlim[1])) if xlim else np.arange(len(xs))
+        counts.append(int(band.count[inside[-1]]) if len(inside) else 0)
+    return counts
+
+
+def legend_texts(groups: list[Group], counts: list[int]) -> dict[str, str]:
+    """Each group label -> its legend text: 'scale=sqrt  (n=5)', with n the runs
+    averaged at the last step ('n=3 of 5 at the last step' when fewer than it
+    has; one count per facet row when they differ)."""
+    pairs: dict[str, list[tuple[int, int]]] = {}
+    for group, n in zip(groups, counts):
+        pairs.setdefault(group.label, []).append((n, len(group.runs)))
+    texts = {}
+    for text, found in pairs.items():
+        if len(set(found)) == 1:
+            n, total = found[0]
+            note = f"n={n}" if n == total else f"n={n} of {total} at the last step"
+        else:
+            note = "n=" + ", ".join(str(n) if n == total else f"{n} of {total}" for n, total in found) + \
+                   " at the last step, by row"
+        texts[text] = f"{text or 'all runs'}  ({note})"
+    return texts
+
+
+def legend_layout(texts: list[str], width: float) -> tuple[list[str], int, int]:
+    """(the texts wrapped to fit the figure's width, columns, lines of text):
+    as many columns as the widest entry allows."""
+    chars = max(10, int((width - HANDLE_INCHES) / CHAR_INCHES))
+    wrapped = [textwrap.fill(text, chars) for text in texts]
+    widest = max(max(len(line) for line in text.split("\n")) for text in wrapped) * CHAR_INCHES + HANDLE_INCHES
+    columns = max(1, min(len(wrapped), int(width // widest)))
+    rows = [wrapped[i:i + columns] for i in range(0, len(wrapped), columns)]
+    return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 
 
 def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
@@ -540,11 +678,12 @@ def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
     return "loss" in metric or (len(values) > 0 and values.min() > 0 and values.max() > WIDE_RANGE * values.min())
 
 
-def group_styles(groups: list[Group]) -> list[dict]:
-    """Colour and line style per group. With two or more differing keys, the one
-    with fewest values (at most len(LINESTYLES)) sets the line style and the
-    others the colour, so `d_k` x `scale` reads as colour = d_k, dash = scale."""
-    keys = varying_keys([g.settings for g in groups])
+def group_styles(groups: list[Group], ignore=()) -> list[dict]:
+    """Colour and line style per group (the keys in `ignore` aside: a facet's
+    key). With two or more differing keys, the one with fewest values (at
+    most len(LINESTYLES)) sets the line style and the others the colour, so
+    `d_k` x `scale` reads as colour = d_k, dash = scale."""
+    keys = [k for k in varying_keys([g.settings for g in groups]) if k not in ignore]
     seen = {k: list(dict.fromkeys(canonical(g.settings.get(k)) for g in groups)) for k in keys}
     few = [k for k in keys if len(seen[k]) <= len(LINESTYLES)]
     dash_key = min(few, key=lambda k: len(seen[k])) if len(keys) >= 2 and few else None
@@ -560,42 +699,55 @@ def group_styles(groups: list[Group]) -> list[dict]:
 
 def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0,
                     yscale: str = "auto", references: dict | None = None, threshold: float | None = None,
-                    title: str = "") -> Figure:
-    """One panel per metric: each group's mean with a ± std band (single runs as lines);
-    a diverged run's last finite value marked ×; references on loss panels."""
-    fig = Figure(figsize=(5.0 * len(metrics) + 0.6, 4.4 + 0.22 * math.ceil(len(groups) / 3)), layout="constrained")
-    styles = group_styles(groups)
-    for panel, metric in enumerate(metrics):
-        ax = fig.add_subplot(1, len(metrics), panel + 1)
-        _draw_panel(ax, groups, styles, metric, x, smoothing, yscale, references if "loss" in metric else None,
-                    threshold if metric == THRESHOLD_METRIC else None)
+                    title: str = "", xlim: tuple[float, float] | None = None, facet: str | None = None) -> Figure:
+    """One panel per metric, a row of them per facet value (groups' `facet`):
+    each group's mean with a ± std band (single runs as lines); a diverged
+    run's last finite value marked ×; references on loss panels. One legend
+    below the panels (module docstring: Axes), the figure as tall as it needs."""
+    rows = list(dict.fromkeys(g.facet for g in groups)) or [""]
+    width = 5.0 * len(metrics) + 0.6
+    fig = Figure(figsize=(width, 4.4 * len(rows)), layout="constrained")
+    styles = group_styles(groups, ignore=(facet,))
+    texts = legend_texts(groups, last_counts(groups, metrics[0], x, smoothing, xlim))
+    for row, value in enumerate(rows):
+        shown = [k for k, g in enumerate(groups) if g.facet == value]
+        for column, metric in enumerate(metrics):
+            ax = fig.add_subplot(len(rows), len(metrics), row * len(metrics) + column + 1)
+            _draw_panel(ax, [groups[k] for k in shown], [styles[k] for k in shown], [texts[groups[k].label] for k in shown],
+                        metric, x, smoothing, yscale, references if "loss" in metric else None,
+                        threshold if metric == THRESHOLD_METRIC else None, xlim, value)
     handles = {}
     for ax in fig.axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(text, handle)
-    group_labels = {legend_label(group) for group in groups}
-    handles = {text: handles[text] for text in sorted(handles, key=lambda text: text not in group_labels)}
-    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(3, len(handles)), fontsize=8)
+    group_texts = set(texts.values())
+    order = sorted(handles, key=lambda text: text not in group_texts)
+    wrapped, columns, lines = legend_layout(order, width)
+    fig.legend([handles[text] for text in order], wrapped, loc="outside lower center", ncol=columns,
+               fontsize=LEGEND_FONT_POINTS)
+    fig.set_size_inches(width, 4.4 * len(rows) + lines * LINE_INCHES + 0.5)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(textwrap.fill(title, int(width / (CHAR_INCHES * 10 / LEGEND_FONT_POINTS))), fontsize=10)
     return fig
 
 
-def _draw_panel(ax, groups: list[Group], styles: list[dict], metric: str, x: str, smoothing: float, yscale: str,
-                references: dict | None, threshold: float | None) -> None:
+def _draw_panel(ax, groups: list[Group], styles: list[dict], texts: list[str], metric: str, x: str, smoothing: float,
+                yscale: str, references: dict | None, threshold: float | None, xlim: tuple[float, float] | None,
+                facet: str) -> None:
     curves = [group_curve(group, metric, x, smoothing) for group in groups]
     log = log_scale(metric, [band for _, band in curves], yscale)
     if log:
         ax.set_yscale("log", nonpositive="clip")
     extents = [[0.0, 1.0]] if "accuracy" in metric and not log else []
     alpha = 0.18 if len(groups) <= 4 else 0.1
-    for group, style, (xs, band) in zip(groups, styles, curves):
-        ax.plot(xs, band.mean, linewidth=1.5, label=legend_label(group), **style)
+    for group, style, text, (xs, band) in zip(groups, styles, texts, curves):
+        ax.plot(xs, band.mean, linewidth=1.5, label=text, **style)
         spread = np.isfinite(band.std)
-        extents.append(band.mean)
+        drawn = (xs >= xlim[0]) & (xs <= xlim[1]) if xlim else np.ones(len(xs), dtype=bool)  # what sets the y range
+        extents.append(band.mean[drawn])
         if spread.any():
             lower, upper = band.edges()
-            extents += [lower[spread], upper[spread]]
+            extents += [lower[spread & drawn], upper[spread & drawn]]
             ax.fill_between(xs, lower, upper, where=spread, color=style["color"], alpha=alpha, linewidth=0)
         for run in (r for r in group.runs if r.status == "diverged"):
             steps, values = run_curve(run, metric, smoothing)
@@ -611,9 +763,12 @@ def _draw_panel(ax, groups: list[Group], styles: list[dict], metric: str, x: str
     limits = _limits(extents, log)
     if limits:
         ax.set_ylim(*limits)
+    if xlim:
+        ax.set_xlim(*xlim)
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(metric)
-    ax.set_title(metric + (f"  (EMA {smoothing:g}, bias-corrected)" if smoothing else ""), fontsize=10)
+    ax.set_title(metric + (f"  (EMA {smoothing:g}, bias-corrected)" if smoothing else "")
+                 + (f"  —  {facet}" if facet else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
 
 
@@ -628,9 +783,11 @@ class Comparison:
     rows: list  # list[GroupRow]
     skipped: list  # list[Skipped]: the PATHs holding no run, then the runs not plotted
     table: str  # the Markdown table (table.md also lists the runs not plotted)
+    warnings: list = dataclasses.field(default_factory=list)  # one line each: duplicate seeds (duplicate_seeds)
 
 
-def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str) -> None:
+def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str, group_by=None, facet=None,
+                  xlim=None) -> None:
     if not metrics:
         raise ConfigError("--metric: got none; expected at least one logged metric, e.g. eval_loss")
     if x not in X_AXES:
@@ -641,6 +798,25 @@ def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: s
         raise ConfigError(f"--threshold: got {threshold!r}; expected a finite number, e.g. 0.99")
     if yscale not in YSCALES:
         raise ConfigError(f"--yscale: got {yscale!r}; expected one of {', '.join(YSCALES)}")
+    for option, keys in (("--group-by", group_by or []), ("--facet", [facet] if facet else [])):
+        for key in keys:
+            if key not in all_keys():
+                suggestion = nearest_key(key)
+                raise ConfigError(f"{option}: got {key!r}; expected a dotted config key, e.g. model.scale"
+                                  + (f"; did you mean `{suggestion}`?" if suggestion else ""))
+    if xlim is not None and not (len(xlim) == 2 and all(math.isfinite(v) for v in xlim) and xlim[0] < xlim[1]):
+        raise ConfigError(f"--xlim: got {xlim!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
+
+
+def check_metrics(metrics, logged: set[str]) -> None:
+    """Every metric is logged; else one line with the nearest names, not all of them."""
+    for metric in metrics:
+        if metric not in logged:
+            close = difflib.get_close_matches(metric, sorted(logged), n=5)
+            shown = close[1:] or [k for k in sorted(logged) if "/" not in k][:6]  # the overall ones, not per parameter
+            raise ConfigError(f"--metric: got {metric!r}; " + (f"did you mean `{close[0]}`? " if close else "")
+                              + f"expected a logged metric, e.g. {', '.join(shown)} ({len(logged)} are logged: "
+                              "the keys of a run's metrics.jsonl)")
 
 
 def default_out_dir(run_dirs: list[Path]) -> Path:
@@ -662,12 +838,22 @@ def default_out_dir(run_dirs: list[Path]) -> Path:
 
 
 def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = 0.99,
-            yscale: str = "auto", out: Path | None = None) -> Comparison:
-    """Read the runs at PATHs, group them and write compare.png, compare.svg, table.md and table.csv."""
+            yscale: str = "auto", out: Path | None = None, *, where=(), group_by: list[str] | None = None,
+            facet: str | None = None, xlim: tuple[float, float] | None = None,
+            include_unfinished: bool = False) -> Comparison:
+    """Read the runs at PATHs (those matching every --where), group them and
+    write compare.png, compare.svg, table.md and table.csv (module docstring)."""
     metrics = list(dict.fromkeys(metrics))
-    check_options(metrics, x, smoothing, threshold, yscale)
+    check_options(metrics, x, smoothing, threshold, yscale, group_by, facet, xlim)
+    conditions = parse_where(where)
     run_dirs, not_runs = find_run_dirs(paths)
     loaded, skipped = load_runs(run_dirs)
+    if conditions:
+        kept = [run for run in loaded if matches(run, conditions)]
+        if not kept:
+            raise ConfigError(f"--where {' '.join(where)}: no run matches; among the runs, "
+                              + "; ".join(f"{key} is {_values_among(loaded, key)}" for key, _ in conditions))
+        loaded = kept
     plotted = []
     for run in loaded:
         if run.records:
@@ -677,12 +863,9 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
     if not plotted:
         raise runs.RunError(f"{', '.join(map(str, paths))}: nothing to compare: "
                             + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
-    logged = {key for run in plotted for record in run.records for key in record} - {"step"}
-    for metric in metrics:
-        if metric not in logged:
-            raise ConfigError(f"--metric: got {metric!r}; expected a logged metric: {', '.join(sorted(logged))}")
-    groups = group_runs(plotted)
-    rows = table_rows(groups, threshold)
+    check_metrics(metrics, {key for run in plotted for record in run.records for key in record} - {"step"})
+    groups = group_runs(plotted, group_by, facet)
+    rows = table_rows(groups, threshold, include_unfinished)
     if out is None:
         out_dir = default_out_dir(run_dirs)
     else:
@@ -691,17 +874,37 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
-    common = Path(os.path.commonpath([p.absolute() for p in run_dirs]))
-    title = (f"{common.name or 'runs'}: {len(plotted)} runs in {len(groups)} groups; "
-             "line: mean over seeds, band: ± std")
-    fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold, title)
-    table = markdown_table(rows, threshold)
+    fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold,
+                          comparison_title(run_dirs, plotted, groups, conditions, group_by, facet), xlim, facet)
+    table = markdown_table(rows, threshold, include_unfinished)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
     written = [plots.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]
     for name, text in (("table.md", table + skipped_notes), ("table.csv", csv_table(rows))):
         runs.write_atomic(out_dir / name, text.encode())
         written.append(out_dir / name)
-    return Comparison(out_dir, written, groups, rows, not_runs + skipped, table)
+    return Comparison(out_dir, written, groups, rows, not_runs + skipped, table, duplicate_seeds(groups))
+
+
+def _values_among(loaded: list[Run], key: str) -> str:
+    """'16, 64' : the values a key has among the runs (those whose task reads it)."""
+    values = sorted({format_value(run.settings[key]) for run in loaded
+                     if key in run.settings and key not in unused_task_keys(run.settings)}, key=natural_key)
+    return ", ".join(values) or "read by none of them"
+
+
+def comparison_title(run_dirs: list[Path], plotted: list[Run], groups: list[Group], conditions, group_by, facet) -> str:
+    """What the figure shows: which runs, how they are grouped and pooled, what the line and band are."""
+    common = Path(os.path.commonpath([p.absolute() for p in run_dirs]))
+    names = short_names([*(group_by or []), *([facet] if facet else []), *(k for k, _ in conditions)],
+                        among=[k for run in plotted for k in run.settings])
+    parts = [f"{common.name or 'runs'}: {len(plotted)} runs in {len(groups)} groups"]
+    if conditions:
+        parts.append("where " + ", ".join(f"{names[k]}={format_value(_plain(v))}" for k, v in conditions))
+    if group_by:
+        parts.append(f"grouped by {', '.join(names[k] for k in group_by)} only: seeds and every other setting pooled")
+    if facet:
+        parts.append(f"a row per {names[facet]}")
+    return "; ".join(parts) + "; line: mean over a group's runs, band: ± std"
 
 
 # ---------------------------------------------------------------------------

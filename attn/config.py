@@ -577,16 +577,22 @@ def with_values(config: Config, values: dict, source: str) -> Config:
     sections: dict[str, dict] = {}
     for key, value in values.items():
         section, _, leaf = str(key).rpartition(".")
-        owner = _hints(Config).get(section) if section else Config
-        if not dataclasses.is_dataclass(owner) or leaf not in _hints(owner) or dataclasses.is_dataclass(_hints(owner)[leaf]):
-            suggestion = nearest_key(str(key))
-            hint = f"; did you mean `{suggestion}`?" if suggestion else ""
-            raise ConfigError(f"{source}: unknown key `{cut(str(key))}`{hint}")
-        meta = dict(_sections(owner)[leaf].metadata)
-        sections.setdefault(section, {})[leaf] = coerce(value, _hints(owner)[leaf], meta, key, source)
+        sections.setdefault(section, {})[leaf] = field_value(str(key), value, source)
     top = sections.pop("", {})
     top.update({section: dataclasses.replace(getattr(config, section), **fields) for section, fields in sections.items()})
     return validate(dataclasses.replace(config, **top), source)
+
+
+def field_value(key: str, value, source: str):
+    """A raw value (as YAML reads it) coerced and checked as the field `key`
+    takes it in a file; ConfigError for a key that is no field."""
+    section, _, leaf = key.rpartition(".")
+    owner = _hints(Config).get(section) if section else Config
+    if not dataclasses.is_dataclass(owner) or leaf not in _hints(owner) or dataclasses.is_dataclass(_hints(owner)[leaf]):
+        suggestion = nearest_key(key)
+        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
+    return coerce(value, _hints(owner)[leaf], dict(_sections(owner)[leaf].metadata), key, source)
 
 
 def set_dotted(data: dict, key: str, value) -> None:

@@ -315,7 +315,13 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
     assert [r["step"] for r in torn.records] == [0, 5, 10, 15, 20]  # the torn line is dropped
     rows = {row.label: row for row in result.rows}
     assert rows["scale=none"].statuses == {"diverged": 1, "stale": 1}
-    assert (rows["scale=none"].stats["final_eval_loss"].n, rows["scale=none"].stats["final_eval_loss"].total) == (1, 2)
+    final_loss = rows["scale=none"].stats["final_eval_loss"]
+    assert (final_loss.n, final_loss.total, rows["scale=none"].left_out) == (0, 1, 1)  # the stale run is left out
+    assert "| scale=none | 2 (1 left out) | diverged 1, stale 1 | — |" in result.table
+    assert "Left out of the statistics: 2 runs that did not finish" in result.table
+    counted = {row.label: row for row in compare.table_rows(result.groups, 0.99, include_unfinished=True)}
+    final_loss = counted["scale=none"].stats["final_eval_loss"]
+    assert (final_loss.n, final_loss.total, counted["scale=none"].left_out) == (1, 2, 0)
     _, band = compare.group_curve(by_label["scale=sqrt"], "eval_loss")
     assert band.count.tolist() == [2, 2, 1, 1, 1]  # the running seed has logged two steps
     assert np.isnan(band.std[2:]).all()
@@ -337,7 +343,11 @@ def test_axes_ignore_non_finite_values_and_mark_where_a_run_diverged(zoo):
     assert len(marks) == 1 and marks[0].get_xdata().tolist() == [last_finite["step"]]
     assert marks[0].get_ydata().tolist() == [last_finite["eval_loss"]]
     drawn = {line.get_label() for line in loss_ax.get_lines()}
-    assert {"scale=none  (n=2)", "scale=sqrt  (n=2)"} <= drawn and any(d.startswith("no retrieval") for d in drawn)
+    groups = compare.group_runs(loaded)
+    at_the_end = [int(compare.group_curve(group, "eval_loss")[1].count[-1]) for group in groups]
+    assert at_the_end == [1, 1]  # a seed of each stopped early: the legend says how many make the last point
+    assert {f"{g.label}  (n=1 of 2 at the last step)" for g in groups} <= drawn
+    assert any(d.startswith("no retrieval") for d in drawn)
 
 
 def test_automatic_y_scale_is_log_for_losses_and_for_positive_values_spanning_decades():
