@@ -1,0 +1,131 @@
+"""The command line's own messages (issue 14, items 7-9): one line each, with
+the fix in it; options and overrides in any order; one set of defaults."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attn import cli, jobs, runs
+from attn.config import load_config, to_dict
+from helpers import TINY
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = REPO / "experiments" / "sqrt_dk.yaml"
+CONFIG = REPO / "configs" / "default.yaml"
+
+
+def call(capsys, *args) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(capsys, *args) -> str:
+    code, out, err = call(capsys, *args)
+    assert code == cli.EXIT_BAD_INPUT and out == "" and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "Traceback" not in err
+    return err.strip()
+
+
+def test_the_schema_defaults_are_configs_default_yaml():
+    assert load_config(None) == load_config(CONFIG)
+
+
+def test_an_experiment_file_given_to_train_says_to_sweep_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert one_error_line(capsys, "train", EXPERIMENT) == (
+        f"error: {EXPERIMENT}: is an experiment file (it has a grid and seeds), not a run config; "
+        f"run it with: attn sweep {EXPERIMENT}")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_given_to_sweep_shows_the_grid_form(tmp_path, capsys):
+    assert one_error_line(capsys, "sweep", CONFIG) == (
+        f"error: {CONFIG}: is a run config, not an experiment file; sweep it over a grid: "
+        f"attn sweep {CONFIG} --grid model.d_k=16,64,256 --seeds 0-4")
+    assert "did you mean --seeds 0-4?" in one_error_line(capsys, "sweep", CONFIG, "seeds=0-4")
+    assert "did you mean --grid model.d_k=16,64?" in one_error_line(capsys, "sweep", CONFIG, "grid=model.d_k=16,64")
+    assert "did you mean --seeds 3?" in one_error_line(capsys, "sweep", EXPERIMENT, "seed=3")
+    assert f"{EXPERIMENT} is an experiment file: its grid, seeds and name are in it; drop --grid, --seeds" in \
+        one_error_line(capsys, "sweep", EXPERIMENT, "--grid", "model.d_k=16", "--seeds", "0-1")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("optim: {lrr: 0.1}\n")
+    assert "unknown key `optim.lrr`; did you mean `optim.lr`?" in one_error_line(capsys, "sweep", broken)
+
+
+def test_an_unknown_option_suggests_the_config_field(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert one_error_line(capsys, "train", "--steps", "100") == (
+        "error: attn train: unrecognized arguments: --steps; to set the config field train.steps, write "
+        "train.steps=100 (no dashes)")
+    assert "to set the config field optim.lr, write optim.lr=0.3" in one_error_line(capsys, "train", "--lr=0.3")
+    assert one_error_line(capsys, "compare", "runs", "--bogus") == "error: attn compare: unrecognized arguments: --bogus"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_options_and_overrides_mix_in_any_order(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(to_dict(load_config(None, [*TINY, "train.steps=2", "logging.log_every=1"]))))
+    code, out, err = call(capsys, "train", config, "--name", "x", "optim.lr=0.1", "seed=3")
+    assert code == cli.EXIT_OK, err
+    assert out.splitlines()[-1] == str(Path("runs") / "x")
+    stored = jobs.config_of(tmp_path / "runs" / "x")
+    assert (stored.optim.lr, stored.seed) == (0.1, 3)
+
+
+def test_a_runs_dir_that_is_a_file_is_named_as_one(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("a file")
+    assert one_error_line(capsys, "train", *TINY, "runs_dir=README.md") == (
+        "error: runs_dir 'README.md': it is a file, not a directory; choose a directory, e.g. runs_dir=runs")
+    assert "--runs-dir 'README.md': it is a file, not a directory" in one_error_line(
+        capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", "README.md")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
+
+
+def test_an_empty_directory_is_named_once(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_error_line(capsys, "compare", empty)
+    assert line == f"error: {empty}: no run directories found (a run directory holds config.yaml)"
+    code, out, err = call(capsys, "runs", empty)
+    assert (code, out, err) == (cli.EXIT_OK, "", f"no runs in {empty}\n")
+
+
+def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, capsys):
+    run = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=2", "logging.log_every=1"])
+    run_dir = jobs.create(run, name="run")
+    jobs.execute(run, run_dir)
+    line = one_error_line(capsys, "compare", run_dir, "--metric", "eval_los", "--out", tmp_path / "out")
+    logged = len({k for record in runs.read_metrics(run_dir) for k in record} - {"step"})
+    assert line.startswith("error: --metric: got 'eval_los'; did you mean `eval_loss`? expected a logged metric, e.g. ")
+    assert line.endswith(f"({logged} are logged: the keys of a run's metrics.jsonl)")
+    named = line.split("e.g. ", 1)[1].split(" (", 1)[0].split(", ")
+    assert 0 < len(named) <= 6 < logged
+
+
+def test_resume_says_where_it_resumes_from(tmp_path, capsys):
+    config = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=8", "logging.log_every=2",
+                                "logging.checkpoint_every=2"])
+    run_dir = jobs.create(config, name="stopped")
+    stop = jobs.StopFlag()
+    jobs.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None)
+    code, _, err = call(capsys, "train", "--resume", run_dir)
+    assert code == cli.EXIT_OK, err
+    assert err.splitlines()[0] == f"resuming {run_dir} from step 3/8"
+
+
+@pytest.mark.parametrize("argv", [["train", "-h"], ["sweep", "-h"], ["compare", "-h"]])
+def test_help_names_the_new_options(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    expected = {"train": ["--fork RUN_DIR[@STEP]", "train.steps=N larger than its budget"],
+                "sweep": ["--grid KEY=V1,V2,...", "--seeds SEEDS", "--name NAME"],
+                "compare": ["--where KEY=VALUE", "--group-by KEY", "--facet KEY", "--xlim LOW,HIGH",
+                            "runs of very different lengths on one x axis", "--include-unfinished"]}[argv[0]]
+    for fragment in expected:
+        assert fragment in text, fragment
