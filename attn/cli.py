@@ -35,7 +35,7 @@ import yaml
 from attn import jobs, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.config import (ConfigError, all_keys, check_run_name, describe_schema, load_config, nearest_key,
-                         show_value, to_dict)
+                         read_yaml_file, show_value, to_dict)
 from attn.train import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -326,7 +326,8 @@ def _experiment_to_sweep(args):
         return experiments.load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
                                            overrides=args.overrides)
     if not args.grid:
-        load_config(args.experiment)  # a file that is no config either says why, as `attn train` would
+        read_yaml_file(args.experiment, "experiment file")  # a file that is no YAML mapping says so
+        load_config(args.experiment)  # a mapping that is no config either says why, as `attn train` would
         raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
                           f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
     if args.runs_dir is not None:

@@ -5,7 +5,7 @@ to train, the one-line summary (issue 14, items 5 and 7)."""
 import io
 import queue
 import types
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -96,10 +96,11 @@ def test_the_sweep_prints_starts_and_ends_then_a_short_summary_and_the_report_pa
     assert "## " not in err  # the report itself is not printed
 
 
-def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys):
+def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys, monkeypatch):
     root, _, _, _, _ = grid_sweep
     path = root / "runs" / "default-d_k-scale" / "experiment.yaml"
-    code, out, err = call(capsys, "sweep", path, "--workers", "1")
+    monkeypatch.setattr(sweep, "default_executor", lambda workers: ThreadPoolExecutor(1))  # nothing to train
+    code, out, err = call(capsys, "sweep", path)
     assert code == cli.EXIT_OK, err
     assert "sweep default-d_k-scale: nothing to run: all 4 runs had finished (4 completed)" in err.splitlines()
     assert not any(line.startswith("started ") for line in err.splitlines())
