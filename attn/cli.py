@@ -1,11 +1,18 @@
 """Command line: the only module that prints.
 
-    attn train [CONFIG] [key=value ...] [--name NAME] [--resume RUN_DIR]
+    attn train [CONFIG] [key=value ...] [--name NAME]
+    attn train --resume RUN_DIR [train.steps=N]   continue a run; a larger N extends it
+    attn train --fork RUN_DIR[@STEP] [key=value ...] [--name NAME]   a new run from its checkpoint
     attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
     attn plot RUN_DIR ...                     redraw a run's figures
     attn sweep EXPERIMENT [--workers N]       run an experiment's grid, then its report
+    attn sweep CONFIG --grid KEY=V1,V2 ... [--seeds 0-4] [--name N] [key=value ...]
     attn report EXPERIMENT                    rewrite an experiment's report
-    attn compare PATH ... [--metric M]        overlay runs (mean ± std over seeds), tabulate
+    attn compare PATH ... [--metric M] [--where K=V] [--group-by K ...] [--facet K] [--xlim LO,HI]
+                                              overlay runs (mean ± std over seeds), tabulate
+
+Options, positionals and key=value overrides mix in any order
+(parse_intermixed_args).
     attn runs [PATH] [--status S]             list runs
     attn board [PATH ...] [--port N]          the live run board in a browser (--static DIR: as files)
     attn bench [--sizes default,mid,large]    time the training step against PyTorch
@@ -183,8 +190,8 @@ def _resume(text: str, config_path: str | None, overrides: list[str], stop: Stop
 def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> int:
     """--fork RUN[@STEP] [key=value ...]: a new run from the run's checkpoint at STEP."""
     source_text, at, step_text = text.rpartition("@")
-    if not at or not (step_text.isascii() and step_text.isdigit()):
-        source_text, step_text = text, None
+    if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
+        source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
     source = _run_dir_argument(source_text, "--fork")
     plan = jobs.plan_fork(source, None if step_text is None else int(step_text), overrides)
     with jobs.new_fork(plan, overrides, name) as run_dir:
@@ -348,8 +355,8 @@ class _SweepProgress:
     a run never started is never counted done); elsewhere, one plain line per
     stack started and per run ended."""
 
-    def __init__(self, total: int, interactive: bool):
-        self.total, self.interactive = total, interactive
+    def __init__(self, total: int, interactive: bool, reports_starts: bool = True):
+        self.total, self.interactive, self.reports_starts = total, interactive, reports_starts
         self.ended = 0  # outcomes so far, of every kind
         self.counts = dict.fromkeys(("done", "failed", "interrupted", "skipped"), 0)
         self.running: dict[str, None] = {}  # the cells in flight, in the order they started
@@ -357,7 +364,8 @@ class _SweepProgress:
 
     def tally(self) -> str:
         c = self.counts
-        return (f"done {c['done']}, running {len(self.running)}, skipped {c['skipped']}, failed {c['failed']}"
+        running = len(self.running) if self.reports_starts else "?"  # a Dask cluster does not say when a stack starts
+        return (f"done {c['done']}, running {running}, skipped {c['skipped']}, failed {c['failed']}"
                 + (f", interrupted {c['interrupted']}" if c["interrupted"] else ""))
 
     def started(self, names: list[str]) -> None:
@@ -394,7 +402,8 @@ class _SweepProgress:
 
             self.bar = tqdm(total=self.total - self.counts["skipped"], unit="run", dynamic_ncols=True, file=sys.stderr)
         self.bar.n = self.counts["done"] + self.counts["failed"] + self.counts["interrupted"]
-        self.bar.set_postfix_str(f"{self.tally()}; in flight: {_few(list(self.running), 1)}", refresh=False)
+        flight = f"; in flight: {_few(list(self.running), 1)}" if self.reports_starts else ""
+        self.bar.set_postfix_str(self.tally() + flight, refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
@@ -416,7 +425,7 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
     print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
     if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
         print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
-    progress = _SweepProgress(total, _is_interactive())
+    progress = _SweepProgress(total, _is_interactive(), reports_starts=hasattr(executor, "started"))
     forwarded = False
 
     def should_stop() -> bool:
