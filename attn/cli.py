@@ -41,7 +41,7 @@ import yaml
 
 from attn import jobs, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.config import (ConfigError, all_keys, check_run_name, describe_schema, load_config, nearest_key,
+from attn.config import (ConfigError, all_keys, check_run_name, cut, describe_schema, load_config, nearest_key,
                          read_yaml_file, show_value, to_dict)
 from attn.train import StopFlag
 
@@ -465,7 +465,8 @@ def _print_report(experiment) -> None:
     paths = report.write_report(experiment)
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
-        print(f"{expectation['verdict']:>13}: {expectation['id']}", file=sys.stderr)
+        print(f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
+              file=sys.stderr)
     print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
 
 

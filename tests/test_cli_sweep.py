@@ -181,3 +181,17 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
     sweep.run_experiment(types.SimpleNamespace(cells=cells, directory=tmp_path, path=tmp_path / "x.yaml"), executor,
                          ends.append, on_start=starts.append)
     assert [o.cell for o in ends] == ["a", "b"] and starts == [["b"]]
+
+
+def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypatch, capsys):
+    from attn import report
+
+    judged = [{"id": "scaled-wins", "claim": "the scaled arm wins", "verdict": "confirmed"},
+              {"id": "fast", "claim": "it is fast\nat d_k 16", "verdict": "not confirmed"}]
+    runs.write_json(tmp_path / "report.json", {"expectations": judged})
+    monkeypatch.setattr(report, "write_report", lambda experiment: {"json": tmp_path / "report.json",
+                                                                    "md": tmp_path / "report.md"})
+    cli._print_report(None)
+    assert capsys.readouterr().err.splitlines() == [
+        "    confirmed  scaled-wins: the scaled arm wins", "not confirmed  fast: it is fast\\nat d_k 16",
+        f"report: {tmp_path / 'report.md'} (2 expectations judged)"]
