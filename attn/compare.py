@@ -549,6 +549,8 @@ def format_stat(stat: Stat, spec: str, std_spec: str = ".2g") -> str:
 def format_steps(stat: Stat) -> str:
     """Steps to threshold over the runs that reached it, and how many never did."""
     never = stat.total - stat.n
+    if stat.total == 0:  # no run of the group is counted
+        return "—"
     if stat.n == 0:
         return f"never ({never}/{stat.total})"
     text = format(stat.mean, ".0f") + (f" ± {stat.std:.0f}" if stat.std is not None else "")
@@ -575,8 +577,8 @@ def markdown_table(rows: list[GroupRow], threshold: float, include_unfinished: b
              f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the runs that reached it."]
     left_out = sum(row.left_out for row in rows)
     if left_out:
-        notes.append(f"Left out of the statistics: {left_out} runs that did not finish (drawn as far as they got; "
-                     "--include-unfinished counts them).")
+        notes.append(f"Left out of the statistics: {left_out} run{'s' * (left_out != 1)} that did not finish "
+                     "(drawn as far as they got; --include-unfinished counts them).")
     elif include_unfinished and any(status not in FINISHED for row in rows for status in row.statuses):
         notes.append("Runs that did not finish are counted (--include-unfinished): their figures are where they "
                      "stopped, not final.")

@@ -57,7 +57,7 @@ def test_unfinished_runs_are_drawn_but_left_out_of_the_statistics_unless_asked(t
     assert (row["n_runs"], row["n_left_out"], row["final_eval_loss_n"]) == ("3", "1", "2")
     assert float(row["final_eval_loss_mean"]) == pytest.approx(np.mean(finished))
     assert "| 3 (1 left out) | completed 2, interrupted 1 |" in out
-    assert "Left out of the statistics: 1 runs that did not finish" in out
+    assert "Left out of the statistics: 1 run that did not finish" in out
     code, out, _ = call(capsys, "compare", tmp_path / "exp", "--out", tmp_path / "b", "--include-unfinished")
     row = rows_by_group(tmp_path / "b")["task.name=retrieval, scale=sqrt, d_k=32"]
     assert (row["n_left_out"], row["final_eval_loss_n"]) == ("0", "3")
