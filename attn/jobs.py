@@ -145,7 +145,7 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
             if fill is not None:
                 fill(run_dir)
             runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), **(origin or {})})
-        except (runs.RunError, ConfigError):
+        except BaseException:  # a full disk, a damaged source file, Ctrl-C: no half-made run is left
             shutil.rmtree(run_dir, ignore_errors=True)  # made by this call a moment ago: nothing else is in it
             raise
         yield run_dir
@@ -346,7 +346,8 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
         runs.write_atomic(run_dir / "metrics.jsonl", data or b"")
         runs.truncate_metrics(run_dir, plan.step)
         for snapshot, kept in (("attention.npz", lambda key: key != "attn_final"),
-                               ("mechanism.npz", lambda key: int(key.split("/", 1)[0]) < plan.step)):
+                               ("mechanism.npz", lambda key: key.split("/")[0].isdigit()
+                                and int(key.split("/")[0]) < plan.step)):
             if (plan.source / snapshot).exists():
                 arrays = runs.load_arrays(plan.source / snapshot)
                 runs.save_arrays(run_dir / snapshot, {k: v for k, v in arrays.items() if kept(k)})
