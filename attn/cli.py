@@ -665,7 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
     p.add_argument("experiment", metavar="FILE", help="an experiment file, e.g. experiments/sqrt_dk.yaml; or a run "
                    "config with --grid")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="set for every cell, e.g. dtype=float64")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="set for every cell, e.g. dtype=float64")
     p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="with a run config: a grid key and its "
                    "values (typed as overrides are); repeat for more keys: their product is the grid")
     p.add_argument("--seeds", metavar="SEEDS", help="with a run config: the seeds, e.g. 0-4, 0,2,5 or 0-2,7 "
@@ -681,7 +682,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="as given to its sweep, e.g. dtype=float64")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="as given to its sweep, e.g. dtype=float64")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_report)

@@ -61,6 +61,7 @@ def test_an_unknown_option_suggests_the_config_field(tmp_path, monkeypatch, caps
         "train.steps=100 (no dashes)")
     assert "to set the config field optim.lr, write optim.lr=0.3" in one_error_line(capsys, "train", "--lr=0.3")
     assert one_error_line(capsys, "compare", "runs", "--bogus") == "error: attn compare: unrecognized arguments: --bogus"
+    assert one_error_line(capsys, "sweep") == "error: attn sweep: the following arguments are required: FILE"
     assert not (tmp_path / "runs").exists()
 
 
