@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from attn import jobs, runs
+from attn import jobs, locks, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.config import ConfigError, all_keys, check_run_name, describe_schema, load_config, show_value, to_dict
 from attn.train import StopFlag
@@ -133,7 +133,7 @@ def cmd_train(args) -> int:
     try:
         if args.resume is not None:
             run_dir = _run_dir_argument(args.resume, "--resume")
-            with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+            with locks.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
                 requested = load_config(config_path, overrides) if config_path else None
                 state = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
                 print(f"run directory: {run_dir}", file=sys.stderr)
@@ -208,7 +208,7 @@ def cmd_plot(args) -> int:
 
     for text in args.run_dirs:
         run_dir = _run_dir_argument(text, "plot")
-        with runs.RunLock(run_dir, "plot"):
+        with locks.RunLock(run_dir, "plot"):
             for path in plots.plot_run(run_dir):
                 print(path)
     return EXIT_OK
