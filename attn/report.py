@@ -23,6 +23,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from attn import locks, outcomes, report_figures, runs
@@ -231,15 +232,19 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c, layout)["settings"]} for (x, arm), c in best.items()],
         "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
+                        for (x, arm), value in sensitivities.items()],
     }
+    at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
+    data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
+                       for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
     runs.write_json(paths["json"], data)
-    all_rows = table_rows(ordered, layout, keys)
-    runs.write_atomic(paths["csv"], _csv_text(all_rows).encode())
+    runs.write_atomic(paths["csv"], _csv_text(table_rows(ordered, layout, keys)).encode())
     paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
-                                         sensitive=bool(sensitivities)))
+                                         sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths, sensitivities).encode())
+                                            summary_text, data["platform"], paths, sensitivities, at_lengths).encode())
     return paths
 
 
@@ -250,6 +255,37 @@ def _csv_text(rows: list[dict]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return buffer.getvalue()
+
+
+def length_results(best: dict, experiment: Experiment) -> dict:
+    """(x, arm) -> P -> {statistic: [one value per seed]}: each judged cell's
+    finished seeds asked about retrieval with P pairs (attn.lengths)."""
+    from attn import lengths
+
+    out = {}
+    for key, cell in best.items():
+        by_length: dict[int, dict[str, list]] = {}
+        for seed in cell.seeds:
+            if seed.outcome.outcome == outcomes.DIVERGED:
+                continue
+            config = next(c.config for c in experiment.cells if c.name == seed.run.path.name)
+            for P, figures in lengths.at_lengths(seed.run.path, config, list(experiment.report.lengths)).items():
+                for name, value in figures.items():
+                    by_length.setdefault(P, {}).setdefault(name, []).append(value)
+        out[key] = by_length
+    return out
+
+
+def length_rows(at_lengths: dict, layout: Layout) -> list[dict]:
+    """One row per judged cell: the median over seeds of the attention on the queried key, and of the accuracy, per P."""
+    rows = []
+    for (x, arm), by_length in at_lengths.items():
+        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm)}
+        for P, figures in sorted(by_length.items()):
+            row[f"{P} pairs: attention on the key / accuracy"] = (
+                f"{np.median(figures['target_attn']):.3f} / {np.median(figures['accuracy']):.3f}")
+        rows.append(row)
+    return rows
 
 
 def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
@@ -267,7 +303,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities) -> str:
+             sensitivities, at_lengths) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -302,6 +338,11 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
                  "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
                  "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
                  "over seeds, bootstrap 95% interval.", "", markdown_table(sensitivity_rows(sensitivities, layout)), ""]
+    if at_lengths:
+        text += ["## Longer contexts than trained on (median over seeds)", "",
+                 f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.lengths: "
+                 f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
+                 "its accuracy.", "", markdown_table(length_rows(at_lengths, layout)), ""]
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  markdown_table(mechanism_rows(best, layout, steps)), ""]
