@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from attn import jobs, runs
+from attn import jobs, locks, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.config import (ConfigError, all_keys, check_run_name, cut, describe_schema, load_config, nearest_key,
                          read_yaml_file, show_value, to_dict)
@@ -175,7 +175,7 @@ def _load_run_config(config_path: str | None, overrides: list[str]):
 def _resume(text: str, config_path: str | None, overrides: list[str], stop: StopFlag) -> int:
     """--resume RUN [train.steps=N]: continue the run, or extend it to N steps."""
     run_dir = _run_dir_argument(text, "--resume")
-    with runs.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+    with locks.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
         requested = _load_run_config(config_path, overrides) if config_path else None
         resumption = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
         state = resumption.state
@@ -264,7 +264,7 @@ def cmd_plot(args) -> int:
 
     for text in args.run_dirs:
         run_dir = _run_dir_argument(text, "plot")
-        with runs.RunLock(run_dir, "plot"):
+        with locks.RunLock(run_dir, "plot"):
             for path in plots.plot_run(run_dir):
                 print(path)
     return EXIT_OK

@@ -99,7 +99,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from attn import plots, runs
+from attn import locks, plots, runs
 from attn.config import (ConfigError, TaskConfig, all_keys, field_value, flatten_config, nearest_key, parse_yaml,
                          show_value, unread_keys)
 from attn.jobs import RESULT_NEUTRAL_KEYS
@@ -130,7 +130,7 @@ class Run:
     settings: dict  # the flattened config: dotted key -> value
     records: list  # metrics.jsonl (a torn last line dropped)
     summary: dict  # summary.json; {} before the first one is written
-    status: str  # runs.effective_status: `stale` for a `running` run whose process is gone
+    status: str  # locks.effective_status: `stale` for a `running` run whose process is gone
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def load_run(run_dir: Path) -> Run:
     settings = flatten_config(runs.read_config_dict(run_dir))
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir)
-    return Run(run_dir, settings, records, summary or {}, runs.effective_status(summary, run_dir=run_dir))
+    return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir))
 
 
 def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:

@@ -23,6 +23,7 @@
           where: {model.d_k: [256, 1024, 4096]}
           at: best                   # best (each arm at its own best_of) or shared
       sensitivity: true              # each (x, arm)'s learning-rate sensitivity over best_of
+      lengths: [8, 32, 128]          # retrieval: ask each judged model about longer contexts (attn.lengths)
 Every key of `report:` is optional and checked here: x, arm and best_of
 name grid keys, each in one role; `select` is a list of criteria, each
 'max <figure>' or 'min <figure>' of SELECTION_FIGURES; `shared` is one of
@@ -73,7 +74,7 @@ from attn.config import (Config, ConfigError, all_keys, build, check_run_name, c
                          parse_override, parse_yaml, read_yaml_file, set_dotted, show_value, validate, with_values)
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
-REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity")
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
@@ -110,6 +111,7 @@ class ReportSpec:
     shared: object = None
     expect: tuple[Expectation, ...] = ()
     sensitivity: bool = False  # with best_of a rate: each (x, arm)'s learning-rate sensitivity (Wortsman et al.)
+    lengths: tuple[int, ...] = ()  # retrieval pairs to ask each judged model about (attn.lengths)
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,12 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     if not isinstance(sensitivity, bool) or (sensitivity and best_of is None):
         raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
                           "(true needs a best_of, the rate it is measured over)")
-    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity)
+    lengths = report.get("lengths", [])
+    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                for n in lengths):
+        raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
+                          "retrieval pairs, e.g. [8, 32, 128]")
+    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths))
     checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
                for i, e in enumerate(expect)]
     ids = [e.id for e in checked]
@@ -418,6 +425,11 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
     report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial)
+    if report.lengths:
+        from attn import lengths
+
+        for config in {cell.config.model: cell.config for cell in cells}.values():
+            lengths.check(config, list(report.lengths), source)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
 
 

@@ -2,7 +2,7 @@
 
 Used by the CLI's `train` and by the sweep workers, so a run started either
 way is the same run. Every write happens under the run directory's
-runs.RunLock: execute takes it (re-entrantly, so a caller that took it to
+locks.RunLock: execute takes it (re-entrantly, so a caller that took it to
 check the run first keeps one unbroken hold). A run that cannot start (a
 damaged file, a checkpoint that does not fit) is refused before anything in
 its directory changes; failures inside training are recorded in the run
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import allocator, runs, train
+from attn import allocator, locks, runs, train
 from attn.config import Config, ConfigError, check_run_name, flatten_config, load_config, show_value, to_dict
 from attn.train import StopFlag
 
@@ -141,7 +141,7 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
     run_dir = runs.create_run_dir(Path(config.runs_dir), name)
     with contextlib.ExitStack() as hold:
         try:
-            hold.enter_context(runs.RunLock(run_dir, "train"))
+            hold.enter_context(locks.RunLock(run_dir, "train"))
             if fill is not None:
                 fill(run_dir)
             runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), **(origin or {})})
@@ -208,7 +208,7 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
                               "its config (only a larger train.steps extends it): start a new run to change it, or "
                               f"fork it: attn train --fork {run_dir} key=value")
     summary = runs.read_summary(run_dir) or {}
-    status = runs.effective_status(summary)
+    status = locks.effective_status(summary)
     unfinished_extension = status == "completed" and summary.get("steps", stored.train.steps) < stored.train.steps
     if status == "diverged" or (status == "completed" and extended_from is None and not unfinished_extension):
         hint = (f"; to train it further, extend it: attn train --resume {run_dir} train.steps=N with N > "
@@ -367,7 +367,7 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
     does not fit is refused (RunError) with the run left as it was; errors
     during training are recorded in the run directory, then re-raised."""
     run_dir = Path(run_dir)
-    with runs.RunLock(run_dir, "train"):
+    with locks.RunLock(run_dir, "train"):
         if state is None:
             state = prepare_resume(config, run_dir) if resume else train.prepare(config, run_dir)
         member_progress = None if progress is None else (lambda _member, step, record: progress(step, record))

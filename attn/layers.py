@@ -1,4 +1,7 @@
-"""Forward/backward pairs for every piece of the one-head attention model.
+"""The model's layers: the attention head here, the pairs it is built from in
+attn.pairs (embedding, linear, a product of two matrices, softmax,
+cross-entropy), and the gradient held as factors in attn.factored, all
+reachable as attn.layers.*.
 
 Each layer is a pair in the CS231n style:
 
@@ -26,6 +29,10 @@ import numpy as np
 
 from attn import scores
 from attn.factored import Factored, add_at_positions, keep_factored, sum_of_outer_products, sum_over_examples  # noqa: F401 (part of the layers API)
+from attn.pairs import (as_rows, cross_entropy_backward, cross_entropy_forward, embedding_backward,  # noqa: F401
+                        embedding_forward, factorised_linear_backward, factorised_linear_forward, linear_backward,
+                        linear_forward, member_axes, merge_is_cheaper, per_member_matrix, softmax_backward,
+                        softmax_forward)
 
 # --------------------------------------------------------------------------
 # Score scales.  scores = s * Q K^T.  Adding a mode is one entry here.
@@ -40,230 +47,6 @@ SCORE_SCALES = {
 def score_scale(mode: str, d_k: int) -> float:
     """The factor s that multiplies Q K^T for a scaling `mode`."""
     return float(SCORE_SCALES[mode](d_k))
-
-
-def _members(weight: np.ndarray) -> int:
-    """How many leading member axes a weight matrix (or table) carries: 0 or 1."""
-    return weight.ndim - 2
-
-
-def _per_member(value, like: np.ndarray) -> np.ndarray:
-    """A scalar, or one value per member (*M,), shaped to broadcast over `like`'s matrices."""
-    return np.asarray(value, dtype=like.dtype)[..., None, None]
-
-
-# --------------------------------------------------------------------------
-# Embedding: out[b, t] = table[ids[b, t]]
-# --------------------------------------------------------------------------
-def embedding_forward(ids: np.ndarray, table: np.ndarray):
-    """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
-    out = np.take(*_flat_lookup(ids, table), axis=0)  # (*M, ..., D)
-    return out, (ids, table.shape)
-
-
-def _flat_lookup(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(table as rows (M V, D), ids into those rows): member m's row v is row m V + v."""
-    if not _members(table):
-        return table, ids
-    M, V, D = table.shape
-    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 1))
-
-
-def embedding_backward(dout, cache) -> np.ndarray:
-    """Sum the upstream gradient into the rows that were looked up:
-
-        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
-
-    One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
-    of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
-
-    dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
-    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
-    (B, R, V), times R, and dout is never formed. The binning is one
-    np.bincount over every (example, row) (accumulated in float64, then
-    the gradient's dtype): a batch of tiny products would cost more.
-    """
-    ids, shape = cache
-    (V, D), lead = shape[-2:], shape[:-2]
-    if isinstance(dout, Factored):
-        *batch, R, T = dout.left.shape  # batch = (*M, B)
-        n_rows = int(np.prod(batch)) * R
-        bins = np.arange(n_rows).reshape(*batch, R, 1) * V + ids[..., None, :]  # (*M, B, R, T): bin of each entry
-        binned = np.bincount(bins.ravel(), weights=dout.left.ravel(), minlength=n_rows * V)
-        binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
-        return binned.swapaxes(-1, -2) @ _rows(dout.right, len(lead))  # (*M, V, D)
-    onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
-    return onehot @ _rows(dout, len(lead))  # (*M, V, D)
-
-
-def _rows(x: np.ndarray, members: int) -> np.ndarray:
-    """x (*M, ..., n) as a stack of matrices (*M, N, n): every row of one member together."""
-    return x.reshape(*x.shape[:members], -1, x.shape[-1])
-
-
-# --------------------------------------------------------------------------
-# Linear: out = x W (+ b)
-# --------------------------------------------------------------------------
-def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
-    """x (*M, ..., n_in) @ W (*M, n_in, n_out) (+ b (*M, n_out)) -> (*M, ..., n_out);
-    cache (x, W, has_bias).
-
-    The leading axes are flattened first, so the product is one matrix
-    multiply over all rows (per member) rather than one per leading index.
-    """
-    n_out = W.shape[-1]
-    out = _rows(x, _members(W)) @ W  # (*M, N, n_out)
-    if b is not None:
-        out += b[..., None, :]
-    return out.reshape(*x.shape[:-1], n_out), (x, W, b is not None)
-
-
-def linear_backward(dout: np.ndarray, cache):
-    """Returns (dx, dW, db); db is None when the forward had no bias."""
-    x, W, has_bias = cache
-    members = _members(W)
-    dout2 = _rows(dout, members)  # (*M, N, n_out)
-    dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
-    dW = _rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
-    db = dout2.sum(axis=-2) if has_bias else None
-    return dx, dW, db
-
-
-# --------------------------------------------------------------------------
-# A linear map through a product of two matrices: out = x U V
-# --------------------------------------------------------------------------
-def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
-    """Whether x (U V) costs fewer multiply-adds than (x U) V, forward and
-    backward together, for `rows` rows of x:
-
-        chained  (x U) V:  3 rows rank (n_in + n_out)
-        merged   x (U V):  3 n_in rank n_out + 3 rows n_in n_out
-
-    (forward one of each product, backward two: the input's and the weight's
-    gradient). Merging wins when the rank is large and the rows are many."""
-    return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
-
-
-def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=1.0, merged: bool | None = None):
-    """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
-    s a scalar or one per member (*M, 1, 1):
-
-        chained:  h = s (x U),  out = h V
-        merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
-
-    The same map either way; `merged` None picks the cheaper (merge_is_cheaper).
-    s multiplies the smaller product (h or W), never U itself.
-    """
-    members = _members(U)
-    n_in, rank, n_out = *U.shape[-2:], V.shape[-1]
-    rows = _rows(x, members)  # (*M, N, n_in)
-    if merged is None:
-        merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
-    if merged:
-        W = U @ V  # (*M, n_in, n_out)
-        W *= scale
-        out = rows @ W
-        cache = (rows, U, V, scale, W, None)
-    else:
-        hidden = rows @ U  # (*M, N, r)
-        hidden *= scale
-        out = hidden @ V
-        cache = (rows, U, V, scale, None, hidden)
-    return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
-
-
-def factorised_linear_backward(dout: np.ndarray, cache):
-    """(dx, dU, dV) of out = s x U V:
-
-        chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
-        merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
-    """
-    x_shape, (rows, U, V, scale, W, hidden) = cache
-    dout2 = _rows(dout, _members(U))  # (*M, N, n_out)
-    if W is not None:
-        dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
-        dx = dout2 @ W.swapaxes(-1, -2)
-        dW *= scale
-        dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
-    else:
-        dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
-        dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
-        dhidden *= scale
-        dx = dhidden @ U.swapaxes(-1, -2)
-        dU = rows.swapaxes(-1, -2) @ dhidden
-    return dx.reshape(x_shape), dU, dV
-
-
-def _product_laid_out_as(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b in the memory layout of `like`: computed as (b^T a^T)^T when
-    `like` is a transposed view (W_k^T), so that the gradient is as
-    contiguous as its weight and the optimiser walks it in order."""
-    if like.ndim >= 2 and like.swapaxes(-1, -2).flags.c_contiguous and not like.flags.c_contiguous:
-        return (b.swapaxes(-1, -2) @ a.swapaxes(-1, -2)).swapaxes(-1, -2)
-    return a @ b
-
-
-# --------------------------------------------------------------------------
-# Softmax over the last axis.  -inf entries (masks) get exactly zero weight.
-# --------------------------------------------------------------------------
-def softmax_forward(scores: np.ndarray):
-    """P = exp(z - max z) / sum exp(z - max z), row-wise over the last axis.
-
-    Subtracting the row max keeps exp() finite for any finite scores, so
-    scores of +-1e4 give a valid distribution. -inf entries become exact 0.
-    """
-    probs = scores - scores.max(axis=-1, keepdims=True)
-    np.exp(probs, out=probs)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    return probs, probs
-
-
-def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """Vector-Jacobian product of softmax: P * (dP - sum(dP * P, -1)),
-    computed as P dP - P sum(P dP, -1) with one temporary.
-
-    Masked entries have P = 0 and so receive exactly zero gradient.
-    """
-    dscores = dprobs * probs
-    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
-    return dscores
-
-
-# --------------------------------------------------------------------------
-# Cross-entropy through log-softmax, averaged over positions with a target.
-# --------------------------------------------------------------------------
-def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: np.ndarray):
-    """Mean of -log softmax(logits)[target] over positions where target_mask.
-
-    logits (*M, B, T, C), targets (*M, B, T) ints, target_mask (*M, B, T) bool.
-    With z = logits - max(logits), -log softmax(z)[y] = log sum exp z - z[y]:
-    only the target's entry is needed, not the whole log-softmax.
-    Returns (loss of each member, (*M,), a 0-d array for one model, of the
-    logits' dtype; cache); the cache holds softmax(logits), which backward
-    needs and which gives the predicted class for accuracy at no extra cost,
-    as its first entry.
-    """
-    z = np.moveaxis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see _keys_first)
-    z -= z.max(axis=0)  # shifted logits
-    onehot = np.arange(z.shape[0]).reshape(-1, *[1] * targets.ndim) == targets  # (C, *M, B, T) bool
-    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
-    np.exp(z, out=z)
-    sum_exp = z.sum(axis=0)  # (*M, B, T)
-    z /= sum_exp
-    probs = np.moveaxis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
-    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
-    weight = target_mask.astype(logits.dtype) / counts.astype(logits.dtype)  # (*M, B, T)
-    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
-    return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
-
-
-def cross_entropy_backward(dloss, cache) -> np.ndarray:
-    """dlogits = dloss * weight * (softmax(logits) - onehot(target)); dloss a
-    scalar or one per member."""
-    probs, onehot, weight = cache
-    dlogits = probs - onehot  # (*M, B, T, C)
-    dlogits *= (weight * np.asarray(dloss, dtype=probs.dtype)[..., None, None])[..., None]
-    return dlogits
 
 
 # --------------------------------------------------------------------------
@@ -361,7 +144,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     if association is None:
         *_, B, T, D = x.shape
         association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
-    scale = _per_member(scale, W_q)  # s, or s per member (M, 1, 1)
+    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     x_q = x[..., queries, :]  # (*M, B, P, D)
     if association == "projected":
         d_k = W_k.shape[-1]
@@ -449,7 +232,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_no
     """
     x, W_kv, _ = kv_projection  # [K V] = X [W_k W_v]
     *_, P, T = attn.shape
-    d_k, members = q_scaled.shape[-1], _members(W_kv)
+    d_k, members = q_scaled.shape[-1], member_axes(W_kv)
     if key_norm is not None or not keep_factored(T, P):
         dkv = np.empty((*x.shape[:-1], W_kv.shape[-1]), dtype=x.dtype)  # (*M, B, T, d_k + d_v)
         sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
@@ -464,8 +247,8 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_no
     left = np.concatenate([dscores, attn], axis=-2)  # L = [dS; A]  (*M, B, 2P, T)
     right = np.concatenate([linear_forward(q_scaled, W_kT)[0], linear_forward(dcontext, W_vT)[0]], axis=-2)  # R
     left_x = left @ x  # [dS X; A X]  (*M, B, 2P, D)
-    dW_k = _rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ _rows(q_scaled, members)  # (*M, D, d_k)
-    dW_v = _rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ _rows(dcontext, members)  # (*M, D, d_v)
+    dW_k = as_rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ as_rows(q_scaled, members)  # (*M, D, d_k)
+    dW_v = as_rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ as_rows(dcontext, members)  # (*M, D, d_v)
     return Factored(left, right), dW_k, dW_v, None
 
 

@@ -43,7 +43,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     """Draw every figure of a run; returns the paths written. Every file is
     read and checked before the first figure is written (RunError names a
     damaged one), so a damaged run gets no figures rather than some. The
-    caller holds the run's runs.RunLock."""
+    caller holds the run's RunLock (attn.locks)."""
     run_dir = Path(run_dir)
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir) or {}

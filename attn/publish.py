@@ -72,7 +72,7 @@ def verification_line(name: str) -> str | None:
     if not path.exists():
         return None
     agree = "Every verdict agrees." in path.read_text()
-    return (f"Re-run in float64 and on a second BLAS kernel (`make verify-ablation`): "
+    return ("Re-run in float64 and on a second BLAS kernel (`make verify-ablation`): "
             + ("every verdict agrees" if agree else "some verdicts differ: see the table") + f" ([verify.md](results/{name}/verify.md)).")
 
 

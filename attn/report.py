@@ -12,20 +12,7 @@ text is typed in. It writes, into the experiment directory:
     report.csv    one row per cell
     *.png         attn.report_figures
 
-Layout (experiment.ReportSpec): cells are placed along `x` and compared
-between `arm`s; with `best_of`, each (x, arm) is judged at the value of
-best_of that the declared `select` rule picks (attn.stats.select over
-attn.results.Cell.selection_figures), and also at the `shared` value when
-the file names one: each arm at its own best setting, and all at one.
-
-An expectation's verdict, at each x it covers (intervals are 95%): for
-`better_than`, confirmed when the two arms' intervals are separated the
-claimed way, not confirmed when separated the other way, inconclusive when
-they overlap; for `above`/`below`, confirmed when the interval lies wholly
-on the claimed side of the number, not confirmed when wholly on the other,
-inconclusive across it. Over its x values: confirmed if every one is, not
-confirmed if any is, else inconclusive. A median time not reached within
-the budget counts as +inf, an unbounded interval end as 0 or +inf.
+Where each (x, arm) is judged, and how an expectation is: attn.verdicts.
 """
 
 from __future__ import annotations
@@ -36,181 +23,15 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from attn import outcomes, report_figures, runs
-from attn.compare import format_value, short_names
-from attn.experiment import STATS, Experiment, Expectation, config_change
+from attn import locks, outcomes, report_figures, runs
+from attn.compare import format_value
+from attn.experiment import Experiment, config_change
 from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
-
-CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
-
-
-# ---------------------------------------------------------------------------
-# Layout: where a cell sits, which cells are judged
-# ---------------------------------------------------------------------------
-class Layout:
-    """The report's view of the grid: x, arm and best_of keys, short names."""
-
-    def __init__(self, experiment: Experiment):
-        spec = experiment.report
-        self.spec = spec
-        self.x, self.arm, self.best_of = list(spec.x), list(spec.arm), spec.best_of
-        self.names = short_names(list(experiment.grid_keys))
-
-    def x_of(self, cell: Cell) -> tuple:
-        return tuple(_value(cell.settings.get(k)) for k in self.x)
-
-    def arm_of(self, cell: Cell) -> tuple:
-        return tuple(_value(cell.settings.get(k)) for k in self.arm)
-
-    def label(self, values: tuple, keys: list[str]) -> str:
-        """'scale=none, d_k=256': the keys' values, those a cell's grid block does not set (None) left out."""
-        return ", ".join(f"{self.names[k]}={format_value(v)}" for k, v in zip(keys, values) if v is not None) \
-            or "all runs"
-
-    def arm_label(self, arm: tuple) -> str:
-        return self.label(arm, self.arm)
-
-    def x_label(self, x: tuple) -> str:
-        return " / ".join(format_value(v) for v in x)
-
-    @property
-    def x_name(self) -> str:
-        return " / ".join(self.names[k] for k in self.x)
-
-
-def _value(value):
-    """A setting as a comparable, hashable value (a mapping or list as its text)."""
-    return format_value(value) if isinstance(value, (dict, list)) else value
-
-
-def groups(cells: list[Cell], layout: Layout) -> dict[tuple, list[Cell]]:
-    """(x, arm) -> its cells (one per value of best_of, or just one)."""
-    out: dict[tuple, list[Cell]] = {}
-    for cell in cells:
-        out.setdefault((layout.x_of(cell), layout.arm_of(cell)), []).append(cell)
-    return dict(sorted(out.items(), key=lambda item: ([sort_key(v) for v in item[0][1]],
-                                                      [sort_key(v) for v in item[0][0]])))
-
-
-def select(cells: list[Cell], criteria) -> Cell:
-    """The cell the declared rule picks (attn.stats.select; ties: the first)."""
-    from attn import stats
-
-    return cells[stats.select([c.selection_figures() for c in cells], list(criteria))]
-
-
-def judged_cells(cells: list[Cell], layout: Layout, at: str) -> dict[tuple, Cell]:
-    """(x, arm) -> the cell judged there: the selected one (`best`), the one
-    at the shared value (`shared`), or the only one (no best_of)."""
-    chosen = {}
-    for key, group in groups(cells, layout).items():
-        if layout.best_of is None:
-            chosen[key] = group[0]
-        elif at == "best":
-            chosen[key] = select(sorted(group, key=lambda c: sort_key(c.settings[layout.best_of])), layout.spec.select)
-        else:
-            shared = [c for c in group if _value(c.settings[layout.best_of]) == layout.spec.shared]
-            if shared:
-                chosen[key] = shared[0]
-    return chosen
-
-
-def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
-    """A sentence for each chosen best_of value that is the lowest or highest
-    of the values tried: the best may lie beyond the grid."""
-    if layout.best_of is None:
-        return []
-    notes = []
-    for (x, arm), cell in judged_cells(cells, layout, "best").items():
-        tried = sorted((c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]), key=sort_key)
-        value = cell.settings[layout.best_of]
-        if len(tried) > 1 and value in (tried[0], tried[-1]):
-            notes.append(f"- {layout.arm_label(arm)} at {layout.x_name} = {layout.x_label(x)}: "
-                         f"{layout.names[layout.best_of]} = {format_value(value)} is the "
-                         f"{'lowest' if value == tried[0] else 'highest'} value tried: the best may lie beyond the grid.")
-    return notes
-
-
-# ---------------------------------------------------------------------------
-# Statistics with intervals, and verdicts
-# ---------------------------------------------------------------------------
-def interval(cell: Cell, stat: str, sensitivities: dict | None = None, key=None) -> tuple[float, float, float]:
-    """(value, low, high) of a STATS figure, unbounded ends as 0 or +inf
-    (lr_sensitivity: of the cell's (x, arm), `key`, in `sensitivities`)."""
-    if stat == "lr_sensitivity":
-        value = (sensitivities or {}).get(key) or {}
-        return tuple(math.nan if value.get(k) is None else value[k] for k in ("sensitivity", "low", "high"))
-    if stat == "median_time":
-        km = cell.time()
-        value = math.inf if km.median is None else float(km.median)
-        return value, 0.0 if km.low is None else float(km.low), math.inf if km.high is None else float(km.high)
-    if stat == "final_loss":
-        loss = cell.final_loss()
-        return tuple(math.inf if v is None else v for v in (loss["median"], loss["low"], loss["high"]))
-    rate = cell.rate({"success_rate": "success", "stall_rate": "stalled", "divergence_rate": "diverged"}[stat])
-    return (math.nan if rate["rate"] is None else rate["rate"]), rate["low"], rate["high"]
-
-
-def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivities: dict | None = None) -> dict:
-    """The expectation's verdict and, at each x it covers, the numbers behind
-    it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
-    chosen = judged_cells(cells, layout, expectation.at)
-    wanted = dict(expectation.where)
-    xs = sorted({x for x, _ in chosen
-                 if all(_value(v) in wanted.get(k, (_value(v),)) for k, v in zip(layout.x, x))}, key=lambda x: [sort_key(v) for v in x])
-    arm = tuple(_value(v) for _, v in expectation.arm)
-    other = None if expectation.better_than is None else tuple(_value(v) for _, v in expectation.better_than)
-    larger_is_better = STATS[expectation.stat]
-    points = []
-    for x in xs:
-        point = {"x": [_plain(v) for v in x]}
-        mine = chosen.get((x, arm))
-        theirs = chosen.get((x, other)) if other is not None else None
-        if mine is None or not mine.n or (other is not None and (theirs is None or not theirs.n)):
-            point.update(verdict=INCONCLUSIVE, note="no finished runs")  # no evidence: no verdict either way
-            points.append(point)
-            continue
-        value, low, high = interval(mine, expectation.stat, sensitivities, (x, arm))
-        point.update(value=value, low=low, high=high, n=mine.n)
-        if other is not None:
-            t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
-            point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
-            better, worse = (low > t_high, high < t_low) if larger_is_better else (high < t_low, low > t_high)
-        elif expectation.above is not None:
-            better, worse = low > expectation.above, high < expectation.above
-        else:
-            better, worse = high < expectation.below, low > expectation.below
-        point["verdict"] = CONFIRMED if better else NOT_CONFIRMED if worse else INCONCLUSIVE
-        points.append(point)
-    verdicts = [p["verdict"] for p in points]
-    overall = (NOT_CONFIRMED if NOT_CONFIRMED in verdicts else CONFIRMED if verdicts and all(v == CONFIRMED for v in verdicts)
-               else INCONCLUSIVE)
-    return {"id": expectation.id, "claim": expectation.claim, "rule": rule_text(expectation, layout),
-            "verdict": overall, "at": expectation.at, "points": points}
-
-
-def rule_text(e: Expectation, layout: Layout) -> str:
-    arm = layout.arm_label(tuple(v for _, v in e.arm))
-    if e.better_than is not None:
-        how = "higher" if STATS[e.stat] else "lower"
-        rule = (f"{e.stat} of {arm} {how} than of {layout.arm_label(tuple(v for _, v in e.better_than))} "
-                "(their 95% intervals apart)")
-    else:
-        side = "above" if e.above is not None else "below"
-        rule = f"{e.stat} of {arm} {side} {e.above if e.above is not None else e.below:g} (its 95% interval wholly {side})"
-    where = "; ".join(f"{layout.names[k]} in {', '.join(map(format_value, v))}" for k, v in e.where)
-    setting = layout.names[layout.best_of] if layout.best_of else "setting"
-    return f"{rule}, at {'each arm' + chr(39) + 's best' if e.at == 'best' else 'the shared'} {setting}" \
-        + (f", {where}" if where else "")
-
-
-def _plain(value):
-    """A number or string as JSON takes it (inf as the string 'inf')."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else "-inf" if value < 0 else None
-    return value
+from attn.verdicts import (CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout, edge_notes, groups, json_number, judge,
+                           judged_cells, value_of)
 
 
 # ---------------------------------------------------------------------------
@@ -219,19 +40,19 @@ def _plain(value):
 def cell_json(cell: Cell, layout: Layout) -> dict:
     km = cell.time()
     return {
-        "settings": {k: _plain(_value(v)) for k, v in cell.settings.items()}, "n": cell.n,
+        "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
         "unfinished": dict(cell.unfinished), "budget": cell.budget,
         "outcomes": {name: cell.count(name) for name in outcomes.OUTCOMES},
         **{f"{name}_rate": cell.rate(name) for name in COUNTED},
         "median_time": {"median": km.median, "low": km.low, "high": km.high},
-        "final_loss": {k: _plain(v) for k, v in cell.final_loss().items()},
-        "final_losses": [_plain(v) for v in cell.final_losses()],
+        "final_loss": {k: json_number(v) for k, v in cell.final_loss().items()},
+        "final_losses": [json_number(v) for v in cell.final_losses()],
         "theory_score_std": cell.theory_score_std,
         "at_init": {k: _mean(cell.at_init(k)) for k in ("score_std", "attn_entropy", "saturated_frac",
                                                           "grad_norm/W_q", "grad_norm/W_k")},
         "seeds": [{"seed": s.seed, "run": s.run.path.name, "outcome": s.outcome.outcome,
                    "reached_step": s.outcome.reached_step, "left_plateau_step": s.outcome.left_plateau_step,
-                   "final_accuracy": s.outcome.final_accuracy, "final_loss": _plain(s.final_loss),
+                   "final_accuracy": s.outcome.final_accuracy, "final_loss": json_number(s.final_loss),
                    "best_accuracy": s.outcome.best_accuracy, "mechanism": s.mechanism}
                   for s in cell.seeds],
     }
@@ -378,14 +199,14 @@ def platforms(cells: list[Cell]) -> dict[str, list[str]]:
 def write_report(experiment: Experiment) -> dict[str, Path]:
     """Compute the report of an experiment from its run directories and write
     report.json, report.md, report.csv and the figures into the experiment
-    directory, holding its runs.RunLock (one report writer at a time)."""
+    directory, holding its locks.RunLock (one report writer at a time)."""
     out = experiment.directory
     cells, excluded = collect(experiment, config_change)
     if not any(c.seeds for c in cells):
         left_out = f" ({len(excluded)} left out: {excluded[0].name}: {excluded[0].reason}, ...)" if excluded else ""
         raise runs.RunError(f"{out}: no finished runs of this experiment yet{left_out}; "
                             f"run `attn sweep {experiment.path}` first")
-    with runs.RunLock(out, "report"):
+    with locks.RunLock(out, "report"):
         return _write(experiment, [c for c in cells if c.n or c.unfinished], excluded)
 
 
@@ -398,7 +219,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
-    ordered = sorted(cells, key=lambda c: [sort_key(_value(c.settings.get(k))) for k in keys])
+    ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     summary_text = headline(best, shared, layout, judged)
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
@@ -406,20 +227,24 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "cells_in_file": len(experiment.cells), "platform": platforms(cells),
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
-                                                          "shared": _plain(experiment.report.shared)},
+                                                          "shared": json_number(experiment.report.shared)},
         "cells": [cell_json(c, layout) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c, layout)["settings"]} for (x, arm), c in best.items()],
-        "expectations": [{**j, "points": [{k: _plain(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
+        "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
+                        for (x, arm), value in sensitivities.items()],
     }
+    at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
+    data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
+                       for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
     runs.write_json(paths["json"], data)
-    all_rows = table_rows(ordered, layout, keys)
-    runs.write_atomic(paths["csv"], _csv_text(all_rows).encode())
+    runs.write_atomic(paths["csv"], _csv_text(table_rows(ordered, layout, keys)).encode())
     paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
-                                         sensitive=bool(sensitivities)))
+                                         sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths, sensitivities).encode())
+                                            summary_text, data["platform"], paths, sensitivities, at_lengths).encode())
     return paths
 
 
@@ -430,6 +255,37 @@ def _csv_text(rows: list[dict]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return buffer.getvalue()
+
+
+def length_results(best: dict, experiment: Experiment) -> dict:
+    """(x, arm) -> P -> {statistic: [one value per seed]}: each judged cell's
+    finished seeds asked about retrieval with P pairs (attn.lengths)."""
+    from attn import lengths
+
+    out = {}
+    for key, cell in best.items():
+        by_length: dict[int, dict[str, list]] = {}
+        for seed in cell.seeds:
+            if seed.outcome.outcome == outcomes.DIVERGED:
+                continue
+            config = next(c.config for c in experiment.cells if c.name == seed.run.path.name)
+            for P, figures in lengths.at_lengths(seed.run.path, config, list(experiment.report.lengths)).items():
+                for name, value in figures.items():
+                    by_length.setdefault(P, {}).setdefault(name, []).append(value)
+        out[key] = by_length
+    return out
+
+
+def length_rows(at_lengths: dict, layout: Layout) -> list[dict]:
+    """One row per judged cell: the median over seeds of the attention on the queried key, and of the accuracy, per P."""
+    rows = []
+    for (x, arm), by_length in at_lengths.items():
+        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm)}
+        for P, figures in sorted(by_length.items()):
+            row[f"{P} pairs: attention on the key / accuracy"] = (
+                f"{np.median(figures['target_attn']):.3f} / {np.median(figures['accuracy']):.3f}")
+        rows.append(row)
+    return rows
 
 
 def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
@@ -447,7 +303,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities) -> str:
+             sensitivities, at_lengths) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -482,11 +338,16 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
                  "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
                  "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
                  "over seeds, bootstrap 95% interval.", "", markdown_table(sensitivity_rows(sensitivities, layout)), ""]
+    if at_lengths:
+        text += ["## Longer contexts than trained on (median over seeds)", "",
+                 f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.lengths: "
+                 f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
+                 "its accuracy.", "", markdown_table(length_rows(at_lengths, layout)), ""]
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  markdown_table(mechanism_rows(best, layout, steps)), ""]
     text += ["## Every cell", "", markdown_table(table_rows(sorted(cells, key=lambda c: [
-        sort_key(_value(c.settings.get(k))) for k in keys]), layout, keys)), ""]
+        sort_key(value_of(c.settings.get(k))) for k in keys]), layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]
     figures = [p for p in paths.values() if p.suffix == ".png"]

@@ -103,7 +103,8 @@ def _legend_below(fig, handles, labels, ncol=None) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=ncol or min(len(labels), 4), fontsize=8, frameon=False)
 
 
-def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool) -> dict:
+def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool,
+             at_lengths: dict) -> dict:
     """Every figure of the module docstring; by_key: (x, arm) -> the cells
     there (one per best_of value); best, shared: (x, arm) -> the judged cell;
     `sensitive`: draw final loss against the rate, every arm."""
@@ -117,6 +118,8 @@ def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: 
             paths[name] = curves_over_training(best, layout, colors, metric, label, out / f"{name}.png")
     if sensitive:
         paths["lr_sensitivity"] = sensitivity_figure(by_key, layout, colors, out / "lr_sensitivity.png")
+    if at_lengths:
+        paths["lengths"] = lengths_figure(at_lengths, layout, colors, out / "lengths.png")
     if layout.best_of:
         paths["phase"] = phase_figure(by_key, best, layout, out / "phase.png")
     mixed = {key: c for key, c in best.items() if sum(c.count(n) > 0 for n in outcomes.OUTCOMES) > 1}
@@ -412,6 +415,36 @@ def sensitivity_figure(by_key, layout, colors, path):
                  "counts as its loss at init)", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
     fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return save_figure(fig, path, tight=False)
+
+
+def lengths_figure(at_lengths: dict, layout, colors, path):
+    """Attention on the queried key and accuracy against the number of pairs, per arm (median and range over seeds)."""
+    xs = sorted({x for x, _ in at_lengths}, key=lambda x: [sort_key(v) for v in x])
+    fig = Figure(figsize=(4.0 * len(xs), 6.2))
+    handles = {}
+    for col, x in enumerate(xs):
+        for row, (name, label) in enumerate((("target_attn", "attention on the queried key"), ("accuracy", "accuracy"))):
+            ax = fig.add_subplot(2, len(xs), row * len(xs) + col + 1)
+            for (cx, arm), by_length in at_lengths.items():
+                if cx != x or not by_length:
+                    continue
+                pairs = sorted(by_length)
+                values = [np.asarray(by_length[P][name], dtype=float) for P in pairs]
+                handles[layout.arm_label(arm)] = ax.plot(pairs, [np.median(v) for v in values], "o-", color=colors[arm])[0]
+                ax.fill_between(pairs, [v.min() for v in values], [v.max() for v in values], color=colors[arm], alpha=0.15)
+            ax.set_xscale("log")
+            ax.set_xticks(sorted({P for by in at_lengths.values() for P in by}),
+                          [str(P) for P in sorted({P for by in at_lengths.values() for P in by})])
+            ax.minorticks_off()
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_xlabel("pairs in the context")
+            ax.set_ylabel(label)
+            ax.set_title(f"{layout.x_name} = {layout.x_label(x)}", fontsize=9)
+            ax.grid(True, alpha=0.25)
+    fig.suptitle("trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
+    _legend_below(fig, list(handles.values()), list(handles))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return save_figure(fig, path, tight=False)
 
 

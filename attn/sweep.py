@@ -10,7 +10,7 @@ rest; a finished or resumable run whose config.yaml differs from the
 cell's config (experiment.config_change) is neither skipped nor resumed: it
 is a `failed` outcome with status `config-changed` and the difference, so
 an edited experiment file never silently reuses old runs. A cell is run
-under its run directory's runs.RunLock, taken before its status is read,
+under its run directory's locks.RunLock, taken before its status is read,
 so two sweeps (or a sweep and `attn train --resume`) never run the same
 cell at once: the second one skips it (`skipped-locked`, naming the
 holder). A cell refused before its stack trains is reported when the stack ends.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attn import jobs, runs, train
+from attn import jobs, locks, runs, train
 from attn.config import ConfigError, to_dict
 from attn.experiment import Cell, Experiment, config_change
 from attn.train import StopFlag
@@ -118,14 +118,14 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
     the state to train it from; or the outcome that says why not."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        held.enter_context(runs.RunLock(run_dir, "sweep"))
+        held.enter_context(locks.RunLock(run_dir, "sweep"))
     except OSError as err:
         return RunOutcome(cell.name, "failed", "failed",
                           f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
-    except runs.RunLocked as err:
+    except locks.RunLocked as err:
         holder = err.holder
         who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
-               if holder.get("purpose") == "sweep" else f"{runs.describe_holder(holder)} is running this cell")
+               if holder.get("purpose") == "sweep" else f"{locks.describe_holder(holder)} is running this cell")
         return RunOutcome(cell.name, "skipped-locked", "running", who)
     except runs.RunError as err:
         return RunOutcome(cell.name, "failed", "failed", str(err))

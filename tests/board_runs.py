@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import runs
+from attn import locks, runs
 from attn.config import load_config, to_dict
 
 LOG_EVERY = 10
@@ -42,7 +42,7 @@ def write_run(directory: Path, *overrides: str, status: str = "completed", steps
 
 
 def write_summary(directory: Path, status: str) -> None:
-    stale = {"updated_at": time.time() - 2 * runs.STALE_AFTER_SECONDS, "pid": 1, "host": "not-" + socket.gethostname()}
+    stale = {"updated_at": time.time() - 2 * locks.STALE_AFTER_SECONDS, "pid": 1, "host": "not-" + socket.gethostname()}
     writer = {"running": runs.heartbeat_fields(), "stale": stale}.get(
         status, {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()})
     runs.write_json(directory / "summary.json", {"status": "running" if status == "stale" else status, **writer})

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, compare, jobs, plots, runs
+from attn import cli, compare, jobs, locks, plots, runs
 from attn.config import ConfigError, TaskConfig, load_config, parse_override, to_dict
 from attn.train import build_task
 
@@ -290,7 +290,7 @@ def zoo(root, tmp_path) -> Path:
     records = runs.read_metrics(exp / "none-s0")
     write_metrics(zoo / "diverged", records[:3] + [{**records[3], "eval_loss": None, "train_loss": None}])
     edit_summary(zoo / "diverged", status="diverged", reason="non-finite loss at step 15")
-    edit_summary(zoo / "stale", status="running", host="elsewhere", updated_at=time.time() - 10 * runs.STALE_AFTER_SECONDS)
+    edit_summary(zoo / "stale", status="running", host="elsewhere", updated_at=time.time() - 10 * locks.STALE_AFTER_SECONDS)
     write_metrics(zoo / "torn", runs.read_metrics(exp / "sqrt-s0"), tail='{"step": 25, "eval_lo')
     write_metrics(zoo / "running", runs.read_metrics(exp / "sqrt-s1")[:2])
     edit_summary(zoo / "running", status="running", host=socket.gethostname(), pid=os.getpid(), updated_at=time.time())

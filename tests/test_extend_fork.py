@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, runs, train
+from attn import cli, jobs, locks, runs, train
 from attn.config import load_config
 from helpers import TINY, without_timing
 
@@ -105,7 +105,7 @@ def test_an_extension_stopped_before_it_trained_resumes_without_being_asked_agai
     """Killed between recording the new budget and training: config.yaml says
     LONG, summary.json still `completed` at SHORT; a plain --resume finishes it."""
     _, _, long_run = made
-    with runs.RunLock(short, "test"):
+    with locks.RunLock(short, "test"):
         jobs.record_extension(short, jobs.check_resumable(short, overrides=[f"train.steps={LONG}"]))
     assert runs.read_summary(short)["status"] == "completed"
     code, err = call(capsys, "train", "--resume", short)

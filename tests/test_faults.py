@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli, jobs, runs, sweep
+from attn import cli, jobs, locks, runs, sweep
 from attn import experiment as experiments
 from helpers import without_timing
 
@@ -126,7 +126,7 @@ def test_a_killed_dask_worker_s_runs_resume_from_their_checkpoints_and_finish_on
             except runs.RunError:
                 continue  # being replaced as we read it is not possible (atomic), but be safe
             if summary and summary["status"] == "running" and summary.get("pid") in worker_pids \
-                    and (run_dir / "checkpoint.npz").exists() and runs.is_locked(run_dir):
+                    and (run_dir / "checkpoint.npz").exists() and locks.is_locked(run_dir):
                 return cell.name, worker_pids[summary["pid"]]
         return None
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, jobs, model, runs, train
+from attn import cli, jobs, locks, model, runs, train
 from attn.config import load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
@@ -262,7 +262,7 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     summary = runs.read_summary(run_dir)
     records = runs.read_metrics(run_dir)
     step = summary["step"]
-    assert summary["status"] == "diverged" and runs.effective_status(summary) == "diverged"
+    assert summary["status"] == "diverged" and locks.effective_status(summary) == "diverged"
     assert [r["step"] for r in records] == list(range(step + 1))  # kept up to that step
     assert all(np.isfinite(r["train_loss"]) for r in records[:-1]) and "nonfinite" in records[-1]
     config = jobs.config_of(run_dir)
@@ -363,7 +363,7 @@ def test_sigkill_keeps_every_logged_line_and_the_run_shows_stale(signalled):
     assert [json.loads(line)["step"] for line in lines] == list(range(0, LOG_EVERY * len(lines), LOG_EVERY))
     summary = case["summary_after_stop"]
     assert summary["status"] == "running"
-    assert runs.effective_status(summary) == "stale"  # same host, its pid is dead
+    assert locks.effective_status(summary) == "stale"  # same host, its pid is dead
 
 
 @pytest.mark.parametrize("name", SIGNAL_CASES)
@@ -428,10 +428,10 @@ def test_a_torn_last_metrics_line_is_ignored_and_a_torn_middle_line_refused(tmp_
 
 def test_effective_status_uses_the_pid_here_and_the_heartbeat_elsewhere():
     here = {"status": "running", "host": socket.gethostname(), "pid": os.getpid(), "updated_at": 0.0}
-    assert runs.effective_status(here) == "running"
+    assert locks.effective_status(here) == "running"
     elsewhere = {**here, "host": "another-host", "updated_at": time.time()}
-    assert runs.effective_status(elsewhere) == "running"
-    assert runs.effective_status(elsewhere, now=elsewhere["updated_at"] + runs.STALE_AFTER_SECONDS + 1) == "stale"
+    assert locks.effective_status(elsewhere) == "running"
+    assert locks.effective_status(elsewhere, now=elsewhere["updated_at"] + locks.STALE_AFTER_SECONDS + 1) == "stale"
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli, config as config_module, jobs, plots, runs, sweep
+from attn import cli, config as config_module, jobs, locks, plots, runs, sweep
 from attn import experiment as experiments
 from attn.config import ConfigError, load_config, parse_yaml
 from helpers import SIZES, TINY
@@ -49,7 +49,7 @@ class Holder:
     """Another process holding a directory's RunLock until it is killed."""
 
     def __init__(self, directory: Path, purpose: str = "sweep"):
-        code = ("import sys, time; from attn import runs; runs.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
+        code = ("import sys, time; from attn import locks; locks.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
                 "print('held', flush=True); time.sleep(120)")
         self.process = subprocess.Popen([sys.executable, "-c", code, str(directory), purpose], env=ENV,
                                         stdout=subprocess.PIPE, text=True)
@@ -92,7 +92,7 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(run_copy, caps
         assert one_line_error(capsys, "train", "--resume", run_copy).startswith(expected)
         assert one_line_error(capsys, "plot", run_copy).startswith(expected)
         assert snapshot(run_copy) == before
-        assert runs.effective_status(runs.read_summary(run_copy), run_dir=run_copy) == "interrupted"
+        assert locks.effective_status(runs.read_summary(run_copy), run_dir=run_copy) == "interrupted"
     finally:
         holder.kill()
     code, err = main(capsys, "train", "--resume", run_copy)  # the holder is gone: the run is free again
@@ -122,19 +122,19 @@ def test_the_lock_is_reentrant_in_its_thread_and_exclusive_across_threads(tmp_pa
 
     def other_thread():
         try:
-            with runs.RunLock(tmp_path, "plot"):
+            with locks.RunLock(tmp_path, "plot"):
                 pass
-        except runs.RunLocked as err:
+        except locks.RunLocked as err:
             refused.append(err.holder)
 
-    with runs.RunLock(tmp_path, "train"):
-        with runs.RunLock(tmp_path, "plot"):  # a run's figures inside its training
+    with locks.RunLock(tmp_path, "train"):
+        with locks.RunLock(tmp_path, "plot"):  # a run's figures inside its training
             thread = threading.Thread(target=other_thread)
             thread.start()
             thread.join()
-        assert json.loads((tmp_path / runs.LOCK_NAME).read_text())["purpose"] == "train"
+        assert json.loads((tmp_path / locks.LOCK_NAME).read_text())["purpose"] == "train"
     assert [h["pid"] for h in refused] == [os.getpid()]
-    assert (tmp_path / runs.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
+    assert (tmp_path / locks.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
     other_thread()
     assert len(refused) == 1
 
@@ -144,11 +144,11 @@ def test_a_writer_killed_holding_the_lock_frees_it_and_its_run_reads_stale(tmp_p
     run_dir.mkdir()
     runs.write_config(run_dir, {"seed": 0}, {})  # killed before its first summary.json
     holder = Holder(run_dir, "train")
-    assert runs.effective_status(None, run_dir=run_dir) == "running"
+    assert locks.effective_status(None, run_dir=run_dir) == "running"
     holder.kill()
-    assert runs.effective_status(None, run_dir=run_dir) == "stale"
-    assert runs.effective_status(None, run_dir=tmp_path) == "unknown"  # not a run directory
-    with runs.RunLock(run_dir, "train"):
+    assert locks.effective_status(None, run_dir=run_dir) == "stale"
+    assert locks.effective_status(None, run_dir=tmp_path) == "unknown"  # not a run directory
+    with locks.RunLock(run_dir, "train"):
         pass
 
 

@@ -5,7 +5,6 @@ miniature headline ablation, and the scaled/unscaled equivalence."""
 import csv
 import json
 import fcntl
-import math
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, model, runs, train
+from attn import cli, jobs, locks, model, runs, train
 from attn.config import load_config, to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
@@ -93,8 +93,8 @@ def test_the_run_directory_holds_every_file_and_nothing_half_written(learned):
     names = {p.name for p in learned["run_dir"].iterdir()}
     assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz",
             "loss.png", "attention.png", "diagnostics.png"} <= names
-    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".") and n != runs.LOCK_NAME]
-    assert (learned["run_dir"] / runs.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".") and n != locks.LOCK_NAME]
+    assert (learned["run_dir"] / locks.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
     for figure in ("loss.png", "attention.png", "diagnostics.png"):
         assert (learned["run_dir"] / figure).read_bytes().startswith(PNG_SIGNATURE)
 
@@ -138,7 +138,7 @@ def test_summary_has_status_final_and_best_figures_and_speed(learned):
     assert summary["best"]["eval_accuracy"] == max(r["eval_accuracy"] for r in records)
     assert summary["best"]["eval_loss"] == min(r["eval_loss"] for r in records)
     assert summary["wall_time"] > 0 and summary["steps_per_sec"] > 0
-    assert runs.effective_status(summary) == "completed"
+    assert locks.effective_status(summary) == "completed"
 
 
 def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):

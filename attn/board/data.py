@@ -7,7 +7,7 @@ setting); the table's setting columns are the keys that differ between the
 runs (compare.varying_keys, bookkeeping keys left out, seed last), named by
 compare.short_names; its figures are compare.run_figures's, plus the best
 eval accuracy. A run's status is re-derived at every look
-(runs.effective_status), so a `running` run whose process died turns
+(locks.effective_status), so a `running` run whose process died turns
 `stale` without any file changing.
 
 Roots and names. Each PATH is a root (a glob is expanded once, when the
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from attn import compare, plots, runs
+from attn import compare, locks, plots, runs
 
 THRESHOLD = 0.99  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
@@ -175,7 +175,7 @@ class Board:
             self._reads[run_dir] = read
         if read.run is None:
             return read
-        status = runs.effective_status(read.run.summary or None)
+        status = locks.effective_status(read.run.summary or None)
         return dataclasses.replace(read, run=dataclasses.replace(read.run, status=status))
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
