@@ -87,7 +87,7 @@ def _loss_text(cell: Cell) -> str:
 def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]:
     rows = []
     for cell in cells:
-        row = {layout.names[k]: format_value(cell.settings.get(k)) for k in keys}
+        row = {layout.names[k]: format_value(cell.settings[k]) if k in cell.settings else "—" for k in keys}  # — : a block that does not set k
         row.update({
             "seeds": cell.n,
             **{name: cell.count(name) for name in outcomes.OUTCOMES},
@@ -135,6 +135,12 @@ def _fmt(value) -> str:
 # ---------------------------------------------------------------------------
 # The conclusion, generated
 # ---------------------------------------------------------------------------
+def _others(cell: Cell) -> str:
+    """' (3 learned then lost, 1 slow)': what the seeds that did not learn did; '' if every seed learned."""
+    others = ", ".join(f"{cell.count(n)} {n}" for n in outcomes.OUTCOMES if n != outcomes.LEARNED and cell.count(n))
+    return f" ({others})" if others else ""
+
+
 def arm_sentences(chosen: dict[tuple, Cell], layout: Layout, where: str) -> list[str]:
     """One sentence per arm: at each x, how many seeds learned, and what the others did."""
     sentences = []
@@ -143,35 +149,94 @@ def arm_sentences(chosen: dict[tuple, Cell], layout: Layout, where: str) -> list
         for (x, a), cell in chosen.items():
             if a != arm:
                 continue
-            others = ", ".join(f"{cell.count(n)} {n}" for n in outcomes.OUTCOMES if n != outcomes.LEARNED and cell.count(n))
             rate = f" at {layout.names[layout.best_of]} {format_value(cell.settings[layout.best_of])}" \
                 if layout.best_of and where == "best" else ""
-            parts.append(f"{layout.x_label(x)}: {cell.count(outcomes.LEARNED)}/{cell.n} learned{rate}"
-                         + (f" ({others})" if others else ""))
+            parts.append(f"{layout.x_label(x)}: {cell.count(outcomes.LEARNED)}/{cell.n} learned{rate}{_others(cell)}")
         sentences.append(f"- {layout.arm_label(arm)}, {where}: " + "; ".join(parts) + ".")
     return sentences
 
 
-def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict]) -> str:
-    """One paragraph: each arm's success across x at its best setting (and
-    the shared one), and the expectations' verdicts, for README and results."""
+def _ordered(keys) -> list[tuple]:
+    return sorted(keys, key=lambda k: [sort_key(v) for v in k])
+
+
+
+
+def _named(layout: Layout, arm: tuple) -> str:
+    """An arm's label in code quotes, so that a list of labels with commas in them reads."""
+    return f"`{layout.arm_label(arm)}`"
+
+
+def _success_sentence(label: str, chosen: dict[tuple, Cell], layout: Layout) -> tuple[str, set]:
+    """'At ..., A and B learned in every seed at every d_k; C in fewer at d_k 4096 (1/5 (4 slow)).'
+    and the arms that fell short somewhere."""
+    everywhere, short = [], []
+    for arm in _ordered({a for _, a in chosen}):
+        cells = [(x, c) for (x, a), c in chosen.items() if a == arm and c.n]
+        missing = [(x, c) for x, c in cells if c.count(outcomes.LEARNED) < c.n]
+        if not missing:
+            everywhere.append(_named(layout, arm))
+        else:
+            short.append((arm, f"{_named(layout, arm)} at {layout.x_name} "
+                               + ", ".join(f"{layout.x_label(x)}: {c.count(outcomes.LEARNED)}/{c.n}{_others(c)}" for x, c in missing)))
+    parts = []
+    if everywhere:
+        parts.append(f"{' and '.join(everywhere) if len(everywhere) < 3 else ', '.join(everywhere)} learned in "
+                     f"every seed at every {layout.x_name}")
+    if short:
+        parts.append(("fewer learned for " if everywhere else "not every seed learned for ")
+                     + "; ".join(text for _, text in short))
+    return f"{label[:1].upper() + label[1:]}, " + "; ".join(parts) + ".", {arm for arm, _ in short}
+
+
+def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, Cell], layout: Layout) -> str:
+    """The least and most rate-sensitive arm at the largest x, with intervals,
+    and a caution when the least sensitive one learns in few seeds at any rate."""
+    x = _ordered({x for x, _ in sensitivities})[-1]
+    at_x = {arm: v for (xx, arm), v in sensitivities.items() if xx == x and v["sensitivity"] is not None}
+    if len(at_x) < 2:
+        return ""
+    ranked = sorted(at_x, key=lambda arm: at_x[arm]["sensitivity"])
+    low, high = ranked[0], ranked[-1]
+
+    def shown(arm):
+        v = at_x[arm]
+        return f"{_named(layout, arm)}, {v['sensitivity']:.3g} [{v['low']:.3g}, {v['high']:.3g}]"
+    text = (f"Learning-rate sensitivity at {layout.x_name} {layout.x_label(x)} runs from {shown(low)} "
+            f"to {shown(high)}")
+    cell = best.get((x, low))
+    if cell is not None and 2 * cell.count(outcomes.LEARNED) <= cell.n:
+        text += (f"; the lowest belongs to an arm that learned in {cell.count(outcomes.LEARNED)}/{cell.n} seeds even at "
+                 "its best rate: the measure is small when no rate does well, so read it beside the success rates")
+    return text + "."
+
+
+def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
+             sensitivities: dict | None = None) -> str:
+    """One paragraph for README and the results text: which arms learn in
+    every seed at every x at their own best setting, which fall short and
+    where; the same at the shared setting, and which arms need their own;
+    the learning-rate sensitivities' extremes; the expectations' verdicts."""
     text = []
-    for label, chosen in (("at each arm's own best " + (layout.names[layout.best_of] if layout.best_of else "setting"),
-                           best), (f"at the shared {layout.names[layout.best_of]} {format_value(layout.spec.shared)}"
-                                   if layout.best_of else "", shared)):
-        if not chosen or not label:
-            continue
-        arms = []
-        for arm in sorted({a for _, a in chosen}, key=lambda a: [sort_key(v) for v in a]):
-            cells = [(x, c) for (x, a), c in chosen.items() if a == arm]
-            arms.append(f"{layout.arm_label(arm)} learned in " + ", ".join(
-                f"{c.count(outcomes.LEARNED)}/{c.n}" for _, c in cells) + f" seeds (at {layout.x_name} = "
-                + ", ".join(layout.x_label(x) for x, _ in cells) + ")")
-        text.append(f"{label[:1].upper() + label[1:]}, " + "; ".join(arms) + ".")
+    rate = layout.names[layout.best_of] if layout.best_of else None
+    own_label = f"at each arm's own best {rate}" if rate else "at the grid's setting"
+    sentence, short_at_best = _success_sentence(own_label, best, layout)
+    text.append(sentence)
+    if rate and shared:
+        sentence, short_at_shared = _success_sentence(f"at the shared {rate} {format_value(layout.spec.shared)}",
+                                                      shared, layout)
+        text.append(sentence)
+        needs_own = _ordered(short_at_shared - short_at_best)
+        if needs_own:
+            text.append(f"So {', '.join(_named(layout, a) for a in needs_own)} "
+                        f"need{'s' if len(needs_own) == 1 else ''} {'its' if len(needs_own) == 1 else 'their'} "
+                        f"own {rate}.")
+    if sensitivities:
+        text.append(_sensitivity_sentence(sensitivities, best, layout))
     if judged:
         counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
         text.append(f"Of {len(judged)} expectations, " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
-    return " ".join(text)
+    return " ".join(t for t in text if t)
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +285,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
-    summary_text = headline(best, shared, layout, judged)
+    summary_text = headline(best, shared, layout, judged, sensitivities)
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
