@@ -36,7 +36,7 @@ metric; within --xlim), not how many runs it has.
 
 Statistics. The table's figures (final and best eval loss, steps to the
 threshold, wall time) are over the runs of a group that finished
-(completed or diverged, FINISHED): a run still going, stale, interrupted or
+(completed or diverged, runs.FINISHED): a run still going, stale, interrupted or
 failed is drawn as far as it got, but its last figures are not final; the
 table says how many runs each group left out, and --include-unfinished
 counts them too.
@@ -112,7 +112,6 @@ BOOKKEEPING_KEYS = RESULT_NEUTRAL_KEYS
 NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
-FINISHED = ("completed", "diverged")  # the statuses whose last figures are final (see Statistics above)
 NOT_A_RUN = "not a run or experiment directory"
 RUNS_ROOT = Path("runs")
 LINESTYLES = ("-", "--", "-.", ":")
@@ -525,7 +524,7 @@ def table_rows(groups: list[Group], threshold: float, include_unfinished: bool =
     keys = varying_keys([g.settings for g in groups])
     rows = []
     for group in groups:
-        counted = [run for run in group.runs if include_unfinished or run.status in FINISHED]
+        counted = [run for run in group.runs if include_unfinished or run.status in runs.FINISHED]
         figures = [run_figures(run, threshold) for run in counted]
         rows.append(GroupRow(
             label=group.name,
@@ -579,7 +578,7 @@ def markdown_table(rows: list[GroupRow], threshold: float, include_unfinished: b
     if left_out:
         notes.append(f"Left out of the statistics: {left_out} run{'s' * (left_out != 1)} that did not finish "
                      "(drawn as far as they got; --include-unfinished counts them).")
-    elif include_unfinished and any(status not in FINISHED for row in rows for status in row.statuses):
+    elif include_unfinished and any(status not in runs.FINISHED for row in rows for status in row.statuses):
         notes.append("Runs that did not finish are counted (--include-unfinished): their figures are where they "
                      "stopped, not final.")
     return "\n".join([runs.markdown_table(header, cells)] + notes) + "\n"

@@ -34,7 +34,6 @@ from attn.compare import Run, canonical, load_runs
 from attn.config import ConfigError
 from attn.layers import score_scale
 
-FINISHED = ("completed", "diverged")
 AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
 BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
 COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
@@ -249,7 +248,7 @@ def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) ->
         if key not in cells:
             m = cell.config.model
             cells[key] = Cell(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
-        if run.status in FINISHED:
+        if run.status in runs.FINISHED:
             n_classes = cell.config.task.n_values if cell.config.task.name == "retrieval" else cell.config.task.vocab_size
             cells[key].seeds.append(seed_of(run, cell.seed, n_classes, threshold))
         else:

@@ -4,7 +4,10 @@
         config.yaml      resolved config + provenance (written once, atomically)
         metrics.jsonl    one JSON object per logged step (append-only, flushed)
         summary.json     status, heartbeat, final and best figures (atomic)
-        checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle)
+        checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle):
+                         the last one, a second name (hard link) of checkpoint-<step>.npz
+        checkpoint-<step>.npz   every checkpoint, kept by its step (to fork from: attn train --fork RUN@STEP)
+        mechanism.npz    per-row saturation and gradient norms at step 0 and logging.mechanism_step
         attention.npz    attention weights of a few eval examples at init and at the end
         *.png            figures (see attn.plots)
         .lock            RunLock's file: empty, or the record of the writer holding it
@@ -54,6 +57,7 @@ import yaml
 from attn.config import ConfigError, all_keys, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
+FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
 MAX_SUMMARY_BYTES = 1 << 20  # summary.json is a few kB
 MAX_METRICS_BYTES = 256 << 20  # ~150,000 records of ~1.7 kB: far more than any run here logs
 MAX_ARRAYS_BYTES = 256 << 20  # attention.npz (and any other array file but the checkpoint, whose cap is computed)
@@ -97,6 +101,32 @@ def write_atomic(path: Path, data: bytes) -> None:
             raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
         raise
     with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
+        _fsync_dir(path.parent)
+    _count_durable_write()
+
+
+def link_atomic(source: Path, path: Path) -> None:
+    """Make path a second name of source (a hard link: no bytes copied), atomically
+    like write_atomic: a crash leaves the old path or the new one. Where the
+    file system has no hard links, path gets a copy of source's bytes."""
+    source, path = Path(source), Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.link(source, tmp)
+    except OSError:
+        write_atomic(path, source.read_bytes())
+        return
+    try:
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError):
+            raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
+        raise
+    with contextlib.suppress(OSError):
         _fsync_dir(path.parent)
     _count_durable_write()
 

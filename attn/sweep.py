@@ -48,7 +48,6 @@ from attn.config import ConfigError, to_dict
 from attn.experiment import Cell, Experiment, config_change
 from attn.train import StopFlag
 
-FINISHED = ("completed", "diverged")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
 
@@ -141,7 +140,7 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
     """Under the run's lock: skip a finished run, refuse a changed config,
     else the state to resume or start it from."""
     summary = runs.read_summary(run_dir) or {}
-    finished = summary.get("status") in FINISHED
+    finished = summary.get("status") in runs.FINISHED
     resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
     if finished or resume:
         diff = config_change(run_dir, cell.config)

@@ -18,9 +18,10 @@ more steps continues from it as if the budget had been larger from the
 start (with a constant schedule, the same numbers bit for bit; a cosine
 schedule is a function of the budget, so attn.jobs refuses to extend it).
 A run with no checkpoint yet resumes from step 0 (attn.jobs.prepare_resume).
-Every checkpoint is also kept as checkpoint-<s>.npz (written first, so a
-kill between the two leaves checkpoint.npz at an earlier step, which a
-resume replays from): a fork starts a new run from any of them
+Every checkpoint is kept as checkpoint-<s>.npz (written first; then
+checkpoint.npz becomes a second name of it, a hard link, so keeping costs
+no bytes twice; a kill between the two leaves checkpoint.npz at an
+earlier step, which a resume replays from): a fork starts a new run from any of them
 (prepare(..., checkpoint=...), attn.jobs.plan_fork).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
@@ -242,8 +243,9 @@ def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
     carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),
                **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()}}
-    for path in (checkpoint_file(state.run_dir, state.step), checkpoint_file(state.run_dir)):
-        runs.save_checkpoint(path, state.params if params is None else params, carried, meta)
+    kept = checkpoint_file(state.run_dir, state.step)
+    runs.save_checkpoint(kept, state.params if params is None else params, carried, meta)
+    runs.link_atomic(kept, checkpoint_file(state.run_dir))
 
 
 def _restore_checkpoint(state: RunState, path: Path) -> None:

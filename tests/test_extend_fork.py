@@ -8,6 +8,7 @@ checkpoint-<step>.npz for forks to start from.
 """
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -84,6 +85,21 @@ def test_every_checkpoint_is_kept_by_its_step_and_the_last_is_checkpoint_npz(mad
     for step in KEPT:
         assert checkpoint(train.checkpoint_file(short_run, step))[1]["step"] == step
     assert (short_run / "checkpoint.npz").read_bytes() == train.checkpoint_file(short_run, SHORT).read_bytes()
+    assert (short_run / "checkpoint.npz").samefile(train.checkpoint_file(short_run, SHORT)), \
+        "the last checkpoint is a second name of the kept one, not a second copy of its bytes"
+
+
+def test_where_there_are_no_hard_links_the_last_checkpoint_is_a_copy(tmp_path, monkeypatch):
+    kept, last = tmp_path / "checkpoint-5.npz", tmp_path / "checkpoint.npz"
+    kept.write_bytes(b"five")
+    last.write_bytes(b"four")
+
+    def no_links(*_):
+        raise OSError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    runs.link_atomic(kept, last)
+    assert last.read_bytes() == b"five" and not last.samefile(kept)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-5.npz", "checkpoint.npz"], "no temporary left"
 
 
 def test_an_extended_run_is_the_run_trained_with_the_larger_budget_from_the_start(made, short, capsys):

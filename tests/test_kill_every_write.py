@@ -49,13 +49,14 @@ def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
     written = []
 
     def counted(function, name_of):
-        def wrapper(path, *args, **kwargs):
-            function(path, *args, **kwargs)
-            written.append(name_of(Path(path)))
+        def wrapper(*args, **kwargs):
+            function(*args, **kwargs)
+            written.append(name_of(*args))
         return wrapper
 
-    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path: path.name))
-    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda _: "metrics.jsonl"))
+    monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path, _: Path(path).name))
+    monkeypatch.setattr(runs, "link_atomic", counted(runs.link_atomic, lambda _, path: Path(path).name))
+    monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda *_: "metrics.jsonl"))
     config = load_config(None, [*RUN, f"runs_dir={run_dir.parent}"])
     jobs.execute(config, jobs.create(config, name=run_dir.name))
     monkeypatch.undo()
