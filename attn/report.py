@@ -211,12 +211,32 @@ def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, Cell], layout: 
     return text + "."
 
 
+def _length_sentence(at_lengths: dict, layout: Layout) -> str:
+    """Per judged cell, the median attention on the queried key at the
+    shortest and the longest number of pairs asked."""
+    parts = []
+    for (x, arm), by_length in at_lengths.items():
+        if not by_length:
+            continue
+        shortest, longest = min(by_length), max(by_length)
+        parts.append(f"{_named(layout, arm)}"
+                     + (f" at {layout.x_name} {layout.x_label(x)}" if len({k for k, _ in at_lengths}) > 1 else "")
+                     + f" from {np.median(by_length[shortest]['target_attn']):.3f} to "
+                     f"{np.median(by_length[longest]['target_attn']):.3f}")
+    if not parts:
+        return ""
+    pairs = sorted({P for by_length in at_lengths.values() for P in by_length})
+    return (f"Asked about {pairs[0]} and then {pairs[-1]} pairs, the median attention on the queried key goes "
+            + "; ".join(parts) + ".")
+
+
 def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
-             sensitivities: dict | None = None) -> str:
+             sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
     """One paragraph for README and the results text: which arms learn in
     every seed at every x at their own best setting, which fall short and
     where; the same at the shared setting, and which arms need their own;
-    the learning-rate sensitivities' extremes; the expectations' verdicts."""
+    the learning-rate sensitivities' extremes; the attention on the queried
+    key at the longest length asked; the expectations' verdicts."""
     text = []
     rate = layout.names[layout.best_of] if layout.best_of else None
     own_label = f"at each arm's own best {rate}" if rate else "at the grid's setting"
@@ -233,6 +253,8 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
                         f"own {rate}.")
     if sensitivities:
         text.append(_sensitivity_sentence(sensitivities, best, layout))
+    if at_lengths:
+        text.append(_length_sentence(at_lengths, layout))
     if judged:
         counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
         text.append(f"Of {len(judged)} expectations, " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
@@ -285,7 +307,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
-    summary_text = headline(best, shared, layout, judged, sensitivities)
+    at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
+    summary_text = headline(best, shared, layout, judged, sensitivities, at_lengths)
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
@@ -300,7 +323,6 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
     }
-    at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
     data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                        for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
