@@ -257,7 +257,8 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
         text.append(_length_sentence(at_lengths, layout))
     if judged:
         counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
-        text.append(f"Of {len(judged)} expectations, " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
+        text.append(f"Of {len(judged)} expectation{'s' * (len(judged) != 1)}, "
+                    + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
     return " ".join(t for t in text if t)
 
 
@@ -322,6 +323,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
+        "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
     }
     data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                        for (x, arm), by_length in at_lengths.items()]

@@ -49,8 +49,43 @@ def test_publish_without_reports_or_a_results_block_says_so(tmp_path, monkeypatc
     (tmp_path / "experiments").mkdir()
     with pytest.raises(runs.RunError, match="no experiment has a report yet"):
         publish.publish(None, tmp_path / "runs")
-    with pytest.raises(runs.RunError, match="README.md has no results block"):
-        publish.with_results_block("# no block\n", report({}))
+    with pytest.raises(runs.RunError, match="README.md has no generated block"):
+        publish.with_block("# no block\n", publish.RESULTS_BEGIN, publish.RESULTS_END, "text")
+
+
+def bench_result(attn_ms: float, jax_ms: float) -> dict:
+    spread = lambda ms: {"median_ms": ms, "p25_ms": ms * 0.9, "p75_ms": ms * 1.1}  # noqa: E731
+    return {"date": "2026-12-01 10:00 UTC", "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
+            "timings": [{"threads": 1, "sizes": [{"size": "default", "sides": {"attn": spread(attn_ms),
+                                                                               "jax bilinear": spread(jax_ms)},
+                                                  "fastest_rival": "jax bilinear",
+                                                  "ratio_to_fastest": attn_ms / jax_ms}]}],
+            "sweep": {"results": [{"workers": 1, "efficiency": 0.9, "wall_s": 40.0},
+                                  {"workers": 2, "efficiency": 0.85, "wall_s": 21.0}], "speedup": 1.9}}
+
+
+def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "experiments").mkdir(parents=True)
+    readme = (f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
+              f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n")
+    (repo / "README.md").write_text(readme)
+    monkeypatch.setattr(publish, "REPO", repo)
+    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)
+    runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
+    bench = tmp_path / "runs" / "bench"
+    bench.mkdir()
+    for stem, result in (("bench-20261201-090000", bench_result(2.0, 1.0)), ("bench-20261201-100000",
+                                                                             bench_result(0.6, 1.0))):
+        runs.write_json(bench / f"{stem}.json", result)
+        (bench / f"{stem}.md").write_text(f"# {stem}\n")
+    publish.publish(["sqrt_dk"], tmp_path / "runs")
+    text = (repo / "README.md").read_text()
+    assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear | 1 (0.9–1.1) | 0.60 (met) |" in text
+    assert "sweep efficiency 90% with 1 worker(s), 85% with 2 worker(s) (met at ≥ 80%)" in text
+    assert "2 workers 1.90× faster than 1 (met at ≥ 1.8×)" in text
+    assert (repo / "experiments" / "results" / "bench.md").read_text() == "# bench-20261201-100000\n"
 
 
 def test_verify_compares_every_verdict_and_names_the_flips():
@@ -64,3 +99,13 @@ def test_verify_compares_every_verdict_and_names_the_flips():
     text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
                             "expectations": rows, "agree": False})
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
+
+
+def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
+    headline = report({"a": "confirmed"}, headline="The headline paragraph.")
+    alone = publish.results_block({"sqrt_dk": headline})
+    assert "The headline paragraph." in alone and "Which fix does what" not in alone
+    scores = {**report({}, headline="Which mode learned where."), "sensitivity_table": "| arm | d_k = 16 |\n|---|---|"}
+    both = publish.results_block({"sqrt_dk": headline, "scores": scores})
+    assert both.index("The headline paragraph.") < both.index("Which mode learned where.") < both.index("| arm |")
+    assert "experiments/results/scores/lr_sensitivity.png" in both

@@ -113,6 +113,41 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_markdown(result: dict) -> str:
+    """The short form for README (attn.publish): per size and thread count,
+    attn against the fastest rival, then the sweep and headline targets."""
+    machine = result["machine"]
+    rows = [[s["size"], str(t["threads"]), _ms(s["sides"]["attn"]), s["fastest_rival"] or "none installed",
+             _ms(s["sides"][s["fastest_rival"]]) if s["fastest_rival"] else "—",
+             "—" if s["ratio_to_fastest"] is None else
+             f"{s['ratio_to_fastest']:.2f} ({_met(s['ratio_to_fastest'] <= TARGET_STEP_RATIO)})"]
+            for t in result["timings"] for s in t["sizes"]]
+    lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), numpy on {machine['blas']}; "
+             "step times in ms, median (interquartile range):", "",
+             runs.markdown_table(["size", "threads", "attn", "fastest rival", "its time",
+                                  f"attn / fastest (target ≤ {TARGET_STEP_RATIO})"], rows)]
+    targets = []
+    if "sweep" in result:
+        sweep = result["sweep"]
+        last = sweep["results"][-1]
+        targets.append("sweep efficiency " + ", ".join(f"{r['efficiency']:.0%} with {r['workers']} worker(s)"
+                                                       for r in sweep["results"])
+                       + f" ({_met(all(r['efficiency'] >= TARGET_EFFICIENCY for r in sweep['results']))} "
+                       f"at ≥ {TARGET_EFFICIENCY:.0%})")
+        if sweep["speedup"] is not None:
+            targets.append(f"{last['workers']} workers {sweep['speedup']:.2f}× faster than 1 "
+                           f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×)")
+        targets.append(f"the old 50-run grid in {last['wall_s']:.1f} s "
+                       f"({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at ≤ {TARGET_OLD_GRID_SECONDS:.0f} s)")
+    if "headline" in result:
+        h = result["headline"]
+        targets.append(f"the headline experiment ({h['runs']} runs) in {h['wall_s']:.0f} s "
+                       f"({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at ≤ {TARGET_HEADLINE_SECONDS:.0f} s)")
+    if targets:
+        lines += ["", "Sweeps: " + "; ".join(targets) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def write(result: dict, out_dir: Path) -> dict[str, Path]:
     """bench-<time>.json and .md in out_dir; returns their paths."""
     out_dir = Path(out_dir)

@@ -1,0 +1,79 @@
+"""The files a newcomer reads and runs: README and docs/ say what the code
+does, their generated blocks are what `attn publish` makes from the
+committed results, every link leads somewhere, and every shipped config
+and experiment file loads."""
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import attn
+from attn import publish
+from attn.bench.suite import summary_markdown
+from attn.config import load_config
+from attn.experiment import load_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+DOCS = sorted((REPO / "docs").glob("*.md"))
+
+
+def test_readme_is_short_enough_to_read_and_starts_with_the_two_commands():
+    assert len(README.splitlines()) <= 300
+    first_block = README.split("```sh\n", 1)[1].split("```", 1)[0]
+    assert [line.split()[:2] for line in first_block.splitlines()] == [["make", "train"], ["make", "test"]]
+
+
+def api_table() -> dict[str, str]:
+    section = README.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(attn\.[\w.]+)\(([^`]*)\)` \| .+ \|$", section, re.M)}
+
+
+def test_the_api_table_lists_exactly_the_public_functions_and_they_exist():
+    documented = api_table()
+    assert list(documented) == list(attn.API)
+    for dotted in attn.API:
+        module, name = dotted.rsplit(".", 1)
+        function = getattr(importlib.import_module(module), name)
+        assert callable(function) and function.__doc__, dotted
+
+
+def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results():
+    results = REPO / "experiments" / "results"
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    assert publish.with_block(README, publish.RESULTS_BEGIN, publish.RESULTS_END,
+                              publish.results_block(reports)) == README, "run `make publish`; do not edit the block"
+    bench = json.loads((results / "bench.json").read_text())
+    assert publish.with_block(README, publish.BENCH_BEGIN, publish.BENCH_END, summary_markdown(bench)) == README
+    assert (REPO / "experiments" / "README.md").read_text() == publish.experiments_readme(reports)
+
+
+@pytest.mark.parametrize("page", [REPO / "README.md", REPO / "experiments" / "README.md", *DOCS],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_image_exists(page):
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        if "://" not in target:
+            assert (page.parent / target).exists(), f"{page.name}: {target}"
+
+
+def test_the_worked_example_in_the_docs_runs_and_passes_its_check(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    [example] = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "training.md").read_text(), re.S)
+    exec(compile(example, "docs/training.md", "exec"), {})
+    errors = [float(e) for e in re.findall(r"worst rel err ([0-9.e+-]+)", capsys.readouterr().out)]
+    assert errors and max(errors) < 1e-6
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    load_config(path)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_experiment_loads_and_make_ablations_runs_it(path, tmp_path):
+    load_experiment(path, runs_dir=str(tmp_path))
+    ablations = re.search(r"^ABLATIONS := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    assert path.stem in ablations
