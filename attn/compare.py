@@ -100,8 +100,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import locks, plots, runs
-from attn.config import (ConfigError, TaskConfig, all_keys, field_value, flatten_config, nearest_key, parse_yaml,
-                         show_value, unread_keys)
+from attn.config import TaskConfig, all_keys, field_value, flatten_config, nearest_key, unread_keys
+from attn.yamlio import ConfigError, parse_yaml, show_value
 from attn.jobs import RESULT_NEUTRAL_KEYS
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")

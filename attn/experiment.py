@@ -70,8 +70,9 @@ from pathlib import Path
 import yaml
 
 from attn import jobs, runs
-from attn.config import (Config, ConfigError, all_keys, build, check_run_name, cut, load_config, nearest_key,
-                         parse_override, parse_yaml, read_yaml_file, set_dotted, show_value, validate, with_values)
+from attn.config import (Config, all_keys, build, check_run_name, load_config, nearest_key, parse_override, set_dotted,
+                         validate, with_values)
+from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")

@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from attn import allocator, locks, runs, train
-from attn.config import Config, ConfigError, check_run_name, flatten_config, load_config, show_value, to_dict
+from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
+from attn.yamlio import ConfigError, show_value
 from attn.train import StopFlag
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from attn import model, train
-from attn.config import Config, ConfigError
+from attn.config import Config
+from attn.yamlio import ConfigError
 
 EVAL_EXAMPLES = 512
 

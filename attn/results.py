@@ -31,7 +31,7 @@ import numpy as np
 
 from attn import mechanism, outcomes, runs, stats
 from attn.compare import Run, canonical, load_runs
-from attn.config import ConfigError
+from attn.yamlio import ConfigError
 from attn.layers import score_scale
 
 AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")

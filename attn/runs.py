@@ -54,7 +54,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from attn.config import ConfigError, all_keys, read_regular_file, read_yaml_file
+from attn.config import all_keys
+from attn.yamlio import ConfigError, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
@@ -231,7 +232,7 @@ def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
 
 def read_run_config(run_dir: Path, complete: bool = False) -> dict:
     """The run's config.yaml as written: the resolved config and its
-    `provenance` (a mapping), read as any config file is (config.read_yaml_file:
+    `provenance` (a mapping), read as any config file is (yamlio.read_yaml_file:
     bounded, safe); RunError if it is missing or damaged. With `complete`, also
     if it lacks a field or its provenance: write_config writes every field, so
     a run to be resumed must not take a default for one (a truncated file)."""

@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Callable
 
 from attn import jobs, locks, runs, train
-from attn.config import ConfigError, to_dict
+from attn.config import to_dict
+from attn.yamlio import ConfigError
 from attn.experiment import Cell, Experiment, config_change
 from attn.train import StopFlag
 

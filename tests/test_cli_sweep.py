@@ -13,7 +13,7 @@ import yaml
 
 from attn import cli, runs, sweep
 from attn import experiment as experiments
-from attn.config import ConfigError
+from attn.yamlio import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"

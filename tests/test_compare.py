@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from attn import cli, compare, jobs, locks, plots, runs
-from attn.config import ConfigError, TaskConfig, load_config, parse_override, to_dict
+from attn.config import TaskConfig, load_config, parse_override, to_dict
+from attn.yamlio import ConfigError
 from attn.train import build_task
 
 SCALES = ("sqrt", "none")

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from attn import cli, jobs, model, train
-from attn.config import (Config, ConfigError, all_keys, describe_schema, estimate_memory_bytes, load_config,
-                         memory_limit_bytes, param_names, replace, to_dict)
+from attn.config import (Config, all_keys, describe_schema, estimate_memory_bytes, load_config, memory_limit_bytes,
+                         param_names, replace, to_dict)
+from attn.yamlio import ConfigError
 from helpers import billion_laughs
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ from helpers import PNG_SIGNATURE
 from attn import experiment as experiments
 from attn import mechanism, outcomes, report_figures, runs, stats
 from attn.compare import format_value
-from attn.config import ConfigError, load_config, replace, to_dict
+from attn.config import load_config, replace, to_dict
+from attn.yamlio import ConfigError
 from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.report import Layout, judged_cells, write_report
 from attn.results import BOOTSTRAP_SEED, COUNTED, collect

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from attn import gradcheck, model, reference, runs, scores, train
-from attn.config import ConfigError, load_config
+from attn.config import load_config
+from attn.yamlio import ConfigError
 from attn.model import Batch, ModelSpec
 from helpers import SIZES, without_timing
 

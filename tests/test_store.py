@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli, config as config_module, jobs, locks, plots, runs, sweep
+from attn import cli, jobs, locks, plots, runs, sweep, yamlio
 from attn import experiment as experiments
-from attn.config import ConfigError, load_config, parse_yaml
+from attn.config import load_config
+from attn.yamlio import ConfigError, parse_yaml
 from helpers import SIZES, TINY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -404,7 +405,7 @@ def test_a_sexagesimal_looking_value_is_refused_as_text(tmp_path):
     path.write_text("train:\n  steps: 12:30:00\n")
     with pytest.raises(ConfigError, match="train.steps: got '12:30:00'; expected an integer > 0"):
         load_config(path)
-    assert config_module.MAX_INT_DIGITS < 4300  # Python's own cap on str(int) would otherwise raise first
+    assert yamlio.MAX_INT_DIGITS < 4300  # Python's own cap on str(int) would otherwise raise first
 
 
 def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(run_copy, capsys):
