@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import allocator, locks, runs, train
+from attn import allocator, locks, loop, runs, train
 from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
+from attn.loop import StopFlag
 from attn.yamlio import ConfigError, show_value
-from attn.train import StopFlag
 
 
 # Config fields that change no logged number (where the run lives, which files
@@ -250,7 +250,7 @@ def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
     failure; a config.yaml must hold every field, so none silently takes its
     default): its last checkpoint, or before its first one step 0 (training
     is deterministic, so starting over in place is exact; either way
-    train.run first drops the records the stopped writer logged from there on)."""
+    loop.run first drops the records the stopped writer logged from there on)."""
     run_dir = Path(run_dir)
     runs.read_run_config(run_dir, complete=True)
     logged = {record["step"] for record in runs.read_metrics(run_dir)}
@@ -376,7 +376,7 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
 
 
 def execute_stack(states: list[train.RunState], *, stop: StopFlag | None = None, progress=None) -> list[dict]:
-    """Train runs of one shape as one stack (train.run_stack) and draw each
+    """Train runs of one shape as one stack (loop.run_stack) and draw each
     run's figures if its config asks; the caller holds every run's RunLock.
     Errors during training are recorded in each run directory not yet
     finished, then re-raised."""
@@ -385,7 +385,7 @@ def execute_stack(states: list[train.RunState], *, stop: StopFlag | None = None,
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
         allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
         try:
-            summaries = train.run_stack(states, stop=stop, progress=progress)
+            summaries = loop.run_stack(states, stop=stop, progress=progress)
         except Exception as err:
             for state in states:
                 if (runs.read_summary(state.run_dir) or {}).get("status") == "running":

@@ -15,7 +15,7 @@ the dtype of the inputs is the dtype of the outputs (float32 stays float32).
 Shapes: B batch, T positions, D = d_model, d_k query/key width, d_v value
 width, C number of output classes, F token fields per position.
 
-Members. Every pair also computes M models at once (attn.train's stacked
+Members. Every pair also computes M models at once (attn.stack's stacked
 runs: seeds, rates and scales of one shape trained as one computation).
 Then each weight carries a leading member axis, W (M, n_in, n_out), every
 activation carries the same axis in front, x (M, B, T, D), and a scale is

@@ -18,7 +18,7 @@ positions alone: A is (B, P, T) and out, H, logits (B, P, ·); see `forward`.
 attn.reference computes the equations exactly as written, every row; the
 tests hold this model to it.
 
-A stack of M models of one shape (seeds, rates, scales: attn.train's
+A stack of M models of one shape (seeds, rates, scales: attn.stack's
 stacked runs) is the same code with a leading member axis on every
 parameter, (M, ...), and on the batch, tokens (M, B, T, F); the loss,
 accuracy and diagnostics then come one per member. See attn.layers.

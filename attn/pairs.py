@@ -9,7 +9,7 @@ Forward caches exactly what backward needs; backward never recomputes the
 forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
 the dtype of the inputs is the dtype of the outputs (float32 stays float32).
 
-Members. Every pair also computes M models at once (attn.train's stacked
+Members. Every pair also computes M models at once (attn.stack's stacked
 runs): each weight then carries a leading member axis, W (M, n_in, n_out),
 every activation the same axis in front, x (M, B, T, D). Shape comments
 write it as `*M`: absent for one model, (M,) for a stack. attn.layers

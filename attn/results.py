@@ -31,8 +31,8 @@ import numpy as np
 
 from attn import mechanism, outcomes, runs, stats
 from attn.compare import Run, canonical, load_runs
-from attn.yamlio import ConfigError
 from attn.layers import score_scale
+from attn.yamlio import ConfigError
 
 AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
 BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written

@@ -1,9 +1,9 @@
 """Running an experiment: its cells as ordinary run directories under
-runs/<experiment>/, stacked (attn.train) and in parallel.
+runs/<experiment>/, stacked (attn.stack) and in parallel.
 
 The experiment file itself, its grid and its cells are attn.experiment's.
 Cells of one shape train as one stack (plan_stacks: at most
-train.members_per_stack of them, the costliest stacks first). Re-running
+attn.stack.members_per_stack of them, the costliest stacks first). Re-running
 an experiment skips runs that finished (completed or diverged), resumes
 interrupted, stale or failed runs from their checkpoint, and starts the
 rest; a finished or resumable run whose config.yaml differs from the
@@ -45,9 +45,10 @@ from typing import Callable
 
 from attn import jobs, locks, runs, train
 from attn.config import to_dict
-from attn.yamlio import ConfigError
 from attn.experiment import Cell, Experiment, config_change
-from attn.train import StopFlag
+from attn.loop import StopFlag
+from attn.stack import members_per_stack, stack_cost, stack_key
+from attn.yamlio import ConfigError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
@@ -77,7 +78,7 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
 
 def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[RunOutcome]:
     """Train cells of one shape into experiment_dir/<cell name> as one stack
-    (attn.train; those resuming from different steps as one stack per step),
+    (attn.loop; those resuming from different steps as one stack per step),
     each unless the sweep was stopped, the run finished, or another writer
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
@@ -180,17 +181,17 @@ def _one_blas_thread() -> None:
 
 
 def plan_stacks(cells) -> list[list[Cell]]:
-    """The cells as stacks to train: those of one shape (train.stack_key)
-    together, at most train.members_per_stack of them; the most costly
-    stacks first (train.stack_cost), so that the workers finish together."""
+    """The cells as stacks to train: those of one shape (stack_key)
+    together, at most members_per_stack of them; the most costly
+    stacks first (stack_cost), so that the workers finish together."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
-        groups.setdefault(train.stack_key(cell.config), []).append(cell)
+        groups.setdefault(stack_key(cell.config), []).append(cell)
     stacks = []
     for group in groups.values():
-        size = train.members_per_stack(group[0].config)
+        size = members_per_stack(group[0].config)
         stacks += [group[i:i + size] for i in range(0, len(group), size)]
-    return sorted(stacks, key=lambda stack: -train.stack_cost([c.config for c in stack]))
+    return sorted(stacks, key=lambda stack: -stack_cost([c.config for c in stack]))
 
 
 def _figures(summary: dict) -> str:

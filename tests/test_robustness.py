@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, jobs, locks, model, runs, train
+from attn import cli, jobs, locks, loop, model, runs, train
 from attn.config import load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
@@ -82,7 +82,7 @@ def tiny_config(runs_dir: Path, *overrides):
 def train_in_process(config, name: str, stop_at: int | None = None) -> Path:
     """A run through jobs (as the CLI does); `stop_at`: request a stop at that step."""
     run_dir = jobs.create(config, name=name)
-    stop = train.StopFlag()
+    stop = loop.StopFlag()
 
     def progress(step, _record):
         if step == stop_at:

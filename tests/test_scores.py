@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import gradcheck, model, reference, runs, scores, train
+from attn import gradcheck, loop, model, reference, runs, scores, train
 from attn.config import load_config
 from attn.yamlio import ConfigError
 from attn.model import Batch, ModelSpec
@@ -174,14 +174,14 @@ def test_a_mode_trains_stacked_and_resumes_each_member_exactly(tmp_path, mode):
     for i, config in enumerate(configs):
         (tmp_path / f"stack{i}").mkdir()
         states.append(train.prepare(config, tmp_path / f"stack{i}"))
-    stop = train.StopFlag()
-    summaries = train.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
+    stop = loop.StopFlag()
+    summaries = loop.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
                                 else None)
     assert {s["status"] for s in summaries} == {"interrupted"}
     for i, config in enumerate(configs):
-        assert train.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
+        assert loop.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
         (tmp_path / f"alone{i}").mkdir()
-        train.train(config, tmp_path / f"alone{i}")
+        loop.train(config, tmp_path / f"alone{i}")
         records = runs.read_metrics(tmp_path / f"stack{i}")
         assert without_timing(records) == without_timing(runs.read_metrics(tmp_path / f"alone{i}"))
         own = model.score_param_shapes(mode, "vector", config.model.d_k)

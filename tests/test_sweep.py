@@ -20,7 +20,7 @@ from attn.yamlio import ConfigError
 from attn import outcomes
 from attn.report import write_report
 from attn.results import collect
-from attn.train import StopFlag, train
+from attn.loop import StopFlag, train
 from helpers import without_timing
 
 ROOT = Path(__file__).resolve().parent.parent

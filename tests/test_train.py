@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, locks, model, runs, train
+from attn import cli, jobs, locks, loop, model, runs, train
 from attn.config import load_config, to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def train_tiny(runs_dir, name, *overrides):
     config = load_config(None, [*TINY, f"runs_dir={runs_dir}", "train.steps=40", "logging.log_every=5", *overrides])
     run_dir = jobs.create(config, name=name)
-    train.train(config, run_dir)
+    loop.train(config, run_dir)
     return runs.read_metrics(run_dir)
 
 
