@@ -11,6 +11,6 @@ API = (
     "attn.gradcheck.check_model", "attn.mechanism.row_statistics", "attn.jobs.create", "attn.jobs.execute",
     "attn.runs.read_metrics", "attn.runs.read_summary", "attn.plots.plot_run", "attn.experiment.load_experiment",
     "attn.sweep.run_experiment", "attn.report.write_report", "attn.verify.verify", "attn.compare.compare",
-    "attn.compare.list_runs", "attn.outcomes.classify", "attn.stats.wilson_interval", "attn.stats.km_median",
+    "attn.listing.list_runs", "attn.outcomes.classify", "attn.stats.wilson_interval", "attn.stats.km_median",
     "attn.stats.bootstrap_interval", "attn.publish.publish",
 )

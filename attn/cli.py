@@ -501,9 +501,9 @@ def cmd_publish(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from attn import compare
+    from attn import compare, compare_figure
 
-    result = compare.compare(args.paths, args.metric or compare.DEFAULT_METRICS, args.x, args.smooth,
+    result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
                              args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
                              facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
     for skipped in result.skipped:
@@ -517,9 +517,9 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from attn import compare
+    from attn import grouping, listing as listings
 
-    listing = compare.list_runs(Path(args.path), args.status, args.experiment)
+    listing = listings.list_runs(Path(args.path), args.status, args.experiment)
     for skipped in listing.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     if not listing.rows:
@@ -528,9 +528,9 @@ def cmd_runs(args) -> int:
     header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age"]
     table = [header] + [
         [row.name, row.status, row.task,
-         *(compare.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
+         *(grouping.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
          "—" if row.final[0] is None else f"{row.final[0]:.4g}",
-         "—" if row.final[1] is None else f"{row.final[1]:.3f}", compare.format_age(row.age)]
+         "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age)]
         for row in listing.rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:

@@ -30,7 +30,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn import outcomes
-from attn.compare import canonical, format_value
+from attn.grouping import canonical, format_value
 from attn.plots import save_figure, series
 from attn.results import mechanism_rows, sort_key
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attn import mechanism, outcomes, runs, stats
-from attn.compare import Run, canonical, load_runs
+from attn.grouping import Run, canonical, load_runs
 from attn.layers import score_scale
 from attn.yamlio import ConfigError
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from attn import stats
-from attn.compare import format_value, short_names
 from attn.experiment import STATS, Experiment, Expectation
+from attn.grouping import format_value, short_names
 from attn.results import Cell, sort_key
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"

@@ -30,7 +30,7 @@ import pytest
 from board_runs import LOG_EVERY, record, write_run, write_summary
 from helpers import PNG_SIGNATURE
 
-from attn import cli, compare, plots, runs
+from attn import cli, compare_figure, curves, grouping, plots, runs
 from attn.board import STATIC_DIR, data, export, server
 
 SCALES = ("sqrt", "none")
@@ -80,9 +80,9 @@ def served(root):
         yield httpd, httpd.url
 
 
-def loaded_runs(root: Path) -> list[compare.Run]:
-    run_dirs, _ = compare.find_run_dirs([root])
-    loaded, skipped = compare.load_runs(run_dirs)
+def loaded_runs(root: Path) -> list[grouping.Run]:
+    run_dirs, _ = grouping.find_run_dirs([root])
+    loaded, skipped = grouping.load_runs(run_dirs)
     assert skipped == []
     return loaded
 
@@ -112,14 +112,14 @@ def test_snapshot_shows_every_run_with_its_status_settings_and_figures(root):
     drawn = sorted(p.name for p in (root / "exp" / "sqrt-s0").glob("*.png"))
     assert [f["name"] for f in by_name["exp/sqrt-s0"]["figures"]] == drawn
     assert by_name["exp/none-s0"]["figures"] == []
-    assert snapshot["metrics"][:2] == list(compare.DEFAULT_METRICS)
+    assert snapshot["metrics"][:2] == list(compare_figure.DEFAULT_METRICS)
     assert set(snapshot["metrics"]) == set(record(0, "sqrt", 0)) - {"step"}
 
 
 def test_groups_are_compares_and_experiments_hold_their_reports(root):
     snapshot = data.Board([root]).snapshot()
     names = {run["id"]: run["name"] for run in snapshot["runs"]}
-    groups = compare.group_runs(loaded_runs(root))
+    groups = grouping.group_runs(loaded_runs(root))
     assert [(g["label"], [names[i] for i in g["runs"]]) for g in snapshot["groups"]] == \
         [(g.label, [str(r.path.relative_to(root)) for r in g.runs]) for g in groups]
     [experiment] = snapshot["experiments"]  # runs/ itself holds runs but no report: no experiment
@@ -526,10 +526,10 @@ def test_ticking_runs_and_groups_draws_their_curves(browser, served, root):
     wait_for(browser, lambda: chart(browser)["series"] == "2")
     assert chart(browser)["bands"] == "1"
     assert browser.execute_script("return AttnBoard.page.state.plot.series.length") == 1 + 1 + 3  # x, run, mean ± std
-    # the page's curve is compare.group_curve, smoothing and wall-time x included
+    # the page's curve is curves.group_curve, smoothing and wall-time x included
     paths = {run["path"] for run in snapshot["runs"] if run["id"] in group["runs"]}
     members = [run for run in loaded_runs(root) if str(run.path) in paths]
-    xs, band = compare.group_curve(compare.Group("", {}, members), "eval_loss", "wall_time", 0.6)
+    xs, band = curves.group_curve(grouping.Group("", {}, members), "eval_loss", "wall_time", 0.6)
     page = browser.execute_script("const s = AttnBoard.page.state; return AttnBoard.groupCurve(arguments[0]"
                                   ".map(id => s.records.get(id)), 'eval_loss', 'wall_time', 0.6)", group["runs"])
     assert np.allclose(page["xs"], xs)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, compare, jobs, locks, plots, runs
+from attn import cli, compare, compare_figure, curves, grouping, jobs, listing, locks, plots, runs
 from attn.config import TaskConfig, load_config, parse_override, to_dict
 from attn.yamlio import ConfigError
 from attn.train import build_task
@@ -41,25 +41,25 @@ def root(tmp_path_factory) -> Path:
 
 
 def loaded_groups(*paths):
-    run_dirs, _ = compare.find_run_dirs(paths)
-    loaded, skipped = compare.load_runs(run_dirs)
-    return compare.group_runs(loaded), skipped
+    run_dirs, _ = grouping.find_run_dirs(paths)
+    loaded, skipped = grouping.load_runs(run_dirs)
+    return grouping.group_runs(loaded), skipped
 
 
-def config_run(directory: str, *overrides: str) -> compare.Run:
+def config_run(directory: str, *overrides: str) -> grouping.Run:
     """A run (without records) whose settings are a config's as a run directory
     holds it: every field present, the overrides set as they are (a run made
     before unread fields were refused may hold another task's field set)."""
     settings = jobs.flatten_config(to_dict(load_config(None)))
     settings.update(parse_override(text) for text in overrides)
-    return compare.Run(Path(directory), settings, [], {}, "completed")
+    return grouping.Run(Path(directory), settings, [], {}, "completed")
 
 
-def fake_run(directory: str, **changes) -> compare.Run:
+def fake_run(directory: str, **changes) -> grouping.Run:
     settings = {"name": None, "seed": 0, "runs_dir": "runs", "model.d_k": 32, "model.scale": "sqrt",
                 "optim.lr": 0.5, "task.name": "retrieval"}
     settings.update({key.replace("__", "."): value for key, value in changes.items()})
-    return compare.Run(Path(directory), settings, [], {}, "completed")
+    return grouping.Run(Path(directory), settings, [], {}, "completed")
 
 
 # ---------------------------------------------------------------------------
@@ -79,23 +79,23 @@ def test_only_seed_and_bookkeeping_keys_are_ignored_when_grouping():
     same = [fake_run("a", seed=0, name="a", runs_dir="x", logging__plots=False),
             fake_run("b", seed=1, name="b", runs_dir="y", logging__plots=True)]
     other = fake_run("c", optim__lr=0.1)
-    groups = compare.group_runs(same + [other])
+    groups = grouping.group_runs(same + [other])
     assert [(g.label, [r.path.name for r in g.runs]) for g in groups] == [("lr=0.1", ["c"]), ("lr=0.5", ["a", "b"])]
 
 
 def test_labels_name_the_differing_keys_in_config_order_and_sort_by_value():
     grid = [fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
             for d_k in (256, 64) for scale in ("sqrt", "none")]
-    assert [g.label for g in compare.group_runs(grid)] == [
+    assert [g.label for g in grouping.group_runs(grid)] == [
         "d_k=64, scale=none", "d_k=64, scale=sqrt", "d_k=256, scale=none", "d_k=256, scale=sqrt"]
-    assert [g.label for g in compare.group_runs([fake_run("a"), fake_run("b", seed=3)])] == [
+    assert [g.label for g in grouping.group_runs([fake_run("a"), fake_run("b", seed=3)])] == [
         "task.name=retrieval, scale=sqrt, d_k=32"]  # one group: what it is; `name` alone would be ambiguous
 
 
 def test_two_differing_keys_are_drawn_as_colour_and_dash():
-    groups = compare.group_runs([fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
+    groups = grouping.group_runs([fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
                                  for d_k in (16, 64, 256) for scale in ("sqrt", "none")])
-    styles = compare.group_styles(groups)
+    styles = compare_figure.group_styles(groups)
     colour = {g.settings["model.d_k"]: set() for g in groups}
     dash = {g.settings["model.scale"]: set() for g in groups}
     for group, style in zip(groups, styles):
@@ -106,11 +106,11 @@ def test_two_differing_keys_are_drawn_as_colour_and_dash():
 
 
 def test_short_names_are_the_shortest_unambiguous_suffix():
-    assert compare.short_names(["model.d_k", "model.scale"]) == {"model.d_k": "d_k", "model.scale": "scale"}
-    assert compare.short_names(["model.lr", "optim.lr", "optim.eps"]) == {
+    assert grouping.short_names(["model.d_k", "model.scale"]) == {"model.d_k": "d_k", "model.scale": "scale"}
+    assert grouping.short_names(["model.lr", "optim.lr", "optim.eps"]) == {
         "model.lr": "model.lr", "optim.lr": "optim.lr", "optim.eps": "eps"}
-    assert compare.short_names(["a.b.c", "d.b.c"]) == {"a.b.c": "a.b.c", "d.b.c": "d.b.c"}
-    assert compare.short_names(["task.name"], among=["name", "task.name"]) == {"task.name": "task.name"}
+    assert grouping.short_names(["a.b.c", "d.b.c"]) == {"a.b.c": "a.b.c", "d.b.c": "d.b.c"}
+    assert grouping.short_names(["task.name"], among=["name", "task.name"]) == {"task.name": "task.name"}
 
 
 def test_task_fields_the_task_does_not_read_neither_group_nor_label():
@@ -119,7 +119,7 @@ def test_task_fields_the_task_does_not_read_neither_group_nor_label():
               for task in ("retrieval", "copy") for scale in ("sqrt", "none") for seed in (0, 1)]
     loaded.append(config_run("retrieval-odd-length", "task.name=retrieval", "model.scale=sqrt", "task.n_pairs=6",
                              "task.length=5", "task.mode=shift", "seed=2"))  # copy's fields: no new setting
-    groups = compare.group_runs(loaded)
+    groups = grouping.group_runs(loaded)
     assert [(g.label, len(g.runs)) for g in groups] == [
         ("scale=none, task.name=copy", 2), ("scale=none, task.name=retrieval", 2),
         ("scale=sqrt, task.name=copy", 2), ("scale=sqrt, task.name=retrieval", 3)]
@@ -128,8 +128,8 @@ def test_task_fields_the_task_does_not_read_neither_group_nor_label():
                                               for s in ("none", "sqrt") for t in ("copy", "retrieval")]
     modes = [config_run(f"copy-{mode}-{shift}", "task.name=copy", f"task.mode={mode}", f"task.shift={shift}")
              for mode, shift in (("reverse", 1), ("reverse", 2), ("shift", 1), ("shift", 3))]
-    assert [g.label for g in compare.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1", "mode=shift, shift=3"]
-    listing_keys = compare.varying_keys([run.settings for run in loaded])
+    assert [g.label for g in grouping.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1", "mode=shift, shift=3"]
+    listing_keys = grouping.varying_keys([run.settings for run in loaded])
     assert "task.length" not in listing_keys and "task.n_pairs" not in listing_keys  # each read by one task only
 
 
@@ -139,9 +139,9 @@ def test_unused_task_keys_are_exactly_those_the_task_ignores(task):
     read by one task only changes them."""
     base = task.split()
     settings = config_run("base", *base).settings
-    unused = compare.unused_task_keys(settings)
+    unused = grouping.unused_task_keys(settings)
     choices = {f"task.{f.name}": f.metadata["choices"] for f in dataclasses.fields(TaskConfig)}
-    only_some = set(compare.TASK_ONLY_KEYS) | set(compare.MODE_ONLY_KEYS)
+    only_some = set(grouping.TASK_ONLY_KEYS) | set(grouping.MODE_ONLY_KEYS)
     assert only_some - unused and only_some & unused
 
     def batch(*overrides):
@@ -159,7 +159,7 @@ def test_unused_task_keys_are_exactly_those_the_task_ignores(task):
 
 
 def test_values_are_written_as_yaml_would():
-    shown = [compare.format_value(v) for v in (None, True, 1e-3, 0.5, 256, "none", {"W_q": 0.1})]
+    shown = [grouping.format_value(v) for v in (None, True, 1e-3, 0.5, 256, "none", {"W_q": 0.1})]
     assert shown == ["null", "true", "0.001", "0.5", "256", "none", "{W_q: 0.1}"]
 
 
@@ -168,13 +168,13 @@ def test_values_are_written_as_yaml_would():
 # ---------------------------------------------------------------------------
 def test_band_statistics_match_numpy_on_the_union_of_steps():
     rng = np.random.default_rng(7)
-    curves = [(np.arange(0, 35, 5), rng.random(7)),
-              (np.arange(0, 20, 5), rng.random(4)),  # stopped early
-              (np.array([0, 2, 5, 30]), np.array([0.3, np.nan, 0.1, 0.9]))]  # off-grid steps, a NaN
-    band = compare.band_stats(curves)
-    union = sorted(set().union(*(s.tolist() for s, _ in curves)))
-    matrix = np.full((len(curves), len(union)), np.nan)
-    for row, (steps, values) in enumerate(curves):
+    run_curves = [(np.arange(0, 35, 5), rng.random(7)),
+                  (np.arange(0, 20, 5), rng.random(4)),  # stopped early
+                  (np.array([0, 2, 5, 30]), np.array([0.3, np.nan, 0.1, 0.9]))]  # off-grid steps, a NaN
+    band = curves.band_stats(run_curves)
+    union = sorted(set().union(*(s.tolist() for s, _ in run_curves)))
+    matrix = np.full((len(run_curves), len(union)), np.nan)
+    for row, (steps, values) in enumerate(run_curves):
         matrix[row, [union.index(s) for s in steps]] = values
     logged = ~np.isnan(matrix).all(axis=0)  # step 2 holds only a NaN: left out
     matrix = matrix[:, logged]
@@ -190,7 +190,7 @@ def test_band_statistics_match_numpy_on_the_union_of_steps():
 
 
 def test_drawn_band_stays_within_the_runs_values():
-    skewed = compare.band_stats([(np.array([0, 1]), np.array([1.0, 0.5])), (np.array([0, 1]), np.array([0.01, 0.4])),
+    skewed = curves.band_stats([(np.array([0, 1]), np.array([1.0, 0.5])), (np.array([0, 1]), np.array([0.01, 0.4])),
                                  (np.array([0, 1]), np.array([0.02, 0.45]))])
     lower, upper = skewed.edges()
     assert skewed.mean[0] - skewed.std[0] < 0 and lower[0] == 0.01  # clipped to the lowest run: a log axis can draw it
@@ -203,12 +203,12 @@ def test_group_curves_of_real_runs_are_the_seed_mean_and_std(root):
     for group in groups:
         steps = [r["step"] for r in group.runs[0].records]
         losses = np.array([[r["eval_loss"] for r in run.records] for run in group.runs])  # (seeds, steps)
-        xs, band = compare.group_curve(group, "eval_loss")
+        xs, band = curves.group_curve(group, "eval_loss")
         np.testing.assert_array_equal(xs, steps)
         np.testing.assert_allclose(band.mean, losses.mean(axis=0), rtol=1e-12)
         np.testing.assert_allclose(band.std, losses.std(axis=0, ddof=1), rtol=1e-12)
         clocks = np.array([[r["wall_time"] for r in run.records] for run in group.runs])
-        xs, _ = compare.group_curve(group, "eval_loss", x="wall_time")
+        xs, _ = curves.group_curve(group, "eval_loss", x="wall_time")
         np.testing.assert_allclose(xs, clocks.mean(axis=0), rtol=1e-12)
 
 
@@ -217,9 +217,9 @@ def test_smoothing_is_the_bias_corrected_moving_average():
     beta = 0.8
     direct = [sum(beta ** (t - i) * values[i] for i in range(t + 1)) / sum(beta ** (t - i) for i in range(t + 1))
               for t in range(len(values))]
-    np.testing.assert_allclose(compare.ema(values, beta), direct, rtol=1e-12)
-    np.testing.assert_allclose(compare.ema(np.full(10, 3.0), 0.95), 3.0, rtol=1e-12)  # no pull toward 0
-    np.testing.assert_array_equal(compare.ema(values, 0.0), values)
+    np.testing.assert_allclose(curves.ema(values, beta), direct, rtol=1e-12)
+    np.testing.assert_allclose(curves.ema(np.full(10, 3.0), 0.95), 3.0, rtol=1e-12)  # no pull toward 0
+    np.testing.assert_array_equal(curves.ema(values, 0.0), values)
 
 
 # ---------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def test_table_rows_are_computed_from_the_metrics(root):
 
 def test_final_figures_are_the_last_record_and_none_after_a_divergence():
     def final(*records):
-        return compare.final_figures(compare.Run(Path("r"), {}, list(records), {}, "completed"))
+        return grouping.final_figures(grouping.Run(Path("r"), {}, list(records), {}, "completed"))
 
     finite = {"step": 10, "eval_loss": 0.25, "eval_accuracy": 0.875}
     assert final({"step": 0, "eval_loss": 2.0, "eval_accuracy": 0.0}, finite) == (0.25, 0.875)
@@ -323,7 +323,7 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
     counted = {row.label: row for row in compare.table_rows(result.groups, 0.99, include_unfinished=True)}
     final_loss = counted["scale=none"].stats["final_eval_loss"]
     assert (final_loss.n, final_loss.total, counted["scale=none"].left_out) == (1, 2, 0)
-    _, band = compare.group_curve(by_label["scale=sqrt"], "eval_loss")
+    _, band = curves.group_curve(by_label["scale=sqrt"], "eval_loss")
     assert band.count.tolist() == [2, 2, 1, 1, 1]  # the running seed has logged two steps
     assert np.isnan(band.std[2:]).all()
     assert "skipped" not in result.table  # printed by the CLI on stderr; the file keeps them:
@@ -331,9 +331,9 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
 
 
 def test_axes_ignore_non_finite_values_and_mark_where_a_run_diverged(zoo):
-    loaded, _ = compare.load_runs([zoo / "diverged", zoo / "stale", zoo / "torn", zoo / "running"])
-    fig = compare.draw_comparison(compare.group_runs(loaded), ["eval_loss", "eval_accuracy"],
-                                  references=compare.shared_references(loaded), threshold=0.99)
+    loaded, _ = grouping.load_runs([zoo / "diverged", zoo / "stale", zoo / "torn", zoo / "running"])
+    fig = compare_figure.draw_comparison(grouping.group_runs(loaded), ["eval_loss", "eval_accuracy"],
+                                  references=compare_figure.shared_references(loaded), threshold=0.99)
     loss_ax, acc_ax = fig.axes
     low, high = loss_ax.get_ylim()
     finite_losses = [r["eval_loss"] for run in loaded for r in run.records if r["eval_loss"] is not None]
@@ -344,8 +344,8 @@ def test_axes_ignore_non_finite_values_and_mark_where_a_run_diverged(zoo):
     assert len(marks) == 1 and marks[0].get_xdata().tolist() == [last_finite["step"]]
     assert marks[0].get_ydata().tolist() == [last_finite["eval_loss"]]
     drawn = {line.get_label() for line in loss_ax.get_lines()}
-    groups = compare.group_runs(loaded)
-    at_the_end = [int(compare.group_curve(group, "eval_loss")[1].count[-1]) for group in groups]
+    groups = grouping.group_runs(loaded)
+    at_the_end = [int(curves.group_curve(group, "eval_loss")[1].count[-1]) for group in groups]
     assert at_the_end == [1, 1]  # a seed of each stopped early: the legend says how many make the last point
     assert {f"{g.label}  (n=1 of 2 at the last step)" for g in groups} <= drawn
     assert any(d.startswith("no retrieval") for d in drawn)
@@ -353,13 +353,13 @@ def test_axes_ignore_non_finite_values_and_mark_where_a_run_diverged(zoo):
 
 def test_automatic_y_scale_is_log_for_losses_and_for_positive_values_spanning_decades():
     def band(*values):
-        return compare.band_stats([(np.arange(len(values)), np.array(values, dtype=float))])
+        return curves.band_stats([(np.arange(len(values)), np.array(values, dtype=float))])
 
-    assert compare.log_scale("eval_loss", [band(0.5, 0.4)])
-    assert compare.log_scale("score_std", [band(1.0, 3.0), band(2.0, 1e30)])
-    assert not compare.log_scale("score_std", [band(1.0, 3.0), band(2.0, 900.0)])
-    assert not compare.log_scale("eval_accuracy", [band(0.0, 0.5, 1.0)])
-    assert not compare.log_scale("eval_loss", [band(0.5)], yscale="linear")
+    assert compare_figure.log_scale("eval_loss", [band(0.5, 0.4)])
+    assert compare_figure.log_scale("score_std", [band(1.0, 3.0), band(2.0, 1e30)])
+    assert not compare_figure.log_scale("score_std", [band(1.0, 3.0), band(2.0, 900.0)])
+    assert not compare_figure.log_scale("eval_accuracy", [band(0.0, 0.5, 1.0)])
+    assert not compare_figure.log_scale("eval_loss", [band(0.5)], yscale="linear")
 
 
 # ---------------------------------------------------------------------------
@@ -385,9 +385,9 @@ def test_compare_writes_figures_and_tables_into_the_experiment(root, monkeypatch
         ("scale=none", "none", "2", "0 1"), ("scale=sqrt", "sqrt", "2", "0 1")]
     for row, group_row in zip(rows, result.rows):
         assert float(row["final_eval_loss_mean"]) == pytest.approx(group_row.stats["final_eval_loss"].mean)
-    run_dirs, not_runs = compare.find_run_dirs([root / "exp" / "*"])
-    assert (run_dirs, not_runs) == (compare.find_run_dirs([root / "exp"])[0], [compare.Skipped(
-        root / "exp" / "compare", compare.NOT_A_RUN)])  # compare/ is no run
+    run_dirs, not_runs = grouping.find_run_dirs([root / "exp" / "*"])
+    assert (run_dirs, not_runs) == (grouping.find_run_dirs([root / "exp"])[0], [grouping.Skipped(
+        root / "exp" / "compare", grouping.NOT_A_RUN)])  # compare/ is no run
 
 
 @pytest.fixture
@@ -408,13 +408,13 @@ def test_files_a_glob_matches_beside_the_runs_are_skipped(finished, tmp_path, ca
     for argv in ([str(finished / "*")], shell_expanded):
         assert cli.main(["compare", *argv, "--out", str(tmp_path / "out")]) == 0
         captured = capsys.readouterr()
-        assert {line for line in captured.err.splitlines()} == {f"skipped {p}: {compare.NOT_A_RUN}" for p in not_runs}
+        assert {line for line in captured.err.splitlines()} == {f"skipped {p}: {grouping.NOT_A_RUN}" for p in not_runs}
         assert any(line.startswith("| scale=none | 2 | completed 2 |") for line in captured.out.splitlines())
         assert "skipped" not in (tmp_path / "out" / "table.md").read_text()  # it lists the runs not plotted
     assert cli.main(["compare", str(finished / "report*"), str(finished / "compare")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "no run directories found" in err
-    assert f"{compare.NOT_A_RUN}: {finished / 'report.csv'}, {finished / 'report.md'}, {finished / 'compare'}" in err
+    assert f"{grouping.NOT_A_RUN}: {finished / 'report.csv'}, {finished / 'report.md'}, {finished / 'compare'}" in err
 
 
 def test_default_output_directory_follows_the_runs_not_the_working_directory(finished, tmp_path, monkeypatch):
@@ -468,7 +468,7 @@ def test_bad_input_is_one_error_line_and_exit_2(root, tmp_path, capsys, args, me
 
 
 def test_ages_read_like_ls():
-    assert [compare.format_age(s) for s in (42, 12 * 60, 5 * 3600, 3 * 86400, None)] == ["42s", "12m", "5h", "3d", "—"]
+    assert [listing.format_age(s) for s in (42, 12 * 60, 5 * 3600, 3 * 86400, None)] == ["42s", "12m", "5h", "3d", "—"]
 
 
 def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys):

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from attn import cli, compare, runs
+from attn import cli, compare, compare_figure, curves, grouping, runs
 from attn.config import load_config, to_dict
+from attn.yamlio import ConfigError
 
 
 def make_run(directory: Path, *overrides: str, steps: int = 20, status: str = "completed", level: float = 1.0,
@@ -38,8 +39,8 @@ def call(capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def loaded(path: Path) -> list[compare.Run]:
-    return compare.load_runs(compare.find_run_dirs([path])[0])[0]
+def loaded(path: Path) -> list[grouping.Run]:
+    return grouping.load_runs(grouping.find_run_dirs([path])[0])[0]
 
 
 def rows_by_group(out_dir: Path) -> dict[str, dict]:
@@ -74,8 +75,8 @@ def test_a_seed_made_twice_in_a_group_is_named_in_one_warning_line(tmp_path, cap
     assert code == 0 and warnings == [
         f"warning: group lr=0.5: seed 0 is there 2 times with the same settings: {twice[0]}, {twice[1]} "
         "(each is averaged as a run of its own)"]
-    pooled = compare.group_runs(loaded(tmp_path / "exp"), by=["task.name"])
-    assert ["warning: " + line for line in compare.duplicate_seeds(pooled)] == [  # pooled: only the true twins
+    pooled = grouping.group_runs(loaded(tmp_path / "exp"), by=["task.name"])
+    assert ["warning: " + line for line in grouping.duplicate_seeds(pooled)] == [  # pooled: only the true twins
         warnings[0].replace("group lr=0.5", "group task.name=retrieval")]
 
 
@@ -89,8 +90,8 @@ def test_where_keeps_the_runs_with_that_value_typed_as_an_override(tmp_path, cap
     assert code == 0
     (row,) = rows_by_group(tmp_path / "out").values()
     assert (row["n_runs"], row["seeds"]) == ("2", "0 1")
-    only_copy_reads_it = compare.parse_where(["task.length=8"])
-    assert [run.path.name for run in loaded(tmp_path / "exp") if compare.matches(run, only_copy_reads_it)] == ["copy"]
+    only_copy_reads_it = grouping.parse_where(["task.length=8"])
+    assert [run.path.name for run in loaded(tmp_path / "exp") if grouping.matches(run, only_copy_reads_it)] == ["copy"]
     for where, message in (("optim.lr=0.2", "--where optim.lr=0.2: no run matches; among the runs, optim.lr is 0.1, 0.3"),
                            ("optim.lrr=0.1", "unknown key `optim.lrr`; did you mean `optim.lr`?"),
                            ("model.d_k=wide", "model.d_k: got 'wide'; expected an integer")):
@@ -103,13 +104,13 @@ def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path):
         for lr in (0.1, 0.3):
             make_run(tmp_path / "exp" / f"{scale}-{lr}", f"model.scale={scale}", f"optim.lr={lr}")
     made = loaded(tmp_path / "exp")
-    groups = compare.group_runs(made, by=["model.scale"])
+    groups = grouping.group_runs(made, by=["model.scale"])
     assert [(g.label, sorted(r.path.name for r in g.runs)) for g in groups] == [
         ("scale=none", ["none-0.1", "none-0.3"]), ("scale=sqrt", ["sqrt-0.1", "sqrt-0.3"])]
     title = compare.comparison_title([r.path for r in made], made, groups, [], ["model.scale"], None)
     assert title == ("exp: 4 runs in 2 groups; grouped by scale only: seeds and every other setting pooled; "
                      "line: mean over a group's runs, band: ± std")
-    with pytest.raises(compare.ConfigError, match="--group-by: got 'model.scal'; .*did you mean `model.scale`"):
+    with pytest.raises(ConfigError, match="--group-by: got 'model.scal'; .*did you mean `model.scale`"):
         compare.compare([tmp_path / "exp"], group_by=["model.scal"])
 
 
@@ -117,10 +118,10 @@ def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labe
     for d_k in (16, 64):
         for scale in ("sqrt", "none"):
             make_run(tmp_path / "exp" / f"{d_k}-{scale}", f"model.d_k={d_k}", f"model.scale={scale}")
-    groups = compare.group_runs(loaded(tmp_path / "exp"), facet="model.d_k")
+    groups = grouping.group_runs(loaded(tmp_path / "exp"), facet="model.d_k")
     assert [(g.label, g.facet) for g in groups] == [
         ("scale=none", "d_k=16"), ("scale=sqrt", "d_k=16"), ("scale=none", "d_k=64"), ("scale=sqrt", "d_k=64")]
-    fig = compare.draw_comparison(groups, ["eval_loss", "eval_accuracy"], facet="model.d_k")
+    fig = compare_figure.draw_comparison(groups, ["eval_loss", "eval_accuracy"], facet="model.d_k")
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == [f"{metric}  —  d_k={d_k}" for d_k in (16, 64) for metric in ("eval_loss", "eval_accuracy")]
     colours = {}
@@ -136,24 +137,24 @@ def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labe
 def test_xlim_fixes_every_panel_and_the_legend_counts_the_runs_at_its_last_step(tmp_path):
     make_run(tmp_path / "exp" / "short", "seed=0", steps=10)
     make_run(tmp_path / "exp" / "long", "seed=1", steps=100, loss=lambda s: 1 / (1 + s) if s <= 10 else 1e6)
-    groups = compare.group_runs(loaded(tmp_path / "exp"))
-    whole = compare.draw_comparison(groups, ["eval_loss"])
+    groups = grouping.group_runs(loaded(tmp_path / "exp"))
+    whole = compare_figure.draw_comparison(groups, ["eval_loss"])
     assert any("(n=1 of 2 at the last step)" in text.get_text() for text in whole.legends[0].get_texts())
-    cut = compare.draw_comparison(groups, ["eval_loss"], xlim=(0, 10))
+    cut = compare_figure.draw_comparison(groups, ["eval_loss"], xlim=(0, 10))
     (ax,) = cut.axes
     assert ax.get_xlim() == (0, 10)
     assert any("(n=2)" in text.get_text() for text in cut.legends[0].get_texts())  # both runs reach step 10
-    _, band = compare.group_curve(groups[0], "eval_loss")
+    _, band = curves.group_curve(groups[0], "eval_loss")
     assert ax.get_ylim()[1] < 10 * band.high[band.steps <= 10].max() < band.high.max()  # the y range follows the cut
 
 
 def test_a_long_legend_stays_on_the_figure_below_the_panels(tmp_path):
-    groups = [compare.Group(f"lr_mult={{W_q: {w}, W_k: {w}, W_v: {w}, W_o: {w}}}, qk_lr_exponent=-0.5, scale=none",
-                            {"optim.lr": w}, [compare.Run(Path(f"r{w}"), {"seed": 0}, [
+    groups = [grouping.Group(f"lr_mult={{W_q: {w}, W_k: {w}, W_v: {w}, W_o: {w}}}, qk_lr_exponent=-0.5, scale=none",
+                            {"optim.lr": w}, [grouping.Run(Path(f"r{w}"), {"seed": 0}, [
                                 {"step": s, "eval_loss": w / (1 + s), "eval_accuracy": 0.5} for s in range(5)],
                                 {}, "completed")]) for w in np.linspace(0.1, 2.4, 24)]
     for metrics in (["eval_loss"], ["eval_loss", "eval_accuracy"]):
-        fig = compare.draw_comparison(groups, metrics)
+        fig = compare_figure.draw_comparison(groups, metrics)
         FigureCanvasAgg(fig).draw()
         renderer = fig.canvas.get_renderer()
         (legend,) = fig.legends
@@ -164,7 +165,7 @@ def test_a_long_legend_stays_on_the_figure_below_the_panels(tmp_path):
 
 
 def test_the_legend_wraps_a_label_longer_than_the_figure():
-    texts, columns, lines = compare.legend_layout(["x" * 400, "short"], width=5.6)
-    assert columns == 1 and all(max(map(len, t.split("\n"))) * compare.CHAR_INCHES + compare.HANDLE_INCHES <= 5.6
+    texts, columns, lines = compare_figure.legend_layout(["x" * 400, "short"], width=5.6)
+    assert columns == 1 and all(max(map(len, t.split("\n"))) * compare_figure.CHAR_INCHES + compare_figure.HANDLE_INCHES <= 5.6
                                 for t in texts)
     assert lines == math.ceil(400 / max(map(len, texts[0].split("\n")))) + 1

@@ -1,11 +1,11 @@
 """What the board shows: the runs and experiments under the served PATHs, as
 JSON-ready dicts, each run re-read only when one of its files changes.
 
-Runs are found and read by attn.compare (find_run_dirs, load_runs), as
-`attn compare` reads them; groups are compare.group_runs's (the seeds of one
+Runs are found and read by attn.grouping (find_run_dirs, load_runs), as
+`attn compare` reads them; groups are grouping.group_runs's (the seeds of one
 setting); the table's setting columns are the keys that differ between the
-runs (compare.varying_keys, bookkeeping keys left out, seed last), named by
-compare.short_names; its figures are compare.run_figures's, plus the best
+runs (grouping.varying_keys, bookkeeping keys left out, seed last), named by
+grouping.short_names; its figures are grouping.run_figures's, plus the best
 eval accuracy. A run's status is re-derived at every look
 (locks.effective_status), so a `running` run whose process died turns
 `stale` without any file changing.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from attn import compare, locks, plots, runs
+from attn import compare_figure, grouping, locks, plots, runs
 
 THRESHOLD = 0.99  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
@@ -56,8 +56,8 @@ class _Read:
     """One run directory as last read, and the signature of its files then."""
 
     signature: tuple
-    run: compare.Run | None  # None: unreadable (skipped)
-    skipped: compare.Skipped | None
+    run: grouping.Run | None  # None: unreadable (skipped)
+    skipped: grouping.Skipped | None
     figures: dict  # the table's figures (run_figures)
     logged: frozenset  # metric keys of its records
 
@@ -80,9 +80,9 @@ def _signature(run_dir: Path) -> tuple:
     return tuple(signature)
 
 
-def table_figures(run: compare.Run) -> dict:
+def table_figures(run: grouping.Run) -> dict:
     """Final and best eval loss and accuracy, steps to THRESHOLD accuracy (None where the run has none)."""
-    figures = compare.run_figures(run, THRESHOLD)
+    figures = grouping.run_figures(run, THRESHOLD)
     _, accuracies = plots.series(run.records, "eval_accuracy")
     return {"final_eval_loss": figures["final_eval_loss"], "best_eval_loss": figures["best_eval_loss"],
             "final_eval_accuracy": figures["final_eval_accuracy"],
@@ -90,24 +90,24 @@ def table_figures(run: compare.Run) -> dict:
             "steps_to_99": figures["steps_to_threshold"]}
 
 
-def table_keys(loaded: list[compare.Run]) -> list[str]:
+def table_keys(loaded: list[grouping.Run]) -> list[str]:
     """The settings that differ between the runs, bookkeeping keys left out, seed last (as `attn runs`)."""
-    settings = [{k: v for k, v in run.settings.items() if k not in compare.BOOKKEEPING_KEYS} for run in loaded]
-    return sorted(compare.varying_keys(settings), key=lambda k: k == "seed")
+    settings = [{k: v for k, v in run.settings.items() if k not in grouping.BOOKKEEPING_KEYS} for run in loaded]
+    return sorted(grouping.varying_keys(settings), key=lambda k: k == "seed")
 
 
-def group_id(group: compare.Group) -> str:
+def group_id(group: grouping.Group) -> str:
     """A group's id, stable while runs come and go: a digest of its shared settings."""
-    return "g" + hashlib.sha1(compare.canonical(group.settings).encode()).hexdigest()[:12]
+    return "g" + hashlib.sha1(grouping.canonical(group.settings).encode()).hexdigest()[:12]
 
 
 class Board:
     """The runs and experiments under some PATHs. Safe to use from several threads."""
 
     def __init__(self, paths):
-        expanded = compare.expand_paths(paths)  # RunError for a PATH that is neither there nor a matching glob
+        expanded = grouping.expand_paths(paths)  # RunError for a PATH that is neither there nor a matching glob
         self.roots = [p for p in expanded if p.is_dir()]
-        self._not_dirs = [compare.Skipped(p, compare.NOT_A_RUN) for p in expanded if not p.is_dir()]
+        self._not_dirs = [grouping.Skipped(p, grouping.NOT_A_RUN) for p in expanded if not p.is_dir()]
         if not self.roots:
             raise runs.RunError(f"{', '.join(map(str, paths))}: no directory to show; expected run directories, "
                                 "directories of runs (e.g. runs), or globs of them")
@@ -136,20 +136,20 @@ class Board:
             names = sorted((p.name for p in directory.iterdir()  # as find_run_dirs, symbolic links are not followed
                             if p.suffix == FIGURE_SUFFIX and not p.name.startswith(".") and not p.is_symlink()
                             and p.is_file()),
-                           key=compare.natural_key)
+                           key=grouping.natural_key)
         except OSError:
             return []
         return [{"name": name, "url": self._url(directory_id, name)} for name in names]
 
     # ----------------------------------------------------------------- reading
-    def _scan(self) -> tuple[list[tuple[int, Path]], list[compare.Skipped]]:
+    def _scan(self) -> tuple[list[tuple[int, Path]], list[grouping.Skipped]]:
         """(root index, run directory) of every run under the roots, each once; the roots holding none."""
         found, seen, notes = [], set(), list(self._not_dirs)
         for index, root in enumerate(self.roots):
             try:
-                run_dirs, _ = compare.find_run_dirs([root])
+                run_dirs, _ = grouping.find_run_dirs([root])
             except runs.RunError as err:  # no run below it (yet): the page says so and shows them when they come
-                notes.append(compare.Skipped(root, str(err).removeprefix(f"{root}: ")))
+                notes.append(grouping.Skipped(root, str(err).removeprefix(f"{root}: ")))
                 continue
             for run_dir in run_dirs:
                 if run_dir.resolve() not in seen:
@@ -165,7 +165,7 @@ class Board:
         signature = _signature(run_dir)
         read = self._reads.get(run_dir)
         if read is None or read.signature != signature:
-            loaded, skipped = compare.load_runs([run_dir])
+            loaded, skipped = grouping.load_runs([run_dir])
             if skipped:
                 read = _Read(signature, None, skipped[0], {}, frozenset())
             else:
@@ -198,12 +198,12 @@ class Board:
         all_runs = [read.run for _, read in loaded]
         run_ids = {id(read.run): self._id(index, read.run.path) for index, read in loaded}
         keys = table_keys(all_runs)
-        names = compare.short_names(keys, among=[k for run in all_runs for k in run.settings])
-        groups = compare.group_runs(all_runs)
+        names = grouping.short_names(keys, among=[k for run in all_runs for k in run.settings])
+        groups = grouping.group_runs(all_runs)
         group_of = {id(run): group_id(group) for group in groups for run in group.runs}
         logged = set().union(*(read.logged for _, read in loaded))
-        metrics = [m for m in compare.DEFAULT_METRICS if m in logged]
-        metrics += sorted(logged - set(metrics), key=compare.natural_key)
+        metrics = [m for m in compare_figure.DEFAULT_METRICS if m in logged]
+        metrics += sorted(logged - set(metrics), key=grouping.natural_key)
         experiments: dict[Path, dict | None] = {}
         entries = []
         for index, read in loaded:
@@ -211,7 +211,7 @@ class Board:
             experiment = self._experiment(index, run.path, experiments)
             if experiment is not None:
                 experiment["runs"].append(run_id)
-            used = compare.used_settings(run.settings, list(run.settings))
+            used = grouping.used_settings(run.settings, list(run.settings))
             last = run.records[-1] if run.records else {}
             entries.append({
                 "id": run_id, "name": self._name(index, run.path), "path": str(run.path),
@@ -220,7 +220,7 @@ class Board:
                 "step": last.get("step"), "steps": run.settings.get("train.steps"),
                 "n_records": len(run.records), "updated_at": run.summary.get("updated_at"),
                 "reason": run.summary.get("reason"),
-                "settings": {k: compare.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
+                "settings": {k: grouping.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
                 **read.figures,
                 "figures": self._figures(run_id, run.path),
@@ -228,7 +228,7 @@ class Board:
         return {
             "title": self.title,
             "threshold": THRESHOLD,
-            "wide_range": compare.WIDE_RANGE,
+            "wide_range": compare_figure.WIDE_RANGE,
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,
             "runs": entries,

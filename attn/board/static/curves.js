@@ -1,17 +1,17 @@
-// Curves as attn.compare computes them, for the page to draw with any smoothing
+// Curves as attn.curves computes them, for the page to draw with any smoothing
 // and x axis without asking the server (the static export has none):
 //
 //   series(records, key)        plots.series: (steps, values), non-finite values left out
-//   ema(values, beta)           compare.ema: m_t = β m_{t-1} + (1 - β) y_t,  ŷ_t = m_t / (1 - β^t)
-//   bandStats(curves)           compare.band_stats: at each step of the union of the runs' steps,
+//   ema(values, beta)           curves.ema: m_t = β m_{t-1} + (1 - β) y_t,  ŷ_t = m_t / (1 - β^t)
+//   bandStats(curves)           curves.band_stats: at each step of the union of the runs' steps,
 //                               over the n runs with a finite value there, mean = Σx/n and
 //                               std = sqrt(Σ(x - mean)² / (n - 1)) (NaN for n = 1), low, high
-//   groupCurve(runs, ...)       compare.group_curve: x = the step, or the mean wall time of
+//   groupCurve(runs, ...)       curves.group_curve: x = the step, or the mean wall time of
 //                               the runs that logged that step
 //   edges(band)                 Band.edges: mean ± std clipped to [low, high]
-//   logScale(metric, ...)       compare.log_scale with yscale auto
+//   logScale(metric, ...)       compare_figure.log_scale with yscale auto
 //
-// tests/test_board.py holds groupCurve to compare.group_curve on the same runs.
+// tests/test_board.py holds groupCurve to curves.group_curve on the same runs.
 "use strict";
 (function (board) {
   function isFiniteNumber(value) {
