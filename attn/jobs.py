@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import allocator, locks, loop, runs, train
+from attn import allocator, arrayfiles, locks, loop, runs, train
 from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
 from attn.loop import StopFlag
 from attn.yamlio import ConfigError, show_value
@@ -256,7 +256,7 @@ def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
     logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
     if (run_dir / "attention.npz").exists():
-        runs.load_arrays(run_dir / "attention.npz")
+        arrayfiles.load_arrays(run_dir / "attention.npz")
     state = train.prepare(config, run_dir, resume=train.checkpoint_file(run_dir).exists())
     # Each record is fsynced before the next checkpoint: every step logged before it must be there.
     lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
@@ -330,7 +330,7 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
 def _checkpoint_step(path: Path) -> int | None:
     """The step a checkpoint file holds (its metadata), None if that cannot be read."""
     try:
-        return int(json.loads(str(runs.load_arrays(path, runs.MAX_ARRAYS_BYTES, "checkpoint")["meta"]))["step"])
+        return int(json.loads(str(arrayfiles.load_arrays(path, arrayfiles.MAX_ARRAYS_BYTES, "checkpoint")["meta"]))["step"])
     except (runs.RunError, KeyError, TypeError, ValueError):
         return None
 
@@ -350,8 +350,8 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
                                ("mechanism.npz", lambda key: key.split("/")[0].isdigit()
                                 and int(key.split("/")[0]) < plan.step)):
             if (plan.source / snapshot).exists():
-                arrays = runs.load_arrays(plan.source / snapshot)
-                runs.save_arrays(run_dir / snapshot, {k: v for k, v in arrays.items() if kept(k)})
+                arrays = arrayfiles.load_arrays(plan.source / snapshot)
+                arrayfiles.save_arrays(run_dir / snapshot, {k: v for k, v in arrays.items() if kept(k)})
 
     origin = {"forked_from": {"run": str(plan.source.absolute()), "step": plan.step,
                               "checkpoint": str(plan.checkpoint.absolute()), "changes": plan.changes}}

@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn import mechanism, model, optim, runs
+from attn import arrayfiles, mechanism, model, optim, runs
 from attn.config import Config
 from attn.model import Batch
 from attn.stack import Stack, member_batch, stack_batches, stack_key
@@ -320,9 +320,9 @@ def _save_mechanism(member: Member, stack: Stack, k: int, step: int) -> None:
     rows = mechanism.row_statistics(stack.member_params(k), member.state.spec, member_batch(stack.eval_batch, k),
                                     stack.member_buffers(k))
     path = member.run_dir / "mechanism.npz"
-    arrays = runs.load_arrays(path) if step and path.exists() else {}
+    arrays = arrayfiles.load_arrays(path) if step and path.exists() else {}
     arrays.update({f"{step}/{name}": values for name, values in rows.items()})
-    runs.save_arrays(path, arrays)
+    arrayfiles.save_arrays(path, arrays)
 
 
 def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, records: list,
@@ -380,7 +380,7 @@ def _save_attention(member: Member, stack: Stack, k: int, when: str, n: int) -> 
     path = member.run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():
-        arrays = runs.load_arrays(path)
+        arrays = arrayfiles.load_arrays(path)
     arrays.update({f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
                    "target_key": shown.target_key, "target_mask": shown.target_mask})
-    runs.save_arrays(path, arrays)
+    arrayfiles.save_arrays(path, arrays)

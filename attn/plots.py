@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from attn import runs
+from attn import arrayfiles, runs
 
 REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrieval", "--", "0.55")}
 
@@ -58,7 +58,7 @@ def read_attention(path: Path) -> dict[str, np.ndarray]:
     """attention.npz, checked: snapshots `attn_init` and/or `attn_final` of n
     examples (n, T, T) in [0, 1], beside their `target_mask` (n, T) and
     `target_key` (n, T) integers; RunError naming what is wrong."""
-    data = runs.load_arrays(path)
+    data = arrayfiles.load_arrays(path)
     moments = [k for k in ("attn_init", "attn_final") if k in data]
     shape = data[moments[0]].shape if moments else ()
     problem = None

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attn import mechanism, outcomes, runs, stats
+from attn import arrayfiles, mechanism, outcomes, runs, stats
 from attn.grouping import Run, canonical, load_runs
 from attn.layers import score_scale
 from attn.yamlio import ConfigError
@@ -89,7 +89,7 @@ def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
     if not path.exists():
         return {}
     rows: dict[int, dict] = {}
-    for name, values in runs.load_arrays(path).items():
+    for name, values in arrayfiles.load_arrays(path).items():
         step, _, statistic = name.partition("/")
         rows.setdefault(int(step), {})[statistic] = values
     return rows

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import model, optim, runs
+from attn import arrayfiles, model, optim, runs
 from attn.config import Config
 from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
@@ -172,13 +172,13 @@ def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state
     carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),
                **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()}}
     kept = checkpoint_file(state.run_dir, state.step)
-    runs.save_checkpoint(kept, state.params if params is None else params, carried, meta)
+    arrayfiles.save_checkpoint(kept, state.params if params is None else params, carried, meta)
     runs.link_atomic(kept, checkpoint_file(state.run_dir))
 
 
 def _restore_checkpoint(state: RunState, path: Path) -> None:
     template = {**state.optimizer_state, **{BUFFER + k: v for k, v in state.buffers.items()}}
-    state.params, carried, meta = runs.load_checkpoint(path, model.param_shapes(state.spec), template,
+    state.params, carried, meta = arrayfiles.load_checkpoint(path, model.param_shapes(state.spec), template,
                                                        state.config.dtype)
     state.optimizer_state = {k: v for k, v in carried.items() if not k.startswith(BUFFER)}
     state.buffers = {k.removeprefix(BUFFER): v for k, v in carried.items() if k.startswith(BUFFER)}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, locks, runs, train
+from attn import arrayfiles, cli, jobs, locks, runs, train
 from attn.config import load_config
 from helpers import TINY, without_timing
 
@@ -41,7 +41,7 @@ def trained(runs_dir: Path, name: str, *overrides: str) -> Path:
 
 
 def checkpoint(path: Path) -> tuple[dict, dict]:
-    arrays = runs.load_arrays(path)
+    arrays = arrayfiles.load_arrays(path)
     meta = json.loads(str(arrays.pop("meta")))
     meta.pop("wall_time")
     return arrays, meta
@@ -60,7 +60,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert our_meta == their_meta
     assert_same_arrays(ours, theirs)
     for snapshot in ("attention.npz", "mechanism.npz"):
-        assert_same_arrays(runs.load_arrays(run_dir / snapshot), runs.load_arrays(reference / snapshot))
+        assert_same_arrays(arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot))
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
     assert (summary["status"], summary["step"], summary["steps"], summary["final"], summary["best"]) == \
         (expected["status"], expected["step"], expected["steps"], expected["final"], expected["best"])
@@ -184,8 +184,8 @@ def test_a_fork_takes_its_new_rate_from_its_step_on_and_keeps_the_records_before
     assert without_timing(ours[:2]) == without_timing(theirs[:2])  # steps 0 and 5: copied
     assert ours[2]["step"] == 10 and ours[2]["eval_loss"] == theirs[2]["eval_loss"]  # the same parameters at step 10
     assert ours[2]["lr"] == 0.05 and ours[-1]["eval_loss"] != theirs[-1]["eval_loss"]
-    attention = runs.load_arrays(tmp_path / "short-fork-10" / "attention.npz")
-    np.testing.assert_array_equal(attention["attn_init"], runs.load_arrays(short_run / "attention.npz")["attn_init"])
+    attention = arrayfiles.load_arrays(tmp_path / "short-fork-10" / "attention.npz")
+    np.testing.assert_array_equal(attention["attn_init"], arrayfiles.load_arrays(short_run / "attention.npz")["attn_init"])
 
 
 @pytest.mark.parametrize("target, overrides, fragments", [

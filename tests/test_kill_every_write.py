@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, jobs, runs
+from attn import arrayfiles, cli, jobs, runs
 from attn.config import load_config
 from helpers import TINY, without_timing
 
@@ -68,7 +68,7 @@ def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
 
 
 def checkpoint(run_dir: Path) -> tuple[dict, dict]:
-    arrays = runs.load_arrays(run_dir / "checkpoint.npz")
+    arrays = arrayfiles.load_arrays(run_dir / "checkpoint.npz")
     meta = json.loads(str(arrays.pop("meta")))
     meta.pop("wall_time")
     return arrays, meta
@@ -81,7 +81,7 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
     for key in ours:
         np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
     for snapshot in ("attention.npz", "mechanism.npz"):
-        ours, theirs = runs.load_arrays(run_dir / snapshot), runs.load_arrays(reference / snapshot)
+        ours, theirs = arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot)
         assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in ours)
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
     assert (summary["status"], summary["step"], summary["final"], summary["best"]) == \

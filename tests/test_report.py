@@ -24,7 +24,7 @@ import yaml
 from helpers import PNG_SIGNATURE
 
 from attn import experiment as experiments
-from attn import mechanism, outcomes, report_figures, runs, stats
+from attn import arrayfiles, mechanism, outcomes, report_figures, runs, stats
 from attn.compare import format_value
 from attn.config import load_config, replace, to_dict
 from attn.yamlio import ConfigError
@@ -200,7 +200,7 @@ def classes(tmp_path_factory):
     for seed, records in SQRT_SEEDS.items():
         cell = write_run(experiment, {"model.d_k": 64, "model.scale": "sqrt"}, seed, records)
         if seed in MECHANISM:
-            runs.save_arrays(experiment.directory / cell.name / "mechanism.npz",
+            arrayfiles.save_arrays(experiment.directory / cell.name / "mechanism.npz",
                              {f"{step}/{k}": v for step, rows in MECHANISM[seed].items() for k, v in rows.items()})
     return report_of(experiment)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, jobs, locks, loop, model, runs, train
+from attn import arrayfiles, cli, jobs, locks, loop, model, runs, train
 from attn.config import load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
@@ -165,7 +165,7 @@ def stopped_run(tmp_path_factory):
 
 
 def rewrite_checkpoint(path: Path, change) -> None:
-    arrays = runs.load_arrays(path)
+    arrays = arrayfiles.load_arrays(path)
     change(arrays)
     with open(path, "wb") as fh:
         np.savez(fh, **arrays)
@@ -282,7 +282,7 @@ def test_on_nonfinite_continue_skips_and_records_the_bad_updates(tmp_path):
     bad = [r for r in runs.read_metrics(run_dir) if "nonfinite" in r]
     assert summary["status"] == "completed" and summary["step"] == config.train.steps
     assert summary["nonfinite_steps"] == len(bad) > 0
-    params = {k: v for k, v in runs.load_arrays(run_dir / "checkpoint.npz").items() if k.startswith("param/")}
+    params = {k: v for k, v in arrayfiles.load_arrays(run_dir / "checkpoint.npz").items() if k.startswith("param/")}
     assert all(np.isfinite(p).all() for p in params.values())  # no non-finite update was applied
 
 
@@ -328,7 +328,7 @@ def signalled(tmp_path_factory):
         case["summary_after_stop"] = runs.read_summary(case["run_dir"])
         case["metrics_lines_after_stop"] = (case["run_dir"] / "metrics.jsonl").read_text().splitlines()
         case["files_after_stop"] = sorted(p.name for p in case["run_dir"].iterdir())
-        case["checkpoint_step"] = json.loads(str(runs.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
+        case["checkpoint_step"] = json.loads(str(arrayfiles.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
     with open(cases["SIGKILL"]["run_dir"] / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 999, "train_lo')  # and power failed mid-append
     resumes = {name: start_cli("train", "--resume", case["run_dir"], cwd=root) for name, case in cases.items()}
@@ -376,7 +376,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(signalled, name):
     summary, expected = runs.read_summary(resumed), runs.read_summary(reference)
     assert summary["resumed_from"] == case["checkpoint_step"]
     assert (summary["status"], summary["best"], summary["final"]) == ("completed", expected["best"], expected["final"])
-    ours, theirs = runs.load_arrays(resumed / "checkpoint.npz"), runs.load_arrays(reference / "checkpoint.npz")
+    ours, theirs = arrayfiles.load_arrays(resumed / "checkpoint.npz"), arrayfiles.load_arrays(reference / "checkpoint.npz")
     assert ours.keys() == theirs.keys()
     for key in ours:
         if key != "meta":
@@ -410,7 +410,7 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     assert summary["status"] == "interrupted"
     assert summary["reason"] == (f"stopped immediately during step {signalled_step}; "
                                  f"resume continues from step {last_checkpoint}")
-    checkpoint_meta = json.loads(str(runs.load_arrays(run_dir / "checkpoint.npz")["meta"]))
+    checkpoint_meta = json.loads(str(arrayfiles.load_arrays(run_dir / "checkpoint.npz")["meta"]))
     assert checkpoint_meta["step"] == last_checkpoint  # none written for the half-done step
     assert main_in_process(capsys, "train", "--resume", run_dir).code == cli.EXIT_OK
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))

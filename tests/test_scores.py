@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import gradcheck, loop, model, reference, runs, scores, train
+from attn import arrayfiles, gradcheck, loop, model, reference, runs, scores, train
 from attn.config import load_config
 from attn.yamlio import ConfigError
 from attn.model import Batch, ModelSpec
@@ -186,8 +186,8 @@ def test_a_mode_trains_stacked_and_resumes_each_member_exactly(tmp_path, mode):
         assert without_timing(records) == without_timing(runs.read_metrics(tmp_path / f"alone{i}"))
         own = model.score_param_shapes(mode, "vector", config.model.d_k)
         assert all(f"grad_norm/{name}" in records[0] for name in own)
-        saved = runs.load_arrays(tmp_path / f"stack{i}" / "checkpoint.npz")
-        alone = runs.load_arrays(tmp_path / f"alone{i}" / "checkpoint.npz")
+        saved = arrayfiles.load_arrays(tmp_path / f"stack{i}" / "checkpoint.npz")
+        alone = arrayfiles.load_arrays(tmp_path / f"alone{i}" / "checkpoint.npz")
         assert all(np.array_equal(saved[k], alone[k]) for k in saved if k != "meta")
         assert any(k.startswith("optim/buffer/") for k in saved) == (mode == "sigma_reparam")
 

@@ -12,7 +12,7 @@ is the float64 one at 1e-12.
 import numpy as np
 import pytest
 
-from attn import loop, runs, stack, train
+from attn import arrayfiles, loop, runs, stack, train
 from attn.config import load_config
 from helpers import SIZES, without_timing
 
@@ -46,7 +46,7 @@ def train_alone(tmp_path, c, tag: str):
 
 def assert_same_run(a, b):
     assert without_timing(runs.read_metrics(a)) == without_timing(runs.read_metrics(b))
-    ca, cb = runs.load_arrays(a / "checkpoint.npz"), runs.load_arrays(b / "checkpoint.npz")
+    ca, cb = arrayfiles.load_arrays(a / "checkpoint.npz"), arrayfiles.load_arrays(b / "checkpoint.npz")
     assert ca.keys() == cb.keys()
     for key in ca:
         if key != "meta":

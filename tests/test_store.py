@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli, jobs, locks, plots, runs, sweep, yamlio
+from attn import arrayfiles, cli, jobs, locks, plots, runs, sweep, yamlio
 from attn import experiment as experiments
 from attn.config import load_config
 from attn.yamlio import ConfigError, parse_yaml
@@ -292,8 +292,8 @@ def test_a_damaged_run_file_is_one_line_that_says_what_to_do_and_changes_nothing
 
 
 def test_a_damaged_attention_snapshot_is_named_with_what_is_wrong(run_copy):
-    arrays = runs.load_arrays(run_copy / "attention.npz")
-    runs.save_arrays(run_copy / "attention.npz", {**arrays, "attn_init": arrays["attn_init"][:, :, :-1]})
+    arrays = arrayfiles.load_arrays(run_copy / "attention.npz")
+    arrayfiles.save_arrays(run_copy / "attention.npz", {**arrays, "attn_init": arrays["attn_init"][:, :, :-1]})
     with pytest.raises(runs.RunError, match=r"attention.npz: attn_init has shape \[\d+, \d+, \d+\], expected"):
         plots.read_attention(run_copy / "attention.npz")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, locks, loop, model, runs, train
+from attn import arrayfiles, cli, jobs, locks, loop, model, runs, train
 from attn.config import load_config, to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
@@ -144,7 +144,7 @@ def test_summary_has_status_final_and_best_figures_and_speed(learned):
 def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     config = learned["config"]
     spec = train.build_spec(config, train.build_task(config))
-    arrays = runs.load_arrays(learned["run_dir"] / "checkpoint.npz")
+    arrays = arrayfiles.load_arrays(learned["run_dir"] / "checkpoint.npz")
     for name, shape in model.param_shapes(spec).items():
         assert arrays[f"param/{name}"].shape == shape
         assert arrays[f"param/{name}"].dtype == np.dtype(config.dtype)
@@ -157,7 +157,7 @@ def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes
     config, run_dir = learned["config"], learned["run_dir"]
     state = train.prepare(config, run_dir, resume=True)  # final params and the eval set; writes nothing
     n, T = config.logging.attention_examples, state.spec.n_positions
-    snapshots = runs.load_arrays(run_dir / "attention.npz")
+    snapshots = arrayfiles.load_arrays(run_dir / "attention.npz")
     for when in ("init", "final"):
         assert snapshots[f"attn_{when}"].shape == (n, T, T)
         np.testing.assert_allclose(snapshots[f"attn_{when}"].sum(axis=-1), 1, atol=1e-5)
