@@ -1,6 +1,6 @@
 """Where an experiment's cells are judged, and each expectation's verdict.
 
-Layout (experiment.ReportSpec): cells are placed along `x` and compared
+Layout (report_spec.ReportSpec): cells are placed along `x` and compared
 between `arm`s; with `best_of`, each (x, arm) is judged at the value of
 best_of that the declared `select` rule picks (attn.stats.select over
 attn.results.Cell.selection_figures), and also at the `shared` value when
@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 
 from attn import stats
-from attn.experiment import STATS, Experiment, Expectation
+from attn.experiment import Experiment
 from attn.grouping import format_value, short_names
+from attn.report_spec import STATS, Expectation
 from attn.results import Cell, sort_key
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"

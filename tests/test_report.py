@@ -24,7 +24,7 @@ import yaml
 from helpers import PNG_SIGNATURE
 
 from attn import experiment as experiments
-from attn import arrayfiles, mechanism, outcomes, report_figures, runs, stats
+from attn import arrayfiles, mechanism, outcomes, report_figures, report_spec, runs, stats
 from attn.compare import format_value
 from attn.config import load_config, replace, to_dict
 from attn.yamlio import ConfigError
@@ -302,9 +302,9 @@ def best_lr(report: Report) -> dict:
 
 
 def test_each_x_and_arm_is_judged_at_the_value_the_declared_rule_picks(selection):
-    assert selection.experiment.report.select == experiments.DEFAULT_SELECT
+    assert selection.experiment.report.select == report_spec.DEFAULT_SELECT
     assert best_lr(selection) == BY_DEFAULT_RULE
-    assert selection.data["layout"]["select"] == list(experiments.DEFAULT_SELECT)
+    assert selection.data["layout"]["select"] == list(report_spec.DEFAULT_SELECT)
     rows = markdown_rows(selection.md, "## Headline: each arm at its own best optim.lr")
     assert {(int(r["d_k"]), r["scale"]): float(r["lr"]) for r in rows} == BY_DEFAULT_RULE
 
@@ -585,12 +585,12 @@ GOOD_REPORT = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "e
 BAD_REPORTS = [  # (the changes to GOOD_REPORT, what the message says after the file's path)
     ({"select": ["max succes_rate"]},
      "report: select: got 'max succes_rate'; expected 'max <figure>' or 'min <figure>' with a figure of "
-     + ", ".join(experiments.SELECTION_FIGURES)),
+     + ", ".join(report_spec.SELECTION_FIGURES)),
     ({"shared": 0.2}, "report: shared: got 0.2; expected one of best_of's values (0.1, 1.0)"),
     ({"expect": [{**GOOD_EXPECTATION, "above": 0.5}]},
      "report: expect[0]: got 2 rules (better_than, above); expected exactly one of better_than, above, below"),
     ({"expect": [{**GOOD_EXPECTATION, "stat": "succes_rate"}]},
-     "report: expect[0]: stat: got 'succes_rate'; expected one of " + ", ".join(experiments.STATS)),
+     "report: expect[0]: stat: got 'succes_rate'; expected one of " + ", ".join(report_spec.STATS)),
     ({"arm": ["model.scale", "model.qk_gain"]},
      "report: expect[0]: arm: got {'model.scale': 'sqrt'}; expected a mapping giving each arm key "
      "(model.scale, model.qk_gain) one of its grid values"),
