@@ -333,7 +333,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths, sensitivities, at_lengths).encode())
+                                            summary_text, data["platform"], paths, sensitivities, at_lengths,
+                                            data["sensitivity_table"]).encode())
     return paths
 
 
@@ -392,7 +393,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths) -> str:
+             sensitivities, at_lengths, sensitivity_table) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -426,7 +427,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
         text += [f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}", "",
                  "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
                  "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
-                 "over seeds, bootstrap 95% interval.", "", markdown_table(sensitivity_rows(sensitivities, layout)), ""]
+                 "over seeds, bootstrap 95% interval.", "", sensitivity_table, ""]
     if at_lengths:
         text += ["## Longer contexts than trained on (median over seeds)", "",
                  f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.lengths: "
