@@ -20,8 +20,8 @@ import pytest
 
 from attn import cli, compare, compare_figure, curves, grouping, jobs, listing, locks, plots, runs
 from attn.config import TaskConfig, load_config, parse_override, to_dict
-from attn.yamlio import ConfigError
 from attn.train import build_task
+from attn.yamlio import ConfigError
 
 SCALES = ("sqrt", "none")
 SEEDS = (0, 1)

@@ -25,13 +25,13 @@ from helpers import PNG_SIGNATURE
 
 from attn import experiment as experiments
 from attn import arrayfiles, mechanism, outcomes, report_figures, report_spec, runs, stats
-from attn.compare import format_value
 from attn.config import load_config, replace, to_dict
-from attn.yamlio import ConfigError
+from attn.grouping import format_value
 from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.report import Layout, judged_cells, write_report
 from attn.results import BOOTSTRAP_SEED, COUNTED, collect
 from attn.train import build_task
+from attn.yamlio import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "configs" / "default.yaml"

@@ -11,8 +11,8 @@ import pytest
 
 from attn import arrayfiles, gradcheck, loop, model, reference, runs, scores, train
 from attn.config import load_config
-from attn.yamlio import ConfigError
 from attn.model import Batch, ModelSpec
+from attn.yamlio import ConfigError
 from helpers import SIZES, without_timing
 
 B, T, D, DV = 3, 5, 6, 4

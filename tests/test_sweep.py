@@ -16,11 +16,11 @@ import yaml
 from attn import cli, jobs, runs, sweep
 from attn import experiment as experiments
 from attn.config import load_config, to_dict
-from attn.yamlio import ConfigError
 from attn import outcomes
 from attn.report import write_report
 from attn.results import collect
 from attn.loop import StopFlag, train
+from attn.yamlio import ConfigError
 from helpers import without_timing
 
 ROOT = Path(__file__).resolve().parent.parent
