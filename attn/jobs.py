@@ -330,7 +330,8 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
 def _checkpoint_step(path: Path) -> int | None:
     """The step a checkpoint file holds (its metadata), None if that cannot be read."""
     try:
-        return int(json.loads(str(arrayfiles.load_arrays(path, arrayfiles.MAX_ARRAYS_BYTES, "checkpoint")["meta"]))["step"])
+        return int(json.loads(str(arrayfiles.load_arrays(path, arrayfiles.MAX_ARRAYS_BYTES,
+                                                         "checkpoint")["meta"]))["step"])
     except (runs.RunError, KeyError, TypeError, ValueError):
         return None
 

@@ -128,7 +128,8 @@ def test_task_fields_the_task_does_not_read_neither_group_nor_label():
                                               for s in ("none", "sqrt") for t in ("copy", "retrieval")]
     modes = [config_run(f"copy-{mode}-{shift}", "task.name=copy", f"task.mode={mode}", f"task.shift={shift}")
              for mode, shift in (("reverse", 1), ("reverse", 2), ("shift", 1), ("shift", 3))]
-    assert [g.label for g in grouping.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1", "mode=shift, shift=3"]
+    assert [g.label for g in grouping.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1",
+                                                             "mode=shift, shift=3"]
     listing_keys = grouping.varying_keys([run.settings for run in loaded])
     assert "task.length" not in listing_keys and "task.n_pairs" not in listing_keys  # each read by one task only
 

@@ -166,6 +166,7 @@ def test_a_long_legend_stays_on_the_figure_below_the_panels(tmp_path):
 
 def test_the_legend_wraps_a_label_longer_than_the_figure():
     texts, columns, lines = compare_figure.legend_layout(["x" * 400, "short"], width=5.6)
-    assert columns == 1 and all(max(map(len, t.split("\n"))) * compare_figure.CHAR_INCHES + compare_figure.HANDLE_INCHES <= 5.6
+    assert columns == 1 and all(max(map(len, t.split("\n"))) * compare_figure.CHAR_INCHES
+                                + compare_figure.HANDLE_INCHES <= 5.6
                                 for t in texts)
     assert lines == math.ceil(400 / max(map(len, texts[0].split("\n")))) + 1

@@ -185,7 +185,8 @@ def test_a_fork_takes_its_new_rate_from_its_step_on_and_keeps_the_records_before
     assert ours[2]["step"] == 10 and ours[2]["eval_loss"] == theirs[2]["eval_loss"]  # the same parameters at step 10
     assert ours[2]["lr"] == 0.05 and ours[-1]["eval_loss"] != theirs[-1]["eval_loss"]
     attention = arrayfiles.load_arrays(tmp_path / "short-fork-10" / "attention.npz")
-    np.testing.assert_array_equal(attention["attn_init"], arrayfiles.load_arrays(short_run / "attention.npz")["attn_init"])
+    np.testing.assert_array_equal(attention["attn_init"],
+                                  arrayfiles.load_arrays(short_run / "attention.npz")["attn_init"])
 
 
 @pytest.mark.parametrize("target, overrides, fragments", [

@@ -328,7 +328,8 @@ def signalled(tmp_path_factory):
         case["summary_after_stop"] = runs.read_summary(case["run_dir"])
         case["metrics_lines_after_stop"] = (case["run_dir"] / "metrics.jsonl").read_text().splitlines()
         case["files_after_stop"] = sorted(p.name for p in case["run_dir"].iterdir())
-        case["checkpoint_step"] = json.loads(str(arrayfiles.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
+        case["checkpoint_step"] = json.loads(
+            str(arrayfiles.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
     with open(cases["SIGKILL"]["run_dir"] / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 999, "train_lo')  # and power failed mid-append
     resumes = {name: start_cli("train", "--resume", case["run_dir"], cwd=root) for name, case in cases.items()}
@@ -376,7 +377,8 @@ def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(signalled, name):
     summary, expected = runs.read_summary(resumed), runs.read_summary(reference)
     assert summary["resumed_from"] == case["checkpoint_step"]
     assert (summary["status"], summary["best"], summary["final"]) == ("completed", expected["best"], expected["final"])
-    ours, theirs = arrayfiles.load_arrays(resumed / "checkpoint.npz"), arrayfiles.load_arrays(reference / "checkpoint.npz")
+    ours = arrayfiles.load_arrays(resumed / "checkpoint.npz")
+    theirs = arrayfiles.load_arrays(reference / "checkpoint.npz")
     assert ours.keys() == theirs.keys()
     for key in ours:
         if key != "meta":
