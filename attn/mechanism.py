@@ -33,18 +33,30 @@ from attn.model import Batch, ModelSpec
 
 SATURATED = 0.99  # a row is saturated when its largest weight exceeds this (as model.diagnostics counts)
 TOP_FRACTION = 0.1  # the share of the squared gradient carried by this fraction of the rows
+CHUNK_EXAMPLES = 64  # examples per pass through the reference model
 
 
 def row_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None) -> dict[str, np.ndarray]:
     """Per query row with a target, (N,) arrays: max_p, saturated, grad_W_q,
-    grad_W_k, jacobian, bound (module docstring). params, batch and buffers of one model."""
+    grad_W_k, jacobian, bound (module docstring). params, batch and buffers of
+    one model. The batch goes through the reference model CHUNK_EXAMPLES
+    examples at a time (so memory does not grow with the eval set), each
+    chunk's gradients rescaled to the rows' share of the whole batch's loss."""
+    n_total = int(batch.target_mask.sum())
+    chunks = [_chunk_statistics(params, spec, Batch(*(field[start:start + CHUNK_EXAMPLES] for field in (
+        batch.tokens, batch.targets, batch.target_mask, batch.target_key))), buffers, n_total)
+        for start in range(0, len(batch.tokens), CHUNK_EXAMPLES)]
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
+
+
+def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None, n_total: int) -> dict:
     _, cache = reference.forward(params, spec, batch, buffers)
-    reference.backward(cache, spec)  # leaves each row's score gradient dS in the cache
+    *_, dS = reference.backward_to_scores(cache, spec)  # (B, T, T): each row's score gradient
     rows = batch.target_mask  # (B, T)
-    s = spec.score_scale
-    X, Q, K, A, dS = cache["X"], cache["Q"], cache["K"], cache["A"], cache["dS"]  # (B, T, D), (B, T, d_k), ..., (B, T, T)
-    grad_q = s * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
-    grad_k = s * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
+    share = spec.score_scale * int(rows.sum()) / n_total  # s, and the chunk's loss as a share of the batch's
+    X, Q, K, A = cache["X"], cache["Q"], cache["K"], cache["A"]  # (B, T, D), (B, T, d_k), (B, T, d_k), (B, T, T)
+    grad_q = share * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
+    grad_k = share * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
     if spec.score == "qk_norm":  # q and k pass through a norm: no rank-one closed form
         grad_q = grad_k = np.full(rows.shape, np.nan)
     p = A[rows]  # (N, T)

@@ -76,6 +76,26 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     return loss, cache
 
 
+def backward_to_scores(cache, spec: ModelSpec) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """The chain rule from the loss down to the scores (the first half of
+    `backward`): (the gradients reached so far, of W_out, b_out, W_o and a
+    score mode's own parameters; dH; dV; dS, the gradient of S = s Q K^T
+    before the mode's map of it)."""
+    p, batch = cache["params"], cache["batch"]
+    onehot = np.eye(spec.n_classes)[batch.targets]  # (B, T, C)
+    dlogits = (cache["probs"] - onehot) * batch.target_mask[..., None] / cache["n_targets"]
+    grads = {"W_out": np.einsum("btd,btc->dc", cache["H"], dlogits), "b_out": dlogits.sum(axis=(0, 1))}
+    dH = dlogits @ p["W_out"].T
+    grads["W_o"] = np.einsum("btv,btd->vd", cache["C"], dH)
+    dC = dH @ p["W_o"].T
+    A = cache["A"]
+    dA = dC @ cache["V"].transpose(0, 2, 1)
+    dV = A.transpose(0, 2, 1) @ dC
+    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
+    dS, mode_grads = scores.transform_backward(dS, cache["transform"])  # the gradient of S = s Q K^T
+    return {**grads, **mode_grads}, dH, dV, dS
+
+
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     """Every parameter's gradient, the chain rule taken backwards through forward:
 
@@ -91,22 +111,12 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
 
     with a score mode's map of S, norm of Q and K, or reparametrisation of
     W_q and W_k undone at its place in that chain (attn.scores' backwards).
+    The first five lines are backward_to_scores.
     """
     p, batch = cache["params"], cache["batch"]
-    X, Q, K, V, A, C, H = (cache[k] for k in "XQKVACH")
+    X, Q, K = cache["X"], cache["Q"], cache["K"]
     s = spec.score_scale
-    onehot = np.eye(spec.n_classes)[batch.targets]  # (B, T, C)
-    dlogits = (cache["probs"] - onehot) * batch.target_mask[..., None] / cache["n_targets"]
-    grads = {"W_out": np.einsum("btd,btc->dc", H, dlogits), "b_out": dlogits.sum(axis=(0, 1))}
-    dH = dlogits @ p["W_out"].T
-    grads["W_o"] = np.einsum("btv,btd->vd", C, dH)
-    dC = dH @ p["W_o"].T
-    dA = dC @ V.transpose(0, 2, 1)
-    dV = A.transpose(0, 2, 1) @ dC
-    dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
-    dS, mode_grads = scores.transform_backward(dS, cache["transform"])  # the gradient of S = s Q K^T
-    cache["dS"] = dS  # kept: attn.mechanism reads each row's score gradient
-    grads.update(mode_grads)
+    grads, dH, dV, dS = backward_to_scores(cache, spec)
     dQ = s * dS @ K
     dK = s * dS.transpose(0, 2, 1) @ Q
     if cache["norms"] is not None:

@@ -18,7 +18,10 @@ def spec_of(**kw):
 
 @pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", qk_gain=3.0), dict(scale="sqrt", causal=True)],
                          ids=["sqrt", "none-saturating", "causal"])
-def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(variant):
+@pytest.mark.parametrize("chunk", [mechanism.CHUNK_EXAMPLES, 3, 1], ids=lambda c: f"chunks-of-{c}")
+def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(variant, chunk, monkeypatch):
+    """Also when the batch goes through in chunks of examples (of 3: uneven; of 1: one per example)."""
+    monkeypatch.setattr(mechanism, "CHUNK_EXAMPLES", chunk)
     rng = np.random.default_rng(7)
     spec = spec_of(**variant)
     params = model.init_params(spec, rng)
