@@ -53,11 +53,16 @@ class FrozenMapping(collections.abc.Mapping):
         return f"FrozenMapping({self._items!r})"
 
 
-def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None):
+def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None,
+      neutral=False):
     """A schema field: its default, description and accepted range; for a task
     field, the one task that reads it (None: every task) and the one task.mode
-    of that task that reads it (None: every mode)."""
-    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score)
+    of that task that reads it (None: every mode); for a model field, the one
+    score mode that reads it; `neutral`: it changes no logged number (where the
+    run lives, which files it draws), so runs that differ only in such fields
+    are the same experiment cell (RESULT_NEUTRAL_KEYS)."""
+    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score,
+                neutral=neutral)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -136,19 +141,19 @@ class TrainConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0)
-    checkpoint_every: int = F(500, "steps between checkpoints", gt=0)
-    plots: bool = F(True, "draw the run's figures when it ends")
-    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0)
+    checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True)
+    plots: bool = F(True, "draw the run's figures when it ends", neutral=True)
+    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True)
     mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient (attn.mechanism) "
                                              "at step 0 and at this step; null = never", ge=0)
 
 
 @dataclass(frozen=True)
 class Config:
-    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>")
+    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>", neutral=True)
     seed: int = F(0, "seed of every random draw (init, batches, eval set)", ge=0)
     dtype: str = F("float32", "floating-point type of the whole training path", choices=("float32", "float64"))
-    runs_dir: str = F("runs", "where run directories are created")
+    runs_dir: str = F("runs", "where run directories are created", neutral=True)
     model: ModelConfig = field(default_factory=ModelConfig, metadata=dict(help="the model"))
     task: TaskConfig = field(default_factory=TaskConfig, metadata=dict(help="the task"))
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=dict(help="the optimiser"))
@@ -182,6 +187,21 @@ def all_keys(cls=None, prefix: str = "") -> list[str]:
         else:
             keys.append(prefix + name)
     return keys
+
+
+def _neutral_keys(cls=None, prefix: str = "") -> tuple[str, ...]:
+    """The dotted names of the fields declared neutral (F(..., neutral=True))."""
+    keys = ()
+    for f in dataclasses.fields(cls or Config):
+        hint = _hints(cls or Config)[f.name]
+        if dataclasses.is_dataclass(hint):
+            keys += _neutral_keys(hint, f"{prefix}{f.name}.")
+        elif f.metadata.get("neutral"):
+            keys += (prefix + f.name,)
+    return keys
+
+
+RESULT_NEUTRAL_KEYS = _neutral_keys()  # runs that differ only in these are the same experiment cell
 
 
 def nearest_key(key: str) -> str | None:

@@ -62,8 +62,8 @@ from pathlib import Path
 import yaml
 
 from attn import jobs, runs
-from attn.config import (Config, all_keys, build, check_run_name, load_config, nearest_key, parse_override, set_dotted,
-                         validate, with_values)
+from attn.config import (RESULT_NEUTRAL_KEYS, Config, all_keys, build, check_run_name, load_config, nearest_key,
+                         parse_override, set_dotted, validate, with_values)
 from attn.report_spec import ReportSpec, check_report
 from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 
@@ -342,8 +342,8 @@ def save_experiment_file(path: Path, data: dict) -> None:
 def config_change(run_dir: Path, config: Config) -> list[str]:
     """How the config a run directory was made with differs from `config`
     ('key: stored -> wanted', jobs.config_difference), leaving out the
-    jobs.RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
-    return jobs.config_difference(jobs.config_of(run_dir), config, ignore=jobs.RESULT_NEUTRAL_KEYS)
+    return jobs.config_difference(jobs.config_of(run_dir), config, ignore=RESULT_NEUTRAL_KEYS)
 
 

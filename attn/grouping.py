@@ -47,8 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from attn import locks, plots, runs
-from attn.config import TaskConfig, field_value, flatten_config, unread_keys
-from attn.jobs import RESULT_NEUTRAL_KEYS
+from attn.config import RESULT_NEUTRAL_KEYS, TaskConfig, field_value, flatten_config, unread_keys
 from attn.yamlio import ConfigError, parse_yaml, show_value
 
 THRESHOLD_METRIC = "eval_accuracy"

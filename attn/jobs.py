@@ -42,14 +42,11 @@ from pathlib import Path
 import numpy as np
 
 from attn import allocator, arrayfiles, locks, loop, runs, train
-from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
+from attn.config import RESULT_NEUTRAL_KEYS, Config, check_run_name, flatten_config, load_config, to_dict
 from attn.loop import StopFlag
 from attn.yamlio import ConfigError, show_value
 
 
-# Config fields that change no logged number (where the run lives, which files
-# it draws): runs that differ only in these are the same experiment cell.
-RESULT_NEUTRAL_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.attention_examples")
 # Config fields a fork may change: none changes a shape, the optimiser state's layout, the task, the batches or the
 # eval set that the checkpoint and the records before it were made with.
 FORK_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.mechanism_step", "optim.lr",
