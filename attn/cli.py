@@ -42,7 +42,7 @@ import yaml
 from attn import jobs, locks, runs
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.config import all_keys, check_run_name, describe_schema, load_config, nearest_key, to_dict
-from attn.loop import StopFlag
+from attn.train import StopFlag
 from attn.yamlio import ConfigError, cut, read_yaml_file, show_value
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3

@@ -64,7 +64,7 @@ import yaml
 from attn import jobs, runs
 from attn.config import (RESULT_NEUTRAL_KEYS, Config, all_keys, build, check_run_name, load_config, nearest_key,
                          parse_override, set_dotted, validate, with_values)
-from attn.report_spec import ReportSpec, check_report
+from attn.report_spec import ReportSpec, check_lengths, check_report
 from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
@@ -239,10 +239,8 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
     report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial)
     if report.lengths:
-        from attn import lengths
-
         for config in {cell.config.model: cell.config for cell in cells}.values():
-            lengths.check(config, list(report.lengths), source)
+            check_lengths(config, list(report.lengths), source)
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
 
 

@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import allocator, arrayfiles, locks, loop, runs, train
-from attn.config import RESULT_NEUTRAL_KEYS, Config, check_run_name, flatten_config, load_config, to_dict
-from attn.loop import StopFlag
+from attn import allocator, arrayfiles, locks, runs, runstate, train
+from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
+from attn.train import StopFlag
 from attn.yamlio import ConfigError, show_value
 
 
@@ -176,7 +176,7 @@ class Resumption:
     """What `--resume` continues: the state from the last checkpoint and, when
     it extends the run, the budget it had (the state's config has the new one)."""
 
-    state: train.RunState
+    state: runstate.RunState
     extended_from: int | None = None
 
 
@@ -241,20 +241,20 @@ def record_extension(run_dir: Path, resumption: Resumption) -> None:
                       {**data["provenance"], "extensions": [*history, entry]})
 
 
-def prepare_resume(config: Config, run_dir: Path) -> train.RunState:
+def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     """The state a run resumes from, every file of the run read and checked
     before anything changes (so damage is refused, never recorded as a
     failure; a config.yaml must hold every field, so none silently takes its
     default): its last checkpoint, or before its first one step 0 (training
     is deterministic, so starting over in place is exact; either way
-    loop.run first drops the records the stopped writer logged from there on)."""
+    train.run first drops the records the stopped writer logged from there on)."""
     run_dir = Path(run_dir)
     runs.read_run_config(run_dir, complete=True)
     logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
     if (run_dir / "attention.npz").exists():
         arrayfiles.load_arrays(run_dir / "attention.npz")
-    state = train.prepare(config, run_dir, resume=train.checkpoint_file(run_dir).exists())
+    state = runstate.prepare(config, run_dir, resume=runstate.checkpoint_file(run_dir).exists())
     # Each record is fsynced before the next checkpoint: every step logged before it must be there.
     lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
     if lost:
@@ -276,7 +276,7 @@ class ForkPlan:
     checkpoint: Path
     config: Config
     changes: list  # 'key: source -> fork' for every key the fork changes
-    state: train.RunState
+    state: runstate.RunState
 
 
 def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
@@ -303,7 +303,7 @@ def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
     if requested.train.steps < step:
         raise ConfigError(f"{what}: train.steps: got {requested.train.steps}; a fork from step {step} needs "
                           f"train.steps >= {step}")
-    state = train.prepare(requested, source, checkpoint=checkpoint)
+    state = runstate.prepare(requested, source, checkpoint=checkpoint)
     if state.step != step:
         raise runs.RunError(f"{checkpoint}: refused: it holds step {state.step}, not {step}")
     return ForkPlan(source, step, checkpoint, requested, changes, state)
@@ -311,10 +311,10 @@ def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
 
 def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, int]:
     """(the checkpoint a fork starts from, its step): the run's last, or the one kept at `step`."""
-    kept = train.kept_checkpoint_steps(source)
+    kept = runstate.kept_checkpoint_steps(source)
     if step is not None and step in kept:
-        return train.checkpoint_file(source, step), step
-    last = train.checkpoint_file(source)
+        return runstate.checkpoint_file(source, step), step
+    last = runstate.checkpoint_file(source)
     last_step = _checkpoint_step(last) if last.exists() else None
     if last_step is not None and step in (None, last_step):
         return last, last_step
@@ -340,7 +340,7 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
     written: the checkpoint (as the fork's own), the records before that step,
     the attention snapshot at step 0 and the mechanism measurements before it."""
     def fill(run_dir: Path) -> None:
-        train.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
+        runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
         data = runs.read_run_file(plan.source / "metrics.jsonl", runs.MAX_METRICS_BYTES, "metrics file")
         runs.write_atomic(run_dir / "metrics.jsonl", data or b"")
         runs.truncate_metrics(run_dir, plan.step)
@@ -359,7 +359,7 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
 
 
 def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
-            progress=None, state: train.RunState | None = None) -> dict:
+            progress=None, state: runstate.RunState | None = None) -> dict:
     """Train and draw the figures, holding the run's RunLock, from `state`
     when it is given (as check_resumable returns it), else from the config
     (and prepare_resume when resuming). A damaged file or a checkpoint that
@@ -368,13 +368,13 @@ def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFl
     run_dir = Path(run_dir)
     with locks.RunLock(run_dir, "train"):
         if state is None:
-            state = prepare_resume(config, run_dir) if resume else train.prepare(config, run_dir)
+            state = prepare_resume(config, run_dir) if resume else runstate.prepare(config, run_dir)
         member_progress = None if progress is None else (lambda _member, step, record: progress(step, record))
         return execute_stack([state], stop=stop, progress=member_progress)[0]
 
 
-def execute_stack(states: list[train.RunState], *, stop: StopFlag | None = None, progress=None) -> list[dict]:
-    """Train runs of one shape as one stack (loop.run_stack) and draw each
+def execute_stack(states: list[runstate.RunState], *, stop: StopFlag | None = None, progress=None) -> list[dict]:
+    """Train runs of one shape as one stack (train.run_stack) and draw each
     run's figures if its config asks; the caller holds every run's RunLock.
     Errors during training are recorded in each run directory not yet
     finished, then re-raised."""
@@ -383,7 +383,7 @@ def execute_stack(states: list[train.RunState], *, stop: StopFlag | None = None,
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
         allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
         try:
-            summaries = loop.run_stack(states, stop=stop, progress=progress)
+            summaries = train.run_stack(states, stop=stop, progress=progress)
         except Exception as err:
             for state in states:
                 if (runs.read_summary(state.run_dir) or {}).get("status") == "running":

@@ -119,6 +119,7 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
     ]
     for i, (keys, title, yscale) in enumerate(panels):
         ax = fig.add_subplot(2, 2, i + 1)
+        drawn = 0
         for key in (keys if isinstance(keys, tuple) else (keys,)):
             x, y = series(records, key)
             if yscale == "log":
@@ -126,11 +127,16 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
                 x, y = x[keep], y[keep]
             if len(x):
                 ax.plot(x, y, label=key.split("/")[-1], linewidth=1.3, marker="." if len(x) < 5 else None)
-        ax.set_yscale(yscale)
+                drawn += 1
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        if not drawn:  # an empty panel says why
+            ax.text(0.5, 0.5, "no finite" + (" positive" if yscale == "log" else "") + " value logged",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
+            continue
+        ax.set_yscale(yscale)
         ax.grid(True, alpha=0.25)
-        if isinstance(keys, tuple):
+        if drawn > 1:
             ax.legend(fontsize=8)
     fig.suptitle(f"{run_dir.name}: attention diagnostics (eval set, target rows)", fontsize=10)
     return save_figure(fig, run_dir / "diagnostics.png")

@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from attn import locks, outcomes, report_figures, runs
-from attn.compare import format_value
+from attn.grouping import format_value
 from attn.experiment import Experiment, config_change
 from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
 from attn.verdicts import (CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout, edge_notes, groups, json_number, judge,

@@ -21,6 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from attn.config import Config
 from attn.yamlio import ConfigError, cut
 
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")
@@ -210,3 +211,16 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_:
             raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of "
                               f"{', '.join(map(str, grid_values[key]))}")
     return tuple((k, value.get(k)) for k in spec.arm)
+
+
+def check_lengths(config: Config, pairs: list[int], source: str) -> None:
+    """One line (ConfigError) if this run's model cannot be asked about these
+    lengths of retrieval (attn.lengths): a retrieval model whose positions do not
+    fix its length, and no more pairs than keys."""
+    if config.task.name != "retrieval" or config.model.positional == "learned":
+        raise ConfigError(f"{source}: lengths: a retrieval model whose positions do not fix its length "
+                          f"(model.positional none or sinusoidal) is needed; this one is {config.task.name} with "
+                          f"positional {config.model.positional}")
+    if max(pairs) > config.task.n_keys:
+        raise ConfigError(f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
+                          f"({config.task.n_keys}), since keys are distinct within a sequence")

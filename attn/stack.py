@@ -9,7 +9,7 @@ parameters carry a leading member axis and every step is one computation
 (attn.layers). Each member keeps its own seed, generators, learning rate
 and schedule, score scale, initial gains, budget, logging and run
 directory, and its numbers are those it would have alone (a single run is
-a stack of one: the same code, attn.loop). A member that completes,
+a stack of one: the same code, attn.train). A member that completes,
 diverges or is stopped leaves the stack (Stack.keep); the others go on.
 Members must start from the same step.
 """
@@ -21,7 +21,7 @@ import numpy as np
 from attn import layers
 from attn.config import Config, estimate_memory_bytes, flatten_config, to_dict
 from attn.model import Batch
-from attn.train import RunState, build_optimizer, build_spec, build_task, lr_multipliers
+from attn.runstate import RunState, build_optimizer, build_spec, build_task, lr_multipliers
 
 # Config keys whose values may differ between the members of one stack; every other key is shared.
 PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "model.v_gain", "model.o_gain",

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attn import jobs, locks, runs, train
+from attn import jobs, locks, runs, runstate
 from attn.config import to_dict
 from attn.experiment import Cell, Experiment, config_change
-from attn.loop import StopFlag
+from attn.train import StopFlag
 from attn.stack import members_per_stack, stack_cost, stack_key
 from attn.yamlio import ConfigError
 
@@ -78,7 +78,7 @@ def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcom
 
 def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[RunOutcome]:
     """Train cells of one shape into experiment_dir/<cell name> as one stack
-    (attn.loop; those resuming from different steps as one stack per step),
+    (attn.train; those resuming from different steps as one stack per step),
     each unless the sweep was stopped, the run finished, or another writer
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
@@ -89,7 +89,7 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     _one_blas_thread()
     outcomes: dict[str, RunOutcome] = {}
     with contextlib.ExitStack() as held:
-        ready: dict[int, list[tuple[Cell, train.RunState]]] = {}  # start step -> the cells to train from it
+        ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
         for cell in cells:
             prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
             if isinstance(prepared, RunOutcome):
@@ -159,7 +159,7 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
                       {**jobs.provenance(experiment_file, []), "experiment": experiment_file,
                        "cell": dict(cell.settings), "seed": cell.seed})
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    return train.prepare(cell.config, run_dir)
+    return runstate.prepare(cell.config, run_dir)
 
 
 _blas_lock = threading.Lock()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attn import layers, train
+from attn import layers, runstate
 from attn.bench import rivals, timing
 from attn.config import load_config
 
@@ -30,7 +30,7 @@ def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     from torch.utils.flop_counter import FlopCounterMode
 
     config = load_config(None, ["model.d_model=32", "train.batch_size=8", *overrides])
-    task, spec, params, _, gens = train.build(config)
+    task, spec, params, _, gens = runstate.build(config)
     batch = task.sample(gens.data, config.train.batch_size)
     B, T, D, C = config.train.batch_size, spec.n_positions, spec.d_model, spec.n_classes
     loss = rivals.loss_function(spec, "torch", formulation, slice(None), B)
@@ -62,7 +62,7 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
         assert size["fastest_rival"] in installed
         assert size["ratio_to_fastest"] == pytest.approx(attn["median_ms"] / size["sides"][size["fastest_rival"]]["median_ms"])
     config = timing.size_config("default")
-    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(train.build_spec(config, train.build_task(config)),
+    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(runstate.build_spec(config, runstate.build_task(config)),
                                                                    config.train.batch_size, 1)
     table = md_path.read_text()
     assert "attn / fastest (target ≤ 0.7)" in table and "| default |" in table

@@ -20,7 +20,7 @@ import pytest
 
 from attn import cli, compare, compare_figure, curves, grouping, jobs, listing, locks, plots, runs
 from attn.config import TaskConfig, load_config, parse_override, to_dict
-from attn.train import build_task
+from attn.runstate import build_task
 from attn.yamlio import ConfigError
 
 SCALES = ("sqrt", "none")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, model, train
+from attn import cli, jobs, model, runstate
 from attn.config import (Config, all_keys, describe_schema, estimate_memory_bytes, load_config, memory_limit_bytes,
                          param_names, replace, to_dict)
 from attn.yamlio import ConfigError
@@ -231,7 +231,7 @@ def test_edge_combinations_are_accepted(tmp_path):
 ])
 def test_param_names_are_the_model_parameters(overrides):
     config = load_config(None, overrides)
-    spec = train.build_spec(config, train.build_task(config))
+    spec = runstate.build_spec(config, runstate.build_task(config))
     assert sorted(param_names(config)) == sorted(model.param_shapes(spec))
 
 
@@ -256,8 +256,8 @@ def test_retrieval_key_sampling_counts_toward_the_memory_estimate(tmp_path):
 
 def test_memory_estimate_covers_the_parameters_and_their_optimiser_state():
     config = load_config(None, ["optim.name=adam", "dtype=float64"])
-    task = train.build_task(config)
-    params = model.init_params(train.build_spec(config, task), np.random.default_rng(0))
+    task = runstate.build_task(config)
+    params = model.init_params(runstate.build_spec(config, task), np.random.default_rng(0))
     weights, grads, adam_moments = 1, 1, 2
     assert estimate_memory_bytes(config) >= (weights + grads + adam_moments) * sum(p.nbytes for p in params.values())
 

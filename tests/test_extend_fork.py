@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import arrayfiles, cli, jobs, locks, runs, train
+from attn import arrayfiles, cli, jobs, locks, runs, runstate
 from attn.config import load_config
 from helpers import TINY, without_timing
 
@@ -81,11 +81,11 @@ def short(made, tmp_path) -> Path:
 
 def test_every_checkpoint_is_kept_by_its_step_and_the_last_is_checkpoint_npz(made):
     _, short_run, _ = made
-    assert train.kept_checkpoint_steps(short_run) == KEPT
+    assert runstate.kept_checkpoint_steps(short_run) == KEPT
     for step in KEPT:
-        assert checkpoint(train.checkpoint_file(short_run, step))[1]["step"] == step
-    assert (short_run / "checkpoint.npz").read_bytes() == train.checkpoint_file(short_run, SHORT).read_bytes()
-    assert (short_run / "checkpoint.npz").samefile(train.checkpoint_file(short_run, SHORT)), \
+        assert checkpoint(runstate.checkpoint_file(short_run, step))[1]["step"] == step
+    assert (short_run / "checkpoint.npz").read_bytes() == runstate.checkpoint_file(short_run, SHORT).read_bytes()
+    assert (short_run / "checkpoint.npz").samefile(runstate.checkpoint_file(short_run, SHORT)), \
         "the last checkpoint is a second name of the kept one, not a second copy of its bytes"
 
 

@@ -6,7 +6,7 @@ PyTorch loss and is exercised by `make bench` only, its compilation being slow).
 import numpy as np
 import pytest
 
-from attn import model, train
+from attn import model, runstate
 from attn.bench import rivals
 from attn.config import load_config
 
@@ -20,7 +20,7 @@ def test_every_rival_takes_attns_steps(framework, case):
     if not rivals.available(framework):
         pytest.skip(f"{framework} is not installed")
     config = load_config(None, ["model.d_model=32", "train.batch_size=16", *CASES[case]])
-    task, spec, params, optimizer, gens = train.build(config)
+    task, spec, params, optimizer, gens = runstate.build(config)
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(3)]
     ours, weights = [], {name: p.copy() for name, p in params.items()}
     for batch in batches:

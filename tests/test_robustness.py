@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import arrayfiles, cli, jobs, locks, loop, model, runs, train
+from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
 from attn.config import load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
@@ -82,7 +82,7 @@ def tiny_config(runs_dir: Path, *overrides):
 def train_in_process(config, name: str, stop_at: int | None = None) -> Path:
     """A run through jobs (as the CLI does); `stop_at`: request a stop at that step."""
     run_dir = jobs.create(config, name=name)
-    stop = loop.StopFlag()
+    stop = train.StopFlag()
 
     def progress(step, _record):
         if step == stop_at:
@@ -266,7 +266,7 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     assert [r["step"] for r in records] == list(range(step + 1))  # kept up to that step
     assert all(np.isfinite(r["train_loss"]) for r in records[:-1]) and "nonfinite" in records[-1]
     config = jobs.config_of(run_dir)
-    names = model.param_shapes(train.build_spec(config, train.build_task(config)))
+    names = model.param_shapes(runstate.build_spec(config, runstate.build_task(config)))
     assert f"at step {step}" in summary["reason"] and any(name in summary["reason"] for name in names)
     assert f"diverged: step {step}/" in outcome.stderr and summary["reason"] in outcome.stderr
     for figure in ("loss.png", "diagnostics.png", "attention.png"):
@@ -506,7 +506,7 @@ def test_a_full_disk_mid_run_fails_in_one_line_and_corrupts_nothing(tmp_path, mo
     assert runs.read_summary(run_dir)["status"] == "running"  # no room to record the failure either
     steps = [r["step"] for r in runs.read_metrics(run_dir)]
     assert steps == list(range(len(steps))) and len(steps) > 0
-    state = train.prepare(config, run_dir, resume=True)  # the checkpoint before the failure still loads
+    state = runstate.prepare(config, run_dir, resume=True)  # the checkpoint before the failure still loads
     assert 0 < state.step <= len(steps)
     assert not leftover_temporaries(run_dir)
 

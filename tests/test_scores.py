@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import arrayfiles, gradcheck, loop, model, reference, runs, scores, train
+from attn import arrayfiles, gradcheck, model, reference, runs, runstate, scores, train
 from attn.config import load_config
 from attn.model import Batch, ModelSpec
 from attn.yamlio import ConfigError
@@ -173,15 +173,15 @@ def test_a_mode_trains_stacked_and_resumes_each_member_exactly(tmp_path, mode):
     states = []
     for i, config in enumerate(configs):
         (tmp_path / f"stack{i}").mkdir()
-        states.append(train.prepare(config, tmp_path / f"stack{i}"))
-    stop = loop.StopFlag()
-    summaries = loop.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
+        states.append(runstate.prepare(config, tmp_path / f"stack{i}"))
+    stop = train.StopFlag()
+    summaries = train.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
                                 else None)
     assert {s["status"] for s in summaries} == {"interrupted"}
     for i, config in enumerate(configs):
-        assert loop.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
+        assert train.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
         (tmp_path / f"alone{i}").mkdir()
-        loop.train(config, tmp_path / f"alone{i}")
+        train.train(config, tmp_path / f"alone{i}")
         records = runs.read_metrics(tmp_path / f"stack{i}")
         assert without_timing(records) == without_timing(runs.read_metrics(tmp_path / f"alone{i}"))
         own = model.score_param_shapes(mode, "vector", config.model.d_k)

@@ -12,7 +12,7 @@ is the float64 one at 1e-12.
 import numpy as np
 import pytest
 
-from attn import arrayfiles, loop, runs, stack, train
+from attn import arrayfiles, runs, runstate, stack, train
 from attn.config import load_config
 from helpers import SIZES, without_timing
 
@@ -28,20 +28,20 @@ def train_stack(tmp_path, configs, tag: str, stop_at: int | None = None):
     for i, c in enumerate(configs):
         run_dir = tmp_path / f"{tag}{i}"
         run_dir.mkdir()
-        states.append(train.prepare(c, run_dir))
-    stop = loop.StopFlag()
+        states.append(runstate.prepare(c, run_dir))
+    stop = train.StopFlag()
 
     def progress(_member, step, _record):
         if step == stop_at:
             stop.request("SIGTERM")
 
-    return loop.run_stack(states, stop=stop, progress=progress), [s.run_dir for s in states]
+    return train.run_stack(states, stop=stop, progress=progress), [s.run_dir for s in states]
 
 
 def train_alone(tmp_path, c, tag: str):
     run_dir = tmp_path / tag
     run_dir.mkdir()
-    return loop.train(c, run_dir), run_dir
+    return train.train(c, run_dir), run_dir
 
 
 def assert_same_run(a, b):
@@ -99,7 +99,7 @@ def test_a_stopped_stack_checkpoints_every_member_and_each_resumes_alone_exactly
     summaries, stacked = train_stack(tmp_path, configs, "stack", stop_at=11)
     assert {s["status"] for s in summaries} == {"interrupted"} and {s["step"] for s in summaries} == {12}
     for i, c in enumerate(configs):
-        resumed = loop.train(c, stacked[i], resume=True)
+        resumed = train.train(c, stacked[i], resume=True)
         assert resumed["status"] == "completed" and resumed["resumed_from"] == 12
         _, run_dir = train_alone(tmp_path, c, f"alone{i}")
         assert_same_run(stacked[i], run_dir)
@@ -113,7 +113,7 @@ def test_resuming_the_last_checkpoint_reproduces_the_last_record(tmp_path):
     _, run_dir = train_alone(tmp_path, c, "run")
     before = runs.read_metrics(run_dir)
     (run_dir / "summary.json").unlink()
-    resumed = loop.train(c, run_dir, resume=True)
+    resumed = train.train(c, run_dir, resume=True)
     assert resumed["status"] == "completed" and resumed["resumed_from"] == c.train.steps
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(before)
 
@@ -125,4 +125,4 @@ def test_only_runs_of_one_shape_and_step_stack():
     assert key(config("optim.momentum=0.9")) != key(config())
     assert key(config("train.batch_size=8")) != key(config())
     with pytest.raises(ValueError, match="share their shapes"):
-        loop.run_stack([train.prepare(config(), "unused"), train.prepare(config("model.d_k=16"), "unused")])
+        train.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])

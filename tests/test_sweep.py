@@ -19,7 +19,7 @@ from attn.config import load_config, to_dict
 from attn import outcomes
 from attn.report import write_report
 from attn.results import collect
-from attn.loop import StopFlag, train
+from attn.train import StopFlag, train
 from attn.yamlio import ConfigError
 from helpers import without_timing
 

@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import model, train
+from attn import model, runstate
 from attn.bench import rivals
 from attn.config import load_config
 from attn.model import Batch
@@ -62,7 +62,7 @@ def torch_sgd_stepper(config, spec, params, batches):
 
 def build(task: str, *overrides: str):
     config = load_config(None, [*SMALL, *TASKS[task], *overrides])
-    task_, spec, params, optimizer, gens = train.build(config)
+    task_, spec, params, optimizer, gens = runstate.build(config)
     batches = [task_.sample(gens.data, config.train.batch_size) for _ in range(3)]
     return config, spec, params, optimizer, batches
 
@@ -103,7 +103,7 @@ def test_sgd_steps_match_torch_optim_sgd(torch, optim):
         optimizer.step(weights, grads, config.optim.lr)
         ours, theirs = float(loss), torch_step()
         assert ours == pytest.approx(theirs, rel=1e-12)
-    initial = train.build(config)[2]
+    initial = runstate.build(config)[2]
     assert ours != pytest.approx(float(model.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
         "the updates changed nothing, so the comparison shows nothing"
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import arrayfiles, cli, jobs, locks, loop, model, runs, train
+from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
 from attn.config import load_config, to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 def train_tiny(runs_dir, name, *overrides):
     config = load_config(None, [*TINY, f"runs_dir={runs_dir}", "train.steps=40", "logging.log_every=5", *overrides])
     run_dir = jobs.create(config, name=name)
-    loop.train(config, run_dir)
+    train.train(config, run_dir)
     return runs.read_metrics(run_dir)
 
 
@@ -110,7 +110,7 @@ def test_config_yaml_is_the_resolved_config_with_provenance(learned):
 
 
 def param_names(config):
-    return list(model.param_shapes(train.build_spec(config, train.build_task(config))))
+    return list(model.param_shapes(runstate.build_spec(config, runstate.build_task(config))))
 
 
 def test_metrics_records_carry_every_logged_figure(learned):
@@ -143,7 +143,7 @@ def test_summary_has_status_final_and_best_figures_and_speed(learned):
 
 def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     config = learned["config"]
-    spec = train.build_spec(config, train.build_task(config))
+    spec = runstate.build_spec(config, runstate.build_task(config))
     arrays = arrayfiles.load_arrays(learned["run_dir"] / "checkpoint.npz")
     for name, shape in model.param_shapes(spec).items():
         assert arrays[f"param/{name}"].shape == shape
@@ -155,7 +155,7 @@ def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes
     """Training computes the attention of the query rows only; the snapshot for
     the figure has all T rows, and its query rows are the ones training uses."""
     config, run_dir = learned["config"], learned["run_dir"]
-    state = train.prepare(config, run_dir, resume=True)  # final params and the eval set; writes nothing
+    state = runstate.prepare(config, run_dir, resume=True)  # final params and the eval set; writes nothing
     n, T = config.logging.attention_examples, state.spec.n_positions
     snapshots = arrayfiles.load_arrays(run_dir / "attention.npz")
     for when in ("init", "final"):

@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn import allocator, layers, model, train
+from attn import allocator, layers, model, runstate
 from attn.bench import rivals
 from attn.config import Config, load_config
 from attn.model import Batch, ModelSpec
@@ -128,7 +128,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
                frameworks=rivals.FRAMEWORKS) -> dict:
     """Time attn and every installed rival of `frameworks` at one size (module docstring)."""
     config = size_config(name)
-    task, spec, params, optimizer, gens = train.build(config)
+    task, spec, params, optimizer, gens = runstate.build(config)
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
     steppers, skipped = {}, {}
     for framework, formulation in itertools.product(frameworks, rivals.FORMULATIONS):
