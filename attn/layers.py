@@ -3,14 +3,8 @@ attn.pairs (embedding, linear, a product of two matrices, softmax,
 cross-entropy), and the gradient held as factors in attn.factored, all
 reachable as attn.layers.*.
 
-Each layer is a pair in the CS231n style:
-
-    out, cache = thing_forward(inputs...)
-    grads      = thing_backward(dout, cache)
-
-Forward caches exactly what backward needs; backward never recomputes the
-forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
-the dtype of the inputs is the dtype of the outputs (float32 stays float32).
+The head is a pair in the CS231n style, as attn.pairs describes its own:
+`attention_forward -> (out, cache)`, `attention_backward(dout, cache)`.
 
 Shapes: B batch, T positions, D = d_model, d_k query/key width, d_v value
 width, C number of output classes, F token fields per position.
