@@ -44,11 +44,12 @@ OUTCOME_COLORS = {outcomes.LEARNED: "#2ca02c", outcomes.LEARNED_THEN_LOST: "#ff7
 
 
 def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
-    """arm -> colour: ARM_COLORS by the arm's last value where it has one, else the palette in order."""
+    """arm -> colour, a different one for each arm: ARM_COLORS by the arm's last
+    value where it has one (to the first arm claiming it), else the palette in order."""
     colors, free = {}, [c for c in PALETTE]
     for arm in arms:
         known = ARM_COLORS.get(str(arm[-1])) if arm else None
-        if known:
+        if known and known not in colors.values():
             colors[arm] = known
             if known in free:
                 free.remove(known)
@@ -66,9 +67,16 @@ def _xs(chosen: dict) -> list[tuple]:
     return sorted({x for x, _ in chosen}, key=lambda x: [sort_key(v) for v in x])
 
 
+LEGEND_ROW_INCHES = 0.22  # the height of one row of a legend at fontsize 8
+DODGE_SPAN = 0.36  # series drawn side by side at one x spread over at most this (decades, or categories)
+X_MARGIN_DECADES = 0.25  # a log x axis reaches this far beyond the first and last x: room for dodged error bars
+
+
 def _dodged(positions: list, k: int, n: int, log: bool) -> list:
-    """Positions shifted for the k-th of n series drawn side by side, so that their error bars do not overlap."""
-    offset = (k - (n - 1) / 2) * 0.06
+    """Positions shifted for the k-th of n series drawn side by side, so that
+    their error bars do not overlap; all n together stay within DODGE_SPAN
+    (decades on a log axis, categories otherwise) of their x."""
+    offset = (k - (n - 1) / 2) * min(0.06, DODGE_SPAN / max(n - 1, 1))
     return [p * 10 ** offset if log else p + offset for p in positions]
 
 
@@ -79,8 +87,10 @@ def _x_axis(ax, xs: list[tuple], layout) -> dict:
         ax.set_xscale("log")
         ax.set_xticks(values, [format_value(v) for v in values])
         ax.minorticks_off()
+        ax.set_xlim(min(values) / 10 ** X_MARGIN_DECADES, max(values) * 10 ** X_MARGIN_DECADES)  # from the data
         return {x: x[0] for x in xs}
     ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs])
+    ax.set_xlim(-0.5, len(xs) - 0.5)
     return {x: i for i, x in enumerate(xs)}
 
 
@@ -98,9 +108,15 @@ def _bulk_limits(values, log: bool) -> tuple[float, float] | None:
 
 
 def _legend_below(fig, handles, labels, ncol=None) -> None:
-    if not labels:
-        return
-    fig.legend(handles, labels, loc="lower center", ncol=ncol or min(len(labels), 4), fontsize=8, frameon=False)
+    """The figure's one legend, below its panels, and the panels laid out
+    above it: the room left for it grows with its rows."""
+    rows = 0
+    if labels:
+        ncol = ncol or min(len(labels), 4)
+        rows = math.ceil(len(labels) / ncol)
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    height = fig.get_size_inches()[1]
+    fig.tight_layout(rect=(0, min(0.4, (LEGEND_ROW_INCHES * rows + 0.25 * bool(rows)) / height), 1, 1))
 
 
 def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool,
@@ -151,7 +167,7 @@ def headline_figure(best, shared, layout, colors, path, name):
         line = ax_rate.errorbar(px, mid, yerr=[[m - r["low"] for m, r in zip(mid, rates)],
                                                [r["high"] - m for m, r in zip(mid, rates)]],
                                 color=colors[arm], linestyle=style, marker="o", capsize=3, alpha=1 if what == "best" else 0.6)
-        handles[f"{layout.arm_label(arm)}, {what}"] = line
+        handles.setdefault(layout.arm_label(arm), line)  # one entry per arm: the title says which line is which
         kms = [c.time() for _, c in cells]
         reached = [(p, km) for p, km in zip(px, kms) if km.median is not None]
         if reached:
@@ -177,7 +193,6 @@ def headline_figure(best, shared, layout, colors, path, name):
                                 (f"; dashed: all at {layout.names[layout.best_of]} = {format_value(layout.spec.shared)}"
                                  if shared else "") if layout.best_of else "success and time to learn"), fontsize=10)
     _legend_below(fig, list(handles.values()), list(handles))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -214,7 +229,6 @@ def phase_figure(by_key, best, layout, path):
     fig.suptitle("dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen",
                  fontsize=9)
     _legend_below(fig, handles, list(outcomes.OUTCOMES), ncol=5)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -264,7 +278,6 @@ def final_loss_figure(best, layout, colors, path):
     ax.set_title("final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)",
                  fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -290,9 +303,8 @@ def curves_figure(mixed, layout, path):
     from matplotlib.lines import Line2D
 
     present = [n for n in outcomes.OUTCOMES if any(c.count(n) for c in mixed.values())]
-    _legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
     fig.suptitle("cells whose seeds split between outcomes: every seed, coloured by its outcome", fontsize=9)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    _legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
     return save_figure(fig, path, tight=False)
 
 
@@ -344,7 +356,6 @@ def mechanism_figure(best, layout, colors, steps, path):
     fig.suptitle("why an unscaled head stops learning: the mechanism, measured on the eval set's query rows "
                  "(median over seeds)", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles))
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -380,7 +391,6 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     fig.suptitle(f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
                  "y range from the bulk of the values", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -414,7 +424,6 @@ def sensitivity_figure(by_key, layout, colors, path):
     fig.suptitle("learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
                  "counts as its loss at init)", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return save_figure(fig, path, tight=False)
 
 
@@ -444,7 +453,6 @@ def lengths_figure(at_lengths: dict, layout, colors, path):
             ax.grid(True, alpha=0.25)
     fig.suptitle("trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
     _legend_below(fig, list(handles.values()), list(handles))
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return save_figure(fig, path, tight=False)
 
 

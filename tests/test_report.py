@@ -607,3 +607,13 @@ def test_a_bad_report_section_is_refused_with_one_line(tmp_path, changes, messag
     with pytest.raises(ConfigError) as caught:
         load(tmp_path, grid, [0], {**GOOD_REPORT, **changes})
     assert str(caught.value) == f"{tmp_path / 'exp.yaml'}: {message}"
+
+
+def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports():
+    from attn.report_figures import ARM_COLORS, arm_colors
+
+    arms = [("dot", "linear"), ("dot", "none"), ("dot", "sqrt"), ("qk_norm", None), ("softcap", "none")]
+    colors = arm_colors(arms)
+    assert len(set(colors.values())) == len(arms), colors
+    assert colors[("dot", "sqrt")] == ARM_COLORS["sqrt"] and colors[("dot", "none")] == ARM_COLORS["none"]
+    assert arm_colors([("sqrt",), ("none",)]) == {("sqrt",): ARM_COLORS["sqrt"], ("none",): ARM_COLORS["none"]}
