@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from attn import locks, outcomes, report_figures, runs
-from attn.grouping import format_value
+from attn.grouping import canonical, format_value
 from attn.experiment import Experiment, config_change
 from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
 from attn.verdicts import (CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout, edge_notes, groups, json_number, judge,
@@ -230,6 +230,25 @@ def _length_sentence(at_lengths: dict, layout: Layout) -> str:
             + "; ".join(parts) + ".")
 
 
+def _transfer_sentence(best: dict[tuple, Cell], layout: Layout) -> str:
+    """Which arms were judged at one and the same best_of value at every x
+    (their rate transfers across x, as muP claims of its own), and which not."""
+    if not layout.best_of or len({x for x, _ in best}) < 2:
+        return ""
+    same, moved = [], []
+    xs = _ordered({x for x, _ in best})
+    for arm in _ordered({a for _, a in best}):
+        values = [best[(x, arm)].settings[layout.best_of] for x in xs if (x, arm) in best]
+        if len({canonical(v) for v in values}) == 1:
+            same.append(f"{_named(layout, arm)} ({format_value(values[0])})")
+        else:
+            moved.append(f"{_named(layout, arm)} ({', '.join(map(format_value, values))})")
+    if not same:
+        return f"No arm's best {layout.names[layout.best_of]} was the same at every {layout.x_name}."
+    return (f"The best {layout.names[layout.best_of]} was the same at every {layout.x_name} for " + ", ".join(same)
+            + (f"; it moved with {layout.x_name} for " + ", ".join(moved) if moved else "") + ".")
+
+
 def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
              sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
     """One paragraph for README and the results text: which arms learn in
@@ -241,7 +260,7 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
     rate = layout.names[layout.best_of] if layout.best_of else None
     own_label = f"at each arm's own best {rate}" if rate else "at the grid's setting"
     sentence, short_at_best = _success_sentence(own_label, best, layout)
-    text.append(sentence)
+    text += [sentence, _transfer_sentence(best, layout)]
     if rate and shared:
         sentence, short_at_shared = _success_sentence(f"at the shared {rate} {format_value(layout.spec.shared)}",
                                                       shared, layout)

@@ -617,3 +617,18 @@ def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports(
     assert len(set(colors.values())) == len(arms), colors
     assert colors[("dot", "sqrt")] == ARM_COLORS["sqrt"] and colors[("dot", "none")] == ARM_COLORS["none"]
     assert arm_colors([("sqrt",), ("none",)]) == {("sqrt",): ARM_COLORS["sqrt"], ("none",): ARM_COLORS["none"]}
+
+
+def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
+    from types import SimpleNamespace
+
+    from attn.report import _transfer_sentence
+
+    chosen = {((16,), ("sqrt",)): 0.3, ((256,), ("sqrt",)): 0.3, ((16,), ("none",)): 0.1, ((256,), ("none",)): 0.03}
+    best = {key: SimpleNamespace(settings={"optim.lr": lr}) for key, lr in chosen.items()}
+    layout = SimpleNamespace(best_of="optim.lr", names={"optim.lr": "lr"}, x_name="d_k",
+                             arm_label=lambda arm: f"scale={arm[0]}")
+    assert _transfer_sentence(best, layout) == ("The best lr was the same at every d_k for `scale=sqrt` (0.3); "
+                                                "it moved with d_k for `scale=none` (0.1, 0.03).")
+    one_x = {key: cell for key, cell in best.items() if key[0] == (16,)}
+    assert _transfer_sentence(one_x, layout) == "", "with one x there is nothing to transfer across"
