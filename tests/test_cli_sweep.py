@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from attn import cli, runs, sweep
+from attn.cli import sweeps as cli_sweeps
 from attn import experiment as experiments
 from attn.yamlio import ConfigError
 
@@ -123,7 +124,7 @@ def outcome(cell: str, action: str, status: str) -> sweep.RunOutcome:
 
 
 def test_the_bar_counts_only_runs_to_train_and_never_a_run_that_did_not_start(capsys):
-    progress = cli._SweepProgress(6, interactive=True)
+    progress = cli_sweeps.SweepProgress(6, interactive=True)
     for name in ("a", "b"):
         progress.ended_with(outcome(name, "skipped-finished", "completed"))
     assert progress.bar is None  # nothing trained yet: no bar
@@ -141,15 +142,15 @@ def test_the_bar_counts_only_runs_to_train_and_never_a_run_that_did_not_start(ca
 
 
 def test_an_all_skipped_sweep_draws_no_bar(capsys):
-    progress = cli._SweepProgress(3, interactive=True)
+    progress = cli_sweeps.SweepProgress(3, interactive=True)
     for name in "abc":
         progress.ended_with(outcome(name, "skipped-finished", "completed"))
     progress.close()
     assert progress.bar is None and capsys.readouterr().err == ""
     experiment = types.SimpleNamespace(name="exp")
-    assert cli._sweep_summary(experiment, [outcome(n, "skipped-finished", "completed") for n in "ab"]) == \
+    assert cli_sweeps.sweep_summary(experiment, [outcome(n, "skipped-finished", "completed") for n in "ab"]) == \
         "sweep exp: nothing to run: all 2 runs had finished (2 completed)"
-    assert cli._sweep_summary(experiment, [outcome("a", "skipped-finished", "completed"),
+    assert cli_sweeps.sweep_summary(experiment, [outcome("a", "skipped-finished", "completed"),
                                            outcome("b", "ran", "diverged"), outcome("c", "skipped-locked", "running")]) \
         == "sweep exp: 3 runs: 1 completed, 1 diverged, 1 running in another sweep; 1 of them had finished before (skipped)"
 
@@ -191,7 +192,7 @@ def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypa
     runs.write_json(tmp_path / "report.json", {"expectations": judged})
     monkeypatch.setattr(report, "write_report", lambda experiment: {"json": tmp_path / "report.json",
                                                                     "md": tmp_path / "report.md"})
-    cli._print_report(None)
+    cli_sweeps.print_report(None)
     assert capsys.readouterr().err.splitlines() == [
         "    confirmed  scaled-wins: the scaled arm wins", "not confirmed  fast: it is fast\\nat d_k 16",
         f"report: {tmp_path / 'report.md'} (2 expectations judged)"]

@@ -1,0 +1,88 @@
+"""What every command shares: exit codes, one-line errors, the argument
+parser that raises instead of printing usage, a config file told from
+overrides, a run-directory argument checked, and the signal handlers that
+stop a run after its current step."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from attn.config import all_keys, check_run_name
+from attn.train import StopFlag
+from attn.yamlio import ConfigError, show_value
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+
+
+class UsageError(Exception):
+    """Bad command-line usage; one line."""
+
+
+def one_line(text: str) -> str:
+    """A message as one line: a newline or other unprintable character that
+    came with a path or an argument is shown escaped (`\\n`), not printed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG] key=value ...: the first item is the config file unless it has an '='."""
+    if items and "=" not in items[0]:
+        if items[0] in all_keys() and not Path(items[0]).exists():
+            raise ConfigError(f"{items[0]}: no such config file; to set that field, write {items[0]}=VALUE")
+        return items[0], items[1:]
+    return None, items
+
+
+def install_stop_handlers(stop: StopFlag, second_stops_at_once: bool = True):
+    """SIGINT/SIGTERM: the first asks the run to stop after the current step,
+    with a checkpoint; a second stops it at once (KeyboardInterrupt), or with
+    `second_stops_at_once` false is ignored. Returns a function that puts the
+    previous handlers back."""
+    def handler(signum, _frame):
+        if not stop.reason:
+            stop.request(signal.Signals(signum).name)
+        elif second_stops_at_once:
+            raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore():
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
+
+    return restore
+
+
+def run_dir_argument(text: str, what: str) -> Path:
+    """A RUN_DIR argument: its last component a valid run name (config.check_run_name),
+    a directory holding config.yaml; else one line, before anything is touched."""
+    run_dir = Path(text)
+    name = Path(os.path.abspath(text)).name if text else text  # `.` is the directory it stands for
+    check_run_name(name, f"{what} {show_value(text)}: the run directory's name")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{what} {show_value(text)}: not a run directory (no config.yaml); "
+                          "expected a directory such as runs/<name>")
+    return run_dir
+
+
+def is_interactive() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def integer_at_least(minimum: int):
+    def parse(text: str) -> int:
+        if not text.isdigit() or int(text) < minimum:
+            raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer >= {minimum}")
+        return int(text)
+
+    return parse

@@ -1,0 +1,292 @@
+"""`attn sweep`, `attn report`, `attn verify` and `attn publish`: experiments,
+their progress and summary, their reports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from attn import jobs
+from attn.cli.common import (EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers, integer_at_least,
+                             is_interactive, one_line)
+from attn.config import load_config
+from attn.train import StopFlag
+from attn.yamlio import ConfigError, cut, read_yaml_file
+
+
+def cmd_sweep(args) -> int:
+    from attn import sweep
+
+    experiment = _experiment_to_sweep(args)
+    executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
+    stop = StopFlag()
+    with sweep.active_sweep(experiment) as last_one_out:
+        restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
+        try:
+            outcomes = _run_sweep(experiment, executor, stop)
+        finally:
+            restore_signals()
+        failed = [o for o in outcomes if o.action == "failed"]
+        print(sweep_summary(experiment, outcomes), file=sys.stderr)
+        for outcome in failed:
+            print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+        if stop.reason:
+            print(f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
+                  file=sys.stderr)
+            print(experiment.directory)
+            return EXIT_SIGNAL.get(stop.reason, 130)
+        report_failed = False
+        if not last_one_out():
+            print(f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
+                  f"writes it; or: attn report {experiment.path})", file=sys.stderr)
+        else:
+            try:
+                print_report(experiment)
+            except Exception as err:  # the runs are done and kept; only the summary of them failed
+                print(f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
+                      f"attn report {experiment.path} writes it again)", file=sys.stderr)
+                report_failed = True
+    print(experiment.directory)
+    return EXIT_FAILED if failed or report_failed else EXIT_OK
+
+
+SWEEP_OPTIONS = {"seeds": "--seeds", "seed": "--seeds", "grid": "--grid"}  # overrides that mean a sweep's option
+
+
+def _experiment_to_sweep(args):
+    """The experiment `attn sweep FILE ...` runs: FILE's own if it is an
+    experiment file; for a run config, the one its --grid and --seeds make,
+    whose file is written into its directory."""
+    from attn import experiment as experiments
+
+    for text in args.overrides:
+        key, _, value = text.partition("=")
+        if key.strip() in SWEEP_OPTIONS:
+            option = SWEEP_OPTIONS[key.strip()]
+            raise UsageError(f"sweep: {text}: did you mean {option} {value or '...'}? (a sweep's "
+                             f"{'grid' if option == '--grid' else 'seeds'} are set with {option}, not as key=value)")
+    given = [option for option, value in (("--grid", args.grid), ("--seeds", args.seeds), ("--name", args.name))
+             if value]
+    if experiments.is_experiment_file(args.experiment):
+        if given:
+            raise UsageError(f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
+                             f"drop {', '.join(given)} (they make an experiment from a run config)")
+        return experiments.load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
+                                           overrides=args.overrides)
+    if not args.grid:
+        read_yaml_file(args.experiment, "experiment file")  # a file that is no YAML mapping says so
+        load_config(args.experiment)  # a mapping that is no config either says why, as `attn train` would
+        raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
+                          f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
+    if args.runs_dir is not None:
+        jobs.check_directory_path(args.runs_dir, "--runs-dir")
+    experiment, data = experiments.command_line_experiment(
+        args.experiment, args.grid, args.seeds, args.name, args.overrides, args.runs_dir, args.max_cells, args.plots,
+        command=" ".join(["attn", *sys.argv[1:]]))
+    jobs.check_directory_path(experiment.directory.parent, "runs_dir")
+    experiments.save_experiment_file(experiment.path, data)
+    return experiment
+
+
+class SweepProgress:
+    """A sweep's progress as its runs start and end: done, running, skipped
+    and failed counts and the cells in flight. On a terminal, a tqdm bar over
+    the runs to train (a skipped run leaves its total; it appears with the
+    first run that starts or ends, so a re-run with nothing to do shows none;
+    a run never started is never counted done); elsewhere, one plain line per
+    stack started and per run ended."""
+
+    def __init__(self, total: int, interactive: bool, reports_starts: bool = True):
+        self.total, self.interactive, self.reports_starts = total, interactive, reports_starts
+        self.ended = 0  # outcomes so far, of every kind
+        self.counts = dict.fromkeys(("done", "failed", "interrupted", "skipped"), 0)
+        self.running: dict[str, None] = {}  # the cells in flight, in the order they started
+        self.bar = None
+
+    def tally(self) -> str:
+        c = self.counts
+        running = len(self.running) if self.reports_starts else "?"  # a Dask cluster does not say when a stack starts
+        return (f"done {c['done']}, running {running}, skipped {c['skipped']}, failed {c['failed']}"
+                + (f", interrupted {c['interrupted']}" if c["interrupted"] else ""))
+
+    def started(self, names: list[str]) -> None:
+        self.running.update(dict.fromkeys(names))
+        if self.interactive:
+            self._show()
+        else:
+            print(f"started {_few(names)}  ({self.tally()}; of {self.total})", file=sys.stderr, flush=True)
+
+    def ended_with(self, outcome) -> None:
+        self.ended += 1
+        self.running.pop(outcome.cell, None)
+        kind = ("skipped" if outcome.action.startswith("skipped") else None if outcome.action == "cancelled"
+                else "failed" if "failed" in (outcome.action, outcome.status)
+                else "interrupted" if outcome.status == "interrupted" else "done")
+        if kind is not None:
+            self.counts[kind] += 1
+        line = f"[{self.ended}/{self.total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
+        if not self.interactive:
+            print(line, file=sys.stderr, flush=True)
+            return
+        if kind in ("skipped", None):  # a skipped run leaves the total; a cancelled one stays in it, never done
+            if self.bar is not None:
+                self.bar.total -= kind == "skipped"
+                self._show()
+            return
+        self._show()
+        if kind in ("failed", "interrupted"):
+            self.bar.write(line, file=sys.stderr)
+
+    def _show(self) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total - self.counts["skipped"], unit="run", dynamic_ncols=True, file=sys.stderr)
+        self.bar.n = self.counts["done"] + self.counts["failed"] + self.counts["interrupted"]
+        flight = f"; in flight: {_few(list(self.running), 1)}" if self.reports_starts else ""
+        self.bar.set_postfix_str(self.tally() + flight, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    """'a, b, c +5 more': the first few names."""
+    more = f" +{len(names) - shown} more" if len(names) > shown else ""
+    return (", ".join(names[:shown]) or "none") + more
+
+
+def _run_sweep(experiment, executor, stop: StopFlag) -> list:
+    """Run the experiment's cells, showing their progress (SweepProgress)."""
+    from attn import sweep
+
+    total = len(experiment.cells)
+    print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
+    if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
+        print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
+    progress = SweepProgress(total, is_interactive(), reports_starts=hasattr(executor, "started"))
+    forwarded = False
+
+    def should_stop() -> bool:
+        """Polled while the runs go on: pass a stop on to the workers once,
+        here rather than in the handler, as the signal may come before they exist."""
+        nonlocal forwarded
+        if stop.reason and not forwarded:
+            sweep.signal_workers(executor, signal.Signals[stop.reason])
+            forwarded = True
+        return stop.reason is not None
+
+    try:
+        with executor:
+            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
+    finally:
+        progress.close()
+
+
+def sweep_summary(experiment, outcomes: list) -> str:
+    """One line: the runs by status, those skipped, or that there was nothing to run."""
+    counts, skipped = {}, 0
+    for outcome in outcomes:
+        label = "running in another sweep" if outcome.action == "skipped-locked" else outcome.status
+        counts[label] = counts.get(label, 0) + 1
+        skipped += outcome.action == "skipped-finished"
+    by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    if outcomes and skipped == len(outcomes):
+        return f"sweep {experiment.name}: nothing to run: all {skipped} runs had finished ({by_status})"
+    return (f"sweep {experiment.name}: {len(outcomes)} runs: {by_status}"
+            + (f"; {skipped} of them had finished before (skipped)" if skipped else ""))
+
+
+def print_report(experiment) -> None:
+    """Write the report; print its expectations' verdicts (from report.json) and its path."""
+    from attn import report
+
+    paths = report.write_report(experiment)
+    judged = json.loads(paths["json"].read_text()).get("expectations") or []
+    for expectation in judged:
+        print(f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
+              file=sys.stderr)
+    print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
+
+
+def cmd_report(args) -> int:
+    from attn.experiment import load_experiment
+
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, overrides=args.overrides)
+    print_report(experiment)
+    print(experiment.directory)
+    return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from attn import verify
+    from attn.experiment import load_experiment
+
+    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    result = verify.verify(experiment, args.kernel, args.workers,
+                           progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    print(verify.markdown(result))
+    for path in result["files"]:
+        print(path)
+    return EXIT_OK if result["agree"] else EXIT_FAILED
+
+
+def cmd_publish(args) -> int:
+    from attn import publish
+
+    for path in publish.publish(args.names or None, Path(args.runs_dir)):
+        print(path)
+    return EXIT_OK
+
+
+def _add_max_cells(parser) -> None:
+    from attn.experiment import MAX_CELLS
+
+    parser.add_argument("--max-cells", type=integer_at_least(1), default=MAX_CELLS,
+                        help="refuse an experiment of more runs (grid points x seeds) than this "
+                        f"(default: {MAX_CELLS})")
+
+
+def add_commands(sub) -> None:
+    """The sweep, report, verify and publish commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
+    p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
+    p.add_argument("experiment", metavar="FILE", help="an experiment file, e.g. experiments/sqrt_dk.yaml; or a run "
+                   "config with --grid")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="set for every cell, e.g. dtype=float64")
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="with a run config: a grid key and its "
+                   "values (typed as overrides are); repeat for more keys: their product is the grid")
+    p.add_argument("--seeds", metavar="SEEDS", help="with a run config: the seeds, e.g. 0-4, 0,2,5 or 0-2,7 "
+                   "(default: the config's seed)")
+    p.add_argument("--name", help="with a run config: the experiment's name, its directory under runs_dir "
+                   "(default: <config>-<grid keys>); its experiment.yaml is written there")
+    p.add_argument("--workers", type=integer_at_least(1), help="local worker processes (default: one per core)")
+    p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
+    p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
+    p.add_argument("--plots", action="store_true", help="draw every run's own figures as it ends (default: none; "
+                   "attn plot RUN draws them at any time, and the report draws its own)")
+    _add_max_cells(p)
+    p.set_defaults(func=cmd_sweep)
+    p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
+    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                   help="as given to its sweep, e.g. dtype=float64")
+    p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    _add_max_cells(p)
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("verify", help="re-run an experiment in float64 and on another BLAS kernel")
+    p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml (its sweep done)")
+    p.add_argument("--kernel", help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
+                   "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)")
+    p.add_argument("--workers", type=integer_at_least(1), help="local worker processes (default: one per core)")
+    p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    _add_max_cells(p)
+    p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("publish", help="publish reports and their generated results text")
+    p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
+    p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
+    p.set_defaults(func=cmd_publish)

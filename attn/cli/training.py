@@ -1,0 +1,201 @@
+"""`attn train` (fresh, --resume, --fork), `attn config` and `attn plot`: one run, its config, its figures."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import yaml
+
+from attn import jobs, locks, runs
+from attn.cli.common import (EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers,
+                             is_interactive, one_line, run_dir_argument, split_config_and_overrides)
+from attn.config import describe_schema, load_config, to_dict
+from attn.train import StopFlag
+from attn.yamlio import ConfigError
+
+
+@contextlib.contextmanager
+def _progress_printer(total_steps: int):
+    """Yields progress(step, record): a tqdm bar on a terminal, plain lines every
+    ~10% elsewhere (CI, pipes). The bar starts at the first step reported (a
+    resumed run's) and is closed however the run ends."""
+    if not is_interactive():
+        every = max(1, total_steps // 10)
+        next_line = 0
+
+        def progress(step, record):
+            nonlocal next_line
+            if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
+                next_line = step + every
+                number = runs.format_number
+                print(f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
+                      f"eval_loss {number(record['eval_loss'], '.4g')}  "
+                      f"eval_acc {number(record['eval_accuracy'], '.3f')}  "
+                      f"score_std {number(record['score_std'], '.3g')}", file=sys.stderr, flush=True)
+
+        yield progress
+        return
+    from tqdm import tqdm
+
+    bar = None
+
+    def progress(step, record):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total_steps, initial=step, unit="step", dynamic_ncols=True)
+        if step < total_steps:
+            bar.update(1)
+        if record is not None:
+            bar.set_postfix(loss=runs.format_number(record["train_loss"], ".3f"),
+                            eval_acc=runs.format_number(record["eval_accuracy"], ".3f"))
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def cmd_train(args) -> int:
+    config_path, overrides = split_config_and_overrides(args.items)
+    if args.resume is not None and args.fork is not None:
+        raise UsageError("train: --resume and --fork cannot be given together (--fork starts a new run from a "
+                         "checkpoint; --resume continues the run itself)")
+    if args.resume is not None and args.name is not None:
+        raise UsageError("train: --name cannot be given with --resume (a resumed run keeps its directory)")
+    if args.fork is not None and config_path is not None:
+        raise UsageError(f"train: --fork starts from its run's config: give changes as key=value, not the config "
+                         f"file {config_path}")
+    stop = StopFlag()
+    restore_signals = install_stop_handlers(stop)
+    try:
+        if args.resume is not None:
+            return _resume(args.resume, config_path, overrides, stop)
+        if args.fork is not None:
+            return _fork(args.fork, overrides, args.name, stop)
+        config = _load_run_config(config_path, overrides)
+        with jobs.new_run(config, config_path, overrides, args.name) as run_dir:
+            print(f"run directory: {run_dir}", file=sys.stderr)
+            return _train_and_report(config, run_dir, False, stop)
+    finally:
+        restore_signals()
+
+
+def _load_run_config(config_path: str | None, overrides: list[str]):
+    """load_config, saying so when the file is an experiment file, not a config."""
+    from attn.experiment import is_experiment_file
+
+    try:
+        return load_config(config_path, overrides)
+    except ConfigError:
+        if config_path is not None and is_experiment_file(config_path):
+            raise ConfigError(f"{config_path}: is an experiment file (it has a grid and seeds), not a run config; "
+                              f"run it with: attn sweep {config_path}") from None
+        raise
+
+
+def _resume(text: str, config_path: str | None, overrides: list[str], stop: StopFlag) -> int:
+    """--resume RUN [train.steps=N]: continue the run, or extend it to N steps."""
+    run_dir = run_dir_argument(text, "--resume")
+    with locks.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+        requested = _load_run_config(config_path, overrides) if config_path else None
+        resumption = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
+        state = resumption.state
+        if resumption.extended_from is not None:
+            jobs.record_extension(run_dir, resumption)
+            print(f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
+                  "(recorded in its config.yaml)", file=sys.stderr)
+        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        return _train_and_report(state.config, run_dir, True, stop, state)
+
+
+def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> int:
+    """--fork RUN[@STEP] [key=value ...]: a new run from the run's checkpoint at STEP."""
+    source_text, at, step_text = text.rpartition("@")
+    if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
+        source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
+    source = run_dir_argument(source_text, "--fork")
+    plan = jobs.plan_fork(source, None if step_text is None else int(step_text), overrides)
+    with jobs.new_fork(plan, overrides, name) as run_dir:
+        state = jobs.prepare_resume(plan.config, run_dir)
+        changed = "; ".join(plan.changes) or "no change: it continues as its source"
+        print(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
+        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        return _train_and_report(plan.config, run_dir, True, stop, state)
+
+
+def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state=None) -> int:
+    """Run it (from `state` when given); one line on how it ended; the run
+    directory as the last stdout line."""
+    summary = None
+    try:
+        with _progress_printer(config.train.steps) as progress:
+            summary = jobs.execute(config, run_dir, resume=resume, stop=stop, progress=progress, state=state)
+    except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
+        summary = runs.read_summary(run_dir) or {"status": "interrupted"}
+    except runs.RunError as err:  # the disk or the run directory, mid-run
+        print(f"error: run failed: {one_line(str(err))}", file=sys.stderr)
+    except Exception as err:
+        traceback_file = run_dir / "error.txt"
+        where = f" (traceback in {traceback_file})" if traceback_file.exists() else ""
+        print(f"error: run failed: {type(err).__name__}: {one_line(str(err))}{where}", file=sys.stderr)
+    status = summary["status"] if summary else "failed"
+    if summary:
+        line = f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
+        if summary.get("reason"):
+            line += f"  ({summary['reason']})"
+        if summary.get("final"):  # absent when stopped at once
+            line += (f"  {runs.summary_figures(summary)}  "
+                     f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s")
+        print(line, file=sys.stderr)
+    if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
+        print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
+    print(run_dir)
+    if status == "interrupted":
+        return EXIT_SIGNAL.get(stop.reason, 130)
+    return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
+
+
+def cmd_config(args) -> int:
+    config_path, overrides = split_config_and_overrides(args.items)
+    if config_path is None and not overrides:
+        rows = describe_schema()
+        width = max(len(r[0]) for r in rows)
+        print("attn config schema (YAML sections; override any field with key=value):")
+        for key, accepted, default, help_text in rows:
+            print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
+        return EXIT_OK
+    print(yaml.safe_dump(to_dict(load_config(config_path, overrides)), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_plot(args) -> int:
+    from attn import plots  # matplotlib takes ~1 s to import: only for commands that draw
+
+    for text in args.run_dirs:
+        run_dir = run_dir_argument(text, "plot")
+        with locks.RunLock(run_dir, "plot"):
+            for path in plots.plot_run(run_dir):
+                print(path)
+    return EXIT_OK
+
+
+def add_commands(sub) -> None:
+    """The train, config and plot commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
+    p = sub.add_parser("train", help="train one run")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] key=value", help="config file, then overrides")
+    p.add_argument("--name", help="run directory name (default: <config>-<time>)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint; with "
+                   "train.steps=N larger than its budget, extend a completed (or stopped) run to N steps")
+    p.add_argument("--fork", metavar="RUN_DIR[@STEP]", help="start a new run (default name <run>-fork-<step>) from "
+                   "the run's checkpoint at STEP (default: its last), with key=value changes to its rates, "
+                   "schedule, budget, score scale or logging")
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("config", help="print the schema, or a resolved config")
+    p.add_argument("items", nargs="*", metavar="[CONFIG] key=value")
+    p.set_defaults(func=cmd_config)
+    p = sub.add_parser("plot", help="redraw the figures of run directories")
+    p.add_argument("run_dirs", nargs="+")
+    p.set_defaults(func=cmd_plot)

@@ -1,0 +1,192 @@
+"""`attn compare`, `attn runs`, `attn board` and `attn bench`: looking at runs, and timing the step."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from attn.board import DEFAULT_HOST, DEFAULT_PORT
+from attn.cli.common import EXIT_OK, UsageError, integer_at_least
+
+
+def cmd_compare(args) -> int:
+    from attn import compare, compare_figure
+
+    result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
+                             args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
+                             facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
+    for skipped in result.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(result.table, end="")
+    for path in result.written:
+        print(path)
+    return EXIT_OK
+
+
+def cmd_runs(args) -> int:
+    from attn import grouping, listing as listings
+
+    listing = listings.list_runs(Path(args.path), args.status, args.experiment)
+    for skipped in listing.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    if not listing.rows:
+        print(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
+        return EXIT_OK
+    header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age"]
+    table = [header] + [
+        [row.name, row.status, row.task,
+         *(grouping.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
+         "—" if row.final[0] is None else f"{row.final[0]:.4g}",
+         "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age)]
+        for row in listing.rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    return EXIT_OK
+
+
+def _limits(text: str) -> tuple[float, float]:
+    low, comma, high = text.partition(",")
+    try:
+        limits = (float(low), float(high))
+    except ValueError:
+        limits = None
+    if not comma or limits is None or not all(map(math.isfinite, limits)) or limits[0] >= limits[1]:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
+    return limits
+
+
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a port number 0..65535 (0: any free port)")
+    return int(text)
+
+
+def cmd_board(args) -> int:
+    from attn.board import data, export, server
+
+    board = data.Board(args.paths)
+    if args.static:
+        print(export.export(board, Path(args.static)))
+        return EXIT_OK
+    try:
+        httpd, taken = server.open_server(board, args.host, args.port)
+    except OSError as err:
+        port = DEFAULT_PORT if args.port is None else args.port
+        raise UsageError(f"board: cannot listen on {args.host}:{port}: {err.strerror}; "
+                         "choose another with --port N (0: any free port) or --host") from None
+    with httpd:
+        if taken:
+            print(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
+        if not server.is_loopback(args.host):
+            print(f"--host {args.host}: the board is open to other machines on that network", file=sys.stderr)
+        shown = board.snapshot()
+        print(f"attn board: {len(shown['runs'])} runs under {board.title}, live; Ctrl-C stops it", file=sys.stderr)
+        print(httpd.url, flush=True)
+        try:
+            httpd.serve_forever()
+        except KeyboardInterrupt:
+            print("attn board: stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def _bench_sizes(text: str) -> list[str]:
+    from attn.bench.timing import SIZES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(SIZES)}")
+    return names
+
+
+def _rivals(text: str) -> list[str]:
+    from attn.bench.rivals import FRAMEWORKS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if any(n not in FRAMEWORKS for n in names):
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of {', '.join(FRAMEWORKS)}")
+    return names
+
+
+def _thread_counts(text: str) -> list[int]:
+    counts = [n.strip() for n in text.split(",") if n.strip()]
+    if not counts or not all(n.isdigit() and int(n) >= 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of thread counts >= 1, "
+                                         "e.g. 1,2")
+    return [int(n) for n in counts]
+
+
+def cmd_bench(args) -> int:
+    from attn.bench import rivals, suite
+
+    missing = [f for f in args.rivals if not rivals.available(f)]
+    if missing:
+        print(f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
+              "(make bench installs requirements-bench.txt)", file=sys.stderr)
+    result = suite.run(args.sizes, args.threads, args.warmup, args.steps, processes=not args.no_processes,
+                       headline=args.headline, frameworks=args.rivals,
+                       progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+    paths = suite.write(result, Path(args.out))
+    print(suite.markdown(result))
+    for path in paths.values():
+        print(path)
+    return EXIT_OK
+
+
+def add_commands(sub) -> None:
+    """The compare, runs, board and bench commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
+    p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
+    p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
+                   "(default: eval_loss and eval_accuracy)")
+    p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
+    p.add_argument("--smooth", type=float, default=0.0, metavar="BETA",
+                   help="bias-corrected EMA smoothing in [0, 1) (default: 0, none)")
+    p.add_argument("--threshold", type=float, default=0.99, help="accuracy for `steps to` (default: 0.99)")
+    p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
+                   help="y axes; auto: log for metrics named *loss* and for positive values spanning "
+                   "more than 3 decades, else linear")
+    p.add_argument("--out", help="output directory (default: <dir>/compare when every run lies directly in "
+                   "one directory <dir>, else a new compare-<time> in the runs' deepest common directory)")
+    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="only the runs whose setting KEY (a "
+                   "dotted config key) has VALUE, typed as in an override; repeat to require several")
+    p.add_argument("--group-by", nargs="+", metavar="KEY", help="group by these config keys only: seeds and every "
+                   "other setting are pooled in a group (default: every setting but the seed)")
+    p.add_argument("--facet", metavar="KEY", help="one row of panels per value of this config key")
+    p.add_argument("--xlim", type=_limits, metavar="LOW,HIGH", help="the x range of every panel; runs of very "
+                   "different lengths on one x axis: e.g. --xlim 0,500 shows the first 500 steps of all")
+    p.add_argument("--include-unfinished", action="store_true", help="count runs that did not finish (running, "
+                   "stale, interrupted, failed) in the table's statistics too (default: drawn, but left out)")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")
+    p.add_argument("path", nargs="?", default="runs", help="a directory of runs (default: runs)")
+    p.add_argument("--status", help="only runs with this status (running, completed, diverged, interrupted, "
+                   "failed, stale, unknown)")
+    p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
+    p.set_defaults(func=cmd_runs)
+    p = sub.add_parser("board", help="serve the run board: runs and experiments in a browser, live")
+    p.add_argument("paths", nargs="*", default=["runs"], metavar="PATH",
+                   help="run directories, directories of runs, or globs (default: runs)")
+    p.add_argument("--port", type=_port, help=f"port to serve on (default: {DEFAULT_PORT}, or a free one if that is "
+                   "taken; 0: any free port)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}, this "
+                   "machine only)")
+    p.add_argument("--static", metavar="DIR", help="write the page with its data into DIR (opens from disk, "
+                   "no server) instead of serving it")
+    p.set_defaults(func=cmd_board)
+    p = sub.add_parser("bench", help="time the training step against PyTorch and JAX; sweeps")
+    p.add_argument("--sizes", type=_bench_sizes, default="default,wide,copy,large", help="which sizes (default: all)")
+    p.add_argument("--threads", type=_thread_counts, default="1,2", help="thread counts to time at (default: 1,2)")
+    p.add_argument("--steps", type=integer_at_least(1), default=50, help="timed steps per side and size (default: 50)")
+    p.add_argument("--warmup", type=integer_at_least(0), default=10, help="untimed steps first (default: 10)")
+    p.add_argument("--out", default="runs/bench", help="where the JSON and Markdown go (default: runs/bench)")
+    p.add_argument("--rivals", type=_rivals, default="torch,torch.compile,jax",
+                   help="rival frameworks to time, those installed (default: torch,torch.compile,jax)")
+    p.add_argument("--no-processes", action="store_true", help="skip peak memory and the sweep measurements")
+    p.add_argument("--headline", action="store_true", help="also time the headline experiment (a few minutes)")
+    p.set_defaults(func=cmd_bench)
