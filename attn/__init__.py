@@ -6,7 +6,7 @@ Importing attn imports none of them: `from attn.config import load_config`.
 """
 
 API = (
-    "attn.config.load_config", "attn.config.describe_schema", "attn.runstate.build", "attn.model.init_params",
+    "attn.config.load_config", "attn.schema.describe_schema", "attn.runstate.build", "attn.model.init_params",
     "attn.model.forward", "attn.model.loss_and_grads", "attn.reference.loss_and_grads",
     "attn.gradcheck.check_model", "attn.mechanism.row_statistics", "attn.jobs.create", "attn.jobs.execute",
     "attn.runs.read_metrics", "attn.runs.read_summary", "attn.plots.plot_run", "attn.experiment.load_experiment",

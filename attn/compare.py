@@ -37,7 +37,7 @@ import numpy as np
 
 from attn import plots, runs
 from attn.compare_figure import DEFAULT_METRICS, X_AXES, draw_comparison, shared_references
-from attn.config import all_keys, nearest_key
+from attn.schema import all_keys, nearest_key
 from attn.grouping import (THRESHOLD_METRIC, Group, Run, Skipped, duplicate_seeds, find_run_dirs, format_value,
                          group_runs, load_runs, matches, natural_key, parse_where, plain_value, run_figures,
                          short_names, unused_task_keys, used_settings, varying_keys)

@@ -62,8 +62,8 @@ from pathlib import Path
 import yaml
 
 from attn import jobs, runs
-from attn.config import (RESULT_NEUTRAL_KEYS, Config, all_keys, build, check_run_name, load_config, nearest_key,
-                         parse_override, set_dotted, validate, with_values)
+from attn.config import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
+from attn.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
 from attn.report_spec import ReportSpec, check_lengths, check_report
 from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 

@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from attn import locks, plots, runs
-from attn.config import RESULT_NEUTRAL_KEYS, TaskConfig, field_value, flatten_config, unread_keys
+from attn.config import field_value, flatten_config
+from attn.schema import RESULT_NEUTRAL_KEYS, TaskConfig, unread_keys
 from attn.yamlio import ConfigError, parse_yaml, show_value
 
 THRESHOLD_METRIC = "eval_accuracy"

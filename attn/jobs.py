@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from attn import allocator, arrayfiles, locks, runs, runstate, train
-from attn.config import Config, check_run_name, flatten_config, load_config, to_dict
+from attn.config import check_run_name, flatten_config, load_config
+from attn.schema import Config, to_dict
 from attn.train import StopFlag
 from attn.yamlio import ConfigError, show_value
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from attn import model, runstate
-from attn.config import Config
+from attn.schema import Config
 
 EVAL_EXAMPLES = 512
 

@@ -21,7 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from attn.config import Config
+from attn.schema import Config
 from attn.yamlio import ConfigError, cut
 
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from attn.config import all_keys
+from attn.schema import all_keys
 from attn.yamlio import ConfigError, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")

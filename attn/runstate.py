@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from attn import arrayfiles, model, optim, runs
-from attn.config import Config
+from attn.schema import Config
 from attn.model import Batch, ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 

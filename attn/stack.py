@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from attn import layers
-from attn.config import Config, estimate_memory_bytes, flatten_config, to_dict
+from attn.config import estimate_memory_bytes, flatten_config
+from attn.schema import Config, to_dict
 from attn.model import Batch
 from attn.runstate import RunState, build_optimizer, build_spec, build_task, lr_multipliers
 

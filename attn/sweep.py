@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 from attn import jobs, locks, runs, runstate
-from attn.config import to_dict
+from attn.schema import to_dict
 from attn.experiment import Cell, Experiment, config_change
 from attn.train import StopFlag
 from attn.stack import members_per_stack, stack_cost, stack_key

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from attn import arrayfiles, mechanism, model, optim, runs
-from attn.config import Config
+from attn.schema import Config
 from attn.model import Batch
 from attn.stack import Stack, member_batch, stack_batches, stack_key
 from attn.runstate import RunState, prepare, save_checkpoint

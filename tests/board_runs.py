@@ -1,5 +1,5 @@
 """Run directories written by hand for the board's tests: a real config
-(attn.config.to_dict of a Config, runs.write_config), made-up records
+(attn.schema.to_dict of a Config, runs.write_config), made-up records
 (runs.append_metrics) and a summary (runs.write_json), with no training."""
 
 import math
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from attn import locks, runs
-from attn.config import load_config, to_dict
+from attn.config import load_config
+from attn.schema import to_dict
 
 LOG_EVERY = 10
 

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from attn import cli, jobs, runs
-from attn.config import load_config, to_dict
+from attn.config import load_config
+from attn.schema import to_dict
 from helpers import TINY
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attn import cli, compare, compare_figure, curves, grouping, runs
-from attn.config import load_config, to_dict
+from attn.config import load_config
+from attn.schema import to_dict
 from attn.yamlio import ConfigError
 
 

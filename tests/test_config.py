@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from attn import cli, jobs, model, runstate
-from attn.config import (Config, all_keys, describe_schema, estimate_memory_bytes, load_config, memory_limit_bytes,
-                         param_names, replace, to_dict)
+from attn.config import estimate_memory_bytes, load_config, memory_limit_bytes, param_names, replace
+from attn.schema import Config, all_keys, describe_schema, to_dict
 from attn.yamlio import ConfigError
 from helpers import billion_laughs
 

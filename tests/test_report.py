@@ -25,7 +25,8 @@ from helpers import PNG_SIGNATURE
 
 from attn import experiment as experiments
 from attn import arrayfiles, mechanism, outcomes, report_figures, report_spec, runs, stats
-from attn.config import load_config, replace, to_dict
+from attn.config import load_config, replace
+from attn.schema import to_dict
 from attn.grouping import format_value
 from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.report import Layout, judged_cells, write_report

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from attn import cli, jobs, runs
-from attn.config import all_keys, load_config
+from attn.config import load_config
+from attn.schema import all_keys
 from helpers import TINY
 
 REPO = Path(__file__).resolve().parents[1]

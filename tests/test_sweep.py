@@ -15,7 +15,8 @@ import yaml
 
 from attn import cli, jobs, runs, sweep
 from attn import experiment as experiments
-from attn.config import load_config, to_dict
+from attn.config import load_config
+from attn.schema import to_dict
 from attn import outcomes
 from attn.report import write_report
 from attn.results import collect

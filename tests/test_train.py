@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
-from attn.config import load_config, to_dict
+from attn.config import load_config
+from attn.schema import to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
 REPO = Path(__file__).resolve().parents[1]

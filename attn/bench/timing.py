@@ -38,7 +38,8 @@ import numpy as np
 
 from attn import allocator, layers, model, runstate
 from attn.bench import rivals
-from attn.config import Config, load_config
+from attn.config import load_config
+from attn.schema import Config
 from attn.model import Batch, ModelSpec
 
 REPO = Path(__file__).resolve().parents[2]

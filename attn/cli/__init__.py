@@ -35,7 +35,7 @@ from attn import runs
 from attn.cli import sweeps, training, views
 from attn.cli.common import (EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, Parser,  # noqa: F401
                              UsageError, one_line)
-from attn.config import all_keys, nearest_key
+from attn.schema import all_keys, nearest_key
 from attn.yamlio import ConfigError
 
 

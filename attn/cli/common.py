@@ -11,7 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
-from attn.config import all_keys, check_run_name
+from attn.config import check_run_name
+from attn.schema import all_keys
 from attn.train import StopFlag
 from attn.yamlio import ConfigError, show_value
 

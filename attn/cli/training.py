@@ -11,7 +11,8 @@ import yaml
 from attn import jobs, locks, runs
 from attn.cli.common import (EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers,
                              is_interactive, one_line, run_dir_argument, split_config_and_overrides)
-from attn.config import describe_schema, load_config, to_dict
+from attn.config import load_config
+from attn.schema import describe_schema, to_dict
 from attn.train import StopFlag
 from attn.yamlio import ConfigError
 
