@@ -47,6 +47,7 @@ import re
 import signal
 import socket
 import time
+import typing
 from pathlib import Path
 
 import yaml
@@ -83,22 +84,15 @@ def write_atomic(path: Path, data: bytes) -> None:
     """Write bytes to path via a temporary file + fsync + rename: a crash, a
     signal or a full disk at any moment leaves the old file or the new one."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary_of(path)
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(err, OSError):
-            raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
-        raise
-    with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
-        _fsync_dir(path.parent)
-    _count_durable_write()
+        _discard(tmp, path, err)
+    _put_in_place(tmp, path)
 
 
 def link_atomic(source: Path, path: Path) -> None:
@@ -106,25 +100,39 @@ def link_atomic(source: Path, path: Path) -> None:
     like write_atomic: a crash leaves the old path or the new one. Where the
     file system has no hard links, path gets a copy of source's bytes."""
     source, path = Path(source), Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary_of(path)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
     try:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         os.link(source, tmp)
     except OSError:
         write_atomic(path, source.read_bytes())
         return
+    _put_in_place(tmp, path)
+
+
+def _temporary_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")  # TEMPORARY_NAME matches it
+
+
+def _put_in_place(tmp: Path, path: Path) -> None:
+    """Rename the finished temporary over path, then make the rename durable."""
     try:
         os.replace(tmp, path)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(err, OSError):
-            raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
-        raise
-    with contextlib.suppress(OSError):
+        _discard(tmp, path, err)
+    with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
         _fsync_dir(path.parent)
     _count_durable_write()
+
+
+def _discard(tmp: Path, path: Path, err: BaseException) -> typing.NoReturn:
+    """The temporary removed, path left as it was; an OSError as one line (RunError)."""
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+    if isinstance(err, OSError):
+        raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
+    raise err
 
 
 _writes_done = 0
@@ -384,23 +392,12 @@ def _is_figures(value) -> bool:
 
 SUMMARY_FIELDS = {  # the fields readers use: key -> (check, what it must be); others are kept as they are
     "status": (lambda v: v in STATUSES, "one of " + ", ".join(STATUSES)),
-    "reason": (lambda v: v is None or _is_text(v), "a string or null"),
-    "host": (_is_text, "a string"),
-    "process": (lambda v: v is None or _is_text(v), "a string or null"),
-    "plot_error": (_is_text, "a string"),
-    "task": (_is_text, "a string"),
-    "pid": (_is_count, "an integer >= 0"),
-    "step": (_is_count, "an integer >= 0"),
-    "steps": (_is_count, "an integer >= 0"),
-    "nonfinite_steps": (_is_count, "an integer >= 0"),
+    **dict.fromkeys(("reason", "process"), (lambda v: v is None or _is_text(v), "a string or null")),
+    **dict.fromkeys(("host", "plot_error", "task"), (_is_text, "a string")),
+    **dict.fromkeys(("pid", "step", "steps", "nonfinite_steps"), (_is_count, "an integer >= 0")),
     "resumed_from": (lambda v: v is None or _is_count(v), "an integer >= 0 or null"),
-    "updated_at": (_is_number, "a number"),
-    "started_at": (_is_number, "a number"),
-    "wall_time": (_is_number, "a number"),
-    "steps_per_sec": (_is_number, "a number"),
-    "final": (_is_figures, "a mapping of numbers"),
-    "best": (_is_figures, "a mapping of numbers"),
-    "references": (_is_figures, "a mapping of numbers"),
+    **dict.fromkeys(("updated_at", "started_at", "wall_time", "steps_per_sec"), (_is_number, "a number")),
+    **dict.fromkeys(("final", "best", "references"), (_is_figures, "a mapping of numbers")),
 }
 
 
