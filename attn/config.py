@@ -27,6 +27,7 @@ from attn.schema import (Config, FrozenMapping, all_keys, describe_accepted, fie
 from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 
 
+MAX_INTEGER = 2**53  # the largest integer field value: every integer up to it is exact as a float too
 MAX_NAME_CHARS = 200  # run and experiment names; NAME_MAX is 255 bytes and `-<n>` suffixes are added
 
 
@@ -101,6 +102,9 @@ def coerce(value, hint, meta, key: str, source: str):
         _fail(source, key, value, outer, meta)
     if hint in (int, float) and not _in_range(coerced, meta):
         _fail(source, key, value, outer, meta)
+    if hint is int and abs(coerced) > MAX_INTEGER:  # 1e308 is integer-valued, but no count, size or seed
+        raise ConfigError(f"{source}: {key}: got {show_value(value)}; expected an integer of at most "
+                          f"{MAX_INTEGER:,} (2^53)")
     return coerced
 
 

@@ -142,6 +142,9 @@ def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int,
     faults = _find_nonfinite(loss, grads, stack.params)
     logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
     records = _measure(stack, members, step, loss, grads, train_cache, batch, logged)
+    for k, member in enumerate(members):  # at step 0 and logging.mechanism_step, logged or not
+        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
+            _save_mechanism(member, stack, k, step)
     reported = list(zip(indices, records))  # every member that ran this iteration, for `progress`
     ending, skipped = [], []  # (index, status, reason) of the members that end here; those not updated
     for k, member in enumerate(members):
@@ -308,8 +311,6 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
         n_examples = min(member.config.logging.attention_examples, member.config.task.eval_size)
         if n_examples and step in (0, member.config.train.steps):
             _save_attention(member, stack, k, "init" if step == 0 else "final", n_examples)
-        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
-            _save_mechanism(member, stack, k, step)
         records.append(record)
     return records
 

@@ -48,8 +48,9 @@ def second_kernel(requested: str | None = None) -> str:
     (`requested` if it does); RunError when there is none (not OpenBLAS)."""
     current = running_kernel()
     if current is None:
-        raise runs.RunError("verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses; "
-                            "only the float64 re-run is possible (--no-kernel)")
+        raise runs.RunError("verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses, so "
+                            "there is no second kernel to re-run under; the float64 re-run alone is "
+                            "`attn sweep EXPERIMENT dtype=float64 --runs-dir runs/verify/float64`")
     for kernel in [requested] if requested else KERNELS:
         if kernel != current and running_kernel({**os.environ, "OPENBLAS_CORETYPE": kernel}) == kernel:
             return kernel

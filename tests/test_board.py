@@ -30,7 +30,7 @@ import pytest
 from board_runs import LOG_EVERY, record, write_run, write_summary
 from helpers import PNG_SIGNATURE
 
-from attn import cli, compare_figure, curves, grouping, plots, runs
+from attn import cli, compare_figure, curves, grouping, locks, plots, runs
 from attn.board import STATIC_DIR, data, export, server
 
 SCALES = ("sqrt", "none")
@@ -278,6 +278,14 @@ def test_plot_endpoint_draws_a_runs_figures_on_demand(tmp_path):
     drawn = sorted(p.name for p in run_dir.glob("*.png"))
     assert status == 200 and drawn and [f["name"] for f in json.loads(body)["figures"]] == drawn
     assert all((run_dir / name).read_bytes().startswith(PNG_SIGNATURE) for name in drawn)
+
+
+def test_plot_endpoint_refuses_a_run_another_process_writes(tmp_path):
+    run_dir = write_run(tmp_path / "runs" / "r", logged_until=40)
+    with locks.RunLock(run_dir, "train"), serving(data.Board([tmp_path / "runs"])) as httpd:
+        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", {"X-Attn-Board": "1"})
+    assert status == 409 and "in use by attn train" in json.loads(body)["error"]
+    assert not list(run_dir.glob("*.png")), "nothing drawn into a run another writer holds"
 
 
 def test_a_taken_default_port_falls_back_to_a_free_one_and_a_taken_explicit_one_is_an_error(root, capsys):

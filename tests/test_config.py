@@ -336,6 +336,7 @@ def test_malformed_override_is_refused(override):
     ("optim.lr=abc", f"optim.lr: got 'abc'; expected {ACCEPTED['optim.lr']}"),
     ("optim.lr=", f"optim.lr: got ''; expected {ACCEPTED['optim.lr']}"),
     ("train.steps=1.5", f"train.steps: got 1.5; expected {ACCEPTED['train.steps']}"),
+    ("train.steps=1e308", f"train.steps: got 1.0e+308; expected an integer of at most {2**53:,} (2^53)"),
     ("seed=[", "not valid YAML"),
     ("seed=!!python/object/apply:os.getcwd []", "tags that build objects are not allowed"),
 ])

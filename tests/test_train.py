@@ -173,3 +173,13 @@ def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, c
     assert code == 2
     assert capsys.readouterr().err == "error: optim.lr: no such config file; to set that field, write optim.lr=VALUE\n"
     assert not any(tmp_path.iterdir())
+
+
+def test_the_mechanism_is_measured_at_its_step_whether_or_not_that_step_is_logged(tmp_path):
+    config = load_config(None, ["train.steps=20", "logging.log_every=25", "logging.mechanism_step=10",
+                                "logging.plots=false", f"runs_dir={tmp_path}", "task.eval_size=32"])
+    run_dir = jobs.create(config, name="mech")
+    jobs.execute(config, run_dir)
+    steps = {name.split("/")[0] for name in arrayfiles.load_arrays(run_dir / "mechanism.npz")}
+    assert steps == {"0", "10"}
+    assert [r["step"] for r in runs.read_metrics(run_dir)] == [0, 20], "step 10 is measured, not logged"

@@ -17,7 +17,9 @@ after its steps is kept, to show they computed the same thing.
 
 A child process per thread count (`python -m attn.bench.timing`) does the
 timing, since JAX fixes its threads when it starts: OPENBLAS/OMP/MKL
-threads, torch.set_num_threads and XLA's intra-op threads all set to N.
+threads and torch.set_num_threads set to N, and XLA limited to one thread
+in the one-thread child (XLA has no flag for N threads; with N > 1 it uses
+the cores it sees, which on a machine of N cores is N).
 """
 
 from __future__ import annotations

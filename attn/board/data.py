@@ -278,10 +278,12 @@ class Board:
                 "records": records[start:]}
 
     def draw_figures(self, run_id: str) -> list[dict]:
-        """Draw the run's figures into its directory (attn.plots.plot_run); its figures then."""
+        """Draw the run's figures into its directory (attn.plots.plot_run), holding
+        the run's RunLock as every writer does (locks.RunLocked while another
+        process writes it); its figures then."""
         with self._lock:
             index, run_dir = self._locate(run_id)
-        with self._draw_lock:
+        with self._draw_lock, locks.RunLock(run_dir, "attn board: draw figures"):
             plots.plot_run(run_dir)
         return self._figures(run_id, run_dir)
 

@@ -36,6 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from attn.board import DEFAULT_HOST, DEFAULT_PORT, STATIC_DIR
 from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
+from attn.locks import RunLocked
 
 WRITE_HEADER = "X-Attn-Board"
 TEXT_SUFFIXES = {".md": "text/plain", ".jsonl": "text/plain", ".yaml": "text/plain", ".csv": "text/plain"}
@@ -163,7 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
             raise NotFound(f"{path}: nothing to post to")
         if not self.headers.get(WRITE_HEADER):
             raise _Refused(HTTPStatus.FORBIDDEN, f"POST {path}: refused without the {WRITE_HEADER} header")
-        return _json({"figures": self.server.board.draw_figures(_required(query, "run"))})
+        try:
+            return _json({"figures": self.server.board.draw_figures(_required(query, "run"))})
+        except RunLocked as err:  # training, or another writer: the page says who, and can try again later
+            raise _Refused(HTTPStatus.CONFLICT, err) from None
 
     def _static(self, name: str):
         if name not in self.server.static_names:

@@ -15,7 +15,7 @@ Options, positionals and key=value overrides mix in any order
 (parse_intermixed_args).
     attn runs [PATH] [--status S]             list runs
     attn board [PATH ...] [--port N]          the live run board in a browser (--static DIR: as files)
-    attn bench [--sizes default,mid,large]    time the training step against PyTorch
+    attn bench [--sizes default,wide,copy,large] [--headline]   the training step against PyTorch and JAX
 
 (`attn` is the console script of the editable install that the make targets
 make in .venv; `python -m attn` is the same.)
