@@ -384,8 +384,10 @@ def test_a_run_whose_scores_are_all_nan_warns_nothing(tmp_path, capsys):
 def test_long_values_are_cut_and_big_numbers_shown_short(capsys):
     message = one_line_error(capsys, "train", "optim.lr=" + "x" * 10_000)
     assert len(message) < 300 and "x" * 76 + "..." in message
-    message = one_line_error(capsys, "train", "model.d_k=1.0e+308")
-    assert len(message) < 300 and "model.d_k=1e+308" in message and "GiB" in message
+    message = one_line_error(capsys, "train", "model.d_k=1.0e+15")
+    assert len(message) < 300 and "model.d_k=1e+15" in message and "GiB" in message
+    assert one_line_error(capsys, "train", "model.d_k=1.0e+308").endswith(
+        "model.d_k: got 1.0e+308; expected an integer of at most 9,007,199,254,740,992 (2^53)")
     assert "seed: got 'y" in one_line_error(capsys, "train", "seed=" + "y" * 5000)
     assert "an integer of 5000 digits" in one_line_error(capsys, "train", "seed=" + "9" * 5000)
     assert "optim.lr: got '1" in one_line_error(capsys, "train", "optim.lr=1" + "0" * 400 + ".0")
