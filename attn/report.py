@@ -347,7 +347,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                        for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
-    runs.write_json(paths["json"], data)
+    runs.write_json(paths["json"], data, indent=None)  # every cell and seed: compact, it is read by programs
     runs.write_atomic(paths["csv"], _csv_text(table_rows(ordered, layout, keys)).encode())
     paths.update(report_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))

@@ -185,8 +185,11 @@ def _json_safe(obj):
     return obj
 
 
-def write_json(path: Path, obj) -> None:
-    write_atomic(path, (json.dumps(_json_safe(obj), indent=2, sort_keys=True) + "\n").encode())
+def write_json(path: Path, obj, indent: int | None = 2) -> None:
+    """obj as JSON (keys sorted; indent None: compact, for large machine-read files), atomically."""
+    separators = None if indent else (",", ":")
+    write_atomic(path, (json.dumps(_json_safe(obj), indent=indent, sort_keys=True, separators=separators) + "\n")
+                 .encode())
 
 
 def read_run_file(path: Path, limit: int, what: str) -> bytes | None:
