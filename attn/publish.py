@@ -5,7 +5,7 @@
 For each experiment with a report in runs/<name>/ (default: every
 experiments/*.yaml that has one): its report, CSV, JSON and figures are
 copied to experiments/results/<name>/ (committed), with its verification
-(runs/verify/<name>.md) where `attn verify` made one. Then
+(runs/verify/<name>.md and .json) where `attn verify` made one. Then
 experiments/README.md is written afresh from those report.json files
 (each experiment's description, its generated paragraph, its verdicts, its
 figures), and README.md's block between RESULTS_BEGIN and RESULTS_END is
@@ -56,9 +56,10 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs") -> l
         for pattern in COPIED:
             for path in source.glob(pattern):
                 shutil.copy2(path, target / path.name)
-        verification = runs_dir / "verify" / f"{name}.md"
-        if verification.exists():
-            shutil.copy2(verification, target / "verify.md")
+        for suffix in (".md", ".json"):
+            verification = runs_dir / "verify" / f"{name}{suffix}"
+            if verification.exists():
+                shutil.copy2(verification, target / f"verify{suffix}")
         written.append(target)
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*/report.json"))}
     runs.write_atomic(REPO / "experiments" / "README.md", experiments_readme(reports).encode())
@@ -84,12 +85,17 @@ def verdict_lines(report: dict) -> list[str]:
 
 
 def verification_line(name: str) -> str | None:
-    path = RESULTS / name / "verify.md"
+    path = RESULTS / name / "verify.json"
     if not path.exists():
         return None
-    agree = "Every verdict agrees." in path.read_text()
-    return ("Re-run in float64 and on a second BLAS kernel (`make verify-ablation`): "
-            + ("every verdict agrees" if agree else "some verdicts differ: see the table") + f" ([verify.md](results/{name}/verify.md)).")
+    result = json.loads(path.read_text())
+    said = ("it declares no expectations" if not result["expectations"] else
+            "every verdict agrees" if result["agree"] else "some verdicts differ: see the table")
+    cells = result.get("cells", [])
+    same = sum(c["same"] for c in cells)
+    counts = f"; seeds that learned, the same count in all three in {same} of {len(cells)} cells" if cells else ""
+    return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts} "
+            f"([verify.md](results/{name}/verify.md)).")
 
 
 def experiments_readme(reports: dict[str, dict]) -> str:

@@ -16,8 +16,14 @@ child process, into runs/verify/<variant>/<name>:
 
 Each writes its report; then every expectation's verdict is compared across
 the three. A verdict that flips is a claim too fine to make: weaken it, or
-add seeds, until every verdict agrees. The comparison is written to
-runs/verify/<name>.md and .json, and verify exits 1 if any verdict differs.
+add seeds, until every verdict agrees. Beside the verdicts, each cell's
+count of seeds that learned is set side by side, and the cells where it
+differs are listed: per-seed outcomes of a chaotic arm may flip, which is
+why claims are made on rates with intervals and not on counts. An
+experiment that declares no expectations claims nothing, so no verdict can
+flip; it says so rather than "every verdict agrees". The comparison is
+written to runs/verify/<name>.md and .json, and verify exits 1 if any
+verdict differs.
 """
 
 from __future__ import annotations
@@ -86,6 +92,19 @@ def compare(reports: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def compare_cells(reports: dict[str, dict]) -> list[dict]:
+    """Per cell (its settings) of the first report: seeds that learned out of seeds, in every report."""
+    def counts(report: dict) -> dict[str, str]:
+        return {json.dumps(c["settings"], sort_keys=True): f"{c['success_rate']['k']}/{c['success_rate']['n']}"
+                for c in report["cells"]}
+    per_variant = {variant: counts(r) for variant, r in reports.items()}
+    rows = []
+    for key in next(iter(per_variant.values())):
+        learned = {variant: by_cell.get(key, "absent") for variant, by_cell in per_variant.items()}
+        rows.append({"settings": json.loads(key), "learned": learned, "same": len(set(learned.values())) == 1})
+    return rows
+
+
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
            progress: Callable[[str], None] = lambda message: None) -> dict:
     """Re-run the experiment in float64 and under a second kernel, compare every verdict (module docstring)."""
@@ -99,7 +118,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
     rows = compare(reports)
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
-              "expectations": rows, "agree": all(r["agree"] for r in rows)}
+              "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports)}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
@@ -115,7 +134,27 @@ def markdown(result: dict) -> str:
     platforms = "; ".join(f"{v}: {', '.join(p.get('blas', []))}, {', '.join(p.get('dtype', []))}, "
                           f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}"
                           for v, p in result["platforms"].items())
-    verdict = ("Every verdict agrees." if result["agree"] else
-               "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds.")
+    if not rows:
+        verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
+    else:
+        verdicts = [runs.markdown_table(header, rows), "",
+                    "Every verdict agrees." if result["agree"] else
+                    "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
-                      f"Platforms: {platforms}.", "", runs.markdown_table(header, rows), "", verdict, ""])
+                      f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants)])
+
+
+def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
+    """How many cells learned in as many seeds everywhere, and a table of those that did not."""
+    if not cells:
+        return []
+    differing = [c for c in cells if not c["same"]]
+    summary = (f"Seeds that learned, per cell: the same count in all three in {len(cells) - len(differing)} "
+               f"of {len(cells)} cells" + (":" if not differing else "; where it differs:"))
+    if not differing:
+        return [summary.rstrip(":") + ".", ""]
+    keys = list(differing[0]["settings"])
+    table = runs.markdown_table([*keys, *(f"learned {v}" for v in variants)],
+                                [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
+                                 for c in differing])
+    return [summary, "", table, ""]

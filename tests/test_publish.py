@@ -32,14 +32,18 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     (run_dir / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     (tmp_path / "runs" / "verify").mkdir()
     (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("table\n\nEvery verdict agrees.\n")
+    runs.write_json(tmp_path / "runs" / "verify" / "sqrt_dk.json",
+                    {"expectations": [{"id": "a"}], "agree": True,
+                     "cells": [{"same": True}, {"same": False}, {"same": True}]})
     written = publish.publish(None, tmp_path / "runs")
     results = repo / "experiments" / "results" / "sqrt_dk"
-    assert {p.name for p in results.iterdir()} == {"report.json", "report.md", "headline.png", "verify.md"}
+    assert {p.name for p in results.iterdir()} == {"report.json", "report.md", "headline.png", "verify.md",
+                                                   "verify.json"}
     assert json.loads((results / "report.json").read_text()) == data
     text = (repo / "README.md").read_text()
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
     assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
-    assert "every verdict agrees" in text
+    assert "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells" in text
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
 
@@ -99,6 +103,24 @@ def test_verify_compares_every_verdict_and_names_the_flips():
     text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
                             "expectations": rows, "agree": False})
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
+
+
+def cell(d_k: int, learned: int, n: int = 4) -> dict:
+    return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n}}
+
+
+def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_that_differ():
+    reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
+               "float64": {**report({}), "cells": [cell(16, 4), cell(64, 3)]},
+               "Sandybridge": {**report({}), "cells": [cell(16, 4)]}}
+    cells = verify.compare_cells(reports)
+    assert [c["same"] for c in cells] == [True, False]
+    assert cells[1]["learned"] == {"as run": "2/4", "float64": "3/4", "Sandybridge": "absent"}
+    text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
+                            "expectations": verify.compare(reports), "agree": True, "cells": cells})
+    assert "declares no expectations" in text and "Every verdict agrees" not in text
+    assert "the same count in all three in 1 of 2 cells; where it differs:" in text
+    assert "| 64 | none | 2/4 | 3/4 | absent |" in text and "| 16 | none |" not in text
 
 
 def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
