@@ -623,7 +623,7 @@ def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports(
 def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
     from types import SimpleNamespace
 
-    from attn.report import _transfer_sentence
+    from attn.report_text import _transfer_sentence
 
     chosen = {((16,), ("sqrt",)): 0.3, ((256,), ("sqrt",)): 0.3, ((16,), ("none",)): 0.1, ((256,), ("none",)): 0.03}
     best = {key: SimpleNamespace(settings={"optim.lr": lr}) for key, lr in chosen.items()}
