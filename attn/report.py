@@ -32,7 +32,15 @@ from attn.experiment import Experiment, config_change
 from attn.grouping import format_value
 from attn.report_text import arm_sentences, headline
 from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
-from attn.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
+from attn.verdicts import (
+    Layout,
+    edge_notes,
+    groups,
+    json_number,
+    judge,
+    judged_cells,
+    value_of,
+)
 
 
 # ---------------------------------------------------------------------------

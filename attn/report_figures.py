@@ -17,7 +17,7 @@
     lr_sensitivity.png final loss against the rate per x, every arm (with
                     report: sensitivity)
 
-Every figure: one colour per arm (arm_color, the same in every report), one
+Every figure: one colour per arm (attn.report_axes, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
 clipped to the bulk of the values and marked).
 """
@@ -32,91 +32,18 @@ from matplotlib.figure import Figure
 from attn import outcomes
 from attn.grouping import canonical, format_value
 from attn.plots import save_figure, series
+from attn.report_axes import (
+    OUTCOME_COLORS,
+    arm_colors,
+    arms_of,
+    bulk_limits,
+    dodged,
+    legend_below,
+    panels,
+    x_axis,
+    xs_of,
+)
 from attn.results import mechanism_rows, sort_key
-
-# One colour per arm value, the same in every report; others take PALETTE in order.
-ARM_COLORS = {"sqrt": "#1f77b4", "none": "#d62728", "linear": "#2ca02c", "sgd": "#1f77b4", "adam": "#9467bd",
-              "adamw": "#8c564b"}
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f")
-OUTCOME_COLORS = {outcomes.LEARNED: "#2ca02c", outcomes.LEARNED_THEN_LOST: "#ff7f0e", outcomes.SLOW: "#bcbd22",
-                  outcomes.STALLED: "#7f7f7f", outcomes.DIVERGED: "#d62728"}
-
-
-def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
-    """arm -> colour, a different one for each arm: ARM_COLORS by the arm's last
-    value where it has one (to the first arm claiming it), else the palette in order."""
-    colors, free = {}, [c for c in PALETTE]
-    for arm in arms:
-        known = ARM_COLORS.get(str(arm[-1])) if arm else None
-        if known and known not in colors.values():
-            colors[arm] = known
-            if known in free:
-                free.remove(known)
-    for arm in arms:
-        if arm not in colors:
-            colors[arm] = free.pop(0) if free else PALETTE[len(colors) % len(PALETTE)]
-    return colors
-
-
-def _arms(chosen: dict) -> list[tuple]:
-    return sorted({a for _, a in chosen}, key=lambda a: [sort_key(v) for v in a])
-
-
-def _xs(chosen: dict) -> list[tuple]:
-    return sorted({x for x, _ in chosen}, key=lambda x: [sort_key(v) for v in x])
-
-
-LEGEND_ROW_INCHES = 0.22  # the height of one row of a legend at fontsize 8
-DODGE_SPAN = 0.36  # series drawn side by side at one x spread over at most this (decades, or categories)
-X_MARGIN_DECADES = 0.25  # a log x axis reaches this far beyond the first and last x: room for dodged error bars
-
-
-def _dodged(positions: list, k: int, n: int, log: bool) -> list:
-    """Positions shifted for the k-th of n series drawn side by side, so that
-    their error bars do not overlap; all n together stay within DODGE_SPAN
-    (decades on a log axis, categories otherwise) of their x."""
-    offset = (k - (n - 1) / 2) * min(0.06, DODGE_SPAN / max(n - 1, 1))
-    return [p * 10 ** offset if log else p + offset for p in positions]
-
-
-def _x_axis(ax, xs: list[tuple], layout) -> dict:
-    """x value -> position: the value on a log axis when every x is one positive number, else categories."""
-    values = [x[0] for x in xs] if all(len(x) == 1 for x in xs) else None
-    if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
-        ax.set_xscale("log")
-        ax.set_xticks(values, [format_value(v) for v in values])
-        ax.minorticks_off()
-        ax.set_xlim(min(values) / 10 ** X_MARGIN_DECADES, max(values) * 10 ** X_MARGIN_DECADES)  # from the data
-        return {x: x[0] for x in xs}
-    ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs])
-    ax.set_xlim(-0.5, len(xs) - 0.5)
-    return {x: i for i, x in enumerate(xs)}
-
-
-def _bulk_limits(values, log: bool) -> tuple[float, float] | None:
-    """(low, high) covering the 5th to 95th percentile of the finite values,
-    widened a little: an exploding seed does not set the range."""
-    finite = np.asarray([v for v in values if v is not None and np.isfinite(v) and (v > 0 or not log)], dtype=float)
-    if not finite.size:
-        return None
-    low, high = np.percentile(finite, [5, 95]) if finite.size >= 20 else (finite.min(), finite.max())
-    if log:
-        return low / 1.5, high * 1.5
-    pad = 0.05 * (high - low or abs(high) or 1.0)
-    return low - pad, high + pad
-
-
-def _legend_below(fig, handles, labels, ncol=None) -> None:
-    """The figure's one legend, below its panels, and the panels laid out
-    above it: the room left for it grows with its rows."""
-    rows = 0
-    if labels:
-        ncol = ncol or min(len(labels), 4)
-        rows = math.ceil(len(labels) / ncol)
-        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, min(0.4, (LEGEND_ROW_INCHES * rows + 0.25 * bool(rows)) / height), 1, 1))
 
 
 def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool,
@@ -125,7 +52,7 @@ def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: 
     there (one per best_of value); best, shared: (x, arm) -> the judged cell;
     `sensitive`: draw final loss against the rate, every arm."""
     out = experiment.directory
-    colors = arm_colors(_arms(best))
+    colors = arm_colors(arms_of(best))
     paths = {"headline": headline_figure(best, shared, layout, colors, out / "headline.png", experiment.name),
              "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png")}
     for name, metric, label in (("loss_curves", "eval_loss", "eval loss (nats)"),
@@ -149,19 +76,19 @@ def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: 
 def headline_figure(best, shared, layout, colors, path, name):
     fig = Figure(figsize=(11, 4.6))
     ax_rate, ax_time = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    xs = _xs(best)
+    xs = xs_of(best)
     budget = max(c.budget for c in best.values())
     handles = {}
     for ax in (ax_rate, ax_time):
-        position = _x_axis(ax, xs, layout)
+        position = x_axis(ax, xs, layout)
     series_drawn = [(chosen, style, what, arm) for chosen, style, what in ((best, "-", "best"), (shared, "--", "shared"))
-                    for arm in _arms(chosen)]
+                    for arm in arms_of(chosen)]
     log = ax_rate.get_xscale() == "log"
     for k, (chosen, style, what, arm) in enumerate(series_drawn):
         cells = [(x, c) for x in xs if (c := chosen.get((x, arm))) is not None and c.n]
         if not cells:
             continue
-        px = _dodged([position[x] for x, _ in cells], k, len(series_drawn), log)
+        px = dodged([position[x] for x, _ in cells], k, len(series_drawn), log)
         rates = [c.rate("success") for _, c in cells]
         mid = [r["rate"] for r in rates]
         line = ax_rate.errorbar(px, mid, yerr=[[m - r["low"] for m, r in zip(mid, rates)],
@@ -192,14 +119,14 @@ def headline_figure(best, shared, layout, colors, path, name):
     fig.suptitle(f"{name}: " + ("solid: each arm at its best " + layout.names[layout.best_of] +
                                 (f"; dashed: all at {layout.names[layout.best_of]} = {format_value(layout.spec.shared)}"
                                  if shared else "") if layout.best_of else "success and time to learn"), fontsize=10)
-    _legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
 
 def phase_figure(by_key, best, layout, path):
-    arms = _arms(best)
+    arms = arms_of(best)
     fig = Figure(figsize=(4.2 * len(arms) + 0.5, 4.4))
-    xs = _xs(best)
+    xs = xs_of(best)
     rates = sorted({canonical(c.settings[layout.best_of]): c.settings[layout.best_of] for group in by_key.values()
                     for c in group}.values(), key=sort_key)  # by canonical text: a value may be a mapping
     for i, arm in enumerate(arms):
@@ -228,7 +155,7 @@ def phase_figure(by_key, best, layout, path):
     handles = [Patch(color=OUTCOME_COLORS[n]) for n in outcomes.OUTCOMES]
     fig.suptitle("dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen",
                  fontsize=9)
-    _legend_below(fig, handles, list(outcomes.OUTCOMES), ncol=5)
+    legend_below(fig, handles, list(outcomes.OUTCOMES), ncol=5)
     return save_figure(fig, path, tight=False)
 
 
@@ -241,11 +168,11 @@ def _box(col, row, face, edge, width=0.8):
 def final_loss_figure(best, layout, colors, path):
     fig = Figure(figsize=(7.5, 4.4))
     ax = fig.add_subplot()
-    xs, arms = _xs(best), _arms(best)
-    position = _x_axis(ax, xs, layout)
+    xs, arms = xs_of(best), arms_of(best)
+    position = x_axis(ax, xs, layout)
     log_x = ax.get_xscale() == "log"
     values = [v for c in best.values() for v in c.final_losses() if math.isfinite(v)]
-    limits = _bulk_limits(values, log=True)
+    limits = bulk_limits(values, log=True)
     rng = np.random.default_rng(0)  # the jitter only
     handles = {}
     top = limits[1] if limits else 1.0
@@ -277,19 +204,12 @@ def final_loss_figure(best, layout, colors, path):
     ax.grid(True, which="major", alpha=0.25)
     ax.set_title("final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)",
                  fontsize=9)
-    _legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
 
-def _panels(n: int, width: float = 3.4, height: float = 2.9):
-    cols = 3 if n in (5, 6, 9) else min(n, 4)
-    rows = math.ceil(n / cols)
-    fig = Figure(figsize=(width * cols, height * rows + 0.6))
-    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
-
-
 def curves_figure(mixed, layout, path):
-    fig, axes = _panels(len(mixed))
+    fig, axes = panels(len(mixed))
     for ax, ((x, arm), cell) in zip(axes, mixed.items()):
         for seed in cell.seeds:
             steps, acc = series(seed.run.records, "eval_accuracy")
@@ -304,24 +224,24 @@ def curves_figure(mixed, layout, path):
 
     present = [n for n in outcomes.OUTCOMES if any(c.count(n) for c in mixed.values())]
     fig.suptitle("cells whose seeds split between outcomes: every seed, coloured by its outcome", fontsize=9)
-    _legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
+    legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
     return save_figure(fig, path, tight=False)
 
 
 def mechanism_figure(best, layout, colors, steps, path):
-    fig, axes = _panels(6, width=3.6, height=3.0)
-    xs, arms = _xs(best), _arms(best)
+    fig, axes = panels(6, width=3.6, height=3.0)
+    xs, arms = xs_of(best), arms_of(best)
     first, later = steps[0], steps[-1]
     handles = {}
-    panels = [
+    panel_specs = [
         ("score std at step 0 (dashed: theory √d_k·s·g²)", None, "log"),
         (f"saturated rows (max p > 0.99): step {first} ●, {later} ○", "saturated_frac", "linear"),
         (f"median ‖∇W_q‖ of a row at step {first}: saturated ×, other ●", "grad_W_q", "log"),
         (f"median ‖∇W_k‖ of a row at step {first}: saturated ×, other ●", "grad_W_k", "log"),
         (f"share of Σ‖∇W_q‖² in the top 10% of rows: {first} ●, {later} ○", "grad_W_q_top_share", "linear"),
     ]
-    for ax, (title, key, yscale) in zip(axes, panels):
-        position = _x_axis(ax, xs, layout)
+    for ax, (title, key, yscale) in zip(axes, panel_specs):
+        position = x_axis(ax, xs, layout)
         for arm in arms:
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
             px = [p for p, _ in cells]
@@ -355,14 +275,14 @@ def mechanism_figure(best, layout, colors, steps, path):
     ax.grid(True, alpha=0.25)
     fig.suptitle("why an unscaled head stops learning: the mechanism, measured on the eval set's query rows "
                  "(median over seeds)", fontsize=9)
-    _legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
 
 def curves_over_training(best, layout, colors, metric, ylabel, path):
     """A metric over training at each arm's best setting: every seed (thin) and the median (thick), a panel per x."""
-    xs, arms = _xs(best), _arms(best)
-    fig, axes = _panels(len(xs))
+    xs, arms = xs_of(best), arms_of(best)
+    fig, axes = panels(len(xs))
     handles = {}
     for ax, x in zip(axes, xs):
         values = []
@@ -380,7 +300,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
             longest = max(curves, key=lambda c: len(c[0]))[0]
             median = [np.median([v[steps == s][0] for steps, v in curves if (steps == s).any()]) for s in longest]
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
-        limits = _bulk_limits(values, log=True)
+        limits = bulk_limits(values, log=True)
         if limits:
             ax.set_ylim(*limits)
         ax.set_yscale("log")
@@ -390,7 +310,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
         ax.grid(True, which="major", alpha=0.25)
     fig.suptitle(f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
                  "y range from the bulk of the values", fontsize=9)
-    _legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
 
@@ -398,7 +318,7 @@ def sensitivity_figure(by_key, layout, colors, path):
     """Final eval loss against the rate (median over seeds, a seed's divergence at its loss at init), a panel per x."""
     xs = sorted({x for x, _ in by_key}, key=lambda x: [sort_key(v) for v in x])
     arms = sorted({a for _, a in by_key}, key=lambda a: [sort_key(v) for v in a])
-    fig, axes = _panels(len(xs), width=3.8, height=3.2)
+    fig, axes = panels(len(xs), width=3.8, height=3.2)
     handles = {}
     for ax, x in zip(axes, xs):
         initial = []
@@ -423,7 +343,7 @@ def sensitivity_figure(by_key, layout, colors, path):
         ax.grid(True, which="major", alpha=0.25)
     fig.suptitle("learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
                  "counts as its loss at init)", fontsize=9)
-    _legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
+    legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
     return save_figure(fig, path, tight=False)
 
 
@@ -452,7 +372,7 @@ def lengths_figure(at_lengths: dict, layout, colors, path):
             ax.set_title(f"{layout.x_name} = {layout.x_label(x)}", fontsize=9)
             ax.grid(True, alpha=0.25)
     fig.suptitle("trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
-    _legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
 

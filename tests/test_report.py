@@ -611,7 +611,7 @@ def test_a_bad_report_section_is_refused_with_one_line(tmp_path, changes, messag
 
 
 def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports():
-    from attn.report_figures import ARM_COLORS, arm_colors
+    from attn.report_axes import ARM_COLORS, arm_colors
 
     arms = [("dot", "linear"), ("dot", "none"), ("dot", "sqrt"), ("qk_norm", None), ("softcap", "none")]
     colors = arm_colors(arms)
