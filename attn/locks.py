@@ -17,7 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from attn.runs import RunError, describe_os_error, is_finite_number, pid_alive, process_identity, writer_identity
+from attn.processes import pid_alive, process_identity, writer_identity
+from attn.runs import RunError, describe_os_error, is_finite_number
 
 LOCK_NAME = ".lock"
 LOCK_GRACE_SECONDS = 0.2  # a writer retries this long: a status probe holds the lock for microseconds

@@ -45,13 +45,13 @@ import math
 import os
 import re
 import signal
-import socket
 import time
 import typing
 from pathlib import Path
 
 import yaml
 
+from attn.processes import pid_alive, writer_identity
 from attn.schema import all_keys
 from attn.yamlio import ConfigError, read_regular_file, read_yaml_file
 
@@ -362,21 +362,6 @@ def heartbeat_fields() -> dict:
     return {"updated_at": time.time(), **writer_identity()}
 
 
-def writer_identity() -> dict:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "process": process_identity(os.getpid())}
-
-
-def process_identity(pid: int) -> str | None:
-    """'<boot id>:<start time in clock ticks>' of a live process on Linux, else None."""
-    try:
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    start_ticks = stat.rsplit(")", 1)[1].split()[19]  # field 22 of /proc/<pid>/stat
-    return f"{boot_id}:{start_ticks}"
-
-
 def _is_text(value) -> bool:
     return isinstance(value, str)
 
@@ -450,15 +435,3 @@ def summary_figures(summary: dict) -> str:
     return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
             f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
             f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
-
-
-def pid_alive(pid) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

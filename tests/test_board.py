@@ -30,7 +30,7 @@ import pytest
 from board_runs import LOG_EVERY, record, write_run, write_summary
 from helpers import PNG_SIGNATURE
 
-from attn import cli, compare_figure, curves, grouping, locks, plots, runs
+from attn import cli, compare_figure, curves, grouping, locks, plots, processes, runs
 from attn.board import STATIC_DIR, data, export, server
 
 SCALES = ("sqrt", "none")
@@ -134,7 +134,7 @@ def test_a_running_run_turns_stale_when_its_process_dies_without_a_file_changing
         run_dir = write_run(tmp_path / "runs" / "r", logged_until=20)
         runs.write_json(run_dir / "summary.json", {"status": "running", "updated_at": time.time(), "pid": writer.pid,
                                                    "host": socket.gethostname(),
-                                                   "process": runs.process_identity(writer.pid)})
+                                                   "process": processes.process_identity(writer.pid)})
         board = data.Board([tmp_path / "runs"])
         assert [run["status"] for run in board.snapshot()["runs"]] == ["running"]
     finally:
