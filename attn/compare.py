@@ -37,10 +37,11 @@ import numpy as np
 
 from attn import plots, runs
 from attn.compare_figure import DEFAULT_METRICS, X_AXES, draw_comparison, shared_references
-from attn.schema import all_keys, nearest_key
 from attn.grouping import (THRESHOLD_METRIC, Group, Run, Skipped, duplicate_seeds, find_run_dirs, format_value,
-                         group_runs, load_runs, matches, natural_key, parse_where, plain_value, run_figures,
-                         short_names, unused_task_keys, used_settings, varying_keys)
+                           group_runs, load_runs, matches, natural_key, parse_where, plain_value, run_figures,
+                           short_names, unused_task_keys, used_settings, varying_keys)
+from attn.outcomes import THRESHOLD
+from attn.schema import all_keys, nearest_key
 from attn.yamlio import ConfigError
 
 YSCALES = ("auto", "log", "linear")
@@ -227,7 +228,7 @@ def default_out_dir(run_dirs: list[Path]) -> Path:
         raise runs.RunError(f"{err}; choose an output directory with --out DIR") from None
 
 
-def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = 0.99,
+def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = THRESHOLD,
             yscale: str = "auto", out: Path | None = None, *, where=(), group_by: list[str] | None = None,
             facet: str | None = None, xlim: tuple[float, float] | None = None,
             include_unfinished: bool = False) -> Comparison:

@@ -172,7 +172,7 @@ MODE_ONLY_KEYS = {f"task.{f.name}": f.metadata["mode"] for f in fields(TaskConfi
 def unused_task_keys(settings: dict) -> set[str]:
     """The keys of a flattened config that its task (or score mode) never reads:
     the other task's fields, copy's shift outside mode shift, other score
-    modes' fields (attn.config.unread_keys)."""
+    modes' fields (attn.schema.unread_keys)."""
     return unread_keys(settings)
 
 

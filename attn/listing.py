@@ -41,8 +41,7 @@ class Listing:
     skipped: list  # list[Skipped]
 
 
-def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None,
-              now: float | None = None) -> Listing:
+def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None) -> Listing:
     """The runs at or below path (or path/experiment), optionally only those with an effective status."""
     root = Path(path)
     if not root.is_dir():
@@ -62,7 +61,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
         loaded = [run for run in loaded if run.status == status]
     settings = [{k: v for k, v in run.settings.items() if k not in BOOKKEEPING_KEYS} for run in loaded]
     keys = sorted((k for k in varying_keys(settings) if k != "task.name"), key=lambda k: k == "seed")  # seed last
-    now = time.time() if now is None else now
+    now = time.time()
     rows = [ListedRun(
         name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
         status=run.status,

@@ -29,9 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from attn import reference
-from attn.model import Batch, ModelSpec
+from attn.model import SATURATED, Batch, ModelSpec
 
-SATURATED = 0.99  # a row is saturated when its largest weight exceeds this (as model.diagnostics counts)
 TOP_FRACTION = 0.1  # the share of the squared gradient carried by this fraction of the rows
 CHUNK_EXAMPLES = 64  # examples per pass through the reference model
 

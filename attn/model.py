@@ -138,6 +138,7 @@ def buffer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 
 POWER_ITERATIONS_AT_INIT = 15  # sigma_reparam: power-iteration steps before the first training step
+SATURATED = 0.99  # a query row is saturated when its largest attention weight exceeds this
 
 
 def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -339,7 +340,7 @@ def diagnostics(cache, batch: Batch) -> dict:
         accuracy        fraction of target positions predicted right
         score_std       std of the (unmasked) scores s * q.k in those rows
         attn_entropy    mean entropy of those rows of A, in nats
-        saturated_frac  fraction of those rows whose largest weight > 0.99
+        saturated_frac  fraction of those rows whose largest weight > SATURATED (0.99)
         target_attn     mean weight those rows put on the key they should read
                         (absent when no row has such a key)
     """
@@ -368,7 +369,7 @@ def _attention_statistics(scores, attn, rows, key) -> dict[str, float]:
     stats = {
         "score_std": float(scores[unmasked].std(dtype=np.float64)),
         "attn_entropy": float(entropy.mean(dtype=np.float64)),
-        "saturated_frac": float((attn.max(axis=-1) > 0.99).mean()),
+        "saturated_frac": float((attn.max(axis=-1) > SATURATED).mean()),
     }
     has_key = key >= 0
     if has_key.any():

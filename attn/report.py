@@ -25,28 +25,19 @@ import os
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from attn import locks, outcomes, report_figures, runs
 from attn.experiment import Experiment, config_change
 from attn.grouping import format_value
 from attn.report_text import arm_sentences, headline
 from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
-from attn.verdicts import (
-    Layout,
-    edge_notes,
-    groups,
-    json_number,
-    judge,
-    judged_cells,
-    value_of,
-)
+from attn.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
 
 
 # ---------------------------------------------------------------------------
 # Cell figures as JSON and as table rows
 # ---------------------------------------------------------------------------
-def cell_json(cell: Cell, layout: Layout) -> dict:
+def cell_json(cell: Cell) -> dict:
     km = cell.time()
     return {
         "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
@@ -150,8 +141,8 @@ def platforms(cells: list[Cell]) -> dict[str, list[str]]:
     facts: dict[str, set] = {}
     for seed in (s for c in cells for s in c.seeds):
         try:
-            data = yaml.safe_load((seed.run.path / "config.yaml").read_text())
-        except (OSError, yaml.YAMLError):
+            data = runs.read_run_config(seed.run.path)
+        except runs.RunError:  # it was read when the cell was collected: gone or damaged since
             continue
         provenance = data.get("provenance") or {}
         for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
@@ -196,8 +187,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
                                                           "shared": json_number(experiment.report.shared)},
-        "cells": [cell_json(c, layout) for c in ordered],
-        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c, layout)["settings"]} for (x, arm), c in best.items()],
+        "cells": [cell_json(c) for c in ordered],
+        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
         "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}

@@ -32,17 +32,8 @@ from matplotlib.figure import Figure
 from attn import outcomes
 from attn.grouping import canonical, format_value
 from attn.plots import save_figure, series
-from attn.report_axes import (
-    OUTCOME_COLORS,
-    arm_colors,
-    arms_of,
-    bulk_limits,
-    dodged,
-    legend_below,
-    panels,
-    x_axis,
-    xs_of,
-)
+from attn.report_axes import (OUTCOME_COLORS, arm_colors, arms_of, bulk_limits, dodged, legend_below, panels, x_axis,
+                              xs_of)
 from attn.results import mechanism_rows, sort_key
 
 

@@ -114,16 +114,15 @@ def target_positions(batches: list[Batch]):
                                           ("tokens", "targets", "target_mask", "target_key"))))
 
 
-def stepper(framework: str, formulation: str, spec: ModelSpec, params: dict, batches: list[Batch], lr: float,
-            positions=None) -> Callable[[], float]:
+def stepper(framework: str, formulation: str, spec: ModelSpec, params: dict, batches: list[Batch],
+            lr: float) -> Callable[[], float]:
     """step() -> loss: one SGD step of the rival on the next batch of the pool,
-    from copies of `params`. positions: where the query side runs
-    (default: where some example has a target)."""
-    positions = target_positions(batches) if positions is None else positions
-    loss = loss_function(spec, framework, formulation, positions, len(batches[0].tokens))
+    from copies of `params`, its query side where some example has a target."""
+    loss = loss_function(spec, framework, formulation, target_positions(batches), len(batches[0].tokens))
     pool = [(b.tokens, b.targets, b.target_mask.astype(spec.dtype)) for b in batches]  # the mask as weights
-    make = _jax_stepper if framework == "jax" else _torch_stepper
-    return make(loss, params, pool, lr, compiled=framework == "torch.compile")
+    if framework == "jax":
+        return _jax_stepper(loss, params, pool, lr)
+    return _torch_stepper(loss, params, pool, lr, compiled=framework == "torch.compile")
 
 
 def _torch_stepper(loss, params: dict, batches: list[tuple], lr: float, compiled: bool) -> Callable[[], float]:
@@ -144,7 +143,7 @@ def _torch_stepper(loss, params: dict, batches: list[tuple], lr: float, compiled
     return step
 
 
-def _jax_stepper(loss, params: dict, batches: list[tuple], lr: float, compiled: bool) -> Callable[[], float]:
+def _jax_stepper(loss, params: dict, batches: list[tuple], lr: float) -> Callable[[], float]:
     import jax
     import jax.numpy as jnp
 

@@ -204,13 +204,12 @@ def child_environment(threads: int) -> dict:
 
 
 def timed_in_child(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
-                   frameworks=rivals.FRAMEWORKS, extra_env: dict | None = None) -> dict:
+                   frameworks=rivals.FRAMEWORKS) -> dict:
     """measure() in a fresh `python -m attn.bench.timing` with `threads`
-    threads everywhere (and `extra_env`, e.g. another BLAS kernel); its
-    progress lines are passed on."""
+    threads everywhere; its progress lines are passed on."""
     command = [sys.executable, "-m", "attn.bench.timing", "--threads", str(threads), "--sizes", ",".join(sizes),
                "--warmup", str(warmup), "--steps", str(steps), "--rivals", ",".join(frameworks)]
-    child = subprocess.Popen(command, cwd=REPO, env={**child_environment(threads), **(extra_env or {})},
+    child = subprocess.Popen(command, cwd=REPO, env=child_environment(threads),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result, other = None, []
     for line in child.stdout:  # one stream, so that neither pipe fills while the other is read

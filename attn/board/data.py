@@ -38,8 +38,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from attn import compare_figure, grouping, locks, plots, runs
+from attn.outcomes import THRESHOLD  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
 
-THRESHOLD = 0.99  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
 FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"

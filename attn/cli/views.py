@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+from attn import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import EXIT_OK, UsageError, integer_at_least
 
@@ -28,7 +29,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from attn import grouping, listing as listings
+    from attn import grouping
+    from attn import listing as listings
 
     listing = listings.list_runs(Path(args.path), args.status, args.experiment)
     for skipped in listing.skipped:
@@ -147,7 +149,8 @@ def add_commands(sub) -> None:
     p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
     p.add_argument("--smooth", type=float, default=0.0, metavar="BETA",
                    help="bias-corrected EMA smoothing in [0, 1) (default: 0, none)")
-    p.add_argument("--threshold", type=float, default=0.99, help="accuracy for `steps to` (default: 0.99)")
+    p.add_argument("--threshold", type=float, default=outcomes.THRESHOLD,
+                   help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})")
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
                    help="y axes; auto: log for metrics named *loss* and for positive values spanning "
                    "more than 3 decades, else linear")
