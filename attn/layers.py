@@ -19,6 +19,8 @@ one model, (M,) for a stack. Member m's numbers are those of model m alone.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from attn import scores
@@ -46,9 +48,13 @@ def score_scale(mode: str, d_k: int) -> float:
 # --------------------------------------------------------------------------
 # One attention head.
 # --------------------------------------------------------------------------
+@lru_cache(maxsize=32)
 def causal_mask(T: int) -> np.ndarray:
-    """Boolean (T, T) mask, True where query i may NOT look at key j (j > i)."""
-    return np.triu(np.ones((T, T), dtype=bool), k=1)
+    """Boolean (T, T) mask, True where query i may NOT look at key j (j > i).
+    Read-only: one per T, asked every forward."""
+    mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    mask.flags.writeable = False
+    return mask
 
 
 def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -154,7 +160,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     else:
         q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
         logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
-    logits, transform = scores.transform_forward(logits, score, scores.keys_seen(x.shape[-2], mask, queries))
+    logits, transform = scores.transform_forward(logits, score, mask, queries)
     if mask is not None:
         logits[..., mask[queries]] = -np.inf
     attn, _ = softmax_forward(logits)  # (*M, B, P, T)

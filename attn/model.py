@@ -307,8 +307,10 @@ def _positional_grad(dx, spec: ModelSpec) -> np.ndarray:
     return dpos
 
 
-def param_order(spec: ModelSpec) -> list[str]:
-    return list(param_shapes(spec))
+@lru_cache(maxsize=32)
+def param_order(spec: ModelSpec) -> tuple[str, ...]:
+    """The parameters' names in param_shapes' order (asked every backward: kept per spec)."""
+    return tuple(param_shapes(spec))
 
 
 def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None, buffers: dict | None = None):

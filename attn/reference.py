@@ -58,7 +58,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
         norms = (query_norm, key_norm)
     causal = np.triu(np.ones((T, T), dtype=bool), k=1) if spec.causal else None
     S, transform = scores.transform_forward(spec.score_scale * Q @ K.transpose(0, 2, 1),
-                                            model.head_score(params, spec), scores.keys_seen(T, causal, slice(None)))
+                                            model.head_score(params, spec), causal, slice(None))
     if spec.causal:
         S = np.where(causal, -np.inf, S)
     A = softmax(S)

@@ -46,10 +46,11 @@ def keys_seen(T: int, mask: np.ndarray | None, queries) -> np.ndarray:
     return np.full(len(rows), T) if mask is None else (~mask[rows]).sum(axis=-1)
 
 
-def transform_forward(scores: np.ndarray, score: HeadScore | None, n_keys: np.ndarray):
+def transform_forward(scores: np.ndarray, score: HeadScore | None, mask: np.ndarray | None, queries):
     """The mode's map of S = s q.k (before masking): c tanh(S / c), or
-    exp(theta) S, or s_len ln(n) S per row; (S', cache) with cache None when
-    the mode has none."""
+    exp(theta) S, or s_len ln(n) S per row, n the keys the row may see
+    (keys_seen, under `mask` at the rows `queries`); (S', cache) with cache
+    None when the mode has none."""
     if score is None or score.norm is not None or (score.cap is None and score.temperature is None
                                                    and score.length_scale is None):
         return scores, None
@@ -57,12 +58,13 @@ def transform_forward(scores: np.ndarray, score: HeadScore | None, n_keys: np.nd
         out, capped = softcap_forward(scores, score.cap)
         return out, ("cap", capped)
     if score.temperature is not None:
+        kind, log_n = "temperature", None
         factor = np.exp(np.asarray(score.temperature, dtype=scores.dtype))[..., None, None, None]  # (*M, 1, 1, 1)
     else:
-        log_n = np.log(n_keys).astype(scores.dtype)[:, None]  # (P, 1)
+        kind, log_n = "length_scale", np.log(keys_seen(scores.shape[-1], mask, queries)).astype(scores.dtype)[:, None]
         factor = np.asarray(score.length_scale, dtype=scores.dtype)[..., None, None, None] * log_n  # (*M, 1, P, 1)
     out, cache = multiply_forward(scores, factor)
-    return out, ("temperature" if score.temperature is not None else "length_scale", cache, n_keys)
+    return out, (kind, cache, log_n)  # log_n: (P, 1)
 
 
 def transform_backward(dscores: np.ndarray, cache) -> tuple[np.ndarray, dict]:
@@ -71,13 +73,12 @@ def transform_backward(dscores: np.ndarray, cache) -> tuple[np.ndarray, dict]:
         return dscores, {}
     if cache[0] == "cap":
         return softcap_backward(dscores, cache[1]), {}
-    kind, inner, n_keys = cache
+    kind, inner, log_n = cache
     dscores, product = multiply_backward(dscores, inner)  # (*M, B, P, T) each
     members = dscores.ndim - 3
     if kind == "temperature":  # S' = exp(theta) S: d/dtheta = exp(theta) sum dS' S
         return dscores, {"theta": _member_sums(product, members) * inner[1].reshape(inner[1].shape[:members])}
-    log_n = np.log(n_keys).astype(dscores.dtype)[:, None]  # (P, 1): S' = s_len ln(n) S, d/ds_len = sum dS' S ln(n)
-    return dscores, {"length_scale": _member_sums(product * log_n, members)}
+    return dscores, {"length_scale": _member_sums(product * log_n, members)}  # S' = s_len ln(n) S: sum dS' S ln(n)
 
 
 # --------------------------------------------------------------------------
