@@ -30,7 +30,7 @@ from attn import locks, outcomes, report_figures, runs
 from attn.experiment import Experiment, config_change
 from attn.grouping import format_value
 from attn.report_text import arm_sentences, headline
-from attn.results import COUNTED, Cell, Excluded, collect, lr_sensitivity, sort_key
+from attn.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
 from attn.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
 
 
@@ -112,20 +112,12 @@ def mechanism_rows(cells: dict[tuple, Cell], layout: Layout, steps: list[int]) -
         row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm),
                "score std @0 (theory)": f"{_fmt(_mean(cell.at_init('score_std')))} ({cell.theory_score_std:.3g})"}
         for step in steps:
-            row[f"saturated @{step}"] = _fmt(_median(cell.mechanism(step, "saturated_frac")))
-            row[f"‖∇W_q‖ saturated / other @{step}"] = (f"{_fmt(_median(cell.mechanism(step, 'grad_W_q_median_saturated')))}"
-                                                       f" / {_fmt(_median(cell.mechanism(step, 'grad_W_q_median_other')))}")
-            row[f"top-10% share of ‖∇W_q‖² @{step}"] = _fmt(_median(cell.mechanism(step, "grad_W_q_top_share")))
+            row[f"saturated @{step}"] = _fmt(median(cell.mechanism(step, "saturated_frac")))
+            row[f"‖∇W_q‖ saturated / other @{step}"] = (f"{_fmt(median(cell.mechanism(step, 'grad_W_q_median_saturated')))}"
+                                                       f" / {_fmt(median(cell.mechanism(step, 'grad_W_q_median_other')))}")
+            row[f"top-10% share of ‖∇W_q‖² @{step}"] = _fmt(median(cell.mechanism(step, "grad_W_q_top_share")))
         rows.append(row)
     return rows
-
-
-def _median(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _fmt(value) -> str:
@@ -250,9 +242,9 @@ def length_rows(at_lengths: dict, layout: Layout) -> list[dict]:
 
 def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
     """One row per arm: its learning-rate sensitivity at each x, with the interval."""
-    xs = sorted({x for x, _ in sensitivities}, key=lambda x: [sort_key(v) for v in x])
+    xs = in_order(x for x, _ in sensitivities)
     rows = []
-    for arm in sorted({a for _, a in sensitivities}, key=lambda a: [sort_key(v) for v in a]):
+    for arm in in_order(a for _, a in sensitivities):
         row = {"arm": layout.arm_label(arm)}
         for x in xs:
             value = sensitivities.get((x, arm))

@@ -12,7 +12,6 @@ from matplotlib.figure import Figure
 
 from attn import outcomes
 from attn.grouping import format_value
-from attn.results import sort_key
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {"sqrt": "#1f77b4", "none": "#d62728", "linear": "#2ca02c", "sgd": "#1f77b4", "adam": "#9467bd",
@@ -39,12 +38,6 @@ def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
     return colors
 
 
-def arms_of(chosen: dict) -> list[tuple]:
-    return sorted({a for _, a in chosen}, key=lambda a: [sort_key(v) for v in a])
-
-
-def xs_of(chosen: dict) -> list[tuple]:
-    return sorted({x for x, _ in chosen}, key=lambda x: [sort_key(v) for v in x])
 
 
 LEGEND_ROW_INCHES = 0.22  # the height of one row of a legend at fontsize 8

@@ -32,9 +32,8 @@ from matplotlib.figure import Figure
 from attn import outcomes
 from attn.grouping import canonical, format_value
 from attn.plots import save_figure, series
-from attn.report_axes import (OUTCOME_COLORS, arm_colors, arms_of, bulk_limits, dodged, legend_below, panels, x_axis,
-                              xs_of)
-from attn.results import mechanism_rows, sort_key
+from attn.report_axes import OUTCOME_COLORS, arm_colors, bulk_limits, dodged, legend_below, panels, x_axis
+from attn.results import in_order, mechanism_rows, median, sort_key
 
 
 def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool,
@@ -43,7 +42,7 @@ def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: 
     there (one per best_of value); best, shared: (x, arm) -> the judged cell;
     `sensitive`: draw final loss against the rate, every arm."""
     out = experiment.directory
-    colors = arm_colors(arms_of(best))
+    colors = arm_colors(in_order(a for _, a in best))
     paths = {"headline": headline_figure(best, shared, layout, colors, out / "headline.png", experiment.name),
              "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png")}
     for name, metric, label in (("loss_curves", "eval_loss", "eval loss (nats)"),
@@ -67,13 +66,13 @@ def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: 
 def headline_figure(best, shared, layout, colors, path, name):
     fig = Figure(figsize=(11, 4.6))
     ax_rate, ax_time = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    xs = xs_of(best)
+    xs = in_order(x for x, _ in best)
     budget = max(c.budget for c in best.values())
     handles = {}
     for ax in (ax_rate, ax_time):
         position = x_axis(ax, xs, layout)
     series_drawn = [(chosen, style, what, arm) for chosen, style, what in ((best, "-", "best"), (shared, "--", "shared"))
-                    for arm in arms_of(chosen)]
+                    for arm in in_order(a for _, a in chosen)]
     log = ax_rate.get_xscale() == "log"
     for k, (chosen, style, what, arm) in enumerate(series_drawn):
         cells = [(x, c) for x in xs if (c := chosen.get((x, arm))) is not None and c.n]
@@ -115,9 +114,9 @@ def headline_figure(best, shared, layout, colors, path, name):
 
 
 def phase_figure(by_key, best, layout, path):
-    arms = arms_of(best)
+    arms = in_order(a for _, a in best)
     fig = Figure(figsize=(4.2 * len(arms) + 0.5, 4.4))
-    xs = xs_of(best)
+    xs = in_order(x for x, _ in best)
     rates = sorted({canonical(c.settings[layout.best_of]): c.settings[layout.best_of] for group in by_key.values()
                     for c in group}.values(), key=sort_key)  # by canonical text: a value may be a mapping
     for i, arm in enumerate(arms):
@@ -159,7 +158,7 @@ def _box(col, row, face, edge, width=0.8):
 def final_loss_figure(best, layout, colors, path):
     fig = Figure(figsize=(7.5, 4.4))
     ax = fig.add_subplot()
-    xs, arms = xs_of(best), arms_of(best)
+    xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
     position = x_axis(ax, xs, layout)
     log_x = ax.get_xscale() == "log"
     values = [v for c in best.values() for v in c.final_losses() if math.isfinite(v)]
@@ -221,7 +220,7 @@ def curves_figure(mixed, layout, path):
 
 def mechanism_figure(best, layout, colors, steps, path):
     fig, axes = panels(6, width=3.6, height=3.0)
-    xs, arms = xs_of(best), arms_of(best)
+    xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
     first, later = steps[0], steps[-1]
     handles = {}
     panel_specs = [
@@ -237,16 +236,16 @@ def mechanism_figure(best, layout, colors, steps, path):
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
             px = [p for p, _ in cells]
             if key is None:
-                handles[layout.arm_label(arm)] = ax.plot(px, [_median(c.at_init("score_std")) for _, c in cells], "o-",
+                handles[layout.arm_label(arm)] = ax.plot(px, [median(c.at_init("score_std")) for _, c in cells], "o-",
                                                          color=colors[arm])[0]
                 ax.plot(px, [c.theory_score_std for _, c in cells], "--", color=colors[arm], linewidth=1)
             elif key in ("grad_W_q", "grad_W_k"):
-                ax.plot(px, [_median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", color=colors[arm])
-                ax.plot(px, [_median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--",
+                ax.plot(px, [median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", color=colors[arm])
+                ax.plot(px, [median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--",
                         color=colors[arm])
             else:
-                ax.plot(px, [_median(c.mechanism(first, key)) for _, c in cells], "o-", color=colors[arm])
-                ax.plot(px, [_median(c.mechanism(later, key)) for _, c in cells], "o--", color=colors[arm],
+                ax.plot(px, [median(c.mechanism(first, key)) for _, c in cells], "o-", color=colors[arm])
+                ax.plot(px, [median(c.mechanism(later, key)) for _, c in cells], "o--", color=colors[arm],
                         markerfacecolor="none")
         ax.set_yscale(yscale)
         ax.set_title(title, fontsize=7.5)
@@ -272,7 +271,7 @@ def mechanism_figure(best, layout, colors, steps, path):
 
 def curves_over_training(best, layout, colors, metric, ylabel, path):
     """A metric over training at each arm's best setting: every seed (thin) and the median (thick), a panel per x."""
-    xs, arms = xs_of(best), arms_of(best)
+    xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
     fig, axes = panels(len(xs))
     handles = {}
     for ax, x in zip(axes, xs):
@@ -307,8 +306,8 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
 
 def sensitivity_figure(by_key, layout, colors, path):
     """Final eval loss against the rate (median over seeds, a seed's divergence at its loss at init), a panel per x."""
-    xs = sorted({x for x, _ in by_key}, key=lambda x: [sort_key(v) for v in x])
-    arms = sorted({a for _, a in by_key}, key=lambda a: [sort_key(v) for v in a])
+    xs = in_order(x for x, _ in by_key)
+    arms = in_order(a for _, a in by_key)
     fig, axes = panels(len(xs), width=3.8, height=3.2)
     handles = {}
     for ax, x in zip(axes, xs):
@@ -340,7 +339,7 @@ def sensitivity_figure(by_key, layout, colors, path):
 
 def lengths_figure(at_lengths: dict, layout, colors, path):
     """Attention on the queried key and accuracy against the number of pairs, per arm (median and range over seeds)."""
-    xs = sorted({x for x, _ in at_lengths}, key=lambda x: [sort_key(v) for v in x])
+    xs = in_order(x for x, _ in at_lengths)
     fig = Figure(figsize=(4.0 * len(xs), 6.2))
     handles = {}
     for col, x in enumerate(xs):
@@ -365,7 +364,3 @@ def lengths_figure(at_lengths: dict, layout, colors, path):
     fig.suptitle("trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
-
-
-def _median(values):
-    return float(np.median(values)) if len(values) else float("nan")

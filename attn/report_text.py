@@ -17,7 +17,7 @@ import numpy as np
 
 from attn import outcomes
 from attn.grouping import canonical, format_value
-from attn.results import Cell, sort_key
+from attn.results import Cell, in_order
 from attn.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout
 
 
@@ -30,7 +30,7 @@ def _others(cell: Cell) -> str:
 def arm_sentences(chosen: dict[tuple, Cell], layout: Layout, where: str) -> list[str]:
     """One sentence per arm: at each x, how many seeds learned, and what the others did."""
     sentences = []
-    for arm in sorted({a for _, a in chosen}, key=lambda a: [sort_key(v) for v in a]):
+    for arm in in_order(a for _, a in chosen):
         parts = []
         for (x, a), cell in chosen.items():
             if a != arm:
@@ -42,9 +42,6 @@ def arm_sentences(chosen: dict[tuple, Cell], layout: Layout, where: str) -> list
     return sentences
 
 
-def _ordered(keys) -> list[tuple]:
-    return sorted(keys, key=lambda k: [sort_key(v) for v in k])
-
 
 def _named(layout: Layout, arm: tuple) -> str:
     """An arm's label in code quotes, so that a list of labels with commas in them reads."""
@@ -55,7 +52,7 @@ def _success_sentence(label: str, chosen: dict[tuple, Cell], layout: Layout) -> 
     """'At ..., A and B learned in every seed at every d_k; C in fewer at d_k 4096 (1/5 (4 slow)).'
     and the arms that fell short somewhere."""
     everywhere, short = [], []
-    for arm in _ordered({a for _, a in chosen}):
+    for arm in in_order(a for _, a in chosen):
         cells = [(x, c) for (x, a), c in chosen.items() if a == arm and c.n]
         missing = [(x, c) for x, c in cells if c.count(outcomes.LEARNED) < c.n]
         if not missing:
@@ -76,7 +73,7 @@ def _success_sentence(label: str, chosen: dict[tuple, Cell], layout: Layout) -> 
 def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, Cell], layout: Layout) -> str:
     """The least and most rate-sensitive arm at the largest x, with intervals,
     and a caution when the least sensitive one learns in few seeds at any rate."""
-    x = _ordered({x for x, _ in sensitivities})[-1]
+    x = in_order(x for x, _ in sensitivities)[-1]
     at_x = {arm: v for (xx, arm), v in sensitivities.items() if xx == x and v["sensitivity"] is not None}
     if len(at_x) < 2:
         return ""
@@ -120,8 +117,8 @@ def _transfer_sentence(best: dict[tuple, Cell], layout: Layout) -> str:
     if not layout.best_of or len({x for x, _ in best}) < 2:
         return ""
     same, moved = [], []
-    xs = _ordered({x for x, _ in best})
-    for arm in _ordered({a for _, a in best}):
+    xs = in_order(x for x, _ in best)
+    for arm in in_order(a for _, a in best):
         values = [best[(x, arm)].settings[layout.best_of] for x in xs if (x, arm) in best]
         if len({canonical(v) for v in values}) == 1:
             same.append(f"{_named(layout, arm)} ({format_value(values[0])})")
@@ -149,7 +146,7 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
         sentence, short_at_shared = _success_sentence(f"at the shared {rate} {format_value(layout.spec.shared)}",
                                                       shared, layout)
         text.append(sentence)
-        needs_own = _ordered(short_at_shared - short_at_best)
+        needs_own = in_order(short_at_shared - short_at_best)
         if needs_own:
             text.append(f"So {', '.join(_named(layout, a) for a in needs_own)} "
                         f"need{'s' if len(needs_own) == 1 else ''} {'its' if len(needs_own) == 1 else 'their'} "

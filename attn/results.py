@@ -182,6 +182,16 @@ def sort_key(value):
     return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
 
 
+def median(values: list[float]) -> float:
+    """The median of the seeds' values; NaN when there are none (a gap in a figure, '—' in a table)."""
+    return float(np.median(values)) if len(values) else float("nan")
+
+
+def in_order(keys) -> list[tuple]:
+    """Distinct tuples of setting values (each an x, or an arm) in layout order: value by value, by sort_key."""
+    return sorted(set(keys), key=lambda key: [sort_key(v) for v in key])
+
+
 def lr_sensitivity(cells: list[Cell], rate_key: str) -> dict:
     """Wortsman et al.'s learning-rate sensitivity of cells that differ only in
     their rate: for each seed run at every rate, with L0 its eval loss at
