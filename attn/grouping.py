@@ -227,6 +227,13 @@ def varying_keys(settings_list: list[dict]) -> list[str]:
             if len({canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1]
 
 
+def table_keys(loaded: list[Run]) -> list[str]:
+    """The columns of a table of runs: the settings that differ between them,
+    bookkeeping keys left out, seed last (`attn runs`, the board)."""
+    settings = [{k: v for k, v in run.settings.items() if k not in BOOKKEEPING_KEYS} for run in loaded]
+    return sorted(varying_keys(settings), key=lambda k: k == "seed")
+
+
 def short_names(keys: list[str], among=()) -> dict[str, str]:
     """Each dotted key by its shortest suffix that no other key (of keys and among)
     ends with: model.d_k -> d_k, but task.name -> task.name beside the top-level name."""

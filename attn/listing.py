@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attn import runs
-from attn.grouping import (BOOKKEEPING_KEYS, final_figures, load_runs, natural_key, short_names, used_settings,
-                         varying_keys, walk_runs)
+from attn.grouping import final_figures, load_runs, natural_key, short_names, table_keys, used_settings, walk_runs
 from attn.yamlio import ConfigError
 
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
@@ -59,8 +58,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
     loaded, skipped = load_runs(walk_runs(base))
     if status is not None:
         loaded = [run for run in loaded if run.status == status]
-    settings = [{k: v for k, v in run.settings.items() if k not in BOOKKEEPING_KEYS} for run in loaded]
-    keys = sorted((k for k in varying_keys(settings) if k != "task.name"), key=lambda k: k == "seed")  # seed last
+    keys = [k for k in table_keys(loaded) if k != "task.name"]  # the task has its own column
     now = time.time()
     rows = [ListedRun(
         name=str(run.path.relative_to(root)) if run.path != root else run.path.name,

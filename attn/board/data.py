@@ -4,7 +4,7 @@ JSON-ready dicts, each run re-read only when one of its files changes.
 Runs are found and read by attn.grouping (find_run_dirs, load_runs), as
 `attn compare` reads them; groups are grouping.group_runs's (the seeds of one
 setting); the table's setting columns are the keys that differ between the
-runs (grouping.varying_keys, bookkeeping keys left out, seed last), named by
+runs (grouping.table_keys: bookkeeping keys left out, seed last), named by
 grouping.short_names; its figures are grouping.run_figures's, plus the best
 eval accuracy. A run's status is re-derived at every look
 (locks.effective_status), so a `running` run whose process died turns
@@ -88,12 +88,6 @@ def table_figures(run: grouping.Run) -> dict:
             "final_eval_accuracy": figures["final_eval_accuracy"],
             "best_eval_accuracy": float(accuracies.max()) if len(accuracies) else None,
             "steps_to_99": figures["steps_to_threshold"]}
-
-
-def table_keys(loaded: list[grouping.Run]) -> list[str]:
-    """The settings that differ between the runs, bookkeeping keys left out, seed last (as `attn runs`)."""
-    settings = [{k: v for k, v in run.settings.items() if k not in grouping.BOOKKEEPING_KEYS} for run in loaded]
-    return sorted(grouping.varying_keys(settings), key=lambda k: k == "seed")
 
 
 def group_id(group: grouping.Group) -> str:
@@ -197,7 +191,7 @@ class Board:
         loaded = [(index, read) for index, read in reads if read.run]
         all_runs = [read.run for _, read in loaded]
         run_ids = {id(read.run): self._id(index, read.run.path) for index, read in loaded}
-        keys = table_keys(all_runs)
+        keys = grouping.table_keys(all_runs)
         names = grouping.short_names(keys, among=[k for run in all_runs for k in run.settings])
         groups = grouping.group_runs(all_runs)
         group_of = {id(run): group_id(group) for group in groups for run in group.runs}
