@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test test-faults bench ablation ablations verify-ablation sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test test-faults bench ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -82,6 +82,12 @@ ablations: $(VENV)/.runtime
 ## make verify-ablation: the headline again in float64 and under a second BLAS kernel; its verdicts compared
 verify-ablation: $(VENV)/.runtime
 	$(PY) -m attn verify experiments/sqrt_dk.yaml $(ARGS)
+
+## make verify-ablations: every experiment of make ablations verified so (after make ablations); exit 1 if a verdict differs
+verify-ablations: $(VENV)/.runtime
+	@start=$$(date +%s); status=0; \
+	for name in $(ABLATIONS); do $(PY) -m attn verify experiments/$$name.yaml $(ARGS) || status=$$?; done; \
+	echo "make verify-ablations: $$(( $$(date +%s) - start )) s wall time for $(ABLATIONS)" >&2; exit $$status
 
 ## make publish: copy the experiments' reports into experiments/results/ and regenerate experiments/README.md
 ## and README's results block from their report.json
