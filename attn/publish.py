@@ -94,8 +94,10 @@ def verification_line(name: str) -> str | None:
     cells = result.get("cells", [])
     same = sum(c["same"] for c in cells)
     counts = f"; seeds that learned, the same count in all three in {same} of {len(cells)} cells" if cells else ""
-    return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts} "
-            f"([verify.md](results/{name}/verify.md)).")
+    unchanged = "".join(f"; {variant} left {u['same']} of {u['runs']} runs bit for bit as they were"
+                        for variant, u in result.get("unchanged", {}).items() if u["same"])
+    return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts}"
+            f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
 
 def experiments_readme(reports: dict[str, dict]) -> str:

@@ -19,7 +19,11 @@ the three. A verdict that flips is a claim too fine to make: weaken it, or
 add seeds, until every verdict agrees. Beside the verdicts, each cell's
 count of seeds that learned is set side by side, and the cells where it
 differs are listed: per-seed outcomes of a chaotic arm may flip, which is
-why claims are made on rates with intervals and not on counts. An
+why claims are made on rates with intervals and not on counts. And it
+counts the runs each re-run left bit for bit where they were (the same
+final eval loss): a second kernel that some products do not reach (small
+ones, or those numpy computes without BLAS) leaves those runs as they
+were, and there the check tests nothing. An
 experiment that declares no expectations claims nothing, so no verdict can
 flip; it says so rather than "every verdict agrees". The comparison is
 written to runs/verify/<name>.md and .json, and verify exits 1 if any
@@ -105,6 +109,21 @@ def compare_cells(reports: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
+    """Per re-run: of the runs in both it and the first report, how many ended
+    at bit for bit the same final eval loss. A re-run that changes no run
+    tests nothing: where rounding did not move, no verdict could flip."""
+    def finals(report: dict) -> dict[str, float]:
+        return {json.dumps([c["settings"], s["seed"]], sort_keys=True): s["final_loss"]
+                for c in report["cells"] for s in c["seeds"]}
+    first, *others = (finals(r) for r in reports.values())
+    result = {}
+    for variant, by_run in zip(list(reports)[1:], others):
+        both = [key for key in first if key in by_run]
+        result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
+    return result
+
+
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
            progress: Callable[[str], None] = lambda message: None) -> dict:
     """Re-run the experiment in float64 and under a second kernel, compare every verdict (module docstring)."""
@@ -118,7 +137,8 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
     rows = compare(reports)
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
-              "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports)}
+              "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
+              "unchanged": unchanged_runs(reports)}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
@@ -141,7 +161,8 @@ def markdown(result: dict) -> str:
                     "Every verdict agrees." if result["agree"] else
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
-                      f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants)])
+                      f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
+                      *_unchanged_markdown(result.get("unchanged", {}))])
 
 
 def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
@@ -153,8 +174,16 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
                f"of {len(cells)} cells" + (":" if not differing else "; where it differs:"))
     if not differing:
         return [summary.rstrip(":") + ".", ""]
-    keys = list(differing[0]["settings"])
+    keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))
     table = runs.markdown_table([*keys, *(f"learned {v}" for v in variants)],
                                 [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
                                  for c in differing])
     return [summary, "", table, ""]
+
+
+def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
+    if not unchanged:
+        return []
+    return ["Runs that ended at bit for bit the final eval loss they ended at as run: "
+            + ", ".join(f"{variant} {u['same']} of {u['runs']}" for variant, u in unchanged.items())
+            + " (where a re-run changed no run, it tested nothing there).", ""]

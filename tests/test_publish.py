@@ -34,7 +34,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("table\n\nEvery verdict agrees.\n")
     runs.write_json(tmp_path / "runs" / "verify" / "sqrt_dk.json",
                     {"expectations": [{"id": "a"}], "agree": True,
-                     "cells": [{"same": True}, {"same": False}, {"same": True}]})
+                     "cells": [{"same": True}, {"same": False}, {"same": True}],
+                     "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}}})
     written = publish.publish(None, tmp_path / "runs")
     results = repo / "experiments" / "results" / "sqrt_dk"
     assert {p.name for p in results.iterdir()} == {"report.json", "report.md", "headline.png", "verify.md",
@@ -43,7 +44,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     text = (repo / "README.md").read_text()
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
     assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
-    assert "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells" in text
+    assert ("every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
+            "left 3 of 4 runs bit for bit as they were (") in text
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
 
@@ -105,8 +107,9 @@ def test_verify_compares_every_verdict_and_names_the_flips():
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
 
 
-def cell(d_k: int, learned: int, n: int = 4) -> dict:
-    return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n}}
+def cell(d_k: int, learned: int, n: int = 4, losses=(0.5, 0.25)) -> dict:
+    return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n},
+            "seeds": [{"seed": seed, "final_loss": loss} for seed, loss in enumerate(losses)]}
 
 
 def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_that_differ():
@@ -121,6 +124,29 @@ def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_t
     assert "declares no expectations" in text and "Every verdict agrees" not in text
     assert "the same count in all three in 1 of 2 cells; where it differs:" in text
     assert "| 64 | none | 2/4 | 3/4 | absent |" in text and "| 16 | none |" not in text
+
+
+def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
+    reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
+               "float64": {**report({}), "cells": [cell(16, 4, losses=(0.5, 0.3)), cell(64, 2, losses=(0.1, 0.2))]},
+               "Sandybridge": {**report({}), "cells": [cell(16, 4)]}}
+    unchanged = verify.unchanged_runs(reports)
+    assert unchanged == {"float64": {"same": 1, "runs": 4}, "Sandybridge": {"same": 2, "runs": 2}}
+    text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
+                            "expectations": [], "agree": True, "cells": verify.compare_cells(reports),
+                            "unchanged": unchanged})
+    assert "as run: float64 1 of 4, Sandybridge 2 of 2 (where a re-run changed no run" in text
+
+
+def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
+    wide = {"settings": {"model.d_k": 16, "model.scale": "none", "optim.qk_lr_exponent": 1},
+            "success_rate": {"k": 1, "n": 4}, "seeds": []}
+    reports = {"as run": {**report({}), "cells": [cell(16, 2), wide]},
+               "float64": {**report({}), "cells": [cell(16, 3), {**wide, "success_rate": {"k": 2, "n": 4}}]}}
+    text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
+                            "expectations": [], "agree": True, "cells": verify.compare_cells(reports)})
+    assert "| model.d_k | model.scale | optim.qk_lr_exponent | learned as run | learned float64 |" in text
+    assert "| 16 | none | — | 2/4 | 3/4 |" in text and "| 16 | none | 1 | 1/4 | 2/4 |" in text
 
 
 def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
