@@ -110,16 +110,19 @@ def compare_cells(reports: dict[str, dict]) -> list[dict]:
 
 
 def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
-    """Per re-run: of the runs in both it and the first report, how many ended
-    at bit for bit the same final eval loss. A re-run that changes no run
-    tests nothing: where rounding did not move, no verdict could flip."""
+    """Per re-run: of the runs that ended at a finite final eval loss both in it
+    and in the first report, how many ended at bit for bit the same one. A
+    re-run that changes no run tests nothing: where rounding did not move (at
+    a small rate a rounding difference in the gradient is below a weight's
+    last bit, and the run never leaves the first one's path), no verdict could
+    flip. Runs that diverged in both are not counted."""
     def finals(report: dict) -> dict[str, float]:
         return {json.dumps([c["settings"], s["seed"]], sort_keys=True): s["final_loss"]
                 for c in report["cells"] for s in c["seeds"]}
     first, *others = (finals(r) for r in reports.values())
     result = {}
     for variant, by_run in zip(list(reports)[1:], others):
-        both = [key for key in first if key in by_run]
+        both = [key for key, loss in first.items() if loss is not None and by_run.get(key) is not None]
         result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
     return result
 
@@ -184,6 +187,6 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
 def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
     if not unchanged:
         return []
-    return ["Runs that ended at bit for bit the final eval loss they ended at as run: "
+    return ["Runs that ended at bit for bit the final eval loss they ended at as run (of those finite in both): "
             + ", ".join(f"{variant} {u['same']} of {u['runs']}" for variant, u in unchanged.items())
             + " (where a re-run changed no run, it tested nothing there).", ""]

@@ -129,13 +129,15 @@ def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_t
 def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
     reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
                "float64": {**report({}), "cells": [cell(16, 4, losses=(0.5, 0.3)), cell(64, 2, losses=(0.1, 0.2))]},
-               "Sandybridge": {**report({}), "cells": [cell(16, 4)]}}
+               "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
+               "diverged": {**report({}), "cells": [cell(16, 0, losses=(None, 0.25)), cell(64, 0, losses=(None,))]}}
     unchanged = verify.unchanged_runs(reports)
-    assert unchanged == {"float64": {"same": 1, "runs": 4}, "Sandybridge": {"same": 2, "runs": 2}}
+    assert unchanged == {"float64": {"same": 1, "runs": 4}, "Sandybridge": {"same": 2, "runs": 2},
+                         "diverged": {"same": 1, "runs": 1}}, "a run diverged in a re-run is not counted"
     text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
                             "expectations": [], "agree": True, "cells": verify.compare_cells(reports),
                             "unchanged": unchanged})
-    assert "as run: float64 1 of 4, Sandybridge 2 of 2 (where a re-run changed no run" in text
+    assert "(of those finite in both): float64 1 of 4, Sandybridge 2 of 2, diverged 1 of 1 (where" in text
 
 
 def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
