@@ -112,10 +112,10 @@ def compare_cells(reports: dict[str, dict]) -> list[dict]:
 def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
     """Per re-run: of the runs that ended at a finite final eval loss both in it
     and in the first report, how many ended at bit for bit the same one. A
-    re-run that changes no run tests nothing: where rounding did not move (at
-    a small rate a rounding difference in the gradient is below a weight's
-    last bit, and the run never leaves the first one's path), no verdict could
-    flip. Runs that diverged in both are not counted."""
+    re-run that changes no run tests nothing: where rounding did not move
+    (at a small rate, for one, a rounding difference in the gradient times
+    the rate can fall below a weight's last bit), no verdict could flip.
+    Runs that diverged in both are not counted."""
     def finals(report: dict) -> dict[str, float]:
         return {json.dumps([c["settings"], s["seed"]], sort_keys=True): s["final_loss"]
                 for c in report["cells"] for s in c["seeds"]}
