@@ -122,7 +122,8 @@ def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
     first, *others = (finals(r) for r in reports.values())
     result = {}
     for variant, by_run in zip(list(reports)[1:], others):
-        both = [key for key, loss in first.items() if loss is not None and by_run.get(key) is not None]
+        both = [key for key, loss in first.items()  # a diverged seed's final loss is "inf" (json_number)
+                if runs.is_finite_number(loss) and runs.is_finite_number(by_run.get(key))]
         result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
     return result
 

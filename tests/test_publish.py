@@ -130,7 +130,7 @@ def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
     reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
                "float64": {**report({}), "cells": [cell(16, 4, losses=(0.5, 0.3)), cell(64, 2, losses=(0.1, 0.2))]},
                "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
-               "diverged": {**report({}), "cells": [cell(16, 0, losses=(None, 0.25)), cell(64, 0, losses=(None,))]}}
+               "diverged": {**report({}), "cells": [cell(16, 0, losses=("inf", 0.25)), cell(64, 0, losses=(None,))]}}
     unchanged = verify.unchanged_runs(reports)
     assert unchanged == {"float64": {"same": 1, "runs": 4}, "Sandybridge": {"same": 2, "runs": 2},
                          "diverged": {"same": 1, "runs": 1}}, "a run diverged in a re-run is not counted"
