@@ -129,8 +129,9 @@ def experiments_readme(reports: dict[str, dict]) -> str:
 
 def results_block(reports: dict[str, dict]) -> str:
     """README's results block, inside its markers: the headline's figure,
-    paragraph and verdicts; then, when it has a report, the comparison of
-    the score modes: its paragraph, figure and sensitivity table."""
+    paragraph, verdicts and verification; then, when it has a report, the
+    comparison of the score modes: its paragraph, figure, sensitivity table
+    and verification."""
     headline = reports[HEADLINE]
     lines = ["", f"![the headline](experiments/results/{HEADLINE}/headline.png)", "", headline["headline"], ""]
     lines += verdict_lines(headline) + [""]
@@ -144,6 +145,9 @@ def results_block(reports: dict[str, dict]) -> str:
                   ""]
         if comparison.get("sensitivity_table"):
             lines += [comparison["sensitivity_table"], ""]
+        line = verification_line(COMPARISON)
+        if line:
+            lines += [line.replace("(results/", "(experiments/results/"), ""]
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)
 
