@@ -22,8 +22,10 @@ import math
 import os
 import typing
 
+from attn.model import ModelSpec, param_order
 from attn.schema import (Config, FrozenMapping, all_keys, describe_accepted, field_hints, nearest_key, read_only_by,
                          section_fields, to_dict, unread_keys)
+from attn.tasks import CopyTask, RetrievalTask
 from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
 
 
@@ -214,26 +216,33 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source)
 
 
-def param_names(config: Config) -> list[str]:
-    from attn.model import score_param_shapes
+def build_task(config: Config) -> RetrievalTask | CopyTask:
+    """The task the config names, with its sizes."""
+    t = config.task
+    if t.name == "retrieval":
+        return RetrievalTask(t.n_keys, t.n_values, t.n_pairs)
+    return CopyTask(t.vocab_size, t.length, t.mode, t.shift)
 
-    fields = ["key", "value"] if config.task.name == "retrieval" else ["token"]
-    names = [f"E_{f}" for f in fields]
-    if config.model.positional == "learned":
-        names.append("E_pos")
+
+def build_spec(config: Config, task) -> ModelSpec:
+    """The model's shape and options: the config's model section on the task's fields, length and classes."""
     m = config.model
-    return names + ["W_q", "W_k", "W_v", "W_o", "W_out", "b_out",
-                    *score_param_shapes(m.score, m.qk_norm_gain, m.d_k)]
+    return ModelSpec(
+        fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
+        d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal,
+        residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
+        o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
+        qk_norm_gain=m.qk_norm_gain, softcap=m.softcap, temperature_init=m.temperature_init,
+        length_scale_init=m.length_scale_init, mup_zero_init_q=m.mup_zero_init_q,
+    )
 
 
 def estimate_memory_bytes(config: Config) -> int:
     """A generous estimate of a run's peak memory from its sizes."""
-    m, t = config.model, config.task
+    m, t, task = config.model, config.task, build_task(config)
     D, dk = m.d_model, m.d_k
     dv = m.d_v or dk
-    T = t.n_pairs + 1 if t.name == "retrieval" else t.length
-    V = t.n_keys + t.n_values + 1 if t.name == "retrieval" else t.vocab_size
-    C = t.n_values if t.name == "retrieval" else t.vocab_size
+    T, V, C = task.seq_len, sum(vocab for _, vocab in task.fields), task.n_classes
     n_params = (V + T) * D + 2 * D * dk + 2 * D * dv + D * C + C
     per_example = T * (6 * D + 4 * dk + 4 * dv + 4 * C) + 4 * T * T
     largest_batch = max(config.train.batch_size, t.eval_size)
@@ -274,7 +283,7 @@ def validate(config: Config, source: str) -> Config:
     if t.name == "copy" and t.mode == "shift" and t.shift % t.length == 0:
         raise ConfigError(f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
                           f"multiple of task.length ({t.length}), else the copy is the identity")
-    names = param_names(config)
+    names = list(param_order(build_spec(config, build_task(config))))
     for key in config.optim.lr_mult:
         if key not in names:
             suggestion = difflib.get_close_matches(key, names, n=1)

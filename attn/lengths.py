@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from attn import model, runstate
+from attn.config import build_spec, build_task
 from attn.schema import Config
 
 EVAL_EXAMPLES = 512
@@ -33,8 +34,8 @@ def at_lengths(run_dir: Path, config: Config, pairs: list[int]) -> dict[int, dic
     out = {}
     for P in pairs:
         longer = dataclasses.replace(config, task=dataclasses.replace(config.task, n_pairs=P))
-        task = runstate.build_task(longer)
-        spec = runstate.build_spec(longer, task)
+        task = build_task(longer)
+        spec = build_spec(longer, task)
         batch = task.sample(np.random.default_rng([config.seed, P]), EVAL_EXAMPLES)
         _, cache = model.forward(state.params, spec, batch, buffers=state.buffers)
         stats = model.diagnostics(cache, batch)

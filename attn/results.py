@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attn import arrayfiles, mechanism, outcomes, runs, stats
+from attn.config import build_task
 from attn.grouping import Run, canonical, load_runs
 from attn.layers import score_scale
 from attn.yamlio import ConfigError
@@ -259,8 +260,7 @@ def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) ->
             m = cell.config.model
             cells[key] = Cell(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
         if run.status in runs.FINISHED:
-            n_classes = cell.config.task.n_values if cell.config.task.name == "retrieval" else cell.config.task.vocab_size
-            cells[key].seeds.append(seed_of(run, cell.seed, n_classes, threshold))
+            cells[key].seeds.append(seed_of(run, cell.seed, build_task(cell.config).n_classes, threshold))
         else:
             cells[key].unfinished[run.status] += 1
     return list(cells.values()), excluded

@@ -45,28 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from attn import arrayfiles, model, optim, runs
+from attn.config import build_spec, build_task
+from attn.tasks import CopyTask, RetrievalTask
 from attn.schema import Config
 from attn.model import Batch, ModelSpec
-from attn.tasks import CopyTask, RetrievalTask
-
-
-def build_task(config: Config):
-    t = config.task
-    if t.name == "retrieval":
-        return RetrievalTask(t.n_keys, t.n_values, t.n_pairs)
-    return CopyTask(t.vocab_size, t.length, t.mode, t.shift)
-
-
-def build_spec(config: Config, task) -> ModelSpec:
-    m = config.model
-    return ModelSpec(
-        fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
-        d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal,
-        residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
-        o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
-        qk_norm_gain=m.qk_norm_gain, softcap=m.softcap, temperature_init=m.temperature_init,
-        length_scale_init=m.length_scale_init, mup_zero_init_q=m.mup_zero_init_q,
-    )
 
 
 def lr_multipliers(config: Config) -> dict[str, float]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 
 from attn import layers
-from attn.config import estimate_memory_bytes, flatten_config
+from attn.config import build_spec, build_task, estimate_memory_bytes, flatten_config
 from attn.schema import Config, to_dict
 from attn.model import Batch
-from attn.runstate import RunState, build_optimizer, build_spec, build_task, lr_multipliers
+from attn.runstate import RunState, build_optimizer, lr_multipliers
 
 # Config keys whose values may differ between the members of one stack; every other key is shared.
 PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "model.v_gain", "model.o_gain",

@@ -13,7 +13,7 @@ import pytest
 
 from attn import layers, runstate
 from attn.bench import rivals, timing
-from attn.config import load_config
+from attn.config import build_spec, build_task, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
         assert size["fastest_rival"] in installed
         assert size["ratio_to_fastest"] == pytest.approx(attn["median_ms"] / size["sides"][size["fastest_rival"]]["median_ms"])
     config = timing.size_config("default")
-    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(runstate.build_spec(config, runstate.build_task(config)),
+    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(build_spec(config, build_task(config)),
                                                                    config.train.batch_size, 1)
     table = md_path.read_text()
     assert "attn / fastest (target ≤ 0.7)" in table and "| default |" in table

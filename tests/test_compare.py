@@ -21,7 +21,7 @@ import pytest
 from attn import cli, compare, compare_figure, curves, grouping, jobs, listing, locks, plots, runs
 from attn.config import load_config, parse_override
 from attn.schema import TaskConfig, to_dict
-from attn.runstate import build_task
+from attn.config import build_task
 from attn.yamlio import ConfigError
 
 SCALES = ("sqrt", "none")

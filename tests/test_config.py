@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
-from attn import cli, jobs, model, runstate
-from attn.config import estimate_memory_bytes, load_config, memory_limit_bytes, param_names, replace
+from attn import cli, jobs, model
+from attn.config import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
 from attn.schema import Config, all_keys, describe_schema, to_dict
 from attn.yamlio import ConfigError
 from helpers import billion_laughs
@@ -226,15 +226,6 @@ def test_edge_combinations_are_accepted(tmp_path):
     assert copy.optim.lr_mult == {"E_token": 0.5}
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["task.name=copy"], ["model.positional=sinusoidal"], ["task.name=copy", "model.positional=sinusoidal"],
-])
-def test_param_names_are_the_model_parameters(overrides):
-    config = load_config(None, overrides)
-    spec = runstate.build_spec(config, runstate.build_task(config))
-    assert sorted(param_names(config)) == sorted(model.param_shapes(spec))
-
-
 def test_absurd_sizes_are_refused_before_allocating(tmp_path):
     tracemalloc.start()
     try:
@@ -256,8 +247,8 @@ def test_retrieval_key_sampling_counts_toward_the_memory_estimate(tmp_path):
 
 def test_memory_estimate_covers_the_parameters_and_their_optimiser_state():
     config = load_config(None, ["optim.name=adam", "dtype=float64"])
-    task = runstate.build_task(config)
-    params = model.init_params(runstate.build_spec(config, task), np.random.default_rng(0))
+    task = build_task(config)
+    params = model.init_params(build_spec(config, task), np.random.default_rng(0))
     weights, grads, adam_moments = 1, 1, 2
     assert estimate_memory_bytes(config) >= (weights + grads + adam_moments) * sum(p.nbytes for p in params.values())
 

@@ -31,7 +31,7 @@ from attn.grouping import format_value
 from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.report import Layout, judged_cells, write_report
 from attn.results import BOOTSTRAP_SEED, COUNTED, collect
-from attn.runstate import build_task
+from attn.config import build_task
 from attn.yamlio import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

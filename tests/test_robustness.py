@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
-from attn.config import load_config
+from attn.config import build_spec, build_task, load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,7 +266,7 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     assert [r["step"] for r in records] == list(range(step + 1))  # kept up to that step
     assert all(np.isfinite(r["train_loss"]) for r in records[:-1]) and "nonfinite" in records[-1]
     config = jobs.config_of(run_dir)
-    names = model.param_shapes(runstate.build_spec(config, runstate.build_task(config)))
+    names = model.param_shapes(build_spec(config, build_task(config)))
     assert f"at step {step}" in summary["reason"] and any(name in summary["reason"] for name in names)
     assert f"diverged: step {step}/" in outcome.stderr and summary["reason"] in outcome.stderr
     for figure in ("loss.png", "diagnostics.png", "attention.png"):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
-from attn.config import load_config
+from attn.config import build_spec, build_task, load_config
 from attn.schema import to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
 
@@ -111,7 +111,7 @@ def test_config_yaml_is_the_resolved_config_with_provenance(learned):
 
 
 def param_names(config):
-    return list(model.param_shapes(runstate.build_spec(config, runstate.build_task(config))))
+    return list(model.param_shapes(build_spec(config, build_task(config))))
 
 
 def test_metrics_records_carry_every_logged_figure(learned):
@@ -144,7 +144,7 @@ def test_summary_has_status_final_and_best_figures_and_speed(learned):
 
 def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     config = learned["config"]
-    spec = runstate.build_spec(config, runstate.build_task(config))
+    spec = build_spec(config, build_task(config))
     arrays = arrayfiles.load_arrays(learned["run_dir"] / "checkpoint.npz")
     for name, shape in model.param_shapes(spec).items():
         assert arrays[f"param/{name}"].shape == shape
