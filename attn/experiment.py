@@ -59,13 +59,12 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from attn import jobs, runs
 from attn.config import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
 from attn.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
 from attn.report_spec import ReportSpec, check_lengths, check_report
-from attn.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
+from attn.yamlio import ConfigError, cut, dump_yaml, parse_yaml, read_yaml_file, show_value
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
@@ -334,7 +333,7 @@ def save_experiment_file(path: Path, data: dict) -> None:
     except OSError as err:
         raise runs.RunError(f"{path.parent}: cannot create the experiment directory: {err.strerror}") from None
     text = "# attn experiment made on the command line; `attn sweep` this file to run (or resume) it again.\n"
-    runs.write_atomic(path, (text + yaml.safe_dump(data, sort_keys=False)).encode())
+    runs.write_atomic(path, (text + dump_yaml(data, sort_keys=False)).encode())
 
 
 def config_change(run_dir: Path, config: Config) -> list[str]:

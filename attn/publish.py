@@ -44,22 +44,26 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs") -> l
                             if (runs_dir / p.stem / "report.json").exists())
     if not names:
         raise runs.RunError(f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first")
+    verifications = {name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")}
+                     for name in names}
+    for name in names:  # every source checked before any result is replaced
+        if not (runs_dir / name / "report.json").exists():
+            raise runs.RunError(f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first")
+        if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
+            raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
+                                f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
     written = []
     for name in names:
-        source = runs_dir / name
-        if not (source / "report.json").exists():
-            raise runs.RunError(f"{source}: no report.json; run `attn sweep experiments/{name}.yaml` first")
         target = RESULTS / name
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
         for pattern in COPIED:
-            for path in source.glob(pattern):
+            for path in (runs_dir / name).glob(pattern):
                 shutil.copy2(path, target / path.name)
-        for suffix in (".md", ".json"):
-            verification = runs_dir / "verify" / f"{name}{suffix}"
-            if verification.exists():
-                shutil.copy2(verification, target / f"verify{suffix}")
+        for suffix, path in verifications[name].items():
+            if path.exists():
+                shutil.copy2(path, target / f"verify{suffix}")
         written.append(target)
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*/report.json"))}
     runs.write_atomic(REPO / "experiments" / "README.md", experiments_readme(reports).encode())
@@ -94,7 +98,7 @@ def verification_line(name: str) -> str | None:
     cells = result.get("cells", [])
     same = sum(c["same"] for c in cells)
     counts = f"; seeds that learned, the same count in all three in {same} of {len(cells)} cells" if cells else ""
-    unchanged = "".join(f"; {variant} left {u['same']} of {u['runs']} runs bit for bit as they were"
+    unchanged = "".join(f"; {variant} left {u['same']} of the {u['runs']} runs finite in both bit for bit as they were"
                         for variant, u in result.get("unchanged", {}).items() if u["same"])
     return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts}"
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")

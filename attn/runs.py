@@ -49,11 +49,10 @@ import time
 import typing
 from pathlib import Path
 
-import yaml
 
 from attn.processes import pid_alive, writer_identity
 from attn.schema import all_keys
-from attn.yamlio import ConfigError, read_regular_file, read_yaml_file
+from attn.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
@@ -232,7 +231,7 @@ def default_run_name(config_path: str | None) -> str:
 def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
     """config.yaml: the resolved config, with a `provenance` section."""
     text = "# attn run config: resolved values; `provenance` is ignored when loaded as a config.\n"
-    text += yaml.safe_dump({**config_dict, "provenance": provenance}, sort_keys=False)
+    text += dump_yaml({**config_dict, "provenance": provenance}, sort_keys=False)
     write_atomic(run_dir / "config.yaml", text.encode())
 
 

@@ -97,13 +97,14 @@ def compare(reports: dict[str, dict]) -> list[dict]:
 
 
 def compare_cells(reports: dict[str, dict]) -> list[dict]:
-    """Per cell (its settings) of the first report: seeds that learned out of seeds, in every report."""
+    """Per cell (its settings) of any report: seeds that learned out of seeds
+    in every report ('absent' where a report lacks the cell, which then differs)."""
     def counts(report: dict) -> dict[str, str]:
         return {json.dumps(c["settings"], sort_keys=True): f"{c['success_rate']['k']}/{c['success_rate']['n']}"
                 for c in report["cells"]}
     per_variant = {variant: counts(r) for variant, r in reports.items()}
     rows = []
-    for key in next(iter(per_variant.values())):
+    for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
         learned = {variant: by_cell.get(key, "absent") for variant, by_cell in per_variant.items()}
         rows.append({"settings": json.loads(key), "learned": learned, "same": len(set(learned.values())) == 1})
     return rows

@@ -36,7 +36,7 @@ class ConfigError(ValueError):
     """A bad config, override or experiment file; str() is the one-line message."""
 
 
-INT_TAG, FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+INT_TAG, FLOAT_TAG, STR_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"
 CORE_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")  # YAML 1.2 core schema
 CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
                         r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
@@ -224,9 +224,29 @@ def read_yaml_file(path: str | os.PathLike, what: str = "config file"):
     return data
 
 
+class _QuotingDumper(yaml.SafeDumper):
+    """SafeDumper that quotes every string the strict loader would read as
+    something else: PyYAML writes by YAML 1.1, where `1234e56` is a string,
+    and the loader reads by the YAML 1.2 core schema, where it is a number
+    (a commit id, say)."""
+
+
+def _represent_str(dumper, value: str):
+    tag = _StrictLoader.resolve(_StrictLoader, yaml.ScalarNode, value, (True, False))
+    return dumper.represent_scalar(STR_TAG, value, style="'" if tag != STR_TAG else None)
+
+
+_QuotingDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data, **options) -> str:
+    """data as YAML that parse_yaml reads back as the same values (options: yaml.dump's)."""
+    return yaml.dump(data, Dumper=_QuotingDumper, **options)
+
+
 def yaml_line(value) -> str:
     """A value as YAML flow text on one line."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf).strip().removesuffix("...")
+    text = dump_yaml(value, default_flow_style=True, width=math.inf).strip().removesuffix("...")
     return " ".join(text.split())
 
 

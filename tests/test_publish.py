@@ -45,9 +45,27 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
     assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
     assert ("every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
-            "left 3 of 4 runs bit for bit as they were (") in text
+            "left 3 of the 4 runs finite in both bit for bit as they were (") in text
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
+
+
+def test_publish_refuses_a_verification_without_its_json(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "REPO", tmp_path / "repo")
+    monkeypatch.setattr(publish, "RESULTS", tmp_path / "repo" / "experiments" / "results")
+    (tmp_path / "repo" / "experiments").mkdir(parents=True)
+    (tmp_path / "repo" / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
+    (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)
+    runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({"a": "confirmed"}))
+    (tmp_path / "runs" / "verify").mkdir()
+    (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("Every verdict agrees.\n")
+    (tmp_path / "repo" / "experiments" / "results" / "sqrt_dk").mkdir(parents=True)
+    (tmp_path / "repo" / "experiments" / "results" / "sqrt_dk" / "report.json").write_text("{}")
+    with pytest.raises(runs.RunError, match=r"sqrt_dk.md: no sqrt_dk.json beside it .*run `attn verify "
+                                            r"experiments/sqrt_dk.yaml` again"):
+        publish.publish(None, tmp_path / "runs")
+    assert (tmp_path / "repo" / "experiments" / "results" / "sqrt_dk" / "report.json").read_text() == "{}", \
+        "the published results are left as they were"
 
 
 def test_publish_without_reports_or_a_results_block_says_so(tmp_path, monkeypatch):
@@ -119,6 +137,9 @@ def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_t
     cells = verify.compare_cells(reports)
     assert [c["same"] for c in cells] == [True, False]
     assert cells[1]["learned"] == {"as run": "2/4", "float64": "3/4", "Sandybridge": "absent"}
+    only_rerun = verify.compare_cells({"as run": {"cells": [cell(16, 4)]}, "float64": {"cells": [cell(16, 4), cell(64, 1)]}})
+    assert only_rerun[1] == {"settings": cell(64, 1)["settings"], "learned": {"as run": "absent", "float64": "1/4"},
+                             "same": False}, "a cell only a re-run has is listed, as differing"
     text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
                             "expectations": verify.compare(reports), "agree": True, "cells": cells})
     assert "declares no expectations" in text and "Every verdict agrees" not in text

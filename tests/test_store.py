@@ -402,6 +402,17 @@ def test_yaml_numbers_follow_the_1_2_core_schema(text, value):
     assert parse_yaml(text, "test") == value
 
 
+@pytest.mark.parametrize("text", ["1234e56", "0e12345", "1e5", "012", "0o17", "abc1234", "1.5", "yes", "", "null"])
+def test_a_string_written_by_attn_reads_back_as_the_same_string(tmp_path, text):
+    """PyYAML writes by YAML 1.1, where `1234e56` needs no quotes; the loader reads by 1.2, where it is a
+    number: a commit id of that shape would come back from config.yaml as a float."""
+    assert parse_yaml(yamlio.dump_yaml({"v": text}), "test") == {"v": text}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runs.write_config(run_dir, {}, {"attn_commit": text})
+    assert runs.read_run_config(run_dir)["provenance"]["attn_commit"] == text
+
+
 def test_a_sexagesimal_looking_value_is_refused_as_text(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  steps: 12:30:00\n")

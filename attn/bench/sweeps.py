@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 from attn.bench.timing import BASE_CONFIG, REPO, SIZES
+from attn.yamlio import dump_yaml
 
 THROUGHPUT_GRID = {"model.d_k": [16, 64, 256, 1024, 4096], "model.scale": ["sqrt", "none"]}
 THROUGHPUT_OVERRIDES = {"model.d_v": 32, "optim.lr": 0.3, "train.steps": 500, "task.eval_size": 256,
@@ -69,7 +69,7 @@ def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
 def throughput_experiment(directory: Path) -> Path:
     """The old headline grid as an experiment file in `directory`."""
     path = directory / "throughput.yaml"
-    path.write_text(yaml.safe_dump({"name": "throughput", "base": str(BASE_CONFIG), "overrides": THROUGHPUT_OVERRIDES,
+    path.write_text(dump_yaml({"name": "throughput", "base": str(BASE_CONFIG), "overrides": THROUGHPUT_OVERRIDES,
                                     "grid": THROUGHPUT_GRID, "seeds": THROUGHPUT_SEEDS}))
     return path
 

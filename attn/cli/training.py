@@ -6,7 +6,6 @@ import contextlib
 import sys
 from pathlib import Path
 
-import yaml
 
 from attn import jobs, locks, runs
 from attn.cli.common import (EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers,
@@ -14,7 +13,7 @@ from attn.cli.common import (EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, U
 from attn.config import load_config
 from attn.schema import describe_schema, to_dict
 from attn.train import StopFlag
-from attn.yamlio import ConfigError
+from attn.yamlio import ConfigError, dump_yaml
 
 
 @contextlib.contextmanager
@@ -168,7 +167,7 @@ def cmd_config(args) -> int:
         for key, accepted, default, help_text in rows:
             print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
         return EXIT_OK
-    print(yaml.safe_dump(to_dict(load_config(config_path, overrides)), sort_keys=False), end="")
+    print(dump_yaml(to_dict(load_config(config_path, overrides)), sort_keys=False), end="")
     return EXIT_OK
 
 
