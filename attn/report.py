@@ -53,7 +53,7 @@ def cell_json(cell: Cell) -> dict:
         "seeds": [{"seed": s.seed, "run": s.run.path.name, "outcome": s.outcome.outcome,
                    "reached_step": s.outcome.reached_step, "left_plateau_step": s.outcome.left_plateau_step,
                    "final_accuracy": s.outcome.final_accuracy, "final_loss": json_number(s.final_loss),
-                   "best_accuracy": s.outcome.best_accuracy, "mechanism": s.mechanism}
+                   "best_accuracy": s.outcome.best_accuracy, "path": s.path_digest, "mechanism": s.mechanism}
                   for s in cell.seeds],
     }
 

@@ -23,6 +23,7 @@ Per cell (attn.stats):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +58,15 @@ class Seed:
         """The last eval loss, +inf for a diverged seed (worse than any loss)."""
         loss = self.outcome.final_loss
         return math.inf if self.outcome.outcome == outcomes.DIVERGED or loss is None else loss
+
+    @property
+    def path_digest(self) -> str:
+        """A digest of the train loss at every logged step: two runs share it
+        only if they took the same path to the bit (final losses can agree by
+        chance at convergence, where float32 losses are coarse)."""
+        losses = np.array([r.get("train_loss") if runs.is_finite_number(r.get("train_loss")) else np.nan
+                           for r in self.run.records], dtype=np.float64)
+        return hashlib.sha256(losses.tobytes()).hexdigest()[:16]
 
 
 def plateau_level(summary: dict) -> float:

@@ -21,10 +21,10 @@ count of seeds that learned is set side by side, and the cells where it
 differs are listed: per-seed outcomes of a chaotic arm may flip, which is
 why claims are made on rates with intervals and not on counts. And it
 counts the runs each re-run left bit for bit where they were (the same
-final eval loss): a second kernel that some products do not reach (small
-ones, or those numpy computes without BLAS) leaves those runs as they
-were, and there the check tests nothing. An
-experiment that declares no expectations claims nothing, so no verdict can
+train loss at every logged step): a second kernel changes the BLAS
+products but not what numpy computes without BLAS, and at a small rate a
+rounding difference can stay below a weight's last bit; where a re-run
+changed no run, the check tested nothing. An experiment that declares no expectations claims nothing, so no verdict can
 flip; it says so rather than "every verdict agrees". The comparison is
 written to runs/verify/<name>.md and .json, and verify exits 1 if any
 verdict differs.
@@ -112,19 +112,20 @@ def compare_cells(reports: dict[str, dict]) -> list[dict]:
 
 def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
     """Per re-run: of the runs that ended at a finite final eval loss both in it
-    and in the first report, how many ended at bit for bit the same one. A
-    re-run that changes no run tests nothing: where rounding did not move
-    (at a small rate, for one, a rounding difference in the gradient times
-    the rate can fall below a weight's last bit), no verdict could flip.
-    Runs that diverged in both are not counted."""
-    def finals(report: dict) -> dict[str, float]:
-        return {json.dumps([c["settings"], s["seed"]], sort_keys=True): s["final_loss"]
+    and in the first report, how many took bit for bit the same path (the
+    same train loss at every logged step: the seed's `path` digest). A re-run
+    that changes no run tests nothing: where rounding did not move (at a
+    small rate, for one, a rounding difference in the gradient times the rate
+    can fall below a weight's last bit), no verdict could flip. Runs that
+    diverged in either are not counted."""
+    def paths(report: dict) -> dict[str, str | None]:  # a diverged seed's final loss is "inf" (json_number)
+        return {json.dumps([c["settings"], s["seed"]], sort_keys=True):
+                s.get("path") if runs.is_finite_number(s["final_loss"]) else None
                 for c in report["cells"] for s in c["seeds"]}
-    first, *others = (finals(r) for r in reports.values())
+    first, *others = (paths(r) for r in reports.values())
     result = {}
     for variant, by_run in zip(list(reports)[1:], others):
-        both = [key for key, loss in first.items()  # a diverged seed's final loss is "inf" (json_number)
-                if runs.is_finite_number(loss) and runs.is_finite_number(by_run.get(key))]
+        both = [key for key, path in first.items() if path is not None and by_run.get(key) is not None]
         result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
     return result
 
@@ -189,6 +190,7 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
 def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
     if not unchanged:
         return []
-    return ["Runs that ended at bit for bit the final eval loss they ended at as run (of those finite in both): "
+    return ["Runs that took bit for bit the path they took as run (the same train loss at every logged step; of "
+            "those finite in both): "
             + ", ".join(f"{variant} {u['same']} of {u['runs']}" for variant, u in unchanged.items())
             + " (where a re-run changed no run, it tested nothing there).", ""]

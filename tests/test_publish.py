@@ -125,9 +125,10 @@ def test_verify_compares_every_verdict_and_names_the_flips():
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
 
 
-def cell(d_k: int, learned: int, n: int = 4, losses=(0.5, 0.25)) -> dict:
+def cell(d_k: int, learned: int, n: int = 4, losses=(0.5, 0.25), paths=("p0", "p1")) -> dict:
     return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n},
-            "seeds": [{"seed": seed, "final_loss": loss} for seed, loss in enumerate(losses)]}
+            "seeds": [{"seed": seed, "final_loss": loss, "path": path}
+                      for seed, (loss, path) in enumerate(zip(losses, paths))]}
 
 
 def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_that_differ():
@@ -149,7 +150,8 @@ def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_t
 
 def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
     reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
-               "float64": {**report({}), "cells": [cell(16, 4, losses=(0.5, 0.3)), cell(64, 2, losses=(0.1, 0.2))]},
+               "float64": {**report({}), "cells": [cell(16, 4, paths=("p0", "other")),
+                                                   cell(64, 2, paths=("another", "yet another"))]},
                "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
                "diverged": {**report({}), "cells": [cell(16, 0, losses=("inf", 0.25)), cell(64, 0, losses=(None,))]}}
     unchanged = verify.unchanged_runs(reports)
@@ -158,7 +160,11 @@ def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
     text = verify.markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
                             "expectations": [], "agree": True, "cells": verify.compare_cells(reports),
                             "unchanged": unchanged})
-    assert "(of those finite in both): float64 1 of 4, Sandybridge 2 of 2, diverged 1 of 1 (where" in text
+    assert "of those finite in both): float64 1 of 4, Sandybridge 2 of 2, diverged 1 of 1 (where" in text
+    converged = {"as run": {"cells": [cell(16, 4, losses=(1e-4, 1e-4))]},
+                 "Sandybridge": {"cells": [cell(16, 4, losses=(1e-4, 1e-4), paths=("q0", "q1"))]}}
+    assert verify.unchanged_runs(converged) == {"Sandybridge": {"same": 0, "runs": 2}}, \
+        "runs that end at the same loss by another path were changed"
 
 
 def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
