@@ -98,8 +98,11 @@ def verification_line(name: str) -> str | None:
     cells = result.get("cells", [])
     same = sum(c["same"] for c in cells)
     counts = f"; seeds that learned, the same count in all three in {same} of {len(cells)} cells" if cells else ""
+    by_variant = result.get("unchanged", {})
     unchanged = "".join(f"; {variant} left {u['same']} of the {u['runs']} runs finite in both bit for bit as they were"
-                        for variant, u in result.get("unchanged", {}).items() if u["same"])
+                        for variant, u in by_variant.items() if u["same"])
+    if by_variant and not unchanged:
+        unchanged = "; each re-run changed the path of every run that stayed finite"
     return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts}"
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 

@@ -112,6 +112,16 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     assert (repo / "experiments" / "results" / "bench.md").read_text() == "# bench-20261201-100000\n"
 
 
+def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "RESULTS", tmp_path)
+    (tmp_path / "x").mkdir()
+    runs.write_json(tmp_path / "x" / "verify.json", {"expectations": [{"id": "a"}], "agree": True, "cells": [],
+                                                      "unchanged": {"float64": {"same": 0, "runs": 4},
+                                                                    "Sandybridge": {"same": 0, "runs": 3}}})
+    assert "every verdict agrees; each re-run changed the path of every run that stayed finite (" in \
+        publish.verification_line("x")
+
+
 def test_verify_compares_every_verdict_and_names_the_flips():
     reports = {"as run": report({"a": "confirmed", "b": "inconclusive"}),
                "float64": report({"a": "confirmed", "b": "confirmed"}),
