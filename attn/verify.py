@@ -96,17 +96,21 @@ def compare(reports: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _key(*parts) -> str:
+    """A cell's settings (and a seed) as one hashable text, the same in every report."""
+    return json.dumps(parts, sort_keys=True)
+
+
 def compare_cells(reports: dict[str, dict]) -> list[dict]:
     """Per cell (its settings) of any report: seeds that learned out of seeds
     in every report ('absent' where a report lacks the cell, which then differs)."""
     def counts(report: dict) -> dict[str, str]:
-        return {json.dumps(c["settings"], sort_keys=True): f"{c['success_rate']['k']}/{c['success_rate']['n']}"
-                for c in report["cells"]}
+        return {_key(c["settings"]): f"{c['success_rate']['k']}/{c['success_rate']['n']}" for c in report["cells"]}
     per_variant = {variant: counts(r) for variant, r in reports.items()}
     rows = []
     for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
         learned = {variant: by_cell.get(key, "absent") for variant, by_cell in per_variant.items()}
-        rows.append({"settings": json.loads(key), "learned": learned, "same": len(set(learned.values())) == 1})
+        rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(set(learned.values())) == 1})
     return rows
 
 
@@ -119,8 +123,7 @@ def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
     can fall below a weight's last bit), no verdict could flip. Runs that
     diverged in either are not counted."""
     def paths(report: dict) -> dict[str, str | None]:  # a diverged seed's final loss is "inf" (json_number)
-        return {json.dumps([c["settings"], s["seed"]], sort_keys=True):
-                s.get("path") if runs.is_finite_number(s["final_loss"]) else None
+        return {_key(c["settings"], s["seed"]): s.get("path") if runs.is_finite_number(s["final_loss"]) else None
                 for c in report["cells"] for s in c["seeds"]}
     first, *others = (paths(r) for r in reports.values())
     result = {}
@@ -177,14 +180,14 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
         return []
     differing = [c for c in cells if not c["same"]]
     summary = (f"Seeds that learned, per cell: the same count in all three in {len(cells) - len(differing)} "
-               f"of {len(cells)} cells" + (":" if not differing else "; where it differs:"))
+               f"of {len(cells)} cells")
     if not differing:
-        return [summary.rstrip(":") + ".", ""]
+        return [summary + ".", ""]
     keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))
     table = runs.markdown_table([*keys, *(f"learned {v}" for v in variants)],
                                 [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
                                  for c in differing])
-    return [summary, "", table, ""]
+    return [summary + "; where it differs:", "", table, ""]
 
 
 def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
