@@ -4,7 +4,7 @@ Parameters, gradients and optimiser state are dicts keyed by parameter name,
 so an update is a loop over keys. Every update is in place. The learning
 rate of parameter p is lr * lr_mult.get(p, 1).
 
-A stack of M runs (attn.stack) steps as one: its parameters carry a leading
+A stack of M runs (attn.train.stack) steps as one: its parameters carry a leading
 member axis, and lr (and any lr_mult value) may be one number per member,
 (M,); Adam's step count t is then one per member too. Member m's update is
 exactly the one it would get alone.

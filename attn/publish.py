@@ -22,8 +22,8 @@ import json
 import shutil
 from pathlib import Path
 
-from attn import runs
 from attn.bench.suite import summary_markdown
+from attn.store import runs
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"

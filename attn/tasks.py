@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attn.model import Batch
+from attn.model.fast import Batch
 
 
 @dataclass(frozen=True)

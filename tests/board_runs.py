@@ -1,5 +1,5 @@
 """Run directories written by hand for the board's tests: a real config
-(attn.schema.to_dict of a Config, runs.write_config), made-up records
+(attn.config.schema.to_dict of a Config, runs.write_config), made-up records
 (runs.append_metrics) and a summary (runs.write_json), with no training."""
 
 import math
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attn import locks, runs
-from attn.config import load_config
-from attn.schema import to_dict
+from attn.config.loading import load_config
+from attn.config.schema import to_dict
+from attn.store import locks, runs
 
 LOG_EVERY = 10
 

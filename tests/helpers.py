@@ -1,6 +1,6 @@
 """Helpers shared by the test modules (tests/ is on sys.path under pytest)."""
 
-from attn.train import METRIC_TIMING_KEYS
+from attn.train.loop import METRIC_TIMING_KEYS
 
 SIZES = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
          "train.batch_size=16", "task.eval_size=64"]

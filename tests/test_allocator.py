@@ -1,4 +1,4 @@
-"""attn.allocator: with glibc's thresholds fixed, a loop that creates and
+"""attn.train.allocator: with glibc's thresholds fixed, a loop that creates and
 drops large arrays stops page-faulting them in afresh. Each case runs in its
 own interpreter: the setting is process-wide."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from attn import allocator
+from attn.train import allocator
 
 ROOT = Path(__file__).resolve().parent.parent
 # ten "steps", each allocating and touching 8, 8, 16 and 4 MiB of float32,
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAULTS_OF_TEN_STEPS = """
 import resource, sys
 import numpy as np
-from attn import allocator
+from attn.train import allocator
 applied = allocator.keep_freed_memory() if sys.argv[1] == "keep" else None
 def step():
     arrays = [np.ones(mib * 2**18, dtype=np.float32) for mib in (8, 8, 16, 4)]

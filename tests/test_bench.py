@@ -1,5 +1,5 @@
 """The benchmark: the cost model that chooses the head's association
-(attn.layers.head_costs) against PyTorch's own FLOP counter on the rivals'
+(attn.model.head.head_costs) against PyTorch's own FLOP counter on the rivals'
 formulations (skipped without PyTorch), and a short run through the CLI
 writing its JSON and table."""
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from attn import layers, runstate
 from attn.bench import rivals, timing
-from attn.config import build_spec, build_task, load_config
+from attn.config.loading import build_spec, build_task, load_config
+from attn.model import head
+from attn.store import runstate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     arrays = [torch.from_numpy(a) for a in (batch.tokens, batch.targets, batch.target_mask.astype("float32"))]
     with FlopCounterMode(display=False) as counter:
         loss(weights, *arrays).backward()
-    costs = layers.head_costs(B, T, T, D, spec.d_k, spec.d_v)
+    costs = head.head_costs(B, T, T, D, spec.d_k, spec.d_v)
     assert counter.get_total_flops() == 2 * costs[formulation] + 3 * 2 * B * T * D * C
 
 

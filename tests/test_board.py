@@ -1,4 +1,4 @@
-"""attn board: what it reads (through attn.compare), the server's endpoints and
+"""attn board: what it reads (through attn.report.compare), the server's endpoints and
 path safety, the static export, the `attn board` command, and the page itself
 in a real headless Chromium (Debian's chromium and chromium-driver, driven by
 selenium): loaded from disk and from the server, filtered, sorted, curves
@@ -22,16 +22,20 @@ import tempfile
 import threading
 import time
 import urllib.request
-from urllib.parse import quote
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
 from board_runs import LOG_EVERY, record, write_run, write_summary
 from helpers import PNG_SIGNATURE
 
-from attn import cli, compare_figure, curves, grouping, locks, plots, processes, runs
+from attn import cli
+from attn.analysis import curves, grouping
 from attn.board import STATIC_DIR, data, export, server
+from attn.report import compare_figure
+from attn.store import locks, processes, runs
+from attn.train import figures
 
 SCALES = ("sqrt", "none")
 SEEDS = (0, 1)
@@ -53,7 +57,7 @@ def root(tmp_path_factory) -> Path:
         for seed in SEEDS:
             write_run(root / "exp" / f"{scale}-s{seed}", f"model.scale={scale}", f"seed={seed}")
     (root / "exp" / "report.md").write_text(REPORT)
-    plots.plot_run(root / "exp" / "sqrt-s0")
+    figures.plot_run(root / "exp" / "sqrt-s0")
     shutil.copy(root / "exp" / "sqrt-s0" / "loss.png", root / "exp" / "loss_curves.png")
     write_run(root / "live", "model.d_k=256", status="running", steps=300, logged_until=50)
     write_run(root / "dead", "model.d_k=256", "seed=3", status="stale", logged_until=30)

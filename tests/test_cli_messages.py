@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from attn import cli, jobs, runs
-from attn.config import load_config
-from attn.schema import to_dict
 from helpers import TINY
+
+from attn import cli
+from attn.config.loading import load_config
+from attn.config.schema import to_dict
+from attn.store import runs
+from attn.train import lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = REPO / "experiments" / "sqrt_dk.yaml"
@@ -73,7 +75,7 @@ def test_options_and_overrides_mix_in_any_order(tmp_path, monkeypatch, capsys):
     code, out, err = call(capsys, "train", config, "--name", "x", "optim.lr=0.1", "seed=3")
     assert code == cli.EXIT_OK, err
     assert out.splitlines()[-1] == str(Path("runs") / "x")
-    stored = jobs.config_of(tmp_path / "runs" / "x")
+    stored = lifecycle.config_of(tmp_path / "runs" / "x")
     assert (stored.optim.lr, stored.seed) == (0.1, 3)
 
 
@@ -98,8 +100,8 @@ def test_an_empty_directory_is_named_once(tmp_path, capsys):
 
 def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, capsys):
     run = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=2", "logging.log_every=1"])
-    run_dir = jobs.create(run, name="run")
-    jobs.execute(run, run_dir)
+    run_dir = lifecycle.create(run, name="run")
+    lifecycle.execute(run, run_dir)
     line = one_error_line(capsys, "compare", run_dir, "--metric", "eval_los", "--out", tmp_path / "out")
     logged = len({k for record in runs.read_metrics(run_dir) for k in record} - {"step"})
     assert line.startswith("error: --metric: got 'eval_los'; did you mean `eval_loss`? expected a logged metric, e.g. ")
@@ -111,9 +113,9 @@ def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, 
 def test_resume_says_where_it_resumes_from(tmp_path, capsys):
     config = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=8", "logging.log_every=2",
                                 "logging.checkpoint_every=2"])
-    run_dir = jobs.create(config, name="stopped")
-    stop = jobs.StopFlag()
-    jobs.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None)
+    run_dir = lifecycle.create(config, name="stopped")
+    stop = lifecycle.StopFlag()
+    lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None)
     code, _, err = call(capsys, "train", "--resume", run_dir)
     assert code == cli.EXIT_OK, err
     assert err.splitlines()[0] == f"resuming {run_dir} from step 3/8"

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli, runs, sweep
+from attn import cli
 from attn.cli import sweeps as cli_sweeps
-from attn import experiment as experiments
-from attn.yamlio import ConfigError
+from attn.config.yamlio import ConfigError
+from attn.experiment import spec as experiments
+from attn.experiment import sweep
+from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"
@@ -185,12 +187,12 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
 
 
 def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypatch, capsys):
-    from attn import report
+    from attn.report import experiment_report
 
     judged = [{"id": "scaled-wins", "claim": "the scaled arm wins", "verdict": "confirmed"},
               {"id": "fast", "claim": "it is fast\nat d_k 16", "verdict": "not confirmed"}]
     runs.write_json(tmp_path / "report.json", {"expectations": judged})
-    monkeypatch.setattr(report, "write_report", lambda experiment: {"json": tmp_path / "report.json",
+    monkeypatch.setattr(experiment_report, "write_report", lambda experiment: {"json": tmp_path / "report.json",
                                                                     "md": tmp_path / "report.md"})
     cli_sweeps.print_report(None)
     assert capsys.readouterr().err.splitlines() == [

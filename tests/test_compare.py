@@ -1,4 +1,4 @@
-"""attn.compare: grouping by config minus seed, band statistics against numpy,
+"""attn.report.compare: grouping by config minus seed, band statistics against numpy,
 labels, smoothing, diverged/partial/torn/running runs, the files written, and
 the `compare` and `runs` commands.
 
@@ -18,11 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import cli, compare, compare_figure, curves, grouping, jobs, listing, locks, plots, runs
-from attn.config import load_config, parse_override
-from attn.schema import TaskConfig, to_dict
-from attn.config import build_task
-from attn.yamlio import ConfigError
+from attn import cli
+from attn.analysis import curves, grouping, listing
+from attn.config.loading import build_task, load_config, parse_override
+from attn.config.schema import TaskConfig, to_dict
+from attn.config.yamlio import ConfigError
+from attn.report import compare, compare_figure
+from attn.store import locks, runs
+from attn.train import figures, lifecycle
 
 SCALES = ("sqrt", "none")
 SEEDS = (0, 1)
@@ -37,7 +40,7 @@ def root(tmp_path_factory) -> Path:
                      "logging.attention_examples=0", "task.eval_size=128", f"runs_dir={root / 'exp'}",
                      f"model.scale={scale}", f"seed={seed}"]
         config = load_config(None, overrides)
-        jobs.execute(config, jobs.create(config, None, overrides, name=f"{scale}-s{seed}"))
+        lifecycle.execute(config, lifecycle.create(config, None, overrides, name=f"{scale}-s{seed}"))
     return root
 
 
@@ -51,7 +54,7 @@ def config_run(directory: str, *overrides: str) -> grouping.Run:
     """A run (without records) whose settings are a config's as a run directory
     holds it: every field present, the overrides set as they are (a run made
     before unread fields were refused may hold another task's field set)."""
-    settings = jobs.flatten_config(to_dict(load_config(None)))
+    settings = lifecycle.flatten_config(to_dict(load_config(None)))
     settings.update(parse_override(text) for text in overrides)
     return grouping.Run(Path(directory), settings, [], {}, "completed")
 
@@ -368,17 +371,17 @@ def test_automatic_y_scale_is_log_for_losses_and_for_positive_values_spanning_de
 # Files and the default output directory
 # ---------------------------------------------------------------------------
 def test_compare_writes_figures_and_tables_into_the_experiment(root, monkeypatch):
-    save_figure, through_plots = plots.save_figure, []
+    save_figure, through_plots = figures.save_figure, []
 
     def recording(fig, path, **options):
         through_plots.append(path)
         return save_figure(fig, path, **options)
 
-    monkeypatch.setattr(plots, "save_figure", recording)
+    monkeypatch.setattr(figures, "save_figure", recording)
     result = compare.compare([str(root / "exp" / "*")], threshold=0.2)
     assert result.out_dir == (root / "exp" / "compare").absolute()
     assert [p.name for p in result.written] == ["compare.png", "compare.svg", "table.md", "table.csv"]
-    assert through_plots == result.written[:2]  # figures are written by the one plots.save_figure
+    assert through_plots == result.written[:2]  # figures are written by the one figures.save_figure
     assert (result.out_dir / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (result.out_dir / "compare.svg").read_text()
     assert (result.out_dir / "table.md").read_text() == result.table

@@ -3,7 +3,7 @@ statistics, duplicate seeds warned about, --where, --group-by, --facet,
 --xlim, the legend's n and its place below the panels.
 
 The run directories here are written by hand (config.yaml, metrics.jsonl,
-summary.json through attn.runs), with made-up curves: no training.
+summary.json through attn.store.runs), with made-up curves: no training.
 """
 
 import csv
@@ -14,10 +14,13 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from attn import cli, compare, compare_figure, curves, grouping, runs
-from attn.config import load_config
-from attn.schema import to_dict
-from attn.yamlio import ConfigError
+from attn import cli
+from attn.analysis import curves, grouping
+from attn.config.loading import load_config
+from attn.config.schema import to_dict
+from attn.config.yamlio import ConfigError
+from attn.report import compare, compare_figure
+from attn.store import runs
 
 
 def make_run(directory: Path, *overrides: str, steps: int = 20, status: str = "completed", level: float = 1.0,

@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from attn import cli, jobs, model
-from attn.config import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
-from attn.schema import Config, all_keys, describe_schema, to_dict
-from attn.yamlio import ConfigError
 from helpers import billion_laughs
+
+from attn import cli
+from attn.config.loading import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
+from attn.config.schema import Config, all_keys, describe_schema, to_dict
+from attn.config.yamlio import ConfigError
+from attn.model import fast
+from attn.train import lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 ACCEPTED = {key: accepted for key, accepted, _, _ in describe_schema()}  # what each field's error promises
@@ -248,7 +250,7 @@ def test_retrieval_key_sampling_counts_toward_the_memory_estimate(tmp_path):
 def test_memory_estimate_covers_the_parameters_and_their_optimiser_state():
     config = load_config(None, ["optim.name=adam", "dtype=float64"])
     task = build_task(config)
-    params = model.init_params(build_spec(config, task), np.random.default_rng(0))
+    params = fast.init_params(build_spec(config, task), np.random.default_rng(0))
     weights, grads, adam_moments = 1, 1, 2
     assert estimate_memory_bytes(config) >= (weights + grads + adam_moments) * sum(p.nbytes for p in params.values())
 
@@ -394,7 +396,7 @@ def test_config_survives_yaml_and_pickle_round_trips(tmp_path):
 
 def test_a_runs_config_yaml_loads_as_its_config(tmp_path):
     config = load_config(None, [f"runs_dir={tmp_path}", "optim.lr_mult={W_k: 0.5}", "seed=7"])
-    run_dir = jobs.create(config, None, ["seed=7"], "run")
+    run_dir = lifecycle.create(config, None, ["seed=7"], "run")
     assert "provenance:" in (run_dir / "config.yaml").read_text()
     assert load_config(run_dir / "config.yaml") == config
 

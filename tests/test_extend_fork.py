@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from attn import arrayfiles, cli, jobs, locks, runs, runstate
-from attn.config import load_config
 from helpers import TINY, without_timing
+
+from attn import cli
+from attn.config.loading import load_config
+from attn.store import arrayfiles, locks, runs, runstate
+from attn.train import lifecycle
 
 # Adam (a step count and moments to carry on), warm-up, a budget that is no multiple of log_every or
 # checkpoint_every, and both snapshots (attention at the end, mechanism at a step before the extension).
@@ -35,8 +37,8 @@ def call(capsys, *args) -> tuple[int, str]:
 
 def trained(runs_dir: Path, name: str, *overrides: str) -> Path:
     config = load_config(None, [*RUN, f"runs_dir={runs_dir}", *overrides])
-    run_dir = jobs.create(config, name=name)
-    assert jobs.execute(config, run_dir)["status"] == "completed"
+    run_dir = lifecycle.create(config, name=name)
+    assert lifecycle.execute(config, run_dir)["status"] == "completed"
     return run_dir
 
 
@@ -122,7 +124,7 @@ def test_an_extension_stopped_before_it_trained_resumes_without_being_asked_agai
     LONG, summary.json still `completed` at SHORT; a plain --resume finishes it."""
     _, _, long_run = made
     with locks.RunLock(short, "test"):
-        jobs.record_extension(short, jobs.check_resumable(short, overrides=[f"train.steps={LONG}"]))
+        lifecycle.record_extension(short, lifecycle.check_resumable(short, overrides=[f"train.steps={LONG}"]))
     assert runs.read_summary(short)["status"] == "completed"
     code, err = call(capsys, "train", "--resume", short)
     assert code == cli.EXIT_OK and err.splitlines()[0] == f"resuming {short} from step {SHORT}/{LONG}", err

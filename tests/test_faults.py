@@ -22,10 +22,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from attn import cli, jobs, locks, runs, sweep
-from attn import experiment as experiments
 from helpers import without_timing
+
+from attn import cli
+from attn.experiment import spec as experiments
+from attn.experiment import sweep
+from attn.store import locks, runs
+from attn.train import lifecycle
 
 pytestmark = pytest.mark.faults
 distributed = pytest.importorskip("distributed")
@@ -151,9 +154,9 @@ def test_two_sweeps_and_a_cli_resume_at_once_run_each_cell_once(tmp_path):
     contested = experiment.cells[0]
     run_dir = experiment.directory / contested.name
     run_dir.mkdir(parents=True)
-    runs.write_config(run_dir, yaml.safe_load(yaml.safe_dump(jobs.to_dict(contested.config))), {})
-    stop = jobs.StopFlag()
-    jobs.execute(contested.config, run_dir, stop=stop,
+    runs.write_config(run_dir, yaml.safe_load(yaml.safe_dump(lifecycle.to_dict(contested.config))), {})
+    stop = lifecycle.StopFlag()
+    lifecycle.execute(contested.config, run_dir, stop=stop,
                  progress=lambda step, _: stop.request("SIGINT") if step == 2 * CHECKPOINT_EVERY else None)
     assert runs.read_summary(run_dir)["status"] == "interrupted"
 

@@ -10,8 +10,8 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import gradcheck, layers, model
-from attn.model import Batch, ModelSpec
+from attn.model import fast, gradcheck, head, pairs
+from attn.model.fast import Batch, ModelSpec
 
 TOL = 1e-6
 B, T, D, DK, DV = 3, 5, 6, 3, 4  # T != d_k, odd d_k, d_v != d_k
@@ -30,13 +30,13 @@ def test_softmax_backward_matches_finite_differences(rng):
     for masked in (False, True):
         scores = rng.standard_normal((B, T, T)) * 2
         if masked:
-            scores[..., layers.causal_mask(T)] = -np.inf
+            scores[..., head.causal_mask(T)] = -np.inf
         dprobs = rng.standard_normal((B, T, T))
-        probs, cache = layers.softmax_forward(scores)
-        analytic = layers.softmax_backward(dprobs, cache)
+        probs, cache = pairs.softmax_forward(scores)
+        analytic = pairs.softmax_backward(dprobs, cache)
 
         def f():
-            return float((layers.softmax_forward(scores)[0] * dprobs).sum())
+            return float((pairs.softmax_forward(scores)[0] * dprobs).sum())
 
         report = gradcheck.check_gradients(f, {"scores": scores}, {"scores": analytic})
         assert worst(report) < TOL, gradcheck.format_report(report)
@@ -47,11 +47,11 @@ def test_cross_entropy_backward_matches_finite_differences(rng):
     targets = rng.integers(0, 7, (B, T))
     mask = rng.random((B, T)) < 0.6
     mask[0, 0] = True
-    _, cache = layers.cross_entropy_forward(logits, targets, mask)
+    _, cache = pairs.cross_entropy_forward(logits, targets, mask)
     upstream = 1.7  # a scalar loss: the upstream gradient is a random-ish scalar
-    analytic = layers.cross_entropy_backward(upstream, cache)
+    analytic = pairs.cross_entropy_backward(upstream, cache)
     report = gradcheck.check_gradients(
-        lambda: upstream * float(layers.cross_entropy_forward(logits, targets, mask)[0]),
+        lambda: upstream * float(pairs.cross_entropy_forward(logits, targets, mask)[0]),
         {"logits": logits}, {"logits": analytic})
     assert worst(report) < TOL, gradcheck.format_report(report)
     assert np.all(analytic[~mask] == 0), "positions without a target get exactly zero gradient"
@@ -61,7 +61,7 @@ def test_cross_entropy_is_log_softmax_of_the_target(rng):
     logits = rng.standard_normal((2, 3, 4))
     targets = rng.integers(0, 4, (2, 3))
     mask = np.ones((2, 3), dtype=bool)
-    loss, _ = layers.cross_entropy_forward(logits, targets, mask)
+    loss, _ = pairs.cross_entropy_forward(logits, targets, mask)
     probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     expected = -np.log(np.take_along_axis(probs, targets[..., None], -1)).mean()
     assert np.isclose(float(loss), expected, rtol=1e-12)
@@ -71,10 +71,10 @@ def test_embedding_backward_accumulates_repeated_ids(rng):
     table = rng.standard_normal((5, D))
     ids = np.array([[0, 1, 1, 4], [4, 4, 2, 0], [3, 3, 3, 3]])  # repeats on purpose
     dout = rng.standard_normal(ids.shape + (D,))
-    _, cache = layers.embedding_forward(ids, table)
-    analytic = layers.embedding_backward(dout, cache)
+    _, cache = pairs.embedding_forward(ids, table)
+    analytic = pairs.embedding_backward(dout, cache)
     report = gradcheck.check_gradients(
-        lambda: float((layers.embedding_forward(ids, table)[0] * dout).sum()), {"table": table}, {"table": analytic})
+        lambda: float((pairs.embedding_forward(ids, table)[0] * dout).sum()), {"table": table}, {"table": analytic})
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -83,27 +83,27 @@ def test_linear_backward_matches_finite_differences(rng):
     W = rng.standard_normal((D, 7))
     b = rng.standard_normal(7)
     dout = rng.standard_normal((B, T, 7))
-    _, cache = layers.linear_forward(x, W, b)
-    dx, dW, db = layers.linear_backward(dout, cache)
+    _, cache = pairs.linear_forward(x, W, b)
+    dx, dW, db = pairs.linear_backward(dout, cache)
     report = gradcheck.check_gradients(
-        lambda: float((layers.linear_forward(x, W, b)[0] * dout).sum()),
+        lambda: float((pairs.linear_forward(x, W, b)[0] * dout).sum()),
         {"x": x, "W": W, "b": b}, {"x": dx, "W": dW, "b": db})
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
-@pytest.mark.parametrize("scale,causal", list(itertools.product(sorted(layers.SCORE_SCALES), (False, True))))
+@pytest.mark.parametrize("scale,causal", list(itertools.product(sorted(head.SCORE_SCALES), (False, True))))
 def test_attention_backward_matches_finite_differences(rng, scale, causal):
     x = rng.standard_normal((B, T, D))
     weights = {"W_q": rng.standard_normal((D, DK)) * 0.7, "W_k": rng.standard_normal((D, DK)) * 0.7,
                "W_v": rng.standard_normal((D, DV)), "W_o": rng.standard_normal((DV, D))}
-    s = layers.score_scale(scale, DK)
-    mask = layers.causal_mask(T) if causal else None
+    s = head.score_scale(scale, DK)
+    mask = head.causal_mask(T) if causal else None
     dout = rng.standard_normal((B, T, D))
-    _, _, cache = layers.attention_forward(x, **weights, scale=s, mask=mask)
-    analytic = layers.attention_backward(dout, cache)
+    _, _, cache = head.attention_forward(x, **weights, scale=s, mask=mask)
+    analytic = head.attention_backward(dout, cache)
 
     def f():
-        return float((layers.attention_forward(x, **weights, scale=s, mask=mask)[0] * dout).sum())
+        return float((head.attention_forward(x, **weights, scale=s, mask=mask)[0] * dout).sum())
 
     report = gradcheck.check_gradients(f, {"x": x, **weights}, analytic)
     assert worst(report) < TOL, gradcheck.format_report(report)
@@ -114,7 +114,7 @@ def test_attention_output_shape_and_rows_sum_to_one(rng):
     x = rng.standard_normal((B, T, D), dtype=np.float32)
     W = {n: rng.standard_normal(s, dtype=np.float32) for n, s in
          (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))}
-    out, attn, _ = layers.attention_forward(x, **W, scale=layers.score_scale("sqrt", DK))
+    out, attn, _ = head.attention_forward(x, **W, scale=head.score_scale("sqrt", DK))
     assert out.shape == (B, T, D)
     assert attn.shape == (B, T, T)
     assert np.all(np.abs(attn.sum(axis=-1) - 1) < 1e-5)
@@ -124,10 +124,10 @@ def test_masked_positions_get_exactly_zero_weight_and_gradient(rng):
     x = rng.standard_normal((B, T, D))
     W = {n: rng.standard_normal(s) for n, s in
          (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))}
-    mask = layers.causal_mask(T)
-    _, attn, cache = layers.attention_forward(x, **W, scale=1.0, mask=mask)
+    mask = head.causal_mask(T)
+    _, attn, cache = head.attention_forward(x, **W, scale=1.0, mask=mask)
     assert np.all(attn[:, mask] == 0.0)
-    dscores = layers.softmax_backward(rng.standard_normal((B, T, T)), cache["attn"])
+    dscores = pairs.softmax_backward(rng.standard_normal((B, T, T)), cache["attn"])
     assert np.all(dscores[:, mask] == 0.0)
     # and the first query, which may only see itself, puts all its weight there
     assert np.all(attn[:, 0, 0] == 1.0)
@@ -135,11 +135,11 @@ def test_masked_positions_get_exactly_zero_weight_and_gradient(rng):
 
 def test_softmax_of_huge_scores_stays_finite():
     scores = np.array([[1e4, -1e4, 9999.0, 0.0], [-1e4, -1e4 + 1, -1e4, -1e4]], dtype=np.float32)
-    probs, cache = layers.softmax_forward(scores)
+    probs, cache = pairs.softmax_forward(scores)
     assert np.all(np.isfinite(probs))
     assert np.allclose(probs.sum(-1), 1, atol=1e-6)
     assert np.isclose(probs[0, 0], 1 / (1 + np.exp(-1.0)), rtol=1e-5)
-    assert np.all(np.isfinite(layers.softmax_backward(np.ones_like(probs) * 0.3 + probs, cache)))
+    assert np.all(np.isfinite(pairs.softmax_backward(np.ones_like(probs) * 0.3 + probs, cache)))
 
 
 def small_spec(**kw):
@@ -172,10 +172,10 @@ MODEL_VARIANTS = [
 @pytest.mark.parametrize("variant", MODEL_VARIANTS, ids=lambda v: ",".join(f"{k}={v[k]}" for k in v if k != "fields"))
 def test_whole_model_gradients_match_finite_differences(rng, variant):
     spec = small_spec(**variant)
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     batch = random_batch(rng, spec)
-    report = gradcheck.check_model(params, lambda p: model.loss_and_grads(p, spec, batch))
-    assert set(report) == set(model.param_shapes(spec))
+    report = gradcheck.check_model(params, lambda p: fast.loss_and_grads(p, spec, batch))
+    assert set(report) == set(fast.param_shapes(spec))
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -185,25 +185,25 @@ def test_whole_model_gradients_with_targets_only_at_the_last_position(rng, varia
     """Retrieval's shape: one query per sequence carries the loss, so the
     backward's target-rows-only path (and its factored key/value gradient) runs."""
     spec = small_spec(**variant)
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     batch = random_batch(rng, spec, mask_fraction=0.0)
     assert batch.target_mask.sum() == B and batch.target_mask[:, -1].all()
-    report = gradcheck.check_model(params, lambda p: model.loss_and_grads(p, spec, batch))
+    report = gradcheck.check_model(params, lambda p: fast.loss_and_grads(p, spec, batch))
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
 def test_float32_in_gives_float32_out_everywhere(rng):
     spec = small_spec(dtype="float32")
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     assert all(p.dtype == np.float32 for p in params.values())
     batch = random_batch(rng, spec)
-    loss, grads, cache = model.loss_and_grads(params, spec, batch)
+    loss, grads, cache = fast.loss_and_grads(params, spec, batch)
     assert loss.dtype == np.float32
     assert all(g.dtype == np.float32 for g in grads.values()), {n: g.dtype for n, g in grads.items()}
     assert cache["attn"]["attn"].dtype == np.float32
     spec64 = small_spec(dtype="float64", positional="sinusoidal")
-    params64 = model.init_params(spec64, rng)
-    loss64, grads64, _ = model.loss_and_grads(params64, spec64, batch)
+    params64 = fast.init_params(spec64, rng)
+    loss64, grads64, _ = fast.loss_and_grads(params64, spec64, batch)
     assert loss64.dtype == np.float64 and all(g.dtype == np.float64 for g in grads64.values())
 
 
@@ -212,23 +212,23 @@ def test_initial_scores_have_the_variance_of_footnote_4(rng):
     for d_k, scale, gain in ((64, "none", 1.0), (256, "none", 1.0), (256, "sqrt", 1.0), (64, "sqrt", 2.0)):
         spec = ModelSpec(fields=(("token", 64),), n_positions=16, n_classes=8, d_model=128, d_k=d_k, d_v=8,
                          scale=scale, qk_gain=gain, positional="sinusoidal")
-        params = model.init_params(spec, rng)
+        params = fast.init_params(spec, rng)
         tokens = rng.integers(0, 64, (64, 16, 1))
         batch = Batch(tokens, tokens[..., 0] % 8, np.ones((64, 16), bool), -np.ones((64, 16), int))
-        _, cache = model.forward(params, spec, batch)
+        _, cache = fast.forward(params, spec, batch)
         x = cache["attn"]["x"]
         assert abs(x.var() - 1) < 0.25, x.var()
         theory = np.sqrt(d_k) * spec.score_scale * gain**2
-        measured = model.diagnostics(cache, batch)["score_std"]
+        measured = fast.diagnostics(cache, batch)["score_std"]
         assert 0.7 * theory < measured < 1.3 * theory, (d_k, scale, gain, measured, theory)
 
 
 def test_diagnostics_are_read_from_the_forward_cache(rng):
     spec = small_spec(dtype="float64")
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     batch = random_batch(rng, spec, mask_fraction=1.0)
-    _, cache = model.forward(params, spec, batch)
-    stats = model.diagnostics(cache, batch)
+    _, cache = fast.forward(params, spec, batch)
+    stats = fast.diagnostics(cache, batch)
     attn = cache["attn"]["attn"]
     entropy = -(attn * np.log(attn)).sum(-1).mean()
     assert np.isclose(stats["attn_entropy"], entropy)
@@ -249,20 +249,20 @@ def test_attention_at_some_queries_matches_finite_differences(rng, queries, caus
     x = rng.standard_normal((B, T, D))
     weights = {"W_q": rng.standard_normal((D, DK)) * 0.7, "W_k": rng.standard_normal((D, DK)) * 0.7,
                "W_v": rng.standard_normal((D, DV)), "W_o": rng.standard_normal((DV, D))}
-    s = layers.score_scale("sqrt", DK)
-    mask = layers.causal_mask(T) if causal else None
-    out, attn, cache = layers.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)
-    full_out, full_attn, _ = layers.attention_forward(x, **weights, scale=s, mask=mask)
+    s = head.score_scale("sqrt", DK)
+    mask = head.causal_mask(T) if causal else None
+    out, attn, cache = head.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)
+    full_out, full_attn, _ = head.attention_forward(x, **weights, scale=s, mask=mask)
     np.testing.assert_allclose(out, full_out[:, queries], rtol=1e-12)
     np.testing.assert_allclose(attn, full_attn[:, queries], rtol=1e-12)
     dout = rng.standard_normal(out.shape)
-    analytic = layers.attention_backward(dout, cache)
-    assert isinstance(analytic["x"], layers.Factored) == factored
+    analytic = head.attention_backward(dout, cache)
+    assert isinstance(analytic["x"], pairs.Factored) == factored
     if factored:
         analytic["x"] = analytic["x"].dense()
 
     def f():
-        return float((layers.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)[0] * dout).sum())
+        return float((head.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)[0] * dout).sum())
 
     report = gradcheck.check_gradients(f, {"x": x, **weights}, analytic)
     assert worst(report) < TOL, gradcheck.format_report(report)
@@ -272,16 +272,16 @@ def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
     """embedding_backward, sum_over_examples and add_at_positions give the
     same for Factored(L, R) as for the array L^T R it stands for."""
     left, right = rng.standard_normal((B, 2, T)), rng.standard_normal((B, 2, D))
-    factored = layers.Factored(left, right)
+    factored = pairs.Factored(left, right)
     dense = factored.dense()
     np.testing.assert_allclose(dense, np.einsum("brt,brd->btd", left, right), rtol=1e-12)
     positions, values = np.array([0, T - 1]), rng.standard_normal((B, 2, D))
-    factored = layers.add_at_positions(factored, positions, values)
-    dense = layers.add_at_positions(dense, positions, values)
-    assert isinstance(factored, layers.Factored) and factored.left.shape == (B, 4, T)
+    factored = pairs.add_at_positions(factored, positions, values)
+    dense = pairs.add_at_positions(dense, positions, values)
+    assert isinstance(factored, pairs.Factored) and factored.left.shape == (B, 4, T)
     np.testing.assert_allclose(factored.dense(), dense, rtol=1e-12)
     ids = rng.integers(0, 4, (B, T))  # repeated ids on purpose
-    _, cache = layers.embedding_forward(ids, rng.standard_normal((4, D)))
-    np.testing.assert_allclose(layers.embedding_backward(factored, cache), layers.embedding_backward(dense, cache),
+    _, cache = pairs.embedding_forward(ids, rng.standard_normal((4, D)))
+    np.testing.assert_allclose(pairs.embedding_backward(factored, cache), pairs.embedding_backward(dense, cache),
                                rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(layers.sum_over_examples(factored), dense.sum(axis=0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(pairs.sum_over_examples(factored), dense.sum(axis=0), rtol=1e-12, atol=1e-14)

@@ -1,4 +1,4 @@
-"""Exact resume at every kill point (the resume invariant in attn.train's docstring).
+"""Exact resume at every kill point (the resume invariant in attn.train.loop's docstring).
 
 A short run is SIGKILLed right after each of its durable writes in turn
 (ATTN_TEST_KILL_AFTER_WRITES=N: write_atomic, append_metrics), then resumed
@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from attn import arrayfiles, cli, jobs, runs
-from attn.config import load_config
 from helpers import TINY, without_timing
+
+from attn import cli
+from attn.config.loading import load_config
+from attn.store import arrayfiles, runs
+from attn.train import lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -58,7 +60,7 @@ def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
     monkeypatch.setattr(runs, "link_atomic", counted(runs.link_atomic, lambda _, path: Path(path).name))
     monkeypatch.setattr(runs, "append_metrics", counted(runs.append_metrics, lambda *_: "metrics.jsonl"))
     config = load_config(None, [*RUN, f"runs_dir={run_dir.parent}"])
-    jobs.execute(config, jobs.create(config, name=run_dir.name))
+    lifecycle.execute(config, lifecycle.create(config, name=run_dir.name))
     monkeypatch.undo()
     steps, log_every, checkpoint_every = config.train.steps, config.logging.log_every, config.logging.checkpoint_every
     assert written.count("metrics.jsonl") == steps // log_every + 1

@@ -5,8 +5,8 @@ softmax Jacobian's norm under its bound."""
 import numpy as np
 import pytest
 
-from attn import mechanism, model, reference
-from attn.model import Batch, ModelSpec
+from attn.model import fast, mechanism, reference
+from attn.model.fast import Batch, ModelSpec
 
 B, T = 4, 5
 
@@ -24,7 +24,7 @@ def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(varian
     monkeypatch.setattr(mechanism, "CHUNK_EXAMPLES", chunk)
     rng = np.random.default_rng(7)
     spec = spec_of(**variant)
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     tokens = np.stack([rng.integers(0, v, (B, T)) for _, v in spec.fields], axis=-1)
     mask = rng.random((B, T)) < 0.5
     mask[:, -1] = True

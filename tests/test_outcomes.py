@@ -1,4 +1,4 @@
-"""attn.outcomes on synthetic eval curves of every class and every edge case
+"""attn.analysis.outcomes on synthetic eval curves of every class and every edge case
 its docstring names."""
 
 import math
@@ -6,8 +6,20 @@ import math
 import numpy as np
 import pytest
 
-from attn.outcomes import (ACCURACY_BAR_FACTOR, DIVERGED, LEARNED, LEARNED_THEN_LOST, OUTCOMES, PLATEAU_FRACTION,
-                           SLOW, STALLED, THRESHOLD, CensoredTime, classify, definitions)
+from attn.analysis.outcomes import (
+    ACCURACY_BAR_FACTOR,
+    DIVERGED,
+    LEARNED,
+    LEARNED_THEN_LOST,
+    OUTCOMES,
+    PLATEAU_FRACTION,
+    SLOW,
+    STALLED,
+    THRESHOLD,
+    CensoredTime,
+    classify,
+    definitions,
+)
 
 BUDGET = 500
 STEPS = np.arange(0, BUDGET + 1, 50)  # (11,) logged steps

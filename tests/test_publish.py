@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from attn import publish, runs, verify
+from attn import publish
+from attn.experiment import verify
+from attn.store import runs
 
 
 def report(verdicts: dict, headline="At each arm's own best lr, ...") -> dict:

@@ -13,8 +13,8 @@ import pytest
 import attn
 from attn import publish
 from attn.bench.suite import summary_markdown
-from attn.config import load_config
-from attn.experiment import load_experiment
+from attn.config.loading import load_config
+from attn.experiment.spec import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -1,5 +1,5 @@
-"""The textbook model (attn.reference) against finite differences, and every
-fast path of attn.model and attn.layers against the textbook model.
+"""The textbook model (attn.model.reference) against finite differences, and every
+fast path of attn.model.fast and attn.model.head against the textbook model.
 
 Fast and textbook are compared in float64 at 1e-12, relative to the largest
 entry of each array (max |fast - textbook| <= 1e-12 max |textbook|): the two
@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import gradcheck, layers, model, reference
-from attn.model import Batch, ModelSpec
+from attn.model import fast, gradcheck, head, pairs, reference
+from attn.model.fast import Batch, ModelSpec
 
 B, T, D, DK, DV = 3, 5, 6, 3, 4  # the gradient tests' shapes: T != d_k, odd d_k, d_v != d_k
 WIDE_DK = 7  # d_k > d_model: the bilinear head merges W_q W_k^T into one D x D matrix
@@ -61,7 +61,7 @@ def variant_id(v: dict) -> str:
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_textbook_gradients_match_finite_differences(rng, variant):
     spec = spec_of(**variant)
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     batch = batch_of(rng, spec, "some")
     report = gradcheck.check_model(params, lambda p: reference.loss_and_grads(p, spec, batch))
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
@@ -73,10 +73,10 @@ def test_textbook_gradients_match_finite_differences(rng, variant):
 def test_fast_model_equals_the_textbook(rng, variant, where, association):
     """Loss, every gradient, and the scores and attention rows the diagnostics read."""
     spec = spec_of(**variant)
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     batch = batch_of(rng, spec, where)
-    loss, cache = model.forward(params, spec, batch, association=association)
-    grads = model.backward(cache, spec)
+    loss, cache = fast.forward(params, spec, batch, association=association)
+    grads = fast.backward(cache, spec)
     assert cache["attn"]["association"] == association
     ref_loss, ref_grads, ref_cache = reference.loss_and_grads(params, spec, batch)
     assert close(loss, ref_loss)
@@ -96,13 +96,13 @@ def test_a_stack_of_members_equals_each_member_alone(rng, association, where):
     scales, as one stacked computation: each member's loss, gradients and
     diagnostics are its textbook model's."""
     specs = [spec_of(scale=s, d_k=WIDE_DK) for s in ("sqrt", "none", "linear")]
-    members = [model.init_params(spec, rng) for spec in specs]
+    members = [fast.init_params(spec, rng) for spec in specs]
     stacked = {name: np.stack([p[name] for p in members]) for name in members[0]}
     batch = batch_of(rng, specs[0], where, members=(3,))
     scales = np.array([spec.score_scale for spec in specs])
-    loss, cache = model.forward(stacked, specs[0], batch, scale=scales, association=association)
-    grads = model.backward(cache, specs[0])
-    stats = model.diagnostics(cache, batch)
+    loss, cache = fast.forward(stacked, specs[0], batch, scale=scales, association=association)
+    grads = fast.backward(cache, specs[0])
+    stats = fast.diagnostics(cache, batch)
     assert loss.shape == (3,) and all(g.shape[0] == 3 for g in grads.values())
     for m, spec in enumerate(specs):
         alone = Batch(*(getattr(batch, f)[m] for f in ("tokens", "targets", "target_mask", "target_key")))
@@ -110,8 +110,8 @@ def test_a_stack_of_members_equals_each_member_alone(rng, association, where):
         assert close(loss[m], ref_loss)
         for name in ref_grads:
             assert close(grads[name][m], ref_grads[name]), (m, name)
-        _, solo_cache = model.forward(members[m], spec, alone, association=association)
-        for key, value in model.diagnostics(solo_cache, alone).items():
+        _, solo_cache = fast.forward(members[m], spec, alone, association=association)
+        for key, value in fast.diagnostics(solo_cache, alone).items():
             assert np.isclose(stats[key][m], value, rtol=1e-12, atol=1e-15), (m, key)
 
 
@@ -127,16 +127,16 @@ def test_each_association_of_the_head_matches_finite_differences(rng, members, a
     weights = {"W_q": rng.standard_normal((*members, D, d_k)) * gain, "W_k": rng.standard_normal((*members, D, d_k)) * gain,
                "W_v": rng.standard_normal((*members, D, DV)), "W_o": rng.standard_normal((*members, DV, D))}
     scale = rng.uniform(0.3, 1.0, members) if members else 0.6
-    mask = layers.causal_mask(T) if causal else None
-    out, _, cache = layers.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
+    mask = head.causal_mask(T) if causal else None
+    out, _, cache = head.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
                                              association=association)
     dout = rng.standard_normal(out.shape)
-    analytic = layers.attention_backward(dout, cache)
-    if isinstance(analytic["x"], layers.Factored):
+    analytic = head.attention_backward(dout, cache)
+    if isinstance(analytic["x"], pairs.Factored):
         analytic["x"] = analytic["x"].dense()
 
     def f():
-        return float((layers.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
+        return float((head.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
                                                association=association)[0] * dout).sum())
 
     report = gradcheck.check_gradients(f, {"x": x, **weights}, analytic)
@@ -147,11 +147,11 @@ def test_each_association_of_the_head_matches_finite_differences(rng, members, a
 def test_factorised_linear_matches_finite_differences_either_way(rng, merged):
     x, U, V = rng.standard_normal((B, T, D)), rng.standard_normal((D, DK)), rng.standard_normal((DK, DV))
     dout = rng.standard_normal((B, T, DV))
-    out, cache = layers.factorised_linear_forward(x, U, V, merged=merged)
+    out, cache = pairs.factorised_linear_forward(x, U, V, merged=merged)
     assert close(out, x @ U @ V)
-    dx, dU, dV = layers.factorised_linear_backward(dout, cache)
+    dx, dU, dV = pairs.factorised_linear_backward(dout, cache)
     report = gradcheck.check_gradients(
-        lambda: float((layers.factorised_linear_forward(x, U, V, merged=merged)[0] * dout).sum()),
+        lambda: float((pairs.factorised_linear_forward(x, U, V, merged=merged)[0] * dout).sum()),
         {"x": x, "U": U, "V": V}, {"x": dx, "U": dU, "V": dV})
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
 
@@ -160,21 +160,21 @@ def test_the_association_rule_follows_the_cost_model():
     """One query row (retrieval) or d_k above d_model: bilinear; a query at
     every position with narrow heads (copy): projected; and the rule picks
     the smaller of the two counts it documents."""
-    assert layers.choose_association(64, 1, 9, 64, 32, 32) == "bilinear"
-    assert layers.choose_association(64, 8, 8, 64, 32, 32) == "projected"
-    assert layers.choose_association(64, 8, 8, 64, 1024, 32) == "bilinear"
+    assert head.choose_association(64, 1, 9, 64, 32, 32) == "bilinear"
+    assert head.choose_association(64, 8, 8, 64, 32, 32) == "projected"
+    assert head.choose_association(64, 8, 8, 64, 1024, 32) == "bilinear"
     for shape in itertools.product((8, 64), (1, 8), (9,), (16, 64), (8, 256), (8, 32)):
-        costs = layers.head_costs(*shape)
-        assert layers.choose_association(*shape) == min(costs, key=lambda k: (costs[k], k != "projected"))
-    assert layers.merge_is_cheaper(64, 64, 4096, 64) and not layers.merge_is_cheaper(64, 64, 16, 64)
+        costs = head.head_costs(*shape)
+        assert head.choose_association(*shape) == min(costs, key=lambda k: (costs[k], k != "projected"))
+    assert pairs.merge_is_cheaper(64, 64, 4096, 64) and not pairs.merge_is_cheaper(64, 64, 16, 64)
 
 
 def test_float32_stays_float32_through_a_stack(rng):
     spec = spec_of(dtype="float32", d_k=WIDE_DK)
-    members = [model.init_params(spec, rng) for _ in range(2)]
+    members = [fast.init_params(spec, rng) for _ in range(2)]
     stacked = {name: np.stack([p[name] for p in members]) for name in members[0]}
     batch = batch_of(rng, spec, "last", members=(2,))
     for association in ASSOCIATIONS:
-        loss, cache = model.forward(stacked, spec, batch, scale=np.array([0.5, 1.0]), association=association)
-        grads = model.backward(cache, spec)
+        loss, cache = fast.forward(stacked, spec, batch, scale=np.array([0.5, 1.0]), association=association)
+        grads = fast.backward(cache, spec)
         assert loss.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())

@@ -1,10 +1,10 @@
-"""The experiment report (attn.report), from hand-made run directories
+"""The experiment report (attn.report.experiment_report), from hand-made run directories
 (config.yaml, metrics.jsonl and summary.json written directly, no
-training): every seed's outcome class as attn.outcomes defines it, the
+training): every seed's outcome class as attn.analysis.outcomes defines it, the
 unfinished runs counted apart; each (x, arm) judged at the best_of value
 the declared `select` rule picks, the edge notes, the shared value; every
 kind of expectation judged confirmed / not confirmed / inconclusive with the
-numbers behind it, computed here from attn.stats; runs left out with the
+numbers behind it, computed here from attn.analysis.stats; runs left out with the
 reason; the figures; a grid over a mapping field; bad `report:` sections
 refused."""
 
@@ -23,16 +23,19 @@ import pytest
 import yaml
 from helpers import PNG_SIGNATURE
 
-from attn import experiment as experiments
-from attn import arrayfiles, mechanism, outcomes, report_figures, report_spec, runs, stats
-from attn.config import load_config, replace
-from attn.schema import to_dict
-from attn.grouping import format_value
-from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
-from attn.report import Layout, judged_cells, write_report
-from attn.results import BOOTSTRAP_SEED, COUNTED, collect
-from attn.config import build_task
-from attn.yamlio import ConfigError
+from attn.analysis import outcomes, stats
+from attn.analysis.grouping import format_value
+from attn.analysis.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
+from attn.analysis.results import BOOTSTRAP_SEED, COUNTED, collect
+from attn.config.loading import build_task, load_config, replace
+from attn.config.schema import to_dict
+from attn.config.yamlio import ConfigError
+from attn.experiment import report_spec
+from attn.experiment import spec as experiments
+from attn.model import mechanism
+from attn.report import experiment_figures
+from attn.report.experiment_report import Layout, judged_cells, write_report
+from attn.store import arrayfiles, runs
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "configs" / "default.yaml"
@@ -133,7 +136,7 @@ def report_of(experiment, figures: bool = True) -> Report:
     most of a report's time, and the figure tests draw them for other reports)."""
     with pytest.MonkeyPatch.context() as patch:
         if not figures:
-            patch.setattr(report_figures, "draw_all", lambda *args, **kwargs: {})
+            patch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
         paths = write_report(experiment)
     return Report(experiment, paths, json.loads(paths["json"].read_text()), paths["md"].read_text())
 
@@ -171,7 +174,7 @@ MECHANISM_STEPS = (0, 10)
 
 
 def made_up_rows(rng: np.random.Generator, n_rows: int = 12) -> dict:
-    """Per-row statistics as attn.mechanism.row_statistics gives them, made up."""
+    """Per-row statistics as attn.model.mechanism.row_statistics gives them, made up."""
     max_p = rng.uniform(0.3, 1.0, n_rows)
     max_p[:3] = 0.995  # some saturated rows
     bound = 2 * (1 - max_p)
@@ -400,7 +403,7 @@ def judged(tmp_path_factory):
 
 
 def expected_interval(stat: str, seeds: list) -> tuple[float, float, float]:
-    """(value, low, high) of a stat over the seeds' records, from attn.stats;
+    """(value, low, high) of a stat over the seeds' records, from attn.analysis.stats;
     a median not reached is +inf, an unbounded end 0 or +inf."""
     if stat in ("success_rate", "stall_rate"):
         k = sum(classify(r, False) == (LEARNED if stat == "success_rate" else STALLED) for r in seeds)
@@ -611,7 +614,7 @@ def test_a_bad_report_section_is_refused_with_one_line(tmp_path, changes, messag
 
 
 def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports():
-    from attn.report_axes import ARM_COLORS, arm_colors
+    from attn.report.experiment_figures import ARM_COLORS, arm_colors
 
     arms = [("dot", "linear"), ("dot", "none"), ("dot", "sqrt"), ("qk_norm", None), ("softcap", "none")]
     colors = arm_colors(arms)
@@ -623,7 +626,7 @@ def test_every_arm_has_its_own_colour_and_the_scales_keep_theirs_across_reports(
 def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
     from types import SimpleNamespace
 
-    from attn.report_text import _transfer_sentence
+    from attn.report.conclusion import _transfer_sentence
 
     chosen = {((16,), ("sqrt",)): 0.3, ((256,), ("sqrt",)): 0.3, ((16,), ("none",)): 0.1, ((256,), ("none",)): 0.03}
     best = {key: SimpleNamespace(settings={"optim.lr": lr}) for key, lr in chosen.items()}

@@ -6,9 +6,10 @@ PyTorch loss and is exercised by `make bench` only, its compilation being slow).
 import numpy as np
 import pytest
 
-from attn import model, runstate
 from attn.bench import rivals
-from attn.config import load_config
+from attn.config.loading import load_config
+from attn.model import fast
+from attn.store import runstate
 
 CASES = {"retrieval": (), "copy-causal": ("task.name=copy", "model.causal=true"), "wide": ("model.d_k=256",),
          "unscaled-sinusoidal": ("model.scale=none", "model.positional=sinusoidal", "model.residual=false")}
@@ -24,7 +25,7 @@ def test_every_rival_takes_attns_steps(framework, case):
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(3)]
     ours, weights = [], {name: p.copy() for name, p in params.items()}
     for batch in batches:
-        loss, grads, _ = model.loss_and_grads(weights, spec, batch)
+        loss, grads, _ = fast.loss_and_grads(weights, spec, batch)
         optimizer.step(weights, grads, config.optim.lr)
         ours.append(float(loss))
     for formulation in rivals.FORMULATIONS:

@@ -21,10 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
-from attn.config import build_spec, build_task, load_config
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
+
+from attn import cli
+from attn.config.loading import build_spec, build_task, load_config
+from attn.model import fast
+from attn.store import arrayfiles, locks, runs, runstate
+from attn.train import lifecycle, loop
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -81,14 +84,14 @@ def tiny_config(runs_dir: Path, *overrides):
 
 def train_in_process(config, name: str, stop_at: int | None = None) -> Path:
     """A run through jobs (as the CLI does); `stop_at`: request a stop at that step."""
-    run_dir = jobs.create(config, name=name)
-    stop = train.StopFlag()
+    run_dir = lifecycle.create(config, name=name)
+    stop = loop.StopFlag()
 
     def progress(step, _record):
         if step == stop_at:
             stop.request("test")
 
-    jobs.execute(config, run_dir, stop=stop, progress=progress)
+    lifecycle.execute(config, run_dir, stop=stop, progress=progress)
     return run_dir
 
 
@@ -225,7 +228,7 @@ def test_the_real_cli_refuses_a_truncated_checkpoint_without_traceback(stopped_r
 def test_resume_refuses_a_changed_config_showing_the_difference(stopped_run, tmp_path, capsys):
     run_dir = shutil.copytree(stopped_run, tmp_path / "copy")
     before = snapshot(run_dir)
-    stored_lr = jobs.config_of(run_dir).optim.lr
+    stored_lr = lifecycle.config_of(run_dir).optim.lr
     line = assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir, "optim.lr=0.3", "seed=0"),
                                  f"optim.lr: {stored_lr!r} -> 0.3")
     assert "seed" not in line  # only what differs
@@ -265,8 +268,8 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     assert summary["status"] == "diverged" and locks.effective_status(summary) == "diverged"
     assert [r["step"] for r in records] == list(range(step + 1))  # kept up to that step
     assert all(np.isfinite(r["train_loss"]) for r in records[:-1]) and "nonfinite" in records[-1]
-    config = jobs.config_of(run_dir)
-    names = model.param_shapes(build_spec(config, build_task(config)))
+    config = lifecycle.config_of(run_dir)
+    names = fast.param_shapes(build_spec(config, build_task(config)))
     assert f"at step {step}" in summary["reason"] and any(name in summary["reason"] for name in names)
     assert f"diverged: step {step}/" in outcome.stderr and summary["reason"] in outcome.stderr
     for figure in ("loss.png", "diagnostics.png", "attention.png"):
@@ -391,7 +394,7 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     reference = train_in_process(tiny_config(tmp_path, *overrides), "reference")
     signalled_step = 25  # loss_and_grads runs once an iteration
     last_checkpoint = signalled_step // 10 * 10
-    real_loss_and_grads, calls = model.loss_and_grads, itertools.count()
+    real_loss_and_grads, calls = fast.loss_and_grads, itertools.count()
 
     def interrupted_twice(*args):
         if next(calls) != signalled_step:
@@ -402,7 +405,7 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
         return result
 
     pytest_handler = signal.getsignal(signal.SIGINT)
-    monkeypatch.setattr(model, "loss_and_grads", interrupted_twice)
+    monkeypatch.setattr(fast, "loss_and_grads", interrupted_twice)
     outcome = main_in_process(capsys, "train", *TINY, f"runs_dir={tmp_path}", *overrides, "--name", "twice")
     monkeypatch.undo()
     assert signal.getsignal(signal.SIGINT) is pytest_handler
@@ -440,7 +443,7 @@ def test_effective_status_uses_the_pid_here_and_the_heartbeat_elsewhere():
 # Atomic writes, a full disk, an unwritable runs/
 # ---------------------------------------------------------------------------
 class FullDisk:
-    """An `open` for attn.runs: `allowed` writes go through, each later write
+    """An `open` for attn.store.runs: `allowed` writes go through, each later write
     puts half its bytes on disk and fails with ENOSPC, as a full disk does."""
 
     def __init__(self, allowed: int):
@@ -502,7 +505,7 @@ def test_a_full_disk_mid_run_fails_in_one_line_and_corrupts_nothing(tmp_path, mo
     errors = [line for line in outcome.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no space left on device" in errors[0] and str(run_dir) in errors[0]
     assert outcome.stdout.splitlines()[-1] == str(run_dir)
-    assert jobs.config_of(run_dir) == config
+    assert lifecycle.config_of(run_dir) == config
     assert runs.read_summary(run_dir)["status"] == "running"  # no room to record the failure either
     steps = [r["step"] for r in runs.read_metrics(run_dir)]
     assert steps == list(range(len(steps))) and len(steps) > 0
@@ -532,7 +535,7 @@ def test_runs_started_at_the_same_moment_never_share_a_directory(tmp_path):
 
     def start():
         barrier.wait()
-        made.append(jobs.create(config, name="same"))
+        made.append(lifecycle.create(config, name="same"))
 
     threads = [threading.Thread(target=start) for _ in range(n)]
     for thread in threads:
@@ -540,7 +543,7 @@ def test_runs_started_at_the_same_moment_never_share_a_directory(tmp_path):
     for thread in threads:
         thread.join()
     assert len(set(made)) == n
-    assert all(jobs.config_of(run_dir) == config for run_dir in made)
+    assert all(lifecycle.config_of(run_dir) == config for run_dir in made)
 
 
 def test_resuming_removes_temporaries_a_killed_writer_left(tmp_path):

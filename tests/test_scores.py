@@ -1,4 +1,4 @@
-"""Score modes (attn.scores): each pair against finite differences, every
+"""Score modes (attn.model.scores): each pair against finite differences, every
 mode's textbook model against finite differences, the fast model against the
 textbook in every association, and a stack of members with a mode (its
 learned scalars and sigma_reparam's carried power iteration) against each
@@ -8,12 +8,14 @@ import itertools
 
 import numpy as np
 import pytest
-
-from attn import arrayfiles, gradcheck, model, reference, runs, runstate, scores, train
-from attn.config import load_config
-from attn.model import Batch, ModelSpec
-from attn.yamlio import ConfigError
 from helpers import SIZES, without_timing
+
+from attn.config.loading import load_config
+from attn.config.yamlio import ConfigError
+from attn.model import fast, gradcheck, reference, scores
+from attn.model.fast import Batch, ModelSpec
+from attn.store import arrayfiles, runs, runstate
+from attn.train import loop
 
 B, T, D, DV = 3, 5, 6, 4
 TOL = 1e-6
@@ -50,12 +52,12 @@ def batch_of(rng, spec, where):
 
 
 def params_of(rng, spec):
-    params = model.init_params(spec, rng)
+    params = fast.init_params(spec, rng)
     if spec.score == "mup":  # zero W_q has a gradient, but every score is 0: perturb it to check the rest too
         params["W_q"] = rng.standard_normal(params["W_q"].shape) * 0.3
-    for name in model.score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k):
+    for name in fast.score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k):
         params[name] = np.asarray(params[name] + rng.uniform(0.1, 0.3, params[name].shape))  # away from 1 or 0; an array
-    return params, model.init_buffers(spec, params, rng)
+    return params, fast.init_buffers(spec, params, rng)
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +124,7 @@ def test_each_modes_textbook_gradients_match_finite_differences(rng, mode, causa
     params, buffers = params_of(rng, spec)
     batch = batch_of(rng, spec, where)
     report = gradcheck.check_model(params, lambda p: reference.loss_and_grads(p, spec, batch, buffers))
-    assert set(report) == set(model.param_shapes(spec))
+    assert set(report) == set(fast.param_shapes(spec))
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -133,8 +135,8 @@ def test_each_mode_in_the_fast_model_equals_the_textbook(rng, mode, association,
     spec = spec_of(*mode, d_k=d_k, causal=causal)
     params, buffers = params_of(rng, spec)
     batch = batch_of(rng, spec, where)
-    loss, cache = model.forward(params, spec, batch, association=association, buffers=buffers)
-    grads = model.backward(cache, spec)
+    loss, cache = fast.forward(params, spec, batch, association=association, buffers=buffers)
+    grads = fast.backward(cache, spec)
     if spec.score == "qk_norm":
         assert cache["attn"]["association"] == "projected", "a norm of q and k has no bilinear form"
     ref_loss, ref_grads, _ = reference.loss_and_grads(params, spec, batch, buffers)
@@ -148,15 +150,15 @@ def test_modes_start_from_the_same_weights_and_mup_zeroes_w_q(rng):
     """Every mode draws the same initial weights for a seed (its own parameters
     take no draw), so modes compare paired; mup zeroes W_q, and a temperature
     starts at the scale's own s unless told otherwise."""
-    dot = model.init_params(spec_of("dot", {}, d_k=7), np.random.default_rng(5))
+    dot = fast.init_params(spec_of("dot", {}, d_k=7), np.random.default_rng(5))
     for name, extra in MODES:
-        mode = model.init_params(spec_of(name, extra, d_k=7), np.random.default_rng(5))
+        mode = fast.init_params(spec_of(name, extra, d_k=7), np.random.default_rng(5))
         for key in dot:
             if not (name == "mup" and key == "W_q") and dot[key].shape == mode[key].shape:
                 assert np.array_equal(dot[key], mode[key]), (name, key)
         if name == "mup":
             assert not mode["W_q"].any()
-    theta = model.init_params(spec_of("temperature", {}, d_k=16), rng)["theta"]
+    theta = fast.init_params(spec_of("temperature", {}, d_k=16), rng)["theta"]
     assert np.isclose(np.exp(theta), 16 ** -0.5)
 
 
@@ -174,17 +176,17 @@ def test_a_mode_trains_stacked_and_resumes_each_member_exactly(tmp_path, mode):
     for i, config in enumerate(configs):
         (tmp_path / f"stack{i}").mkdir()
         states.append(runstate.prepare(config, tmp_path / f"stack{i}"))
-    stop = train.StopFlag()
-    summaries = train.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
+    stop = loop.StopFlag()
+    summaries = loop.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
                                 else None)
     assert {s["status"] for s in summaries} == {"interrupted"}
     for i, config in enumerate(configs):
-        assert train.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
+        assert loop.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
         (tmp_path / f"alone{i}").mkdir()
-        train.train(config, tmp_path / f"alone{i}")
+        loop.train(config, tmp_path / f"alone{i}")
         records = runs.read_metrics(tmp_path / f"stack{i}")
         assert without_timing(records) == without_timing(runs.read_metrics(tmp_path / f"alone{i}"))
-        own = model.score_param_shapes(mode, "vector", config.model.d_k)
+        own = fast.score_param_shapes(mode, "vector", config.model.d_k)
         assert all(f"grad_norm/{name}" in records[0] for name in own)
         saved = arrayfiles.load_arrays(tmp_path / f"stack{i}" / "checkpoint.npz")
         alone = arrayfiles.load_arrays(tmp_path / f"alone{i}" / "checkpoint.npz")

@@ -11,10 +11,11 @@ is the float64 one at 1e-12.
 
 import numpy as np
 import pytest
-
-from attn import arrayfiles, runs, runstate, stack, train
-from attn.config import load_config
 from helpers import SIZES, without_timing
+
+from attn.config.loading import load_config
+from attn.store import arrayfiles, runs, runstate
+from attn.train import loop, stack
 
 SHORT = [*SIZES, "logging.plots=false", "train.steps=40", "logging.log_every=5", "logging.checkpoint_every=15"]
 
@@ -29,19 +30,19 @@ def train_stack(tmp_path, configs, tag: str, stop_at: int | None = None):
         run_dir = tmp_path / f"{tag}{i}"
         run_dir.mkdir()
         states.append(runstate.prepare(c, run_dir))
-    stop = train.StopFlag()
+    stop = loop.StopFlag()
 
     def progress(_member, step, _record):
         if step == stop_at:
             stop.request("SIGTERM")
 
-    return train.run_stack(states, stop=stop, progress=progress), [s.run_dir for s in states]
+    return loop.run_stack(states, stop=stop, progress=progress), [s.run_dir for s in states]
 
 
 def train_alone(tmp_path, c, tag: str):
     run_dir = tmp_path / tag
     run_dir.mkdir()
-    return train.train(c, run_dir), run_dir
+    return loop.train(c, run_dir), run_dir
 
 
 def assert_same_run(a, b):
@@ -99,7 +100,7 @@ def test_a_stopped_stack_checkpoints_every_member_and_each_resumes_alone_exactly
     summaries, stacked = train_stack(tmp_path, configs, "stack", stop_at=11)
     assert {s["status"] for s in summaries} == {"interrupted"} and {s["step"] for s in summaries} == {12}
     for i, c in enumerate(configs):
-        resumed = train.train(c, stacked[i], resume=True)
+        resumed = loop.train(c, stacked[i], resume=True)
         assert resumed["status"] == "completed" and resumed["resumed_from"] == 12
         _, run_dir = train_alone(tmp_path, c, f"alone{i}")
         assert_same_run(stacked[i], run_dir)
@@ -113,7 +114,7 @@ def test_resuming_the_last_checkpoint_reproduces_the_last_record(tmp_path):
     _, run_dir = train_alone(tmp_path, c, "run")
     before = runs.read_metrics(run_dir)
     (run_dir / "summary.json").unlink()
-    resumed = train.train(c, run_dir, resume=True)
+    resumed = loop.train(c, run_dir, resume=True)
     assert resumed["status"] == "completed" and resumed["resumed_from"] == c.train.steps
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(before)
 
@@ -125,4 +126,4 @@ def test_only_runs_of_one_shape_and_step_stack():
     assert key(config("optim.momentum=0.9")) != key(config())
     assert key(config("train.batch_size=8")) != key(config())
     with pytest.raises(ValueError, match="share their shapes"):
-        train.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])
+        loop.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])

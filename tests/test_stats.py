@@ -1,4 +1,4 @@
-"""attn.stats against closed forms, published values, hand computations and
+"""attn.analysis.stats against closed forms, published values, hand computations and
 brute-force references."""
 
 import math
@@ -8,7 +8,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from attn.stats import KMMedian, bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
+from attn.analysis.stats import KMMedian, bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
 
 Z95 = NormalDist().inv_cdf(0.975)
 

@@ -1,4 +1,4 @@
-"""The store's contract (attn.runs and its callers): one writer per run
+"""The store's contract (attn.store.runs and its callers): one writer per run
 directory (RunLock), every read bounded and checked, one rule for names, no
 writing through symbolic links, quiet and short failures. Each class of the
 issue has its cases here; everything runs in-process except the lock holders
@@ -15,12 +15,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from attn import arrayfiles, cli, jobs, locks, plots, runs, sweep, yamlio
-from attn import experiment as experiments
-from attn.config import load_config
-from attn.yamlio import ConfigError, parse_yaml
 from helpers import SIZES, TINY
+
+from attn import cli
+from attn.config import yamlio
+from attn.config.loading import load_config
+from attn.config.yamlio import ConfigError, parse_yaml
+from attn.experiment import spec as experiments
+from attn.experiment import sweep
+from attn.store import arrayfiles, locks, runs
+from attn.train import figures, lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -50,7 +54,7 @@ class Holder:
     """Another process holding a directory's RunLock until it is killed."""
 
     def __init__(self, directory: Path, purpose: str = "sweep"):
-        code = ("import sys, time; from attn import locks; locks.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
+        code = ("import sys, time; from attn.store import locks; locks.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
                 "print('held', flush=True); time.sleep(120)")
         self.process = subprocess.Popen([sys.executable, "-c", code, str(directory), purpose], env=ENV,
                                         stdout=subprocess.PIPE, text=True)
@@ -67,9 +71,9 @@ def stopped(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("store")
     config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2",
                                 "logging.checkpoint_every=4"])
-    run_dir = jobs.create(config, name="stopped")
-    stop = jobs.StopFlag()
-    jobs.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
+    run_dir = lifecycle.create(config, name="stopped")
+    stop = lifecycle.StopFlag()
+    lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
     assert runs.read_summary(run_dir)["status"] == "interrupted"
     assert [r["step"] for r in runs.read_metrics(run_dir)] == [0, 2, 4, 6]
     return run_dir
@@ -154,7 +158,7 @@ def test_a_writer_killed_holding_the_lock_frees_it_and_its_run_reads_stale(tmp_p
 
 
 def test_runs_lists_a_run_killed_before_its_first_summary_as_stale(tmp_path, capsys):
-    run_dir = jobs.create(load_config(None, [*TINY, f"runs_dir={tmp_path}"]), name="early")
+    run_dir = lifecycle.create(load_config(None, [*TINY, f"runs_dir={tmp_path}"]), name="early")
     code, out = cli.main(["runs", str(tmp_path), "--status", "stale"]), capsys.readouterr().out
     assert code == cli.EXIT_OK and out.splitlines()[1].split()[:2] == [run_dir.name, "stale"]
 
@@ -295,7 +299,7 @@ def test_a_damaged_attention_snapshot_is_named_with_what_is_wrong(run_copy):
     arrays = arrayfiles.load_arrays(run_copy / "attention.npz")
     arrayfiles.save_arrays(run_copy / "attention.npz", {**arrays, "attn_init": arrays["attn_init"][:, :, :-1]})
     with pytest.raises(runs.RunError, match=r"attention.npz: attn_init has shape \[\d+, \d+, \d+\], expected"):
-        plots.read_attention(run_copy / "attention.npz")
+        figures.read_attention(run_copy / "attention.npz")
 
 
 # ---------------------------------------------------------------------------

@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from attn import cli, jobs, runs
-from attn.config import load_config
-from attn.schema import all_keys
-from helpers import TINY
+from attn import cli
+from attn.config.loading import load_config
+from attn.config.schema import all_keys
+from attn.store import runs
+from attn.train import lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
@@ -159,9 +161,9 @@ def template(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("template")
     config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2",
                                 "logging.checkpoint_every=4", "logging.attention_examples=2"])
-    run_dir = jobs.create(config, name="run")
-    stop = jobs.StopFlag()
-    jobs.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
+    run_dir = lifecycle.create(config, name="run")
+    stop = lifecycle.StopFlag()
+    lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
     return run_dir
 
 

@@ -3,8 +3,8 @@ locking, failures that don't stop the others, Dask, the report, the
 miniature headline ablation, and the scaled/unscaled equivalence."""
 
 import csv
-import json
 import fcntl
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,17 +12,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from attn import cli, jobs, runs, sweep
-from attn import experiment as experiments
-from attn.config import load_config
-from attn.schema import to_dict
-from attn import outcomes
-from attn.report import write_report
-from attn.results import collect
-from attn.train import StopFlag, train
-from attn.yamlio import ConfigError
 from helpers import without_timing
+
+from attn import cli
+from attn.analysis import outcomes
+from attn.analysis.results import collect
+from attn.config.loading import load_config
+from attn.config.schema import to_dict
+from attn.config.yamlio import ConfigError
+from attn.experiment import spec as experiments
+from attn.experiment import sweep
+from attn.report.experiment_report import write_report
+from attn.store import runs
+from attn.train import lifecycle
+from attn.train.loop import StopFlag, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -158,7 +161,7 @@ def test_rerun_skips_finished_and_resumes_interrupted(finished_sweep):
     run_dir.mkdir()
     runs.write_config(run_dir, to_dict(first.config), {})
     stop = StopFlag()
-    summary = jobs.execute(first.config, run_dir, stop=stop,
+    summary = lifecycle.execute(first.config, run_dir, stop=stop,
                            progress=lambda step, record: stop.request("SIGINT") if step == 12 else None)
     assert summary["status"] == "interrupted" and summary["step"] == 13
     outcomes = {o.cell: o for o in sweep.run_experiment(finished_sweep, ThreadPoolExecutor(2))}

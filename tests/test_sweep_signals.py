@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from attn import runs
-from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
 from helpers import without_timing
+
+from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
+from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts lands mid-run

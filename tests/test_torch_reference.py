@@ -10,10 +10,11 @@ import itertools
 import numpy as np
 import pytest
 
-from attn import model, runstate
 from attn.bench import rivals
-from attn.config import load_config
-from attn.model import Batch
+from attn.config.loading import load_config
+from attn.model import fast
+from attn.model.fast import Batch
+from attn.store import runstate
 
 SMALL = ["dtype=float64", "train.batch_size=4", "model.d_model=12", "model.d_k=5", "model.d_v=7"]
 TASKS = {
@@ -77,7 +78,7 @@ def test_loss_and_gradients_match_pytorch(torch, task, first, second):
     _, spec, params, _, (batch, *_) = build(task, first, second)
     reference, weights = torch_twin(spec, batch, params)
     reference.backward()
-    loss, grads, _ = model.loss_and_grads(params, spec, batch)
+    loss, grads, _ = fast.loss_and_grads(params, spec, batch)
     assert loss.dtype == np.float64
     assert float(loss) == pytest.approx(reference.item(), rel=1e-12)
     assert set(grads) == set(weights)
@@ -99,12 +100,12 @@ def test_sgd_steps_match_torch_optim_sgd(torch, optim):
     torch_step = torch_sgd_stepper(config, spec, params, batches)
     weights = {name: p.copy() for name, p in params.items()}
     for batch in batches:
-        loss, grads, _ = model.loss_and_grads(weights, spec, batch)
+        loss, grads, _ = fast.loss_and_grads(weights, spec, batch)
         optimizer.step(weights, grads, config.optim.lr)
         ours, theirs = float(loss), torch_step()
         assert ours == pytest.approx(theirs, rel=1e-12)
     initial = runstate.build(config)[2]
-    assert ours != pytest.approx(float(model.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
+    assert ours != pytest.approx(float(fast.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
         "the updates changed nothing, so the comparison shows nothing"
 
 
@@ -118,12 +119,12 @@ def test_forward_and_backward_at_target_positions_equal_the_full_ones():
     scattered = np.zeros((B, T), dtype=bool)
     scattered[0, 1] = scattered[1, 1] = scattered[2, 3] = True
     for batch in (retrieval, Batch(retrieval.tokens, retrieval.targets, scattered, retrieval.target_key)):
-        loss, cache = model.forward(params, spec, batch)
+        loss, cache = fast.forward(params, spec, batch)
         assert not isinstance(cache["positions"], slice), "the shortcut must be taken for the check to mean anything"
-        fast = model.backward(cache, spec)
-        full_loss, full_cache = model.forward(params, spec, batch, all_queries=True)
+        grads = fast.backward(cache, spec)
+        full_loss, full_cache = fast.forward(params, spec, batch, all_queries=True)
         assert full_cache["attn"]["attn"].shape == (B, T, T)
         assert float(loss) == pytest.approx(float(full_loss), rel=1e-12)
-        full = model.backward(full_cache, spec)
+        full = fast.backward(full_cache, spec)
         for name, grad in full.items():
-            np.testing.assert_allclose(fast[name], grad, rtol=1e-12, atol=1e-14 * np.abs(grad).max(), err_msg=name)
+            np.testing.assert_allclose(grads[name], grad, rtol=1e-12, atol=1e-14 * np.abs(grad).max(), err_msg=name)

@@ -10,19 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from attn import arrayfiles, cli, jobs, locks, model, runs, runstate, train
-from attn.config import build_spec, build_task, load_config
-from attn.schema import to_dict
 from helpers import PNG_SIGNATURE, TINY, without_timing
+
+from attn import cli
+from attn.config.loading import build_spec, build_task, load_config
+from attn.config.schema import to_dict
+from attn.model import fast
+from attn.store import arrayfiles, locks, runs, runstate
+from attn.train import lifecycle, loop
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def train_tiny(runs_dir, name, *overrides):
     config = load_config(None, [*TINY, f"runs_dir={runs_dir}", "train.steps=40", "logging.log_every=5", *overrides])
-    run_dir = jobs.create(config, name=name)
-    train.train(config, run_dir)
+    run_dir = lifecycle.create(config, name=name)
+    loop.train(config, run_dir)
     return runs.read_metrics(run_dir)
 
 
@@ -107,11 +110,11 @@ def test_config_yaml_is_the_resolved_config_with_provenance(learned):
     assert provenance["overrides"] == learned["overrides"]
     assert provenance["python"] == platform.python_version()
     assert provenance["numpy"] == np.__version__
-    assert jobs.config_of(learned["run_dir"]) == learned["config"]
+    assert lifecycle.config_of(learned["run_dir"]) == learned["config"]
 
 
 def param_names(config):
-    return list(model.param_shapes(build_spec(config, build_task(config))))
+    return list(fast.param_shapes(build_spec(config, build_task(config))))
 
 
 def test_metrics_records_carry_every_logged_figure(learned):
@@ -146,7 +149,7 @@ def test_checkpoint_loads_without_pickle_and_matches_the_model(learned):
     config = learned["config"]
     spec = build_spec(config, build_task(config))
     arrays = arrayfiles.load_arrays(learned["run_dir"] / "checkpoint.npz")
-    for name, shape in model.param_shapes(spec).items():
+    for name, shape in fast.param_shapes(spec).items():
         assert arrays[f"param/{name}"].shape == shape
         assert arrays[f"param/{name}"].dtype == np.dtype(config.dtype)
     assert json.loads(str(arrays["meta"]))["step"] == config.train.steps
@@ -162,7 +165,7 @@ def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes
     for when in ("init", "final"):
         assert snapshots[f"attn_{when}"].shape == (n, T, T)
         np.testing.assert_allclose(snapshots[f"attn_{when}"].sum(axis=-1), 1, atol=1e-5)
-    _, cache = model.forward(state.params, state.spec, state.eval_batch)
+    _, cache = fast.forward(state.params, state.spec, state.eval_batch)
     query_rows = cache["attn"]["attn"][:n]  # (n, 1, T): retrieval's query, computed alone
     assert query_rows.shape == (n, 1, T) and cache["positions"].tolist() == [T - 1]
     np.testing.assert_allclose(snapshots["attn_final"][:, T - 1:], query_rows, rtol=1e-4, atol=1e-6)
@@ -178,8 +181,8 @@ def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, c
 def test_the_mechanism_is_measured_at_its_step_whether_or_not_that_step_is_logged(tmp_path):
     config = load_config(None, ["train.steps=20", "logging.log_every=25", "logging.mechanism_step=10",
                                 "logging.plots=false", f"runs_dir={tmp_path}", "task.eval_size=32"])
-    run_dir = jobs.create(config, name="mech")
-    jobs.execute(config, run_dir)
+    run_dir = lifecycle.create(config, name="mech")
+    lifecycle.execute(config, run_dir)
     steps = {name.split("/")[0] for name in arrayfiles.load_arrays(run_dir / "mechanism.npz")}
     assert steps == {"0", "10"}
     assert [r["step"] for r in runs.read_metrics(run_dir)] == [0, 20], "step 10 is measured, not logged"

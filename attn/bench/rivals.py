@@ -7,7 +7,7 @@ operations (OPS) so that PyTorch and JAX compute exactly the same thing:
     projected   S = s (X_Q W_q) (X W_k)^T,         out = (A (X W_v)) W_o
     bilinear    S = (X_Q W_QK) X^T,                out = (A X) W_OV
                 (W_QK = s W_q W_k^T and W_OV = W_v W_o applied as two
-                products or one, as attn.layers.merge_is_cheaper decides)
+                products or one, as attn.model.head.merge_is_cheaper decides)
     loss = mean over target positions of -log softmax(H W_out + b)[target]
 
 with the query side at the positions where some example has a target
@@ -27,8 +27,8 @@ from typing import Callable
 
 import numpy as np
 
-from attn import layers, model
-from attn.model import Batch, ModelSpec
+from attn.model import fast, pairs
+from attn.model.fast import Batch, ModelSpec
 
 FORMULATIONS = ("projected", "bilinear")
 FRAMEWORKS = ("torch", "torch.compile", "jax")
@@ -71,10 +71,10 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
     query_rows = np.arange(T)[positions]
     P = len(query_rows)
     s = spec.score_scale
-    merge_qk = layers.merge_is_cheaper(batch_size * P, D, spec.d_k, D)
-    merge_ov = layers.merge_is_cheaper(batch_size * P, D, spec.d_v, D)
+    merge_qk = pairs.merge_is_cheaper(batch_size * P, D, spec.d_k, D)
+    merge_ov = pairs.merge_is_cheaper(batch_size * P, D, spec.d_v, D)
     masked = ops["array"](np.triu(np.ones((T, T), dtype=bool), k=1)[query_rows]) if spec.causal else None
-    sinusoids = ops["array"](np.array(model.sinusoidal_positions(T, D, spec.n_sources ** -0.5, spec.dtype))) \
+    sinusoids = ops["array"](np.array(fast.sinusoidal_positions(T, D, spec.n_sources ** -0.5, spec.dtype))) \
         if spec.positional == "sinusoidal" else None
     rows = ops["array"](query_rows)
 
@@ -109,8 +109,8 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
 
 
 def target_positions(batches: list[Batch]):
-    """The positions where some example of the pool has a target (as attn.model computes them)."""
-    return model.target_positions(Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in
+    """The positions where some example of the pool has a target (as attn.model.fast computes them)."""
+    return fast.target_positions(Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in
                                           ("tokens", "targets", "target_mask", "target_key"))))
 
 

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from attn import jobs, runs
 from attn.bench import rivals, sweeps, timing
+from attn.store import runs
+from attn.train import lifecycle
 
 TARGET_STEP_RATIO = 0.7
 TARGET_EFFICIENCY = 0.8
@@ -36,8 +37,8 @@ def run(sizes: list[str], threads: list[int], warmup: int = 10, steps: int = 50,
         progress: Callable[[str], None] = lambda message: None) -> dict:
     """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
     result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "warmup": warmup, "steps": steps,
-              "machine": {"cpu": jobs.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(), **jobs.platform_facts()},
+              "machine": {"cpu": lifecycle.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+                          "python": platform.python_version(), **lifecycle.platform_facts()},
               "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
               "timings": [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads]}
     if processes:

@@ -5,7 +5,7 @@
   across fork and exec, so a child of the benchmark itself would report at
   least the benchmark's own peak);
 - a sweep of the old headline grid (THROUGHPUT_GRID: 5 d_k x 2 scales x 5
-  seeds of 500 steps) through the real runner (attn.sweep), with one
+  seeds of 500 steps) through the real runner (attn.experiment.sweep), with one
   worker and with one per core: its wall time, how much of the workers'
   time went to training (the sweep's efficiency: the stacks' training
   seconds over wall time x workers), and the speed-up of the second;
@@ -22,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from attn.bench.timing import BASE_CONFIG, REPO, SIZES
-from attn.yamlio import dump_yaml
+from attn.config.yamlio import dump_yaml
 
 THROUGHPUT_GRID = {"model.d_k": [16, 64, 256, 1024, 4096], "model.scale": ["sqrt", "none"]}
 THROUGHPUT_OVERRIDES = {"model.d_v": 32, "optim.lr": 0.3, "train.steps": 500, "task.eval_size": 256,
@@ -51,8 +50,8 @@ def training_peak_memory(name: str, steps: int = 20) -> dict:
 def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
     """Run an experiment into runs_dir with `workers` local workers: wall
     time, the runs' outcomes, the stacks' training seconds, and the efficiency."""
-    from attn import sweep
-    from attn.experiment import load_experiment
+    from attn.experiment import sweep
+    from attn.experiment.spec import load_experiment
 
     experiment = load_experiment(experiment_file, runs_dir=str(runs_dir))
     start = time.perf_counter()

@@ -38,11 +38,13 @@ from typing import Callable
 
 import numpy as np
 
-from attn import allocator, layers, model, runstate
 from attn.bench import rivals
-from attn.config import load_config
-from attn.schema import Config
-from attn.model import Batch, ModelSpec
+from attn.config.loading import load_config
+from attn.config.schema import Config
+from attn.model import fast, head
+from attn.model.fast import Batch, ModelSpec
+from attn.store import runstate
+from attn.train import allocator
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "default.yaml"
@@ -72,11 +74,11 @@ def size_config(name: str) -> Config:
 def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
     """Matrix-multiply FLOPs of attn's step with its query side at
     `positions` of the T positions: twice the multiply-adds of the head's
-    association (attn.layers.head_costs) and the readout's three products.
+    association (attn.model.head.head_costs) and the readout's three products.
     The embeddings' one-hot products are not counted."""
     B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
-    head = min(layers.head_costs(B, positions, T, D, spec.d_k, spec.d_v).values())
-    return 2 * head + 3 * 2 * B * positions * D * C
+    head_cost = min(head.head_costs(B, positions, T, D, spec.d_k, spec.d_v).values())
+    return 2 * head_cost + 3 * 2 * B * positions * D * C
 
 
 def spread(seconds: list[float]) -> dict:
@@ -120,7 +122,7 @@ def attn_stepper(config: Config, spec: ModelSpec, params: dict, optimizer, batch
     pool = itertools.cycle(batches)
 
     def step():
-        loss, grads, _ = model.loss_and_grads(params, spec, next(pool))
+        loss, grads, _ = fast.loss_and_grads(params, spec, next(pool))
         optimizer.step(params, grads, config.optim.lr)
         return float(loss)
 
@@ -159,7 +161,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
         "size": name, "overrides": list(SIZES[name]),
         "shape": {"task": config.task.name, "B": config.train.batch_size, "T": spec.n_positions, "P": positions,
                   "d_model": spec.d_model, "d_k": spec.d_k, "d_v": spec.d_v, "classes": spec.n_classes},
-        "association": layers.choose_association(config.train.batch_size, positions, spec.n_positions,
+        "association": head.choose_association(config.train.batch_size, positions, spec.n_positions,
                                                  spec.d_model, spec.d_k, spec.d_v),
         "attn_gflop_per_step": flops / 1e9,
         "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
@@ -191,7 +193,7 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
         import torch
 
         torch.set_num_threads(threads)
-    allocator.keep_freed_memory()  # as attn.jobs.execute does for every run
+    allocator.keep_freed_memory()  # as attn.train.lifecycle.execute does for every run
     return {"threads": threads, "blas": blas_info(), "versions": versions(),
             "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes]}
 

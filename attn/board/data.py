@@ -1,7 +1,7 @@
 """What the board shows: the runs and experiments under the served PATHs, as
 JSON-ready dicts, each run re-read only when one of its files changes.
 
-Runs are found and read by attn.grouping (find_run_dirs, load_runs), as
+Runs are found and read by attn.analysis.grouping (find_run_dirs, load_runs), as
 `attn compare` reads them; groups are grouping.group_runs's (the seeds of one
 setting); the table's setting columns are the keys that differ between the
 runs (grouping.table_keys: bookkeeping keys left out, seed last), named by
@@ -37,8 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from attn import compare_figure, grouping, locks, plots, runs
-from attn.outcomes import THRESHOLD  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
+from attn.analysis import grouping
+from attn.analysis.outcomes import (
+    THRESHOLD,  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
+)
+from attn.report import compare_figure
+from attn.store import locks, runs
+from attn.train import figures
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
 FIGURE_SUFFIX = ".png"
@@ -83,7 +88,7 @@ def _signature(run_dir: Path) -> tuple:
 def table_figures(run: grouping.Run) -> dict:
     """Final and best eval loss and accuracy, steps to THRESHOLD accuracy (None where the run has none)."""
     figures = grouping.run_figures(run, THRESHOLD)
-    _, accuracies = plots.series(run.records, "eval_accuracy")
+    _, accuracies = runs.series(run.records, "eval_accuracy")
     return {"final_eval_loss": figures["final_eval_loss"], "best_eval_loss": figures["best_eval_loss"],
             "final_eval_accuracy": figures["final_eval_accuracy"],
             "best_eval_accuracy": float(accuracies.max()) if len(accuracies) else None,
@@ -272,13 +277,13 @@ class Board:
                 "records": records[start:]}
 
     def draw_figures(self, run_id: str) -> list[dict]:
-        """Draw the run's figures into its directory (attn.plots.plot_run), holding
+        """Draw the run's figures into its directory (attn.train.figures.plot_run), holding
         the run's RunLock as every writer does (locks.RunLocked while another
         process writes it); its figures then."""
         with self._lock:
             index, run_dir = self._locate(run_id)
         with self._draw_lock, locks.RunLock(run_dir, "attn board: draw figures"):
-            plots.plot_run(run_dir)
+            figures.plot_run(run_dir)
         return self._figures(run_id, run_dir)
 
     def resolve_file(self, path: str) -> Path:

@@ -18,9 +18,9 @@ import shutil
 from pathlib import Path
 from urllib.parse import unquote
 
-from attn import runs
 from attn.board import STATIC_DIR
 from attn.board.data import FILES_PREFIX, Board, to_json
+from attn.store import runs
 
 DATA_PLACEHOLDER = '<script id="board-data" type="application/json">null</script>'
 EXPORT_MARK = '<meta name="generator" content="attn board">'  # in index.html: a page this module may overwrite

@@ -7,7 +7,7 @@
     GET  /api/records?run=ID&since=N[&last=STEP]
                                        the run's records from index N on (Board.records): the page
                                        holds the first N, the last of them at step STEP
-    POST /api/plot?run=ID              draw the run's figures (attn.plots.plot_run); the request must
+    POST /api/plot?run=ID              draw the run's figures (attn.train.figures.plot_run); the request must
                                        carry the header X-Attn-Board (the page's own requests do)
     GET  /files/<root>/<path>          a figure or report under a served root (Board.resolve_file)
 
@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from attn.board import DEFAULT_HOST, DEFAULT_PORT, STATIC_DIR
 from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
-from attn.locks import RunLocked
+from attn.store.locks import RunLocked
 
 WRITE_HEADER = "X-Attn-Board"
 TEXT_SUFFIXES = {".md": "text/plain", ".jsonl": "text/plain", ".yaml": "text/plain", ".csv": "text/plain"}

@@ -11,10 +11,10 @@ import signal
 import sys
 from pathlib import Path
 
-from attn.config import check_run_name
-from attn.schema import all_keys
-from attn.train import StopFlag
-from attn.yamlio import ConfigError, show_value
+from attn.config.loading import check_run_name
+from attn.config.schema import all_keys
+from attn.config.yamlio import ConfigError, show_value
+from attn.train.loop import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}

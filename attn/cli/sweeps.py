@@ -8,16 +8,24 @@ import signal
 import sys
 from pathlib import Path
 
-from attn import jobs
-from attn.cli.common import (EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers, integer_at_least,
-                             is_interactive, one_line)
-from attn.config import load_config
-from attn.train import StopFlag
-from attn.yamlio import ConfigError, cut, read_yaml_file
+from attn.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGNAL,
+    UsageError,
+    install_stop_handlers,
+    integer_at_least,
+    is_interactive,
+    one_line,
+)
+from attn.config.loading import load_config
+from attn.config.yamlio import ConfigError, cut, read_yaml_file
+from attn.train import lifecycle
+from attn.train.loop import StopFlag
 
 
 def cmd_sweep(args) -> int:
-    from attn import sweep
+    from attn.experiment import sweep
 
     experiment = _experiment_to_sweep(args)
     executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
@@ -59,7 +67,7 @@ def _experiment_to_sweep(args):
     """The experiment `attn sweep FILE ...` runs: FILE's own if it is an
     experiment file; for a run config, the one its --grid and --seeds make,
     whose file is written into its directory."""
-    from attn import experiment as experiments
+    from attn.experiment import spec as experiments
 
     for text in args.overrides:
         key, _, value = text.partition("=")
@@ -81,11 +89,11 @@ def _experiment_to_sweep(args):
         raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
                           f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
     if args.runs_dir is not None:
-        jobs.check_directory_path(args.runs_dir, "--runs-dir")
+        lifecycle.check_directory_path(args.runs_dir, "--runs-dir")
     experiment, data = experiments.command_line_experiment(
         args.experiment, args.grid, args.seeds, args.name, args.overrides, args.runs_dir, args.max_cells, args.plots,
         command=" ".join(["attn", *sys.argv[1:]]))
-    jobs.check_directory_path(experiment.directory.parent, "runs_dir")
+    lifecycle.check_directory_path(experiment.directory.parent, "runs_dir")
     experiments.save_experiment_file(experiment.path, data)
     return experiment
 
@@ -162,7 +170,7 @@ def _few(names: list[str], shown: int = 3) -> str:
 
 def _run_sweep(experiment, executor, stop: StopFlag) -> list:
     """Run the experiment's cells, showing their progress (SweepProgress)."""
-    from attn import sweep
+    from attn.experiment import sweep
 
     total = len(experiment.cells)
     print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
@@ -203,9 +211,9 @@ def sweep_summary(experiment, outcomes: list) -> str:
 
 def print_report(experiment) -> None:
     """Write the report; print its expectations' verdicts (from report.json) and its path."""
-    from attn import report
+    from attn.report import experiment_report
 
-    paths = report.write_report(experiment)
+    paths = experiment_report.write_report(experiment)
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
         print(f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
@@ -214,7 +222,7 @@ def print_report(experiment) -> None:
 
 
 def cmd_report(args) -> int:
-    from attn.experiment import load_experiment
+    from attn.experiment.spec import load_experiment
 
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, overrides=args.overrides)
     print_report(experiment)
@@ -223,8 +231,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from attn import verify
-    from attn.experiment import load_experiment
+    from attn.experiment import verify
+    from attn.experiment.spec import load_experiment
 
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
     result = verify.verify(experiment, args.kernel, args.workers,
@@ -244,7 +252,7 @@ def cmd_publish(args) -> int:
 
 
 def _add_max_cells(parser) -> None:
-    from attn.experiment import MAX_CELLS
+    from attn.experiment.spec import MAX_CELLS
 
     parser.add_argument("--max-cells", type=integer_at_least(1), default=MAX_CELLS,
                         help="refuse an experiment of more runs (grid points x seeds) than this "

@@ -6,14 +6,24 @@ import contextlib
 import sys
 from pathlib import Path
 
-
-from attn import jobs, locks, runs
-from attn.cli.common import (EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, UsageError, install_stop_handlers,
-                             is_interactive, one_line, run_dir_argument, split_config_and_overrides)
-from attn.config import load_config
-from attn.schema import describe_schema, to_dict
-from attn.train import StopFlag
-from attn.yamlio import ConfigError, dump_yaml
+from attn.cli.common import (
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_SIGNAL,
+    UsageError,
+    install_stop_handlers,
+    is_interactive,
+    one_line,
+    run_dir_argument,
+    split_config_and_overrides,
+)
+from attn.config.loading import load_config
+from attn.config.schema import describe_schema, to_dict
+from attn.config.yamlio import ConfigError, dump_yaml
+from attn.store import locks, runs
+from attn.train import lifecycle
+from attn.train.loop import StopFlag
 
 
 @contextlib.contextmanager
@@ -76,7 +86,7 @@ def cmd_train(args) -> int:
         if args.fork is not None:
             return _fork(args.fork, overrides, args.name, stop)
         config = _load_run_config(config_path, overrides)
-        with jobs.new_run(config, config_path, overrides, args.name) as run_dir:
+        with lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
             print(f"run directory: {run_dir}", file=sys.stderr)
             return _train_and_report(config, run_dir, False, stop)
     finally:
@@ -85,7 +95,7 @@ def cmd_train(args) -> int:
 
 def _load_run_config(config_path: str | None, overrides: list[str]):
     """load_config, saying so when the file is an experiment file, not a config."""
-    from attn.experiment import is_experiment_file
+    from attn.experiment.spec import is_experiment_file
 
     try:
         return load_config(config_path, overrides)
@@ -101,10 +111,10 @@ def _resume(text: str, config_path: str | None, overrides: list[str], stop: Stop
     run_dir = run_dir_argument(text, "--resume")
     with locks.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
         requested = _load_run_config(config_path, overrides) if config_path else None
-        resumption = jobs.check_resumable(run_dir, requested, () if config_path else overrides)
+        resumption = lifecycle.check_resumable(run_dir, requested, () if config_path else overrides)
         state = resumption.state
         if resumption.extended_from is not None:
-            jobs.record_extension(run_dir, resumption)
+            lifecycle.record_extension(run_dir, resumption)
             print(f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
                   "(recorded in its config.yaml)", file=sys.stderr)
         print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
@@ -117,9 +127,9 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
     if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
         source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
     source = run_dir_argument(source_text, "--fork")
-    plan = jobs.plan_fork(source, None if step_text is None else int(step_text), overrides)
-    with jobs.new_fork(plan, overrides, name) as run_dir:
-        state = jobs.prepare_resume(plan.config, run_dir)
+    plan = lifecycle.plan_fork(source, None if step_text is None else int(step_text), overrides)
+    with lifecycle.new_fork(plan, overrides, name) as run_dir:
+        state = lifecycle.prepare_resume(plan.config, run_dir)
         changed = "; ".join(plan.changes) or "no change: it continues as its source"
         print(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
         print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
@@ -132,7 +142,7 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
     summary = None
     try:
         with _progress_printer(config.train.steps) as progress:
-            summary = jobs.execute(config, run_dir, resume=resume, stop=stop, progress=progress, state=state)
+            summary = lifecycle.execute(config, run_dir, resume=resume, stop=stop, progress=progress, state=state)
     except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
         summary = runs.read_summary(run_dir) or {"status": "interrupted"}
     except runs.RunError as err:  # the disk or the run directory, mid-run
@@ -172,12 +182,12 @@ def cmd_config(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from attn import plots  # matplotlib takes ~1 s to import: only for commands that draw
+    from attn.train import figures  # matplotlib takes ~1 s to import: only for commands that draw
 
     for text in args.run_dirs:
         run_dir = run_dir_argument(text, "plot")
         with locks.RunLock(run_dir, "plot"):
-            for path in plots.plot_run(run_dir):
+            for path in figures.plot_run(run_dir):
                 print(path)
     return EXIT_OK
 

@@ -7,13 +7,13 @@ import math
 import sys
 from pathlib import Path
 
-from attn import outcomes
+from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import EXIT_OK, UsageError, integer_at_least
 
 
 def cmd_compare(args) -> int:
-    from attn import compare, compare_figure
+    from attn.report import compare, compare_figure
 
     result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
                              args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
@@ -29,8 +29,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from attn import grouping
-    from attn import listing as listings
+    from attn.analysis import grouping
+    from attn.analysis import listing as listings
 
     listing = listings.list_runs(Path(args.path), args.status, args.experiment)
     for skipped in listing.skipped:

@@ -1,0 +1,90 @@
+"""`attn runs`: the runs at or below a directory, one row each: status, task, the settings
+that differ between them, final figures and age.
+
+    python -m attn runs [PATH] [--status S] [--experiment NAME]
+
+Runs are found and read as attn.analysis.grouping finds and reads them; a run's
+status is its effective one (locks.effective_status: `stale` for a
+`running` run whose process is gone), its settings those its task reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from attn.analysis.grouping import (
+    final_figures,
+    load_runs,
+    natural_key,
+    short_names,
+    table_keys,
+    used_settings,
+    walk_runs,
+)
+from attn.config.yamlio import ConfigError
+from attn.store import runs
+
+LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
+RUNS_ROOT = Path("runs")
+
+
+@dataclass(frozen=True)
+class ListedRun:
+    name: str  # path below the listed directory
+    status: str
+    task: str
+    settings: dict  # Listing.keys that the run's task reads -> value
+    final: tuple  # (eval loss, eval accuracy) last logged, (None, None) after a divergence
+    age: float | None  # seconds since the last heartbeat (or since config.yaml was written)
+
+
+@dataclass(frozen=True)
+class Listing:
+    keys: list  # dotted keys that differ between the runs listed
+    names: dict  # dotted key -> short column name
+    rows: list  # list[ListedRun]
+    skipped: list  # list[Skipped]
+
+
+def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None) -> Listing:
+    """The runs at or below path (or path/experiment), optionally only those with an effective status."""
+    root = Path(path)
+    if not root.is_dir():
+        raise runs.RunError(f"{root}: no such directory; expected a directory of runs (default {RUNS_ROOT})")
+    if status is not None and status not in LIST_STATUSES:
+        raise ConfigError(f"--status: got {status!r}; expected one of {', '.join(LIST_STATUSES)}")
+    base = root
+    if experiment is not None:
+        base = root / experiment
+        if not base.is_dir() or (base / "config.yaml").exists():
+            known = [c.name for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))
+                     if c.is_dir() and not c.name.startswith(".") and not (c / "config.yaml").exists() and walk_runs(c)]
+            raise ConfigError(f"--experiment: got {experiment!r}; expected a directory of runs under {root}: "
+                              f"{', '.join(known) or 'there are none'}")
+    loaded, skipped = load_runs(walk_runs(base))
+    if status is not None:
+        loaded = [run for run in loaded if run.status == status]
+    keys = [k for k in table_keys(loaded) if k != "task.name"]  # the task has its own column
+    now = time.time()
+    rows = [ListedRun(
+        name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
+        status=run.status,
+        task=str(run.settings.get("task.name", "?")),
+        settings=used_settings(run.settings, keys),
+        final=final_figures(run),
+        age=now - (run.summary["updated_at"] if runs.is_finite_number(run.summary.get("updated_at"))
+                   else (run.path / "config.yaml").stat().st_mtime),
+    ) for run in loaded]
+    return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)
+
+
+def format_age(seconds: float | None) -> str:
+    """Like ls: 42s, 12m, 5h, 3d."""
+    if seconds is None:
+        return "—"
+    for unit, size, limit in (("s", 1, 90), ("m", 60, 90 * 60), ("h", 3600, 36 * 3600)):
+        if seconds < limit:
+            return f"{max(seconds, 0) / size:.0f}{unit}"
+    return f"{seconds / 86400:.0f}d"

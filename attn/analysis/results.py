@@ -1,0 +1,263 @@
+"""An experiment's results, cell by cell: each seed's outcome, each cell's statistics.
+
+Which runs. A cell's run directory counts if it holds a summary and was
+made with the cell's config (attn.experiment.spec.config_change: equal but for
+fields that change no logged number); a run made with another config, or
+one that cannot be read, is left out with the reason. Of the runs kept, the
+finished ones (completed or diverged) are the seeds every statistic is
+over; interrupted, running, stale and failed runs are counted apart.
+
+Per seed: its outcome class and time to the threshold (attn.analysis.outcomes, from
+the logged eval accuracy and loss); its step-0 record (score std, entropy,
+saturated rows, gradient norms of W_q and W_k); the per-row mechanism at
+the steps it was measured (mechanism.npz, attn.model.mechanism.summary).
+
+Per cell (attn.analysis.stats):
+    success      seeds that `learned` (reached the threshold and held it), Wilson 95%
+    stalled, diverged, learned then lost, slow: the same, each a Wilson interval
+    time         Kaplan–Meier median steps to the threshold, a seed that never
+                 got there censored at the budget, Brookmeyer–Crowley 95%
+    final loss   every seed's last eval loss (a diverged seed: +inf), and their
+                 median with a percentile-bootstrap 95% interval over seeds
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from attn.analysis import outcomes, stats
+from attn.analysis.grouping import Run, canonical, load_runs
+from attn.config.loading import build_task
+from attn.config.yamlio import ConfigError
+from attn.model import mechanism
+from attn.model.head import score_scale
+from attn.store import arrayfiles, runs
+
+AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
+BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
+COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
+           "lost": outcomes.LEARNED_THEN_LOST, "slow": outcomes.SLOW}  # rate name -> outcome class
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One finished seed of a cell."""
+
+    seed: int
+    run: Run
+    outcome: outcomes.RunOutcome
+    budget: int
+    at_init: dict  # AT_INIT_KEYS -> the step-0 record's value (None where missing)
+    mechanism: dict  # step -> attn.model.mechanism.summary of the rows at that step
+
+    @property
+    def final_loss(self) -> float:
+        """The last eval loss, +inf for a diverged seed (worse than any loss)."""
+        loss = self.outcome.final_loss
+        return math.inf if self.outcome.outcome == outcomes.DIVERGED or loss is None else loss
+
+    @property
+    def path_digest(self) -> str:
+        """A digest of the train loss at every logged step: two runs share it
+        only if they took the same path to the bit (final losses can agree by
+        chance at convergence, where float32 losses are coarse)."""
+        losses = np.array([r.get("train_loss") if runs.is_finite_number(r.get("train_loss")) else np.nan
+                           for r in self.run.records], dtype=np.float64)
+        return hashlib.sha256(losses.tobytes()).hexdigest()[:16]
+
+
+def plateau_level(summary: dict) -> float:
+    """The loss of a model that has not learned the task's mechanism: the
+    no-retrieval loss where the task has one, else chance (nan if unknown)."""
+    references = summary.get("references") or {}
+    level = references.get("no_retrieval", references.get("chance"))
+    return float(level) if runs.is_finite_number(level) else math.nan
+
+
+def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
+    records = run.records
+    steps = np.array([r["step"] for r in records], dtype=np.int64)
+
+    def values(key):
+        return np.array([r[key] if runs.is_finite_number(r.get(key)) else np.nan for r in records], dtype=float)
+
+    budget = int(run.summary.get("steps") or 0)
+    outcome = outcomes.classify(steps, values("eval_accuracy"), values("eval_loss"),
+                                diverged=run.status == "diverged", budget=budget,
+                                plateau_loss=plateau_level(run.summary), chance_accuracy=1.0 / n_classes,
+                                threshold=threshold)
+    first = records[0] if records and records[0]["step"] == 0 else {}
+    at_init = {k: first.get(k) if runs.is_finite_number(first.get(k)) else None for k in AT_INIT_KEYS}
+    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run))
+
+
+def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
+    """step -> the run's per-row arrays at that step (mechanism.npz; {} without one)."""
+    path = run.path / "mechanism.npz"
+    if not path.exists():
+        return {}
+    rows: dict[int, dict] = {}
+    for name, values in arrayfiles.load_arrays(path).items():
+        step, _, statistic = name.partition("/")
+        rows.setdefault(int(step), {})[statistic] = values
+    return rows
+
+
+def read_mechanism(run: Run) -> dict:
+    """step -> attn.model.mechanism.summary of the run's rows at that step."""
+    return {step: mechanism.summary(rows) for step, rows in mechanism_rows(run).items()}
+
+
+@dataclass
+class Cell:
+    """The runs of one grid cell (one setting of every grid key), read back."""
+
+    settings: dict  # grid key -> value
+    theory_score_std: float  # sqrt(d_k) s qk_gain^2
+    seeds: list[Seed] = field(default_factory=list)  # the finished ones
+    unfinished: Counter = field(default_factory=Counter)  # status -> runs not finished
+    _final_loss: dict = field(default_factory=dict, repr=False, compare=False)  # final losses -> final_loss()
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def budget(self) -> int:
+        return max((s.budget for s in self.seeds), default=0)
+
+    def count(self, outcome: str) -> int:
+        return sum(s.outcome.outcome == outcome for s in self.seeds)
+
+    def rate(self, name: str) -> dict:
+        """{k, n, rate, low, high}: seeds of class COUNTED[name], Wilson 95%."""
+        k = self.count(COUNTED[name])
+        low, high = stats.wilson_interval(k, self.n)
+        return {"k": k, "n": self.n, "rate": k / self.n if self.n else None, "low": low, "high": high}
+
+    def time(self) -> stats.KMMedian:
+        """Kaplan–Meier median steps to the threshold (censored at the budget)."""
+        if not self.seeds:
+            return stats.KMMedian(None, None, None)
+        times = [s.outcome.time_to_threshold for s in self.seeds]
+        return stats.km_median([t.time for t in times], [t.observed for t in times])
+
+    def final_losses(self) -> list[float]:
+        return [s.final_loss for s in self.seeds]
+
+    def final_loss(self) -> dict:
+        """Median final eval loss over seeds (inf if half or more diverged) and a
+        bootstrap 95% interval (computed once: a cell's seeds are read, then fixed)."""
+        key = tuple(self.final_losses())
+        if key not in self._final_loss:
+            self._final_loss.clear()
+            self._final_loss[key] = self._final_loss_of(np.array(key))
+        return self._final_loss[key]
+
+    def _final_loss_of(self, losses: np.ndarray) -> dict:
+        if not len(losses):
+            return {"median": None, "low": None, "high": None}
+        # the resampled medians are finite or +inf, never NaN: a NaN bound is np.quantile interpolating
+        # between two +inf medians (inf - inf), and the bound is +inf
+        with np.errstate(invalid="ignore"):
+            bounds = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
+        low, high = (math.inf if math.isnan(b) else b for b in bounds)
+        return {"median": float(np.median(losses)), "low": float(low), "high": float(high)}
+
+    def at_init(self, key: str) -> list[float]:
+        return [s.at_init[key] for s in self.seeds if s.at_init.get(key) is not None]
+
+    def mechanism(self, step: int, key: str) -> list[float]:
+        """The seeds' mechanism.summary[key] at `step` (finite values only)."""
+        return [s.mechanism[step][key] for s in self.seeds
+                if runs.is_finite_number((s.mechanism.get(step) or {}).get(key))]
+
+    def dominant(self) -> str:
+        """The most frequent outcome class of the seeds (ties: outcomes.OUTCOMES order)."""
+        return max(outcomes.OUTCOMES, key=lambda name: (self.count(name), -outcomes.OUTCOMES.index(name)))
+
+    def selection_figures(self) -> dict:
+        """What a selection rule may name (attn.analysis.stats.select): success_rate,
+        stall_rate, divergence_rate, median_time (None: not reached, the
+        worst), final_loss (the median)."""
+        return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
+                "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
+                "final_loss": self.final_loss()["median"]}
+
+
+def sort_key(value):
+    """Numbers before text, each in order: how settings are laid out."""
+    return (0, value, "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0, str(value))
+
+
+def median(values: list[float]) -> float:
+    """The median of the seeds' values; NaN when there are none (a gap in a figure, '—' in a table)."""
+    return float(np.median(values)) if len(values) else float("nan")
+
+
+def in_order(keys) -> list[tuple]:
+    """Distinct tuples of setting values (each an x, or an arm) in layout order: value by value, by sort_key."""
+    return sorted(set(keys), key=lambda key: [sort_key(v) for v in key])
+
+
+def lr_sensitivity(cells: list[Cell], rate_key: str) -> dict:
+    """The learning-rate sensitivity (attn.analysis.stats.lr_sensitivity) of cells that differ only in
+    their rate: each seed's final loss at every rate and its eval loss at initialisation."""
+    rates = sorted({c.settings[rate_key] for c in cells}, key=sort_key)
+    finals: dict[int, dict] = {}
+    initial: dict[int, float] = {}
+    for cell in cells:
+        for seed in cell.seeds:
+            finals.setdefault(seed.seed, {})[cell.settings[rate_key]] = seed.final_loss
+            if seed.at_init.get("eval_loss") is not None:
+                initial[seed.seed] = seed.at_init["eval_loss"]
+    return stats.lr_sensitivity(finals, initial, rates, np.random.default_rng(BOOTSTRAP_SEED))
+
+
+@dataclass(frozen=True)
+class Excluded:
+    """A run directory of the experiment that the report leaves out."""
+
+    name: str
+    reason: str
+
+
+def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) -> tuple[list[Cell], list[Excluded]]:
+    """Every cell's runs (module docstring: which runs), and the runs left
+    out; `config_change(run_dir, config)` lists how a run's config differs
+    from its cell's. A cell with no run holding a summary is not listed."""
+    cells: dict[str, Cell] = {}
+    excluded = []
+    for cell in experiment.cells:
+        run_dir = experiment.directory / cell.name
+        if not (run_dir / "config.yaml").is_file():
+            continue
+        loaded, skipped = load_runs([run_dir])
+        if skipped:
+            excluded.append(Excluded(cell.name, skipped[0].reason))
+            continue
+        run = loaded[0]
+        if not run.summary:
+            continue  # not started
+        try:
+            difference = config_change(run_dir, cell.config)
+        except ConfigError as err:
+            excluded.append(Excluded(cell.name, f"config.yaml is not a valid config: {err}"))
+            continue
+        if difference:
+            excluded.append(Excluded(cell.name, "config differs from the experiment's: " + "; ".join(difference)))
+            continue
+        key = canonical(cell.settings)
+        if key not in cells:
+            m = cell.config.model
+            cells[key] = Cell(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
+        if run.status in runs.FINISHED:
+            cells[key].seeds.append(seed_of(run, cell.seed, build_task(cell.config).n_classes, threshold))
+        else:
+            cells[key].unfinished[run.status] += 1
+    return list(cells.values()), excluded

@@ -1,0 +1,226 @@
+"""An experiment file's `report:` section, checked: how its results are laid out, selected and judged.
+
+(An example is in attn.experiment.spec's docstring.)
+
+Every key of `report:` is optional and checked here: x, arm and best_of
+name grid keys, each in one role; `select` is a list of criteria, each
+'max <figure>' or 'min <figure>' of SELECTION_FIGURES; `shared` is one of
+best_of's values. An expectation names a `stat` of STATS, the cells of one
+arm (`arm`: a value of every arm key), where along x (`where`, default
+everywhere), `at` (best or shared) and one rule: `better_than` another arm
+(intervals separated the right way: confirmed; the wrong way: not
+confirmed; overlapping: inconclusive), or `above` / `below` a number (the
+interval wholly on the claimed side, wholly on the other, or across it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from dataclasses import dataclass
+
+from attn.config.schema import Config
+from attn.config.yamlio import ConfigError, cut
+
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")
+SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
+DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
+# stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.analysis.results)
+STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
+         "final_loss": False, "lr_sensitivity": False}
+EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One claim of the experiment file, judged by attn.report.experiment_report."""
+
+    id: str
+    claim: str
+    stat: str  # a key of STATS
+    arm: tuple[tuple[str, object], ...]  # the arm's value of every arm key
+    at: str  # best | shared
+    where: tuple[tuple[str, tuple], ...] = ()  # x key -> the values it is judged at (none: all)
+    better_than: tuple[tuple[str, object], ...] | None = None
+    above: float | None = None
+    below: float | None = None
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """The `report:` section, checked."""
+
+    x: tuple[str, ...]
+    arm: tuple[str, ...]
+    best_of: str | None = None
+    select: tuple[str, ...] = DEFAULT_SELECT
+    shared: object = None
+    expect: tuple[Expectation, ...] = ()
+    sensitivity: bool = False  # with best_of a rate: each (x, arm)'s learning-rate sensitivity (Wortsman et al.)
+    lengths: tuple[int, ...] = ()  # retrieval pairs to ask each judged model about (attn.analysis.lengths)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=()) -> ReportSpec:
+    """The experiment's `report:` section (module docstring), checked: x and
+    arm a grid key or a list of them, best_of one grid key, no key in two
+    roles (x defaults to the first grid key, arm to the next one that is not
+    best_of); the selection rule, the shared value and the expectations."""
+    _check_mapping(report, REPORT_KEYS, f"{source}: report")
+    role_of = {}
+    for role in (r for r in ("x", "arm", "best_of") if r in report):
+        value = report[role]
+        names = [value] if isinstance(value, str) else value
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
+                or (role == "best_of" and not isinstance(value, str)):
+            expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
+            raise ConfigError(f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} "
+                              f"({', '.join(grid_keys)})")
+        for name in names:
+            if name not in grid_keys:
+                raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
+                                  f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
+            if name in role_of:
+                raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
+                                  "a grid key has one role")
+            role_of[name] = role
+    best_of = report.get("best_of")
+    rest = [k for k in grid_keys if k != best_of]
+    x = _names(report.get("x")) or rest[:1]
+    arm = _names(report.get("arm")) or [k for k in rest if k not in x][:1]
+    select = tuple(_check_select(report.get("select", list(DEFAULT_SELECT)), source))
+    shared = report.get("shared")
+    if shared is not None and (best_of is None or shared not in grid_values.get(best_of, ())):
+        values = ", ".join(map(str, grid_values.get(best_of, ()))) if best_of else "none: no best_of"
+        raise ConfigError(f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values "
+                          f"({values})")
+    expect = report.get("expect") or []
+    if not isinstance(expect, list):
+        raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
+    sensitivity = report.get("sensitivity", False)
+    if not isinstance(sensitivity, bool) or (sensitivity and best_of is None):
+        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
+                          "(true needs a best_of, the rate it is measured over)")
+    lengths = report.get("lengths", [])
+    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                for n in lengths):
+        raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
+                          "retrieval pairs, e.g. [8, 32, 128]")
+    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths))
+    checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
+               for i, e in enumerate(expect)]
+    ids = [e.id for e in checked]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` "
+                          "is used twice")
+    return dataclasses.replace(spec, expect=tuple(checked))
+
+
+def _check_mapping(value, keys: tuple, where_: str) -> None:
+    """A mapping whose keys are all of `keys`, or one line naming what is not."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
+    for key in value:
+        if key not in keys:
+            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, keys)}; "
+                              f"expected {', '.join(keys)}")
+
+
+def _names(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
+
+
+def _check_select(select, source: str) -> list[str]:
+    if not isinstance(select, list) or not select or not all(isinstance(c, str) for c in select):
+        raise ConfigError(f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
+                          f"[{', '.join(DEFAULT_SELECT)}]")
+    for criterion in select:
+        direction, _, figure = criterion.partition(" ")
+        if direction not in ("max", "min") or figure not in SELECTION_FIGURES:
+            raise ConfigError(f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
+                              f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}")
+    return select
+
+
+def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> Expectation:
+    """One expectation of the file, checked against the grid and the report's layout."""
+    _check_mapping(entry, EXPECTATION_KEYS, where_)
+    for key in ("id", "claim", "stat", "arm"):
+        if key not in entry:
+            raise ConfigError(f"{where_}: missing `{key}`")
+    if not isinstance(entry["id"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", entry["id"]):
+        raise ConfigError(f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, "
+                          "'_', '.', '-'")
+    if entry["stat"] not in STATS:
+        raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
+    if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:
+        raise ConfigError(f"{where_}: stat: lr_sensitivity needs `sensitivity: true` in the report section")
+    arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
+    rules = [k for k in ("better_than", "above", "below") if k in entry]
+    if len(rules) != 1:
+        raise ConfigError(f"{where_}: got {len(rules)} rules ({', '.join(rules) or 'none'}); expected exactly one "
+                          "of better_than, above, below")
+    better_than = _check_arm(entry["better_than"], spec, grid_values, partial_keys, f"{where_}: better_than") \
+        if "better_than" in entry else None
+    bound = {}
+    for key in ("above", "below"):
+        if key in entry:
+            value = entry[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{where_}: {key}: got {cut(repr(value))}; expected a number")
+            bound[key] = float(value)
+    at = entry.get("at", "best")
+    if at not in ("best", "shared") or (at == "shared" and spec.shared is None):
+        raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected best"
+                          + (" or shared" if spec.shared is not None else " (the report has no `shared` value)"))
+    where = entry.get("where") or {}
+    if not isinstance(where, dict):
+        raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")
+    checked_where = []
+    for key, values in where.items():
+        if key not in spec.x:
+            raise ConfigError(f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected "
+                              f"{', '.join(spec.x)}")
+        values = values if isinstance(values, list) else [values]
+        unknown = [v for v in values if v not in grid_values[key]]
+        if unknown or not values:
+            raise ConfigError(f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
+                              f"grid ({', '.join(map(str, grid_values[key]))})")
+        checked_where.append((key, tuple(values)))
+    return Expectation(entry["id"], str(entry["claim"]), entry["stat"], arm, at, tuple(checked_where), better_than,
+                       bound.get("above"), bound.get("below"))
+
+
+def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> tuple:
+    """An arm as (key, value) for every arm key, each value in the grid; an
+    arm key may be left out only if some grid block does not set it (None)."""
+    optional = [k for k in spec.arm if k in partial_keys]
+    if not isinstance(value, dict) or not set(spec.arm) - set(optional) <= set(value) <= set(spec.arm):
+        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
+                          f"({', '.join(spec.arm)}) one of its grid values"
+                          + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)"
+                             if optional else ""))
+    for key, v in value.items():
+        if v not in grid_values[key]:
+            raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of "
+                              f"{', '.join(map(str, grid_values[key]))}")
+    return tuple((k, value.get(k)) for k in spec.arm)
+
+
+def check_lengths(config: Config, pairs: list[int], source: str) -> None:
+    """One line (ConfigError) if this run's model cannot be asked about these
+    lengths of retrieval (attn.analysis.lengths): a retrieval model whose positions do not
+    fix its length, and no more pairs than keys."""
+    if config.task.name != "retrieval" or config.model.positional == "learned":
+        raise ConfigError(f"{source}: lengths: a retrieval model whose positions do not fix its length "
+                          f"(model.positional none or sinusoidal) is needed; this one is {config.task.name} with "
+                          f"positional {config.model.positional}")
+    if max(pairs) > config.task.n_keys:
+        raise ConfigError(f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
+                          f"({config.task.n_keys}), since keys are distinct within a sequence")

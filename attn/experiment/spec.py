@@ -1,0 +1,346 @@
+"""An experiment file: a base config, a grid of overrides, seeds and how to report them.
+
+    name: sqrt_dk                    # output folder: <runs_dir>/sqrt_dk/
+    base: ../configs/default.yaml    # relative to the experiment file
+    overrides: {train.steps: 600}    # applied to every cell
+    grid:                            # a mapping: the cartesian product of its lists;
+      model.d_k: [16, 64, 256]       # or a list of such mappings: the union of their products
+      model.scale: [sqrt, none]
+      optim.lr: [0.03, 0.1, 0.3]
+    seeds: [0, 1, 2, 3, 4]
+    report:                          # how attn.report.experiment_report lays out and judges the results
+      x: model.d_k                   # grid key(s) along the x axis
+      arm: model.scale               # grid key(s) whose values are the compared arms
+      best_of: optim.lr              # chosen per (x, arm) by `select`, a rule declared before the runs
+      select: [max success_rate, min median_time, min final_loss]
+      shared: 0.1                    # best_of also reported at this one value, the same for every arm
+      expect:                        # claims, each judged confirmed / not confirmed / inconclusive
+        - id: scaled-beats-unscaled
+          claim: the scaled arm succeeds more often than the unscaled one at every d_k >= 256
+          stat: success_rate
+          arm: {model.scale: sqrt}
+          better_than: {model.scale: none}
+          where: {model.d_k: [256, 1024, 4096]}
+          at: best                   # best (each arm at its own best_of) or shared
+      sensitivity: true              # each (x, arm)'s learning-rate sensitivity over best_of
+      lengths: [8, 32, 128]          # retrieval: ask each judged model about longer contexts (attn.analysis.lengths)
+
+The `report:` section is read and checked by attn.experiment.report_spec (check_report).
+
+Every cell of every grid is validated before any run starts, each grid
+point's config once (its seeds differ only in `seed`). The number of cells
+(grid points x seeds) is computed from the grid's shape before anything is
+expanded, and more than MAX_CELLS (`--max-cells` raises it) is refused.
+Each (cell, seed) is one run directory named after its settings, e.g.
+runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
+a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
+A sweep (attn.experiment.sweep) draws no per-run figures unless asked (`plots`):
+logging.plots of every cell is set from it.
+
+On the command line, `attn sweep CONFIG --grid model.d_k=16,64 --grid
+model.scale=sqrt,none --seeds 0-4 [--name N] [key=value ...]` makes the
+same thing from a run config (command_line_experiment) and writes its file
+into the experiment's directory (<runs_dir>/<name>/experiment.yaml, base
+the config's absolute path, the overrides and runs_dir in `overrides`), so
+that file is what any later `attn sweep` or `attn report` of it reads.
+Which a YAML file is, a config or an experiment file, is told by its
+content (is_experiment_file: an experiment file has `grid` or `seeds`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attn.config.loading import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
+from attn.config.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
+from attn.config.yamlio import ConfigError, cut, dump_yaml, parse_yaml, read_yaml_file, show_value
+from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
+from attn.store import runs
+from attn.train import lifecycle
+
+EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of an experiment: a validated config and where it goes."""
+
+    name: str  # run directory name, e.g. d_k-64_scale-none_seed-3
+    settings: tuple[tuple[str, object], ...]  # the grid values of this cell (dotted key, value)
+    seed: int
+    config: Config
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    path: Path
+    cells: tuple[Cell, ...]
+    grid_keys: tuple[str, ...]
+    report: ReportSpec = field(default_factory=lambda: ReportSpec((), ()))
+    description: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return Path(self.cells[0].config.runs_dir) / self.name
+
+
+@functools.lru_cache(maxsize=16)
+def _short_keys(keys: tuple[str, ...]) -> dict[str, str]:
+    """Each key by its leaf where no other key shares it, else in full with '-' for '.'."""
+    leaves = [key.rsplit(".", 1)[-1] for key in keys]
+    return {key: leaf if leaves.count(leaf) == 1 else key.replace(".", "-") for key, leaf in zip(keys, leaves)}
+
+
+def _format_value(value) -> str:
+    """A grid value as part of a run directory name: 0.001, sqrt, W_k0.1-W_q0.1
+    for a mapping (sorted by key), a-b for a list; other characters than
+    [A-Za-z0-9._=-] become `_`."""
+    if isinstance(value, dict):
+        text = "-".join(f"{k}{_format_value(v)}" for k, v in sorted(value.items(), key=lambda item: str(item[0])))
+    elif isinstance(value, list):
+        text = "-".join(_format_value(v) for v in value)
+    else:
+        text = f"{value:g}" if isinstance(value, float) else str(value)
+    return NAME_UNSAFE.sub("_", text)
+
+
+def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: list[str]) -> str:
+    short = _short_keys(tuple(grid_keys))
+    parts = [f"{short[k]}-{_format_value(v)}" for k, v in settings]
+    return "_".join(parts + [f"seed-{seed}"])
+
+
+def check_grid_key(key, where: str, seeds: str = "`seeds:`") -> None:
+    """A key a grid may vary: a config field, but not seed (set by `seeds`), name or runs_dir."""
+    if key not in all_keys() or key in ("seed", "name", "runs_dir"):
+        suggestion = nearest_key(str(key)) if key != "seed" else None
+        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        reason = f"set with {seeds}" if key == "seed" else "not a config field that a grid can vary"
+        raise ConfigError(f"{where}: `{cut(str(key))}`: {reason}{hint}")
+
+
+def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
+    """A mapping -> its cartesian product; a list of mappings -> the union of
+    theirs. Refused before expanding when the points times n_seeds exceed max_cells."""
+    blocks = grid if isinstance(grid, list) else [grid]
+    if not blocks or any(not isinstance(b, dict) or not b for b in blocks):
+        raise ConfigError(f"{source}: grid: expected a non-empty mapping of dotted key -> list of values "
+                          "(or a list of such mappings)")
+    for block in blocks:
+        for key, values in block.items():
+            check_grid_key(key, f"{source}: grid")
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values")
+    n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
+    if n_cells > max_cells:
+        raise ConfigError(f"{source}: grid: {n_cells:,} cells (grid points x {n_seeds} seeds) is more than the "
+                          f"limit of {max_cells:,}; make the grid smaller, or raise the limit with --max-cells {n_cells}")
+    cells = []
+    for block in blocks:
+        keys = list(block)
+        for combo in itertools.product(*(block[k] for k in keys)):
+            cells.append(dict(zip(keys, combo)))
+    return cells
+
+
+def _hashable(value):
+    """A grid value as the report compares it (a mapping or list as its name)."""
+    return _format_value(value) if isinstance(value, (dict, list)) else value
+
+
+def is_experiment_file(path: str | os.PathLike) -> bool:
+    """Whether a YAML file is an experiment file, told by its content: a
+    mapping with `grid` or `seeds` (no run config has either); False for a
+    file that cannot be read as YAML."""
+    try:
+        data = read_yaml_file(path, "experiment file")
+    except ConfigError:
+        return False
+    return bool({"grid", "seeds"} & set(data))
+
+
+def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
+                    plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
+    """Read and validate an experiment file: every cell's config is built and
+    checked here, so a bad cell is reported before any run starts. `plots`:
+    whether each run draws its figures (logging.plots of every cell);
+    `overrides`: key=value texts applied to every cell after the file's own
+    (e.g. dtype=float64), never to a key the grid varies."""
+    path = Path(path)
+    return build_experiment(read_yaml_file(path, "experiment file"), path, runs_dir, max_cells, plots, overrides)
+
+
+def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
+                     plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
+    """The experiment an experiment file's contents make (load_experiment),
+    every cell checked; `path`: the file's, which a relative base is read from."""
+    source = str(path)
+    unknown = [k for k in data if k not in EXPERIMENT_KEYS]
+    if unknown:
+        raise ConfigError(f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
+    for key in ("name", "base", "grid", "seeds"):
+        if key not in data:
+            raise ConfigError(f"{source}: missing `{key}`")
+    name = check_run_name(data["name"], f"{source}: name")
+    seeds = data["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
+    file_overrides = data.get("overrides") or {}
+    if not isinstance(file_overrides, dict):
+        raise ConfigError(f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value")
+    if not isinstance(data["base"], str) or not data["base"]:
+        raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
+    base_path = path.parent / data["base"]  # an absolute base stays as it is
+    try:
+        base = read_yaml_file(base_path)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: base: {err}") from None
+    base.pop("provenance", None)
+    for key, value in file_overrides.items():
+        set_dotted(base, str(key), value)
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(base, key, value)
+    if runs_dir is not None:
+        base["runs_dir"] = runs_dir
+    set_dotted(base, "logging.plots", plots)
+    base_config = validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+
+    grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
+    grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
+    varied = [k for k in (parse_override(text)[0] for text in overrides) if k in grid_keys]
+    if varied:
+        raise ConfigError(f"override {varied[0]}: the grid of {source} varies it; set it in the experiment's grid")
+    cells, names = [], set()
+    for settings in grid_cells:
+        shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
+        where = f"{source}: grid cell {{{shown}}}"
+        config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
+        for seed in seeds:
+            cname = check_run_name(cell_name(tuple(settings.items()), seed, grid_keys), f"{where}: its run name")
+            if cname in names:
+                raise ConfigError(f"{source}: grid: cell {{{shown}}} appears twice")
+            names.add(cname)
+            cells.append(Cell(cname, tuple(settings.items()), seed, dataclasses.replace(config, seed=seed)))
+    grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
+    partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
+    report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial)
+    if report.lengths:
+        for config in {cell.config.model: cell.config for cell in cells}.values():
+            check_lengths(config, list(report.lengths), source)
+    return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
+
+
+# ---------------------------------------------------------------------------
+# An experiment made on the command line: attn sweep CONFIG --grid KEY=V1,V2 --seeds 0-4
+# ---------------------------------------------------------------------------
+EXPERIMENT_FILE_NAME = "experiment.yaml"  # where a command-line experiment's file is written, in its directory
+
+
+def parse_grid_argument(text: str) -> tuple[str, list]:
+    """'model.d_k=16,64,256' -> ('model.d_k', [16, 64, 256]): the values are
+    read as one YAML flow list, so each is typed as an override's value is
+    (1e-3 a float, sqrt a string, {W_q: 0.1} a mapping), then by its field."""
+    key, equals, raw = text.partition("=")
+    where = f"--grid {show_value(text)}"
+    if not equals or not key.strip() or not raw.strip():
+        raise ConfigError(f"{where}: expected KEY=VALUE,VALUE,..., e.g. --grid model.d_k=16,64,256")
+    check_grid_key(key.strip(), where, seeds="--seeds (e.g. --seeds 0-4)")
+    values = parse_yaml(f"[{raw}]", where)
+    if not values:
+        raise ConfigError(f"{where}: expected at least one value, e.g. --grid model.d_k=16,64,256")
+    return key.strip(), values
+
+
+def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
+    """'0-4' -> [0, 1, 2, 3, 4]; '0,2,5' and '0-2,7' likewise; distinct integers >= 0."""
+    bad = (f"--seeds: got {show_value(text)}; expected integers >= 0 as a range or a list, e.g. 0-4 or 0,2,5 "
+           "(or both: 0-2,7)")
+    ranges = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
+            raise ConfigError(bad)
+        ranges.append((int(low), int(high) if dash else int(low)))
+    if any(high < low for low, high in ranges):
+        raise ConfigError(f"{bad}; a range goes from low to high")
+    if sum(high - low + 1 for low, high in ranges) > max_cells:
+        raise ConfigError(f"--seeds: got {show_value(text)}: more seeds than the limit of {max_cells:,} runs "
+                          f"(--max-cells)")
+    seeds = [seed for low, high in ranges for seed in range(low, high + 1)]
+    twice = next((seed for seed in seeds if seeds.count(seed) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"--seeds: got {show_value(text)}: seed {twice} is given twice")
+    return seeds
+
+
+def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequence[str], seeds: str | None = None,
+                            name: str | None = None, overrides: typing.Sequence[str] = (), runs_dir: str | None = None,
+                            max_cells: int = MAX_CELLS, plots: bool = False,
+                            command: str = "") -> tuple[Experiment, dict]:
+    """The experiment `attn sweep CONFIG --grid ... [--seeds ...] [--name N]
+    [key=value ...]` runs, checked as an experiment file is, and the contents
+    of the file that says so (save_experiment_file writes it): base the
+    config's absolute path; overrides the key=value texts and the absolute
+    runs_dir; grid the product of the --grid values; seeds --seeds (default:
+    the config's seed); name --name (default <config>-<grid keys>). Its path
+    is <runs_dir>/<name>/experiment.yaml, so `attn sweep` of that file runs it again."""
+    block = {}
+    for text in grid:
+        key, values = parse_grid_argument(text)
+        if key in block:
+            raise ConfigError(f"--grid {key}: given twice; give its values once, e.g. --grid {key}=1,2,3")
+        block[key] = values
+    base = load_config(config_path, overrides)  # the config file and the overrides, checked on their own first
+    file_overrides = dict(parse_override(text) for text in overrides)
+    file_overrides["runs_dir"] = os.path.abspath(runs_dir if runs_dir is not None else base.runs_dir)
+    short = _short_keys(tuple(block))
+    name = check_run_name(name if name is not None else "-".join([Path(config_path).stem, *short.values()]),
+                          "--name" if name is not None else "the experiment name made from the config and grid")
+    data = {"name": name, "description": f"Made on the command line: {command}".strip(),
+            "base": os.path.abspath(config_path), "overrides": file_overrides, "grid": block,
+            "seeds": parse_seeds(seeds, max_cells) if seeds is not None else [base.seed]}
+    path = Path(file_overrides["runs_dir"]) / name / EXPERIMENT_FILE_NAME
+    return build_experiment(data, path, max_cells=max_cells, plots=plots), data
+
+
+def save_experiment_file(path: Path, data: dict) -> None:
+    """Write a command-line experiment's file (command_line_experiment), or
+    keep the one there if it is the same experiment; ConfigError if the file
+    there is another experiment's (it differs in more than its description)."""
+    path = Path(path)
+    if path.exists():
+        there = read_yaml_file(path, "experiment file")
+        if {k: v for k, v in there.items() if k != "description"} != {k: v for k, v in data.items() if k != "description"}:
+            changed = [k for k in EXPERIMENT_KEYS if there.get(k) != data.get(k) and k != "description"]
+            raise ConfigError(f"{path}: holds another experiment of this name (its {', '.join(changed)} differ); "
+                              f"run that one with `attn sweep {path}`, or name this one with --name")
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise runs.RunError(f"{path.parent}: cannot create the experiment directory: {err.strerror}") from None
+    text = "# attn experiment made on the command line; `attn sweep` this file to run (or resume) it again.\n"
+    runs.write_atomic(path, (text + dump_yaml(data, sort_keys=False)).encode())
+
+
+def config_change(run_dir: Path, config: Config) -> list[str]:
+    """How the config a run directory was made with differs from `config`
+    ('key: stored -> wanted', jobs.config_difference), leaving out the
+    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    if its config.yaml cannot be read."""
+    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=RESULT_NEUTRAL_KEYS)
+
+

@@ -1,0 +1,365 @@
+"""Running an experiment: its cells as ordinary run directories under
+runs/<experiment>/, stacked (attn.train.stack) and in parallel.
+
+The experiment file itself, its grid and its cells are attn.experiment.spec's.
+Cells of one shape train as one stack (plan_stacks: at most
+attn.train.stack.members_per_stack of them, the costliest stacks first). Re-running
+an experiment skips runs that finished (completed or diverged), resumes
+interrupted, stale or failed runs from their checkpoint, and starts the
+rest; a finished or resumable run whose config.yaml differs from the
+cell's config (experiment.config_change) is neither skipped nor resumed: it
+is a `failed` outcome with status `config-changed` and the difference, so
+an edited experiment file never silently reuses old runs. A cell is run
+under its run directory's locks.RunLock, taken before its status is read,
+so two sweeps (or a sweep and `attn train --resume`) never run the same
+cell at once: the second one skips it (`skipped-locked`, naming the
+holder). A cell refused before its stack trains is reported when the stack ends.
+
+Stopping: SIGINT or SIGTERM in a local worker process sets that process's
+stop flag (for good): its current stack stops after the step with a
+checkpoint of every member (status `interrupted`), and every stack it is
+handed afterwards is returned as `cancelled` without run directories. The
+workers are started with both signals blocked until that handler is in
+place, so a Ctrl-C while they start up is kept, not lost or turned into a
+traceback.
+
+The runner takes any concurrent.futures.Executor: a process pool (default,
+one worker per core, each with one BLAS thread) or a Dask cluster's
+`Client(address).get_executor()`; then the run directories are written by
+the workers, and runs_dir must be a path they share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import queue
+import signal
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from attn.config.schema import to_dict
+from attn.config.yamlio import ConfigError
+from attn.experiment.spec import Cell, Experiment, config_change
+from attn.store import locks, runs, runstate
+from attn.train import lifecycle
+from attn.train.loop import StopFlag
+from attn.train.stack import members_per_stack, stack_cost, stack_key
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_POLL_SECONDS = 0.2  # how often the sweep checks should_stop while it waits for runs
+
+# This process's stop flag when it is a local worker: set by SIGINT/SIGTERM
+# (see _init_worker), never cleared; other executors' threads never set it.
+_worker_stop = StopFlag()
+# A local worker's queue to the sweep (LocalPool.started): the names of the cells of each stack as it starts.
+_started = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What happened to one cell in this sweep."""
+
+    cell: str
+    action: str  # ran | resumed | skipped-finished | skipped-locked | failed | cancelled
+    status: str  # the run's status afterwards
+    detail: str = ""  # error message, reason, or final figures
+    train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
+
+
+def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
+    """One cell alone: run_cells([cell])."""
+    return run_cells([cell], experiment_dir, experiment_file)[0]
+
+
+def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[RunOutcome]:
+    """Train cells of one shape into experiment_dir/<cell name> as one stack
+    (attn.train.loop; those resuming from different steps as one stack per step),
+    each unless the sweep was stopped, the run finished, or another writer
+    holds it (skipped-locked). Each run's RunLock is taken before its state
+    is read and held until its stack ends. Every problem comes back as a
+    `failed` outcome, never as an exception; one outcome per cell, in order."""
+    if _worker_stop.reason:
+        return [RunOutcome(c.name, "cancelled", "not started",
+                           f"the sweep was stopped by {_worker_stop.reason} before it started") for c in cells]
+    _one_blas_thread()
+    outcomes: dict[str, RunOutcome] = {}
+    with contextlib.ExitStack() as held:
+        ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
+        for cell in cells:
+            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
+            if isinstance(prepared, RunOutcome):
+                outcomes[cell.name] = prepared
+            else:
+                ready.setdefault(prepared.step, []).append((cell, prepared))
+        for group in ready.values():
+            if _started is not None:
+                _started.put([cell.name for cell, _ in group])
+            start = time.perf_counter()
+            try:
+                summaries = lifecycle.execute_stack([state for _, state in group], stop=_worker_stop)
+            except (runs.RunError, ConfigError) as err:  # the run directories, their files
+                summaries = [{"status": "failed", "reason": str(err)}] * len(group)
+            except Exception as err:  # recorded in the run directories; never stops the other cells
+                summaries = [{"status": "failed", "reason": f"{type(err).__name__}: {err}"}] * len(group)
+            share = (time.perf_counter() - start) / len(group)
+            for (cell, state), summary in zip(group, summaries):
+                action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
+                detail = summary["reason"] if action == "failed" else _figures(summary)
+                outcomes[cell.name] = RunOutcome(cell.name, action, summary["status"], detail, share)
+    return [outcomes[cell.name] for cell in cells]
+
+
+def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack):
+    """Take the cell's run directory (its RunLock, entered on `held`) and
+    the state to train it from; or the outcome that says why not."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(locks.RunLock(run_dir, "sweep"))
+    except OSError as err:
+        return RunOutcome(cell.name, "failed", "failed",
+                          f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
+    except locks.RunLocked as err:
+        holder = err.holder
+        who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
+               if holder.get("purpose") == "sweep" else f"{locks.describe_holder(holder)} is running this cell")
+        return RunOutcome(cell.name, "skipped-locked", "running", who)
+    except runs.RunError as err:
+        return RunOutcome(cell.name, "failed", "failed", str(err))
+    try:
+        return _prepare_locked_cell(cell, run_dir, experiment_file)
+    except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
+        return RunOutcome(cell.name, "failed", "failed", str(err))
+    except Exception as err:
+        return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
+
+
+def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
+    """Under the run's lock: skip a finished run, refuse a changed config,
+    else the state to resume or start it from."""
+    summary = runs.read_summary(run_dir) or {}
+    finished = summary.get("status") in runs.FINISHED
+    resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
+    if finished or resume:
+        diff = config_change(run_dir, cell.config)
+        if diff:
+            what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
+            return RunOutcome(cell.name, "failed", "config-changed",
+                              f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
+                              f"({what}; move or delete its directory to run the cell with the new config)")
+    if finished:
+        return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+    if resume:
+        return lifecycle.prepare_resume(cell.config, run_dir)
+    runs.write_config(run_dir, to_dict(cell.config),
+                      {**lifecycle.provenance(experiment_file, []), "experiment": experiment_file,
+                       "cell": dict(cell.settings), "seed": cell.seed})
+    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    return runstate.prepare(cell.config, run_dir)
+
+
+_blas_lock = threading.Lock()
+_blas_limits = []  # this worker process's one threadpool_limits, once set
+
+
+def _one_blas_thread() -> None:
+    """Cap this worker process's BLAS at one thread (stacks run one per core),
+    once, before its first stack. Once and not per stack: threadpoolctl finds
+    the BLAS by walking the loaded libraries under the dynamic loader's lock
+    while running Python, so a stack in another thread loading an extension
+    module meanwhile (numpy.random on first use, matplotlib) deadlocks both;
+    the other threads wait here until the walk is over."""
+    from threadpoolctl import threadpool_limits
+
+    with _blas_lock:
+        if not _blas_limits:
+            _blas_limits.append(threadpool_limits(limits=1))
+
+
+def plan_stacks(cells) -> list[list[Cell]]:
+    """The cells as stacks to train: those of one shape (stack_key)
+    together, at most members_per_stack of them; the most costly
+    stacks first (stack_cost), so that the workers finish together."""
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(stack_key(cell.config), []).append(cell)
+    stacks = []
+    for group in groups.values():
+        size = members_per_stack(group[0].config)
+        stacks += [group[i:i + size] for i in range(0, len(group), size)]
+    return sorted(stacks, key=lambda stack: -stack_cost([c.config for c in stack]))
+
+
+def _figures(summary: dict) -> str:
+    return runs.summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
+
+
+def _init_worker(started=None) -> None:
+    """A local worker's first act: keep the sweep's queue of started cells;
+    SIGINT/SIGTERM set its stop flag; then the signals blocked since it was
+    spawned (see _stop_signals_blocked) arrive."""
+    global _started
+    _started = started
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda received, _frame: _worker_stop.request(signal.Signals(received).name))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Hold SIGINT/SIGTERM back in this thread; processes spawned meanwhile
+    inherit the blocked mask. Held signals are delivered at the end."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# ---------------------------------------------------------------------------
+# The sweep
+# ---------------------------------------------------------------------------
+class LocalPool(ProcessPoolExecutor):
+    """The default executor: spawned worker processes (_init_worker), and
+    `started`, the queue on which they name the cells of each stack as it
+    starts training (a future's running() says only that it was handed on)."""
+
+    def __init__(self, workers: int | None = None):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.started = context.Queue()
+        super().__init__(max_workers=workers or os.cpu_count() or 1, mp_context=context, initializer=_init_worker,
+                         initargs=(self.started,))
+
+
+def default_executor(workers: int | None = None) -> Executor:
+    return LocalPool(workers)
+
+
+def executor_from_address(address: str) -> Executor:
+    """`dask://HOST:PORT` -> that Dask cluster's executor."""
+    if not address.startswith("dask://"):
+        raise ConfigError(f"--executor: got {address!r}; expected dask://HOST:PORT (or omit it for local processes)")
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ConfigError("--executor dask://...: the `distributed` package is not installed") from None
+    try:
+        client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
+    except OSError as err:
+        raise ConfigError(f"--executor: cannot reach the Dask scheduler at {address}: {err}") from None
+    return DaskExecutor(client)
+
+
+class DaskExecutor(Executor):
+    """A Dask client's executor that closes the client when it shuts down
+    (else the client outlives the sweep, retrying a scheduler that is gone)."""
+
+    def __init__(self, client):
+        self.client, self._executor = client, client.get_executor()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        return self._executor.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, **_) -> None:
+        self._executor.shutdown(wait)
+        self.client.close()
+
+
+def run_experiment(experiment: Experiment, executor: Executor,
+                   on_outcome: Callable[[RunOutcome], None] | None = None,
+                   should_stop: Callable[[], bool] = lambda: False,
+                   on_start: Callable[[list[str]], None] | None = None) -> list[RunOutcome]:
+    """Submit every stack of cells (plan_stacks), report each cell's outcome
+    as its stack ends; never stops on a failure. Once should_stop() is true,
+    stacks not yet handed to a worker are cancelled (outcome `cancelled`,
+    status `not started`). With a LocalPool, on_start(cell names) is called
+    as each stack starts training (the cells it trains, not those skipped),
+    within STOP_POLL_SECONDS, and never after one of those cells' outcome
+    (a start that arrives later is dropped); other executors report no starts."""
+    experiment.directory.mkdir(parents=True, exist_ok=True)
+    with _stop_signals_blocked():  # a local pool spawns its workers here
+        futures: dict[Future, list[Cell]] = {
+            executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
+            for stack in plan_stacks(experiment.cells)
+        }
+    outcomes, pending, ended = [], set(futures), set()
+    while pending:
+        done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
+        for names in _drained(getattr(executor, "started", None)):
+            fresh = [name for name in names if name not in ended]
+            if on_start is not None and fresh:
+                on_start(fresh)
+        if should_stop():
+            for future in pending:
+                future.cancel()
+        for future in done:
+            stack = futures[future]
+            try:
+                arrived = future.result()
+            except CancelledError:
+                arrived = [RunOutcome(c.name, "cancelled", "not started", "the sweep was stopped before it started")
+                           for c in stack]
+            except Exception as err:  # the worker itself died
+                arrived = [RunOutcome(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+                           for c in stack]
+            for outcome in arrived:
+                ended.add(outcome.cell)
+                outcomes.append(outcome)
+                if on_outcome is not None:
+                    on_outcome(outcome)
+    return outcomes
+
+
+def _drained(started) -> list[list[str]]:
+    """Every start waiting on a LocalPool's queue (none for other executors)."""
+    found = []
+    while started is not None:
+        try:
+            found.append(started.get_nowait())
+        except queue.Empty:
+            break
+    return found
+
+
+@contextlib.contextmanager
+def active_sweep(experiment: Experiment):
+    """While inside, this process counts as a running sweep of the experiment
+    (a shared flock on <experiment>/.sweeps.lock). Yields last_one_out(): it
+    ends this sweep's hold and tells whether no other sweep of the experiment
+    is still running; if none is, it holds the lock exclusively until the end
+    of the block. Of several sweeps running together, the last to finish
+    writes the report; a sweep started meanwhile waits for it."""
+    try:
+        experiment.directory.mkdir(parents=True, exist_ok=True)
+        lock = open(experiment.directory / ".sweeps.lock", "a")
+    except OSError as err:
+        raise runs.RunError(f"{experiment.directory}: cannot create the experiment directory: {err.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+
+        def last_one_out() -> bool:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        yield last_one_out
+
+
+def signal_workers(executor: Executor, signum: int) -> None:
+    """Pass a signal on to a local process pool's workers, so that each
+    checkpoints its run (a terminal's Ctrl-C reaches them anyway)."""
+    for process in (getattr(executor, "_processes", None) or {}).values():
+        try:
+            os.kill(process.pid, signum)
+        except (ProcessLookupError, AttributeError):
+            pass

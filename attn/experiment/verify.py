@@ -1,0 +1,199 @@
+"""Conclusions that do not depend on rounding: an experiment re-run where
+its floating point differs, and its verdicts compared one by one.
+
+    attn verify experiments/sqrt_dk.yaml [--kernel Sandybridge] [--workers N]
+
+The experiment's own report (runs/<name>/report.json, from `attn sweep`)
+is the reference. It is re-run twice, each time through `attn sweep` in a
+child process, into runs/verify/<variant>/<name>:
+
+    float64   every cell in float64 (dtype=float64), on the same BLAS kernel
+    <kernel>  float32 again, with OPENBLAS_CORETYPE=<kernel> set for that
+              child alone: another of OpenBLAS's kernels for this CPU, whose
+              products round differently (by default Sandybridge, which has
+              no fused multiply-add; SkylakeX where the CPU has AVX-512 and
+              Sandybridge is what runs already)
+
+Each writes its report; then every expectation's verdict is compared across
+the three. A verdict that flips is a claim too fine to make: weaken it, or
+add seeds, until every verdict agrees. Beside the verdicts, each cell's
+count of seeds that learned is set side by side, and the cells where it
+differs are listed: per-seed outcomes of a chaotic arm may flip, which is
+why claims are made on rates with intervals and not on counts. And it
+counts the runs each re-run left bit for bit where they were (the same
+train loss at every logged step): a second kernel changes the BLAS
+products but not what numpy computes without BLAS, and at a small rate a
+rounding difference can stay below a weight's last bit; where a re-run
+changed no run, the check tested nothing. An experiment that declares no expectations claims nothing, so no verdict can
+flip; it says so rather than "every verdict agrees". The comparison is
+written to runs/verify/<name>.md and .json, and verify exits 1 if any
+verdict differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from attn.experiment.spec import Experiment
+from attn.store import runs
+
+KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
+
+
+def running_kernel(env: dict | None = None) -> str | None:
+    """The OpenBLAS kernel numpy uses under `env` (a child process asked)."""
+    code = ("from threadpoolctl import threadpool_info; import numpy; "
+            "print(next((i.get('architecture') for i in threadpool_info() if i.get('internal_api') == 'openblas'), ''))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or None
+
+
+def second_kernel(requested: str | None = None) -> str:
+    """An OpenBLAS kernel other than the one running that this CPU runs
+    (`requested` if it does); RunError when there is none (not OpenBLAS)."""
+    current = running_kernel()
+    if current is None:
+        raise runs.RunError("verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses, so "
+                            "there is no second kernel to re-run under; the float64 re-run alone is "
+                            "`attn sweep EXPERIMENT dtype=float64 --runs-dir runs/verify/float64`")
+    for kernel in [requested] if requested else KERNELS:
+        if kernel != current and running_kernel({**os.environ, "OPENBLAS_CORETYPE": kernel}) == kernel:
+            return kernel
+    raise runs.RunError(f"verify: --kernel {requested or ', '.join(KERNELS)}: not available on this CPU "
+                        f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}")
+
+
+def rerun(experiment: Experiment, variant: str, overrides: list[str], env: dict, workers: int | None,
+          progress: Callable[[str], None]) -> Path:
+    """`attn sweep` of the experiment into runs/verify/<variant>; its report.json."""
+    runs_dir = Path(experiment.cells[0].config.runs_dir) / "verify" / variant
+    command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *overrides, "--runs-dir", str(runs_dir)]
+    if workers:
+        command += ["--workers", str(workers)]
+    progress(f"{variant}: {' '.join(command[2:])}")
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    report = runs_dir / experiment.name / "report.json"
+    if done.returncode != 0 or not report.exists():
+        lines = done.stderr.strip().splitlines()
+        raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
+                            f"{lines[-1] if lines else 'no output'}")
+    return report
+
+
+def compare(reports: dict[str, dict]) -> list[dict]:
+    """Per expectation id: its verdict in every report, and whether they agree."""
+    ids = list(dict.fromkeys(e["id"] for r in reports.values() for e in r["expectations"]))
+    rows = []
+    for eid in ids:
+        verdicts = {variant: next((e["verdict"] for e in r["expectations"] if e["id"] == eid), "absent")
+                    for variant, r in reports.items()}
+        rows.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
+    return rows
+
+
+def _key(*parts) -> str:
+    """A cell's settings (and a seed) as one hashable text, the same in every report."""
+    return json.dumps(parts, sort_keys=True)
+
+
+def compare_cells(reports: dict[str, dict]) -> list[dict]:
+    """Per cell (its settings) of any report: seeds that learned out of seeds
+    in every report ('absent' where a report lacks the cell, which then differs)."""
+    def counts(report: dict) -> dict[str, str]:
+        return {_key(c["settings"]): f"{c['success_rate']['k']}/{c['success_rate']['n']}" for c in report["cells"]}
+    per_variant = {variant: counts(r) for variant, r in reports.items()}
+    rows = []
+    for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
+        learned = {variant: by_cell.get(key, "absent") for variant, by_cell in per_variant.items()}
+        rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(set(learned.values())) == 1})
+    return rows
+
+
+def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
+    """Per re-run: of the runs that ended at a finite final eval loss both in it
+    and in the first report, how many took bit for bit the same path (the
+    same train loss at every logged step: the seed's `path` digest). A re-run
+    that changes no run tests nothing: where rounding did not move (at a
+    small rate, for one, a rounding difference in the gradient times the rate
+    can fall below a weight's last bit), no verdict could flip. Runs that
+    diverged in either are not counted."""
+    def paths(report: dict) -> dict[str, str | None]:  # a diverged seed's final loss is "inf" (json_number)
+        return {_key(c["settings"], s["seed"]): s.get("path") if runs.is_finite_number(s["final_loss"]) else None
+                for c in report["cells"] for s in c["seeds"]}
+    first, *others = (paths(r) for r in reports.values())
+    result = {}
+    for variant, by_run in zip(list(reports)[1:], others):
+        both = [key for key, path in first.items() if path is not None and by_run.get(key) is not None]
+        result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
+    return result
+
+
+def verify(experiment: Experiment, kernel: str | None, workers: int | None,
+           progress: Callable[[str], None] = lambda message: None) -> dict:
+    """Re-run the experiment in float64 and under a second kernel, compare every verdict (module docstring)."""
+    main = experiment.directory / "report.json"
+    if not main.exists():
+        raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
+    kernel = second_kernel(kernel)
+    reports = {"as run": json.loads(main.read_text())}
+    paths = {"float64": rerun(experiment, "float64", ["dtype=float64"], dict(os.environ), workers, progress),
+             kernel: rerun(experiment, kernel.lower(), [], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers, progress)}
+    reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
+    rows = compare(reports)
+    result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
+              "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
+              "unchanged": unchanged_runs(reports)}
+    out = Path(experiment.cells[0].config.runs_dir) / "verify"
+    out.mkdir(parents=True, exist_ok=True)
+    runs.write_json(out / f"{experiment.name}.json", result)
+    runs.write_atomic(out / f"{experiment.name}.md", markdown(result).encode())
+    result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
+    return result
+
+
+def markdown(result: dict) -> str:
+    variants = list(result["platforms"])
+    header = ["expectation", *variants, "agree"]
+    rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
+    platforms = "; ".join(f"{v}: {', '.join(p.get('blas', []))}, {', '.join(p.get('dtype', []))}, "
+                          f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}"
+                          for v, p in result["platforms"].items())
+    if not rows:
+        verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
+    else:
+        verdicts = [runs.markdown_table(header, rows), "",
+                    "Every verdict agrees." if result["agree"] else
+                    "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
+    return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
+                      f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
+                      *_unchanged_markdown(result.get("unchanged", {}))])
+
+
+def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
+    """How many cells learned in as many seeds everywhere, and a table of those that did not."""
+    if not cells:
+        return []
+    differing = [c for c in cells if not c["same"]]
+    summary = (f"Seeds that learned, per cell: the same count in all three in {len(cells) - len(differing)} "
+               f"of {len(cells)} cells")
+    if not differing:
+        return [summary + ".", ""]
+    keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))
+    table = runs.markdown_table([*keys, *(f"learned {v}" for v in variants)],
+                                [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
+                                 for c in differing])
+    return [summary + "; where it differs:", "", table, ""]
+
+
+def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
+    if not unchanged:
+        return []
+    return ["Runs that took bit for bit the path they took as run (the same train loss at every logged step; of "
+            "those finite in both): "
+            + ", ".join(f"{variant} {u['same']} of {u['runs']}" for variant, u in unchanged.items())
+            + " (where a re-run changed no run, it tested nothing there).", ""]

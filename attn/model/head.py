@@ -1,0 +1,284 @@
+"""The model's layers: the attention head here, the pairs it is built from in
+attn.model.pairs (embedding, linear, a product of two matrices, softmax,
+cross-entropy), and the gradient held as factors in attn.model.pairs, all
+reachable as attn.model.head.*.
+
+The head is a pair in the CS231n style, as attn.model.pairs describes its own:
+`attention_forward -> (out, cache)`, `attention_backward(dout, cache)`.
+
+Shapes: B batch, T positions, D = d_model, d_k query/key width, d_v value
+width, C number of output classes, F token fields per position.
+
+Members. Every pair also computes M models at once (attn.train.stack's stacked
+runs: seeds, rates and scales of one shape trained as one computation).
+Then each weight carries a leading member axis, W (M, n_in, n_out), every
+activation carries the same axis in front, x (M, B, T, D), and a scale is
+one per member, (M,). Shape comments below write it as `*M`: absent for
+one model, (M,) for a stack. Member m's numbers are those of model m alone.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from attn.model import scores
+from attn.model.pairs import (
+    Factored,
+    add_at_positions,
+    as_rows,
+    factorised_linear_backward,
+    factorised_linear_forward,
+    keep_factored,
+    linear_backward,
+    linear_forward,
+    member_axes,
+    per_member_matrix,
+    softmax_backward,
+    softmax_forward,
+    sum_of_outer_products,
+)
+
+# --------------------------------------------------------------------------
+# Score scales.  scores = s * Q K^T.  Adding a mode is one entry here.
+# --------------------------------------------------------------------------
+SCORE_SCALES = {
+    "sqrt": lambda d_k: d_k ** -0.5,  # Vaswani et al.: keeps Var(score) ~ 1
+    "none": lambda d_k: 1.0,  # the ablation: Var(score) ~ d_k
+    "linear": lambda d_k: 1.0 / d_k,  # muP-style: Var(score) ~ 1/d_k at init
+}
+
+
+def score_scale(mode: str, d_k: int) -> float:
+    """The factor s that multiplies Q K^T for a scaling `mode`."""
+    return float(SCORE_SCALES[mode](d_k))
+
+
+# --------------------------------------------------------------------------
+# One attention head.
+# --------------------------------------------------------------------------
+@lru_cache(maxsize=32)
+def causal_mask(T: int) -> np.ndarray:
+    """Boolean (T, T) mask, True where query i may NOT look at key j (j > i).
+    Read-only: one per T, asked every forward."""
+    mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+    mask.flags.writeable = False
+    return mask
+
+
+def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """queries @ keys^T, (..., P, T) for keys (..., T, n) and queries (..., P, n),
+    in an array laid out with the keys outermost in memory.
+
+    The softmax reduces over keys, and numpy reduces an outer axis (across
+    rows, vectorised) several times faster than an inner one (along rows of
+    T, often ~10, entries)."""
+    *lead, T, _ = keys.shape
+    P = queries.shape[-2]
+    transposed = np.moveaxis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
+    np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
+    return transposed.swapaxes(-1, -2)  # (..., P, T)
+
+
+def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> dict[str, int]:
+    """Multiply-adds of one forward and backward of the head for each
+    association (N_q = B P query rows, N_k = B T key rows, d = d_k + d_v):
+
+    projected   K, V over all T, Q at the queries (the equations as written):
+        forward    N_k D d + N_q D d_k + N_q T d + N_q d_v D
+        backward   2 N_q d_v D + N_q T d + 2 N_q D d_k + the keys' and values':
+                   formed   N_q T d + 2 N_k D d
+                   factored 2 B P T D + 2 N_q D d          (keep_factored)
+    bilinear    S = X_Q W_QK X^T, out = (A X) W_OV, never forming K or V:
+        the two maps (factorised_linear, each chained or merged, the cheaper)
+        + 4 N_q T D (S, A X and their backward) + 2 N_q T D if dX is formed.
+    """
+    Nq, Nk, d = B * P, B * T, d_k + d_v
+    factored = keep_factored(T, P)
+    projected = (Nk * D * d + Nq * D * d_k + Nq * T * d + Nq * d_v * D
+                 + 2 * Nq * d_v * D + Nq * T * d + 2 * Nq * D * d_k
+                 + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d))
+
+    def map_cost(rank: int) -> int:
+        return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
+
+    bilinear = map_cost(d_k) + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
+    return {"projected": projected, "bilinear": bilinear}
+
+
+def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> str:
+    """The rule: the association of head_costs with fewer multiply-adds
+    (ties: projected). Bilinear wins with few query rows (retrieval's one)
+    or d_k, d_v wider than d_model; projected with a query at every position
+    and narrow heads (copy at d_k = d_v < 2 D / 3)."""
+    costs = head_costs(B, P, T, D, d_k, d_v)
+    return "bilinear" if costs["bilinear"] < costs["projected"] else "projected"
+
+
+def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),
+                      association: str | None = None, score: scores.HeadScore | None = None):
+    """One attention head, as in "Attention Is All You Need", for the queries
+    at `queries` (distinct positions: an index array or a slice along T;
+    default all T):
+
+        K = X W_k          (B, T, d_k)   every position is a key
+        V = X W_v          (B, T, d_v)   and a value
+        Q = X_Q W_q        (B, P, d_k)   X_Q = X[:, queries]
+        S = s * Q K^T      (B, P, T)     masked entries set to -inf
+        A = softmax(S)     (B, P, T)     over keys (last axis)
+        C = A V            (B, P, d_v)
+        out = C W_o        (B, P, D)
+
+    Each query row is computed alone, so rows no one reads (positions
+    without a target) can be skipped. The same head is a bilinear form in X,
+    and `association` chooses how to compute it (None: choose_association):
+
+        projected   as written, with K and V one product, [K V] = X [W_k W_v],
+                    and s applied to the queries: S = (s X_Q W_q) K^T
+        bilinear    S = X_Q W_QK X^T,   out = (A X) W_OV,
+                    W_QK = s W_q W_k^T (D x D),  W_OV = W_v W_o (D x D),
+                    each applied as a product of its two factors or formed,
+                    whichever is cheaper (factorised_linear_forward)
+
+    `score`: a score mode beyond s q.k (attn.model.scores): a map of S before the
+    mask (softcap, a learned temperature or length scale), or a norm of q and
+    k, which only the projected association can apply.
+
+    Returns (out, attn, cache): the head's output, the attention weights A,
+    and what backward needs (including the scores, for diagnostics).
+    """
+    norm = score.norm if score is not None else None
+    if norm is not None:
+        association = "projected"  # norm(q).norm(k) is no bilinear form in X
+    if association is None:
+        *_, B, T, D = x.shape
+        association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
+    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
+    x_q = x[..., queries, :]  # (*M, B, P, D)
+    if association == "projected":
+        d_k = W_k.shape[-1]
+        kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)
+        k, v = kv[..., :d_k], kv[..., d_k:]  # views: (*M, B, T, d_k), (*M, B, T, d_v)
+        q_scaled, q_projection = linear_forward(x_q, W_q)  # Q = X_Q W_q: (*M, B, P, d_k)
+        key_norm = query_norm = None
+        if norm is not None:  # q, k <- g norm(q), g norm(k) over d_k
+            k, key_norm = scores.norm_forward(k, score.g_k, norm)
+            q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm)
+        q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
+        logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
+    else:
+        q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
+        logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
+    logits, transform = scores.transform_forward(logits, score, mask, queries)
+    if mask is not None:
+        logits[..., mask[queries]] = -np.inf
+    attn, _ = softmax_forward(logits)  # (*M, B, P, T)
+    cache = dict(association=association, x=x, queries=queries, scale=scale, scores=logits, attn=attn,
+                 transform=transform)
+    if association == "projected":
+        out, output = linear_forward(attn @ v, W_o)  # C = A V: (*M, B, P, d_v);  C W_o: (*M, B, P, D)
+        cache.update(k=k, v=v, q_scaled=q_scaled, kv_projection=kv_projection, q_projection=q_projection,
+                     output=output, key_norm=key_norm, query_norm=query_norm)
+    else:
+        attended = attn @ x  # A X: (*M, B, P, D)
+        out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
+        cache.update(q_circuit=q_circuit, query_map=query_map, attended=attended, value_map=value_map)
+    return out, attn, cache
+
+
+def attention_backward(dout, cache):
+    """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
+
+    dout (*M, B, P, D) is the upstream gradient at the forward's query
+    positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
+    P positions; the keys and values of all T positions get their gradient
+    through them. The gradient of x is an array (*M, B, T, D), or Factored
+    when few queries make that cheaper (keep_factored). A score mode's own
+    parameters get theirs too (theta, length_scale, g_q, g_k).
+    """
+    backward = _projected_backward if cache["association"] == "projected" else _bilinear_backward
+    return backward(dout, cache)
+
+
+def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
+    """dS from dA (given keys-outermost, as _key_major_product leaves it)
+    through the softmax and the score mode's map; and that map's parameter gradients."""
+    dscores = softmax_backward(dattn_t, cache["attn"])  # zero where masked
+    return scores.transform_backward(dscores, cache["transform"])
+
+
+def _projected_backward(dout, cache):
+    k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
+    dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
+    dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
+    dq = dscores @ k  # (*M, B, P, d_k)
+    dq *= cache["scale"][..., None]  # Q_s = s Q
+    if cache["query_norm"] is not None:
+        dq, grads["g_q"] = scores.norm_backward(dq, cache["query_norm"])
+    dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"],
+                                                       cache["key_norm"])
+    dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
+    dx = add_at_positions(dx, cache["queries"], dx_q)
+    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o,
+            **{name: g for name, g in grads.items() if g is not None}}
+
+
+def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_norm=None):
+    """dX, dW_k, dW_v (and the key norm's gain's gradient, or None) from the
+    keys' and values' share of the gradient: dK = dS^T Q_s and dV = A^T dC,
+    sums of P outer products per example; through the norm of the keys when
+    there is one (formed, then: the norm is per key row).
+
+    formed (many queries): [dK dV] (*M, B, T, d_k + d_v), side by side so
+    that the projection's backward is two products, not four:
+        dX = [dK dV] [W_k W_v]^T,   [dW_k dW_v] = X^T [dK dV].
+    factored (few queries, keep_factored): never form dK, dV or dX; by
+    associativity, with L = [dS; A] (B, 2P, T), R = [Q_s W_k^T; dC W_v^T]
+    (B, 2P, D):
+        dX = L^T R  (returned as Factored(L, R)),
+        dW_k = (dS X)^T Q_s,   dW_v = (A X)^T dC,
+    summed over examples.
+    """
+    x, W_kv, _ = kv_projection  # [K V] = X [W_k W_v]
+    *_, P, T = attn.shape
+    d_k, members = q_scaled.shape[-1], member_axes(W_kv)
+    if key_norm is not None or not keep_factored(T, P):
+        dkv = np.empty((*x.shape[:-1], W_kv.shape[-1]), dtype=x.dtype)  # (*M, B, T, d_k + d_v)
+        sum_of_outer_products(dscores, q_scaled, out=dkv[..., :d_k])  # dK = dS^T Q_s
+        sum_of_outer_products(attn, dcontext, out=dkv[..., d_k:])  # dV = A^T dC
+        dgain = None
+        if key_norm is not None:  # K = norm(X W_k)
+            dkv[..., :d_k], dgain = scores.norm_backward(dkv[..., :d_k], key_norm)
+        dx, dW_kv, _ = linear_backward(dkv, kv_projection)  # (*M, B, T, D), (*M, D, d_k + d_v)
+        return dx, dW_kv[..., :d_k], dW_kv[..., d_k:], dgain
+    W_kT = W_kv[..., :d_k].swapaxes(-1, -2)  # (*M, d_k, D)
+    W_vT = W_kv[..., d_k:].swapaxes(-1, -2)  # (*M, d_v, D)
+    left = np.concatenate([dscores, attn], axis=-2)  # L = [dS; A]  (*M, B, 2P, T)
+    right = np.concatenate([linear_forward(q_scaled, W_kT)[0], linear_forward(dcontext, W_vT)[0]], axis=-2)  # R
+    left_x = left @ x  # [dS X; A X]  (*M, B, 2P, D)
+    dW_k = as_rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ as_rows(q_scaled, members)  # (*M, D, d_k)
+    dW_v = as_rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ as_rows(dcontext, members)  # (*M, D, d_v)
+    return Factored(left, right), dW_k, dW_v, None
+
+
+def _bilinear_backward(dout, cache):
+    """Through out = (A X) W_OV and S = X_Q W_QK X^T:
+
+        d(A X) = dout W_OV^T,   dA = d(A X) X^T,   dS = softmax VJP,
+        d(X_Q W_QK) = dS X,
+        dX = dS^T (X_Q W_QK) + A^T d(A X) + the query rows' own gradient,
+    the first two as Factored([dS; A], [X_Q W_QK; d(A X)]) (formed when
+    keep_factored says so), and the weights' through the two maps:
+    dW_q = dU, dW_k = dV^T for the query map's U = W_q, V = W_k^T, scale s.
+    """
+    x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
+    dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
+    dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
+    dq_circuit = dscores @ x  # (*M, B, P, D)
+    dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
+    dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
+    if not keep_factored(x.shape[-2], attn.shape[-2]):
+        dx = dx.dense()  # (*M, B, T, D)
+    dx = add_at_positions(dx, cache["queries"], dx_q)
+    return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}

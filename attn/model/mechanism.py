@@ -1,0 +1,94 @@
+"""Why an unscaled head stops learning, measured row by row.
+
+The claim: with scores of variance d_k the softmax saturates, and the
+gradient through a saturated row vanishes. Each query row i that carries a
+target (retrieval: one per example) gives, from the textbook model's
+forward and backward (attn.model.reference; the row's share of the batch loss):
+
+    max_p      its largest attention weight; saturated when max_p > 0.99
+    grad_W_q   ||d loss_i / d W_q|| = s ||x_i|| ||dS_i K||     (a rank-one matrix)
+    grad_W_k   ||d loss_i / d W_k|| = s ||dS_i X|| ||q_i||     (so is this)
+    jacobian   ||J||_2 of the row's softmax, J = diag(p) - p p^T
+    bound      2 (1 - max_p), which bounds it: J is symmetric, and row j of
+               J sums in absolute value to 2 p_j (1 - p_j) <= 2 (1 - max_p)
+               (for j the argmax since p_j <= 1; for any other j since
+               p_j <= 1 - max_p), so ||J||_2 <= ||J||_inf <= 2 (1 - max_p)
+
+Since W_q and W_k reach the loss only through the scores, a row whose
+Jacobian is near zero passes almost no gradient to them: a saturated row
+does not learn where to look.
+
+For a score mode (attn.model.scores), dS is the gradient of S = s q.k before the
+mode's map of it, so the closed forms hold as written for every mode but
+qk_norm, whose q and k pass through a norm (its gradient norms are NaN),
+and sigma_reparam, for which they are those of the reparametrised W'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attn.model import reference
+from attn.model.fast import SATURATED, Batch, ModelSpec
+
+TOP_FRACTION = 0.1  # the share of the squared gradient carried by this fraction of the rows
+CHUNK_EXAMPLES = 64  # examples per pass through the reference model
+
+
+def row_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None) -> dict[str, np.ndarray]:
+    """Per query row with a target, (N,) arrays: max_p, saturated, grad_W_q,
+    grad_W_k, jacobian, bound (module docstring). params, batch and buffers of
+    one model. The batch goes through the reference model CHUNK_EXAMPLES
+    examples at a time (so memory does not grow with the eval set), each
+    chunk's gradients rescaled to the rows' share of the whole batch's loss."""
+    n_total = int(batch.target_mask.sum())
+    chunks = [_chunk_statistics(params, spec, Batch(*(field[start:start + CHUNK_EXAMPLES] for field in (
+        batch.tokens, batch.targets, batch.target_mask, batch.target_key))), buffers, n_total)
+        for start in range(0, len(batch.tokens), CHUNK_EXAMPLES)]
+    return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
+
+
+def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None, n_total: int) -> dict:
+    _, cache = reference.forward(params, spec, batch, buffers)
+    *_, dS = reference.backward_to_scores(cache, spec)  # (B, T, T): each row's score gradient
+    rows = batch.target_mask  # (B, T)
+    share = spec.score_scale * int(rows.sum()) / n_total  # s, and the chunk's loss as a share of the batch's
+    X, Q, K, A = cache["X"], cache["Q"], cache["K"], cache["A"]  # (B, T, D), (B, T, d_k), (B, T, d_k), (B, T, T)
+    grad_q = share * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
+    grad_k = share * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
+    if spec.score == "qk_norm":  # q and k pass through a norm: no rank-one closed form
+        grad_q = grad_k = np.full(rows.shape, np.nan)
+    p = A[rows]  # (N, T)
+    finite = np.isfinite(p).all(axis=-1)  # a diverged model's rows are NaN: their norms are too
+    jacobian = np.full(len(p), np.nan)
+    eigenvalues = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[finite, None, :] - p[finite, :, None] * p[finite, None, :])
+    jacobian[finite] = np.abs(eigenvalues).max(axis=-1)
+    max_p = p.max(axis=-1)
+    return {"max_p": max_p, "saturated": max_p > SATURATED, "grad_W_q": grad_q[rows], "grad_W_k": grad_k[rows],
+            "jacobian": jacobian, "bound": 2 * (1 - max_p)}
+
+
+def top_share(values: np.ndarray, fraction: float = TOP_FRACTION) -> float:
+    """The share of sum(values^2) carried by the largest `fraction` of the
+    values (at least one); nan when they are all zero."""
+    squares = np.sort(np.asarray(values, dtype=np.float64) ** 2)[::-1]
+    total = squares.sum()
+    return float(squares[: max(1, int(round(fraction * len(squares))))].sum() / total) if total > 0 else float("nan")
+
+
+def summary(rows: dict[str, np.ndarray]) -> dict[str, float]:
+    """One model's rows in numbers: the saturated fraction; the median
+    gradient norms of saturated and of other rows (nan where there are
+    none); the top rows' share of each squared gradient; the largest
+    ratio of a row's Jacobian norm to its bound (<= 1)."""
+    saturated = rows["saturated"]
+    out = {"saturated_frac": float(saturated.mean()) if len(saturated) else float("nan")}
+    for name in ("grad_W_q", "grad_W_k"):
+        values = rows[name]
+        out[f"{name}_median_saturated"] = float(np.median(values[saturated])) if saturated.any() else float("nan")
+        out[f"{name}_median_other"] = float(np.median(values[~saturated])) if (~saturated).any() else float("nan")
+        out[f"{name}_top_share"] = top_share(values)
+    bounded = rows["bound"] > 0
+    out["jacobian_over_bound_max"] = float((rows["jacobian"][bounded] / rows["bound"][bounded]).max()) \
+        if bounded.any() else float("nan")
+    return out

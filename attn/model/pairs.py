@@ -1,0 +1,325 @@
+"""The building blocks: forward/backward pairs for every piece of the model but the head.
+
+Each layer is a pair in the CS231n style:
+
+    out, cache = thing_forward(inputs...)
+    grads      = thing_backward(dout, cache)
+
+Forward caches exactly what backward needs; backward never recomputes the
+forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
+the dtype of the inputs is the dtype of the outputs (float32 stays float32).
+
+Members. Every pair also computes M models at once (attn.train.stack's stacked
+runs): each weight then carries a leading member axis, W (M, n_in, n_out),
+every activation the same axis in front, x (M, B, T, D). Shape comments
+write it as `*M`: absent for one model, (M,) for a stack. attn.model.head
+builds the attention head from these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+# --------------------------------------------------------------------------
+# A gradient held as factors: when few query positions carry the loss (retrieval: one of T),
+# the gradient reaching X is a sum of a few outer products per example; kept as its factors it is
+# never formed, and the embeddings take it as such (embedding_backward, sum_over_examples).
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Factored:
+    """A (*M, B, T, n) array kept as factors: value[b] = left[b]^T right[b].
+
+    left (*M, B, R, T), right (*M, B, R, n): per example, a sum of R outer
+    products. When few query positions carry the loss, the gradient reaching
+    X is of low rank R (a few per query), and its consumers, the embeddings,
+    need it only through onehot^T value (see embedding_backward and
+    sum_over_examples): kept as factors, it is never formed.
+    """
+
+    left: np.ndarray  # (*M, B, R, T)
+    right: np.ndarray  # (*M, B, R, n)
+
+    def dense(self) -> np.ndarray:
+        """The (*M, B, T, n) array itself."""
+        shape = (*self.left.shape[:-2], self.left.shape[-1], self.right.shape[-1])
+        out = np.empty(shape, dtype=self.right.dtype)
+        sum_of_outer_products(self.left, self.right, out=out)
+        return out
+
+
+def keep_factored(T: int, P: int) -> bool:
+    """Whether the head hands X's gradient back as Factored: when its factors
+    have fewer rows, 4 per query (through the keys, the values, the query's
+    own row, the residual), than X has positions. Every product of that path
+    is then smaller than the formed path's, and so is the embeddings' work
+    on it. With a query at every position (copy), forming dX costs less."""
+    return 4 * P < T
+
+
+def _position_indicator(shape: tuple, T: int, positions, dtype) -> np.ndarray:
+    """(*shape, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
+    columns = np.arange(T)[positions]
+    indicator = np.zeros((len(columns), T), dtype=dtype)
+    indicator[np.arange(len(columns)), columns] = 1
+    return np.broadcast_to(indicator, (*shape, *indicator.shape))
+
+
+def add_at_positions(grad, positions, values: np.ndarray):
+    """grad plus `values` (*M, B, P, n) at the distinct `positions` along T (zero elsewhere).
+
+    An array is added to in place; a Factored gradient gains P rows (the
+    indicator e_p on the left, the values on the right).
+    """
+    if isinstance(grad, Factored):
+        indicator = _position_indicator(values.shape[:-2], grad.left.shape[-1], positions, values.dtype)  # (*M, B, P, T)
+        return Factored(np.concatenate([grad.left, indicator], axis=-2), np.concatenate([grad.right, values], axis=-2))
+    grad[..., positions, :] += values
+    return grad
+
+
+def sum_over_examples(grad) -> np.ndarray:
+    """sum_b grad[b]: (*M, T, n). For Factored, sum_b left[b]^T right[b] = L^T R
+    with the examples' rows stacked: one (T, B R) @ (B R, n) product per member."""
+    if isinstance(grad, Factored):
+        *lead, B, R, T = grad.left.shape
+        left = np.moveaxis(grad.left, -1, -3).reshape(*lead, T, B * R)  # (*M, T, B R)
+        return left @ grad.right.reshape(*lead, B * R, grad.right.shape[-1])
+    return grad.sum(axis=-3)
+
+
+def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a^T b for stacks a (..., P, m) and b (..., P, n): (..., m, n), the
+    sum over the P positions of their outer products. With P = 1 it is a
+    broadcast product: numpy's matmul is several times slower when the inner
+    dimension is 1."""
+    if a.shape[-2] == 1:
+        np.multiply(a.swapaxes(-1, -2), b, out=out)
+    else:
+        np.matmul(a.swapaxes(-1, -2), b, out=out)
+
+
+def member_axes(weight: np.ndarray) -> int:
+    """How many leading member axes a weight matrix (or table) carries: 0 or 1."""
+    return weight.ndim - 2
+
+
+def per_member_matrix(value, like: np.ndarray) -> np.ndarray:
+    """A scalar, or one value per member (*M,), shaped to broadcast over `like`'s matrices."""
+    return np.asarray(value, dtype=like.dtype)[..., None, None]
+
+
+# --------------------------------------------------------------------------
+# Embedding: out[b, t] = table[ids[b, t]]
+# --------------------------------------------------------------------------
+def embedding_forward(ids: np.ndarray, table: np.ndarray):
+    """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
+    out = np.take(*_flat_lookup(ids, table), axis=0)  # (*M, ..., D)
+    return out, (ids, table.shape)
+
+
+def _flat_lookup(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(table as rows (M V, D), ids into those rows): member m's row v is row m V + v."""
+    if not member_axes(table):
+        return table, ids
+    M, V, D = table.shape
+    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 1))
+
+
+def embedding_backward(dout, cache) -> np.ndarray:
+    """Sum the upstream gradient into the rows that were looked up:
+
+        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
+
+    One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
+    of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
+
+    dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
+    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
+    (B, R, V), times R, and dout is never formed. The binning is one
+    np.bincount over every (example, row) (accumulated in float64, then
+    the gradient's dtype): a batch of tiny products would cost more.
+    """
+    ids, shape = cache
+    V, lead = shape[-2], shape[:-2]
+    if isinstance(dout, Factored):
+        *batch, R, T = dout.left.shape  # batch = (*M, B)
+        n_rows = int(np.prod(batch)) * R
+        bins = np.arange(n_rows).reshape(*batch, R, 1) * V + ids[..., None, :]  # (*M, B, R, T): bin of each entry
+        binned = np.bincount(bins.ravel(), weights=dout.left.ravel(), minlength=n_rows * V)
+        binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
+        return binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
+    onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
+    return onehot @ as_rows(dout, len(lead))  # (*M, V, D)
+
+
+def as_rows(x: np.ndarray, members: int) -> np.ndarray:
+    """x (*M, ..., n) as a stack of matrices (*M, N, n): every row of one member together."""
+    return x.reshape(*x.shape[:members], -1, x.shape[-1])
+
+
+# --------------------------------------------------------------------------
+# Linear: out = x W (+ b)
+# --------------------------------------------------------------------------
+def linear_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None):
+    """x (*M, ..., n_in) @ W (*M, n_in, n_out) (+ b (*M, n_out)) -> (*M, ..., n_out);
+    cache (x, W, has_bias).
+
+    The leading axes are flattened first, so the product is one matrix
+    multiply over all rows (per member) rather than one per leading index.
+    """
+    n_out = W.shape[-1]
+    out = as_rows(x, member_axes(W)) @ W  # (*M, N, n_out)
+    if b is not None:
+        out += b[..., None, :]
+    return out.reshape(*x.shape[:-1], n_out), (x, W, b is not None)
+
+
+def linear_backward(dout: np.ndarray, cache):
+    """Returns (dx, dW, db); db is None when the forward had no bias."""
+    x, W, has_bias = cache
+    members = member_axes(W)
+    dout2 = as_rows(dout, members)  # (*M, N, n_out)
+    dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
+    dW = as_rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
+    db = dout2.sum(axis=-2) if has_bias else None
+    return dx, dW, db
+
+
+# --------------------------------------------------------------------------
+# A linear map through a product of two matrices: out = x U V
+# --------------------------------------------------------------------------
+def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
+    """Whether x (U V) costs fewer multiply-adds than (x U) V, forward and
+    backward together, for `rows` rows of x:
+
+        chained  (x U) V:  3 rows rank (n_in + n_out)
+        merged   x (U V):  3 n_in rank n_out + 3 rows n_in n_out
+
+    (forward one of each product, backward two: the input's and the weight's
+    gradient). Merging wins when the rank is large and the rows are many."""
+    return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
+
+
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=1.0, merged: bool | None = None):
+    """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
+    s a scalar or one per member (*M, 1, 1):
+
+        chained:  h = s (x U),  out = h V
+        merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
+
+    The same map either way; `merged` None picks the cheaper (merge_is_cheaper).
+    s multiplies the smaller product (h or W), never U itself.
+    """
+    members = member_axes(U)
+    n_in, rank, n_out = *U.shape[-2:], V.shape[-1]
+    rows = as_rows(x, members)  # (*M, N, n_in)
+    if merged is None:
+        merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
+    if merged:
+        W = U @ V  # (*M, n_in, n_out)
+        W *= scale
+        out = rows @ W
+        cache = (rows, U, V, scale, W, None)
+    else:
+        hidden = rows @ U  # (*M, N, r)
+        hidden *= scale
+        out = hidden @ V
+        cache = (rows, U, V, scale, None, hidden)
+    return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
+
+
+def factorised_linear_backward(dout: np.ndarray, cache):
+    """(dx, dU, dV) of out = s x U V:
+
+        chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
+        merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
+    """
+    x_shape, (rows, U, V, scale, W, hidden) = cache
+    dout2 = as_rows(dout, member_axes(U))  # (*M, N, n_out)
+    if W is not None:
+        dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
+        dx = dout2 @ W.swapaxes(-1, -2)
+        dW *= scale
+        dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
+    else:
+        dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
+        dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
+        dhidden *= scale
+        dx = dhidden @ U.swapaxes(-1, -2)
+        dU = rows.swapaxes(-1, -2) @ dhidden
+    return dx.reshape(x_shape), dU, dV
+
+
+def _product_laid_out_as(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b in the memory layout of `like`: computed as (b^T a^T)^T when
+    `like` is a transposed view (W_k^T), so that the gradient is as
+    contiguous as its weight and the optimiser walks it in order."""
+    if like.ndim >= 2 and like.swapaxes(-1, -2).flags.c_contiguous and not like.flags.c_contiguous:
+        return (b.swapaxes(-1, -2) @ a.swapaxes(-1, -2)).swapaxes(-1, -2)
+    return a @ b
+
+
+# --------------------------------------------------------------------------
+# Softmax over the last axis.  -inf entries (masks) get exactly zero weight.
+# --------------------------------------------------------------------------
+def softmax_forward(scores: np.ndarray):
+    """P = exp(z - max z) / sum exp(z - max z), row-wise over the last axis.
+
+    Subtracting the row max keeps exp() finite for any finite scores, so
+    scores of +-1e4 give a valid distribution. -inf entries become exact 0.
+    """
+    probs = scores - scores.max(axis=-1, keepdims=True)
+    np.exp(probs, out=probs)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs, probs
+
+
+def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """Vector-Jacobian product of softmax: P * (dP - sum(dP * P, -1)),
+    computed as P dP - P sum(P dP, -1) with one temporary.
+
+    Masked entries have P = 0 and so receive exactly zero gradient.
+    """
+    dscores = dprobs * probs
+    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
+    return dscores
+
+
+# --------------------------------------------------------------------------
+# Cross-entropy through log-softmax, averaged over positions with a target.
+# --------------------------------------------------------------------------
+def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: np.ndarray):
+    """Mean of -log softmax(logits)[target] over positions where target_mask.
+
+    logits (*M, B, T, C), targets (*M, B, T) ints, target_mask (*M, B, T) bool.
+    With z = logits - max(logits), -log softmax(z)[y] = log sum exp z - z[y]:
+    only the target's entry is needed, not the whole log-softmax.
+    Returns (loss of each member, (*M,), a 0-d array for one model, of the
+    logits' dtype; cache); the cache holds softmax(logits), which backward
+    needs and which gives the predicted class for accuracy at no extra cost,
+    as its first entry.
+    """
+    z = np.moveaxis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see _keys_first)
+    z -= z.max(axis=0)  # shifted logits
+    onehot = np.arange(z.shape[0]).reshape(-1, *[1] * targets.ndim) == targets  # (C, *M, B, T) bool
+    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
+    np.exp(z, out=z)
+    sum_exp = z.sum(axis=0)  # (*M, B, T)
+    z /= sum_exp
+    probs = np.moveaxis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
+    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
+    weight = target_mask.astype(logits.dtype) / counts.astype(logits.dtype)  # (*M, B, T)
+    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
+    return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
+
+
+def cross_entropy_backward(dloss, cache) -> np.ndarray:
+    """dlogits = dloss * weight * (softmax(logits) - onehot(target)); dloss a
+    scalar or one per member."""
+    probs, onehot, weight = cache
+    dlogits = probs - onehot  # (*M, B, T, C)
+    dlogits *= (weight * np.asarray(dloss, dtype=probs.dtype)[..., None, None])[..., None]
+    return dlogits

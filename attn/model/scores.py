@@ -1,0 +1,183 @@
+"""Score modes: the fixes for the attention-logit scale, each a forward/backward pair.
+
+Every mode changes only how the scores S of a head are made from its
+queries and keys; each is one pair here, used by attn.model.head' head:
+
+    dot            S = s q.k                      the paper's, s = 1/sqrt(d_k) (model.scale)
+    qk_norm        S = s norm(q).norm(k)          RMSNorm or LayerNorm over d_k with a gain g
+                                                  (Henry et al. 2020; Dehghani et al. 2023)
+    softcap        S = c tanh(s q.k / c)          (Gemma 2)
+    temperature    S = exp(theta) q.k             theta trained (a learnable temperature)
+    mup            S = q.k / d_k                  W_q zero-initialised (Yang et al., Tensor Programs V)
+    sigma_reparam  S = s q'.k',  W' = gamma W / sigma(W) for W_q, W_k  (Zhai et al. 2023)
+    log_length     S = s_len ln(n) q.k / sqrt(d_k)  n the keys a row sees (Nakanishi 2025)
+
+Pairs on the scores (applied to S = s q.k before masking; `multiply` and
+`softcap`), on q and k (`norm`), and on the weights (`spectral`). Shapes
+carry the member axis of attn.model.head: a learned scalar is (*M,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SCORE_MODES = ("dot", "qk_norm", "softcap", "temperature", "mup", "sigma_reparam", "log_length")
+NORM_EPS = 1e-6  # added to the mean square (or variance) before the square root
+
+
+@dataclass(frozen=True)
+class HeadScore:
+    """How a head makes its scores beyond s q.k: at most one of a cap, a
+    learned temperature, a learned length scale, or a norm of q and k."""
+
+    cap: float | None = None  # softcap's c
+    temperature: np.ndarray | None = None  # theta (*M,): S = exp(theta) q.k
+    length_scale: np.ndarray | None = None  # s_len (*M,): S = s_len ln(n) s q.k
+    norm: str | None = None  # qk_norm: rms | layer
+    g_q: np.ndarray | None = None  # qk_norm's gains (*M, d_k) or (*M, 1), or None
+    g_k: np.ndarray | None = None
+
+
+def keys_seen(T: int, mask: np.ndarray | None, queries) -> np.ndarray:
+    """n of each query row (P,): the keys it may look at (T, or fewer under a causal mask)."""
+    rows = np.arange(T)[queries]
+    return np.full(len(rows), T) if mask is None else (~mask[rows]).sum(axis=-1)
+
+
+def transform_forward(scores: np.ndarray, score: HeadScore | None, mask: np.ndarray | None, queries):
+    """The mode's map of S = s q.k (before masking): c tanh(S / c), or
+    exp(theta) S, or s_len ln(n) S per row, n the keys the row may see
+    (keys_seen, under `mask` at the rows `queries`); (S', cache) with cache
+    None when the mode has none."""
+    if score is None or score.norm is not None or (score.cap is None and score.temperature is None
+                                                   and score.length_scale is None):
+        return scores, None
+    if score.cap is not None:
+        out, capped = softcap_forward(scores, score.cap)
+        return out, ("cap", capped)
+    if score.temperature is not None:
+        kind, log_n = "temperature", None
+        factor = np.exp(np.asarray(score.temperature, dtype=scores.dtype))[..., None, None, None]  # (*M, 1, 1, 1)
+    else:
+        kind, log_n = "length_scale", np.log(keys_seen(scores.shape[-1], mask, queries)).astype(scores.dtype)[:, None]
+        factor = np.asarray(score.length_scale, dtype=scores.dtype)[..., None, None, None] * log_n  # (*M, 1, P, 1)
+    out, cache = multiply_forward(scores, factor)
+    return out, (kind, cache, log_n)  # log_n: (P, 1)
+
+
+def transform_backward(dscores: np.ndarray, cache) -> tuple[np.ndarray, dict]:
+    """(dS, the mode's parameter gradients: theta or length_scale, (*M,))."""
+    if cache is None:
+        return dscores, {}
+    if cache[0] == "cap":
+        return softcap_backward(dscores, cache[1]), {}
+    kind, inner, log_n = cache
+    dscores, product = multiply_backward(dscores, inner)  # (*M, B, P, T) each
+    members = dscores.ndim - 3
+    if kind == "temperature":  # S' = exp(theta) S: d/dtheta = exp(theta) sum dS' S
+        return dscores, {"theta": _member_sums(product, members) * inner[1].reshape(inner[1].shape[:members])}
+    return dscores, {"length_scale": _member_sums(product * log_n, members)}  # S' = s_len ln(n) S: sum dS' S ln(n)
+
+
+# --------------------------------------------------------------------------
+# S' = a S: a learned temperature exp(theta), or log_length's s_len ln(n_row)
+# --------------------------------------------------------------------------
+def multiply_forward(scores: np.ndarray, factor: np.ndarray):
+    """S' = factor S for scores (*M, B, P, T) and a factor (*M, B, P, 1)-broadcastable; cache (S, factor)."""
+    return scores * factor, (scores, factor)
+
+
+def multiply_backward(dout: np.ndarray, cache):
+    """(dS, dS' S): dS = factor dS', and the elementwise product dS' S whose
+    sum over the entries a factor multiplies is that factor's gradient."""
+    scores, factor = cache
+    return dout * factor, dout * scores
+
+
+def _member_sums(values: np.ndarray, members: int) -> np.ndarray:
+    """The sum of each member's entries, (*M,): one contiguous run per member,
+    so that a member's sum does not depend on the stack (numpy orders a
+    reduction over several axes by the array's shape)."""
+    return np.ascontiguousarray(values).reshape(*values.shape[:members], -1).sum(axis=-1)
+
+
+# --------------------------------------------------------------------------
+# S' = c tanh(S / c)
+# --------------------------------------------------------------------------
+def softcap_forward(scores: np.ndarray, cap: float):
+    """S' = c tanh(S / c): |S'| < c, and S' ~ S where |S| << c; cache tanh(S / c)."""
+    capped = np.tanh(scores / scores.dtype.type(cap))
+    return capped * scores.dtype.type(cap), capped
+
+
+def softcap_backward(dout: np.ndarray, capped: np.ndarray) -> np.ndarray:
+    """dS = dS' (1 - tanh(S / c)^2)."""
+    return dout * (1 - capped * capped)
+
+
+# --------------------------------------------------------------------------
+# q' = g norm(q) over the last axis: RMSNorm or LayerNorm
+# --------------------------------------------------------------------------
+def norm_forward(x: np.ndarray, gain: np.ndarray | None, kind: str):
+    """rms:   x' = g x / sqrt(mean(x^2) + eps)
+    layer: x' = g (x - mean(x)) / sqrt(var(x) + eps)
+    over the last axis (d_k); g (*M, d_k) or (*M, 1) broadcast over the rows, or None (no gain)."""
+    centred = x - x.mean(axis=-1, keepdims=True) if kind == "layer" else x
+    inverse = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + x.dtype.type(NORM_EPS))
+    normed = centred * inverse  # a fresh array, the caller's to scale in place: the cache keeps its factors
+    g = None if gain is None else gain.reshape(gain.shape[:-1] + (1,) * (x.ndim - gain.ndim) + gain.shape[-1:])
+    return (normed if g is None else normed * g), (centred, inverse, g, kind, gain is not None and gain.shape)
+
+
+def norm_backward(dout: np.ndarray, cache):
+    """(dx, dgain): with n = x' / g the normalised x and r = 1/sqrt(...),
+        dn = dout g,   dx = r (dn - mean(dn) - n mean(dn n))   (layer)
+                       dx = r (dn - n mean(dn n))              (rms)
+        dg = sum of dout n over every row (to g's shape)."""
+    centred, inverse, g, kind, gain_shape = cache
+    normed = centred * inverse
+    dnormed = dout if g is None else dout * g
+    dx = dnormed - normed * (dnormed * normed).mean(axis=-1, keepdims=True)
+    if kind == "layer":
+        dx -= dnormed.mean(axis=-1, keepdims=True)
+    dx *= inverse
+    if g is None:
+        return dx, None
+    product = dout * normed  # (*M, ..., d_k)
+    members = len(gain_shape) - 1
+    rows = product.reshape(*product.shape[:members], -1, product.shape[-1]).swapaxes(-1, -2)  # (*M, d_k, N)
+    dgain = _member_sums(rows, members + 1)  # (*M, d_k): each dimension's sum over every row
+    return dx, dgain.sum(axis=-1, keepdims=True) if gain_shape[-1] == 1 else dgain
+
+
+# --------------------------------------------------------------------------
+# W' = gamma W / sigma(W): spectral reparametrisation
+# --------------------------------------------------------------------------
+def power_iteration(W: np.ndarray, u: np.ndarray, v: np.ndarray):
+    """One step of power iteration for W's top singular pair, in place on u
+    (*M, n_in) and v (*M, n_out): v <- W^T u / |W^T u|, u <- W v / |W v|.
+    Carried across training steps, it tracks sigma(W) as W moves."""
+    v[...] = np.einsum("...i,...ij->...j", u, W)
+    v /= np.linalg.norm(v, axis=-1, keepdims=True)
+    u[...] = np.einsum("...ij,...j->...i", W, v)
+    u /= np.linalg.norm(u, axis=-1, keepdims=True)
+
+
+def spectral_forward(W: np.ndarray, gamma: np.ndarray, u: np.ndarray, v: np.ndarray):
+    """W' = gamma W / sigma with sigma = u^T W v (the top singular value, from
+    the power-iteration vectors u, v, held fixed: they carry no gradient)."""
+    sigma = np.einsum("...i,...ij,...j->...", u, W, v)  # (*M,)
+    factor = (gamma / sigma)[..., None, None]
+    return W * factor, (W, gamma, sigma, u, v)
+
+
+def spectral_backward(dout: np.ndarray, cache):
+    """(dW, dgamma) of W' = gamma W / sigma, sigma = u^T W v (d sigma / dW = u v^T):
+        dW = (gamma / sigma) G - (gamma / sigma^2) <G, W> u v^T,   dgamma = <G, W> / sigma."""
+    W, gamma, sigma, u, v = cache
+    inner = (dout * W).sum(axis=(-2, -1))  # <G, W>  (*M,)
+    dW = dout * (gamma / sigma)[..., None, None]
+    dW -= (gamma * inner / sigma**2)[..., None, None] * (u[..., :, None] * v[..., None, :])
+    return dW, inner / sigma

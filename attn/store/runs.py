@@ -1,0 +1,446 @@
+"""Everything that touches a run directory (its .npz array files through attn.store.arrayfiles).
+
+    runs/<name>/
+        config.yaml      resolved config + provenance (written once, atomically)
+        metrics.jsonl    one JSON object per logged step (append-only, flushed)
+        summary.json     status, heartbeat, final and best figures (atomic)
+        checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle):
+                         the last one, a second name (hard link) of checkpoint-<step>.npz
+        checkpoint-<step>.npz   every checkpoint, kept by its step (to fork from: attn train --fork RUN@STEP)
+        mechanism.npz    per-row saturation and gradient norms at step 0 and logging.mechanism_step
+        attention.npz    attention weights of a few eval examples at init and at the end
+        *.png            figures (see attn.train.figures)
+        .lock            RunLock's file: empty, or the record of the writer holding it
+
+Every file except metrics.jsonl is written to a temporary file, fsynced and
+renamed over the old one, so a crash at any moment leaves either the old or
+the new version, never a torn one. A torn last line of metrics.jsonl (power
+loss mid-append) is ignored when reading.
+
+One writer at a time: every process that writes a run directory (training,
+fresh or resumed; a sweep's cell; figures) holds its RunLock (attn.store.locks),
+and an experiment's report writer holds the experiment directory's. A
+directory that is a symbolic link is refused as a place to write, and files
+are appended without following links, so nothing is ever written outside
+the directory named.
+
+Every read is bounded and checked: run files must be regular files (not
+links, devices or FIFOs) under a size cap, and each reader checks the type
+and shape of what it read, failing with one line (RunError) that names the
+file, what is wrong and what to do. A damaged file is found before training
+starts, so it never marks a run `failed`.
+
+Fault injection (tests only): with ATTN_TEST_KILL_AFTER_WRITES=N in the
+environment, the process SIGKILLs itself right after its N-th durable write
+(write_atomic, append_metrics), so a test can stop a run at every write
+boundary in turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import re
+import signal
+import time
+import typing
+from pathlib import Path
+
+import numpy as np
+
+from attn.config.schema import all_keys
+from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file
+from attn.store.processes import pid_alive, writer_identity
+
+STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
+FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
+MAX_SUMMARY_BYTES = 1 << 20  # summary.json is a few kB
+MAX_METRICS_BYTES = 256 << 20  # ~150,000 records of ~1.7 kB: far more than any run here logs
+KILL_AFTER_WRITES = "ATTN_TEST_KILL_AFTER_WRITES"  # tests only: see the module docstring
+REPAIR_METRICS = "delete that line (or move the run directory away) and try again"
+
+
+class RunError(RuntimeError):
+    """A run directory or checkpoint problem; str() is the one-line message."""
+
+
+def describe_os_error(err: OSError) -> str:
+    if err.errno == errno.ENOSPC:
+        return "no space left on device"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    if err.errno == errno.EROFS:
+        return "read-only file system"
+    return err.strerror or str(err)
+
+
+# ---------------------------------------------------------------------------
+# Atomic writes
+# ---------------------------------------------------------------------------
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes to path via a temporary file + fsync + rename: a crash, a
+    signal or a full disk at any moment leaves the old file or the new one."""
+    path = Path(path)
+    tmp = _temporary_of(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as err:
+        _discard(tmp, path, err)
+    _put_in_place(tmp, path)
+
+
+def link_atomic(source: Path, path: Path) -> None:
+    """Make path a second name of source (a hard link: no bytes copied), atomically
+    like write_atomic: a crash leaves the old path or the new one. Where the
+    file system has no hard links, path gets a copy of source's bytes."""
+    source, path = Path(source), Path(path)
+    tmp = _temporary_of(path)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(source, tmp)
+    except OSError:
+        write_atomic(path, source.read_bytes())
+        return
+    _put_in_place(tmp, path)
+
+
+def _temporary_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")  # TEMPORARY_NAME matches it
+
+
+def _put_in_place(tmp: Path, path: Path) -> None:
+    """Rename the finished temporary over path, then make the rename durable."""
+    try:
+        os.replace(tmp, path)
+    except BaseException as err:
+        _discard(tmp, path, err)
+    with contextlib.suppress(OSError):  # the new file is in place; some file systems cannot fsync a directory
+        _fsync_dir(path.parent)
+    _count_durable_write()
+
+
+def _discard(tmp: Path, path: Path, err: BaseException) -> typing.NoReturn:
+    """The temporary removed, path left as it was; an OSError as one line (RunError)."""
+    with contextlib.suppress(OSError):
+        tmp.unlink()
+    if isinstance(err, OSError):
+        raise RunError(f"{path}: cannot write: {describe_os_error(err)} (the file is left as it was)") from None
+    raise err
+
+
+_writes_done = 0
+
+
+def _count_durable_write() -> None:
+    """The test hook: SIGKILL this process after its ATTN_TEST_KILL_AFTER_WRITES-th durable write."""
+    global _writes_done
+    limit = os.environ.get(KILL_AFTER_WRITES)
+    if limit is None:
+        return
+    _writes_done += 1
+    if _writes_done >= int(limit):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+TEMPORARY_NAME = re.compile(r"^\..+\.(\d+)\.tmp$")  # write_atomic's .<name>.<pid>.tmp
+
+
+def remove_dead_temporaries(run_dir: Path) -> list[str]:
+    """Delete write_atomic's temporary files whose writer is gone (a SIGKILL or
+    power loss mid-write leaves one); the target files themselves are intact.
+    Returns the names removed."""
+    removed = []
+    for path in Path(run_dir).iterdir():
+        match = TEMPORARY_NAME.match(path.name)
+        if match and not pid_alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_safe(obj):
+    """Replace non-finite floats by None so the JSON is standard."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, obj, indent: int | None = 2) -> None:
+    """obj as JSON (keys sorted; indent None: compact, for large machine-read files), atomically."""
+    separators = None if indent else (",", ":")
+    write_atomic(path, (json.dumps(_json_safe(obj), indent=indent, sort_keys=True, separators=separators) + "\n")
+                 .encode())
+
+
+def read_run_file(path: Path, limit: int, what: str) -> bytes | None:
+    """A run file's bytes (None if it does not exist): a regular file, not a
+    symbolic link, of at most `limit` bytes; else RunError."""
+    try:
+        return read_regular_file(path, limit, what, error=RunError, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Creating run directories
+# ---------------------------------------------------------------------------
+def create_run_dir(runs_dir: Path, name: str) -> Path:
+    """Create runs_dir/name, or name-2, name-3, ... if taken. Never reuses one.
+
+    os.mkdir is atomic: two runs started at the same moment get two directories.
+    """
+    runs_dir = Path(runs_dir)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, 10_000):
+            candidate = runs_dir / (name if attempt == 1 else f"{name}-{attempt}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError as err:
+        raise RunError(f"{runs_dir}: cannot create a run directory: {describe_os_error(err)}") from None
+    raise RunError(f"{runs_dir}: too many runs named {name!r}")
+
+
+def default_run_name(config_path: str | None) -> str:
+    stem = Path(config_path).stem if config_path else "defaults"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
+    """config.yaml: the resolved config, with a `provenance` section."""
+    text = "# attn run config: resolved values; `provenance` is ignored when loaded as a config.\n"
+    text += dump_yaml({**config_dict, "provenance": provenance}, sort_keys=False)
+    write_atomic(run_dir / "config.yaml", text.encode())
+
+
+def read_run_config(run_dir: Path, complete: bool = False) -> dict:
+    """The run's config.yaml as written: the resolved config and its
+    `provenance` (a mapping), read as any config file is (yamlio.read_yaml_file:
+    bounded, safe); RunError if it is missing or damaged. With `complete`, also
+    if it lacks a field or its provenance: write_config writes every field, so
+    a run to be resumed must not take a default for one (a truncated file)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise RunError(f"{run_dir}: not a run directory (no config.yaml)")
+    repair = "move the run directory away"
+    try:
+        config = read_yaml_file(path)
+    except ConfigError as err:
+        raise RunError(f"{path}: unreadable: {str(err).removeprefix(f'{path}: ')}; {repair}") from None
+    if not isinstance(config.get("provenance", {}), dict):
+        raise RunError(f"{path}: unreadable: `provenance` is not a mapping; {repair}")
+    missing = next((key for key in [*all_keys(), "provenance"] if not _has_dotted(config, key)), None)
+    if complete and missing:
+        raise RunError(f"{path}: lacks `{missing}`, which attn writes into every run's config.yaml "
+                       f"(is it cut short, or from an older attn?); {repair}")
+    return config
+
+
+def _has_dotted(data: dict, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def read_config_dict(run_dir: Path) -> dict:
+    """The run's config.yaml as a dict, without its provenance."""
+    data = read_run_config(run_dir)
+    data.pop("provenance", None)
+    return data
+
+
+# ---------------------------------------------------------------------------
+# metrics.jsonl
+# ---------------------------------------------------------------------------
+def append_metrics(run_dir: Path, record: dict) -> None:
+    """Append one record as a line, flushed and fsynced (never through a symbolic
+    link, never waiting on a FIFO)."""
+    line = json.dumps(_json_safe(record), sort_keys=True) + "\n"
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o644)
+        with open(fd, "a") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        raise RunError(f"{path}: cannot append: {describe_os_error(err)}") from None
+    _count_durable_write()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """All complete records, checked: each line a JSON object of scalars with
+    an integer `step`, steps increasing (a file two writers appended to is
+    refused); a torn last line is ignored. RunError names the first bad line."""
+    path = Path(run_dir) / "metrics.jsonl"
+    data = read_run_file(path, MAX_METRICS_BYTES, "metrics file")
+    if data is None:
+        return []
+    lines = data.split(b"\n")
+    records, last_step = [], -1
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
+                break  # the last line, torn by a crash mid-append
+            what = "UTF-8 text" if isinstance(err, UnicodeDecodeError) else "JSON"
+            raise RunError(f"{path}: line {number} is not {what}; {REPAIR_METRICS}") from None
+        problem = _record_problem(record, last_step)
+        if problem:
+            raise RunError(f"{path}: line {number} {problem}; {REPAIR_METRICS}")
+        records.append(record)
+        last_step = record["step"]
+    return records
+
+
+def _record_problem(record, last_step: int) -> str | None:
+    """What is wrong with a metrics record read back, or None."""
+    if not isinstance(record, dict):
+        return f"is not a JSON object (got {_json_kind(record)})"
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return "has no integer `step` >= 0"
+    if step <= last_step:
+        return f"has step {step} after step {last_step} (steps must increase; two writers?)"
+    nested = next((key for key, value in record.items() if isinstance(value, (dict, list))), None)
+    if nested is not None:
+        return f"holds {_json_kind(record[nested])} in `{nested[:80]}`; expected numbers"
+    return None
+
+
+def _json_kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:
+    """Keep only records with step < keep_before_step (atomically). Returns how many were dropped.
+    Only the directory's RunLock holder may call it."""
+    records = read_metrics(run_dir)
+    kept = [r for r in records if r["step"] < keep_before_step]
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept)
+    write_atomic(Path(run_dir) / "metrics.jsonl", text.encode())
+    return len(records) - len(kept)
+
+
+# ---------------------------------------------------------------------------
+# summary.json and status
+# ---------------------------------------------------------------------------
+def heartbeat_fields() -> dict:
+    """Who is writing this run: time, host, pid, and the pid's identity
+    (boot id + start time) so a reused pid after a reboot is not mistaken
+    for the run's process."""
+    return {"updated_at": time.time(), **writer_identity()}
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:  # null stands for a non-finite or meaningless number
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _is_figures(value) -> bool:
+    return isinstance(value, dict) and all(_is_number(v) for v in value.values())
+
+
+SUMMARY_FIELDS = {  # the fields readers use: key -> (check, what it must be); others are kept as they are
+    "status": (lambda v: v in STATUSES, "one of " + ", ".join(STATUSES)),
+    **dict.fromkeys(("reason", "process"), (lambda v: v is None or _is_text(v), "a string or null")),
+    **dict.fromkeys(("host", "plot_error", "task"), (_is_text, "a string")),
+    **dict.fromkeys(("pid", "step", "steps", "nonfinite_steps"), (_is_count, "an integer >= 0")),
+    "resumed_from": (lambda v: v is None or _is_count(v), "an integer >= 0 or null"),
+    **dict.fromkeys(("updated_at", "started_at", "wall_time", "steps_per_sec"), (_is_number, "a number")),
+    **dict.fromkeys(("final", "best", "references"), (_is_figures, "a mapping of numbers")),
+}
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """summary.json (None before the first is written), checked: a JSON object
+    whose SUMMARY_FIELDS have the right types; else RunError naming the field."""
+    path = Path(run_dir) / "summary.json"
+    data = read_run_file(path, MAX_SUMMARY_BYTES, "run summary")
+    if data is None:
+        return None
+    repair = "delete it (a resumed run writes it again) or move the run directory away"
+    try:
+        summary = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RunError(f"{path}: unreadable: not JSON; {repair}") from None
+    if not isinstance(summary, dict):
+        raise RunError(f"{path}: unreadable: not a JSON object (got {_json_kind(summary)}); {repair}")
+    for key, (check, expected) in SUMMARY_FIELDS.items():
+        if key in summary and not check(summary[key]):
+            raise RunError(f"{path}: unreadable: `{key}` is {_json_kind(summary[key])}, expected {expected}; {repair}")
+    return summary
+
+
+def is_finite_number(value) -> bool:
+    """A metric value that can be drawn or averaged: an int or float (not a
+    bool), finite. Records store non-finite and meaningless values as null."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_number(value, spec: str) -> str:
+    """A metric for people: formatted if it is a finite number, else 'nan'
+    (records store non-finite values, and meaningless ones, as null)."""
+    return format(value, spec) if is_finite_number(value) else "nan"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; a '|' inside a cell is escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_figures(summary: dict) -> str:
+    """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
+    (NaN) or read back from disk (null)."""
+    final, best = summary.get("final") or {}, summary.get("best") or {}
+    return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
+            f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
+            f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
+
+
+def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a metric, non-finite and missing values dropped."""
+    pairs = [(r["step"], r[key]) for r in records if is_finite_number(r.get(key))]
+    if not pairs:
+        return np.array([]), np.array([])
+    steps, values = zip(*pairs)
+    return np.asarray(steps), np.asarray(values, dtype=float)

@@ -1,0 +1,71 @@
+"""The house: every module of attn sits in one row of README's layout table, and every import (at module
+level or inside a function, by dotted module name) goes to a row below its own, or within its own row to a
+module listed before it: data flows one way, between packages and inside each."""
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "attn"
+
+
+def layout() -> dict[str, tuple[int, int]]:
+    """Dotted module -> (its row in README's layout table, its place in the row)."""
+    table = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("| package | modules | job |", 1)[1]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    placed = {}
+    for depth, row in enumerate(rows):
+        package = re.findall(r"`([\w.]+)`", row.split("|")[1])
+        for place, name in enumerate(re.findall(r"`([\w.]+)`", row.split("|")[2])):
+            placed[name if name.startswith("attn") else f"{package[0]}.{name}"] = (depth, place)
+    return placed
+
+
+def dotted(path: Path) -> str:
+    """attn/model/fast.py -> attn.model.fast; attn/board/__init__.py -> attn.board."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {dotted(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported(tree: ast.AST) -> list[tuple[str, int]]:
+    """The attn modules a file imports (a name imported from a package counts as its module if it is one)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                     for a in node.names]
+        else:
+            continue
+        found += [(name, node.lineno) for name in names if name in MODULES]
+    return found
+
+
+def test_every_module_is_in_the_layout_table_once():
+    placed = layout()
+    packages = {m for m in MODULES if MODULES[m].name == "__init__.py"}
+    assert set(MODULES) - packages - {"attn"} - set(placed) == set(), "modules README's layout table does not place"
+    assert set(placed) - set(MODULES) == set(), "the table names modules that do not exist"
+
+
+def test_no_module_imports_one_above_it():
+    placed = layout()
+    upward = []
+    for source, path in sorted(MODULES.items()):
+        if source not in placed:
+            continue
+        for target, line in imported(ast.parse(path.read_text())):
+            if target in placed and target != source and placed[target] >= placed[source]:
+                upward.append(f"{path.relative_to(REPO)}:{line} imports {target}")
+    assert upward == []
+
+
+def test_the_layering_check_sees_an_import_inside_a_package():
+    placed = layout()
+    assert placed["attn.model.pairs"] < placed["attn.model.head"] < placed["attn.model.fast"]
+    assert ("attn.model.pairs", 1) in imported(ast.parse("from attn.model import pairs"))
