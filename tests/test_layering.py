@@ -69,3 +69,8 @@ def test_the_layering_check_sees_an_import_inside_a_package():
     placed = layout()
     assert placed["attn.model.pairs"] < placed["attn.model.head"] < placed["attn.model.fast"]
     assert ("attn.model.pairs", 1) in imported(ast.parse("from attn.model import pairs"))
+
+
+def test_every_folder_of_attn_is_a_package():
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    assert sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists()) == []
