@@ -3,10 +3,14 @@
     summary = train(config, run_dir)                  # one run: a stack of one
     summaries = run_stack([state, ...], stop=stop)    # runs of one shape (attn.train.stack) as one computation
 
-Each run starts from its attn.store.runstate.RunState (prepare) and iterates as
-attn.train.loop numbers its steps, checkpointing through attn.store.runstate.save_checkpoint;
-every member of a stack keeps its own numbers, summary and run directory,
-and leaves the stack when it ends.
+To learn how attn trains, read attn.train.reference_loop first: the same
+loop for one run, on one page, held to this one bit for bit by
+tests/test_reference_loop.py. Here the iteration (_iterate) runs over a
+member axis: each run starts from its attn.store.runstate.RunState
+(prepare), numbers its steps as runstate says and checkpoints through
+runstate.save_checkpoint; every member of a stack keeps its own numbers,
+summary and run directory, and a member that ends (completes, diverges,
+is stopped) leaves the stack at the end of that iteration.
 
 Non-finite values: a NaN/inf loss or gradient at iteration s is logged with
 a `nonfinite` field naming what went wrong. With train.on_nonfinite = stop
