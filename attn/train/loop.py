@@ -153,11 +153,14 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     and gradients; a record for those that log; update step + 1 for those
     that go on (unless their values are non-finite); their checkpoints. The
     members that end here leave the stack; returns those that go on."""
+    # batch, forward, backward: one computation for the whole stack
     batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
     fast.advance_buffers(stack.params, stack.buffers, stack.spec)
     loss, grads, train_cache = fast.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
     faults = [find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k))
               for k in range(len(members))]
+
+    # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
     records = _measure(stack, members, step, loss, grads, train_cache, batch, faults)
     endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
     going_on = [k for k, ending in enumerate(endings) if ending is None]
@@ -168,6 +171,8 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
             member.state.nonfinite_steps += 1
+
+    # optimiser step for the members that go on with finite values; log; progress
     measured = [k for k in going_on if records[k] is not None]
     held = [k for k in range(len(members)) if endings[k] is not None or faults[k] is not None]
     _apply_update(stack, members, grads, step, records, measured, held)
@@ -180,6 +185,8 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     if progress is not None:
         for k, member in enumerate(members):
             progress(member.index, step, records[k])
+
+    # checkpoint, stop, and the members that ended leave the stack
     for k in going_on:
         member = members[k]
         if member.checkpoints(member.state.step) or stop.reason:
