@@ -3,10 +3,14 @@
     summary = train(config, run_dir)                  # one run: a stack of one
     summaries = run_stack([state, ...], stop=stop)    # runs of one shape (attn.train.stack) as one computation
 
-Each run starts from its attn.store.runstate.RunState (prepare) and iterates as
-attn.train.loop numbers its steps, checkpointing through attn.store.runstate.save_checkpoint;
-every member of a stack keeps its own numbers, summary and run directory,
-and leaves the stack when it ends.
+To learn how attn trains, read attn.train.reference_loop first: the same
+loop for one run, on one page, held to this one bit for bit by
+tests/test_reference_loop.py. Here the iteration (_iterate) runs over a
+member axis: each run starts from its attn.store.runstate.RunState
+(prepare), numbers its steps as runstate says and checkpoints through
+runstate.save_checkpoint; every member of a stack keeps its own numbers,
+summary and run directory, and a member that ends (completes, diverges,
+is stopped) leaves the stack at the end of that iteration.
 
 Non-finite values: a NaN/inf loss or gradient at iteration s is logged with
 a `nonfinite` field naming what went wrong. With train.on_nonfinite = stop
@@ -72,10 +76,11 @@ def run(state: RunState, *, stop: StopFlag | None = None,
 
 
 class Member:
-    """One run of a stack while it trains: its state, summary and clock."""
+    """One run of a stack while it trains: its state, summary and clock, and
+    its index in the list of states it was given with (for `progress`)."""
 
-    def __init__(self, state: RunState, stack_size: int):
-        self.state, self.config, self.run_dir = state, state.config, state.run_dir
+    def __init__(self, state: RunState, index: int, stack_size: int):
+        self.state, self.config, self.run_dir, self.index = state, state.config, state.run_dir, index
         self.summary = {
             "status": "running", "step": state.step, "steps": state.config.train.steps, "task": state.task.name,
             "references": state.task.reference_losses(), "started_at": time.time(),
@@ -92,6 +97,17 @@ class Member:
     def logs(self, step: int) -> bool:
         return step % self.config.logging.log_every == 0 or step == self.config.train.steps
 
+    def checkpoints(self, step: int) -> bool:
+        return step % self.config.logging.checkpoint_every == 0 or step == self.config.train.steps
+
+    def ending(self, step: int, fault: tuple[str, str] | None) -> tuple[str, str | None] | None:
+        """(status, reason) if iteration `step` is the member's last: it
+        completed, or diverged with on_nonfinite = stop; else None."""
+        if fault is not None and self.config.train.on_nonfinite == "stop":
+            what, note = fault
+            return "diverged", f"non-finite {what} at step {step}{note}"
+        return ("completed", None) if step == self.config.train.steps else None
+
 
 def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
               progress: Callable[[int, int, dict | None], None] | None = None) -> list[dict]:
@@ -102,26 +118,26 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
     if len(steps_at) != 1 or len({stack_key(s.config) for s in states}) != 1:
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
-    members = [Member(state, len(states)) for state in states]
+    members = [Member(state, i, len(states)) for i, state in enumerate(states)]
     for member in members:
         if member.state.resumed:  # take the directory back from the process that stopped
             runs.truncate_metrics(member.run_dir, member.state.step)
             runs.remove_dead_temporaries(member.run_dir)
         _write_summary(member)
-    stack, active = Stack(states), list(range(len(members)))  # indices into members, in stack order
+    stack, alive = Stack(states), members  # alive: the members still training, in stack order
     step, last_write = steps_at.pop(), time.perf_counter()
     try:
         # Overflow to inf/NaN is detected and handled here, not warned about.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            while active:
-                active = _iterate(stack, [members[i] for i in active], active, step, stop, progress)
+            while alive:
+                alive = _iterate(stack, alive, step, stop, progress)
                 step += 1
                 if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                    for i in active:
-                        _write_summary(members[i])
+                    for member in alive:
+                        _write_summary(member)
                     last_write = time.perf_counter()
     except KeyboardInterrupt:
-        for member in (members[i] for i in active if members[i].summary["status"] == "running"):
+        for member in (m for m in alive if m.summary["status"] == "running"):
             resumable = (f"resume continues from step {member.last_checkpoint}" if member.last_checkpoint is not None
                          else "no checkpoint yet")
             member.summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
@@ -131,69 +147,64 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
     return [member.summary for member in members]
 
 
-def _iterate(stack: Stack, members: list[Member], indices: list[int], step: int, stop: StopFlag,
-             progress) -> list[int]:
-    """Iteration `step` of every active member: their batches, losses and
-    gradients; a record for those that log; the members that end here
-    (completed, or diverged with on_nonfinite = stop) finish and leave the
-    stack; the others take update step + 1 (unless their values are
-    non-finite) and checkpoint when due. Returns the indices still active."""
+def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress) -> list[Member]:
+    """Iteration `step` of the stack (attn.train.reference_loop.train is the
+    same iteration for one run, written plainly): every member's batch, loss
+    and gradients; a record for those that log; update step + 1 for those
+    that go on (unless their values are non-finite); their checkpoints. The
+    members that end here leave the stack; returns those that go on."""
+    # batch, forward, backward: one computation for the whole stack
     batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
     fast.advance_buffers(stack.params, stack.buffers, stack.spec)
     loss, grads, train_cache = fast.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
-    faults = _find_nonfinite(loss, grads, stack.params)
-    logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
-    records = _measure(stack, members, step, loss, grads, train_cache, batch, logged)
-    for k, member in enumerate(members):  # at step 0 and logging.mechanism_step, logged or not
-        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
-            _save_mechanism(member, stack, k, step)
-    reported = list(zip(indices, records))  # every member that ran this iteration, for `progress`
-    ending, skipped = [], []  # (index, status, reason) of the members that end here; those not updated
+    faults = [find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k))
+              for k in range(len(members))]
+
+    # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
+    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults)
+    endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
+    going_on = [k for k, ending in enumerate(endings) if ending is None]
     for k, member in enumerate(members):
+        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
+            save_mechanism(member.run_dir, stack.member_params(k), member.state.spec,
+                           member_batch(stack.eval_batch, k), stack.member_buffers(k), step)
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
             member.state.nonfinite_steps += 1
-        if faults[k] is not None and member.config.train.on_nonfinite == "stop":
-            what, note = faults[k]
-            ending.append((k, "diverged", f"non-finite {what} at step {step}{note}"))
-        elif step == member.config.train.steps:
-            ending.append((k, "completed", None))
-        elif faults[k] is not None:
-            skipped.append(k)
-    for k, status, reason in ending:
-        _log(members[k], records[k], step)
-        _finish(members[k], status, reason, step)
-    if ending:
-        kept = [k for k in range(len(members)) if k not in {e[0] for e in ending}]
-        for name in grads:
-            grads[name] = grads[name][kept]
-        stack.keep(kept)
-        members, indices = [members[k] for k in kept], [indices[k] for k in kept]
-        records, skipped = [records[k] for k in kept], [kept.index(k) for k in skipped]
-    if members:
-        _apply_update(stack, members, grads, step, records, skipped)  # adds the update ratios to the records
+
+    # optimiser step for the members that go on with finite values; log; progress
+    measured = [k for k in going_on if records[k] is not None]
+    held = [k for k in range(len(members)) if endings[k] is not None or faults[k] is not None]
+    _apply_update(stack, members, grads, step, records, measured, held)
     for k, member in enumerate(members):
-        _log(member, records[k], step)
-        member.state.step = step + 1
+        log_record(member, records[k], step)
+        if endings[k] is not None:
+            finish_run(member, *endings[k], step)
+        else:
+            member.state.step = step + 1
     if progress is not None:
-        for index, record in reported:
-            progress(index, step, record)
-    for k, member in enumerate(members):
-        state = member.state
-        if (state.step % member.config.logging.checkpoint_every == 0 or state.step == member.config.train.steps
-                or stop.reason):
-            state.wall_time = member.clock.elapsed()
-            save_checkpoint(state, stack.member_params(k), stack.member_optimizer_state(k), stack.member_buffers(k))
-            member.last_checkpoint = state.step
+        for k, member in enumerate(members):
+            progress(member.index, step, records[k])
+
+    # checkpoint, stop, and the members that ended leave the stack
+    for k in going_on:
+        member = members[k]
+        if member.checkpoints(member.state.step) or stop.reason:
+            member.state.wall_time = member.clock.elapsed()
+            save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k),
+                            stack.member_buffers(k))
+            member.last_checkpoint = member.state.step
     if stop.reason:
-        for member in members:
-            _finish(member, "interrupted", f"stopped by {stop.reason} at step {member.state.step}; checkpoint saved",
-                    member.state.step)
-        members, indices = [], []
-    return indices
+        for k in going_on:
+            finish_run(members[k], "interrupted", f"stopped by {stop.reason} at step {step + 1}; checkpoint saved",
+                   step + 1)
+        return []
+    if len(going_on) < len(members):
+        stack.keep(going_on)
+    return [members[k] for k in going_on]
 
 
-def _log(member: Member, record: dict | None, step: int) -> None:
+def log_record(member: Member, record: dict | None, step: int) -> None:
     """Append the member's record of this iteration, if it has one."""
     if record is not None:
         runs.append_metrics(member.run_dir, record)
@@ -201,7 +212,8 @@ def _log(member: Member, record: dict | None, step: int) -> None:
         member.summary.update(step=step, nonfinite_steps=member.state.nonfinite_steps)
 
 
-def _finish(member: Member, status: str, reason: str | None, end_step: int) -> None:
+def finish_run(member: Member, status: str, reason: str | None, end_step: int) -> None:
+    """The member's final summary, written."""
     wall = member.clock.elapsed()
     member.summary.update(
         status=status, reason=reason, step=end_step, wall_time=wall, best=member.state.best,
@@ -245,43 +257,35 @@ def optim_lr(config: Config, step: int) -> float:
     return optim.learning_rate(step, o.lr, o.schedule, o.warmup_steps, config.train.steps, o.min_lr_ratio)
 
 
-def _find_nonfinite(loss: np.ndarray, grads: dict, params: dict) -> list[tuple[str, str] | None]:
-    """Per member, None if its loss and gradients are finite; else (what,
-    note) naming a parameter: ('gradient of W_q', ''), or for the loss the
+def find_nonfinite(loss, grads: dict, params: dict) -> tuple[str, str] | None:
+    """None if one run's loss and gradients are finite; else (what, note)
+    naming a parameter: ('gradient of W_q', ''), or for the loss the
     parameter that is itself non-finite or else holds the largest weight
     (the likely culprit)."""
-    finite_grads = {name: _all_finite(g) for name, g in grads.items()}
-    faults = []
-    for m, finite_loss in enumerate(np.isfinite(loss)):
-        if finite_loss:
-            bad = next((name for name, ok in finite_grads.items() if not ok[m]), None)
-            faults.append(None if bad is None else (f"gradient of {bad}", ""))
-            continue
-        bad = next((name for name, p in params.items() if not np.isfinite(p[m]).all()), None)
-        if bad is not None:
-            faults.append(("loss", f"; parameter {bad} is non-finite"))
-            continue
-        largest = {name: float(np.abs(p[m]).max()) for name, p in params.items()}
-        name = max(largest, key=largest.get)
-        faults.append(("loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"))
-    return faults
+    if np.isfinite(loss):
+        bad = next((name for name, g in grads.items() if not _all_finite(g)), None)
+        return None if bad is None else (f"gradient of {bad}", "")
+    bad = next((name for name, p in params.items() if not np.isfinite(p).all()), None)
+    if bad is not None:
+        return "loss", f"; parameter {bad} is non-finite"
+    largest = {name: float(np.abs(p).max()) for name, p in params.items()}
+    name = max(largest, key=largest.get)
+    return "loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"
 
 
-def _all_finite(stacked: np.ndarray) -> np.ndarray:
-    """Per member, whether every entry is finite. A finite sum has only finite
-    terms (one inf or NaN makes it non-finite), so one pass decides for most
-    members; a sum that overflowed is checked entry by entry."""
-    finite = np.isfinite(stacked.sum(axis=tuple(range(1, stacked.ndim))))  # (M,)
-    for m in np.flatnonzero(~finite):
-        finite[m] = np.isfinite(stacked[m]).all()
-    return finite
+def _all_finite(a: np.ndarray) -> bool:
+    """A finite sum has only finite terms (one inf or NaN makes it
+    non-finite), so one pass decides; a sum that overflowed is checked entry by entry."""
+    return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
 
 
 def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, train_cache, batch: Batch,
-             logged: list[bool]) -> list[dict | None]:
+             faults: list) -> list[dict | None]:
     """A metrics record (without update ratios) for each member that logs
-    this step, None for the others: it evaluates the stack on its fixed eval
-    sets, and snapshots a member's attention at its first and last step."""
+    this step or has non-finite values, None for the others: it evaluates
+    the stack on its fixed eval sets, and snapshots a member's attention at
+    its first and last step."""
+    logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
     if not any(logged):
         return [None] * len(members)
     eval_loss, eval_cache = fast.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales,
@@ -294,59 +298,69 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
         if not logged[k]:
             records.append(None)
             continue
-        member_stats = {name: float(values[k]) for name, values in stats.items()}
-        if not np.isfinite(eval_loss[k]):  # argmax and entropies of NaN scores/logits mean nothing
-            member_stats = dict.fromkeys(member_stats)
-        record = {
-            "step": step,
-            "lr": member.lr(step),
-            "train_loss": float(loss[k]),
-            "train_accuracy": float(train_accuracy[k]),
-            "eval_loss": float(eval_loss[k]),
-            "eval_accuracy": member_stats.pop("accuracy"),
-            **member_stats,
-            "grad_norm": math.sqrt(sum(float(square[k]) for square in squares.values())),
-            **{f"grad_norm/{n}": math.sqrt(float(square[k])) for n, square in squares.items()},
-            **member.clock.lap(step),
-        }
-        _update_best(member.state.best, record)
+        records.append(metrics_record(member, step, loss[k], train_accuracy[k], eval_loss[k],
+                                      {name: values[k] for name, values in stats.items()},
+                                      {n: square[k] for n, square in squares.items()}))
         n_examples = min(member.config.logging.attention_examples, member.config.task.eval_size)
         if n_examples and step in (0, member.config.train.steps):
-            _save_attention(member, stack, k, "init" if step == 0 else "final", n_examples)
-        records.append(record)
+            save_attention(member.run_dir, stack.member_params(k), stack.spec,
+                           member_batch(stack.eval_batch, k, n_examples), stack.member_buffers(k),
+                           "init" if step == 0 else "final", scale=stack.scales[k])
     return records
 
 
-def _save_mechanism(member: Member, stack: Stack, k: int, step: int) -> None:
+def metrics_record(member: Member, step: int, train_loss, train_accuracy, eval_loss, stats: dict,
+                   grad_squares: dict) -> dict:
+    """One run's record of iteration `step` (updating its best figures), from
+    its losses, eval diagnostics and squared gradient norms."""
+    stats = {name: float(value) for name, value in stats.items()}
+    if not np.isfinite(eval_loss):  # argmax and entropies of NaN scores/logits mean nothing
+        stats = dict.fromkeys(stats)
+    record = {
+        "step": step,
+        "lr": member.lr(step),
+        "train_loss": float(train_loss),
+        "train_accuracy": float(train_accuracy),
+        "eval_loss": float(eval_loss),
+        "eval_accuracy": stats.pop("accuracy"),
+        **stats,
+        "grad_norm": math.sqrt(sum(float(square) for square in grad_squares.values())),
+        **{f"grad_norm/{n}": math.sqrt(float(square)) for n, square in grad_squares.items()},
+        **member.clock.lap(step),
+    }
+    _update_best(member.state.best, record)
+    return record
+
+
+def save_mechanism(run_dir: Path, params: dict, spec, eval_batch: Batch, buffers: dict, step: int) -> None:
     """mechanism.npz: attn.model.mechanism.row_statistics of the eval set's query
     rows at `step`, as arrays named '<step>/<statistic>' (added to the file)."""
-    rows = mechanism.row_statistics(stack.member_params(k), member.state.spec, member_batch(stack.eval_batch, k),
-                                    stack.member_buffers(k))
-    path = member.run_dir / "mechanism.npz"
+    rows = mechanism.row_statistics(params, spec, eval_batch, buffers)
+    path = run_dir / "mechanism.npz"
     arrays = arrayfiles.load_arrays(path) if step and path.exists() else {}
     arrays.update({f"{step}/{name}": values for name, values in rows.items()})
     arrayfiles.save_arrays(path, arrays)
 
 
 def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, records: list,
-                  skipped: list[int]) -> None:
-    """Clip, step the optimiser of every member but the `skipped` ones (whose
-    values are non-finite: their parameters and state are put back as they
-    were); for the members with a record, the update-to-weight ratio
-    ||w_new - w|| / ||w|| of each parameter (None where w = 0)."""
+                  measured: list[int], held: list[int]) -> None:
+    """Clip, step the optimiser of every member but the `held` ones (those
+    that end here, or whose values are non-finite: their parameters and
+    state are put back as they were); for the `measured` members, add the
+    update-to-weight ratio ||w_new - w|| / ||w|| of each parameter to their
+    record (None where w = 0)."""
     clip = np.array([m.config.optim.clip_norm or math.inf for m in members])
     if np.isfinite(clip).any():
         optim.clip_by_global_norm(grads, clip, stacked=True)
-    measured = [k for k, record in enumerate(records) if record is not None]
     before = {n: p.copy() for n, p in stack.params.items()} if measured else {}
-    kept_as_was = ({n: p[skipped].copy() for n, p in stack.params.items()},
-                   {k: v[skipped].copy() for k, v in stack.optimizer.state.items()}) if skipped else None
+    kept_as_was = ({n: p[held].copy() for n, p in stack.params.items()},
+                   {k: v[held].copy() for k, v in stack.optimizer.state.items()}) if held else None
     stack.optimizer.step(stack.params, grads, np.array([m.lr(step) for m in members]))
     if kept_as_was is not None:
         for n, values in kept_as_was[0].items():
-            stack.params[n][skipped] = values
+            stack.params[n][held] = values
         for key, values in kept_as_was[1].items():
-            stack.optimizer.state[key][skipped] = values
+            stack.optimizer.state[key][held] = values
     for n, w in before.items():
         norm_w = np.sqrt(optim.squared_norms(w))
         norm_step = np.sqrt(optim.squared_norms(stack.params[n] - w))
@@ -373,14 +387,12 @@ def _final_figures(record: dict | None) -> dict:
     return {k: record[k] for k in keys if k in record}
 
 
-def _save_attention(member: Member, stack: Stack, k: int, when: str, n: int) -> None:
-    """attention.npz: weights of the first n eval examples at init and at the end
-    (the end's snapshot is added beside the init one already on disk). Every
-    row of the map, not only the rows with a target that training computes."""
-    shown = member_batch(stack.eval_batch, k, n)
-    _, cache = fast.forward(stack.member_params(k), stack.spec, shown, all_queries=True, scale=stack.scales[k],
-                             buffers=stack.member_buffers(k))
-    path = member.run_dir / "attention.npz"
+def save_attention(run_dir: Path, params: dict, spec, shown: Batch, buffers: dict, when: str, scale=None) -> None:
+    """attention.npz: weights of the `shown` eval examples at init and at the
+    end (the end's snapshot is added beside the init one already on disk).
+    Every row of the map, not only the rows with a target that training computes."""
+    _, cache = fast.forward(params, spec, shown, all_queries=True, scale=scale, buffers=buffers)
+    path = run_dir / "attention.npz"
     arrays = {}
     if when == "final" and path.exists():
         arrays = arrayfiles.load_arrays(path)
