@@ -29,7 +29,7 @@ import numpy as np
 from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
 from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
-from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
+from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, headline
@@ -168,7 +168,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
     sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
-    judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
+    judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
@@ -183,7 +183,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                                           "shared": json_number(experiment.report.shared)},
         "cells": [cell_json(c) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
-        "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
+        "expectations": [_json_safe(j) for j in judged],
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
@@ -200,6 +200,38 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
                                             data["sensitivity_table"]).encode())
     return paths
+
+
+def _json_safe(value):
+    """value with every non-finite float as json_number makes it ('inf', None for NaN), at any depth."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return json_number(value)
+
+
+def _p(value) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
+
+
+def expectation_lines(j: dict, layout: Layout) -> list[str]:
+    """The markdown of one judged expectation: its verdict and rule, then each x's numbers."""
+    lines = [f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}."]
+    if j.get("test", "interval") != "interval":
+        lines[0] += (f" p = {_p(j['p'])} (Holm {_p(j['p_holm'])}); the opposite claim's p = {_p(j['p_reverse'])} "
+                     f"(Holm {_p(j['p_reverse_holm'])}).")
+    for p in j["points"]:
+        numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
+                                    + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
+                                       if "other_value" in p else ""))
+        if "effect" in p:
+            effect = p["effect"]
+            counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
+            numbers += (f"; {effect['name']} {_p(effect['value'])} [{_p(effect['low'])}, {_p(effect['high'])}]; "
+                        f"{p['pairs']} pairs ({counts}); one-sided p {_p(p['p'])}, opposite {_p(p['p_reverse'])}")
+        lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
+    return lines
 
 
 def _csv_text(rows: list[dict]) -> str:
@@ -279,12 +311,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
     if judged:
         text += ["## Expectations, judged", ""]
         for j in judged:
-            text.append(f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}.")
-            for p in j["points"]:
-                numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
-                                            + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
-                                               if "other_value" in p else ""))
-                text.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
+            text += expectation_lines(j, layout)
         text.append("")
     if sensitivities:
         rates = next(iter(sensitivities.values()))["rates"]
