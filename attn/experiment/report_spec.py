@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -315,3 +317,40 @@ def check_lengths(config: Config, pairs: list[int], source: str) -> None:
     if max(pairs) > config.task.n_keys:
         raise ConfigError(f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
                           f"({config.task.n_keys}), since keys are distinct within a sequence")
+
+
+# ---------------------------------------------------------------------------
+# The claims, frozen before the runs (attn.experiment.sweep writes them; reports compare)
+# ---------------------------------------------------------------------------
+CLAIMS_FILE = "claims.json"  # in the experiment's run directory, written when its sweep first starts
+DESIGN_KEYS = ("x", "arm", "best_of", "select", "shared", "alpha", "seeds")
+
+
+def expectation_text(e: Expectation) -> str:
+    """One line that says everything that decides an expectation's verdict (and its claim)."""
+    rule = (f"better_than {dict(e.better_than)}" if e.better_than is not None
+            else f"above {e.above:g}" if e.above is not None else f"below {e.below:g}")
+    where = f"; where {dict(e.where)}" if e.where else ""
+    return f"{e.stat} of {dict(e.arm)} {rule}{where}; at {e.at}; test {e.test}; claim: {e.claim}"
+
+
+def claims_record(spec: ReportSpec, seeds) -> dict:
+    """The `report:` section as it decides verdicts (layout, selection rule, level, seeds and every
+    expectation's text), and its SHA-256 digest over canonical JSON."""
+    section = {"x": list(spec.x), "arm": list(spec.arm), "best_of": spec.best_of, "select": list(spec.select),
+               "shared": spec.shared, "alpha": spec.alpha, "seeds": sorted(seeds),
+               "expect": {e.id: expectation_text(e) for e in spec.expect}}
+    text = json.dumps(section, sort_keys=True, default=str)
+    return {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+
+
+def claim_changes(frozen: dict, current: dict) -> dict:
+    """How the current claims_record differs from the frozen one: expectations changed (id -> the
+    frozen text), added (ids), removed (id -> the frozen text), and the design keys changed
+    (key -> [frozen, now])."""
+    before, now = frozen.get("section") or {}, current["section"]
+    old, new = before.get("expect") or {}, now["expect"]
+    return {"changed": {i: old[i] for i in new if i in old and old[i] != new[i]},
+            "added": [i for i in new if i not in old],
+            "removed": {i: text for i, text in old.items() if i not in new},
+            "design": {k: [before.get(k), now.get(k)] for k in DESIGN_KEYS if before.get(k) != now.get(k)}}

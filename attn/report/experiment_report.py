@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
 from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
 from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
+from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, headline
@@ -145,6 +147,65 @@ def platforms(cells: list[Cell]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in facts.items()}
 
 
+def code_states(cells: list[Cell]) -> dict[str, int]:
+    """Each code state the reported runs were made with (provenance attn_commit, `git describe
+    --always --dirty`: a '-dirty' suffix is uncommitted code; 'unknown' where none was recorded)
+    -> its number of runs."""
+    counts: dict[str, int] = {}
+    for seed in (s for c in cells for s in c.seeds):
+        try:
+            commit = (runs.read_run_config(seed.run.path).get("provenance") or {}).get("attn_commit")
+        except runs.RunError:
+            continue
+        key = str(commit) if commit else "unknown"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def code_state_note(states: dict[str, int]) -> str:
+    """'' for runs of one clean commit; else one sentence saying how many states and which are not clean."""
+    unclean = {k: n for k, n in states.items() if k.endswith("-dirty") or k == "unknown"}
+    if len(states) <= 1 and not unclean:
+        return ""
+    parts = []
+    if len(states) > 1:
+        parts.append(f"the runs come from {len(states)} code states ("
+                     + ", ".join(f"{k}: {n}" for k, n in states.items()) + ")")
+    if unclean:
+        parts.append(f"{sum(unclean.values())} from uncommitted or unrecorded code ({', '.join(unclean)})")
+    return "Not one clean commit: " + "; ".join(parts) + "."
+
+
+def frozen_claims(experiment: Experiment) -> dict:
+    """The claims frozen when the sweep first started (report_spec.CLAIMS_FILE) against the file's
+    now: {frozen: bool, digest, frozen_at, changes (report_spec.claim_changes)}."""
+    current = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
+    path = experiment.directory / report_spec.CLAIMS_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"frozen": False, "digest": current["digest"]}
+    return {"frozen": True, "digest": current["digest"], "frozen_digest": record.get("digest"),
+            "frozen_at": record.get("frozen_at"), "changes": report_spec.claim_changes(record, current)}
+
+
+def claims_lines(claims: dict) -> list[str]:
+    """The report's paragraph on whether its claims are the ones frozen before the runs."""
+    if not claims["frozen"]:
+        return [f"The claims were not frozen before these runs (no `{report_spec.CLAIMS_FILE}` in the experiment "
+                "directory: its sweep started before attn recorded them); they may have been written after.", ""]
+    changes = claims["changes"]
+    if not any(changes.values()):
+        return [f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
+                f"started ({claims['frozen_at']}, digest `{claims['frozen_digest'][:12]}`).", ""]
+    lines = [f"The claims differ from those frozen when the sweep first started ({claims['frozen_at']}, digest "
+             f"`{(claims['frozen_digest'] or '')[:12]}`): {len(changes['changed'])} changed, {len(changes['added'])} "
+             f"added, {len(changes['removed'])} removed after runs existed (each marked below)."]
+    lines += [f"- design `{k}` was {before!r}, now {now!r}" for k, (before, now) in changes["design"].items()]
+    lines += [f"- removed: **{i}** — frozen as: {text}" for i, text in changes["removed"].items()]
+    return lines + [""]
+
+
 # ---------------------------------------------------------------------------
 # Writing it all
 # ---------------------------------------------------------------------------
@@ -169,6 +230,14 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
+    claims = frozen_claims(experiment)
+    for j in judged:
+        changes = claims.get("changes") or {}
+        j["frozen"] = ("not frozen" if not claims["frozen"] else "changed" if j["id"] in changes["changed"]
+                       else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
+        if j["id"] in changes.get("changed", {}):
+            j["frozen_text"] = changes["changed"][j["id"]]
+    states = code_states(cells)
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
@@ -177,6 +246,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
+        "code_states": states, "code_state_note": code_state_note(states), "claims": claims,
         "cells_in_file": len(experiment.cells), "platform": platforms(cells),
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
@@ -198,7 +268,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"]).encode())
+                                            data["sensitivity_table"], claims, data["code_state_note"]).encode())
     return paths
 
 
@@ -221,6 +291,10 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
     if j.get("test", "interval") != "interval":
         lines[0] += (f" p = {_p(j['p'])} (Holm {_p(j['p_holm'])}); the opposite claim's p = {_p(j['p_reverse'])} "
                      f"(Holm {_p(j['p_reverse_holm'])}).")
+    if j.get("frozen") == "changed":
+        lines.append(f"  - changed after the runs began; as frozen: {j['frozen_text']}")
+    elif j.get("frozen") == "added after the runs began":
+        lines.append("  - added after the runs began: not among the claims frozen when the sweep first started")
     for p in j["points"]:
         numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
                                     + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
@@ -289,7 +363,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table) -> str:
+             sensitivities, at_lengths, sensitivity_table, claims=None, code_note="") -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -298,7 +372,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
             + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
-               if layout.best_of else "") + ".", "", f"Made on: {facts}.", "",
+               if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {code_note}" if code_note else ""), "",
             "## In one paragraph (generated)", "", summary_text, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
@@ -309,7 +383,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
     if judged:
-        text += ["## Expectations, judged", ""]
+        text += ["## Expectations, judged", ""] + (claims_lines(claims) if claims else [])
         for j in judged:
             text += expectation_lines(j, layout)
         text.append("")
