@@ -43,7 +43,7 @@ BUDGET = 100
 NAN = math.nan
 BASE_CONFIG = load_config(BASE)
 REFERENCES = build_task(BASE_CONFIG).reference_losses()
-PLATEAU = REFERENCES["no_retrieval"]  # L: the report's plateau level for retrieval
+PLATEAU = REFERENCES["chance"]  # L: the level a stalled seed never left, chance ln C (issue 24)
 CHANCE = 1 / BASE_CONFIG.task.n_values  # 1/C
 SQRT, NONE = {"model.scale": "sqrt"}, {"model.scale": "none"}  # arms, as an expectation names them
 

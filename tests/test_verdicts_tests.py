@@ -182,3 +182,21 @@ def test_a_median_not_reached_is_above_the_budget_and_loses_to_one_reached(teste
     [point] = tested.expectation("faster-64-interval")["points"]
     assert (point["other_value"], point["other_low"], point["other_high"]) == ("inf", 100.0, "inf")
     assert point["high"] <= 30 and tested.expectation("faster-64-interval")["verdict"] == "confirmed"
+
+
+def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
+    """Seeds that peak at 0.97 are learned at 0.95 and slow (near) at 0.98 and 0.99."""
+    from test_report import BUDGET, PLATEAU
+
+    near = [(50, 0.5 * PLATEAU, 0.97), (BUDGET, 0.4 * PLATEAU, 0.97)]
+    plan = {(16, "sqrt"): [curve(LEARNED)] * 6 + [near] * 4, (16, "none"): [curve(STALLED)] * 10}
+    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
+                      {"x": "model.d_k", "arm": "model.scale"}, "moves")
+    write_plan(experiment, plan.items(), ("model.d_k", "model.scale"))
+    result = report_of(experiment, figures=False)
+    cell = result.cell(d_k=16, scale="sqrt")
+    assert {t: c["learned"] for t, c in cell["at_thresholds"].items()} == {"0.95": 10, "0.98": 6, "0.99": 6}
+    assert cell["slow_kinds"] == {"near": 4, "unstable": 0, "far": 0}
+    assert result.cell(d_k=16, scale="none")["sat_at"] == {"chance": 10, "no-retrieval": 0}
+    row = next(x for x in result.md.splitlines() if x.startswith("| 16 | scale=sqrt | 10 |"))
+    assert row == "| 16 | scale=sqrt | 10 | 10 / 0 / 0 | 6 / 4 / 0 | 6 / 4 / 0 | 4 / 0 / 0 | 0 / 0 |"

@@ -47,6 +47,8 @@ def cell_json(cell: Cell) -> dict:
         "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
         "unfinished": dict(cell.unfinished), "budget": cell.budget,
         "outcomes": {name: cell.count(name) for name in outcomes.OUTCOMES},
+        "slow_kinds": cell.slow_kinds(), "sat_at": cell.sat_at(),
+        "at_thresholds": {f"{t:g}": cell.counts_at(t) for t in outcomes.THRESHOLDS},
         **{f"{name}_rate": cell.rate(name) for name in COUNTED},
         "median_time": {"median": km.median, "low": km.low, "high": km.high},
         "final_loss": {k: json_number(v) for k, v in cell.final_loss().items()},
@@ -57,7 +59,8 @@ def cell_json(cell: Cell) -> dict:
         "seeds": [{"seed": s.seed, "run": s.run.path.name, "outcome": s.outcome.outcome,
                    "reached_step": s.outcome.reached_step, "left_plateau_step": s.outcome.left_plateau_step,
                    "final_accuracy": s.outcome.final_accuracy, "final_loss": json_number(s.final_loss),
-                   "best_accuracy": s.outcome.best_accuracy, "path": s.path_digest, "mechanism": s.mechanism}
+                   "best_accuracy": s.outcome.best_accuracy, "slow_kind": s.outcome.slow_kind,
+                   "sat_at": s.outcome.sat_at, "path": s.path_digest, "mechanism": s.mechanism}
                   for s in cell.seeds],
     }
 
@@ -100,6 +103,24 @@ def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]
             "median final loss [95%]": _loss_text(cell),
             "unfinished": ", ".join(f"{n} {s}" for s, n in sorted(cell.unfinished.items())) or "—",
         })
+        rows.append(row)
+    return rows
+
+
+def threshold_rows(chosen: dict[tuple, Cell], layout: Layout) -> list[dict]:
+    """Per judged cell: learned / slow / stalled seeds with the threshold at each of outcomes.THRESHOLDS,
+    what the slow seeds did (near, unstable, far) and the plateau the seeds that never reached sat at."""
+    rows = []
+    for (x, arm), cell in chosen.items():
+        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm), "seeds": cell.n}
+        for t in outcomes.THRESHOLDS:
+            counts = cell.counts_at(t)
+            row[f"learned / slow / stalled @{t:g}"] = (f"{counts[outcomes.LEARNED]} / {counts[outcomes.SLOW]} / "
+                                                       f"{counts[outcomes.STALLED]}")
+        kinds, levels = cell.slow_kinds(), cell.sat_at()
+        row["slow: near / unstable / far"] = " / ".join(str(kinds[k]) for k in (outcomes.NEAR, outcomes.UNSTABLE,
+                                                                                outcomes.FAR))
+        row["sat at chance / no-retrieval"] = f"{levels[outcomes.CHANCE_LEVEL]} / {levels[outcomes.NO_RETRIEVAL_LEVEL]}"
         rows.append(row)
     return rows
 
@@ -382,6 +403,12 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
+    text += ["## How the counts move with the threshold (each arm at its best setting)", "",
+             f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
+             f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "
+             f"{outcomes.UNSTABLE}: final loss > {outcomes.UNSTABLE_FACTOR:g} x its best; {outcomes.FAR}: neither), "
+             f"at {outcomes.THRESHOLD:g}; and the plateau the seeds that never reached it sat at.", "",
+             markdown_table(threshold_rows(best, layout)), ""]
     if judged:
         text += ["## Expectations, judged", ""] + (claims_lines(claims) if claims else [])
         for j in judged:
