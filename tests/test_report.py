@@ -337,7 +337,7 @@ def test_the_shared_value_is_used_for_every_arm(selection):
     rows = markdown_rows(selection.md, "## Headline: every arm at the shared optim.lr = 0.1")
     assert {r["scale"]: r["lr"] for r in rows} == {"sqrt": "0.1", "linear": "0.1", "none": "0.1"}
     assert set(BY_DEFAULT_RULE.values()) != {0.1}, "each arm's own best is not always the shared value"
-    sentence = selection.data["headline"].split("At the shared lr 0.1, ")[1].split(". ")[0]
+    sentence = selection.data["counts_summary"].split("At the shared lr 0.1, ")[1].split(". ")[0]
     learned_everywhere = sentence.split(" learned in every seed at every d_k")[0]
     assert all(f"`scale={scale}`" in learned_everywhere for _, scale in BY_DEFAULT_RULE), sentence
     for at, lr, verdict, where in (("shared", 0.1, "confirmed", "at the shared lr"),
@@ -423,7 +423,7 @@ def expected_interval(stat: str, seeds: list) -> tuple[float, float, float]:
 def test_the_headline_names_the_arm_that_falls_short_where_and_how(judged):
     """sqrt learned in every seed at every d_k; none stalled at 16 (3 seeds) and 64 (10),
     and learned at 256 in every seed: the paragraph says so, with the counts."""
-    headline = judged.data["headline"]
+    headline = judged.data["counts_summary"]
     assert headline.startswith("At the grid's setting, `scale=sqrt` learned in every seed at every d_k; "), headline
     assert "fewer learned for `scale=none` at d_k 16: 0/3 (3 stalled), 64: 0/10 (10 stalled)." in headline, headline
     verdicts = [e[5] for e in EXPECTATIONS]
@@ -458,7 +458,7 @@ def test_an_expectation_over_several_x_is_confirmed_only_if_every_one_is(judged)
     assert [p["verdict"] for p in judged.expectation("any-not-confirmed")["points"]] == [
         "inconclusive", "not confirmed", "confirmed"]
     verdicts = Counter(verdict for *_, verdict in EXPECTATIONS)
-    assert judged.data["headline"].endswith(f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
+    assert judged.data["counts_summary"].endswith(f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
                                             f"{verdicts['not confirmed']} not confirmed, "
                                             f"{verdicts['inconclusive']} inconclusive.")
 

@@ -200,3 +200,18 @@ def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
     assert result.cell(d_k=16, scale="none")["sat_at"] == {"chance": 10, "no-retrieval": 0}
     row = next(x for x in result.md.splitlines() if x.startswith("| 16 | scale=sqrt | 10 |"))
     assert row == "| 16 | scale=sqrt | 10 | 10 / 0 / 0 | 6 / 4 / 0 | 6 / 4 / 0 | 4 / 0 / 0 | 0 / 0 |"
+
+
+def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdicts(tested):
+    text = tested.data["headline"]
+    assert text.startswith("Scope: plain SGD; one attention head, one layer, no LayerNorm; d_model 64; 100 steps; "
+                           "10 seeds per cell. ")
+    assert ("The claim stalls-less-64 (`stalls-less-64`, not frozen): confirmed by an exact McNemar test, Holm-adjusted "
+            "p 0.00488 at level 0.05 (d_k 64: difference of rates -1 [-1, -0.608] over 10 paired seeds, one-sided p "
+            "0.000977).") in text
+    assert "over 10 and 10 seeds" in text, "Fisher's test is not paired"
+    assert text.endswith("Of 6 claims, 4 confirmed, 1 not confirmed, 1 inconclusive.")
+    assert "/10" not in text and "stalled)" not in text, "per-cell counts stay in the tables"
+    assert "0/10 (10 stalled)" in tested.data["counts_summary"]
+    [point] = tested.expectation("learns-more-16")["points"]
+    assert point["verdict"] == "inconclusive", "a point is held to its claim's Holm level (1/32 x 2 > 0.05)"

@@ -180,8 +180,8 @@ def definitions(threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_
     chance = "" if chance_accuracy is None else f" (chance accuracy 1/C = {chance_accuracy:.3g})"
     t = f"{threshold:g}"
     return (
-        f"Outcome of a seed, from its logged eval curve, with L the plateau level (the loss of a model that has not "
-        f"learned the mechanism{plateau}) and C the number of classes{chance}. A seed reaches {t} at the first logged "
+        f"Outcome of a seed, from its logged eval curve, with L the plateau level (in reports chance, ln C: the loss "
+        f"of a model that predicts nothing{plateau}) and C the number of classes{chance}. A seed reaches {t} at the first logged "
         f"step with eval accuracy >= {t}, and leaves the plateau at the first logged step with eval accuracy > {bar} "
         f"or eval loss < {level} (a non-finite value counts as neither). {DIVERGED!r}: the run ended on a non-finite "
         f"value, whether or not it had reached {t} before (said apart). Of the runs that completed: {LEARNED!r}: "

@@ -208,6 +208,14 @@ def judge_all(expectations, cells: list[Cell], layout: Layout, sensitivities: di
         j["alpha"] = alpha
         j["verdict"] = (CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha
                         else INCONCLUSIVE)
+        # each point at the claim's Holm multiplier (adjusted over raw p), so a point never reads
+        # "confirmed" at a level its claim was not held to
+        factor = j["p_holm"] / j["p"] if j["p"] > 0 else 1.0
+        reverse = j["p_reverse_holm"] / j["p_reverse"] if j["p_reverse"] > 0 else 1.0
+        for p in j["points"]:
+            if "p" in p and not math.isnan(p["p"]):
+                p["verdict"] = (CONFIRMED if p["p"] * factor <= alpha else NOT_CONFIRMED
+                                if p["p_reverse"] * reverse * len(j["points"]) <= alpha else INCONCLUSIVE)
     return judged
 
 

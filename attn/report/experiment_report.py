@@ -34,7 +34,7 @@ from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judg
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
-from attn.report.conclusion import arm_sentences, headline
+from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
 
 
@@ -263,7 +263,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
-    summary_text = headline(best, shared, layout, judged, sensitivities, at_lengths)
+    counts_text = counts_summary(best, shared, layout, judged, sensitivities, at_lengths)
+    summary_text = headline(judged, layout, scope(experiment))
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
@@ -275,7 +276,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "cells": [cell_json(c) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
         "expectations": [_json_safe(j) for j in judged],
-        "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "headline": summary_text, "counts_summary": counts_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
         "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
@@ -289,7 +290,8 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"], claims, data["code_state_note"]).encode())
+                                            data["sensitivity_table"], claims, data["code_state_note"],
+                                            counts_text).encode())
     return paths
 
 
@@ -384,7 +386,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table, claims=None, code_note="") -> str:
+             sensitivities, at_lengths, sensitivity_table, claims=None, code_note="", counts_text="") -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -395,6 +397,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
                if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {code_note}" if code_note else ""), "",
             "## In one paragraph (generated)", "", summary_text, "",
+            "## The counts, in words (generated; described, not tested)", "", counts_text, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
                           (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
