@@ -215,3 +215,21 @@ def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdic
     assert "0/10 (10 stalled)" in tested.data["counts_summary"]
     [point] = tested.expectation("learns-more-16")["points"]
     assert point["verdict"] == "inconclusive", "a point is held to its claim's Holm level (1/32 x 2 > 0.05)"
+
+
+def test_the_published_width_claim_is_confirmed_once_a_median_not_reached_is_above_the_budget():
+    """experiments/results/width: at d_k 1024 the scaled arm reached 99% at 40, 30, 40 and the unscaled arm
+    never did (0/3 within 1000 steps); published as '40 [30, 40] vs inf [0, inf] -> inconclusive', the
+    bug the issue names. With the fix the unscaled median is '> 1000', [1000, inf): apart from [30, 40]."""
+    import json
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).resolve().parent.parent / "experiments/results/width/report.json").read_text())
+    best = {b["arm"][0]: b["settings"] for b in report["best"] if b["x"] == [1024]}
+    cells = {arm: next(c for c in report["cells"] if c["settings"] == settings) for arm, settings in best.items()}
+    times = {arm: ([s["reached_step"] or c["budget"] for s in c["seeds"]],
+                   [s["reached_step"] is not None for s in c["seeds"]]) for arm, c in cells.items()}
+    scaled, unscaled = stats.km_median(*times["sqrt"]), stats.km_median(*times["none"])
+    assert (scaled.median, scaled.low, scaled.high) == (40, 30, 40)
+    assert unscaled == (None, cells["none"]["budget"], None)
+    assert scaled.high < unscaled.low, "the intervals are apart: the interval rule confirms"
