@@ -36,9 +36,12 @@ BENCH_END = "<!-- /bench -->"
 COPIED = ("report.md", "report.json", "report.csv", "*.png")
 
 
-def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs") -> list[Path]:
+def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allow_mixed: bool = False) -> list[Path]:
     """Copy each experiment's report into experiments/results/ and regenerate
-    experiments/README.md and README.md's results block; the paths written."""
+    experiments/README.md and README.md's results block; the paths written.
+    Refused (RunError, one line) for a report whose runs come from several
+    code states or from uncommitted code (its code_state_note), unless
+    allow_mixed; the report itself says so either way."""
     runs_dir = Path(runs_dir)
     names = names or sorted(p.stem for p in (REPO / "experiments").glob("*.yaml")
                             if (runs_dir / p.stem / "report.json").exists())
@@ -52,6 +55,11 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs") -> l
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
             raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
                                 f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
+        if not allow_mixed:
+            note = json.loads((runs_dir / name / "report.json").read_text()).get("code_state_note")
+            if note:
+                raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
+                                    "commit (re-run them), or pass --allow-mixed to publish them as they are")
     written = []
     for name in names:
         target = RESULTS / name

@@ -14,6 +14,7 @@ import yaml
 from attn import cli
 from attn.cli import sweeps as cli_sweeps
 from attn.config.yamlio import ConfigError
+from attn.experiment.report_spec import ReportSpec
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
 from attn.store import runs
@@ -178,10 +179,11 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
             raise queue.Empty
 
     executor = types.SimpleNamespace(started=Started(), submit=lambda fn, stack, *args: futures[stack[0].name])
-    cells = [types.SimpleNamespace(name=name) for name in "ab"]
+    cells = [types.SimpleNamespace(name=name, seed=0) for name in "ab"]
     monkeypatch.setattr(sweep, "plan_stacks", lambda cells: [[cell] for cell in cells])
     starts, ends = [], []
-    sweep.run_experiment(types.SimpleNamespace(cells=cells, directory=tmp_path, path=tmp_path / "x.yaml"), executor,
+    sweep.run_experiment(types.SimpleNamespace(cells=cells, directory=tmp_path, path=tmp_path / "x.yaml",
+                                               report=ReportSpec((), ())), executor,
                          ends.append, on_start=starts.append)
     assert [o.cell for o in ends] == ["a", "b"] and starts == [["b"]]
 

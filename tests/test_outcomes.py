@@ -190,3 +190,48 @@ def test_definitions_name_every_class_with_the_numbers_in_force():
     assert "0.95" in other and "0.8 L" in other and "3/C" in other and f"{THRESHOLD:g}" not in other
     shared = definitions(plateau_loss=PLATEAU, chance_accuracy=CHANCE)
     assert f"{PLATEAU_LEVEL:.3g}" in shared and f"{LOW_BAR:.3g}" in shared and f"{CHANCE:.3g}" in shared
+
+
+# ---------------------------------------------------------------------------
+# Issue 24: what a slow seed did, and which plateau a seed sat at
+# ---------------------------------------------------------------------------
+CHANCE_LOSS = math.log(CLASSES)  # 2.77 nats: the level reports judge a stall against
+
+
+def at_chance_level(**overrides):
+    return run(accuracy=np.full(len(STEPS), CHANCE), loss=np.full(len(STEPS), CHANCE_LOSS),
+               plateau_loss=CHANCE_LOSS, no_retrieval_loss=PLATEAU, **overrides)
+
+
+def test_a_seed_that_never_left_chance_is_stalled_at_the_chance_level():
+    outcome = at_chance_level()
+    assert (outcome.outcome, outcome.sat_at, outcome.slow_kind) == (STALLED, "chance", None)
+
+
+def test_a_seed_at_the_no_retrieval_level_has_left_chance_and_says_where_it_sat():
+    """The issue's case: loss at L_nr = 1.8 and accuracy 0.257 (above 2/C) is not a stall
+    against chance, but the report says it sat at the no-retrieval level."""
+    loss = ramp(CHANCE_LOSS, PLATEAU, 0, 100)
+    outcome = run(np.full(len(STEPS), 0.257), loss, plateau_loss=CHANCE_LOSS, no_retrieval_loss=PLATEAU)
+    assert (outcome.outcome, outcome.sat_at, outcome.slow_kind) == (SLOW, "no-retrieval", "far")
+    below = run(np.full(len(STEPS), 0.5), ramp(CHANCE_LOSS, 1.0, 0, 100), plateau_loss=CHANCE_LOSS,
+                no_retrieval_loss=PLATEAU)
+    assert (below.outcome, below.sat_at) == (SLOW, None), "went below 0.9 L_nr: retrieving something"
+
+
+@pytest.mark.parametrize("best_accuracy, final_loss, kind", [
+    (0.988, 0.05, "near"),  # 253 of 256: near, whatever its loss did
+    (0.7, 0.9, "unstable"),  # best loss 0.3, then rose to 3x it (> UNSTABLE_FACTOR)
+    (0.7, 0.5, "far"),  # rose less than the factor
+])
+def test_a_slow_seed_is_near_unstable_or_far(best_accuracy, final_loss, kind):
+    accuracy = np.where(STEPS == 250, best_accuracy, 0.5)
+    loss = np.where(STEPS < 250, 1.0, np.where(STEPS == 250, 0.3, final_loss))
+    outcome = run(accuracy, loss)
+    assert (outcome.outcome, outcome.slow_kind) == (SLOW, kind)
+
+
+def test_the_definitions_name_the_slow_kinds_and_the_no_retrieval_level():
+    text = definitions()
+    assert "'near' if its best accuracy was >= 0.95" in text and "'unstable' if its final loss was more than 2" in text
+    assert "sat at the no-retrieval level" in text

@@ -132,7 +132,27 @@ def test_km_median_not_reached_within_the_budget():
     budget = 100
     result = km_median([10, budget, budget, budget], [1, 0, 0, 0])  # S = 3/4 at most
     assert result.median is None and result.high is None
-    assert km_median([budget] * 3, [0] * 3) == (None, None, None)
+    assert km_median([budget] * 3, [0] * 3) == (None, budget, None)  # "> budget": the budget its lower bound
+
+
+def test_a_median_not_reached_is_above_the_budget_and_monotone_in_the_seeds_that_reach():
+    """Issue 24: with no seed reaching, the median is "> budget" (lower bound the
+    budget, upper unbounded), not [0, inf]; one of 10 reaching at 700 lowers the
+    bound to at most 700; 10 of 10 give a finite median; and the lower bound never
+    rises as more of 10 seeds reach (at steps 700, 710, ...)."""
+    budget = 1000
+    assert km_median([budget] * 4, [False] * 4) == KMMedian(None, budget, None)
+    one = km_median([700] + [budget] * 9, [True] + [False] * 9)
+    assert one.median is None and one.high is None and one.low <= 700
+    every = km_median([700 + 10 * i for i in range(10)], [True] * 10)
+    assert every.median is not None and every.high is not None and every.low <= every.median <= every.high
+    lows = []
+    for k in range(11):
+        times = [700 + 10 * i for i in range(k)] + [budget] * (10 - k)
+        result = km_median(times, [True] * k + [False] * (10 - k))
+        assert result.low is not None and result.low <= budget
+        lows.append(result.low)
+    assert lows == sorted(lows, reverse=True) and lows[0] == budget
 
 
 def test_km_median_at_exactly_one_half_is_decided_exactly():
@@ -275,4 +295,4 @@ def test_km_median_interval_where_every_seed_arrives_at_one_step_is_that_step():
     assert km_median([50] * 10, [True] * 10) == KMMedian(50, 50, 50)
     median, low, high = km_median([50] * 9 + [1500], [True] * 9 + [False])
     assert (median, low, high) == (50, 50, 50)
-    assert km_median([7, 7, 9], [False, False, False]) == KMMedian(None, None, None)
+    assert km_median([7, 7, 9], [False, False, False]) == KMMedian(None, 9, None)

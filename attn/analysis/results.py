@@ -54,6 +54,7 @@ class Seed:
     budget: int
     at_init: dict  # AT_INIT_KEYS -> the step-0 record's value (None where missing)
     mechanism: dict  # step -> attn.model.mechanism.summary of the rows at that step
+    at_thresholds: dict = field(default_factory=dict)  # outcomes.THRESHOLDS -> its outcome class at that threshold
 
     @property
     def final_loss(self) -> float:
@@ -71,11 +72,11 @@ class Seed:
         return hashlib.sha256(losses.tobytes()).hexdigest()[:16]
 
 
-def plateau_level(summary: dict) -> float:
-    """The loss of a model that has not learned the task's mechanism: the
-    no-retrieval loss where the task has one, else chance (nan if unknown)."""
-    references = summary.get("references") or {}
-    level = references.get("no_retrieval", references.get("chance"))
+def plateau_level(summary: dict, name: str = "chance") -> float:
+    """A plateau level of the run's task from its summary's reference losses:
+    chance, ln C (the level a stalled seed never left), or no_retrieval (a
+    model that retrieves nothing; nan where the task has none, or unknown)."""
+    level = (summary.get("references") or {}).get(name)
     return float(level) if runs.is_finite_number(level) else math.nan
 
 
@@ -87,13 +88,14 @@ def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
         return np.array([r[key] if runs.is_finite_number(r.get(key)) else np.nan for r in records], dtype=float)
 
     budget = int(run.summary.get("steps") or 0)
-    outcome = outcomes.classify(steps, values("eval_accuracy"), values("eval_loss"),
-                                diverged=run.status == "diverged", budget=budget,
-                                plateau_loss=plateau_level(run.summary), chance_accuracy=1.0 / n_classes,
-                                threshold=threshold)
+    curve = (steps, values("eval_accuracy"), values("eval_loss"))
+    levels = {"diverged": run.status == "diverged", "budget": budget, "plateau_loss": plateau_level(run.summary),
+              "no_retrieval_loss": plateau_level(run.summary, "no_retrieval"), "chance_accuracy": 1.0 / n_classes}
+    outcome = outcomes.classify(*curve, **levels, threshold=threshold)
+    at = {t: outcomes.classify(*curve, **levels, threshold=t).outcome for t in outcomes.THRESHOLDS}
     first = records[0] if records and records[0]["step"] == 0 else {}
     at_init = {k: first.get(k) if runs.is_finite_number(first.get(k)) else None for k in AT_INIT_KEYS}
-    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run))
+    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run), at)
 
 
 def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
@@ -133,6 +135,20 @@ class Cell:
 
     def count(self, outcome: str) -> int:
         return sum(s.outcome.outcome == outcome for s in self.seeds)
+
+    def slow_kinds(self) -> dict[str, int]:
+        """What the slow seeds did: outcomes.NEAR, UNSTABLE, FAR -> how many."""
+        return {kind: sum(s.outcome.slow_kind == kind for s in self.seeds)
+                for kind in (outcomes.NEAR, outcomes.UNSTABLE, outcomes.FAR)}
+
+    def sat_at(self) -> dict[str, int]:
+        """Of the seeds that never reached the threshold, how many sat at each plateau level."""
+        return {level: sum(s.outcome.sat_at == level for s in self.seeds)
+                for level in (outcomes.CHANCE_LEVEL, outcomes.NO_RETRIEVAL_LEVEL)}
+
+    def counts_at(self, threshold: float) -> dict[str, int]:
+        """Each outcome class -> its seeds, with the seeds classified at this threshold (outcomes.THRESHOLDS)."""
+        return {name: sum(s.at_thresholds.get(threshold) == name for s in self.seeds) for name in outcomes.OUTCOMES}
 
     def rate(self, name: str) -> dict:
         """{k, n, rate, low, high}: seeds of class COUNTED[name], Wilson 95%."""

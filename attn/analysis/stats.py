@@ -97,8 +97,9 @@ def kaplan_meier(times, observed) -> tuple[np.ndarray, np.ndarray]:
 
 
 class KMMedian(NamedTuple):
-    """The Kaplan–Meier median and its confidence interval; None where it
-    is not reached (S does not drop far enough within the observed times)."""
+    """The Kaplan–Meier median and its confidence interval; median and high
+    None where not reached (S does not drop far enough within the observed
+    times), low then at most the budget (km_median)."""
 
     median: float | None
     low: float | None
@@ -126,8 +127,12 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     as when every seed gets there at one logged step: no variance to work
     with), the interval is that of the bands' own medians, the first event
     times at which the lower and the upper band are <= 1/2 (a point, there).
-    Both None without a median. Times come back as the type they went in as
-    (int steps stay int)."""
+    A median not reached (S stays above 1/2 to the last time watched, the
+    budget) is "> budget": median None, high None, and low the first event
+    time at which the test accepts, or the budget (the largest time) where it
+    never does, as when no seed reached: so low never rises as more seeds
+    reach. All three None only with no times at all. Times come back as the
+    type they went in as (int steps stay int)."""
     z = _z(confidence)
     estimate = _product_limit(times, observed)
     survival = estimate.survival
@@ -141,9 +146,14 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     at_or_below_half = np.flatnonzero(survival <= 0.5)
     median = event_times[at_or_below_half[0]].item() if len(at_or_below_half) else None
     accepted = np.flatnonzero(accepts)
+    times, _ = _censored(times, observed)
+    watched = times.max().item() if len(times) else None  # the budget: the longest any seed was watched
+    if median is None:
+        # not reached: the median is > the budget. Its lower bound is where the test first accepts (an
+        # event time, so <= the budget) or, where it never does (no seed, or too few, reached), the
+        # budget itself; the upper bound is unbounded. More seeds reaching can only lower it.
+        return KMMedian(None, event_times[accepted[0]].item() if len(accepted) else watched, None)
     if not len(accepted):
-        if median is None:
-            return KMMedian(None, None, None)
         # S crossed 1/2 in steps the test cannot see into (no variance on either side: every seed at
         # one logged step): the bands' own medians, the first times each is at or below 1/2 (0 where S is).
         lower_band, upper_band = (np.where(survival > 0, band, 0.0) for band in (lower_band, upper_band))
@@ -241,3 +251,99 @@ def lr_sensitivity(final_losses: Mapping[int, Mapping], initial_losses: Mapping[
     low, high = bootstrap_interval(np.array(per_seed), np.mean, rng)
     return {"sensitivity": float(np.mean(per_seed)), "low": float(low), "high": float(high),
             "seeds": len(per_seed), "rates": list(rates)}
+
+
+# ---------------------------------------------------------------------------
+# Exact tests (integer arithmetic: math.comb and fractions, rounded once)
+# ---------------------------------------------------------------------------
+def binomial_upper_tail(k: int, n: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2), exact: sum_{i >= k} C(n, i) / 2^n
+    (1.0 for k <= 0)."""
+    if not (0 <= n and int(n) == n):
+        raise ValueError(f"n: got {n}; expected a whole number >= 0")
+    k = max(int(k), 0)
+    return float(Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2 ** n))
+
+
+class Test(NamedTuple):
+    """A one-sided test of "the arm is better": p its p-value, p_reverse that
+    of the opposite claim; the counts it is on (by test)."""
+
+    p: float
+    p_reverse: float
+    counts: dict
+
+
+def mcnemar_exact(better: int, worse: int) -> Test:
+    """The exact (conditional) McNemar test on paired outcomes: of the
+    discordant pairs, `better` favour the arm and `worse` the other; under
+    H0 each discordant pair goes either way with probability 1/2, so
+    p = P(X >= better), X ~ Binomial(better + worse, 1/2). No discordant
+    pair: p = 1 both ways."""
+    n = better + worse
+    return Test(binomial_upper_tail(better, n), binomial_upper_tail(worse, n), {"better": better, "worse": worse})
+
+
+def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> Test:
+    """Fisher's exact test, one-sided, that arm 1's rate (k1 of n1) is higher
+    than arm 2's (k2 of n2): with the margins fixed, k1 is hypergeometric and
+    p = P(K1 >= k1) = sum_{i >= k1} C(n1, i) C(n2, k - i) / C(n1 + n2, k),
+    k = k1 + k2; p_reverse = P(K1 <= k1)."""
+    if not (0 <= k1 <= n1 and 0 <= k2 <= n2):
+        raise ValueError(f"k1, n1, k2, n2: got {k1}, {n1}, {k2}, {n2}; expected 0 <= k <= n for each arm")
+    k, total = k1 + k2, math.comb(n1 + n2, k1 + k2)
+    terms = {i: math.comb(n1, i) * math.comb(n2, k - i) for i in range(max(0, k - n2), min(k, n1) + 1)}
+    upper = sum(v for i, v in terms.items() if i >= k1)
+    lower = sum(v for i, v in terms.items() if i <= k1)
+    return Test(float(Fraction(upper, total)), float(Fraction(lower, total)), {"k1": k1, "n1": n1, "k2": k2, "n2": n2})
+
+
+def censored_order(mine: tuple[float, bool], theirs: tuple[float, bool]) -> int | None:
+    """Which of two censored times (time, observed) is earlier: -1 mine, +1
+    theirs, 0 a tie (both observed at one time), None where the order is not
+    known (both censored, or one censored no later than the other's event)."""
+    (t1, o1), (t2, o2) = mine, theirs
+    if o1 and o2:
+        return (t1 > t2) - (t1 < t2)
+    if o1 and not o2:
+        return -1 if t1 < t2 else None
+    if o2 and not o1:
+        return 1 if t2 < t1 else None
+    return None
+
+
+def sign_test_censored(pairs) -> Test:
+    """A sign test of "the arm's time is shorter" on paired censored times
+    ((mine, theirs), each (time, observed)): the pairs whose order is known
+    (censored_order) and not tied count, each earlier for the arm with
+    probability 1/2 under H0; p = P(X >= earlier), X ~ Binomial(known, 1/2)."""
+    orders = [censored_order(a, b) for a, b in pairs]
+    earlier, later = orders.count(-1), orders.count(1)
+    return Test(binomial_upper_tail(earlier, earlier + later), binomial_upper_tail(later, earlier + later),
+                {"earlier": earlier, "later": later, "tied": orders.count(0), "unknown": orders.count(None)})
+
+
+def newcombe_difference(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tuple[float, float, float]:
+    """p1 − p2 with Newcombe's hybrid score interval (his method 10, 1998),
+    from the two Wilson intervals (l_i, u_i):
+        low  = d − sqrt((p1 − l1)² + (u2 − p2)²),  high = d + sqrt((u1 − p1)² + (p2 − l2)²).
+    For paired arms it ignores the pairing; with the positive correlation
+    of one seed's runs that makes it wider, not narrower."""
+    if not (n1 and n2):
+        return math.nan, -1.0, 1.0
+    p1, p2 = k1 / n1, k2 / n2
+    (l1, u1), (l2, u2) = wilson_interval(k1, n1, confidence), wilson_interval(k2, n2, confidence)
+    d = p1 - p2
+    return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: the i-th smallest of m is
+    max over j <= i of min(1, (m − j + 1) p_(j)); reject those <= alpha. NaN
+    entries (no test) stay NaN and do not count in m."""
+    indexed = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m, out, running = len(indexed), [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(indexed):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out

@@ -11,19 +11,24 @@ An expectation's verdict, at each x it covers (intervals are 95%): for
 claimed way, not confirmed when separated the other way, inconclusive when
 they overlap; for `above`/`below`, confirmed when the interval lies wholly
 on the claimed side of the number, not confirmed when wholly on the other,
-inconclusive across it. Over its x values: confirmed if every one is, not
+inconclusive across it (test: interval). A comparison may instead declare
+an exact test (mcnemar on paired seeds, fisher, sign on paired censored
+times; judge_all): its verdict follows from the one-sided p-values,
+Holm-corrected across the experiment's tested claims. Over its x values
+(intervals): confirmed if every one is, not
 confirmed if any is, else inconclusive. A median time not reached within
-the budget counts as +inf, an unbounded interval end as 0 or +inf.
+the budget counts as "> budget": +inf, with its interval's lower end at
+most the budget (the budget itself when no seed reached) and upper +inf.
 """
 
 from __future__ import annotations
 
 import math
 
-from attn.analysis import stats
+from attn.analysis import outcomes, stats
 from attn.analysis.grouping import format_value, short_names
 from attn.analysis.results import Cell, sort_key
-from attn.experiment.report_spec import STATS, Expectation
+from attn.experiment.report_spec import RATES, STATS, Expectation
 from attn.experiment.spec import Experiment
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
@@ -125,8 +130,9 @@ def interval(cell: Cell, stat: str, sensitivities: dict | None = None, key=None)
         return tuple(math.nan if value.get(k) is None else value[k] for k in ("sensitivity", "low", "high"))
     if stat == "median_time":
         km = cell.time()
-        value = math.inf if km.median is None else float(km.median)
-        return value, 0.0 if km.low is None else float(km.low), math.inf if km.high is None else float(km.high)
+        value = math.inf if km.median is None else float(km.median)  # not reached: "> budget", [low <= budget, inf)
+        low = float(km.low) if km.low is not None else float(cell.budget) if km.median is None else 0.0
+        return value, low, math.inf if km.high is None else float(km.high)
     if stat == "final_loss":
         loss = cell.final_loss()
         return tuple(math.inf if v is None else v for v in (loss["median"], loss["low"], loss["high"]))
@@ -155,6 +161,12 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivi
             continue
         value, low, high = interval(mine, expectation.stat, sensitivities, (x, arm))
         point.update(value=value, low=low, high=high, n=mine.n)
+        if expectation.test != "interval":
+            t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
+            point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
+            point.update(tested(expectation, mine, theirs))
+            points.append(point)
+            continue
         if other is not None:
             t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
             point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
@@ -165,19 +177,112 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivi
             better, worse = high < expectation.below, low > expectation.below
         point["verdict"] = CONFIRMED if better else NOT_CONFIRMED if worse else INCONCLUSIVE
         points.append(point)
+    if expectation.test != "interval":
+        return {"id": expectation.id, "claim": expectation.claim, "rule": rule_text(expectation, layout),
+                "verdict": INCONCLUSIVE, "at": expectation.at, "test": expectation.test, "points": points,
+                **claim_p(points)}
     verdicts = [p["verdict"] for p in points]
     overall = (NOT_CONFIRMED if NOT_CONFIRMED in verdicts else CONFIRMED if verdicts and all(v == CONFIRMED for v in verdicts)
                else INCONCLUSIVE)
     return {"id": expectation.id, "claim": expectation.claim, "rule": rule_text(expectation, layout),
-            "verdict": overall, "at": expectation.at, "points": points}
+            "verdict": overall, "at": expectation.at, "test": "interval", "points": points}
+
+
+def judge_all(expectations, cells: list[Cell], layout: Layout, sensitivities: dict | None = None,
+              alpha: float | None = None) -> list[dict]:
+    """Every expectation judged (judge); those judged by a test (mcnemar,
+    fisher, sign) then get their verdict from Holm's correction across them
+    at family-wise level alpha (the report's, 0.05 by default): confirmed
+    when the claim's Holm-adjusted p is <= alpha, not confirmed when the
+    adjusted p of the opposite claim is, else inconclusive. A claim over
+    several x holds only if it holds at each (its p the largest of its
+    points'); it is refuted if the opposite holds at any (the smallest of
+    its points' opposite p, times their number)."""
+    alpha = layout.spec.alpha if alpha is None else alpha
+    judged = [judge(e, cells, layout, sensitivities) for e in expectations]
+    tested = [j for j in judged if j["test"] != "interval"]
+    for key, adjusted_key in (("p", "p_holm"), ("p_reverse", "p_reverse_holm")):
+        for j, adjusted in zip(tested, stats.holm([j[key] for j in tested])):
+            j[adjusted_key] = adjusted
+    for j in tested:
+        j["alpha"] = alpha
+        j["verdict"] = (CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha
+                        else INCONCLUSIVE)
+        # each point at the claim's Holm multiplier (adjusted over raw p), so a point never reads
+        # "confirmed" at a level its claim was not held to
+        factor = j["p_holm"] / j["p"] if j["p"] > 0 else 1.0
+        reverse = j["p_reverse_holm"] / j["p_reverse"] if j["p_reverse"] > 0 else 1.0
+        for p in j["points"]:
+            if "p" in p and not math.isnan(p["p"]):
+                p["verdict"] = (CONFIRMED if p["p"] * factor <= alpha else NOT_CONFIRMED
+                                if p["p_reverse"] * reverse * len(j["points"]) <= alpha else INCONCLUSIVE)
+    return judged
+
+
+def _good(stat: str, seed) -> bool:
+    """Whether a seed did well on a rate stat: learned; did not stall; did not diverge."""
+    outcome = seed.outcome.outcome
+    return {"success_rate": outcome == outcomes.LEARNED, "stall_rate": outcome != outcomes.STALLED,
+            "divergence_rate": outcome != outcomes.DIVERGED}[stat]
+
+
+def tested(e: Expectation, mine: Cell, theirs: Cell) -> dict:
+    """One point of a tested claim: the one-sided p of "mine is better" and of
+    the opposite, the counts, and the effect size with its 95% interval
+    (a rate: mine minus theirs, Newcombe; a time: the ratio of medians,
+    mine over theirs, its bounds from the two Brookmeyer–Crowley intervals)."""
+    by_seed = {s.seed: s for s in theirs.seeds}
+    pairs = [(s, by_seed[s.seed]) for s in mine.seeds if s.seed in by_seed]
+    out: dict = {"pairs": len(pairs)}
+    if e.test in ("mcnemar", "sign") and not pairs:
+        return {**out, "p": math.nan, "p_reverse": math.nan, "verdict": INCONCLUSIVE, "note": "no seed in both arms"}
+    if e.test == "mcnemar":
+        result = stats.mcnemar_exact(sum(_good(e.stat, a) and not _good(e.stat, b) for a, b in pairs),
+                                     sum(_good(e.stat, b) and not _good(e.stat, a) for a, b in pairs))
+    elif e.test == "fisher":
+        result = stats.fisher_exact(sum(_good(e.stat, s) for s in mine.seeds), mine.n,
+                                    sum(_good(e.stat, s) for s in theirs.seeds), theirs.n)
+    else:
+        result = stats.sign_test_censored([(a.outcome.time_to_threshold, b.outcome.time_to_threshold)
+                                           for a, b in pairs])
+    out.update(p=result.p, p_reverse=result.p_reverse, counts=result.counts)
+    if e.stat in RATES:
+        name = {"success_rate": "success", "stall_rate": "stalled", "divergence_rate": "diverged"}[e.stat]
+        k1, k2 = mine.rate(name)["k"], theirs.rate(name)["k"]
+        d, low, high = stats.newcombe_difference(k1, mine.n, k2, theirs.n)
+        out["effect"] = {"name": "difference of rates", "value": d, "low": low, "high": high}
+    else:
+        m, m_low, m_high = interval(mine, "median_time")
+        t, t_low, t_high = interval(theirs, "median_time")
+        with_inf = lambda a, b: math.nan if (math.isinf(a) and math.isinf(b)) or b == 0 else a / b  # noqa: E731
+        out["effect"] = {"name": "ratio of medians", "value": with_inf(m, t), "low": with_inf(m_low, t_high),
+                         "high": with_inf(m_high, t_low)}
+    out["verdict"] = CONFIRMED if result.p <= 0.05 else NOT_CONFIRMED if result.p_reverse <= 0.05 else INCONCLUSIVE
+    return out
+
+
+def claim_p(points: list[dict]) -> dict:
+    """A claim's p over its points (every one must hold: the largest; no
+    evidence at a point: 1) and its opposite's (any one refutes: the
+    smallest, Bonferroni over the points)."""
+    if not points:
+        return {"p": 1.0, "p_reverse": 1.0}
+    ps = [1.0 if math.isnan(p.get("p", math.nan)) else p["p"] for p in points]
+    reverse = [1.0 if math.isnan(p.get("p_reverse", math.nan)) else p["p_reverse"] for p in points]
+    return {"p": max(ps), "p_reverse": min(1.0, min(reverse) * len(points))}
 
 
 def rule_text(e: Expectation, layout: Layout) -> str:
     arm = layout.arm_label(tuple(v for _, v in e.arm))
     if e.better_than is not None:
         how = "higher" if STATS[e.stat] else "lower"
-        rule = (f"{e.stat} of {arm} {how} than of {layout.arm_label(tuple(v for _, v in e.better_than))} "
-                "(their 95% intervals apart)")
+        test = {"interval": "their 95% intervals apart",
+                "mcnemar": "exact McNemar test on the seeds both arms ran",
+                "fisher": "Fisher's exact test", "sign": "sign test on the seeds both arms ran, "
+                "of the pairs whose order is known"}[e.test]
+        if e.test != "interval":
+            test += f", one-sided, Holm-corrected across the experiment's tested claims at {layout.spec.alpha:g}"
+        rule = f"{e.stat} of {arm} {how} than of {layout.arm_label(tuple(v for _, v in e.better_than))} ({test})"
     else:
         side = "above" if e.above is not None else "below"
         rule = f"{e.stat} of {arm} {side} {e.above if e.above is not None else e.below:g} (its 95% interval wholly {side})"

@@ -246,7 +246,7 @@ def cmd_verify(args) -> int:
 def cmd_publish(args) -> int:
     from attn import publish
 
-    for path in publish.publish(args.names or None, Path(args.runs_dir)):
+    for path in publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed):
         print(path)
     return EXIT_OK
 
@@ -297,4 +297,6 @@ def add_commands(sub) -> None:
     p = sub.add_parser("publish", help="publish reports and their generated results text")
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="publish reports whose runs come from several code states or uncommitted code (they say so)")
     p.set_defaults(func=cmd_publish)

@@ -17,20 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from attn.config.schema import Config
 from attn.config.yamlio import ConfigError, cut
 
-REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha")
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
 DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
 # stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.analysis.results)
 STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
          "final_loss": False, "lr_sensitivity": False}
-EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at")
+EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at", "test")
+RATES = ("success_rate", "stall_rate", "divergence_rate")
+# test -> the stats it can judge a better_than claim on; `interval` judges every claim
+TESTS = {"mcnemar": RATES, "fisher": RATES, "sign": ("median_time",), "interval": tuple(STATS)}
+DEFAULT_ALPHA = 0.05
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class Expectation:
     better_than: tuple[tuple[str, object], ...] | None = None
     above: float | None = None
     below: float | None = None
+    test: str = "interval"  # a key of TESTS: mcnemar, fisher, sign (better_than only) or interval
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class ReportSpec:
     expect: tuple[Expectation, ...] = ()
     sensitivity: bool = False  # with best_of a rate: each (x, arm)'s learning-rate sensitivity (Wortsman et al.)
     lengths: tuple[int, ...] = ()  # retrieval pairs to ask each judged model about (attn.analysis.lengths)
+    alpha: float = DEFAULT_ALPHA  # the family-wise level of the tested claims (Holm across them)
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -67,7 +76,8 @@ def _did_you_mean(word: str, choices) -> str:
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
-def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=()) -> ReportSpec:
+def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=(), n_seeds: int | None = None,
+                 budget: int | None = None) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
@@ -112,14 +122,90 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
                                                 for n in lengths):
         raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
                           "retrieval pairs, e.g. [8, 32, 128]")
-    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths))
+    alpha = report.get("alpha", DEFAULT_ALPHA)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")
+    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths),
+                      alpha=float(alpha))
     checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
                for i, e in enumerate(expect)]
     ids = [e.id for e in checked]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` "
                           "is used twice")
+    if n_seeds is not None:
+        tested = sum(e.test != "interval" for e in checked)
+        for i, e in enumerate(checked):
+            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1))
+            if reason:
+                raise ConfigError(f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
+                                  "some outcome of the runs would refute")
     return dataclasses.replace(spec, expect=tuple(checked))
+
+
+def _wilson_extremes(n: int) -> tuple[float, float]:
+    """The 95% Wilson interval's upper bound at 0/n, z²/(n + z²), and its lower
+    bound at n/n, n/(n + z²) (closed forms of attn.analysis.stats.wilson_interval,
+    which this layer does not import; tests/test_verdicts_tests.py checks they agree)."""
+    z2 = NormalDist().inv_cdf(0.975) ** 2
+    return z2 / (n + z2), n / (n + z2)
+
+
+def cannot_fail(e: Expectation, n: int, budget: int | None, level: float) -> str:
+    """Why the expectation's rule could never give one of its verdicts,
+    "not confirmed" or "confirmed", with `n` seeds per arm, a budget of
+    `budget` steps and its tests at `level` (the smallest Holm level, alpha
+    over the number of tested claims); '' if both can happen. Judged from
+    the rule and the design alone, before any run: a rate's Wilson interval
+    at 0/n and n/n, the smallest p-value an exact test can reach on n seeds,
+    a median time's range [0, budget], a loss's [0, inf)."""
+    never = {}  # verdict -> why it cannot happen
+    if e.better_than is not None:
+        if e.better_than == e.arm:
+            return "it compares an arm with itself"
+        if e.test in ("mcnemar", "sign", "fisher"):
+            smallest = 0.5 ** n if e.test != "fisher" else 1 / math.comb(2 * n, n)  # n vs 0 of n
+            if smallest > level:
+                return (f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
+                        f"{smallest:.3g}), so it can be neither confirmed nor refuted; use more seeds or `test: interval`")
+        elif e.stat in RATES:
+            high, low = _wilson_extremes(n)
+            if low <= high:
+                return (f"the 95% Wilson intervals of two rates on {n} seeds always overlap (n/n gives [{low:.3g}, 1], "
+                        f"0/n [0, {high:.3g}]), so it can be neither confirmed nor refuted")
+        return ""
+    side = "above" if e.above is not None else "below"
+    bound = e.above if e.above is not None else e.below
+    if e.stat in RATES:
+        lowest_high, highest_low = _wilson_extremes(n)
+        if side == "above":
+            if not lowest_high < bound:
+                never["not confirmed"] = f"the Wilson upper bound at 0/{n} is {lowest_high:.3g}, never below {bound:g}"
+            if not highest_low > bound:
+                never["confirmed"] = f"the Wilson lower bound at {n}/{n} is {highest_low:.3g}, never above {bound:g}"
+        else:
+            if not highest_low > bound:
+                never["not confirmed"] = f"the Wilson lower bound at {n}/{n} is {highest_low:.3g}, never above {bound:g}"
+            if not lowest_high < bound:
+                never["confirmed"] = f"the Wilson upper bound at 0/{n} is {lowest_high:.3g}, never below {bound:g}"
+    elif e.stat == "median_time" and budget is not None:
+        # a median lies in (0, budget] or is "> budget" (its interval [<= budget, inf))
+        if side == "above":
+            if bound <= 0:
+                never["not confirmed"] = f"a median time is never below {bound:g}"
+            if bound >= budget:
+                never["confirmed"] = f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+        else:
+            if bound >= budget:
+                never["not confirmed"] = f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+            if bound <= 0:
+                never["confirmed"] = f"a median time is never below {bound:g}"
+    elif e.stat == "final_loss":
+        if side == "above" and bound < 0:
+            never["not confirmed"] = f"a loss is never below {bound:g}"
+        if side == "below" and bound <= 0:
+            never["confirmed"] = f"a loss is never below {bound:g}"
+    return "; ".join(f"it can never be {verdict}: {why}" for verdict, why in never.items())
 
 
 def _check_mapping(value, keys: tuple, where_: str) -> None:
@@ -193,8 +279,15 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
             raise ConfigError(f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
                               f"grid ({', '.join(map(str, grid_values[key]))})")
         checked_where.append((key, tuple(values)))
+    default = ("mcnemar" if entry["stat"] in RATES else "sign" if entry["stat"] == "median_time" else "interval") \
+        if better_than is not None else "interval"  # paired: every arm of an experiment runs the same seeds
+    test = entry.get("test", default)
+    accepted = [t for t, stats in TESTS.items() if entry["stat"] in stats and (better_than is not None or t == "interval")]
+    if test not in accepted:
+        raise ConfigError(f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
+                          f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}")
     return Expectation(entry["id"], str(entry["claim"]), entry["stat"], arm, at, tuple(checked_where), better_than,
-                       bound.get("above"), bound.get("below"))
+                       bound.get("above"), bound.get("below"), test)
 
 
 def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> tuple:
@@ -224,3 +317,40 @@ def check_lengths(config: Config, pairs: list[int], source: str) -> None:
     if max(pairs) > config.task.n_keys:
         raise ConfigError(f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
                           f"({config.task.n_keys}), since keys are distinct within a sequence")
+
+
+# ---------------------------------------------------------------------------
+# The claims, frozen before the runs (attn.experiment.sweep writes them; reports compare)
+# ---------------------------------------------------------------------------
+CLAIMS_FILE = "claims.json"  # in the experiment's run directory, written when its sweep first starts
+DESIGN_KEYS = ("x", "arm", "best_of", "select", "shared", "alpha", "seeds")
+
+
+def expectation_text(e: Expectation) -> str:
+    """One line that says everything that decides an expectation's verdict (and its claim)."""
+    rule = (f"better_than {dict(e.better_than)}" if e.better_than is not None
+            else f"above {e.above:g}" if e.above is not None else f"below {e.below:g}")
+    where = f"; where {dict(e.where)}" if e.where else ""
+    return f"{e.stat} of {dict(e.arm)} {rule}{where}; at {e.at}; test {e.test}; claim: {e.claim}"
+
+
+def claims_record(spec: ReportSpec, seeds) -> dict:
+    """The `report:` section as it decides verdicts (layout, selection rule, level, seeds and every
+    expectation's text), and its SHA-256 digest over canonical JSON."""
+    section = {"x": list(spec.x), "arm": list(spec.arm), "best_of": spec.best_of, "select": list(spec.select),
+               "shared": spec.shared, "alpha": spec.alpha, "seeds": sorted(seeds),
+               "expect": {e.id: expectation_text(e) for e in spec.expect}}
+    text = json.dumps(section, sort_keys=True, default=str)
+    return {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+
+
+def claim_changes(frozen: dict, current: dict) -> dict:
+    """How the current claims_record differs from the frozen one: expectations changed (id -> the
+    frozen text), added (ids), removed (id -> the frozen text), and the design keys changed
+    (key -> [frozen, now])."""
+    before, now = frozen.get("section") or {}, current["section"]
+    old, new = before.get("expect") or {}, now["expect"]
+    return {"changed": {i: old[i] for i in new if i in old and old[i] != new[i]},
+            "added": [i for i in new if i not in old],
+            "removed": {i: text for i, text in old.items() if i not in new},
+            "design": {k: [before.get(k), now.get(k)] for k in DESIGN_KEYS if before.get(k) != now.get(k)}}

@@ -45,6 +45,7 @@ from typing import Callable
 
 from attn.config.schema import to_dict
 from attn.config.yamlio import ConfigError
+from attn.experiment import report_spec
 from attn.experiment.spec import Cell, Experiment, config_change
 from attn.store import locks, runs, runstate
 from attn.train import lifecycle
@@ -284,6 +285,7 @@ def run_experiment(experiment: Experiment, executor: Executor,
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
     (a start that arrives later is dropped); other executors report no starts."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
+    freeze_claims(experiment)
     with _stop_signals_blocked():  # a local pool spawns its workers here
         futures: dict[Future, list[Cell]] = {
             executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
@@ -315,6 +317,20 @@ def run_experiment(experiment: Experiment, executor: Executor,
                 if on_outcome is not None:
                     on_outcome(outcome)
     return outcomes
+
+
+def freeze_claims(experiment: Experiment) -> Path:
+    """The experiment's claims as its first sweep found them (report_spec.claims_record: the
+    report section's layout, selection rule, level, seeds and expectations, with their digest),
+    written to <experiment dir>/claims.json when it starts the first time, and kept after: a
+    report compares the file's claims with these. Its path."""
+    path = experiment.directory / report_spec.CLAIMS_FILE
+    if not path.exists():
+        experiment.directory.mkdir(parents=True, exist_ok=True)
+        record = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
+        runs.write_json(path, {**record, "experiment": str(experiment.path),
+                               "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return path
 
 
 def _drained(started) -> list[list[str]]:

@@ -1,8 +1,10 @@
-"""An experiment's conclusion, generated: one paragraph, and one sentence
-per arm, from the cells each arm is judged at (attn.analysis.verdicts) and nothing
-typed in.
+"""An experiment's conclusion, generated: one paragraph that claims only what
+was tested (headline: the scope, then each expectation's verdict with its test,
+effect size and corrected p), and beside the tables the per-cell counts in words
+(counts_summary) and one sentence per arm, from the cells each arm is judged at
+(attn.analysis.verdicts) and nothing typed in.
 
-The paragraph says which arms learned in every seed at every x at their own
+The counts summary says which arms learned in every seed at every x at their own
 best setting and which fell short where (with what the other seeds did);
 whether each arm's best setting was the same at every x (a rate that
 transfers); the same at the shared setting, and so which arms need their
@@ -130,9 +132,9 @@ def _transfer_sentence(best: dict[tuple, Cell], layout: Layout) -> str:
             + (f"; it moved with {layout.x_name} for " + ", ".join(moved) if moved else "") + ".")
 
 
-def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
-             sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
-    """One paragraph for README and the results text: which arms learn in
+def counts_summary(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
+                   sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
+    """The per-cell counts in words, beside the tables (not tested): which arms learn in
     every seed at every x at their own best setting, which fall short and
     where; the same at the shared setting, and which arms need their own;
     the learning-rate sensitivities' extremes; the attention on the queried
@@ -160,3 +162,70 @@ def headline(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout,
         text.append(f"Of {len(judged)} expectation{'s' * (len(judged) != 1)}, "
                     + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
     return " ".join(t for t in text if t)
+
+
+def scope(experiment) -> str:
+    """What every run of the experiment shares, as the paragraph's scope: the
+    optimiser(s) with warm-up and clipping where set, one head, one layer, no
+    LayerNorm, d_model, the budget and the seeds per cell."""
+    configs = [c.config for c in experiment.cells]
+
+    def values(get) -> str:
+        return ", ".join(sorted({str(get(c)) for c in configs}))
+    optimisers = values(lambda c: c.optim.name)
+    extras = [f"warm-up {values(lambda c: c.optim.warmup_steps)} steps"] \
+        if any(c.optim.warmup_steps for c in configs) else []
+    extras += [f"clipping at {values(lambda c: c.optim.clip_norm)}"] if any(c.optim.clip_norm for c in configs) else []
+    n_seeds = len({c.seed for c in experiment.cells})
+    optimiser = "plain SGD" if optimisers == "sgd" else f"optimiser {optimisers}"
+    return (f"{optimiser}{' with ' + ' and '.join(extras) if extras else ''}; one attention head, one layer, no "
+            f"LayerNorm; d_model {values(lambda c: c.model.d_model)}; {values(lambda c: c.train.steps)} steps; "
+            f"{n_seeds} seeds per cell")
+
+
+def _number(value) -> str:
+    return "—" if value is None or (isinstance(value, float) and value != value) else f"{value:.3g}"
+
+
+def _evidence(j: dict, layout: Layout) -> str:
+    """The numbers a verdict rests on, at each x: the effect size with its interval and the test's p,
+    or the two intervals."""
+    parts = []
+    for p in j["points"]:
+        where = f"{layout.x_name} {' / '.join(map(str, p['x']))}" if layout.x else "all runs"
+        if "note" in p:
+            parts.append(f"{where}: {p['note']}")
+        elif "effect" in p:
+            e = p["effect"]
+            seeds = (f"{p['n']} and {p['other_n']} seeds" if j.get("test") == "fisher"
+                     else f"{p['pairs']} paired seeds")
+            parts.append(f"{where}: {e['name']} {_number(e['value'])} [{_number(e['low'])}, {_number(e['high'])}] "
+                         f"over {seeds}, one-sided p {_number(p['p'])}")
+        else:
+            parts.append(f"{where}: {_number(p['value'])} [{_number(p['low'])}, {_number(p['high'])}]"
+                         + (f" vs {_number(p['other_value'])} [{_number(p['other_low'])}, {_number(p['other_high'])}]"
+                            if "other_value" in p else ""))
+    return "; ".join(parts)
+
+
+def headline(judged: list[dict], layout: Layout, scope_text: str) -> str:
+    """The paragraph for README and the results text: the scope, then each
+    expectation with its verdict, its test and the evidence (attn.analysis.verdicts:
+    for a tested claim the effect size with its 95% interval and the p-values,
+    Holm-corrected; else the intervals), and the count by verdict. Per-cell
+    counts stay in the tables (counts_summary)."""
+    if not judged:
+        return f"In scope ({scope_text}), this experiment makes no claims: its tables only describe."
+    text = [f"Scope: {scope_text}."]
+    for j in judged:
+        test = j.get("test", "interval")
+        how = ("by 95% intervals" if test == "interval"
+               else f"by {'an exact McNemar' if test == 'mcnemar' else 'a sign' if test == 'sign' else 'Fisher' + chr(39) + 's exact'} "
+                    f"test, Holm-adjusted p {_number(j.get('p_holm'))} at level {_number(j.get('alpha'))}")
+        frozen = "" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}"
+        text.append(f"{j['claim'][:1].upper() + j['claim'][1:]} (`{j['id']}`{frozen}): {j['verdict']} {how} "
+                    f"({_evidence(j, layout)}).")
+    counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
+    text.append(f"Of {len(judged)} claim{'s' * (len(judged) != 1)}, "
+                + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
+    return " ".join(text)

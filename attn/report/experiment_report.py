@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import os
 from pathlib import Path
@@ -29,10 +30,11 @@ import numpy as np
 from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
 from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
-from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
+from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
+from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
-from attn.report.conclusion import arm_sentences, headline
+from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
 
 
@@ -45,6 +47,8 @@ def cell_json(cell: Cell) -> dict:
         "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
         "unfinished": dict(cell.unfinished), "budget": cell.budget,
         "outcomes": {name: cell.count(name) for name in outcomes.OUTCOMES},
+        "slow_kinds": cell.slow_kinds(), "sat_at": cell.sat_at(),
+        "at_thresholds": {f"{t:g}": cell.counts_at(t) for t in outcomes.THRESHOLDS},
         **{f"{name}_rate": cell.rate(name) for name in COUNTED},
         "median_time": {"median": km.median, "low": km.low, "high": km.high},
         "final_loss": {k: json_number(v) for k, v in cell.final_loss().items()},
@@ -55,7 +59,8 @@ def cell_json(cell: Cell) -> dict:
         "seeds": [{"seed": s.seed, "run": s.run.path.name, "outcome": s.outcome.outcome,
                    "reached_step": s.outcome.reached_step, "left_plateau_step": s.outcome.left_plateau_step,
                    "final_accuracy": s.outcome.final_accuracy, "final_loss": json_number(s.final_loss),
-                   "best_accuracy": s.outcome.best_accuracy, "path": s.path_digest, "mechanism": s.mechanism}
+                   "best_accuracy": s.outcome.best_accuracy, "slow_kind": s.outcome.slow_kind,
+                   "sat_at": s.outcome.sat_at, "path": s.path_digest, "mechanism": s.mechanism}
                   for s in cell.seeds],
     }
 
@@ -98,6 +103,24 @@ def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]
             "median final loss [95%]": _loss_text(cell),
             "unfinished": ", ".join(f"{n} {s}" for s, n in sorted(cell.unfinished.items())) or "—",
         })
+        rows.append(row)
+    return rows
+
+
+def threshold_rows(chosen: dict[tuple, Cell], layout: Layout) -> list[dict]:
+    """Per judged cell: learned / slow / stalled seeds with the threshold at each of outcomes.THRESHOLDS,
+    what the slow seeds did (near, unstable, far) and the plateau the seeds that never reached sat at."""
+    rows = []
+    for (x, arm), cell in chosen.items():
+        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm), "seeds": cell.n}
+        for t in outcomes.THRESHOLDS:
+            counts = cell.counts_at(t)
+            row[f"learned / slow / stalled @{t:g}"] = (f"{counts[outcomes.LEARNED]} / {counts[outcomes.SLOW]} / "
+                                                       f"{counts[outcomes.STALLED]}")
+        kinds, levels = cell.slow_kinds(), cell.sat_at()
+        row["slow: near / unstable / far"] = " / ".join(str(kinds[k]) for k in (outcomes.NEAR, outcomes.UNSTABLE,
+                                                                                outcomes.FAR))
+        row["sat at chance / no-retrieval"] = f"{levels[outcomes.CHANCE_LEVEL]} / {levels[outcomes.NO_RETRIEVAL_LEVEL]}"
         rows.append(row)
     return rows
 
@@ -145,6 +168,65 @@ def platforms(cells: list[Cell]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in facts.items()}
 
 
+def code_states(cells: list[Cell]) -> dict[str, int]:
+    """Each code state the reported runs were made with (provenance attn_commit, `git describe
+    --always --dirty`: a '-dirty' suffix is uncommitted code; 'unknown' where none was recorded)
+    -> its number of runs."""
+    counts: dict[str, int] = {}
+    for seed in (s for c in cells for s in c.seeds):
+        try:
+            commit = (runs.read_run_config(seed.run.path).get("provenance") or {}).get("attn_commit")
+        except runs.RunError:
+            continue
+        key = str(commit) if commit else "unknown"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def code_state_note(states: dict[str, int]) -> str:
+    """'' for runs of one clean commit; else one sentence saying how many states and which are not clean."""
+    unclean = {k: n for k, n in states.items() if k.endswith("-dirty") or k == "unknown"}
+    if len(states) <= 1 and not unclean:
+        return ""
+    parts = []
+    if len(states) > 1:
+        parts.append(f"the runs come from {len(states)} code states ("
+                     + ", ".join(f"{k}: {n}" for k, n in states.items()) + ")")
+    if unclean:
+        parts.append(f"{sum(unclean.values())} from uncommitted or unrecorded code ({', '.join(unclean)})")
+    return "Not one clean commit: " + "; ".join(parts) + "."
+
+
+def frozen_claims(experiment: Experiment) -> dict:
+    """The claims frozen when the sweep first started (report_spec.CLAIMS_FILE) against the file's
+    now: {frozen: bool, digest, frozen_at, changes (report_spec.claim_changes)}."""
+    current = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
+    path = experiment.directory / report_spec.CLAIMS_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"frozen": False, "digest": current["digest"]}
+    return {"frozen": True, "digest": current["digest"], "frozen_digest": record.get("digest"),
+            "frozen_at": record.get("frozen_at"), "changes": report_spec.claim_changes(record, current)}
+
+
+def claims_lines(claims: dict) -> list[str]:
+    """The report's paragraph on whether its claims are the ones frozen before the runs."""
+    if not claims["frozen"]:
+        return [f"The claims were not frozen before these runs (no `{report_spec.CLAIMS_FILE}` in the experiment "
+                "directory: its sweep started before attn recorded them); they may have been written after.", ""]
+    changes = claims["changes"]
+    if not any(changes.values()):
+        return [f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
+                f"started ({claims['frozen_at']}, digest `{claims['frozen_digest'][:12]}`).", ""]
+    lines = [f"The claims differ from those frozen when the sweep first started ({claims['frozen_at']}, digest "
+             f"`{(claims['frozen_digest'] or '')[:12]}`): {len(changes['changed'])} changed, {len(changes['added'])} "
+             f"added, {len(changes['removed'])} removed after runs existed (each marked below)."]
+    lines += [f"- design `{k}` was {before!r}, now {now!r}" for k, (before, now) in changes["design"].items()]
+    lines += [f"- removed: **{i}** — frozen as: {text}" for i, text in changes["removed"].items()]
+    return lines + [""]
+
+
 # ---------------------------------------------------------------------------
 # Writing it all
 # ---------------------------------------------------------------------------
@@ -168,23 +250,33 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
     sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
-    judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
+    judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
+    claims = frozen_claims(experiment)
+    for j in judged:
+        changes = claims.get("changes") or {}
+        j["frozen"] = ("not frozen" if not claims["frozen"] else "changed" if j["id"] in changes["changed"]
+                       else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
+        if j["id"] in changes.get("changed", {}):
+            j["frozen_text"] = changes["changed"][j["id"]]
+    states = code_states(cells)
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
-    summary_text = headline(best, shared, layout, judged, sensitivities, at_lengths)
+    counts_text = counts_summary(best, shared, layout, judged, sensitivities, at_lengths)
+    summary_text = headline(judged, layout, scope(experiment))
     data = {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
         "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
+        "code_states": states, "code_state_note": code_state_note(states), "claims": claims,
         "cells_in_file": len(experiment.cells), "platform": platforms(cells),
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
                                                           "shared": json_number(experiment.report.shared)},
         "cells": [cell_json(c) for c in ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
-        "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
-        "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "expectations": [_json_safe(j) for j in judged],
+        "headline": summary_text, "counts_summary": counts_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
         "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
@@ -198,8 +290,45 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"]).encode())
+                                            data["sensitivity_table"], claims, data["code_state_note"],
+                                            counts_text).encode())
     return paths
+
+
+def _json_safe(value):
+    """value with every non-finite float as json_number makes it ('inf', None for NaN), at any depth."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return json_number(value)
+
+
+def _p(value) -> str:
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
+
+
+def expectation_lines(j: dict, layout: Layout) -> list[str]:
+    """The markdown of one judged expectation: its verdict and rule, then each x's numbers."""
+    lines = [f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}."]
+    if j.get("test", "interval") != "interval":
+        lines[0] += (f" p = {_p(j['p'])} (Holm {_p(j['p_holm'])}); the opposite claim's p = {_p(j['p_reverse'])} "
+                     f"(Holm {_p(j['p_reverse_holm'])}).")
+    if j.get("frozen") == "changed":
+        lines.append(f"  - changed after the runs began; as frozen: {j['frozen_text']}")
+    elif j.get("frozen") == "added after the runs began":
+        lines.append("  - added after the runs began: not among the claims frozen when the sweep first started")
+    for p in j["points"]:
+        numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
+                                    + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
+                                       if "other_value" in p else ""))
+        if "effect" in p:
+            effect = p["effect"]
+            counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
+            numbers += (f"; {effect['name']} {_p(effect['value'])} [{_p(effect['low'])}, {_p(effect['high'])}]; "
+                        f"{p['pairs']} pairs ({counts}); one-sided p {_p(p['p'])}, opposite {_p(p['p_reverse'])}")
+        lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
+    return lines
 
 
 def _csv_text(rows: list[dict]) -> str:
@@ -257,7 +386,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table) -> str:
+             sensitivities, at_lengths, sensitivity_table, claims=None, code_note="", counts_text="") -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -266,8 +395,9 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
             + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
-               if layout.best_of else "") + ".", "", f"Made on: {facts}.", "",
+               if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {code_note}" if code_note else ""), "",
             "## In one paragraph (generated)", "", summary_text, "",
+            "## The counts, in words (generated; described, not tested)", "", counts_text, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
                           (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
@@ -276,15 +406,16 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
+    text += ["## How the counts move with the threshold (each arm at its best setting)", "",
+             f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
+             f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "
+             f"{outcomes.UNSTABLE}: final loss > {outcomes.UNSTABLE_FACTOR:g} x its best; {outcomes.FAR}: neither), "
+             f"at {outcomes.THRESHOLD:g}; and the plateau the seeds that never reached it sat at.", "",
+             markdown_table(threshold_rows(best, layout)), ""]
     if judged:
-        text += ["## Expectations, judged", ""]
+        text += ["## Expectations, judged", ""] + (claims_lines(claims) if claims else [])
         for j in judged:
-            text.append(f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}.")
-            for p in j["points"]:
-                numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
-                                            + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
-                                               if "other_value" in p else ""))
-                text.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
+            text += expectation_lines(j, layout)
         text.append("")
     if sensitivities:
         rates = next(iter(sensitivities.values()))["rates"]
