@@ -52,8 +52,8 @@ if mode == "board":
     out["warm_304_s"] = sorted(p[0] for p in polls)[2]; out["warm_status"] = polls[0][1]
     out["warm_200_s"] = sorted(get("/api/board")[0] for _ in range(3))[1]
 else:
-    run = json.loads(get("/api/board")[3])["runs"][0]["id"]
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out["first_board_s"], _, _, body = get("/api/board")  # the first look reads every run's files
+    run = json.loads(body)["runs"][0]["id"]
     out["records_s"], status, _, body = get("/api/records?run=" + run + "&since=0")
     out["status"] = status; out["bytes"] = len(body)
     out["records_sent"] = len(json.loads(body).get("records", []))
@@ -142,9 +142,11 @@ def markdown(result: dict) -> str:
             ["GET /api/board, warm poll with If-None-Match (nothing new)",
              f"{b['warm_304_s'] * 1e3:.1f} ms (status {b['warm_status']})"],
             ["GET /api/board, warm, without If-None-Match", f"{b['warm_200_s'] * 1e3:.1f} ms"],
-            [f"GET /api/records?since=0 of a {result['big_file_bytes'] / 1e6:.0f} MB metrics.jsonl",
+            [f"GET /api/board, first look at a run with a {result['big_file_bytes'] / 1e6:.0f} MB metrics.jsonl",
+             f"{r['first_board_s']:.2f} s"],
+            ["then GET /api/records?since=0 of it",
              f"{r['records_s']:.2f} s, {r['records_sent']} records ({r['bytes'] / 1e6:.2f} MB) sent"],
             ["the same again (file unchanged)", f"{r['again_s']:.3f} s"],
-            ["peak memory of that server process (ru_maxrss; growth over the records requests)",
+            ["peak memory of that server process (ru_maxrss; growth over its imports)",
              f"{r['peak_rss_mib']:.0f} MiB (+{r['peak_over_start_mib']:.0f} MiB)"],
         ]), ""])
