@@ -81,10 +81,10 @@ def to_json(payload) -> str:
 
 def _signature(run_dir: Path) -> tuple:
     """(mtime, size, inode) of each RUN_FILES file, None where absent: any write changes it."""
-    signature = []
+    signature, directory = [], str(run_dir)
     for name in RUN_FILES:
         try:
-            stat = os.stat(run_dir / name, follow_symlinks=False)
+            stat = os.stat(os.path.join(directory, name), follow_symlinks=False)
             signature.append((stat.st_mtime_ns, stat.st_size, stat.st_ino))
         except OSError:
             signature.append(None)
@@ -96,6 +96,34 @@ def _mtime(path: Path):
         return os.stat(path).st_mtime_ns
     except OSError:
         return None
+
+
+def _walk(root: Path) -> list[tuple[str, str]]:
+    """(run directory, its path below root) of every run at or below root, as grouping.walk_runs
+    finds them (a directory holding config.yaml; below it nothing; hidden names and symbolic links
+    skipped; natural order), with one scandir per directory; RunError for one it cannot list."""
+    root = str(root)
+    if os.path.isfile(os.path.join(root, "config.yaml")):
+        return [(root, "")]
+    found = []
+
+    def visit(directory: str, relative: str) -> None:
+        try:
+            with os.scandir(directory) as entries:
+                children = sorted((e.name for e in entries if not e.name.startswith(".")
+                                   and e.is_dir(follow_symlinks=False)), key=grouping.natural_key)
+        except OSError as err:
+            raise runs.RunError(f"{directory}: cannot list: {err.strerror}") from None
+        for name in children:
+            child, below = os.path.join(directory, name), f"{relative}/{name}" if relative else name
+            if os.path.isfile(os.path.join(child, "config.yaml")):
+                found.append((child, below))
+            else:
+                visit(child, below)
+
+    if os.path.isdir(root):
+        visit(root, "")
+    return found
 
 
 class _Metrics:
@@ -237,6 +265,8 @@ class Board:
         self._located: dict[str, tuple[int, Path]] = {}  # run id -> (root index, run directory)
         self._lock = threading.Lock()  # the reads and the located runs
         self._draw_lock = threading.Lock()  # one plot_run at a time: write_atomic's temporary names are per process
+        self._paths: dict[str, Path] = {}  # each run directory's Path, made once
+        self._run_ids: dict[Path, str] = {}
         self._listings: dict[Path, tuple] = {}  # directory -> (its mtime, its figure names)
         self._snapshot: tuple[str, bytes] | None = None  # (ETag, JSON) of the last snapshot built
         self._snapshot_key = None
@@ -276,15 +306,20 @@ class Board:
         found, seen, notes = [], set(), list(self._not_dirs)
         for index, root in enumerate(self.roots):
             try:
-                run_dirs, _ = grouping.find_run_dirs([root])
+                run_dirs = _walk(root)
+                if not run_dirs:
+                    grouping.find_run_dirs([root])  # its RunError says why, as `attn compare` says it
             except runs.RunError as err:  # no run below it (yet): the page says so and shows them when they come
                 notes.append(grouping.Skipped(root, str(err).removeprefix(f"{root}: ")))
                 continue
-            for run_dir in run_dirs:
-                if run_dir.resolve() not in seen:
-                    seen.add(run_dir.resolve())
-                    found.append((index, run_dir))
-        self._located = {self._id(index, run_dir): (index, run_dir) for index, run_dir in found}
+            real_root = str(self._real_roots[index])
+            for run_dir, relative in run_dirs:  # below a root no symbolic link is followed: its real path is this
+                real = os.path.join(real_root, relative) if relative else real_root
+                if real not in seen:
+                    seen.add(real)
+                    found.append((index, self._paths.setdefault(run_dir, Path(run_dir))))
+        self._located = {self._run_ids.get(run_dir) or self._run_ids.setdefault(run_dir, self._id(index, run_dir)):
+                         (index, run_dir) for index, run_dir in found}
         present = {run_dir for _, run_dir in found}
         self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs
         return found, notes
@@ -299,6 +334,8 @@ class Board:
         if read.run is None:
             return read
         status = locks.effective_status(read.run.summary or None)
+        if status == read.run.status:
+            return read
         return dataclasses.replace(read, run=dataclasses.replace(read.run, status=status))
 
     def _load(self, run_dir: Path, signature: tuple, held: _Read | None) -> _Read:
@@ -342,12 +379,11 @@ class Board:
         so a poll that finds nothing new costs a walk and a few stat calls per run."""
         with self._lock:
             reads, notes = self._gather()
-            key = (tuple((index, str(read.run.path if read.run else read.skipped.path), read.signature,
-                          read.run.status if read.run else None,
-                          _mtime(read.run.path) if read.run else None,
-                          _mtime(read.run.path.parent / REPORT_NAME) if read.run else None,
-                          _mtime(read.run.path.parent) if read.run else None)
-                         for index, read in reads),
+            paths = [str(read.run.path if read.run else read.skipped.path) for _, read in reads]
+            parents = sorted({os.path.dirname(p) for p in paths})
+            key = (tuple((index, path, read.signature, read.run.status if read.run else None, _mtime(path))
+                         for (index, read), path in zip(reads, paths)),
+                   tuple((p, _mtime(p), _mtime(os.path.join(p, REPORT_NAME))) for p in parents),
                    tuple((str(n.path), n.reason) for n in notes))
             if self._snapshot is None or key != self._snapshot_key:
                 content = to_json(self._build(reads, notes, False)).encode()
