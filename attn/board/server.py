@@ -54,7 +54,7 @@ TIMEOUT_SECONDS = 30.0  # a socket idle this long (mid-request or between reques
 MAX_BODY_BYTES = 64 << 10  # a request body larger than this is refused (the page sends "{}")
 MAX_FILE_BYTES = 512 << 20  # a served file larger than this is refused
 MAX_COUNT = 2 ** 53  # the largest since= / last= accepted
-PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 FILE_POLICY = "sandbox; default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'"
 ATTACHMENT_SUFFIXES = (".svg", ".svgz", ".html", ".htm", ".xhtml", ".xml")  # active types: downloaded, never shown
