@@ -161,8 +161,7 @@ def test_idle_sockets_are_closed_and_do_not_hold_the_board(board):
         idle[1].sendall(b"GET /api/board HTTP/1.1\r\n")  # a request begun and never finished
         started = time.monotonic()
         for sock in idle:
-            assert sock.recv(1024) in (b"",) or True  # closed by the server (or an error answer, then closed)
-            assert sock.recv(1024) == b""
+            assert sock.recv(1024) == b""  # closed by the server once idle for its timeout
             sock.close()
         assert time.monotonic() - started < 4
         host = f"127.0.0.1:{httpd.server_address[1]}"

@@ -58,6 +58,8 @@ else:
     out["status"] = status; out["bytes"] = len(body)
     out["records_sent"] = len(json.loads(body).get("records", []))
     out["again_s"] = get("/api/records?run=" + run + "&since=0")[0]
+import attn
+out["attn"] = attn.__file__
 out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 out["peak_over_start_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
 print(json.dumps(out))
@@ -108,7 +110,7 @@ def write_big_run(root: Path, megabytes: float) -> None:
 def _child(mode: str, root: Path, code: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", _CHILD, mode, str(root)], env=env, capture_output=True, text=True,
-                          check=False)
+                          check=False, cwd=root)  # not the caller's directory: `python -c` puts it first on sys.path
     if done.returncode:
         raise RuntimeError(f"board bench child ({mode}) failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -136,7 +138,8 @@ def run(n_runs: int = 1200, megabytes: float = 200, code: Path | None = None,
 def markdown(result: dict) -> str:
     b, r = result["board"], result["records"]
     return "\n".join([
-        f"### attn board benchmark: {result['date']} ({result['code']})", "",
+        f"### attn board benchmark: {result['date']} (attn from {os.path.dirname(b.get('attn', result['code']))})",
+        "",
         runs.markdown_table(["measurement", "figure"], [
             [f"GET /api/board, cold, {b['runs']} runs", f"{b['cold_s']:.3f} s ({b['bytes'] / 1e6:.1f} MB)"],
             ["GET /api/board, warm poll with If-None-Match (nothing new)",
