@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test test-faults bench ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test test-faults bench bench-board ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -103,6 +103,11 @@ $(VENV)/.bench: requirements-bench.txt $(VENV)/.runtime
 
 bench: $(VENV)/.bench
 	$(PY) -m attn bench $(ARGS)
+
+## make bench-board (= make bench ARGS=--board) [ARGS="--board-runs 1200 --board-megabytes 200 --board-code DIR"]:
+## the board at scale: /api/board with many runs, cold and warm; /api/records of a huge metrics.jsonl
+bench-board: $(VENV)/.runtime
+	$(PY) -m attn bench --board $(ARGS)
 
 ## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores)
 test: $(VENV)/.dev

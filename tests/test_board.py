@@ -228,6 +228,11 @@ def request(url: str, path: str, method: str = "GET", headers: dict | None = Non
         connection.close()
 
 
+def write_headers(url: str) -> dict:
+    """What the page's POST carries: JSON, its own origin, the board's header."""
+    return {"Content-Type": "application/json", "Origin": url.rstrip("/"), "X-Attn-Board": "1"}
+
+
 def test_endpoints_serve_the_page_the_snapshot_records_and_files(served, root):
     httpd, url = served
     status, headers, body = request(url, "/")
@@ -278,7 +283,7 @@ def test_the_server_refuses_every_way_out_of_the_roots(tmp_path):
 def test_plot_endpoint_draws_a_runs_figures_on_demand(tmp_path):
     run_dir = write_run(tmp_path / "runs" / "r", logged_until=40)
     with serving(data.Board([tmp_path / "runs"])) as httpd:
-        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", {"X-Attn-Board": "1"})
+        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", write_headers(httpd.url))
     drawn = sorted(p.name for p in run_dir.glob("*.png"))
     assert status == 200 and drawn and [f["name"] for f in json.loads(body)["figures"]] == drawn
     assert all((run_dir / name).read_bytes().startswith(PNG_SIGNATURE) for name in drawn)
@@ -287,7 +292,7 @@ def test_plot_endpoint_draws_a_runs_figures_on_demand(tmp_path):
 def test_plot_endpoint_refuses_a_run_another_process_writes(tmp_path):
     run_dir = write_run(tmp_path / "runs" / "r", logged_until=40)
     with locks.RunLock(run_dir, "train"), serving(data.Board([tmp_path / "runs"])) as httpd:
-        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", {"X-Attn-Board": "1"})
+        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", write_headers(httpd.url))
     assert status == 409 and "in use by attn train" in json.loads(body)["error"]
     assert not list(run_dir.glob("*.png")), "nothing drawn into a run another writer holds"
 

@@ -31,6 +31,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import os
+import stat as stat_module
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from attn.store import locks, runs
 from attn.train import figures
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
+MAX_POINTS = 2000  # a run's records as served: at most 2 * MAX_POINTS (+ the newest), about what a chart can show
 FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"
 SERVED_SUFFIXES = (".png", ".svg", ".md", ".csv", ".json", ".jsonl", ".yaml", ".txt")
@@ -65,6 +69,8 @@ class _Read:
     skipped: grouping.Skipped | None
     figures: dict  # the table's figures (run_figures)
     logged: frozenset  # metric keys of its records
+    metrics: "_Metrics | None" = None  # metrics.jsonl as streamed (continued from where it was when it grew)
+    n_logged: int = 0  # records in metrics.jsonl (run.records holds them all, or a downsampled MAX_POINTS)
 
 
 def to_json(payload) -> str:
@@ -74,15 +80,158 @@ def to_json(payload) -> str:
 
 
 def _signature(run_dir: Path) -> tuple:
-    """(mtime, size) of each RUN_FILES file, None where absent: any write changes it."""
-    signature = []
+    """(mtime, size, inode) of each RUN_FILES file, None where absent: any write changes it."""
+    signature, directory = [], str(run_dir)
     for name in RUN_FILES:
         try:
-            stat = (run_dir / name).stat()
-            signature.append((stat.st_mtime_ns, stat.st_size))
+            stat = os.stat(os.path.join(directory, name), follow_symlinks=False)
+            signature.append((stat.st_mtime_ns, stat.st_size, stat.st_ino))
         except OSError:
             signature.append(None)
     return tuple(signature)
+
+
+def _mtime(path: Path):
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _walk(root: Path) -> list[tuple[str, str]]:
+    """(run directory, its path below root) of every run at or below root, as grouping.walk_runs
+    finds them (a directory holding config.yaml; below it nothing; hidden names and symbolic links
+    skipped; natural order), with one scandir per directory; RunError for one it cannot list."""
+    root = str(root)
+    if os.path.isfile(os.path.join(root, "config.yaml")):
+        return [(root, "")]
+    found = []
+
+    def visit(directory: str, relative: str) -> None:
+        try:
+            with os.scandir(directory) as entries:
+                children = sorted((e.name for e in entries if not e.name.startswith(".")
+                                   and e.is_dir(follow_symlinks=False)), key=grouping.natural_key)
+        except OSError as err:
+            raise runs.RunError(f"{directory}: cannot list: {err.strerror}") from None
+        for name in children:
+            child, below = os.path.join(directory, name), f"{relative}/{name}" if relative else name
+            if os.path.isfile(os.path.join(child, "config.yaml")):
+                found.append((child, below))
+            else:
+                visit(child, below)
+
+    if os.path.isdir(root):
+        visit(root, "")
+    return found
+
+
+class _Metrics:
+    """A run's metrics.jsonl read as a stream with bounded memory, checked line by line as
+    runs.read_metrics checks it (RunError naming the first bad line; a torn last line waits).
+
+    Downsampled as it is read: every stride-th record is kept (stride 1 until more than
+    2 * MAX_POINTS are kept, then doubled, dropping every other one), plus the newest one,
+    so a file of any size becomes at most about 2 * MAX_POINTS evenly spaced records with
+    the last one exact. The table's figures (best eval loss and accuracy, first step at the
+    threshold) are taken over every record as it passes. When the file grows (same inode,
+    same first bytes) reading continues from where it stopped."""
+
+    HEAD = 256  # bytes that identify the file: a rewritten file (a resume from an earlier checkpoint) differs
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset, self.count, self.stride, self.last_step = 0, 0, 1, -1
+        self.kept: list[dict] = []
+        self.newest: dict | None = None
+        self.logged: set = set()
+        self.best_loss = self.best_accuracy = self.steps_to = None
+        self.identity = None
+
+    def _open(self):
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise runs.RunError(f"{self.path}: metrics file: cannot read: {runs.describe_os_error(err)}") from None
+        stat = os.fstat(fd)
+        if not stat_module.S_ISREG(stat.st_mode):
+            os.close(fd)
+            raise runs.RunError(f"{self.path}: metrics file: not a regular file")
+        return os.fdopen(fd, "rb")
+
+    def update(self) -> "_Metrics":
+        """This stream continued to the file's end, or a new one when the file was replaced."""
+        file = self._open()
+        if file is None:
+            return _Metrics(self.path)
+        with file:
+            stat = os.fstat(file.fileno())
+            head = file.read(self.HEAD)
+            identity = (stat.st_ino, head if len(head) < self.HEAD else hashlib.sha1(head).digest())
+            if self.identity is not None and (identity[0] != self.identity[0] or stat.st_size < self.offset
+                                              or (self.offset >= self.HEAD and identity != self.identity)):
+                fresh = _Metrics(self.path)
+                fresh._read(file, identity)
+                return fresh
+            self._read(file, identity)
+            return self
+
+    def _read(self, file, identity) -> None:
+        self.identity = identity
+        file.seek(self.offset)
+        number = self.count_lines
+        for line in file:
+            if not line.endswith(b"\n"):
+                break  # the last line, perhaps torn mid-append: read again when the file grows
+            number += 1
+            self.offset += len(line)
+            self.count_lines = number
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                what = "UTF-8 text" if isinstance(err, UnicodeDecodeError) else "JSON"
+                raise runs.RunError(f"{self.path}: line {number} is not {what}; {runs.REPAIR_METRICS}") from None
+            problem = runs._record_problem(record, self.last_step)  # the same checks as runs.read_metrics
+            if problem:
+                raise runs.RunError(f"{self.path}: line {number} {problem}; {runs.REPAIR_METRICS}")
+            self._add(record)
+
+    count_lines = 0
+
+    def _add(self, record: dict) -> None:
+        self.last_step = record["step"]
+        self.logged.update(record)
+        loss, accuracy = record.get("eval_loss"), record.get("eval_accuracy")
+        if runs.is_finite_number(loss) and (self.best_loss is None or loss < self.best_loss):
+            self.best_loss = float(loss)
+        if runs.is_finite_number(accuracy):
+            if self.best_accuracy is None or accuracy > self.best_accuracy:
+                self.best_accuracy = float(accuracy)
+            if self.steps_to is None and accuracy >= THRESHOLD:
+                self.steps_to = int(record["step"])
+        if self.count % self.stride == 0:
+            self.kept.append(record)
+            if len(self.kept) > 2 * MAX_POINTS:
+                self.kept, self.stride = self.kept[::2], self.stride * 2
+        self.newest = record
+        self.count += 1
+
+    def records(self) -> list[dict]:
+        """The kept records, and the newest if it is not one of them."""
+        if self.newest is not None and (not self.kept or self.kept[-1] is not self.newest):
+            return [*self.kept, self.newest]
+        return list(self.kept)
+
+    def figures(self, run: grouping.Run) -> dict:
+        """table_figures(run), the best and the step at the threshold over every record read."""
+        final_loss, final_accuracy = grouping.final_figures(run)
+        return {"final_eval_loss": final_loss, "best_eval_loss": self.best_loss,
+                "final_eval_accuracy": final_accuracy, "best_eval_accuracy": self.best_accuracy,
+                "steps_to_99": self.steps_to}
 
 
 def table_figures(run: grouping.Run) -> dict:
@@ -116,6 +265,11 @@ class Board:
         self._located: dict[str, tuple[int, Path]] = {}  # run id -> (root index, run directory)
         self._lock = threading.Lock()  # the reads and the located runs
         self._draw_lock = threading.Lock()  # one plot_run at a time: write_atomic's temporary names are per process
+        self._paths: dict[str, Path] = {}  # each run directory's Path, made once
+        self._run_ids: dict[Path, str] = {}
+        self._listings: dict[Path, tuple] = {}  # directory -> (its mtime, its figure names)
+        self._snapshot: tuple[str, bytes] | None = None  # (ETag, JSON) of the last snapshot built
+        self._snapshot_key = None
 
     # ----------------------------------------------------------------- names
     def _id(self, index: int, directory: Path) -> str:
@@ -131,13 +285,19 @@ class Board:
         return FILES_PREFIX + quote(f"{directory_id}/{file_name}")
 
     def _figures(self, directory_id: str, directory: Path) -> list[dict]:
-        try:
-            names = sorted((p.name for p in directory.iterdir()  # as find_run_dirs, symbolic links are not followed
-                            if p.suffix == FIGURE_SUFFIX and not p.name.startswith(".") and not p.is_symlink()
-                            and p.is_file()),
-                           key=grouping.natural_key)
-        except OSError:
-            return []
+        mtime = _mtime(directory)  # a figure written (write_atomic renames it in) changes its directory's mtime
+        held = self._listings.get(directory)
+        if held is not None and held[0] == mtime and mtime is not None:
+            names = held[1]
+        else:
+            try:
+                names = sorted((p.name for p in directory.iterdir()  # as find_run_dirs, symlinks are not followed
+                                if p.suffix == FIGURE_SUFFIX and not p.name.startswith(".") and not p.is_symlink()
+                                and p.is_file()),
+                               key=grouping.natural_key)
+            except OSError:
+                names = []
+            self._listings[directory] = (mtime, names)
         return [{"name": name, "url": self._url(directory_id, name)} for name in names]
 
     # ----------------------------------------------------------------- reading
@@ -146,15 +306,20 @@ class Board:
         found, seen, notes = [], set(), list(self._not_dirs)
         for index, root in enumerate(self.roots):
             try:
-                run_dirs, _ = grouping.find_run_dirs([root])
+                run_dirs = _walk(root)
+                if not run_dirs:
+                    grouping.find_run_dirs([root])  # its RunError says why, as `attn compare` says it
             except runs.RunError as err:  # no run below it (yet): the page says so and shows them when they come
                 notes.append(grouping.Skipped(root, str(err).removeprefix(f"{root}: ")))
                 continue
-            for run_dir in run_dirs:
-                if run_dir.resolve() not in seen:
-                    seen.add(run_dir.resolve())
-                    found.append((index, run_dir))
-        self._located = {self._id(index, run_dir): (index, run_dir) for index, run_dir in found}
+            real_root = str(self._real_roots[index])
+            for run_dir, relative in run_dirs:  # below a root no symbolic link is followed: its real path is this
+                real = os.path.join(real_root, relative) if relative else real_root
+                if real not in seen:
+                    seen.add(real)
+                    found.append((index, self._paths.setdefault(run_dir, Path(run_dir))))
+        self._located = {self._run_ids.get(run_dir) or self._run_ids.setdefault(run_dir, self._id(index, run_dir)):
+                         (index, run_dir) for index, run_dir in found}
         present = {run_dir for _, run_dir in found}
         self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs
         return found, notes
@@ -164,18 +329,32 @@ class Board:
         signature = _signature(run_dir)
         read = self._reads.get(run_dir)
         if read is None or read.signature != signature:
-            loaded, skipped = grouping.load_runs([run_dir])
-            if skipped:
-                read = _Read(signature, None, skipped[0], {}, frozenset())
-            else:
-                run = loaded[0]
-                read = _Read(signature, run, None, table_figures(run),
-                             frozenset(k for record in run.records for k in record) - {"step"})
+            read = self._load(run_dir, signature, read)
             self._reads[run_dir] = read
         if read.run is None:
             return read
         status = locks.effective_status(read.run.summary or None)
+        if status == read.run.status:
+            return read
         return dataclasses.replace(read, run=dataclasses.replace(read.run, status=status))
+
+    def _load(self, run_dir: Path, signature: tuple, held: _Read | None) -> _Read:
+        """The run read again: config and summary if they changed, metrics.jsonl streamed on from
+        where it was (_Metrics); a damaged file makes it skipped, with the reason, as load_runs says it."""
+        try:
+            if held is not None and held.run is not None and held.signature[0] == signature[0]:
+                settings = held.run.settings
+            else:
+                settings = grouping.flatten_config(runs.read_config_dict(run_dir))
+            stream = (held.metrics if held is not None and held.metrics is not None
+                      else _Metrics(run_dir / "metrics.jsonl")).update()
+            summary = runs.read_summary(run_dir) or {}
+        except runs.RunError as err:
+            reason = " ".join(str(err).removeprefix(f"{run_dir}/").split())
+            return _Read(signature, None, grouping.Skipped(run_dir, reason), {}, frozenset())
+        run = grouping.Run(run_dir, settings, stream.records(), summary, locks.effective_status(summary or None))
+        return _Read(signature, run, None, stream.figures(run), frozenset(stream.logged - {"step"}), stream,
+                     stream.count)
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
         if run_id not in self._located:
@@ -190,9 +369,34 @@ class Board:
         also `records`, every run's records by run id (the static export; the server sends them by
         records())."""
         with self._lock:
-            found, notes = self._scan()
-            reads = [(index, self._read(run_dir)) for index, run_dir in found]
-        notes += [read.skipped for _, read in reads if read.skipped]
+            reads, notes = self._gather()
+            return self._build(reads, notes, with_records)
+
+    def snapshot_json(self) -> tuple[str, bytes]:
+        """(ETag, to_json(snapshot())), built only when something it shows changed since the last
+        call: the ETag is a digest of what the snapshot is made from (each run directory's files'
+        mtimes, sizes and inodes, its status, its directory's mtime, its experiment's report),
+        so a poll that finds nothing new costs a walk and a few stat calls per run."""
+        with self._lock:
+            reads, notes = self._gather()
+            paths = [str(read.run.path if read.run else read.skipped.path) for _, read in reads]
+            parents = sorted({os.path.dirname(p) for p in paths})
+            key = (tuple((index, path, read.signature, read.run.status if read.run else None, _mtime(path))
+                         for (index, read), path in zip(reads, paths)),
+                   tuple((p, _mtime(p), _mtime(os.path.join(p, REPORT_NAME))) for p in parents),
+                   tuple((str(n.path), n.reason) for n in notes))
+            if self._snapshot is None or key != self._snapshot_key:
+                content = to_json(self._build(reads, notes, False)).encode()
+                digest = hashlib.sha1(repr(key).encode()).hexdigest()
+                self._snapshot, self._snapshot_key = ('"' + digest + '"', content), key
+            return self._snapshot
+
+    def _gather(self) -> tuple[list, list]:
+        found, notes = self._scan()
+        return [(index, self._read(run_dir)) for index, run_dir in found], notes
+
+    def _build(self, reads: list, notes: list, with_records: bool) -> dict:
+        notes = notes + [read.skipped for _, read in reads if read.skipped]
         loaded = [(index, read) for index, read in reads if read.run]
         all_runs = [read.run for _, read in loaded]
         run_ids = {id(read.run): self._id(index, read.run.path) for index, read in loaded}
@@ -207,6 +411,7 @@ class Board:
         entries = []
         for index, read in loaded:
             run, run_id = read.run, run_ids[id(read.run)]
+            downsampled = read.n_logged > len(run.records)
             experiment = self._experiment(index, run.path, experiments)
             if experiment is not None:
                 experiment["runs"].append(run_id)
@@ -217,7 +422,10 @@ class Board:
                 "status": run.status, "group": group_of[id(run)],
                 "experiment": experiment["id"] if experiment else None,
                 "step": last.get("step"), "steps": run.settings.get("train.steps"),
-                "n_records": len(run.records), "updated_at": run.summary.get("updated_at"),
+                # the page fetches records while it holds fewer than n_records: a downsampled run's
+                # records (_Metrics) are fetched again whenever the file changed
+                "n_records": read.n_logged if downsampled else len(run.records), "n_logged": read.n_logged,
+                "downsampled": downsampled, "updated_at": run.summary.get("updated_at"),
                 "reason": run.summary.get("reason"),
                 "settings": {k: grouping.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
@@ -274,7 +482,7 @@ class Board:
         reset = since > len(records) or (last_step is not None and held_last != last_step)
         start = 0 if reset else since
         return {"run": run_id, "status": read.run.status, "total": len(records), "start": start, "reset": reset,
-                "records": records[start:]}
+                "n_logged": read.n_logged, "downsampled": read.n_logged > len(records), "records": records[start:]}
 
     def draw_figures(self, run_id: str) -> list[dict]:
         """Draw the run's figures into its directory (attn.train.figures.plot_run), holding

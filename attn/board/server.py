@@ -19,16 +19,26 @@ Safety. It listens on 127.0.0.1 unless --host says otherwise; it serves only
 files under the served roots (Board.resolve_file) and the package's static
 directory (by name, no path). On a loopback address, a request whose Host
 header names another host is refused, so a page elsewhere cannot reach the
-board through a DNS name rebound to 127.0.0.1; and the one request that
-writes (POST /api/plot) needs a custom header, which another site's page
-cannot send without a CORS preflight that the board never answers.
+board through a DNS name rebound to 127.0.0.1. The one request that writes
+(POST /api/plot) needs `Content-Type: application/json`, an Origin naming the
+board itself (or `Sec-Fetch-Site: same-origin`) and the X-Attn-Board header:
+another site's page can send none of them without a CORS preflight that the
+board never answers. Every request body is read (at most MAX_BODY_BYTES;
+larger, chunked or unmeasured bodies are refused and the connection closed),
+so no second request can hide inside one. Every answer carries a strict
+Content-Security-Policy (the page's own scripts and styles only) and
+`nosniff`; files under a runs directory are served with `sandbox` (a page
+among them runs with no origin), SVG and HTML as attachments, streamed, at
+most MAX_FILE_BYTES. The listen backlog is REQUEST_QUEUE_SIZE; a socket idle
+for TIMEOUT_SECONDS is closed; numeric parameters are bounded (400).
 """
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import mimetypes
+import os
+import shutil
 import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +49,15 @@ from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
 from attn.store.locks import RunLocked
 
 WRITE_HEADER = "X-Attn-Board"
+REQUEST_QUEUE_SIZE = 128  # listen backlog: many pages polling at once
+TIMEOUT_SECONDS = 30.0  # a socket idle this long (mid-request or between requests) is closed
+MAX_BODY_BYTES = 64 << 10  # a request body larger than this is refused (the page sends "{}")
+MAX_FILE_BYTES = 512 << 20  # a served file larger than this is refused
+MAX_COUNT = 2 ** 53  # the largest since= / last= accepted
+PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+FILE_POLICY = "sandbox; default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'"
+ATTACHMENT_SUFFIXES = (".svg", ".svgz", ".html", ".htm", ".xhtml", ".xml")  # active types: downloaded, never shown
 TEXT_SUFFIXES = {".md": "text/plain", ".jsonl": "text/plain", ".yaml": "text/plain", ".csv": "text/plain"}
 
 
@@ -61,8 +80,10 @@ class BoardServer(ThreadingHTTPServer):
     """Serves one Board; each request in its own daemon thread."""
 
     daemon_threads = True
+    request_queue_size = REQUEST_QUEUE_SIZE
 
-    def __init__(self, board: Board, host: str, port: int):
+    def __init__(self, board: Board, host: str, port: int, timeout: float = TIMEOUT_SECONDS):
+        self.timeout_seconds = timeout
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # read by the base class's __init__
         super().__init__((host, port), _Handler)
         self.board = board
@@ -98,6 +119,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: BoardServer
 
+    def setup(self):
+        self.timeout = self.server.timeout_seconds  # StreamRequestHandler sets it on the socket
+        super().setup()
+
     def log_message(self, format, *args):  # the server never prints
         pass
 
@@ -112,13 +137,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ routing
     def _answer(self, route, body: bool = True) -> None:
+        file = None
         try:
+            self._read_body()
             host = self.headers.get("Host", "")
             if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
                 raise _Refused(HTTPStatus.FORBIDDEN, f"Host {host!r}: the board answers only to "
                                f"{', '.join(sorted(self.server.allowed_hosts))}")
             url = urlsplit(self.path)
             status, content, content_type, headers = route(url.path, parse_qs(url.query, keep_blank_values=True))
+            if isinstance(content, _File):
+                file, content = content, b""
         except _Refused as err:
             status, content, content_type, headers = err.status, _error(err), "application/json", {}
         except NotFound as err:
@@ -132,16 +161,67 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(content)))
+            self.send_header("Content-Length", str(file.size if file else len(content)))
             self.send_header("Cache-Control", "no-cache")
             self.send_header("X-Content-Type-Options", "nosniff")
+            if "Content-Security-Policy" not in headers:
+                self.send_header("Content-Security-Policy", PAGE_POLICY)
+            self.send_header("Referrer-Policy", "no-referrer")
             for name, value in headers.items():
                 self.send_header(name, value)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             if body and status != HTTPStatus.NOT_MODIFIED:
-                self.wfile.write(content)
-        except ConnectionError:  # the page went away mid-answer
+                if file:
+                    shutil.copyfileobj(file.handle, self.wfile, 64 << 10)
+                else:
+                    self.wfile.write(content)
+        except (ConnectionError, TimeoutError):  # the page went away mid-answer
             self.close_connection = True
+        finally:
+            if file:
+                file.handle.close()
+
+    def _read_body(self) -> None:
+        """Read the request's body (and drop it), so that none of it is taken for a next request;
+        a body it cannot measure or that is too large: refused, and the connection closed."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise _Refused(HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding: refused; send a Content-Length")
+        lengths = self.headers.get_all("Content-Length") or []
+        if not lengths:
+            return
+        text = lengths[0].strip()
+        if len(set(lengths)) != 1 or not (text.isascii() and text.isdigit()) or len(text) > 18:
+            self.close_connection = True
+            raise _Refused(HTTPStatus.BAD_REQUEST, f"Content-Length: got {', '.join(lengths)!r}; expected one "
+                           "integer >= 0")
+        length = int(text)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body of {length} bytes: refused; "
+                           f"at most {MAX_BODY_BYTES}")
+        while length > 0:
+            try:
+                chunk = self.rfile.read(min(length, 1 << 16))
+            except TimeoutError:
+                self.close_connection = True
+                raise _Refused(HTTPStatus.REQUEST_TIMEOUT, "request body: not sent in time") from None
+            if not chunk:
+                self.close_connection = True
+                raise _Refused(HTTPStatus.BAD_REQUEST, "request body: shorter than its Content-Length")
+            length -= len(chunk)
+
+    def _same_origin(self) -> bool:
+        origin, site = self.headers.get("Origin"), self.headers.get("Sec-Fetch-Site")
+        if site is not None and site != "same-origin":
+            return False
+        if origin is None:
+            return site == "same-origin"
+        host = self.headers.get("Host", "")
+        return origin in (f"http://{host}", f"https://{host}") and (
+            self.server.allowed_hosts is None or host in self.server.allowed_hosts)
 
     def _get(self, path: str, query: dict):
         if path in ("/", "/index.html"):
@@ -149,21 +229,29 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/static/"):
             return self._static(unquote(path.removeprefix("/static/")))
         if path == "/api/board":
-            content = to_json(self.server.board.snapshot()).encode()
-            return HTTPStatus.OK, content, "application/json", {"ETag": '"' + hashlib.sha1(content).hexdigest() + '"'}
+            etag, content = self.server.board.snapshot_json()  # unchanged since the last look: nothing built
+            return HTTPStatus.OK, content, "application/json", {"ETag": etag}
         if path == "/api/records":
             since, last = _count(query, "since", 0), _count(query, "last", None)
             return _json(self.server.board.records(_required(query, "run"), since, last))
         if path.startswith("/" + FILES_PREFIX):
             file = self.server.board.resolve_file(unquote(path.removeprefix("/" + FILES_PREFIX)))
-            return HTTPStatus.OK, file.read_bytes(), _content_type(file.suffix), {}
+            return _served_file(file)
         raise NotFound(f"{path}: no such page")
 
     def _post(self, path: str, query: dict):
         if path != "/api/plot":
             raise NotFound(f"{path}: nothing to post to")
-        if not self.headers.get(WRITE_HEADER):
-            raise _Refused(HTTPStatus.FORBIDDEN, f"POST {path}: refused without the {WRITE_HEADER} header")
+        refusal = None
+        if self.headers.get_content_type() != "application/json" or "Content-Type" not in self.headers:
+            refusal = "without Content-Type: application/json"
+        elif not self._same_origin():
+            refusal = "from another origin (Origin and Sec-Fetch-Site must name the board itself)"
+        elif not self.headers.get(WRITE_HEADER):
+            refusal = f"without the {WRITE_HEADER} header"
+        if refusal:
+            self.close_connection = True
+            raise _Refused(HTTPStatus.FORBIDDEN, f"POST {path}: refused {refusal}")
         try:
             return _json({"figures": self.server.board.draw_figures(_required(query, "run"))})
         except RunLocked as err:  # training, or another writer: the page says who, and can try again later
@@ -174,6 +262,32 @@ class _Handler(BaseHTTPRequestHandler):
             raise NotFound(f"static/{name}: no such file of the page")
         file = STATIC_DIR / name
         return HTTPStatus.OK, file.read_bytes(), _content_type(file.suffix), {}
+
+
+class _File:
+    """An open file to stream as the answer's body."""
+
+    def __init__(self, handle, size: int):
+        self.handle, self.size = handle, size
+
+
+def _served_file(path) -> tuple:
+    """A file under a served root: opened (no symbolic link at the end), at most MAX_FILE_BYTES,
+    streamed; sandboxed, and active types as attachments."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise NotFound(f"{path.name}: cannot read: {err.strerror}") from None
+    handle = os.fdopen(fd, "rb")
+    size = os.fstat(fd).st_size
+    if size > MAX_FILE_BYTES:
+        handle.close()
+        raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{path.name}: {size} bytes; the board serves files "
+                       f"of at most {MAX_FILE_BYTES}")
+    headers = {"Content-Security-Policy": FILE_POLICY}
+    if path.suffix.lower() in ATTACHMENT_SUFFIXES:
+        headers["Content-Disposition"] = "attachment"
+    return HTTPStatus.OK, _File(handle, size), _content_type(path.suffix), headers
 
 
 def _json(payload) -> tuple:
@@ -200,6 +314,8 @@ def _count(query: dict, name: str, default: int | None) -> int | None:
     values = query.get(name)
     if not values:
         return default
-    if not (values[0].isascii() and values[0].isdigit()):
-        raise _Refused(HTTPStatus.BAD_REQUEST, f"{name}: got {values[0]!r}; expected an integer >= 0")
-    return int(values[0])
+    text = values[0]
+    if not (text.isascii() and text.isdigit()) or len(text) > 16 or int(text) > MAX_COUNT:
+        shown = text if len(text) <= 40 else text[:20] + f"… ({len(text)} characters)"
+        raise _Refused(HTTPStatus.BAD_REQUEST, f"{name}: got {shown!r}; expected an integer from 0 to 2^53")
+    return int(text)

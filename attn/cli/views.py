@@ -1,8 +1,9 @@
-"""`attn compare`, `attn runs`, `attn board` and `attn bench`: looking at runs, and timing the step."""
+"""`attn compare`, `attn runs`, `attn board`, `attn export` and `attn bench`: looking at runs, and timing the step."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -86,13 +87,31 @@ def cmd_board(args) -> int:
             print(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
         if not server.is_loopback(args.host):
             print(f"--host {args.host}: the board is open to other machines on that network", file=sys.stderr)
-        shown = board.snapshot()
+        shown = json.loads(board.snapshot_json()[1])  # built once: the page's first look is then a cached answer
         print(f"attn board: {len(shown['runs'])} runs under {board.title}, live; Ctrl-C stops it", file=sys.stderr)
         print(httpd.url, flush=True)
         try:
             httpd.serve_forever()
         except KeyboardInterrupt:
             print("attn board: stopped", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    from attn.report import tensorboard
+
+    out = Path(args.tensorboard)
+    try:
+        exported = tensorboard.export_runs(args.paths, out)
+    except OSError as err:
+        raise UsageError(f"--tensorboard {out}: cannot write: {err.strerror}; choose a directory you can "
+                         "write to") from None
+    for skipped in exported.skipped:
+        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+    for run_dir, path, steps in exported.written:
+        print(f"{path}  ({steps} steps of {run_dir})")
+    print(f"attn export: {len(exported.written)} runs as TensorBoard event files; view them with "
+          f"tensorboard --logdir {out}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -125,6 +144,20 @@ def _thread_counts(text: str) -> list[int]:
 
 def cmd_bench(args) -> int:
     from attn.bench import rivals, suite
+
+    if args.board:
+        from attn.board import bench as board_bench
+
+        result = board_bench.run(args.board_runs, args.board_megabytes, args.board_code,
+                                 progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stamp = result["date"].replace(" ", "-").replace(":", "")
+        (out / f"board-{stamp}.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / f"board-{stamp}.md").write_text(board_bench.markdown(result))
+        print(board_bench.markdown(result))
+        print(out / f"board-{stamp}.json")
+        return EXIT_OK
 
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
@@ -192,4 +225,16 @@ def add_commands(sub) -> None:
                    help="rival frameworks to time, those installed (default: torch,torch.compile,jax)")
     p.add_argument("--no-processes", action="store_true", help="skip peak memory and the sweep measurements")
     p.add_argument("--headline", action="store_true", help="also time the headline experiment (a few minutes)")
+    p.add_argument("--board", action="store_true", help="instead, the board at scale: /api/board with many runs "
+                   "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)")
+    p.add_argument("--board-runs", type=integer_at_least(1), default=1200, help="runs for --board (default: 1200)")
+    p.add_argument("--board-megabytes", type=float, default=200.0, help="size of --board's big metrics.jsonl "
+                   "in MB (default: 200)")
+    p.add_argument("--board-code", metavar="DIR", help="measure the board of another checkout (e.g. a git archive "
+                   "of an older commit) instead of this one")
     p.set_defaults(func=cmd_bench)
+    p = sub.add_parser("export", help="write runs' metrics in another format: TensorBoard event files")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
+    p.add_argument("--tensorboard", required=True, metavar="DIR", help="write DIR/<run>/events.out.tfevents.* "
+                   "(open with tensorboard --logdir DIR)")
+    p.set_defaults(func=cmd_export)

@@ -386,7 +386,8 @@
     button.textContent = "drawing…";
     try {
       const answer = await getJSON(`api/plot?run=${encodeURIComponent(run.id)}`,
-                                   {method: "POST", headers: {"X-Attn-Board": "1"}});
+                                   {method: "POST", headers: {"X-Attn-Board": "1", "Content-Type": "application/json"},
+                                    body: "{}"});
       run.figures = answer.figures;
       state.rendered.delete("run-details");
       renderRunDetails();
