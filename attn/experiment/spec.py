@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attn.config.loading import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
-from attn.config.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
+from attn.config.schema import Config, all_keys, nearest_key, neutral_keys
 from attn.config.yamlio import ConfigError, cut, dump_yaml, parse_yaml, read_yaml_file, show_value
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
 from attn.store import runs
@@ -339,8 +339,8 @@ def save_experiment_file(path: Path, data: dict) -> None:
 def config_change(run_dir: Path, config: Config) -> list[str]:
     """How the config a run directory was made with differs from `config`
     ('key: stored -> wanted', jobs.config_difference), leaving out the
-    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    neutral_keys(); [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
-    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=RESULT_NEUTRAL_KEYS)
+    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=neutral_keys())
 
 
