@@ -104,8 +104,8 @@ def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, 
     lifecycle.execute(run, run_dir)
     line = one_error_line(capsys, "compare", run_dir, "--metric", "eval_los", "--out", tmp_path / "out")
     logged = len({k for record in runs.read_metrics(run_dir) for k in record} - {"step"})
-    assert line.startswith("error: --metric: got 'eval_los'; did you mean `eval_loss`? expected a logged metric, e.g. ")
-    assert line.endswith(f"({logged} are logged: the keys of a run's metrics.jsonl)")
+    assert line.startswith("error: --metric: got 'eval_los'") and "`eval_loss`" in line
+    assert f"({logged} are logged" in line
     named = line.split("e.g. ", 1)[1].split(" (", 1)[0].split(", ")
     assert 0 < len(named) <= 6 < logged
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from attn.config.loading import field_value, flatten_config
 from attn.config.schema import neutral_keys, replicate_keys, unread_keys
-from attn.config.yamlio import ConfigError, parse_yaml, show_value
+from attn.config.yamlio import ArgumentError, ConfigError, parse_yaml, show_value
 from attn.store import locks, runs
 
 THRESHOLD_METRIC = "eval_accuracy"
@@ -293,15 +293,18 @@ def duplicate_seeds(groups: list[Group]) -> list[str]:
 
 
 def parse_where(texts) -> list[tuple[str, object]]:
-    """--where KEY=VALUE texts -> (dotted key, value typed as the field takes it, as in an override)."""
+    """KEY=VALUE texts (`attn compare --where`) -> (dotted key, value typed as the field takes it, as in an override)."""
     conditions = []
     for text in texts:
         key, equals, raw = text.partition("=")
-        where = f"--where {show_value(text)}"
+        shown = show_value(text)
         if not equals or not key.strip():
-            raise ConfigError(f"{where}: expected KEY=VALUE with a dotted config key, e.g. --where model.d_k=64")
-        value = parse_yaml(raw, where) if raw.strip() else ""
-        conditions.append((key.strip(), field_value(key.strip(), value, where)))
+            raise ArgumentError("where", "expected KEY=VALUE with a dotted config key, e.g. model.d_k=64", shown)
+        try:
+            value = parse_yaml(raw, shown) if raw.strip() else ""
+            conditions.append((key.strip(), field_value(key.strip(), value, shown)))
+        except ConfigError as err:  # its message starts with the source given: the condition
+            raise ArgumentError("where", str(err).removeprefix(f"{shown}: "), shown) from None
     return conditions
 
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import functools
 import typing
 from dataclasses import dataclass, field
 
-from attn.config.yamlio import yaml_line
+from attn.config.yamlio import closest, yaml_line
 from attn.model.head import SCORE_SCALES
 from attn.model.scores import SCORE_MODES
 
@@ -247,10 +246,10 @@ def nearest_key(key: str) -> str | None:
     if leaf in leaves:
         return leaves[leaf]
     sections = [name for name, hint in field_hints(Config).items() if dataclasses.is_dataclass(hint)]
-    match = difflib.get_close_matches(key, keys + (sections if "." not in key else []), n=1, cutoff=0.6)
+    match = closest(key, keys + (sections if "." not in key else []))
     if match:
         return match[0]
-    match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.6)
+    match = closest(leaf, leaves)
     return leaves[match[0]] if match else None
 
 

@@ -16,13 +16,12 @@ interval wholly on the claimed side, wholly on the other, or across it).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 from dataclasses import dataclass
 
 from attn.config.schema import Config
-from attn.config.yamlio import ConfigError, cut
+from attn.config.yamlio import ConfigError, closest, cut, did_you_mean
 
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths")
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
@@ -62,11 +61,6 @@ class ReportSpec:
     lengths: tuple[int, ...] = ()  # retrieval pairs to ask each judged model about (attn.analysis.lengths)
 
 
-def _did_you_mean(word: str, choices) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f"; did you mean `{close[0]}`?" if close else ""
-
-
 def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=()) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
@@ -85,7 +79,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
         for name in names:
             if name not in grid_keys:
                 raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
-                                  f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
+                                  f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}")
             if name in role_of:
                 raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
                                   "a grid key has one role")
@@ -128,7 +122,7 @@ def _check_mapping(value, keys: tuple, where_: str) -> None:
         raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
     for key in value:
         if key not in keys:
-            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, keys)}; "
+            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
                               f"expected {', '.join(keys)}")
 
 

@@ -28,18 +28,28 @@ import numpy as np
 
 from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
-from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
+from attn.analysis.results import (
+    COUNTED,
+    CellResult,
+    Excluded,
+    cells_lr_sensitivity,
+    collect,
+    in_order,
+    median,
+    sort_key,
+)
 from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, headline
 from attn.store import locks, runs
+from attn.text import markdown_table
 
 
 # ---------------------------------------------------------------------------
 # Cell figures as JSON and as table rows
 # ---------------------------------------------------------------------------
-def cell_json(cell: Cell) -> dict:
+def cell_json(cell: CellResult) -> dict:
     km = cell.time()
     return {
         "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
@@ -68,7 +78,7 @@ def _rate_text(rate: dict) -> str:
     return f"{rate['k']}/{rate['n']} [{rate['low']:.2f}, {rate['high']:.2f}]" if rate["n"] else "—"
 
 
-def _time_text(cell: Cell) -> str:
+def _time_text(cell: CellResult) -> str:
     km = cell.time()
     if not cell.n:
         return "—"
@@ -79,14 +89,14 @@ def _time_text(cell: Cell) -> str:
     return f"{km.median:g} [{low}, {high}]"
 
 
-def _loss_text(cell: Cell) -> str:
+def _loss_text(cell: CellResult) -> str:
     loss = cell.final_loss()
     if loss["median"] is None:
         return "—"
     return f"{loss['median']:.3g} [{loss['low']:.3g}, {loss['high']:.3g}]"
 
 
-def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]:
+def cell_rows(cells: list[CellResult], layout: Layout, keys: list[str]) -> list[dict]:
     rows = []
     for cell in cells:
         row = {layout.names[k]: format_value(cell.settings[k]) if k in cell.settings else "—" for k in keys}  # — : a block that does not set k
@@ -102,11 +112,11 @@ def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    return runs.markdown_table(list(rows[0]), [list(map(str, row.values())) for row in rows]) if rows else "(none)"
+def rows_table(rows: list[dict]) -> str:
+    return markdown_table(list(rows[0]), [list(map(str, row.values())) for row in rows]) if rows else "(none)"
 
 
-def mechanism_rows(cells: dict[tuple, Cell], layout: Layout, steps: list[int]) -> list[dict]:
+def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[int]) -> list[dict]:
     """Per judged cell: score std at init against theory, and the row
     mechanism (attn.model.mechanism.summary, median over seeds) at each step."""
     rows = []
@@ -129,7 +139,7 @@ def _fmt(value) -> str:
 # ---------------------------------------------------------------------------
 # The platform the runs were made on
 # ---------------------------------------------------------------------------
-def platforms(cells: list[Cell]) -> dict[str, list[str]]:
+def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
     """Each provenance fact (cpu, blas, openblas_coretype, dtype, attn_commit,
     numpy) -> its distinct values over the runs reported."""
     facts: dict[str, set] = {}
@@ -162,11 +172,11 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
         return _write(experiment, [c for c in cells if c.n or c.unfinished], excluded)
 
 
-def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) -> dict[str, Path]:
+def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
     out, layout = experiment.directory, Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
-    sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
+    sensitivities = ({key: cells_lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
     judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
@@ -187,16 +197,16 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
         "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in sensitivities.items()],
-        "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
+        "sensitivity_table": rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
     }
     data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                        for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
     runs.write_json(paths["json"], data, indent=None)  # every cell and seed: compact, it is read by programs
-    runs.write_atomic(paths["csv"], _csv_text(table_rows(ordered, layout, keys)).encode())
+    runs.write_atomic(paths["csv"], _csv_text(cell_rows(ordered, layout, keys)).encode())
     paths.update(experiment_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
-    runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
+    runs.write_atomic(paths["md"], report_markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
                                             data["sensitivity_table"]).encode())
     return paths
@@ -256,7 +266,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
     return rows
 
 
-def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
+def report_markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
              sensitivities, at_lengths, sensitivity_table) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
@@ -272,7 +282,7 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
                           (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
         if chosen:
-            text += [f"## Headline: {title}", "", markdown_table(table_rows(list(chosen.values()), layout, keys)), ""]
+            text += [f"## Headline: {title}", "", rows_table(cell_rows(list(chosen.values()), layout, keys)), ""]
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
@@ -296,11 +306,11 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
         text += ["## Longer contexts than trained on (median over seeds)", "",
                  f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.analysis.lengths: "
                  f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
-                 "its accuracy.", "", markdown_table(length_rows(at_lengths, layout)), ""]
+                 "its accuracy.", "", rows_table(length_rows(at_lengths, layout)), ""]
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
-                 markdown_table(mechanism_rows(best, layout, steps)), ""]
-    text += ["## Every cell", "", markdown_table(table_rows(sorted(cells, key=lambda c: [
+                 rows_table(mechanism_rows(best, layout, steps)), ""]
+    text += ["## Every cell", "", rows_table(cell_rows(sorted(cells, key=lambda c: [
         sort_key(value_of(c.settings.get(k))) for k in keys]), layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]
