@@ -32,7 +32,6 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import queue
 import signal
@@ -339,28 +338,22 @@ def active_sweep(experiment: Experiment):
     writes the report; a sweep started meanwhile waits for it."""
     try:
         experiment.directory.mkdir(parents=True, exist_ok=True)
-        lock = open(experiment.directory / ".sweeps.lock", "a")
     except OSError as err:
         raise runs.RunError(f"{experiment.directory}: cannot create the experiment directory: {err.strerror}") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-
-        def last_one_out() -> bool:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            return True
-
+    with locks.SharedLock(experiment.directory / ".sweeps.lock") as last_one_out:
         yield last_one_out
 
 
 def signal_workers(executor: Executor, signum: int) -> None:
     """Pass a signal on to a local process pool's workers, so that each
-    checkpoints its run (a terminal's Ctrl-C reaches them anyway)."""
-    for process in (getattr(executor, "_processes", None) or {}).values():
+    checkpoints its run (a terminal's Ctrl-C reaches them anyway): this
+    process's multiprocessing children, as a sweep's process starts no others."""
+    import multiprocessing
+
+    if not isinstance(executor, LocalPool):
+        return
+    for process in multiprocessing.active_children():
         try:
             os.kill(process.pid, signum)
-        except (ProcessLookupError, AttributeError):
+        except ProcessLookupError:
             pass

@@ -22,6 +22,7 @@ import csv
 import io
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -172,8 +173,29 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
         return _write(experiment, [c for c in cells if c.n or c.unfinished], excluded)
 
 
-def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
-    out, layout = experiment.directory, Layout(experiment)
+@dataclass(frozen=True)
+class Findings:
+    """What an experiment's report says, computed once for its report.json, report.md and report.csv."""
+
+    experiment: Experiment
+    layout: Layout
+    cells: list[CellResult]  # as collected
+    ordered: list[CellResult]  # in table order (by keys)
+    keys: list[str]  # the grid keys a table orders by: x, arm, best_of
+    excluded: list[Excluded]
+    best: dict  # (x, arm) -> the cell judged at the arm's best setting
+    shared: dict  # (x, arm) -> the cell at the shared setting
+    judged: list[dict]  # one verdict per expectation
+    steps: list[int]  # the steps the mechanism was measured at
+    sensitivities: dict  # (x, arm) -> its learning-rate sensitivity
+    at_lengths: dict  # (x, arm) -> its figures at longer contexts
+    headline: str
+    platform: dict
+    sensitivity_table: str | None
+
+
+def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> Findings:
+    layout = Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
     sensitivities = ({key: cells_lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
@@ -183,32 +205,42 @@ def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Exclu
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
-    summary_text = headline(best, shared, layout, judged, sensitivities, at_lengths)
-    data = {
+    return Findings(experiment, layout, cells, ordered, keys, excluded, best, shared, judged, steps, sensitivities,
+                    at_lengths, headline(best, shared, layout, judged, sensitivities, at_lengths), platforms(cells),
+                    rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None)
+
+
+def report_json(found: Findings) -> dict:
+    experiment, layout = found.experiment, found.layout
+    return {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
-        "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
-        "cells_in_file": len(experiment.cells), "platform": platforms(cells),
+        "runs": sum(c.n for c in found.cells) + sum(sum(c.unfinished.values()) for c in found.cells),
+        "cells_in_file": len(experiment.cells), "platform": found.platform,
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
                                                           "shared": json_number(experiment.report.shared)},
-        "cells": [cell_json(c) for c in ordered],
-        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
-        "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]} for j in judged],
-        "headline": summary_text, "excluded": [e.__dict__ for e in excluded],
+        "cells": [cell_json(c) for c in found.ordered],
+        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in found.best.items()],
+        "expectations": [{**j, "points": [{k: json_number(v) for k, v in p.items()} for p in j["points"]]}
+                         for j in found.judged],
+        "headline": found.headline, "excluded": [e.__dict__ for e in found.excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
-                        for (x, arm), value in sensitivities.items()],
-        "sensitivity_table": rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
+                        for (x, arm), value in found.sensitivities.items()],
+        "sensitivity_table": found.sensitivity_table,
+        "lengths": [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
+                    for (x, arm), by_length in found.at_lengths.items()],
     }
-    data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
-                       for (x, arm), by_length in at_lengths.items()]
+
+
+def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
+    found = findings(experiment, cells, excluded)
+    out = experiment.directory
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
-    runs.write_json(paths["json"], data, indent=None)  # every cell and seed: compact, it is read by programs
-    runs.write_atomic(paths["csv"], _csv_text(cell_rows(ordered, layout, keys)).encode())
-    paths.update(experiment_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
-                                         sensitive=bool(sensitivities), at_lengths=at_lengths))
-    runs.write_atomic(paths["md"], report_markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"]).encode())
+    runs.write_json(paths["json"], report_json(found), indent=None)  # every cell and seed: compact, it is read by programs
+    runs.write_atomic(paths["csv"], _csv_text(cell_rows(found.ordered, found.layout, found.keys)).encode())
+    paths.update(experiment_figures.draw_all(experiment, groups(cells, found.layout), found.layout, found.best, found.shared, found.steps,
+                                             sensitive=bool(found.sensitivities), at_lengths=found.at_lengths))
+    runs.write_atomic(paths["md"], report_markdown(found, paths).encode())
     return paths
 
 
@@ -266,18 +298,19 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
     return rows
 
 
-def report_markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table) -> str:
-    keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
+def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
+    experiment, layout, cells, keys = found.experiment, found.layout, found.cells, found.keys
+    best, shared, judged, steps, excluded, sensitivities, at_lengths = (found.best, found.shared, found.judged, found.steps, found.excluded,
+                                                                        found.sensitivities, found.at_lengths)
     n_runs = sum(c.n for c in cells)
-    facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
+    facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in found.platform.items())
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
             f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
             + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
                if layout.best_of else "") + ".", "", f"Made on: {facts}.", "",
-            "## In one paragraph (generated)", "", summary_text, "",
+            "## In one paragraph (generated)", "", found.headline, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
                           (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
@@ -301,7 +334,7 @@ def report_markdown(experiment, cells, layout, best, shared, judged, steps, excl
         text += [f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}", "",
                  "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
                  "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
-                 "over seeds, bootstrap 95% interval.", "", sensitivity_table, ""]
+                 "over seeds, bootstrap 95% interval.", "", found.sensitivity_table, ""]
     if at_lengths:
         text += ["## Longer contexts than trained on (median over seeds)", "",
                  f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.analysis.lengths: "
@@ -310,8 +343,7 @@ def report_markdown(experiment, cells, layout, best, shared, judged, steps, excl
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  rows_table(mechanism_rows(best, layout, steps)), ""]
-    text += ["## Every cell", "", rows_table(cell_rows(sorted(cells, key=lambda c: [
-        sort_key(value_of(c.settings.get(k))) for k in keys]), layout, keys)), ""]
+    text += ["## Every cell", "", rows_table(cell_rows(found.ordered, layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]
     figures = [p for p in paths.values() if p.suffix == ".png"]
