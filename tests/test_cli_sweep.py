@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import facts_in
 
 from attn import cli
 from attn.cli import sweeps as cli_sweeps
@@ -116,8 +117,7 @@ def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys,
         else:
             with pytest.raises(ConfigError) as err:
                 experiments.save_experiment_file(path, data)
-            assert str(err.value) == (f"{path}: holds another experiment of this name (its grid differ); "
-                                      f"run that one with `attn sweep {path}`, or name this one with --name")
+            assert facts_in(str(err.value), f"{path}:", "another experiment", "grid", f"attn sweep {path}")
         assert path.read_text() == before
 
 
