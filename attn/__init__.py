@@ -1,7 +1,7 @@
 """attn: one attention head by hand in numpy, and why QK^T is divided by sqrt(d_k).
 
 The Python API is the names in API, each documented in README's table
-(tests/test_readme.py keeps the two the same): `import attn; attn.run(attn.load_config(None))`.
+(tests/test_readme.py keeps the two the same): `import attn; attn.train_run(attn.load_config(None))`.
 Each is imported from where it lives on first use (module __getattr__), so
 `import attn` alone loads none of attn's modules, numpy or matplotlib.
 """
@@ -10,7 +10,7 @@ Each is imported from where it lives on first use (module __getattr__), so
 _WHERE = {
     "load_config": "attn.config.loading",
     "describe_schema": "attn.config.schema",
-    "run": "",  # defined below
+    "train_run": "",  # defined below
     "read_metrics": "attn.store.runs",
     "read_summary": "attn.store.runs",
     "plot_run": "attn.train.figures",
@@ -30,7 +30,7 @@ _WHERE = {
 API = tuple(_WHERE)
 
 
-def run(config, name: str | None = None):
+def train_run(config, name: str | None = None):
     """Create a run directory for the config and train it (figures too, if the
     config asks), as `attn train` does; returns the run directory."""
     from attn.train import lifecycle

@@ -50,9 +50,9 @@ def test_import_attn_is_cheap_and_each_name_is_imported_on_first_use():
     assert out.split() == ["[]", "False", "True"]
 
 
-def test_attn_run_trains_a_run_as_attn_train_does(tmp_path):
+def test_attn_train_run_trains_a_run_as_attn_train_does(tmp_path):
     config = attn.load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=4"])
-    run_dir = attn.run(config, name="api")
+    run_dir = attn.train_run(config, name="api")
     assert run_dir == tmp_path / "api" and attn.read_summary(run_dir)["status"] == "completed"
     with pytest.raises(AttributeError, match="no_such_name"):
         attn.no_such_name
