@@ -13,6 +13,13 @@ def without_timing(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in METRIC_TIMING_KEYS} for r in records]
 
 
+def facts_in(line: str, *facts: str) -> bool:
+    """Every fact (a field, a value, what is accepted, a path) is in the line: the facts, not its wording."""
+    missing = [fact for fact in facts if fact not in line]
+    assert not missing, (missing, line)
+    return True
+
+
 def billion_laughs(levels: int = 9) -> str:
     """A YAML alias bomb: `seed` expands to 9**(levels + 1) strings."""
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']

@@ -216,10 +216,12 @@ def test_only_files_under_the_roots_are_served(tmp_path):
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
-def request(url: str, path: str, method: str = "GET", headers: dict | None = None) -> tuple[int, dict, bytes]:
-    """(status, headers, body) of one request sent as is: no client-side clean-up of the path."""
+def request(url: str, path: str, method: str = "GET", headers: dict | None = None,
+            timeout: float | None = 10) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one request sent as is: no client-side clean-up of the path.
+    timeout None: wait however long the server takes (drawing figures on a loaded machine)."""
     host, port = url.removeprefix("http://").rstrip("/").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
         connection.request(method, path, headers=headers or {})
         response = connection.getresponse()
@@ -283,7 +285,7 @@ def test_the_server_refuses_every_way_out_of_the_roots(tmp_path):
 def test_plot_endpoint_draws_a_runs_figures_on_demand(tmp_path):
     run_dir = write_run(tmp_path / "runs" / "r", logged_until=40)
     with serving(data.Board([tmp_path / "runs"])) as httpd:
-        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", write_headers(httpd.url))
+        status, _, body = request(httpd.url, "/api/plot?run=0/r", "POST", write_headers(httpd.url), timeout=None)
     drawn = sorted(p.name for p in run_dir.glob("*.png"))
     assert status == 200 and drawn and [f["name"] for f in json.loads(body)["figures"]] == drawn
     assert all((run_dir / name).read_bytes().startswith(PNG_SIGNATURE) for name in drawn)

@@ -7,7 +7,6 @@ told."""
 import json
 
 import pytest
-import yaml
 from test_publish import report as fake_report
 from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan
 

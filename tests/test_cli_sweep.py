@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import facts_in
 
 from attn import cli
 from attn.cli import sweeps as cli_sweeps
@@ -117,13 +118,12 @@ def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys,
         else:
             with pytest.raises(ConfigError) as err:
                 experiments.save_experiment_file(path, data)
-            assert str(err.value) == (f"{path}: holds another experiment of this name (its grid differ); "
-                                      f"run that one with `attn sweep {path}`, or name this one with --name")
+            assert facts_in(str(err.value), f"{path}:", "another experiment", "grid", f"attn sweep {path}")
         assert path.read_text() == before
 
 
-def outcome(cell: str, action: str, status: str) -> sweep.RunOutcome:
-    return sweep.RunOutcome(cell, action, status, "detail")
+def outcome(cell: str, action: str, status: str) -> sweep.CellAction:
+    return sweep.CellAction(cell, action, status, "detail")
 
 
 def test_the_bar_counts_only_runs_to_train_and_never_a_run_that_did_not_start(capsys):
@@ -163,7 +163,7 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
     queue: stack a ends at once and its start comes late; stack b starts,
     then ends. Only b's start is reported."""
     futures = {"a": Future(), "b": Future()}
-    futures["a"].set_result([sweep.RunOutcome("a", "ran", "completed")])
+    futures["a"].set_result([sweep.CellAction("a", "ran", "completed")])
 
     class Started:  # the queue: nothing, then a's late start (as b's stack is handed its result), then b's
         def __init__(self):
@@ -172,7 +172,7 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
         def get_nowait(self):
             self.calls += 1
             if self.calls == 2:
-                futures["b"].set_result([sweep.RunOutcome("b", "ran", "completed")])
+                futures["b"].set_result([sweep.CellAction("b", "ran", "completed")])
                 return ["a"]
             if self.calls == 3:
                 return ["b"]

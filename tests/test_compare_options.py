@@ -18,7 +18,7 @@ from attn import cli
 from attn.analysis import curves, grouping
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
-from attn.config.yamlio import ConfigError
+from attn.config.yamlio import ArgumentError
 from attn.report import compare, compare_figure
 from attn.store import runs
 
@@ -96,14 +96,15 @@ def test_where_keeps_the_runs_with_that_value_typed_as_an_override(tmp_path, cap
     assert (row["n_runs"], row["seeds"]) == ("2", "0 1")
     only_copy_reads_it = grouping.parse_where(["task.length=8"])
     assert [run.path.name for run in loaded(tmp_path / "exp") if grouping.matches(run, only_copy_reads_it)] == ["copy"]
-    for where, message in (("optim.lr=0.2", "--where optim.lr=0.2: no run matches; among the runs, optim.lr is 0.1, 0.3"),
-                           ("optim.lrr=0.1", "unknown key `optim.lrr`; did you mean `optim.lr`?"),
-                           ("model.d_k=wide", "model.d_k: got 'wide'; expected an integer")):
+    for where, facts in (("optim.lr=0.2", ["--where optim.lr=0.2:", "no run matches", "optim.lr is 0.1, 0.3"]),
+                         ("optim.lrr=0.1", ["--where", "optim.lrr=0.1", "`optim.lrr`", "`optim.lr`"]),
+                         ("model.d_k=wide", ["--where", "model.d_k=wide", "model.d_k: got 'wide'", "an integer"])):
         code, _, err = call(capsys, "compare", tmp_path / "exp", "--where", where)
-        assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1 and message in err, err
+        assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1, err
+        assert all(fact in err for fact in facts), err
 
 
-def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path):
+def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path, capsys):
     for scale in ("sqrt", "none"):
         for lr in (0.1, 0.3):
             make_run(tmp_path / "exp" / f"{scale}-{lr}", f"model.scale={scale}", f"optim.lr={lr}")
@@ -114,8 +115,12 @@ def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path):
     title = compare.comparison_title([r.path for r in made], made, groups, [], ["model.scale"], None)
     assert title == ("exp: 4 runs in 2 groups; grouped by scale only: seeds and every other setting pooled; "
                      "line: mean over a group's runs, band: ± std")
-    with pytest.raises(ConfigError, match="--group-by: got 'model.scal'; .*did you mean `model.scale`"):
+    with pytest.raises(ArgumentError) as info:  # named by compare's argument; the CLI names it by its flag
         compare.compare([tmp_path / "exp"], group_by=["model.scal"])
+    assert info.value.argument == "group_by" and "'model.scal'" in info.value.problem
+    assert "`model.scale`" in info.value.problem
+    code, _, err = call(capsys, "compare", tmp_path / "exp", "--group-by", "model.scal")
+    assert code == cli.EXIT_BAD_INPUT and err.startswith("error: --group-by: got 'model.scal'"), err
 
 
 def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labels(tmp_path):
@@ -133,7 +138,7 @@ def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labe
         for line in ax.get_lines():
             colours.setdefault(line.get_label(), set()).add(line.get_color())
     assert all(len(c) == 1 for text, c in colours.items() if text.startswith("scale="))  # one colour per label
-    rows = compare.table_rows(groups, 0.99)
+    rows = compare.group_rows(groups, 0.99)
     assert [row.label for row in rows] == ["scale=none, d_k=16", "scale=sqrt, d_k=16", "scale=none, d_k=64",
                                            "scale=sqrt, d_k=64"]  # the table tells the facets apart
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import billion_laughs
+from helpers import billion_laughs, facts_in
 
 from attn import cli
 from attn.config.loading import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
@@ -176,7 +176,7 @@ def test_bad_value_names_field_value_and_what_is_accepted(tmp_path, text, key, s
 ])
 def test_a_section_must_be_a_mapping(tmp_path, text, key, shown):
     path = write(tmp_path, text + "\n")
-    assert config_error(path) == f"{path}: {key}: got {shown}; expected a mapping of {key}.* fields"
+    assert facts_in(config_error(path), f"{path}: {key}: got {shown}", "a mapping", f"{key}.*")
 
 
 @pytest.mark.parametrize("text, phrase", [
@@ -258,12 +258,12 @@ def test_memory_estimate_covers_the_parameters_and_their_optimiser_state():
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "/abs/run", ".hidden", "", "x\\y", "n" * 201])
 def test_bad_run_names_are_refused(tmp_path, name):
     message = file_error(tmp_path, yaml.safe_dump({"name": name}))
-    assert f"name: got {name!r}; expected a plain directory name" in message
+    assert facts_in(message, f"name: got {name!r}", "directory name")
 
 
 def test_empty_runs_dir_is_refused(tmp_path):
     path = write(tmp_path, "runs_dir: ' '\n")
-    assert config_error(path) == f"{path}: runs_dir: got ' '; expected a directory path"
+    assert facts_in(config_error(path), f"{path}: runs_dir: got ' '", "a directory path")
 
 
 @pytest.mark.parametrize("text", [
@@ -316,8 +316,7 @@ def test_overrides_apply_on_top_of_the_file_in_order(tmp_path):
 
 @pytest.mark.parametrize("override", ["optim.lr", "=3", "a b=1", "optim..lr=1", ".lr=1", "optim.lr-x=1"])
 def test_malformed_override_is_refused(override):
-    assert config_error(None, [override]) == (
-        f"override {override!r}: expected key=value with a dotted key, e.g. optim.lr=0.05")
+    assert facts_in(config_error(None, [override]), f"override {override!r}:", "key=value")
 
 
 @pytest.mark.parametrize("override, message", [

@@ -1,6 +1,7 @@
 """The house: every module of attn sits in one row of README's layout table, and every import (at module
 level or inside a function, by dotted module name) goes to a row below its own, or within its own row to a
-module listed before it: data flows one way, between packages and inside each."""
+module listed before it: data flows one way, between packages and inside each. And a public name says one thing:
+no two modules define it, but for the twins named in SAME_ON_PURPOSE."""
 
 import ast
 import re
@@ -74,3 +75,31 @@ def test_the_layering_check_sees_an_import_inside_a_package():
 def test_every_folder_of_attn_is_a_package():
     folders = {p.parent for p in PACKAGE.rglob("*.py")}
     assert sorted(str(f.relative_to(REPO)) for f in folders if not (f / "__init__.py").exists()) == []
+
+
+# Names a module defines on purpose as another does: the textbook model is the fast model's twin, held to it
+# function by function, and the one-run loop the stacked loop's; each command module adds its own commands
+# to the one parser.
+SAME_ON_PURPOSE = {"forward": {"attn.model.fast", "attn.model.reference"},
+                   "backward": {"attn.model.fast", "attn.model.reference"},
+                   "loss_and_grads": {"attn.model.fast", "attn.model.reference"},
+                   "train": {"attn.train.loop", "attn.train.reference_loop"},
+                   "add_commands": {"attn.cli.training", "attn.cli.sweeps", "attn.cli.views"}}
+
+
+def public_names() -> dict[str, set[str]]:
+    """Public top-level function or class name -> the modules defining it."""
+    defined: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                    and not node.name.startswith("_"):
+                defined.setdefault(node.name, set()).add(module)
+    return defined
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    twice = {name: modules for name, modules in public_names().items()
+             if len(modules) > 1 and modules != SAME_ON_PURPOSE.get(name)}
+    assert twice == {}
+    assert all(public_names()[name] == modules for name, modules in SAME_ON_PURPOSE.items())

@@ -3,12 +3,14 @@ does, their generated blocks are what `attn publish` makes from the
 committed results, every link leads somewhere, and every shipped config
 and experiment file loads."""
 
-import importlib
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import TINY
 
 import attn
 from attn import publish
@@ -34,11 +36,26 @@ def api_table() -> dict[str, str]:
 
 def test_the_api_table_lists_exactly_the_public_functions_and_they_exist():
     documented = api_table()
-    assert list(documented) == list(attn.API)
-    for dotted in attn.API:
-        module, name = dotted.rsplit(".", 1)
-        function = getattr(importlib.import_module(module), name)
-        assert callable(function) and function.__doc__, dotted
+    assert list(documented) == [f"attn.{name}" for name in attn.API]
+    for name in attn.API:
+        function = getattr(attn, name)
+        assert callable(function) and function.__doc__, name
+        assert name in dir(attn)
+
+
+def test_import_attn_is_cheap_and_each_name_is_imported_on_first_use():
+    code = ("import sys, attn; before = {m for m in sys.modules if m.startswith(('attn.', 'numpy', 'matplotlib'))}; "
+            "attn.list_runs; print(sorted(before), 'matplotlib' in sys.modules, 'attn.analysis.listing' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "False", "True"]
+
+
+def test_attn_train_run_trains_a_run_as_attn_train_does(tmp_path):
+    config = attn.load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=4"])
+    run_dir = attn.train_run(config, name="api")
+    assert run_dir == tmp_path / "api" and attn.read_summary(run_dir)["status"] == "completed"
+    with pytest.raises(AttributeError, match="no_such_name"):
+        attn.no_such_name
 
 
 def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results():

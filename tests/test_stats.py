@@ -7,6 +7,7 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+from helpers import facts_in
 
 from attn.analysis.stats import KMMedian, bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
 
@@ -283,8 +284,9 @@ def test_select_names_a_malformed_criterion_and_the_accepted_forms(criterion):
 
 
 def test_select_names_an_unknown_key_and_needs_candidates():
-    with pytest.raises(ValueError, match=r"'min median_tim'.*\['final_loss', 'median_time'\]"):
+    with pytest.raises(ValueError) as info:
         select([{"median_time": 1.0, "final_loss": 2.0}], ["min median_tim"])
+    assert facts_in(str(info.value), "'min median_tim'", "'final_loss'", "'median_time'")
     with pytest.raises(ValueError, match="candidates"):
         select([], ["min x"])
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SIZES, TINY
+from helpers import SIZES, TINY, facts_in
 
 from attn import cli
 from attn.config import yamlio
@@ -169,7 +169,7 @@ def test_runs_lists_a_run_killed_before_its_first_summary_as_stale(tmp_path, cap
 def test_devices_fifos_and_directories_are_refused_before_a_byte_is_read(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     os.mkfifo(tmp_path / "fifo.yaml")  # opening it for reading would block without O_NONBLOCK
-    assert one_line_error(capsys, "train", "/dev/zero") == "error: /dev/zero: is a character device, not a config file"
+    assert facts_in(one_line_error(capsys, "train", "/dev/zero"), "/dev/zero:", "character device")
     assert "fifo.yaml: is a FIFO, not a config file" in one_line_error(capsys, "config", tmp_path / "fifo.yaml")
     experiment = tmp_path / "exp.yaml"
     experiment.write_text("name: e\nbase: /dev/zero\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
@@ -206,12 +206,12 @@ def test_the_cell_cap_is_computed_from_the_grid_shape_before_anything_is_expande
     path = write_grid(tmp_path, grid, seeds=(0, 1))
     monkeypatch.setattr(experiments.itertools, "product", lambda *a: pytest.fail("the grid was expanded"))
     message = one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs")
-    assert "2,000,000 cells (grid points x 2 seeds) is more than the limit of 10,000" in message
+    assert facts_in(message, "2,000,000 cells", "2 seeds", "10,000")
     assert "--max-cells 2000000" in message
     monkeypatch.undo()
     small = write_grid(tmp_path, {"model.d_k": [4, 8]}, seeds=(0, 1))
-    assert "4 cells (grid points x 2 seeds) is more than the limit of 3" in \
-        one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs")
+    assert facts_in(one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs"),
+                    "4 cells", "limit of 3")
     assert len(experiments.load_experiment(small, max_cells=4).cells) == 4
     assert not (tmp_path / "runs").exists()
 
@@ -325,8 +325,8 @@ def test_bad_run_names_are_refused_before_anything_is_created(tmp_path, monkeypa
 def test_an_experiment_name_follows_the_same_rule(tmp_path, capsys, name, shown):
     path = tmp_path / "exp.yaml"
     path.write_text(f"name: {name}\nbase: {REPO / 'configs/default.yaml'}\ngrid: {{model.d_k: [4]}}\nseeds: [0]\n")
-    assert f"{path}: name: got {shown}; expected a plain directory name" in \
-        one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs")
+    assert facts_in(one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs"),
+                    f"{path}: name: got {shown}", "directory name")
     assert not (tmp_path / "runs").exists()
 
 
@@ -334,8 +334,9 @@ def test_a_cell_whose_run_name_would_be_too_long_is_refused_before_any_run(tmp_p
     keys = ["model.qk_gain", "model.v_gain", "model.o_gain", "model.readout_gain", "optim.momentum",
             "optim.beta1", "optim.beta2", "optim.weight_decay", "optim.min_lr_ratio", "optim.eps", "optim.clip_norm"]
     path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.warmup_steps": [1234567]})
-    with pytest.raises(ConfigError, match="its run name: got 'o_gain-0.123457_qk_gain.*; expected a plain directory name"):
+    with pytest.raises(ConfigError) as info:
         experiments.load_experiment(path)
+    assert facts_in(str(info.value), "run name: got 'o_gain-0.123457_qk_gain", "directory name")
 
 
 # ---------------------------------------------------------------------------
@@ -348,8 +349,7 @@ def test_a_symlinked_run_directory_is_refused_and_its_target_left_alone(run_copy
     before = snapshot(target)
     for command in ("train --resume", "plot"):
         message = one_line_error(capsys, *command.split(), link)
-        assert message == f"error: {link}: is a symbolic link; attn writes only into a real directory " \
-                          "(use the directory it points to, or move that directory here)"
+        assert facts_in(message, f"{link}:", "symbolic link", "real directory")
     assert snapshot(target) == before
 
 
@@ -390,8 +390,8 @@ def test_long_values_are_cut_and_big_numbers_shown_short(capsys):
     assert len(message) < 300 and "x" * 76 + "..." in message
     message = one_line_error(capsys, "train", "model.d_k=1.0e+15")
     assert len(message) < 300 and "model.d_k=1e+15" in message and "GiB" in message
-    assert one_line_error(capsys, "train", "model.d_k=1.0e+308").endswith(
-        "model.d_k: got 1.0e+308; expected an integer of at most 9,007,199,254,740,992 (2^53)")
+    assert facts_in(one_line_error(capsys, "train", "model.d_k=1.0e+308"), "model.d_k: got 1.0e+308", "an integer",
+                    "9,007,199,254,740,992")
     assert "seed: got 'y" in one_line_error(capsys, "train", "seed=" + "y" * 5000)
     assert "an integer of 5000 digits" in one_line_error(capsys, "train", "seed=" + "9" * 5000)
     assert "optim.lr: got '1" in one_line_error(capsys, "train", "optim.lr=1" + "0" * 400 + ".0")
@@ -420,8 +420,9 @@ def test_a_string_written_by_attn_reads_back_as_the_same_string(tmp_path, text):
 def test_a_sexagesimal_looking_value_is_refused_as_text(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train:\n  steps: 12:30:00\n")
-    with pytest.raises(ConfigError, match="train.steps: got '12:30:00'; expected an integer > 0"):
+    with pytest.raises(ConfigError) as info:
         load_config(path)
+    assert facts_in(str(info.value), "train.steps: got '12:30:00'", "an integer > 0")
     assert yamlio.MAX_INT_DIGITS < 4300  # Python's own cap on str(int) would otherwise raise first
 
 
@@ -438,4 +439,4 @@ def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(r
 
 def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
     assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
-    assert one_line_error(capsys, "train", "-\n=") == "error: attn train: unrecognized arguments: -\\n="
+    assert facts_in(one_line_error(capsys, "train", "-\n="), "attn train", "-\\n=")

@@ -137,7 +137,7 @@ def test_two_sweeps_at_once_run_every_cell_exactly_once(reference):
         assert_completed_once(experiment_dir / cell)
         for action, status, detail in (s[cell] for s in seen):
             if action == "skipped-locked":
-                assert status == "running" and re.fullmatch(r"another sweep is running this cell \(pid \d+ on \S+\)", detail)
+                assert status == "running" and "another sweep" in detail and re.search(r"pid \d+ on \S+", detail)
             else:
                 assert status == "completed"
     for (code, out, err), lines in zip(results, seen):

@@ -21,8 +21,8 @@ setting KEY has that value, typed as an override's (`--where optim.lr=1e-1`
 matches 0.1); a run whose task does not read KEY has no value for it.
 
 Groups. Runs whose configs agree on every key except `seed` and the
-bookkeeping keys (BOOKKEEPING_KEYS: they change no logged number) are one
-group: the seeds of one setting. With `--group-by KEY ...` runs are grouped
+bookkeeping keys (the schema's neutral fields: they change no logged number)
+are one group: the seeds of one setting. With `--group-by KEY ...` runs are grouped
 by those keys alone: seeds and every other setting are pooled (the title
 says so). With `--facet KEY` each value of KEY gets its own row of panels
 (a group never spans two), and KEY leaves the labels. Two runs of one group
@@ -41,19 +41,17 @@ import glob
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from attn.config.loading import field_value, flatten_config
-from attn.config.schema import RESULT_NEUTRAL_KEYS, TaskConfig, unread_keys
-from attn.config.yamlio import ConfigError, parse_yaml, show_value
+from attn.config.schema import neutral_keys, replicate_keys, unread_keys
+from attn.config.yamlio import ArgumentError, ConfigError, parse_yaml, show_value
 from attn.store import locks, runs
 
 THRESHOLD_METRIC = "eval_accuracy"
-BOOKKEEPING_KEYS = RESULT_NEUTRAL_KEYS
-NOT_GROUPED = ("seed",) + BOOKKEEPING_KEYS
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
 NOT_A_RUN = "not a run or experiment directory"
 
@@ -159,16 +157,6 @@ def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
 # ---------------------------------------------------------------------------
 # Groups and labels
 # ---------------------------------------------------------------------------
-# The task fields only one task (or one task.mode) reads, as TaskConfig declares them;
-# the others (name, eval_size) are read by every task.
-TASK_ONLY_KEYS = {f"task.{f.name}": f.metadata["task"] for f in fields(TaskConfig)
-                  if f.metadata["task"]}  # dotted key -> the task reading it
-
-
-MODE_ONLY_KEYS = {f"task.{f.name}": f.metadata["mode"] for f in fields(TaskConfig)
-                  if f.metadata["mode"]}  # dotted key -> the task.mode reading it (copy's shift: mode shift only)
-
-
 def unused_task_keys(settings: dict) -> set[str]:
     """The keys of a flattened config that its task (or score mode) never reads:
     the other task's fields, copy's shift outside mode shift, other score
@@ -182,7 +170,7 @@ class Group:
     bookkeeping); or, grouped by some keys, equal in those."""
 
     label: str  # what differs between groups, the facet key left out
-    settings: dict  # the shared config (or the grouping keys), without NOT_GROUPED keys and keys its task ignores
+    settings: dict  # the shared config (or the grouping keys), without seed, neutral keys and keys its task ignores
     runs: list  # list[Run], by seed
     facet: str = ""  # 'd_k=64' with --facet model.d_k
 
@@ -230,8 +218,9 @@ def varying_keys(settings_list: list[dict]) -> list[str]:
 def table_keys(loaded: list[Run]) -> list[str]:
     """The columns of a table of runs: the settings that differ between them,
     bookkeeping keys left out, seed last (`attn runs`, the board)."""
-    settings = [{k: v for k, v in run.settings.items() if k not in BOOKKEEPING_KEYS} for run in loaded]
-    return sorted(varying_keys(settings), key=lambda k: k == "seed")
+    neutral, replicate = neutral_keys(), replicate_keys()
+    settings = [{k: v for k, v in run.settings.items() if k not in neutral} for run in loaded]
+    return sorted(varying_keys(settings), key=lambda k: k in replicate)
 
 
 def short_names(keys: list[str], among=()) -> dict[str, str]:
@@ -267,8 +256,9 @@ def group_runs(loaded: list[Run], by: list[str] | None = None, facet: str | None
     if not loaded:
         return []
     members: dict[tuple, tuple[dict, list[Run]]] = {}  # identity -> (the shared settings, the runs)
+    not_grouped = replicate_keys() + neutral_keys()
     for run in loaded:
-        keys = [k for k in run.settings if k not in NOT_GROUPED] if by is None else \
+        keys = [k for k in run.settings if k not in not_grouped] if by is None else \
             list(dict.fromkeys([*by, *([facet] if facet else [])]))
         settings = used_settings(run.settings, keys)
         identity = tuple((k, canonical(v)) for k, v in sorted(settings.items()))
@@ -289,11 +279,11 @@ def group_runs(loaded: list[Run], by: list[str] | None = None, facet: str | None
 def duplicate_seeds(groups: list[Group]) -> list[str]:
     """One line per seed that a group holds twice with the same settings (a
     run made twice): 'group lr=0.1: seed 0 is there 2 times: runs/a, runs/a-2'."""
-    lines = []
+    lines, neutral = [], neutral_keys()
     for group in groups:
         made: dict[str, list[Run]] = {}
         for run in group.runs:
-            settings = used_settings(run.settings, [k for k in run.settings if k not in BOOKKEEPING_KEYS])
+            settings = used_settings(run.settings, [k for k in run.settings if k not in neutral])
             made.setdefault(canonical(settings), []).append(run)
         for twins in (runs_ for runs_ in made.values() if len(runs_) > 1):
             lines.append(f"group {group.name or 'of every run'}: seed {format_value(twins[0].settings.get('seed'))} "
@@ -303,15 +293,18 @@ def duplicate_seeds(groups: list[Group]) -> list[str]:
 
 
 def parse_where(texts) -> list[tuple[str, object]]:
-    """--where KEY=VALUE texts -> (dotted key, value typed as the field takes it, as in an override)."""
+    """KEY=VALUE texts (`attn compare --where`) -> (dotted key, value typed as the field takes it, as in an override)."""
     conditions = []
     for text in texts:
         key, equals, raw = text.partition("=")
-        where = f"--where {show_value(text)}"
+        shown = show_value(text)
         if not equals or not key.strip():
-            raise ConfigError(f"{where}: expected KEY=VALUE with a dotted config key, e.g. --where model.d_k=64")
-        value = parse_yaml(raw, where) if raw.strip() else ""
-        conditions.append((key.strip(), field_value(key.strip(), value, where)))
+            raise ArgumentError("where", "expected KEY=VALUE with a dotted config key, e.g. model.d_k=64", shown)
+        try:
+            value = parse_yaml(raw, shown) if raw.strip() else ""
+            conditions.append((key.strip(), field_value(key.strip(), value, shown)))
+        except ConfigError as err:  # its message starts with the source given: the condition
+            raise ArgumentError("where", str(err).removeprefix(f"{shown}: "), shown) from None
     return conditions
 
 

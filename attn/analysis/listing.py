@@ -23,7 +23,7 @@ from attn.analysis.grouping import (
     used_settings,
     walk_runs,
 )
-from attn.config.yamlio import ConfigError
+from attn.config.yamlio import ArgumentError
 from attn.store import runs
 
 LIST_STATUSES = runs.STATUSES + ("stale", "unknown")
@@ -54,14 +54,14 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
     if not root.is_dir():
         raise runs.RunError(f"{root}: no such directory; expected a directory of runs (default {RUNS_ROOT})")
     if status is not None and status not in LIST_STATUSES:
-        raise ConfigError(f"--status: got {status!r}; expected one of {', '.join(LIST_STATUSES)}")
+        raise ArgumentError("status", f"got {status!r}; expected one of {', '.join(LIST_STATUSES)}")
     base = root
     if experiment is not None:
         base = root / experiment
         if not base.is_dir() or (base / "config.yaml").exists():
             known = [c.name for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))
                      if c.is_dir() and not c.name.startswith(".") and not (c / "config.yaml").exists() and walk_runs(c)]
-            raise ConfigError(f"--experiment: got {experiment!r}; expected a directory of runs under {root}: "
+            raise ArgumentError("experiment", f"got {experiment!r}; expected a directory of runs under {root}: "
                               f"{', '.join(known) or 'there are none'}")
     loaded, skipped = load_runs(walk_runs(base))
     if status is not None:

@@ -98,7 +98,7 @@ def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
     return Seed(seed, run, outcome, budget, at_init, read_mechanism(run), at)
 
 
-def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
+def mechanism_arrays(run: Run) -> dict[int, dict[str, np.ndarray]]:
     """step -> the run's per-row arrays at that step (mechanism.npz; {} without one)."""
     path = run.path / "mechanism.npz"
     if not path.exists():
@@ -112,11 +112,11 @@ def mechanism_rows(run: Run) -> dict[int, dict[str, np.ndarray]]:
 
 def read_mechanism(run: Run) -> dict:
     """step -> attn.model.mechanism.summary of the run's rows at that step."""
-    return {step: mechanism.summary(rows) for step, rows in mechanism_rows(run).items()}
+    return {step: mechanism.summary(rows) for step, rows in mechanism_arrays(run).items()}
 
 
 @dataclass
-class Cell:
+class CellResult:
     """The runs of one grid cell (one setting of every grid key), read back."""
 
     settings: dict  # grid key -> value
@@ -221,7 +221,7 @@ def in_order(keys) -> list[tuple]:
     return sorted(set(keys), key=lambda key: [sort_key(v) for v in key])
 
 
-def lr_sensitivity(cells: list[Cell], rate_key: str) -> dict:
+def cells_lr_sensitivity(cells: list[CellResult], rate_key: str) -> dict:
     """The learning-rate sensitivity (attn.analysis.stats.lr_sensitivity) of cells that differ only in
     their rate: each seed's final loss at every rate and its eval loss at initialisation."""
     rates = sorted({c.settings[rate_key] for c in cells}, key=sort_key)
@@ -243,11 +243,12 @@ class Excluded:
     reason: str
 
 
-def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) -> tuple[list[Cell], list[Excluded]]:
+def collect(experiment, config_change,
+            threshold: float = outcomes.THRESHOLD) -> tuple[list[CellResult], list[Excluded]]:
     """Every cell's runs (module docstring: which runs), and the runs left
     out; `config_change(run_dir, config)` lists how a run's config differs
     from its cell's. A cell with no run holding a summary is not listed."""
-    cells: dict[str, Cell] = {}
+    cells: dict[str, CellResult] = {}
     excluded = []
     for cell in experiment.cells:
         run_dir = experiment.directory / cell.name
@@ -271,7 +272,7 @@ def collect(experiment, config_change, threshold: float = outcomes.THRESHOLD) ->
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
-            cells[key] = Cell(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
+            cells[key] = CellResult(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
         if run.status in runs.FINISHED:
             cells[key].seeds.append(seed_of(run, cell.seed, build_task(cell.config).n_classes, threshold))
         else:

@@ -3,7 +3,7 @@
 Layout (report_spec.ReportSpec): cells are placed along `x` and compared
 between `arm`s; with `best_of`, each (x, arm) is judged at the value of
 best_of that the declared `select` rule picks (attn.analysis.stats.select over
-attn.analysis.results.Cell.selection_figures), and also at the `shared` value when
+attn.analysis.results.CellResult.selection_figures), and also at the `shared` value when
 the file names one: each arm at its own best setting, and all at one.
 
 An expectation's verdict, at each x it covers (intervals are 95%): for
@@ -27,7 +27,7 @@ import math
 
 from attn.analysis import outcomes, stats
 from attn.analysis.grouping import format_value, short_names
-from attn.analysis.results import Cell, sort_key
+from attn.analysis.results import CellResult, sort_key
 from attn.experiment.report_spec import RATES, STATS, Expectation
 from attn.experiment.spec import Experiment
 
@@ -46,10 +46,10 @@ class Layout:
         self.x, self.arm, self.best_of = list(spec.x), list(spec.arm), spec.best_of
         self.names = short_names(list(experiment.grid_keys))
 
-    def x_of(self, cell: Cell) -> tuple:
+    def x_of(self, cell: CellResult) -> tuple:
         return tuple(value_of(cell.settings.get(k)) for k in self.x)
 
-    def arm_of(self, cell: Cell) -> tuple:
+    def arm_of(self, cell: CellResult) -> tuple:
         return tuple(value_of(cell.settings.get(k)) for k in self.arm)
 
     def label(self, values: tuple, keys: list[str]) -> str:
@@ -73,21 +73,21 @@ def value_of(value):
     return format_value(value) if isinstance(value, (dict, list)) else value
 
 
-def groups(cells: list[Cell], layout: Layout) -> dict[tuple, list[Cell]]:
+def groups(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResult]]:
     """(x, arm) -> its cells (one per value of best_of, or just one)."""
-    out: dict[tuple, list[Cell]] = {}
+    out: dict[tuple, list[CellResult]] = {}
     for cell in cells:
         out.setdefault((layout.x_of(cell), layout.arm_of(cell)), []).append(cell)
     return dict(sorted(out.items(), key=lambda item: ([sort_key(v) for v in item[0][1]],
                                                       [sort_key(v) for v in item[0][0]])))
 
 
-def select(cells: list[Cell], criteria) -> Cell:
+def select_cell(cells: list[CellResult], criteria) -> CellResult:
     """The cell the declared rule picks (attn.analysis.stats.select; ties: the first)."""
     return cells[stats.select([c.selection_figures() for c in cells], list(criteria))]
 
 
-def judged_cells(cells: list[Cell], layout: Layout, at: str) -> dict[tuple, Cell]:
+def judged_cells(cells: list[CellResult], layout: Layout, at: str) -> dict[tuple, CellResult]:
     """(x, arm) -> the cell judged there: the selected one (`best`), the one
     at the shared value (`shared`), or the only one (no best_of)."""
     chosen = {}
@@ -95,7 +95,8 @@ def judged_cells(cells: list[Cell], layout: Layout, at: str) -> dict[tuple, Cell
         if layout.best_of is None:
             chosen[key] = group[0]
         elif at == "best":
-            chosen[key] = select(sorted(group, key=lambda c: sort_key(c.settings[layout.best_of])), layout.spec.select)
+            in_rate_order = sorted(group, key=lambda c: sort_key(c.settings[layout.best_of]))
+            chosen[key] = select_cell(in_rate_order, layout.spec.select)
         else:
             shared = [c for c in group if value_of(c.settings[layout.best_of]) == layout.spec.shared]
             if shared:
@@ -103,7 +104,7 @@ def judged_cells(cells: list[Cell], layout: Layout, at: str) -> dict[tuple, Cell
     return chosen
 
 
-def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
+def edge_notes(cells: list[CellResult], layout: Layout) -> list[str]:
     """A sentence for each chosen best_of value that is the lowest or highest
     of the values tried: the best may lie beyond the grid."""
     if layout.best_of is None:
@@ -122,7 +123,7 @@ def edge_notes(cells: list[Cell], layout: Layout) -> list[str]:
 # ---------------------------------------------------------------------------
 # Statistics with intervals, and verdicts
 # ---------------------------------------------------------------------------
-def interval(cell: Cell, stat: str, sensitivities: dict | None = None, key=None) -> tuple[float, float, float]:
+def interval(cell: CellResult, stat: str, sensitivities: dict | None = None, key=None) -> tuple[float, float, float]:
     """(value, low, high) of a STATS figure, unbounded ends as 0 or +inf
     (lr_sensitivity: of the cell's (x, arm), `key`, in `sensitivities`)."""
     if stat == "lr_sensitivity":
@@ -140,7 +141,7 @@ def interval(cell: Cell, stat: str, sensitivities: dict | None = None, key=None)
     return (math.nan if rate["rate"] is None else rate["rate"]), rate["low"], rate["high"]
 
 
-def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivities: dict | None = None) -> dict:
+def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None) -> dict:
     """The expectation's verdict and, at each x it covers, the numbers behind
     it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
     chosen = judged_cells(cells, layout, expectation.at)
@@ -188,7 +189,7 @@ def judge(expectation: Expectation, cells: list[Cell], layout: Layout, sensitivi
             "verdict": overall, "at": expectation.at, "test": "interval", "points": points}
 
 
-def judge_all(expectations, cells: list[Cell], layout: Layout, sensitivities: dict | None = None,
+def judge_all(expectations, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None,
               alpha: float | None = None) -> list[dict]:
     """Every expectation judged (judge); those judged by a test (mcnemar,
     fisher, sign) then get their verdict from Holm's correction across them
@@ -226,7 +227,7 @@ def _good(stat: str, seed) -> bool:
             "divergence_rate": outcome != outcomes.DIVERGED}[stat]
 
 
-def tested(e: Expectation, mine: Cell, theirs: Cell) -> dict:
+def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     """One point of a tested claim: the one-sided p of "mine is better" and of
     the opposite, the counts, and the effect size with its 95% interval
     (a rate: mine minus theirs, Newcombe; a time: the ratio of medians,

@@ -108,7 +108,7 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
     return loss
 
 
-def target_positions(batches: list[Batch]):
+def pooled_target_positions(batches: list[Batch]):
     """The positions where some example of the pool has a target (as attn.model.fast computes them)."""
     return fast.target_positions(Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in
                                           ("tokens", "targets", "target_mask", "target_key"))))
@@ -118,7 +118,7 @@ def stepper(framework: str, formulation: str, spec: ModelSpec, params: dict, bat
             lr: float) -> Callable[[], float]:
     """step() -> loss: one SGD step of the rival on the next batch of the pool,
     from copies of `params`, its query side where some example has a target."""
-    loss = loss_function(spec, framework, formulation, target_positions(batches), len(batches[0].tokens))
+    loss = loss_function(spec, framework, formulation, pooled_target_positions(batches), len(batches[0].tokens))
     pool = [(b.tokens, b.targets, b.target_mask.astype(spec.dtype)) for b in batches]  # the mask as weights
     if framework == "jax":
         return _jax_stepper(loss, params, pool, lr)

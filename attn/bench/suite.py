@@ -23,6 +23,7 @@ from typing import Callable
 
 from attn.bench import rivals, sweeps, timing
 from attn.store import runs
+from attn.text import markdown_table
 from attn.train import lifecycle
 
 TARGET_STEP_RATIO = 0.7
@@ -32,7 +33,7 @@ TARGET_OLD_GRID_SECONDS = 30.0
 TARGET_HEADLINE_SECONDS = 300.0
 
 
-def run(sizes: list[str], threads: list[int], warmup: int = 10, steps: int = 50, processes: bool = True,
+def run_suite(sizes: list[str], threads: list[int], warmup: int = 10, steps: int = 50, processes: bool = True,
         headline: bool = False, frameworks=rivals.FRAMEWORKS,
         progress: Callable[[str], None] = lambda message: None) -> dict:
     """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
@@ -71,14 +72,14 @@ def steps_table(result: dict) -> str:
                          *[_ms(s["sides"][side]) if side in s["sides"] else "—" for side in sides],
                          s["fastest_rival"] or "none installed",
                          "—" if ratio is None else f"{ratio:.2f} ({_met(ratio <= TARGET_STEP_RATIO)})"])
-    return runs.markdown_table(header, rows)
+    return markdown_table(header, rows)
 
 
 def _ms(stats: dict) -> str:
     return f"{stats['median_ms']:.3g} ({stats['p25_ms']:.3g}–{stats['p75_ms']:.3g})"
 
 
-def markdown(result: dict) -> str:
+def bench_markdown(result: dict) -> str:
     machine = result["machine"]
     lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores", "",
              f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
@@ -125,7 +126,7 @@ def summary_markdown(result: dict) -> str:
             for t in result["timings"] for s in t["sizes"]]
     lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), numpy on {machine['blas']}; "
              "step times in ms, median (interquartile range):", "",
-             runs.markdown_table(["size", "threads", "attn", "fastest rival", "its time",
+             markdown_table(["size", "threads", "attn", "fastest rival", "its time",
                                   f"attn / fastest (target ≤ {TARGET_STEP_RATIO})"], rows)]
     targets = []
     if "sweep" in result:
@@ -156,5 +157,5 @@ def write(result: dict, out_dir: Path) -> dict[str, Path]:
     stem = out_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
     runs.write_json(paths["json"], result)
-    runs.write_atomic(paths["md"], markdown(result).encode())
+    runs.write_atomic(paths["md"], bench_markdown(result).encode())
     return paths

@@ -153,7 +153,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
     progress(f"{name}: timing {len(steppers)} sides in {ROUNDS} rounds")
     times = time_interleaved(work, ROUNDS)
     matmul_seconds = times.pop("matmul")
-    positions = int(np.arange(spec.n_positions)[rivals.target_positions(batches)].size)
+    positions = int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
     flops = step_flops(spec, config.train.batch_size, positions)
     sides = {side: {**spread(seconds), "loss_after": steppers[side]()} for side, seconds in times.items()}
     fastest = min((s for s in sides if s != "attn"), key=lambda s: sides[s]["median_ms"], default=None)
@@ -226,7 +226,7 @@ def timed_in_child(sizes: list[str], threads: int, warmup: int, steps: int, prog
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def child_main(argv: list[str] | None = None) -> int:
     """The child's entry point: progress lines, then the result as one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m attn.bench.timing")
     parser.add_argument("--threads", type=int, required=True)
@@ -246,4 +246,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(child_main())

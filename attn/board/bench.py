@@ -26,6 +26,7 @@ from pathlib import Path
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
 from attn.store import runs
+from attn.text import markdown_table
 
 LOG_EVERY = 10
 
@@ -116,7 +117,7 @@ def _child(mode: str, root: Path, code: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run(n_runs: int = 1200, megabytes: float = 200, code: Path | None = None,
+def measure_board(n_runs: int = 1200, megabytes: float = 200, code: Path | None = None,
         progress=lambda message: None) -> dict:
     """Every board figure as one JSON-ready dict; code: the checkout whose board is measured."""
     code = Path(code or Path(__file__).resolve().parents[2])
@@ -140,7 +141,7 @@ def markdown(result: dict) -> str:
     return "\n".join([
         f"### attn board benchmark: {result['date']} (attn from {os.path.dirname(b.get('attn', result['code']))})",
         "",
-        runs.markdown_table(["measurement", "figure"], [
+        markdown_table(["measurement", "figure"], [
             [f"GET /api/board, cold, {b['runs']} runs", f"{b['cold_s']:.3f} s ({b['bytes'] / 1e6:.1f} MB)"],
             ["GET /api/board, warm poll with If-None-Match (nothing new)",
              f"{b['warm_304_s'] * 1e3:.1f} ms (status {b['warm_status']})"],

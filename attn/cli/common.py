@@ -6,6 +6,7 @@ stop a run after its current step."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from attn.config.loading import check_run_name
 from attn.config.schema import all_keys
-from attn.config.yamlio import ConfigError, show_value
+from attn.config.yamlio import ArgumentError, ConfigError, show_value
 from attn.train.loop import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -74,6 +75,15 @@ def run_dir_argument(text: str, what: str) -> Path:
         raise ConfigError(f"{what} {show_value(text)}: not a run directory (no config.yaml); "
                           "expected a directory such as runs/<name>")
     return run_dir
+
+
+@contextlib.contextmanager
+def flagged(flags: dict[str, str]):
+    """Errors about a library call's arguments (ArgumentError) named by the flags that give them."""
+    try:
+        yield
+    except ArgumentError as err:
+        raise ConfigError(err.named(flags.get(err.argument, err.argument))) from None
 
 
 def is_interactive() -> bool:

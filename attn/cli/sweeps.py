@@ -237,7 +237,7 @@ def cmd_verify(args) -> int:
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
     result = verify.verify(experiment, args.kernel, args.workers,
                            progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
-    print(verify.markdown(result))
+    print(verify.verify_markdown(result))
     for path in result["files"]:
         print(path)
     return EXIT_OK if result["agree"] else EXIT_FAILED

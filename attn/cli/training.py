@@ -22,6 +22,7 @@ from attn.config.loading import load_config
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml
 from attn.store import locks, runs
+from attn.text import format_number, summary_figures
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
 
@@ -39,7 +40,7 @@ def _progress_printer(total_steps: int):
             nonlocal next_line
             if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
                 next_line = step + every
-                number = runs.format_number
+                number = format_number
                 print(f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
                       f"eval_loss {number(record['eval_loss'], '.4g')}  "
                       f"eval_acc {number(record['eval_accuracy'], '.3f')}  "
@@ -58,8 +59,8 @@ def _progress_printer(total_steps: int):
         if step < total_steps:
             bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=runs.format_number(record["train_loss"], ".3f"),
-                            eval_acc=runs.format_number(record["eval_accuracy"], ".3f"))
+            bar.set_postfix(loss=format_number(record["train_loss"], ".3f"),
+                            eval_acc=format_number(record["eval_accuracy"], ".3f"))
 
     try:
         yield progress
@@ -157,7 +158,7 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
         if summary.get("reason"):
             line += f"  ({summary['reason']})"
         if summary.get("final"):  # absent when stopped at once
-            line += (f"  {runs.summary_figures(summary)}  "
+            line += (f"  {summary_figures(summary)}  "
                      f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s")
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():

@@ -10,15 +10,20 @@ from pathlib import Path
 
 from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.cli.common import EXIT_OK, UsageError, integer_at_least
+from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least
+
+# compare()'s arguments -> the flags of `attn compare` that give them
+COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
+                 "yscale": "--yscale", "group_by": "--group-by", "facet": "--facet", "xlim": "--xlim", "where": "--where"}
 
 
 def cmd_compare(args) -> int:
     from attn.report import compare, compare_figure
 
-    result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
-                             args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
-                             facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
+    with flagged(COMPARE_FLAGS):
+        result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
+                                 args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
+                                 facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
     for skipped in result.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for warning in result.warnings:
@@ -33,7 +38,8 @@ def cmd_runs(args) -> int:
     from attn.analysis import grouping
     from attn.analysis import listing as listings
 
-    listing = listings.list_runs(Path(args.path), args.status, args.experiment)
+    with flagged({"status": "--status", "experiment": "--experiment"}):
+        listing = listings.list_runs(Path(args.path), args.status, args.experiment)
     for skipped in listing.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     if not listing.rows:
@@ -148,7 +154,7 @@ def cmd_bench(args) -> int:
     if args.board:
         from attn.board import bench as board_bench
 
-        result = board_bench.run(args.board_runs, args.board_megabytes, args.board_code,
+        result = board_bench.measure_board(args.board_runs, args.board_megabytes, args.board_code,
                                  progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -163,11 +169,11 @@ def cmd_bench(args) -> int:
     if missing:
         print(f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
               "(make bench installs requirements-bench.txt)", file=sys.stderr)
-    result = suite.run(args.sizes, args.threads, args.warmup, args.steps, processes=not args.no_processes,
+    result = suite.run_suite(args.sizes, args.threads, args.warmup, args.steps, processes=not args.no_processes,
                        headline=args.headline, frameworks=args.rivals,
                        progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
     paths = suite.write(result, Path(args.out))
-    print(suite.markdown(result))
+    print(suite.bench_markdown(result))
     for path in paths.values():
         print(path)
     return EXIT_OK

@@ -17,7 +17,6 @@ overrides does not matter.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import typing
@@ -34,7 +33,7 @@ from attn.config.schema import (
     to_dict,
     unread_keys,
 )
-from attn.config.yamlio import ConfigError, cut, parse_yaml, read_yaml_file, show_value
+from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
 from attn.model.fast import ModelSpec, param_order
 from attn.tasks import CopyTask, RetrievalTask
 
@@ -119,7 +118,7 @@ def coerce(value, hint, meta, key: str, source: str):
     return coerced
 
 
-def build(cls, data: dict, source: str, prefix: str = ""):
+def build_section(cls, data: dict, source: str, prefix: str = ""):
     """Build a schema dataclass from a nested dict, coercing and validating."""
     hints = field_hints(cls)
     fields = section_fields(cls)
@@ -127,14 +126,13 @@ def build(cls, data: dict, source: str, prefix: str = ""):
     for key, value in data.items():
         dotted = prefix + str(key)
         if key not in hints:
-            suggestion = nearest_key(dotted)
-            hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+            hint = did_you_mean(nearest_key(dotted))
             raise ConfigError(f"{source}: unknown key `{cut(dotted)}`{hint}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(f"{source}: {dotted}: got {show_value(value)}; expected a mapping of {dotted}.* fields")
-            kwargs[key] = build(hint, value, source, dotted + ".")
+            kwargs[key] = build_section(hint, value, source, dotted + ".")
         else:
             kwargs[key] = coerce(value, hint, dict(fields[key].metadata), dotted, source)
     return cls(**kwargs)
@@ -175,8 +173,7 @@ def field_value(key: str, value, source: str):
     section, _, leaf = key.rpartition(".")
     owner = field_hints(Config).get(section) if section else Config
     if not dataclasses.is_dataclass(owner) or leaf not in field_hints(owner) or dataclasses.is_dataclass(field_hints(owner)[leaf]):
-        suggestion = nearest_key(key)
-        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        hint = did_you_mean(nearest_key(key))
         raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
     return coerce(value, field_hints(owner)[leaf], dict(section_fields(owner)[leaf].metadata), key, source)
 
@@ -204,8 +201,7 @@ def parse_override(text: str) -> tuple[str, object]:
     if dataclasses.is_dataclass(field_hints(Config).get(key)):
         raise ConfigError(f"{source}: `{key}` is a section; override one field, e.g. {key}.<field>=value")
     if key not in all_keys():
-        suggestion = nearest_key(key)
-        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        hint = did_you_mean(nearest_key(key))
         raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
     return key, value
 
@@ -215,12 +211,12 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     data = read_yaml_file(path) if path is not None else {}
     data.pop("provenance", None)  # a run's config.yaml is a valid config
     source = str(path) if path is not None else "defaults"
-    config = build(Config, data, source)
+    config = build_section(Config, data, source)
     for text in overrides:
         key, value = parse_override(text)
         merged = to_dict(config)
         set_dotted(merged, key, value)
-        config = build(Config, merged, f"override {show_value(text)}")
+        config = build_section(Config, merged, f"override {show_value(text)}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
     return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source)
 
@@ -295,8 +291,7 @@ def validate(config: Config, source: str) -> Config:
     names = list(param_order(build_spec(config, build_task(config))))
     for key in config.optim.lr_mult:
         if key not in names:
-            suggestion = difflib.get_close_matches(key, names, n=1)
-            hint = f"; did you mean `{suggestion[0]}`?" if suggestion else ""
+            hint = did_you_mean(*closest(key, names))
             raise ConfigError(f"{source}: optim.lr_mult.{key}: not a parameter of this model "
                               f"(parameters: {', '.join(names)}){hint}")
     if config.name is not None:

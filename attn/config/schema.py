@@ -1,8 +1,9 @@
 """The run configuration's schema: every field's type, default, description
 and accepted values, as frozen dataclasses (Config and its sections), and
 what can be read off the schema alone: its dotted keys, the nearest key to a
-misspelt one, the fields that change no result, the fields only one task or
-score mode reads, and its description for `attn config`.
+misspelt one, the keys declaring a fact (result-neutral, per stack member,
+forkable, replicate), the fields only one task or score mode reads, and its
+description for `attn config`.
 
 Reading values into it (files, overrides, coercion, validation) is attn.config.loading.
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
+import functools
 import typing
 from dataclasses import dataclass, field
 
-from attn.config.yamlio import yaml_line
+from attn.config.yamlio import closest, yaml_line
 from attn.model.head import SCORE_SCALES
 from attn.model.scores import SCORE_MODES
 
@@ -42,18 +43,24 @@ class FrozenMapping(collections.abc.Mapping):
 
 
 def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None,
-      neutral=False):
-    """A schema field: its default, description and accepted range; for a task
-    field, the one task that reads it (None: every task) and the one task.mode
-    of that task that reads it (None: every mode); for a model field, the one
-    score mode that reads it; `neutral`: it changes no logged number (where the
-    run lives, which files it draws), so runs that differ only in such fields
-    are the same experiment cell (RESULT_NEUTRAL_KEYS)."""
+      neutral=False, replicate=False, per_member=False, forkable=False):
+    """A schema field: its default, description and accepted range, and every fact
+    the rest of attn reads off it. `task`, `mode`, `score`: the one task, task.mode
+    or score mode that reads it (None: all). `neutral`: it changes no logged number
+    (where the run lives, which files it draws), so runs differing only in it are
+    one experiment cell. `replicate`: runs differing only in it are replicates of
+    one setting (the seed). `per_member`: the members of one stack may differ in it.
+    `forkable`: True if a fork may change it, or the reason it may not where the
+    generic one (shapes, optimiser state, data) is not it."""
     meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score,
-                neutral=neutral)
+                neutral=neutral, replicate=replicate, per_member=per_member, forkable=forkable)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+INIT_ONLY = "it is read only at initialisation, and a fork starts from the checkpoint's parameters"
+SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork continues from its source"
 
 
 @dataclass(frozen=True)
@@ -62,15 +69,16 @@ class ModelConfig:
     d_k: int = F(32, "width of queries and keys", gt=0)
     d_v: typing.Optional[int] = F(None, "width of values; null means d_k", gt=0)
     scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k",
-                   choices=tuple(SCORE_SCALES))
+                   choices=tuple(SCORE_SCALES), per_member=True, forkable=True)
     causal: bool = F(False, "mask keys after the query (causal attention)")
     residual: bool = F(True, "add the head's output to its input before the readout")
     positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
                         choices=("learned", "sinusoidal", "none"))
-    qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0)
-    v_gain: float = F(1.0, "init gain of W_v", gt=0)
-    o_gain: float = F(1.0, "init gain of W_o", gt=0)
-    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0)
+    qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0,
+                       per_member=True, forkable=INIT_ONLY)
+    v_gain: float = F(1.0, "init gain of W_v", gt=0, per_member=True, forkable=INIT_ONLY)
+    o_gain: float = F(1.0, "init gain of W_o", gt=0, per_member=True, forkable=INIT_ONLY)
+    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0, per_member=True, forkable=INIT_ONLY)
     score: str = F("dot", "how scores are made (attn.model.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
                    "sigma_reparam, log_length: the fixes", choices=SCORE_MODES)
     qk_norm: str = F("rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"),
@@ -79,10 +87,11 @@ class ModelConfig:
                           choices=("vector", "scalar", "none"), score="qk_norm")
     softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, score="softcap")
     temperature_init: typing.Optional[float] = F(None, "temperature: theta at init (s = exp(theta)); null = ln of "
-                                                 "model.scale's s", score="temperature")
+                                                 "model.scale's s", score="temperature", forkable=INIT_ONLY)
     length_scale_init: typing.Optional[float] = F(None, "log_length: s_len at init; null = 1 / ln T", gt=0,
-                                                  score="log_length")
-    mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup")
+                                                  score="log_length", forkable=INIT_ONLY)
+    mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup",
+                              forkable=INIT_ONLY)
 
 
 @dataclass(frozen=True)
@@ -102,46 +111,55 @@ class TaskConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     name: str = F("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
-    lr: float = F(0.5, "base learning rate", gt=0)
+    lr: float = F(0.5, "base learning rate", gt=0, per_member=True, forkable=True)
     momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1)
-    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball")
-    weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0)
-    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1)
-    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1)
-    eps: float = F(1e-8, "adam: denominator epsilon", gt=0)
-    clip_norm: typing.Optional[float] = F(None, "clip gradients to this global norm; null = no clipping", gt=0)
-    schedule: str = F("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine"))
-    warmup_steps: int = F(0, "linear warm-up steps", ge=0)
-    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1)
-    lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0)
+    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball", forkable=True)
+    weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0, forkable=True)
+    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True)
+    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True)
+    eps: float = F(1e-8, "adam: denominator epsilon", gt=0, forkable=True)
+    clip_norm: typing.Optional[float] = F(None, "clip gradients to this global norm; null = no clipping", gt=0,
+                                          per_member=True, forkable=True)
+    schedule: str = F("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine"),
+                      per_member=True, forkable=True)
+    warmup_steps: int = F(0, "linear warm-up steps", ge=0, per_member=True, forkable=True)
+    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1, per_member=True, forkable=True)
+    lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0,
+                                  per_member=True, forkable=True)
     qk_lr_exponent: float = F(0.0, "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
-                              "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k")
+                              "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
+                              per_member=True, forkable=True)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = F(1500, "number of optimiser updates", gt=0)
+    steps: int = F(1500, "number of optimiser updates", gt=0, per_member=True, forkable=True)
     batch_size: int = F(64, "examples per update", gt=0)
     on_nonfinite: str = F("stop", "on a NaN/inf loss or gradient: stop the run, or continue and record it",
-                          choices=("stop", "continue"))
+                          choices=("stop", "continue"), per_member=True, forkable=True)
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0)
-    checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True)
-    plots: bool = F(True, "draw the run's figures when it ends", neutral=True)
-    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True)
-    mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient (attn.model.mechanism) "
-                                             "at step 0 and at this step; null = never", ge=0)
+    log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0,
+                       per_member=True, forkable="a fork keeps its source's records before the fork")
+    checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True, per_member=True, forkable=True)
+    plots: bool = F(True, "draw the run's figures when it ends", neutral=True, per_member=True, forkable=True)
+    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True,
+                                per_member=True, forkable="a fork keeps its source's attention snapshot at step 0")
+    mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient "
+                                             "(attn.model.mechanism) at step 0 and at this step; null = never", ge=0,
+                                             per_member=True, forkable=True)
 
 
 @dataclass(frozen=True)
 class Config:
-    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>", neutral=True)
-    seed: int = F(0, "seed of every random draw (init, batches, eval set)", ge=0)
+    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>",
+                                   neutral=True, per_member=True, forkable=True)
+    seed: int = F(0, "seed of every random draw (init, batches, eval set)", ge=0,
+                  replicate=True, per_member=True, forkable=SEED_FIXES_DATA)
     dtype: str = F("float32", "floating-point type of the whole training path", choices=("float32", "float64"))
-    runs_dir: str = F("runs", "where run directories are created", neutral=True)
+    runs_dir: str = F("runs", "where run directories are created", neutral=True, per_member=True, forkable=True)
     model: ModelConfig = field(default_factory=ModelConfig, metadata=dict(help="the model"))
     task: TaskConfig = field(default_factory=TaskConfig, metadata=dict(help="the task"))
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=dict(help="the optimiser"))
@@ -174,19 +192,48 @@ def all_keys(cls=None, prefix: str = "") -> list[str]:
     return keys
 
 
-def _neutral_keys(cls=None, prefix: str = "") -> tuple[str, ...]:
-    """The dotted names of the fields declared neutral (F(..., neutral=True))."""
-    keys = ()
-    for f in dataclasses.fields(cls or Config):
-        hint = field_hints(cls or Config)[f.name]
+def declared(fact: str, cls=None) -> dict:
+    """Dotted key -> the value of `fact` (an F keyword such as per_member) for every
+    field declaring it, in schema order; read off the schema at call time, so
+    stacking, forking and grouping follow a field's declaration."""
+    return dict(_declared(fact, cls or Config))
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(fact: str, cls, prefix: str = "") -> tuple:
+    found = ()
+    for f in dataclasses.fields(cls):
+        hint = field_hints(cls)[f.name]
         if dataclasses.is_dataclass(hint):
-            keys += _neutral_keys(hint, f"{prefix}{f.name}.")
-        elif f.metadata.get("neutral"):
-            keys += (prefix + f.name,)
-    return keys
+            found += _declared(fact, hint, f"{prefix}{f.name}.")
+        elif f.metadata.get(fact):
+            found += ((prefix + f.name, f.metadata[fact]),)
+    return found
 
 
-RESULT_NEUTRAL_KEYS = _neutral_keys()  # runs that differ only in these are the same experiment cell
+def neutral_keys() -> tuple[str, ...]:
+    """Runs that differ only in these are the same experiment cell."""
+    return tuple(declared("neutral"))
+
+
+def per_member_keys() -> tuple[str, ...]:
+    """The keys in which the members of one stack may differ; they share every other."""
+    return tuple(declared("per_member"))
+
+
+def fork_keys() -> tuple[str, ...]:
+    """The keys a fork may change."""
+    return tuple(k for k, v in declared("forkable").items() if v is True)
+
+
+def not_forked_because() -> dict[str, str]:
+    """Key -> why a fork may not change it, for the keys that declare a reason of their own."""
+    return {k: v for k, v in declared("forkable").items() if isinstance(v, str)}
+
+
+def replicate_keys() -> tuple[str, ...]:
+    """Runs that differ only in these are replicates of one setting (the seeds)."""
+    return tuple(declared("replicate"))
 
 
 def nearest_key(key: str) -> str | None:
@@ -199,10 +246,10 @@ def nearest_key(key: str) -> str | None:
     if leaf in leaves:
         return leaves[leaf]
     sections = [name for name, hint in field_hints(Config).items() if dataclasses.is_dataclass(hint)]
-    match = difflib.get_close_matches(key, keys + (sections if "." not in key else []), n=1, cutoff=0.6)
+    match = closest(key, keys + (sections if "." not in key else []))
     if match:
         return match[0]
-    match = difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.6)
+    match = closest(leaf, leaves)
     return leaves[match[0]] if match else None
 
 

@@ -16,6 +16,7 @@ keep a value quoted in such a line short.
 from __future__ import annotations
 
 import collections.abc
+import difflib
 import errno
 import math
 import os
@@ -34,6 +35,30 @@ SHOWN_CHARS = 80  # a value quoted in an error message is cut to this many chara
 
 class ConfigError(ValueError):
     """A bad config, override or experiment file; str() is the one-line message."""
+
+
+class ArgumentError(ConfigError):
+    """A bad value of one argument of a library call, named by its parameter
+    (`argument`; `shown`: the value, where the problem is about one of several),
+    so that a caller can name it as its own user knows it (the CLI: by its flag)."""
+
+    def __init__(self, argument: str, problem: str, shown: str = ""):
+        self.argument, self.problem, self.shown = argument, problem, shown
+        super().__init__(self.named(argument))
+
+    def named(self, name: str) -> str:
+        """The one-line message with the argument called `name`."""
+        return f"{name}{' ' + self.shown if self.shown else ''}: {self.problem}"
+
+
+def closest(word, choices, n: int = 1) -> list[str]:
+    """The (at most n) choices spelt most like `word`, closest first: attn's one did-you-mean."""
+    return difflib.get_close_matches(str(word), [str(c) for c in choices], n=n, cutoff=0.6)
+
+
+def did_you_mean(*suggestions: str | None) -> str:
+    """'; did you mean `x`?' for the first suggestion, to end a message's problem; '' without one."""
+    return f"; did you mean `{suggestions[0]}`?" if suggestions and suggestions[0] else ""
 
 
 INT_TAG, FLOAT_TAG, STR_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"

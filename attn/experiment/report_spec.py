@@ -16,7 +16,6 @@ interval wholly on the claimed side, wholly on the other, or across it).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from attn.config.schema import Config
-from attn.config.yamlio import ConfigError, cut
+from attn.config.yamlio import ConfigError, closest, cut, did_you_mean
 
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha")
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
@@ -71,11 +70,6 @@ class ReportSpec:
     alpha: float = DEFAULT_ALPHA  # the family-wise level of the tested claims (Holm across them)
 
 
-def _did_you_mean(word: str, choices) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f"; did you mean `{close[0]}`?" if close else ""
-
-
 def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=(), n_seeds: int | None = None,
                  budget: int | None = None) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
@@ -95,7 +89,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
         for name in names:
             if name not in grid_keys:
                 raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
-                                  f"{_did_you_mean(name, grid_keys)}; expected one of {', '.join(grid_keys)}")
+                                  f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}")
             if name in role_of:
                 raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
                                   "a grid key has one role")
@@ -214,7 +208,7 @@ def _check_mapping(value, keys: tuple, where_: str) -> None:
         raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
     for key in value:
         if key not in keys:
-            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{_did_you_mean(key, keys)}; "
+            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
                               f"expected {', '.join(keys)}")
 
 

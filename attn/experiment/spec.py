@@ -59,9 +59,17 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn.config.loading import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
-from attn.config.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
-from attn.config.yamlio import ConfigError, cut, dump_yaml, parse_yaml, read_yaml_file, show_value
+from attn.config.loading import (
+    build_section,
+    check_run_name,
+    load_config,
+    parse_override,
+    set_dotted,
+    validate,
+    with_values,
+)
+from attn.config.schema import Config, all_keys, nearest_key, neutral_keys
+from attn.config.yamlio import ConfigError, cut, did_you_mean, dump_yaml, parse_yaml, read_yaml_file, show_value
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
 from attn.store import runs
 from attn.train import lifecycle
@@ -124,8 +132,7 @@ def cell_name(settings: tuple[tuple[str, object], ...], seed: int, grid_keys: li
 def check_grid_key(key, where: str, seeds: str = "`seeds:`") -> None:
     """A key a grid may vary: a config field, but not seed (set by `seeds`), name or runs_dir."""
     if key not in all_keys() or key in ("seed", "name", "runs_dir"):
-        suggestion = nearest_key(str(key)) if key != "seed" else None
-        hint = f"; did you mean `{suggestion}`?" if suggestion else ""
+        hint = did_you_mean(nearest_key(str(key)) if key != "seed" else None)
         reason = f"set with {seeds}" if key == "seed" else "not a config field that a grid can vary"
         raise ConfigError(f"{where}: `{cut(str(key))}`: {reason}{hint}")
 
@@ -216,7 +223,7 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     set_dotted(base, "logging.plots", plots)
-    base_config = validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+    base_config = validate(build_section(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
@@ -340,8 +347,8 @@ def save_experiment_file(path: Path, data: dict) -> None:
 def config_change(run_dir: Path, config: Config) -> list[str]:
     """How the config a run directory was made with differs from `config`
     ('key: stored -> wanted', jobs.config_difference), leaving out the
-    RESULT_NEUTRAL_KEYS; [] when the run is the config's run. ConfigError
+    neutral_keys(); [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
-    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=RESULT_NEUTRAL_KEYS)
+    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=neutral_keys())
 
 

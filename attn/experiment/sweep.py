@@ -32,7 +32,6 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import queue
 import signal
@@ -48,6 +47,7 @@ from attn.config.yamlio import ConfigError
 from attn.experiment import report_spec
 from attn.experiment.spec import Cell, Experiment, config_change
 from attn.store import locks, runs, runstate
+from attn.text import summary_figures
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
 from attn.train.stack import members_per_stack, stack_cost, stack_key
@@ -63,7 +63,7 @@ _started = None
 
 
 @dataclass(frozen=True)
-class RunOutcome:
+class CellAction:
     """What happened to one cell in this sweep."""
 
     cell: str
@@ -73,12 +73,12 @@ class RunOutcome:
     train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
 
 
-def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> RunOutcome:
+def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> CellAction:
     """One cell alone: run_cells([cell])."""
     return run_cells([cell], experiment_dir, experiment_file)[0]
 
 
-def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[RunOutcome]:
+def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[CellAction]:
     """Train cells of one shape into experiment_dir/<cell name> as one stack
     (attn.train.loop; those resuming from different steps as one stack per step),
     each unless the sweep was stopped, the run finished, or another writer
@@ -86,15 +86,15 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
     if _worker_stop.reason:
-        return [RunOutcome(c.name, "cancelled", "not started",
+        return [CellAction(c.name, "cancelled", "not started",
                            f"the sweep was stopped by {_worker_stop.reason} before it started") for c in cells]
     _one_blas_thread()
-    outcomes: dict[str, RunOutcome] = {}
+    outcomes: dict[str, CellAction] = {}
     with contextlib.ExitStack() as held:
         ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
         for cell in cells:
             prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
-            if isinstance(prepared, RunOutcome):
+            if isinstance(prepared, CellAction):
                 outcomes[cell.name] = prepared
             else:
                 ready.setdefault(prepared.step, []).append((cell, prepared))
@@ -112,7 +112,7 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
             for (cell, state), summary in zip(group, summaries):
                 action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
                 detail = summary["reason"] if action == "failed" else _figures(summary)
-                outcomes[cell.name] = RunOutcome(cell.name, action, summary["status"], detail, share)
+                outcomes[cell.name] = CellAction(cell.name, action, summary["status"], detail, share)
     return [outcomes[cell.name] for cell in cells]
 
 
@@ -123,21 +123,21 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(locks.RunLock(run_dir, "sweep"))
     except OSError as err:
-        return RunOutcome(cell.name, "failed", "failed",
+        return CellAction(cell.name, "failed", "failed",
                           f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
     except locks.RunLocked as err:
         holder = err.holder
         who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
                if holder.get("purpose") == "sweep" else f"{locks.describe_holder(holder)} is running this cell")
-        return RunOutcome(cell.name, "skipped-locked", "running", who)
+        return CellAction(cell.name, "skipped-locked", "running", who)
     except runs.RunError as err:
-        return RunOutcome(cell.name, "failed", "failed", str(err))
+        return CellAction(cell.name, "failed", "failed", str(err))
     try:
         return _prepare_locked_cell(cell, run_dir, experiment_file)
     except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
-        return RunOutcome(cell.name, "failed", "failed", str(err))
+        return CellAction(cell.name, "failed", "failed", str(err))
     except Exception as err:
-        return RunOutcome(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
+        return CellAction(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
 
 
 def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
@@ -150,11 +150,11 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
         diff = config_change(run_dir, cell.config)
         if diff:
             what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
-            return RunOutcome(cell.name, "failed", "config-changed",
+            return CellAction(cell.name, "failed", "config-changed",
                               f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
                               f"({what}; move or delete its directory to run the cell with the new config)")
     if finished:
-        return RunOutcome(cell.name, "skipped-finished", summary["status"], _figures(summary))
+        return CellAction(cell.name, "skipped-finished", summary["status"], _figures(summary))
     if resume:
         return lifecycle.prepare_resume(cell.config, run_dir)
     runs.write_config(run_dir, to_dict(cell.config),
@@ -197,7 +197,7 @@ def plan_stacks(cells) -> list[list[Cell]]:
 
 
 def _figures(summary: dict) -> str:
-    return runs.summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
+    return summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
 
 
 def _init_worker(started=None) -> None:
@@ -274,9 +274,9 @@ class DaskExecutor(Executor):
 
 
 def run_experiment(experiment: Experiment, executor: Executor,
-                   on_outcome: Callable[[RunOutcome], None] | None = None,
+                   on_outcome: Callable[[CellAction], None] | None = None,
                    should_stop: Callable[[], bool] = lambda: False,
-                   on_start: Callable[[list[str]], None] | None = None) -> list[RunOutcome]:
+                   on_start: Callable[[list[str]], None] | None = None) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
@@ -306,10 +306,10 @@ def run_experiment(experiment: Experiment, executor: Executor,
             try:
                 arrived = future.result()
             except CancelledError:
-                arrived = [RunOutcome(c.name, "cancelled", "not started", "the sweep was stopped before it started")
+                arrived = [CellAction(c.name, "cancelled", "not started", "the sweep was stopped before it started")
                            for c in stack]
             except Exception as err:  # the worker itself died
-                arrived = [RunOutcome(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+                arrived = [CellAction(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
                            for c in stack]
             for outcome in arrived:
                 ended.add(outcome.cell)
@@ -354,28 +354,22 @@ def active_sweep(experiment: Experiment):
     writes the report; a sweep started meanwhile waits for it."""
     try:
         experiment.directory.mkdir(parents=True, exist_ok=True)
-        lock = open(experiment.directory / ".sweeps.lock", "a")
     except OSError as err:
         raise runs.RunError(f"{experiment.directory}: cannot create the experiment directory: {err.strerror}") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
-
-        def last_one_out() -> bool:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            return True
-
+    with locks.SharedLock(experiment.directory / ".sweeps.lock") as last_one_out:
         yield last_one_out
 
 
 def signal_workers(executor: Executor, signum: int) -> None:
     """Pass a signal on to a local process pool's workers, so that each
-    checkpoints its run (a terminal's Ctrl-C reaches them anyway)."""
-    for process in (getattr(executor, "_processes", None) or {}).values():
+    checkpoints its run (a terminal's Ctrl-C reaches them anyway): this
+    process's multiprocessing children, as a sweep's process starts no others."""
+    import multiprocessing
+
+    if not isinstance(executor, LocalPool):
+        return
+    for process in multiprocessing.active_children():
         try:
             os.kill(process.pid, signum)
-        except (ProcessLookupError, AttributeError):
+        except ProcessLookupError:
             pass

@@ -41,6 +41,7 @@ from typing import Callable
 
 from attn.experiment.spec import Experiment
 from attn.store import runs
+from attn.text import markdown_table
 
 KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
 
@@ -85,7 +86,7 @@ def rerun(experiment: Experiment, variant: str, overrides: list[str], env: dict,
     return report
 
 
-def compare(reports: dict[str, dict]) -> list[dict]:
+def compare_verdicts(reports: dict[str, dict]) -> list[dict]:
     """Per expectation id: its verdict in every report, and whether they agree."""
     ids = list(dict.fromkeys(e["id"] for r in reports.values() for e in r["expectations"]))
     rows = []
@@ -144,19 +145,19 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     paths = {"float64": rerun(experiment, "float64", ["dtype=float64"], dict(os.environ), workers, progress),
              kernel: rerun(experiment, kernel.lower(), [], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers, progress)}
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
-    rows = compare(reports)
+    rows = compare_verdicts(reports)
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
               "unchanged": unchanged_runs(reports)}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
-    runs.write_atomic(out / f"{experiment.name}.md", markdown(result).encode())
+    runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
     result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
     return result
 
 
-def markdown(result: dict) -> str:
+def verify_markdown(result: dict) -> str:
     variants = list(result["platforms"])
     header = ["expectation", *variants, "agree"]
     rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
@@ -166,7 +167,7 @@ def markdown(result: dict) -> str:
     if not rows:
         verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
     else:
-        verdicts = [runs.markdown_table(header, rows), "",
+        verdicts = [markdown_table(header, rows), "",
                     "Every verdict agrees." if result["agree"] else
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
@@ -184,7 +185,7 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
     if not differing:
         return [summary + ".", ""]
     keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))
-    table = runs.markdown_table([*keys, *(f"learned {v}" for v in variants)],
+    table = markdown_table([*keys, *(f"learned {v}" for v in variants)],
                                 [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
                                  for c in differing])
     return [summary + "; where it differs:", "", table, ""]

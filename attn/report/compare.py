@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import difflib
 import io
 import math
 import os
@@ -57,9 +56,10 @@ from attn.analysis.grouping import (
 )
 from attn.analysis.outcomes import THRESHOLD
 from attn.config.schema import all_keys, nearest_key
-from attn.config.yamlio import ConfigError
+from attn.config.yamlio import ArgumentError, closest, did_you_mean
 from attn.report.compare_figure import DEFAULT_METRICS, X_AXES, draw_comparison, shared_references
 from attn.store import runs
+from attn.text import markdown_table
 from attn.train import figures
 
 YSCALES = ("auto", "log", "linear")
@@ -99,7 +99,7 @@ class GroupRow:
     left_out: int = 0  # runs drawn but not counted: they did not finish (module docstring, Statistics)
 
 
-def table_rows(groups: list[Group], threshold: float, include_unfinished: bool = False) -> list[GroupRow]:
+def group_rows(groups: list[Group], threshold: float, include_unfinished: bool = False) -> list[GroupRow]:
     """One row per group; its statistics over the runs that finished (all of them with include_unfinished)."""
     keys = varying_keys([g.settings for g in groups])
     rows = []
@@ -140,7 +140,7 @@ def format_statuses(statuses: dict) -> str:
     return ", ".join(f"{status} {count}" for status, count in sorted(statuses.items()))
 
 
-def markdown_table(rows: list[GroupRow], threshold: float, include_unfinished: bool = False) -> str:
+def group_table(rows: list[GroupRow], threshold: float, include_unfinished: bool = False) -> str:
     header = ["group", "n", "status", "final eval loss", "final eval acc", "best eval loss",
               f"steps to acc ≥ {threshold:g}", "wall time (s)"]
     cells = []
@@ -161,7 +161,7 @@ def markdown_table(rows: list[GroupRow], threshold: float, include_unfinished: b
     elif include_unfinished and any(status not in runs.FINISHED for row in rows for status in row.statuses):
         notes.append("Runs that did not finish are counted (--include-unfinished): their figures are where they "
                      "stopped, not final.")
-    return "\n".join([runs.markdown_table(header, cells)] + notes) + "\n"
+    return "\n".join([markdown_table(header, cells)] + notes) + "\n"
 
 
 def csv_table(rows: list[GroupRow]) -> str:
@@ -198,33 +198,32 @@ class Comparison:
 def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str, group_by=None, facet=None,
                   xlim=None) -> None:
     if not metrics:
-        raise ConfigError("--metric: got none; expected at least one logged metric, e.g. eval_loss")
+        raise ArgumentError("metrics", "got none; expected at least one logged metric, e.g. eval_loss")
     if x not in X_AXES:
-        raise ConfigError(f"--x: got {x!r}; expected one of {', '.join(X_AXES)}")
+        raise ArgumentError("x", f"got {x!r}; expected one of {', '.join(X_AXES)}")
     if not (isinstance(smoothing, (int, float)) and 0 <= smoothing < 1):
-        raise ConfigError(f"--smooth: got {smoothing!r}; expected a number in [0, 1) (0 = no smoothing)")
+        raise ArgumentError("smoothing", f"got {smoothing!r}; expected a number in [0, 1) (0 = no smoothing)")
     if not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
-        raise ConfigError(f"--threshold: got {threshold!r}; expected a finite number, e.g. 0.99")
+        raise ArgumentError("threshold", f"got {threshold!r}; expected a finite number, e.g. 0.99")
     if yscale not in YSCALES:
-        raise ConfigError(f"--yscale: got {yscale!r}; expected one of {', '.join(YSCALES)}")
-    for option, keys in (("--group-by", group_by or []), ("--facet", [facet] if facet else [])):
+        raise ArgumentError("yscale", f"got {yscale!r}; expected one of {', '.join(YSCALES)}")
+    for argument, keys in (("group_by", group_by or []), ("facet", [facet] if facet else [])):
         for key in keys:
             if key not in all_keys():
-                suggestion = nearest_key(key)
-                raise ConfigError(f"{option}: got {key!r}; expected a dotted config key, e.g. model.scale"
-                                  + (f"; did you mean `{suggestion}`?" if suggestion else ""))
+                raise ArgumentError(argument, f"got {key!r}; expected a dotted config key, e.g. model.scale"
+                                    + did_you_mean(nearest_key(key)))
     if xlim is not None and not (len(xlim) == 2 and all(math.isfinite(v) for v in xlim) and xlim[0] < xlim[1]):
-        raise ConfigError(f"--xlim: got {xlim!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
+        raise ArgumentError("xlim", f"got {xlim!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
 
 
 def check_metrics(metrics, logged: set[str]) -> None:
     """Every metric is logged; else one line with the nearest names, not all of them."""
     for metric in metrics:
         if metric not in logged:
-            close = difflib.get_close_matches(metric, sorted(logged), n=5)
+            close = closest(metric, sorted(logged), n=5)
             shown = close[1:] or [k for k in sorted(logged) if "/" not in k][:6]  # the overall ones, not per parameter
-            raise ConfigError(f"--metric: got {metric!r}; " + (f"did you mean `{close[0]}`? " if close else "")
-                              + f"expected a logged metric, e.g. {', '.join(shown)} ({len(logged)} are logged: "
+            raise ArgumentError("metrics", f"got {metric!r}{did_you_mean(*close)}; "
+                                + f"expected a logged metric, e.g. {', '.join(shown)} ({len(logged)} are logged: "
                               "the keys of a run's metrics.jsonl)")
 
 
@@ -260,8 +259,9 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
     if conditions:
         kept = [run for run in loaded if matches(run, conditions)]
         if not kept:
-            raise ConfigError(f"--where {' '.join(where)}: no run matches; among the runs, "
-                              + "; ".join(f"{key} is {_values_among(loaded, key)}" for key, _ in conditions))
+            raise ArgumentError("where", "no run matches; among the runs, "
+                                + "; ".join(f"{key} is {_values_among(loaded, key)}" for key, _ in conditions),
+                                " ".join(where))
         loaded = kept
     plotted = []
     for run in loaded:
@@ -274,7 +274,7 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
                             + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
     check_metrics(metrics, {key for run in plotted for record in run.records for key in record} - {"step"})
     groups = group_runs(plotted, group_by, facet)
-    rows = table_rows(groups, threshold, include_unfinished)
+    rows = group_rows(groups, threshold, include_unfinished)
     if out is None:
         out_dir = default_out_dir(run_dirs)
     else:
@@ -285,7 +285,7 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
             raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
     fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold,
                           comparison_title(run_dirs, plotted, groups, conditions, group_by, facet), xlim, facet)
-    table = markdown_table(rows, threshold, include_unfinished)
+    table = group_table(rows, threshold, include_unfinished)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
     written = [figures.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]
     for name, text in (("table.md", table + skipped_notes), ("table.csv", csv_table(rows))):

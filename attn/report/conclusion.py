@@ -19,17 +19,17 @@ import numpy as np
 
 from attn.analysis import outcomes
 from attn.analysis.grouping import canonical, format_value
-from attn.analysis.results import Cell, in_order
+from attn.analysis.results import CellResult, in_order
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout
 
 
-def _others(cell: Cell) -> str:
+def _others(cell: CellResult) -> str:
     """' (3 learned then lost, 1 slow)': what the seeds that did not learn did; '' if every seed learned."""
     others = ", ".join(f"{cell.count(n)} {n}" for n in outcomes.OUTCOMES if n != outcomes.LEARNED and cell.count(n))
     return f" ({others})" if others else ""
 
 
-def arm_sentences(chosen: dict[tuple, Cell], layout: Layout, where: str) -> list[str]:
+def arm_sentences(chosen: dict[tuple, CellResult], layout: Layout, where: str) -> list[str]:
     """One sentence per arm: at each x, how many seeds learned, and what the others did."""
     sentences = []
     for arm in in_order(a for _, a in chosen):
@@ -50,7 +50,7 @@ def _named(layout: Layout, arm: tuple) -> str:
     return f"`{layout.arm_label(arm)}`"
 
 
-def _success_sentence(label: str, chosen: dict[tuple, Cell], layout: Layout) -> tuple[str, set]:
+def _success_sentence(label: str, chosen: dict[tuple, CellResult], layout: Layout) -> tuple[str, set]:
     """'At ..., A and B learned in every seed at every d_k; C in fewer at d_k 4096 (1/5 (4 slow)).'
     and the arms that fell short somewhere."""
     everywhere, short = [], []
@@ -72,7 +72,7 @@ def _success_sentence(label: str, chosen: dict[tuple, Cell], layout: Layout) -> 
     return f"{label[:1].upper() + label[1:]}, " + "; ".join(parts) + ".", {arm for arm, _ in short}
 
 
-def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, Cell], layout: Layout) -> str:
+def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, CellResult], layout: Layout) -> str:
     """The least and most rate-sensitive arm at the largest x, with intervals,
     and a caution when the least sensitive one learns in few seeds at any rate."""
     x = in_order(x for x, _ in sensitivities)[-1]
@@ -113,7 +113,7 @@ def _length_sentence(at_lengths: dict, layout: Layout) -> str:
             + "; ".join(parts) + ".")
 
 
-def _transfer_sentence(best: dict[tuple, Cell], layout: Layout) -> str:
+def _transfer_sentence(best: dict[tuple, CellResult], layout: Layout) -> str:
     """Which arms were judged at one and the same best_of value at every x
     (their rate transfers across x, as muP claims of its own), and which not."""
     if not layout.best_of or len({x for x, _ in best}) < 2:
@@ -132,7 +132,7 @@ def _transfer_sentence(best: dict[tuple, Cell], layout: Layout) -> str:
             + (f"; it moved with {layout.x_name} for " + ", ".join(moved) if moved else "") + ".")
 
 
-def counts_summary(best: dict[tuple, Cell], shared: dict[tuple, Cell], layout: Layout, judged: list[dict],
+def counts_summary(best: dict[tuple, CellResult], shared: dict[tuple, CellResult], layout: Layout, judged: list[dict],
                    sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
     """The per-cell counts in words, beside the tables (not tested): which arms learn in
     every seed at every x at their own best setting, which fall short and

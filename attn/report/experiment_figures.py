@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 
 from attn.analysis import outcomes
 from attn.analysis.grouping import canonical, format_value
-from attn.analysis.results import in_order, mechanism_rows, median, sort_key
+from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.store.runs import series
 from attn.train.figures import save_figure
 
@@ -339,7 +339,7 @@ def mechanism_figure(best, layout, colors, steps, path):
     ax = axes[-1]
     for arm in arms:
         rows = [r for (x, a), c in best.items() if a == arm for s in c.seeds
-                for step, r in mechanism_rows(s.run).items() if step == first]
+                for step, r in mechanism_arrays(s.run).items() if step == first]
         jacobian = np.concatenate([r["jacobian"] for r in rows]) if rows else np.array([])
         bound = np.concatenate([r["bound"] for r in rows]) if rows else np.array([])
         ax.scatter(bound, jacobian, s=4, alpha=0.3, color=colors[arm])

@@ -23,25 +23,36 @@ import io
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
-from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
+from attn.analysis.results import (
+    COUNTED,
+    CellResult,
+    Excluded,
+    cells_lr_sensitivity,
+    collect,
+    in_order,
+    median,
+    sort_key,
+)
 from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
+from attn.text import markdown_table
 
 
 # ---------------------------------------------------------------------------
 # Cell figures as JSON and as table rows
 # ---------------------------------------------------------------------------
-def cell_json(cell: Cell) -> dict:
+def cell_json(cell: CellResult) -> dict:
     km = cell.time()
     return {
         "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
@@ -73,7 +84,7 @@ def _rate_text(rate: dict) -> str:
     return f"{rate['k']}/{rate['n']} [{rate['low']:.2f}, {rate['high']:.2f}]" if rate["n"] else "—"
 
 
-def _time_text(cell: Cell) -> str:
+def _time_text(cell: CellResult) -> str:
     km = cell.time()
     if not cell.n:
         return "—"
@@ -84,14 +95,14 @@ def _time_text(cell: Cell) -> str:
     return f"{km.median:g} [{low}, {high}]"
 
 
-def _loss_text(cell: Cell) -> str:
+def _loss_text(cell: CellResult) -> str:
     loss = cell.final_loss()
     if loss["median"] is None:
         return "—"
     return f"{loss['median']:.3g} [{loss['low']:.3g}, {loss['high']:.3g}]"
 
 
-def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]:
+def cell_rows(cells: list[CellResult], layout: Layout, keys: list[str]) -> list[dict]:
     rows = []
     for cell in cells:
         row = {layout.names[k]: format_value(cell.settings[k]) if k in cell.settings else "—" for k in keys}  # — : a block that does not set k
@@ -107,7 +118,7 @@ def table_rows(cells: list[Cell], layout: Layout, keys: list[str]) -> list[dict]
     return rows
 
 
-def threshold_rows(chosen: dict[tuple, Cell], layout: Layout) -> list[dict]:
+def threshold_rows(chosen: dict[tuple, CellResult], layout: Layout) -> list[dict]:
     """Per judged cell: learned / slow / stalled seeds with the threshold at each of outcomes.THRESHOLDS,
     what the slow seeds did (near, unstable, far) and the plateau the seeds that never reached sat at."""
     rows = []
@@ -125,11 +136,11 @@ def threshold_rows(chosen: dict[tuple, Cell], layout: Layout) -> list[dict]:
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    return runs.markdown_table(list(rows[0]), [list(map(str, row.values())) for row in rows]) if rows else "(none)"
+def rows_table(rows: list[dict]) -> str:
+    return markdown_table(list(rows[0]), [list(map(str, row.values())) for row in rows]) if rows else "(none)"
 
 
-def mechanism_rows(cells: dict[tuple, Cell], layout: Layout, steps: list[int]) -> list[dict]:
+def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[int]) -> list[dict]:
     """Per judged cell: score std at init against theory, and the row
     mechanism (attn.model.mechanism.summary, median over seeds) at each step."""
     rows = []
@@ -152,7 +163,7 @@ def _fmt(value) -> str:
 # ---------------------------------------------------------------------------
 # The platform the runs were made on
 # ---------------------------------------------------------------------------
-def platforms(cells: list[Cell]) -> dict[str, list[str]]:
+def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
     """Each provenance fact (cpu, blas, openblas_coretype, dtype, attn_commit,
     numpy) -> its distinct values over the runs reported."""
     facts: dict[str, set] = {}
@@ -168,7 +179,7 @@ def platforms(cells: list[Cell]) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in facts.items()}
 
 
-def code_states(cells: list[Cell]) -> dict[str, int]:
+def code_states(cells: list[CellResult]) -> dict[str, int]:
     """Each code state the reported runs were made with (provenance attn_commit, `git describe
     --always --dirty`: a '-dirty' suffix is uncommitted code; 'unknown' where none was recorded)
     -> its number of runs."""
@@ -244,11 +255,35 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
         return _write(experiment, [c for c in cells if c.n or c.unfinished], excluded)
 
 
-def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) -> dict[str, Path]:
-    out, layout = experiment.directory, Layout(experiment)
+@dataclass(frozen=True)
+class Findings:
+    """What an experiment's report says, computed once for its report.json, report.md and report.csv."""
+
+    experiment: Experiment
+    layout: Layout
+    cells: list[CellResult]  # as collected
+    ordered: list[CellResult]  # in table order (by keys)
+    keys: list[str]  # the grid keys a table orders by: x, arm, best_of
+    excluded: list[Excluded]
+    best: dict  # (x, arm) -> the cell judged at the arm's best setting
+    shared: dict  # (x, arm) -> the cell at the shared setting
+    judged: list[dict]  # one verdict per expectation
+    steps: list[int]  # the steps the mechanism was measured at
+    sensitivities: dict  # (x, arm) -> its learning-rate sensitivity
+    at_lengths: dict  # (x, arm) -> its figures at longer contexts
+    headline: str  # the verdicts in words, with their tests and scope
+    counts_summary: str  # the per-cell counts in words (described, not tested)
+    platform: dict
+    sensitivity_table: str | None
+    claims: dict  # the claims frozen before the runs, against the file's now
+    code_states: dict  # each code state the runs were made with -> its number of runs
+
+
+def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> Findings:
+    layout = Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
-    sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
+    sensitivities = ({key: cells_lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     claims = frozen_claims(experiment)
@@ -258,40 +293,49 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                        else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
-    states = code_states(cells)
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
-    counts_text = counts_summary(best, shared, layout, judged, sensitivities, at_lengths)
-    summary_text = headline(judged, layout, scope(experiment))
-    data = {
+    return Findings(experiment, layout, cells, ordered, keys, excluded, best, shared, judged, steps, sensitivities,
+                    at_lengths, headline(judged, layout, scope(experiment)),
+                    counts_summary(best, shared, layout, judged, sensitivities, at_lengths), platforms(cells),
+                    rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None, claims,
+                    code_states(cells))
+
+
+def report_json(found: Findings) -> dict:
+    experiment, layout = found.experiment, found.layout
+    return {
         "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
-        "runs": sum(c.n for c in cells) + sum(sum(c.unfinished.values()) for c in cells),
-        "code_states": states, "code_state_note": code_state_note(states), "claims": claims,
-        "cells_in_file": len(experiment.cells), "platform": platforms(cells),
+        "runs": sum(c.n for c in found.cells) + sum(sum(c.unfinished.values()) for c in found.cells),
+        "code_states": found.code_states, "code_state_note": code_state_note(found.code_states),
+        "claims": found.claims, "cells_in_file": len(experiment.cells), "platform": found.platform,
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
                                                           "shared": json_number(experiment.report.shared)},
-        "cells": [cell_json(c) for c in ordered],
-        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in best.items()],
-        "expectations": [_json_safe(j) for j in judged],
-        "headline": summary_text, "counts_summary": counts_text, "excluded": [e.__dict__ for e in excluded],
+        "cells": [cell_json(c) for c in found.ordered],
+        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in found.best.items()],
+        "expectations": [_json_safe(j) for j in found.judged],
+        "headline": found.headline, "counts_summary": found.counts_summary,
+        "excluded": [e.__dict__ for e in found.excluded],
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
-                        for (x, arm), value in sensitivities.items()],
-        "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
+                        for (x, arm), value in found.sensitivities.items()],
+        "sensitivity_table": found.sensitivity_table,
+        "lengths": [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
+                    for (x, arm), by_length in found.at_lengths.items()],
     }
-    data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
-                       for (x, arm), by_length in at_lengths.items()]
+
+
+def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
+    found = findings(experiment, cells, excluded)
+    out = experiment.directory
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
-    runs.write_json(paths["json"], data, indent=None)  # every cell and seed: compact, it is read by programs
-    runs.write_atomic(paths["csv"], _csv_text(table_rows(ordered, layout, keys)).encode())
-    paths.update(experiment_figures.draw_all(experiment, groups(cells, layout), layout, best, shared, steps,
-                                         sensitive=bool(sensitivities), at_lengths=at_lengths))
-    runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
-                                            summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"], claims, data["code_state_note"],
-                                            counts_text).encode())
+    runs.write_json(paths["json"], report_json(found), indent=None)  # every cell and seed: compact, it is read by programs
+    runs.write_atomic(paths["csv"], _csv_text(cell_rows(found.ordered, found.layout, found.keys)).encode())
+    paths.update(experiment_figures.draw_all(experiment, groups(cells, found.layout), found.layout, found.best, found.shared, found.steps,
+                                             sensitive=bool(found.sensitivities), at_lengths=found.at_lengths))
+    runs.write_atomic(paths["md"], report_markdown(found, paths).encode())
     return paths
 
 
@@ -385,24 +429,26 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
     return rows
 
 
-def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table, claims=None, code_note="", counts_text="") -> str:
-    keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
+def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
+    experiment, layout, cells, keys = found.experiment, found.layout, found.cells, found.keys
+    best, shared, judged, steps, excluded, sensitivities, at_lengths = (found.best, found.shared, found.judged, found.steps, found.excluded,
+                                                                        found.sensitivities, found.at_lengths)
     n_runs = sum(c.n for c in cells)
-    facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
+    facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in found.platform.items())
+    note = code_state_note(found.code_states)
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
             f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
             + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
-               if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {code_note}" if code_note else ""), "",
-            "## In one paragraph (generated)", "", summary_text, "",
-            "## The counts, in words (generated; described, not tested)", "", counts_text, "",
+               if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {note}" if note else ""), "",
+            "## In one paragraph (generated)", "", found.headline, "",
+            "## The counts, in words (generated; described, not tested)", "", found.counts_summary, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
     for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
                           (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
         if chosen:
-            text += [f"## Headline: {title}", "", markdown_table(table_rows(list(chosen.values()), layout, keys)), ""]
+            text += [f"## Headline: {title}", "", rows_table(cell_rows(list(chosen.values()), layout, keys)), ""]
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
@@ -411,9 +457,9 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
              f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "
              f"{outcomes.UNSTABLE}: final loss > {outcomes.UNSTABLE_FACTOR:g} x its best; {outcomes.FAR}: neither), "
              f"at {outcomes.THRESHOLD:g}; and the plateau the seeds that never reached it sat at.", "",
-             markdown_table(threshold_rows(best, layout)), ""]
+             rows_table(threshold_rows(best, layout)), ""]
     if judged:
-        text += ["## Expectations, judged", ""] + (claims_lines(claims) if claims else [])
+        text += ["## Expectations, judged", ""] + claims_lines(found.claims)
         for j in judged:
             text += expectation_lines(j, layout)
         text.append("")
@@ -422,17 +468,16 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
         text += [f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}", "",
                  "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
                  "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
-                 "over seeds, bootstrap 95% interval.", "", sensitivity_table, ""]
+                 "over seeds, bootstrap 95% interval.", "", found.sensitivity_table, ""]
     if at_lengths:
         text += ["## Longer contexts than trained on (median over seeds)", "",
                  f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.analysis.lengths: "
                  f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
-                 "its accuracy.", "", markdown_table(length_rows(at_lengths, layout)), ""]
+                 "its accuracy.", "", rows_table(length_rows(at_lengths, layout)), ""]
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
-                 markdown_table(mechanism_rows(best, layout, steps)), ""]
-    text += ["## Every cell", "", markdown_table(table_rows(sorted(cells, key=lambda c: [
-        sort_key(value_of(c.settings.get(k))) for k in keys]), layout, keys)), ""]
+                 rows_table(mechanism_rows(best, layout, steps)), ""]
+    text += ["## Every cell", "", rows_table(cell_rows(found.ordered, layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]
     figures = [p for p in paths.values() if p.suffix == ".png"]

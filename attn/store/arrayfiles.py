@@ -1,6 +1,6 @@
 """A run directory's array files: .npz of plain arrays, written atomically, read bounded and without pickle.
 
-    checkpoint.npz   param/<name>, optim/<key> and meta (JSON text): save_checkpoint, load_checkpoint
+    checkpoint.npz   param/<name>, optim/<key> and meta (JSON text): save_checkpoint_arrays, load_checkpoint
     attention.npz, mechanism.npz   plain arrays: save_arrays, load_arrays
 
 Every file is written through runs.write_atomic (a temporary file, fsynced,
@@ -25,7 +25,7 @@ MAX_ARRAYS_BYTES = 256 << 20  # attention.npz (and any other array file but the 
 CHECKPOINT_SLACK_BYTES = 1 << 20  # a checkpoint's headers, metadata and zip directory beyond its arrays
 
 
-def save_checkpoint(path: Path, params: dict, optim_state: dict, meta: dict) -> None:
+def save_checkpoint_arrays(path: Path, params: dict, optim_state: dict, meta: dict) -> None:
     """params under 'param/<name>', optimiser state under 'optim/<key>', meta as JSON text."""
     arrays = {f"param/{k}": v for k, v in params.items()}
     arrays.update({f"optim/{k}": v for k, v in optim_state.items()})

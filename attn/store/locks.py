@@ -118,6 +118,36 @@ class RunLock:
             os.close(entry[0])  # releases the flock
 
 
+class SharedLock:
+    """A lock many processes hold together (a shared flock on `path`), as
+    running sweeps of one experiment do. Entering yields last_one_out(): it
+    ends this process's share and tells whether no other process holds one;
+    if none does, this one then holds the lock alone until it leaves (a
+    process entering meanwhile waits), so exactly one of them acts last."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __enter__(self):
+        try:
+            self._file = open(self.path, "a")
+        except OSError as err:
+            raise RunError(f"{self.path}: cannot open the lock file: {describe_os_error(err)}") from None
+        fcntl.flock(self._file, fcntl.LOCK_SH)
+        return self._last_one_out
+
+    def _last_one_out(self) -> bool:
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
 def is_locked(directory: Path) -> bool:
     """Whether some process holds the directory's RunLock (a shared flock
     tried and released at once; this process's own lock reads as held)."""

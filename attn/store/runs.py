@@ -415,28 +415,6 @@ def is_finite_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def format_number(value, spec: str) -> str:
-    """A metric for people: formatted if it is a finite number, else 'nan'
-    (records store non-finite values, and meaningless ones, as null)."""
-    return format(value, spec) if is_finite_number(value) else "nan"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table; a '|' inside a cell is escaped."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def summary_figures(summary: dict) -> str:
-    """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
-    (NaN) or read back from disk (null)."""
-    final, best = summary.get("final") or {}, summary.get("best") or {}
-    return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
-            f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
-            f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
-
-
 def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of a metric, non-finite and missing values dropped."""
     pairs = [(r["step"], r[key]) for r in records if is_finite_number(r.get(key))]

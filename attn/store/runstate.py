@@ -156,7 +156,7 @@ def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state
     carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),
                **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()}}
     kept = checkpoint_file(state.run_dir, state.step)
-    arrayfiles.save_checkpoint(kept, state.params if params is None else params, carried, meta)
+    arrayfiles.save_checkpoint_arrays(kept, state.params if params is None else params, carried, meta)
     runs.link_atomic(kept, checkpoint_file(state.run_dir))
 
 

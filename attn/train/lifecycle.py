@@ -17,7 +17,7 @@ extension. A cosine schedule is a function of the budget, so it is refused.
 
 Forking: a new run directory started from another run's checkpoint at
 some step (the last, or one it kept: checkpoint-<step>.npz), with the
-source's config changed only in FORK_KEYS: values that leave the shapes,
+source's config changed only in the fields the schema declares forkable: values that leave the shapes,
 the optimiser state, the data and the eval set as the checkpoint has them.
 The fork starts as a copy of its source at that step: the checkpoint, the
 records before it and the attention snapshot at step 0, so it then resumes
@@ -42,26 +42,11 @@ from pathlib import Path
 import numpy as np
 
 from attn.config.loading import check_run_name, flatten_config, load_config
-from attn.config.schema import Config, to_dict
+from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
 from attn.store import arrayfiles, locks, runs, runstate
 from attn.train import allocator, loop
 from attn.train.loop import StopFlag
-
-# Config fields a fork may change: none changes a shape, the optimiser state's layout, the task, the batches or the
-# eval set that the checkpoint and the records before it were made with.
-FORK_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.mechanism_step", "optim.lr",
-             "optim.lr_mult", "optim.qk_lr_exponent", "optim.clip_norm", "optim.schedule", "optim.warmup_steps",
-             "optim.min_lr_ratio", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.eps", "optim.nesterov",
-             "model.scale", "train.steps", "train.on_nonfinite")
-NOT_FORKED_BECAUSE = {  # why a fork keeps a key that changes no shape
-    "seed": "the seed fixes the batches and the eval set, which a fork continues from its source",
-    "logging.log_every": "a fork keeps its source's records before the fork",
-    "logging.attention_examples": "a fork keeps its source's attention snapshot at step 0",
-    **{f"model.{k}": "it is read only at initialisation, and a fork starts from the checkpoint's parameters"
-       for k in ("qk_gain", "v_gain", "o_gain", "readout_gain", "temperature_init", "length_scale_init",
-                 "mup_zero_init_q")},
-}
 
 
 def provenance(config_path: str | None, overrides) -> dict:
@@ -283,7 +268,7 @@ class ForkPlan:
 def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
     """Check a fork of `source` at `step` (None: its last checkpoint) with
     `overrides` applied to its config, reading its checkpoint; writes nothing.
-    ConfigError for a key a fork may not change (FORK_KEYS), a step without a
+    ConfigError for a key a fork may not change (schema.fork_keys), a step without a
     checkpoint (naming those there are) or a budget that ends before it."""
     source = Path(source)
     what = f"--fork {source}" + ("" if step is None else f"@{step}")
@@ -293,11 +278,12 @@ def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
     if requested.name == stored.name:
         requested = dataclasses.replace(requested, name=None)  # the fork is named for itself, not its source
     changes = config_difference(stored, requested, ignore=("name",))
+    forkable, reasons = fork_keys(), not_forked_because()
     for change in changes:
         key = change.split(":", 1)[0]
-        if key not in FORK_KEYS:
-            allowed = ", ".join(k for k in FORK_KEYS if k not in ("name", "runs_dir"))
-            why = NOT_FORKED_BECAUSE.get(key, "it changes the shapes, the optimiser state, the task or the data "
+        if key not in forkable:
+            allowed = ", ".join(forkable)
+            why = reasons.get(key, "it changes the shapes, the optimiser state, the task or the data "
                                               "the checkpoint was made with")
             raise ConfigError(f"{what}: {change}: a fork cannot change it ({why}); a fork may change {allowed}")
     checkpoint, step = _fork_checkpoint(source, step, what)

@@ -19,27 +19,20 @@ from __future__ import annotations
 import numpy as np
 
 from attn.config.loading import build_spec, build_task, estimate_memory_bytes, flatten_config
-from attn.config.schema import Config, to_dict
+from attn.config.schema import Config, per_member_keys, to_dict
 from attn.model import head
 from attn.model.fast import Batch
 from attn.store.runstate import RunState, build_optimizer, lr_multipliers
 
-# Config keys whose values may differ between the members of one stack; every other key is shared.
-PER_MEMBER_KEYS = ("name", "runs_dir", "seed", "model.scale", "model.qk_gain", "model.v_gain", "model.o_gain",
-                   "model.readout_gain", "optim.lr", "optim.lr_mult", "optim.qk_lr_exponent", "optim.clip_norm",
-                   "optim.schedule",
-                   "optim.warmup_steps", "optim.min_lr_ratio", "train.steps", "train.on_nonfinite")
-PER_MEMBER_SECTIONS = ("logging.",)
 MAX_STACK_MEMBERS = 16  # beyond about this many, a stack of small runs gains no more per member
 STACK_MEMORY_BYTES = 128 << 20  # a stack's estimated memory; past it, more members cost more than they save
 
 
 def stack_key(config: Config) -> tuple:
-    """What runs must share to train as one stack: every config value but
-    PER_MEMBER_KEYS and the logging section."""
-    flat = flatten_config(to_dict(config))
-    return tuple((k, repr(v)) for k, v in sorted(flat.items())
-                 if k not in PER_MEMBER_KEYS and not k.startswith(PER_MEMBER_SECTIONS))
+    """What runs must share to train as one stack: every config value but those
+    of the fields declared per_member in the schema."""
+    flat, per_member = flatten_config(to_dict(config)), per_member_keys()
+    return tuple((k, repr(v)) for k, v in sorted(flat.items()) if k not in per_member)
 
 
 def members_per_stack(config: Config) -> int:

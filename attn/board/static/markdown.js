@@ -15,7 +15,7 @@
       .replace(/(^|[^*\w])\*([^*\s][^*]*)\*(?!\w)/g, "$1<em>$2</em>");
   }
 
-  // a table row's cells; `\|` is a pipe inside a cell (runs.markdown_table writes it so)
+  // a table row's cells; `\|` is a pipe inside a cell (attn.text.markdown_table writes it so)
   function cells(line) {
     return line.trim().replace(/^\||\|$/g, "").split(/(?<!\\)\|/).map((cell) => cell.trim().replace(/\\\|/g, "|"));
   }

@@ -1,0 +1,31 @@
+"""Numbers and tables for people: a metric, a run's headline figures, a Markdown table.
+
+The store reads and writes run files; this formats what they hold (the CLI's
+lines, a sweep's progress, reports, verify and the benchmark's tables).
+"""
+
+from __future__ import annotations
+
+from attn.store.runs import is_finite_number
+
+
+def format_number(value, spec: str) -> str:
+    """A metric for people: formatted if it is a finite number, else 'nan'
+    (records store non-finite values, and meaningless ones, as null)."""
+    return format(value, spec) if is_finite_number(value) else "nan"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; a '|' inside a cell is escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_figures(summary: dict) -> str:
+    """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
+    (NaN) or read back from disk (null)."""
+    final, best = summary.get("final") or {}, summary.get("best") or {}
+    return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
+            f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
+            f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
