@@ -21,6 +21,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from attn.config.loading import integer_problem
 from attn.config.schema import Config
 from attn.config.yamlio import ConfigError, cut
 
@@ -108,8 +109,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
         raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
                           "(true needs a best_of, the rate it is measured over)")
     lengths = report.get("lengths", [])
-    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                                for n in lengths):
+    if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
                           "retrieval pairs, e.g. [8, 32, 128]")
     spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths))

@@ -59,7 +59,16 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attn.config.loading import build, check_run_name, load_config, parse_override, set_dotted, validate, with_values
+from attn.config.loading import (
+    build,
+    check_run_name,
+    integer_problem,
+    load_config,
+    parse_override,
+    set_dotted,
+    validate,
+    with_values,
+)
 from attn.config.schema import RESULT_NEUTRAL_KEYS, Config, all_keys, nearest_key
 from attn.config.yamlio import ConfigError, cut, dump_yaml, parse_yaml, read_yaml_file, show_value
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
@@ -194,9 +203,14 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
             raise ConfigError(f"{source}: missing `{key}`")
     name = check_run_name(data["name"], f"{source}: name")
     seeds = data["seeds"]
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
+    if not isinstance(seeds, list) or not seeds:
         raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
+    for seed in seeds:  # the integer rule of every config field (the seed is one), before anything runs
+        if integer_problem(seed, ge=0):
+            raise ConfigError(f"{source}: seeds: got {show_value(seed)}; expected {integer_problem(seed, ge=0)}")
+    if len(set(seeds)) != len(seeds):
+        twice = next(seed for seed in seeds if seeds.count(seed) > 1)
+        raise ConfigError(f"{source}: seeds: got {twice} twice; expected a non-empty list of distinct integers >= 0")
     file_overrides = data.get("overrides") or {}
     if not isinstance(file_overrides, dict):
         raise ConfigError(f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value")
@@ -273,6 +287,9 @@ def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
         low, dash, high = part.strip().partition("-")
         if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
             raise ConfigError(bad)
+        if len(low) > 20 or len(high) > 20 or any(integer_problem(int(n), ge=0) for n in (low, high) if n):
+            raise ConfigError(f"--seeds: got {show_value(text)}; expected seeds that are each "
+                              f"{integer_problem(-1, ge=0)}")
         ranges.append((int(low), int(high) if dash else int(low)))
     if any(high < low for low, high in ranges):
         raise ConfigError(f"{bad}; a range goes from low to high")
