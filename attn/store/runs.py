@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from attn.config.schema import all_keys
-from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file
+from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file, show_value
 from attn.store.processes import pid_alive, writer_identity
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
@@ -74,7 +74,28 @@ def describe_os_error(err: OSError) -> str:
         return "permission denied"
     if err.errno == errno.EROFS:
         return "read-only file system"
+    if err.errno == errno.ENAMETOOLONG:
+        return "the path is too long"
+    if err.errno == errno.ENOTDIR:
+        return "a component of the path is not a directory"
     return err.strerror or str(err)
+
+
+PATH_FIXES = {  # errno -> what to do about a path a user gave that the OS refused
+    errno.ENAMETOOLONG: "choose a shorter path (each name at most 255 bytes, the whole path at most 4096)",
+    errno.ENOTDIR: "a name in it is a file: choose a path whose every parent is a directory",
+    errno.EACCES: "choose a place you may write, or change its permissions",
+    errno.EPERM: "choose a place you may write, or change its permissions",
+    errno.EROFS: "choose a place on a writable file system",
+    errno.ENOSPC: "free some space (or choose another disk) and run the same command again",
+    errno.ELOOP: "it goes through too many symbolic links: choose a plain directory path",
+}
+
+
+def describe_path_error(path, err: OSError) -> str:
+    """One line for an OS error from a path a user gave: the path (cut), what went wrong, the fix."""
+    fix = PATH_FIXES.get(err.errno, "check the path and try again")
+    return f"{show_value(str(path))}: {describe_os_error(err)}; {fix}"
 
 
 # ---------------------------------------------------------------------------
@@ -220,7 +241,7 @@ def create_run_dir(runs_dir: Path, name: str) -> Path:
             except FileExistsError:
                 continue
     except OSError as err:
-        raise RunError(f"{runs_dir}: cannot create a run directory: {describe_os_error(err)}") from None
+        raise RunError(f"cannot create a run directory in {describe_path_error(runs_dir, err)}") from None
     raise RunError(f"{runs_dir}: too many runs named {name!r}")
 
 

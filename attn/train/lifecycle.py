@@ -114,14 +114,19 @@ def check_directory_path(path: str | os.PathLike, what: str) -> None:
     its parents that exists is not a directory (runs_dir=README.md)."""
     path = Path(path)
     for candidate in (path, *path.parents):
-        if candidate.exists():
-            if not candidate.is_dir():
-                where = "it" if candidate == path else str(candidate)
-                problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
-                example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
-                raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
-                                  f"e.g. {example}")
-            return
+        try:
+            os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):  # not there (yet): its parent is checked next
+            continue
+        except OSError as err:  # too long, no permission to look
+            raise ConfigError(f"{what} {runs.describe_path_error(path, err)}") from None
+        if not candidate.is_dir():
+            where = "it" if candidate == path else str(candidate)
+            problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
+            example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
+            raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
+                              f"e.g. {example}")
+        return
 
 
 @contextlib.contextmanager
