@@ -139,6 +139,12 @@ class TrainConfig:
 class LoggingConfig:
     log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0)
     checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True)
+    keep_checkpoints: typing.Optional[int] = F(2, "checkpoints kept (checkpoint-<step>.npz, to resume or fork from): "
+                                               "the last K; older ones are removed once a new one is written; "
+                                               "null = every one (a sweep keeps 1 unless its experiment sets this)",
+                                               ge=1, neutral=True)
+    keep_every: typing.Optional[int] = F(None, "also keep every checkpoint whose step is a multiple of this, for "
+                                         "forks; null = none beyond keep_checkpoints", gt=0, neutral=True)
     plots: bool = F(True, "draw the run's figures when it ends", neutral=True)
     attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True)
     mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient (attn.model.mechanism) "

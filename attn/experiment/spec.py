@@ -35,7 +35,9 @@ Each (cell, seed) is one run directory named after its settings, e.g.
 runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
 a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
 A sweep (attn.experiment.sweep) draws no per-run figures unless asked (`plots`):
-logging.plots of every cell is set from it.
+logging.plots of every cell is set from it. A cell keeps only its last
+checkpoint (logging.keep_checkpoints 1) unless the base config, the
+overrides or the grid set logging.keep_checkpoints.
 
 On the command line, `attn sweep CONFIG --grid model.d_k=16,64 --grid
 model.scale=sqrt,none --seeds 0-4 [--name N] [key=value ...]` makes the
@@ -77,6 +79,7 @@ from attn.train import lifecycle
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+SWEEP_KEEP_CHECKPOINTS = 1  # a cell is resumed from its last checkpoint; more only if the experiment asks
 MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
 
 
@@ -230,6 +233,8 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     set_dotted(base, "logging.plots", plots)
+    if not isinstance(base.get("logging"), dict) or "keep_checkpoints" not in base["logging"]:
+        set_dotted(base, "logging.keep_checkpoints", SWEEP_KEEP_CHECKPOINTS)  # unless the file or an override asks
     base_config = validate(build(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)

@@ -245,6 +245,34 @@ def create_run_dir(runs_dir: Path, name: str) -> Path:
     raise RunError(f"{runs_dir}: too many runs named {name!r}")
 
 
+def disk_use(run_dir: Path) -> int:
+    """Bytes a run directory takes on disk: its files' allocated blocks, a file
+    with two names (checkpoint.npz and the checkpoint-<step>.npz it links) once."""
+    seen, total = set(), 0
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+    return total
+
+
+def format_bytes(n: int) -> str:
+    """Like du -h: 512B, 40K, 6.4M, 1.2G."""
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{n}B"
+
+
 def default_run_name(config_path: str | None) -> str:
     stem = Path(config_path).stem if config_path else "defaults"
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"

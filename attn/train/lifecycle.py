@@ -50,7 +50,8 @@ from attn.train.loop import StopFlag
 
 # Config fields a fork may change: none changes a shape, the optimiser state's layout, the task, the batches or the
 # eval set that the checkpoint and the records before it were made with.
-FORK_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.mechanism_step", "optim.lr",
+FORK_KEYS = ("name", "runs_dir", "logging.plots", "logging.checkpoint_every", "logging.keep_checkpoints",
+             "logging.keep_every", "logging.mechanism_step", "optim.lr",
              "optim.lr_mult", "optim.qk_lr_exponent", "optim.clip_norm", "optim.schedule", "optim.warmup_steps",
              "optim.min_lr_ratio", "optim.weight_decay", "optim.beta1", "optim.beta2", "optim.eps", "optim.nesterov",
              "model.scale", "train.steps", "train.on_nonfinite")
@@ -325,8 +326,14 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
     if last_step is not None and step in (None, last_step):
         return last, last_step
     there = sorted(set(kept) | ({last_step} - {None}))
+    retention = ""
+    if there and step is not None and step < there[-1]:
+        logging = config_of(source).logging
+        retention = (f" (logging.keep_checkpoints {show_value(logging.keep_checkpoints)}, logging.keep_every "
+                     f"{show_value(logging.keep_every)}: older checkpoints are removed as new ones are written; "
+                     "to fork from more steps, train with a larger logging.keep_checkpoints or a logging.keep_every)")
     raise ConfigError(f"{what}: no checkpoint" + (f" at step {step}" if step is not None else "") + "; "
-                      + (f"its checkpoints are at steps {', '.join(map(str, there))}" if there else
+                      + (f"its checkpoints are at steps {', '.join(map(str, there))}{retention}" if there else
                          "the run has written none yet (one every logging.checkpoint_every steps)"))
 
 
