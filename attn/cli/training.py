@@ -126,11 +126,11 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
     source_text, at, step_text = text.rpartition("@")
     if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
         source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
-    source = run_dir_argument(source_text, "--fork")
     step = None if step_text is None else int(step_text) if len(step_text) <= 20 else MAX_INTEGER + 1
     if step is not None and integer_problem(step, ge=0):
         raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected "
                           f"{integer_problem(step, ge=0)}")
+    source = run_dir_argument(source_text, "--fork")
     plan = lifecycle.plan_fork(source, step, overrides)
     with lifecycle.new_fork(plan, overrides, name) as run_dir:
         state = lifecycle.prepare_resume(plan.config, run_dir)

@@ -111,7 +111,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     lengths = report.get("lengths", [])
     if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
-                          "retrieval pairs, e.g. [8, 32, 128]")
+                          f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]")
     spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths))
     checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
                for i, e in enumerate(expect)]

@@ -6,7 +6,8 @@
         summary.json     status, heartbeat, final and best figures (atomic)
         checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle):
                          the last one, a second name (hard link) of checkpoint-<step>.npz
-        checkpoint-<step>.npz   every checkpoint, kept by its step (to fork from: attn train --fork RUN@STEP)
+        checkpoint-<step>.npz   the last logging.keep_checkpoints checkpoints and every logging.keep_every-th,
+                         kept by their step (to fork from; attn.store.runstate.retained_steps)
         mechanism.npz    per-row saturation and gradient norms at step 0 and logging.mechanism_step
         attention.npz    attention weights of a few eval examples at init and at the end
         *.png            figures (see attn.train.figures)
