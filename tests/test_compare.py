@@ -481,7 +481,7 @@ def test_ages_read_like_ls():
 def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys):
     assert cli.main(["runs", str(root)]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
-    assert header.split() == ["name", "status", "task", "scale", "seed", "eval_loss", "eval_acc", "age"]
+    assert header.split() == ["name", "status", "task", "scale", "seed", "eval_loss", "eval_acc", "age", "disk"]
     assert [line.split()[:5] for line in lines] == [
         [f"exp/{scale}-s{seed}", "completed", "retrieval", scale, str(seed)]
         for scale in sorted(SCALES) for seed in SEEDS]

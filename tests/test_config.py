@@ -447,3 +447,38 @@ def test_cli_process_refuses_an_object_tag_with_exit_2(tmp_path):
 def test_no_float_field_accepts_inf_or_nan(key):
     for value in (".inf", ".nan", "-.inf"):
         assert f"{key}: got {value}; expected" in config_error(None, [f"{key}={value}"])
+
+
+BIG = 10**60 - 1  # 60 digits
+
+
+@pytest.mark.parametrize("where", ["config", "override", "experiment_seeds", "experiment_override", "report_lengths",
+                                   "seeds_flag", "fork_step", "integer_flag"])
+def test_one_integer_rule_for_every_integer_a_user_writes(where, tmp_path, capsys):
+    """Configs, experiment files (seeds included) and the command line: beyond 2^53 is refused, in one line naming
+    the field and the value, exit 2, before any run starts (nothing is created)."""
+    base = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+    experiment = {"name": "e", "base": str(base), "overrides": {"train.steps": 2}, "grid": {"optim.lr": [0.1]},
+                  "seeds": [0]}
+    if where == "experiment_seeds":
+        experiment["seeds"] = [BIG]
+    if where == "experiment_override":
+        experiment["overrides"] = {"seed": BIG}
+    if where == "report_lengths":
+        experiment["report"] = {"lengths": [BIG]}
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(experiment))
+    (tmp_path / "c.yaml").write_text(f"seed: {BIG}\n")
+    runs_dir = f"--runs-dir={tmp_path / 'runs'}"
+    args = {"config": ["train", tmp_path / "c.yaml", f"runs_dir={tmp_path / 'runs'}"],
+            "override": ["train", base, f"seed={BIG}", f"runs_dir={tmp_path / 'runs'}"],
+            "experiment_seeds": ["sweep", tmp_path / "e.yaml", runs_dir],
+            "experiment_override": ["sweep", tmp_path / "e.yaml", runs_dir],
+            "report_lengths": ["sweep", tmp_path / "e.yaml", runs_dir],
+            "seeds_flag": ["sweep", base, "--grid", "optim.lr=0.1", f"--seeds=0-{BIG}", runs_dir],
+            "fork_step": ["train", "--fork", f"{tmp_path}@{BIG}"],
+            "integer_flag": ["sweep", tmp_path / "e.yaml", runs_dir, f"--max-cells={BIG}"]}[where]
+    code = cli.main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert "Traceback" not in err and str(BIG)[:40] in err and f"{2**53:,}" in err
+    assert not (tmp_path / "runs").exists()

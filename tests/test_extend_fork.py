@@ -24,9 +24,11 @@ from attn.store import arrayfiles, locks, runs, runstate
 from attn.train import lifecycle
 
 # Adam (a step count and moments to carry on), warm-up, a budget that is no multiple of log_every or
-# checkpoint_every, and both snapshots (attention at the end, mechanism at a step before the extension).
+# checkpoint_every, and both snapshots (attention at the end, mechanism at a step before the extension);
+# every checkpoint kept (logging.keep_checkpoints null), to fork from any (retention: tests/test_retention.py).
 RUN = [*TINY, "optim.name=adam", "optim.lr=0.01", "optim.warmup_steps=4", "logging.log_every=5",
-       "logging.checkpoint_every=10", "logging.attention_examples=2", "logging.mechanism_step=3"]
+       "logging.checkpoint_every=10", "logging.attention_examples=2", "logging.mechanism_step=3",
+       "logging.keep_checkpoints=null"]
 SHORT, LONG = 22, 40
 KEPT = [*range(10, SHORT, 10), SHORT]  # the steps of the short run's checkpoints: every 10th, and the last
 

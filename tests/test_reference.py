@@ -178,3 +178,19 @@ def test_float32_stays_float32_through_a_stack(rng):
         loss, cache = fast.forward(stacked, spec, batch, scale=np.array([0.5, 1.0]), association=association)
         grads = fast.backward(cache, spec)
         assert loss.dtype == np.float32 and all(g.dtype == np.float32 for g in grads.values())
+
+
+@pytest.mark.parametrize("junk", (-1, 5, 10**6))
+def test_targets_where_there_is_none_may_hold_any_value(rng, junk):
+    """Batch: `targets` holds any value where target_mask is false; both models ignore it, out of range or not."""
+    spec = spec_of()
+    params = fast.init_params(spec, rng)
+    batch = batch_of(rng, spec, "some")
+    junked = Batch(batch.tokens, np.where(batch.target_mask, batch.targets, junk), batch.target_mask, batch.target_key)
+    loss, grads, _ = reference.loss_and_grads(params, spec, batch)
+    junk_loss, junk_grads, _ = reference.loss_and_grads(params, spec, junked)
+    fast_loss, fast_grads, _ = fast.loss_and_grads(params, spec, junked)
+    assert junk_loss == loss and close(fast_loss, junk_loss)
+    for name in grads:
+        assert np.array_equal(junk_grads[name], grads[name]), name
+        assert close(fast_grads[name], junk_grads[name]), name

@@ -157,6 +157,39 @@ def test_a_bad_override_or_run_name_is_refused_before_anything_is_created(case, 
     assert not (tmp_path.parent / "escaped").exists() and not Path("/tmp/abs").exists()
 
 
+PATH_CASES = {  # how the path goes wrong -> (the path below tmp_path, what the line says)
+    "too_long": ("a" * 5000, "the path is too long"),
+    "whole_path_too_long": ("/".join(["abc"] * 1200), "the path is too long"),
+    "through_a_file": ("afile/runs", "is a file, not a directory"),
+}
+
+
+@pytest.mark.parametrize("case", PATH_CASES)
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_a_path_the_os_refuses_is_one_line_naming_it(case, command, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    rest, says = PATH_CASES[case]
+    where = str(tmp_path / rest)
+    grid = ["--grid", "optim.lr=0.1"] if command == "sweep" else []
+    line = assert_one_line_error(main_in_process(capsys, command, REPO / "configs" / "default.yaml", *grid,
+                                                 f"runs_dir={where}"), "runs_dir", where[:60], says)
+    assert len(line) < 400  # the path is shown cut, not all 5000 characters
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_directory_the_os_forbids_is_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
+    """Root may write anywhere, so the refusal is injected where the run directory is made."""
+    def forbidden(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", forbidden)
+    line = assert_one_line_error(main_in_process(capsys, "train", REPO / "configs" / "default.yaml",
+                                                 f"runs_dir={tmp_path / 'locked'}"), str(tmp_path / "locked"),
+                                 "permission denied")
+    assert "change its permissions" in line
+
+
 # ---------------------------------------------------------------------------
 # Checkpoints that do not fit are refused on resume, the run left as it was
 # ---------------------------------------------------------------------------

@@ -202,3 +202,16 @@ def test_a_modes_own_setting_under_another_mode_is_refused():
     with pytest.raises(ConfigError) as info:
         load_config(None, ["model.score=cosine"])
     assert facts_in(str(info.value), "model.score: got 'cosine'", ", ".join(scores.SCORE_MODES))
+
+
+@pytest.mark.parametrize("mode,extra", [("mup", []), ("log_length", []), ("temperature", ["model.temperature_init=0.5"])])
+def test_a_mode_that_does_not_read_the_scale_refuses_it(mode, extra):
+    """mup, log_length and a temperature set at init fix their own s: model.scale away from its default is refused."""
+    for scale in ("none", "linear"):
+        with pytest.raises(ConfigError, match=rf"model.scale: got '{scale}'; not read with model.score {mode}"):
+            load_config(None, [f"model.score={mode}", *extra, f"model.scale={scale}"])
+    assert load_config(None, [f"model.score={mode}", *extra]).model.scale == "sqrt"
+    # a temperature starting from model.scale's s (temperature_init null) reads it
+    assert load_config(None, ["model.score=temperature", "model.scale=none"]).model.scale == "none"
+    for reads in ("dot", "qk_norm", "softcap", "sigma_reparam"):
+        assert load_config(None, [f"model.score={reads}", "model.scale=none"]).model.scale == "none"

@@ -224,7 +224,8 @@ def test_each_grid_point_is_validated_once_and_gives_the_config_a_file_would(tmp
     experiment = experiments.load_experiment(write_grid(tmp_path, grid, seeds=(0, 1, 2)))
     assert len(points) == 3 * 2 and len(experiment.cells) == 3 * 2 * 3
     for cell in experiment.cells:
-        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}", "logging.plots=false"]
+        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}", "logging.plots=false",
+                                                                                   "logging.keep_checkpoints=1"]
         assert cell.config == load_config(REPO / "configs/default.yaml", overrides)
 
 

@@ -134,7 +134,8 @@ experiments = st.fixed_dictionaries({}, optional={
                       values),
     "overrides": st.one_of(st.dictionaries(st.sampled_from(KEYS), values, max_size=2), values),
     "grid": grids,
-    "seeds": st.one_of(st.lists(st.integers(-1, 3), max_size=3), values),
+    "seeds": st.one_of(st.lists(st.integers(-1, 3), max_size=3), st.lists(st.integers(2**53 - 1, 10**80), max_size=2),
+                       values),
     "report": st.one_of(st.dictionaries(st.sampled_from(["x", "arm", "best_of", "bogus"]), values, max_size=2), values),
     "description": values,
 })
@@ -147,6 +148,32 @@ def test_any_experiment_file_is_read_or_refused_in_one_line(contents):
         path.write_bytes(contents)
         code = call_changing_nothing(root, "report", path, "--runs-dir", root / "runs", "--max-cells", "50")
         assert code == cli.EXIT_BAD_INPUT  # a valid experiment has no runs yet
+
+
+# ---------------------------------------------------------------------------
+# Paths a user gives that the OS refuses: too long, a file on the way; one line, exit 2, nothing made
+# ---------------------------------------------------------------------------
+bad_paths = st.one_of(
+    st.integers(256, 5000).map(lambda n: ("long", "a" * n)),  # one name longer than NAME_MAX
+    st.integers(1100, 1500).map(lambda n: ("long", "/".join(["abc"] * n))),  # the whole path beyond PATH_MAX
+    st.sampled_from(["x", "x/y", "x/y/z.yaml"]).map(lambda rest: ("file", rest)),  # through a regular file
+)
+path_commands = st.sampled_from([
+    ("train", str(REPO / "configs" / "default.yaml"), "runs_dir={}"), ("config", "{}"), ("train", "{}"),
+    ("train", "--resume", "{}"), ("train", "--fork", "{}"), ("runs", "{}"), ("compare", "{}"), ("report", "{}"),
+    ("sweep", str(REPO / "configs" / "default.yaml"), "--grid", "optim.lr=0.1", "runs_dir={}"),
+    ("sweep", str(REPO / "experiments" / "sqrt_dk.yaml"), "--runs-dir", "{}"),
+])
+
+
+@given(path=bad_paths, command=path_commands)
+def test_a_path_the_os_refuses_is_one_line(path, command):
+    with scratch() as root:
+        (root / "afile").write_text("not a directory\n")
+        kind, rest = path
+        where = str(root / "afile" / rest) if kind == "file" else str(root / rest)
+        code = call_changing_nothing(root, *(part.format(where) for part in command))
+        assert code == cli.EXIT_BAD_INPUT
 
 
 # ---------------------------------------------------------------------------

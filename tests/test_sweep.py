@@ -67,7 +67,7 @@ def test_bad_grids_are_refused_before_any_run(tmp_path, grid, message):
 
 
 def test_bad_seeds_and_missing_keys_are_refused(tmp_path):
-    for seeds, message in (([], r"seeds: got \[\]"), ([1, 1], "distinct"), (["a"], "integers")):
+    for seeds, message in (([], r"seeds: got \[\]"), ([1, 1], "distinct"), (["a"], "seeds: got .a.; expected an integer >= 0")):
         path = write_experiment(tmp_path, seeds=seeds)
         with pytest.raises(ConfigError, match=message):
             experiments.load_experiment(path)

@@ -38,6 +38,7 @@ class ListedRun:
     settings: dict  # Listing.keys that the run's task reads -> value
     final: tuple  # (eval loss, eval accuracy) last logged, (None, None) after a divergence
     age: float | None  # seconds since the last heartbeat (or since config.yaml was written)
+    disk: int = 0  # bytes the run directory takes on disk (runs.disk_use)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
         final=final_figures(run),
         age=now - (run.summary["updated_at"] if runs.is_finite_number(run.summary.get("updated_at"))
                    else (run.path / "config.yaml").stat().st_mtime),
+        disk=runs.disk_use(run.path),
     ) for run in loaded]
     return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)
 

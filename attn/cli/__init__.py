@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UsageError, runs.RunError) as err:
         print(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # a path the user gave that the OS refused (too long, a file on the way, permission)
+        where = err.filename if err.filename is not None else "a path"
+        print(f"error: {one_line(runs.describe_path_error(where, err))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_SIGNAL["SIGINT"]

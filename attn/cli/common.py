@@ -12,9 +12,9 @@ import signal
 import sys
 from pathlib import Path
 
-from attn.config.loading import check_run_name
+from attn.config.loading import check_run_name, integer_problem
 from attn.config.schema import all_keys
-from attn.config.yamlio import ArgumentError, ConfigError, show_value
+from attn.config.yamlio import ArgumentError, ConfigError, cut, show_value
 from attn.train.loop import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -92,8 +92,8 @@ def is_interactive() -> bool:
 
 def integer_at_least(minimum: int):
     def parse(text: str) -> int:
-        if not text.isdigit() or int(text) < minimum:
-            raise argparse.ArgumentTypeError(f"got {text!r}; expected an integer >= {minimum}")
+        if not (text.isascii() and text.isdigit()) or len(text) > 20 or integer_problem(int(text), ge=minimum):
+            raise argparse.ArgumentTypeError(f"got {cut(repr(text))}; expected {integer_problem(-1, ge=minimum)}")
         return int(text)
 
     return parse

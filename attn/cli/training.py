@@ -18,9 +18,9 @@ from attn.cli.common import (
     run_dir_argument,
     split_config_and_overrides,
 )
-from attn.config.loading import load_config
+from attn.config.loading import MAX_INTEGER, integer_problem, load_config
 from attn.config.schema import describe_schema, to_dict
-from attn.config.yamlio import ConfigError, dump_yaml
+from attn.config.yamlio import ConfigError, dump_yaml, show_value
 from attn.store import locks, runs
 from attn.text import format_number, summary_figures
 from attn.train import lifecycle
@@ -127,8 +127,12 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
     source_text, at, step_text = text.rpartition("@")
     if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
         source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
+    step = None if step_text is None else int(step_text) if len(step_text) <= 20 else MAX_INTEGER + 1
+    if step is not None and integer_problem(step, ge=0):
+        raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected "
+                          f"{integer_problem(step, ge=0)}")
     source = run_dir_argument(source_text, "--fork")
-    plan = lifecycle.plan_fork(source, None if step_text is None else int(step_text), overrides)
+    plan = lifecycle.plan_fork(source, step, overrides)
     with lifecycle.new_fork(plan, overrides, name) as run_dir:
         state = lifecycle.prepare_resume(plan.config, run_dir)
         changed = "; ".join(plan.changes) or "no change: it continues as its source"

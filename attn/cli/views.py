@@ -11,6 +11,7 @@ from pathlib import Path
 from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least
+from attn.store import runs
 
 # compare()'s arguments -> the flags of `attn compare` that give them
 COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
@@ -45,12 +46,13 @@ def cmd_runs(args) -> int:
     if not listing.rows:
         print(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
         return EXIT_OK
-    header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age"]
+    header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age", "disk"]
     table = [header] + [
         [row.name, row.status, row.task,
          *(grouping.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
          "—" if row.final[0] is None else f"{row.final[0]:.4g}",
-         "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age)]
+         "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age),
+         runs.format_bytes(row.disk)]
         for row in listing.rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:

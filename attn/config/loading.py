@@ -28,9 +28,11 @@ from attn.config.schema import (
     describe_accepted,
     field_hints,
     nearest_key,
+    SET,
     read_only_by,
     section_fields,
     to_dict,
+    unread_because,
     unread_keys,
 )
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
@@ -39,6 +41,17 @@ from attn.tasks import CopyTask, RetrievalTask
 
 MAX_INTEGER = 2**53  # the largest integer field value: every integer up to it is exact as a float too
 MAX_NAME_CHARS = 200  # run and experiment names; NAME_MAX is 255 bytes and `-<n>` suffixes are added
+
+
+def integer_problem(value, ge: int | None = None) -> str | None:
+    """The one integer rule, for every integer a user writes (config fields,
+    an experiment's seeds and report lengths, --seeds): None if `value` is an
+    integer (not a bool) of at most MAX_INTEGER in size (and >= `ge`), else
+    what is accepted, for the error line."""
+    accepted = "an integer" + (f" >= {ge}" if ge is not None else "") + f" of at most {MAX_INTEGER:,} (2^53)"
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_INTEGER:
+        return accepted
+    return accepted if ge is not None and value < ge else None
 
 
 def _fail(source: str, key: str, value, hint, meta) -> typing.NoReturn:
@@ -73,12 +86,12 @@ def _coerce_scalar(value, hint):
         return value if isinstance(value, bool) else None
     if hint is str:
         return value if isinstance(value, str) else None
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value  # coerce applies the integer rule (integer_problem), however large
     number = _as_float(value)
     if number is None or not math.isfinite(number):
         return None
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         return int(number) if number.is_integer() else None
     return number
 
@@ -112,9 +125,8 @@ def coerce(value, hint, meta, key: str, source: str):
         _fail(source, key, value, outer, meta)
     if hint in (int, float) and not _in_range(coerced, meta):
         _fail(source, key, value, outer, meta)
-    if hint is int and abs(coerced) > MAX_INTEGER:  # 1e308 is integer-valued, but no count, size or seed
-        raise ConfigError(f"{source}: {key}: got {show_value(value)}; expected an integer of at most "
-                          f"{MAX_INTEGER:,} (2^53)")
+    if hint is int and integer_problem(coerced):  # 1e308 is integer-valued, but no count, size or seed
+        raise ConfigError(f"{source}: {key}: got {show_value(value)}; expected {integer_problem(coerced)}")
     return coerced
 
 
@@ -273,6 +285,12 @@ def _check_everything_set_is_read(config: Config, source: str) -> None:
     flat, defaults = flatten_config(to_dict(config)), flatten_config(to_dict(Config()))
     for key in sorted(unread_keys(flat)):
         if flat[key] != defaults[key]:
+            setting = unread_because(key, flat)
+            if setting is not None:
+                where = " and ".join(f"{k} set" if v == SET else f"{k} {v}" for k, v in setting.items())
+                fix = " or ".join(f"set {k}=null" if v == SET else f"another {k}" for k, v in setting.items())
+                raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; not read with {where}: remove it "
+                                  f"(its default is {show_value(defaults[key])}), or choose {fix}")
             decider, value = read_only_by()[key]
             raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
                               f"{decider} is {flat[decider]}: remove it, or set {decider}={value}")

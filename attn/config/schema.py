@@ -42,18 +42,25 @@ class FrozenMapping(collections.abc.Mapping):
         return f"FrozenMapping({self._items!r})"
 
 
+SET = "set"  # in F's unread_with: the field named has any value but null
+
+
 def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None,
-      neutral=False, replicate=False, per_member=False, forkable=False):
+      unread_with=(), neutral=False, replicate=False, per_member=False, forkable=False):
     """A schema field: its default, description and accepted range, and every fact
     the rest of attn reads off it. `task`, `mode`, `score`: the one task, task.mode
-    or score mode that reads it (None: all). `neutral`: it changes no logged number
-    (where the run lives, which files it draws), so runs differing only in it are
-    one experiment cell. `replicate`: runs differing only in it are replicates of
-    one setting (the seed). `per_member`: the members of one stack may differ in it.
-    `forkable`: True if a fork may change it, or the reason it may not where the
-    generic one (shapes, optimiser state, data) is not it."""
+    or score mode that reads it (None: all). `unread_with`: the settings under which
+    a field every mode reads otherwise is not read, each a mapping of dotted key to
+    its value there (SET: any value but null), e.g. model.scale under model.score
+    mup. `neutral`: it changes no logged number (where the run lives, which files it
+    draws), so runs differing only in it are one experiment cell. `replicate`: runs
+    differing only in it are replicates of one setting (the seed). `per_member`: the
+    members of one stack may differ in it. `forkable`: True if a fork may change it,
+    or the reason it may not where the generic one (shapes, optimiser state, data)
+    is not it."""
     meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score,
-                neutral=neutral, replicate=replicate, per_member=per_member, forkable=forkable)
+                unread_with=tuple(unread_with), neutral=neutral, replicate=replicate, per_member=per_member,
+                forkable=forkable)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -68,8 +75,12 @@ class ModelConfig:
     d_model: int = F(64, "width of the embeddings and of the head's output", gt=0)
     d_k: int = F(32, "width of queries and keys", gt=0)
     d_v: typing.Optional[int] = F(None, "width of values; null means d_k", gt=0)
-    scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k",
-                   choices=tuple(SCORE_SCALES), per_member=True, forkable=True)
+    scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k (not read by "
+                   "mup, log_length, or temperature with temperature_init set: their s is their own)",
+                   choices=tuple(SCORE_SCALES),
+                   unread_with=({"model.score": "mup"}, {"model.score": "log_length"},
+                                {"model.score": "temperature", "model.temperature_init": SET}),
+                   per_member=True, forkable=True)
     causal: bool = F(False, "mask keys after the query (causal attention)")
     residual: bool = F(True, "add the head's output to its input before the readout")
     positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
@@ -144,6 +155,13 @@ class LoggingConfig:
     log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0,
                        per_member=True, forkable="a fork keeps its source's records before the fork")
     checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True, per_member=True, forkable=True)
+    keep_checkpoints: typing.Optional[int] = F(2, "checkpoints kept (checkpoint-<step>.npz, to resume or fork from): "
+                                               "the last K; older ones are removed once a new one is written; "
+                                               "null = every one (a sweep keeps 1 unless its experiment sets this)",
+                                               ge=1, neutral=True, per_member=True, forkable=True)
+    keep_every: typing.Optional[int] = F(None, "also keep every checkpoint whose step is a multiple of this, for "
+                                         "forks; null = none beyond keep_checkpoints", gt=0, neutral=True,
+                                         per_member=True, forkable=True)
     plots: bool = F(True, "draw the run's figures when it ends", neutral=True, per_member=True, forkable=True)
     attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True,
                                 per_member=True, forkable="a fork keeps its source's attention snapshot at step 0")
@@ -305,9 +323,26 @@ def read_only_by() -> dict[str, tuple[str, str]]:
 
 def unread_keys(flat: dict) -> set[str]:
     """The keys of a flattened config (flatten_config) that nothing reads: the
-    other task's fields, copy's shift outside mode shift, other score modes' fields."""
+    other task's fields, copy's shift outside mode shift, other score modes' fields,
+    and fields under one of their unread_with settings (unread_because)."""
     return {key for key, (decider, value) in read_only_by().items()
-            if flat.get(decider) != value or (key == "task.shift" and flat.get("task.name") != "copy")}
+            if flat.get(decider) != value or (key == "task.shift" and flat.get("task.name") != "copy")
+            } | {key for key in unread_with_keys() if unread_because(key, flat)}
+
+
+def unread_with_keys() -> dict[str, tuple]:
+    """Dotted key -> its F(unread_with=...) settings, for every field that has some."""
+    return {f"{section}.{f.name}": f.metadata["unread_with"]
+            for section, cls in (("task", TaskConfig), ("model", ModelConfig))
+            for f in dataclasses.fields(cls) if f.metadata.get("unread_with")}
+
+
+def unread_because(key: str, flat: dict) -> dict | None:
+    """The unread_with setting of `key` that a flattened config has (its mapping), or None."""
+    for setting in unread_with_keys().get(key, ()):
+        if all(flat.get(k) is not None if v == SET else flat.get(k) == v for k, v in setting.items()):
+            return setting
+    return None
 
 
 def describe_schema() -> list[tuple[str, str, str, str]]:

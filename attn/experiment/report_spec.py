@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from statistics import NormalDist
 
+from attn.config.loading import integer_problem
 from attn.config.schema import Config
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean
 
@@ -112,10 +113,9 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
         raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
                           "(true needs a best_of, the rate it is measured over)")
     lengths = report.get("lengths", [])
-    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
-                                                for n in lengths):
+    if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
-                          "retrieval pairs, e.g. [8, 32, 128]")
+                          f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]")
     alpha = report.get("alpha", DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")

@@ -35,7 +35,9 @@ Each (cell, seed) is one run directory named after its settings, e.g.
 runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
 a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
 A sweep (attn.experiment.sweep) draws no per-run figures unless asked (`plots`):
-logging.plots of every cell is set from it.
+logging.plots of every cell is set from it. A cell keeps only its last
+checkpoint (logging.keep_checkpoints 1) unless the base config, the
+overrides or the grid set logging.keep_checkpoints.
 
 On the command line, `attn sweep CONFIG --grid model.d_k=16,64 --grid
 model.scale=sqrt,none --seeds 0-4 [--name N] [key=value ...]` makes the
@@ -62,6 +64,7 @@ from pathlib import Path
 from attn.config.loading import (
     build_section,
     check_run_name,
+    integer_problem,
     load_config,
     parse_override,
     set_dotted,
@@ -76,6 +79,7 @@ from attn.train import lifecycle
 
 EXPERIMENT_KEYS = ("name", "base", "overrides", "grid", "seeds", "report", "description")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
+SWEEP_KEEP_CHECKPOINTS = 1  # a cell is resumed from its last checkpoint; more only if the experiment asks
 MAX_CELLS = 10_000  # runs (grid points x seeds) one experiment may have unless --max-cells says more
 
 
@@ -201,9 +205,14 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
             raise ConfigError(f"{source}: missing `{key}`")
     name = check_run_name(data["name"], f"{source}: name")
     seeds = data["seeds"]
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
+    if not isinstance(seeds, list) or not seeds:
         raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
+    for seed in seeds:  # the integer rule of every config field (the seed is one), before anything runs
+        if integer_problem(seed, ge=0):
+            raise ConfigError(f"{source}: seeds: got {show_value(seed)}; expected {integer_problem(seed, ge=0)}")
+    if len(set(seeds)) != len(seeds):
+        twice = next(seed for seed in seeds if seeds.count(seed) > 1)
+        raise ConfigError(f"{source}: seeds: got {twice} twice; expected a non-empty list of distinct integers >= 0")
     file_overrides = data.get("overrides") or {}
     if not isinstance(file_overrides, dict):
         raise ConfigError(f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value")
@@ -223,6 +232,8 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     set_dotted(base, "logging.plots", plots)
+    if not isinstance(base.get("logging"), dict) or "keep_checkpoints" not in base["logging"]:
+        set_dotted(base, "logging.keep_checkpoints", SWEEP_KEEP_CHECKPOINTS)  # unless the file or an override asks
     base_config = validate(build_section(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
@@ -281,6 +292,9 @@ def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
         low, dash, high = part.strip().partition("-")
         if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
             raise ConfigError(bad)
+        if len(low) > 20 or len(high) > 20 or any(integer_problem(int(n), ge=0) for n in (low, high) if n):
+            raise ConfigError(f"--seeds: got {show_value(text)}; expected seeds that are each "
+                              f"{integer_problem(-1, ge=0)}")
         ranges.append((int(low), int(high) if dash else int(low)))
     if any(high < low for low, high in ranges):
         raise ConfigError(f"{bad}; a range goes from low to high")

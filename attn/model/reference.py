@@ -68,7 +68,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     logits = H @ params["W_out"] + params["b_out"]
     z = logits - logits.max(axis=-1, keepdims=True)
     log_probs = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-    picked = np.take_along_axis(log_probs, batch.targets[..., None], axis=-1)[..., 0]  # (B, T)
+    targets = np.where(batch.target_mask, batch.targets, 0)  # Batch: any value where no target, even out of range
+    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
     n_targets = batch.target_mask.sum()
     loss = -(picked * batch.target_mask).sum() / n_targets
     cache = dict(params=params, batch=batch, X=X, Q=Q, K=K, V=V, S=S, A=A, C=C, H=H, W_q=W_q, W_k=W_k,
@@ -82,7 +83,7 @@ def backward_to_scores(cache, spec: ModelSpec) -> tuple[dict, np.ndarray, np.nda
     score mode's own parameters; dH; dV; dS, the gradient of S = s Q K^T
     before the mode's map of it)."""
     p, batch = cache["params"], cache["batch"]
-    onehot = np.eye(spec.n_classes)[batch.targets]  # (B, T, C)
+    onehot = np.eye(spec.n_classes)[np.where(batch.target_mask, batch.targets, 0)]  # (B, T, C); see forward
     dlogits = (cache["probs"] - onehot) * batch.target_mask[..., None] / cache["n_targets"]
     grads = {"W_out": np.einsum("btd,btc->dc", cache["H"], dlogits), "b_out": dlogits.sum(axis=(0, 1))}
     dH = dlogits @ p["W_out"].T

@@ -6,7 +6,8 @@
         summary.json     status, heartbeat, final and best figures (atomic)
         checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle):
                          the last one, a second name (hard link) of checkpoint-<step>.npz
-        checkpoint-<step>.npz   every checkpoint, kept by its step (to fork from: attn train --fork RUN@STEP)
+        checkpoint-<step>.npz   the last logging.keep_checkpoints checkpoints and every logging.keep_every-th,
+                         kept by their step (to fork from; attn.store.runstate.retained_steps)
         mechanism.npz    per-row saturation and gradient norms at step 0 and logging.mechanism_step
         attention.npz    attention weights of a few eval examples at init and at the end
         *.png            figures (see attn.train.figures)
@@ -52,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from attn.config.schema import all_keys
-from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file
+from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file, show_value
 from attn.store.processes import pid_alive, writer_identity
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
@@ -74,7 +75,28 @@ def describe_os_error(err: OSError) -> str:
         return "permission denied"
     if err.errno == errno.EROFS:
         return "read-only file system"
+    if err.errno == errno.ENAMETOOLONG:
+        return "the path is too long"
+    if err.errno == errno.ENOTDIR:
+        return "a component of the path is not a directory"
     return err.strerror or str(err)
+
+
+PATH_FIXES = {  # errno -> what to do about a path a user gave that the OS refused
+    errno.ENAMETOOLONG: "choose a shorter path (each name at most 255 bytes, the whole path at most 4096)",
+    errno.ENOTDIR: "a name in it is a file: choose a path whose every parent is a directory",
+    errno.EACCES: "choose a place you may write, or change its permissions",
+    errno.EPERM: "choose a place you may write, or change its permissions",
+    errno.EROFS: "choose a place on a writable file system",
+    errno.ENOSPC: "free some space (or choose another disk) and run the same command again",
+    errno.ELOOP: "it goes through too many symbolic links: choose a plain directory path",
+}
+
+
+def describe_path_error(path, err: OSError) -> str:
+    """One line for an OS error from a path a user gave: the path (cut), what went wrong, the fix."""
+    fix = PATH_FIXES.get(err.errno, "check the path and try again")
+    return f"{show_value(str(path))}: {describe_os_error(err)}; {fix}"
 
 
 # ---------------------------------------------------------------------------
@@ -220,8 +242,36 @@ def create_run_dir(runs_dir: Path, name: str) -> Path:
             except FileExistsError:
                 continue
     except OSError as err:
-        raise RunError(f"{runs_dir}: cannot create a run directory: {describe_os_error(err)}") from None
+        raise RunError(f"cannot create a run directory in {describe_path_error(runs_dir, err)}") from None
     raise RunError(f"{runs_dir}: too many runs named {name!r}")
+
+
+def disk_use(run_dir: Path) -> int:
+    """Bytes a run directory takes on disk: its files' allocated blocks, a file
+    with two names (checkpoint.npz and the checkpoint-<step>.npz it links) once."""
+    seen, total = set(), 0
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            total += getattr(info, "st_blocks", 0) * 512 or info.st_size
+    return total
+
+
+def format_bytes(n: int) -> str:
+    """Like du -h: 512B, 40K, 6.4M, 1.2G."""
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{n}B"
 
 
 def default_run_name(config_path: str | None) -> str:

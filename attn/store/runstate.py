@@ -25,11 +25,16 @@ more steps continues from it as if the budget had been larger from the
 start (with a constant schedule, the same numbers bit for bit; a cosine
 schedule is a function of the budget, so attn.train.lifecycle refuses to extend it).
 A run with no checkpoint yet resumes from step 0 (attn.train.lifecycle.prepare_resume).
-Every checkpoint is kept as checkpoint-<s>.npz (written first; then
+Each checkpoint is written as checkpoint-<s>.npz (first; then
 checkpoint.npz becomes a second name of it, a hard link, so keeping costs
 no bytes twice; a kill between the two leaves checkpoint.npz at an
 earlier step, which a resume replays from): a fork starts a new run from any of them
 (prepare(..., checkpoint=...), attn.train.lifecycle.plan_fork).
+Retention: once the new one is in place, only the last
+logging.keep_checkpoints of them are kept, plus those at multiples of
+logging.keep_every (retained_steps); older ones are removed, so a run's
+disk use is bounded, and the newest is never removed (a run always has a
+valid checkpoint, and checkpoint.npz is its own name of its file).
 
 Randomness: one SeedSequence(seed) spawns three independent generators,
 for the initial parameters, the training batches and the fixed eval set.
@@ -158,6 +163,40 @@ def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state
     kept = checkpoint_file(state.run_dir, state.step)
     arrayfiles.save_checkpoint_arrays(kept, state.params if params is None else params, carried, meta)
     runs.link_atomic(kept, checkpoint_file(state.run_dir))
+    logging = state.config.logging
+    remove_checkpoints(state.run_dir, retained_steps(kept_checkpoint_steps(state.run_dir), state.step,
+                                                     logging.keep_checkpoints, logging.keep_every))
+
+
+def retained_steps(steps: list[int], newest: int, keep_last: int | None, keep_every: int | None) -> list[int]:
+    """Which kept checkpoints stay once the one at `newest` is written: the
+    last `keep_last` up to it (None: all), every multiple of `keep_every`, and
+    `newest` itself always (so a run never has none). A checkpoint beyond
+    `newest` (left by the process that stopped before a resume replayed the
+    steps) is the stopped run's future, which this run is rewriting: not kept."""
+    if keep_last is None:
+        return sorted({newest, *steps})
+    upto = sorted(s for s in steps if s <= newest)
+    last = upto[-keep_last:]
+    return sorted({newest, *last, *(s for s in upto if keep_every and s % keep_every == 0)})
+
+
+def remove_checkpoints(run_dir: Path, keep: list[int]) -> list[int]:
+    """Delete every checkpoint-<step>.npz whose step is not in `keep` (their
+    bytes are freed unless checkpoint.npz is another name of one); returns the
+    steps removed. Called only after the newest checkpoint is in place, by the
+    run's RunLock holder; a file that cannot be removed is left for the next call."""
+    removed = []
+    for step in kept_checkpoint_steps(run_dir):
+        if step not in keep:
+            try:
+                checkpoint_file(run_dir, step).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue  # a later checkpoint tries again; the run's files stay sound either way
+            removed.append(step)
+    return removed
 
 
 def _restore_checkpoint(state: RunState, path: Path) -> None:

@@ -99,14 +99,19 @@ def check_directory_path(path: str | os.PathLike, what: str) -> None:
     its parents that exists is not a directory (runs_dir=README.md)."""
     path = Path(path)
     for candidate in (path, *path.parents):
-        if candidate.exists():
-            if not candidate.is_dir():
-                where = "it" if candidate == path else str(candidate)
-                problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
-                example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
-                raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
-                                  f"e.g. {example}")
-            return
+        try:
+            os.stat(candidate)
+        except (FileNotFoundError, NotADirectoryError):  # not there (yet): its parent is checked next
+            continue
+        except OSError as err:  # too long, no permission to look
+            raise ConfigError(f"{what} {runs.describe_path_error(path, err)}") from None
+        if not candidate.is_dir():
+            where = "it" if candidate == path else str(candidate)
+            problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
+            example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
+            raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
+                              f"e.g. {example}")
+        return
 
 
 @contextlib.contextmanager
@@ -306,8 +311,14 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
     if last_step is not None and step in (None, last_step):
         return last, last_step
     there = sorted(set(kept) | ({last_step} - {None}))
+    retention = ""
+    if there and step is not None and step < there[-1]:
+        logging = config_of(source).logging
+        retention = (f" (logging.keep_checkpoints {show_value(logging.keep_checkpoints)}, logging.keep_every "
+                     f"{show_value(logging.keep_every)}: older checkpoints are removed as new ones are written; "
+                     "to fork from more steps, train with a larger logging.keep_checkpoints or a logging.keep_every)")
     raise ConfigError(f"{what}: no checkpoint" + (f" at step {step}" if step is not None else "") + "; "
-                      + (f"its checkpoints are at steps {', '.join(map(str, there))}" if there else
+                      + (f"its checkpoints are at steps {', '.join(map(str, there))}{retention}" if there else
                          "the run has written none yet (one every logging.checkpoint_every steps)"))
 
 
