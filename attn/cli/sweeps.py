@@ -234,9 +234,16 @@ def cmd_verify(args) -> int:
     from attn.experiment import verify
     from attn.experiment.spec import load_experiment
 
+    from attn.store.processes import ChildStopped
+
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
-    result = verify.verify(experiment, args.kernel, args.workers,
-                           progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    try:
+        result = verify.verify(experiment, args.kernel, args.workers,
+                               progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    except ChildStopped as stopped:
+        print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
+              f"checkpointed; run the same command again to resume", file=sys.stderr)
+        return EXIT_SIGNAL.get(stopped.signal, 130)
     print(verify.markdown(result))
     for path in result["files"]:
         print(path)
