@@ -143,9 +143,9 @@ class SweepProgress:
                 else "interrupted" if outcome.status == "interrupted" else "done")
         if kind is not None:
             self.counts[kind] += 1
-        what = outcome.status if outcome.status.startswith(outcome.action) else f"{outcome.action}, {outcome.status}"
-        line = f"[{self.ended}/{self.total}] {outcome.cell}: {what}" + (
-            f"  {outcome.detail}" if outcome.action != "unknown" else "")
+        line = (f"[{self.ended}/{self.total}] {outcome.cell}: "
+                + (outcome.status if outcome.action == "unknown" else  # 'unknown (the scheduler was lost)'
+                   f"{outcome.action}, {outcome.status}  {outcome.detail}"))
         if not self.interactive:
             print(line, file=sys.stderr, flush=True)
             return
