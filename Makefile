@@ -124,7 +124,7 @@ browser:
 test: browser $(VENV)/.dev
 	$(PY) -m pytest -q -m "not faults" $(ARGS)
 
-## make test-faults: a real Dask cluster losing a worker, sweeps racing a CLI resume, and the
+## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the
 ## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)
 test-faults: browser $(VENV)/.dev
 	$(PY) -m pytest -q -m faults $(ARGS)
