@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test test-faults bench bench-board ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -109,13 +109,29 @@ bench: $(VENV)/.bench
 bench-board: $(VENV)/.runtime
 	$(PY) -m attn bench --board $(ARGS)
 
-## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores)
-test: $(VENV)/.dev
+## make browser: the headless Chromium that tests/test_board.py drives (Debian's chromium and chromium-driver):
+## nothing when both are there; installed with apt-get when missing and this is root; else one line with the command
+CHROMIUM     ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+APT_GET      ?= apt-get
+BROWSER_INSTALL = $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium chromium-driver
+browser:
+	@if [ -x '$(CHROMIUM)' ] && [ -x '$(CHROMEDRIVER)' ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v '$(APT_GET)' >/dev/null 2>&1; then \
+	  echo "error: the board's browser tests need $(CHROMIUM) and $(CHROMEDRIVER); install them as root: $(BROWSER_INSTALL)" >&2; \
+	  exit 2; fi; \
+	echo "make: installing chromium and chromium-driver for the board's browser tests" >&2; \
+	{ $(BROWSER_INSTALL); } >/dev/null 2>&1 && [ -x '$(CHROMIUM)' ] && [ -x '$(CHROMEDRIVER)' ] || { \
+	  echo "error: could not install chromium and chromium-driver ($(CHROMIUM), $(CHROMEDRIVER) still missing); run: $(BROWSER_INSTALL)" >&2; \
+	  exit 2; }
+
+## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first
+test: browser $(VENV)/.dev
 	$(PY) -m pytest -q -m "not faults" $(ARGS)
 
-## make test-faults: a real Dask cluster losing a worker, sweeps racing a CLI resume, and the
+## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the
 ## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)
-test-faults: $(VENV)/.dev
+test-faults: browser $(VENV)/.dev
 	$(PY) -m pytest -q -m faults $(ARGS)
 	HYPOTHESIS_PROFILE=campaign $(PY) -m pytest -q tests/test_store_properties.py $(ARGS)
 

@@ -14,11 +14,26 @@ benchmark (runs/bench/bench-<time>.json, from `attn bench`) is copied to
 experiments/results/bench.json and .md, and its short form
 (attn.bench.suite.summary_markdown) fills README's block between
 BENCH_BEGIN and BENCH_END. Nothing in any of them is typed by hand.
+
+Atomic: the new experiments/results/ is built beside the old one
+(experiments/.results.new: every file it keeps hard-linked, every file it
+changes written with fsync), then swapped in with one atomic exchange of
+the two directories (renameat2 RENAME_EXCHANGE; where the system lacks it,
+two renames, and a publish that finds results/ missing beside
+.results.old puts the old one back first); experiments/README.md and
+README.md are written last, each atomically. A kill at any moment leaves
+the old published set or the new one, never a directory of both, a torn
+file or a file deleted before its replacement is in place; the next
+publish removes what a killed one left beside them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -60,44 +75,123 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
             if note:
                 raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
                                     "commit (re-run them), or pass --allow-mixed to publish them as they are")
+    _recover(RESULTS)
+    staged = RESULTS.with_name(".results.new")
+    _stage(RESULTS, staged)
     written = []
     for name in names:
-        target = RESULTS / name
+        target = staged / name
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
         for pattern in COPIED:
-            for path in (runs_dir / name).glob(pattern):
-                shutil.copy2(path, target / path.name)
+            for path in sorted((runs_dir / name).glob(pattern)):
+                _copy(path, target / path.name)
         for suffix, path in verifications[name].items():
             if path.exists():
-                shutil.copy2(path, target / f"verify{suffix}")
-        written.append(target)
-    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*/report.json"))}
-    runs.write_atomic(REPO / "experiments" / "README.md", experiments_readme(reports).encode())
-    written.append(REPO / "experiments" / "README.md")
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    if HEADLINE in reports:
-        text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports))
+                _copy(path, target / f"verify{suffix}")
+        written.append(RESULTS / name)
     benches = sorted((runs_dir / "bench").glob("bench-*.json"))  # named by their time: the last is the newest
     if benches:
         for suffix in (".json", ".md"):
-            shutil.copy2(benches[-1].with_suffix(suffix), RESULTS / f"bench{suffix}")
+            _copy(benches[-1].with_suffix(suffix), staged / f"bench{suffix}")
             written.append(RESULTS / f"bench{suffix}")
+    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(staged.glob("*/report.json"))}
+    experiments_text = experiments_readme(reports, staged)
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    if HEADLINE in reports:
+        text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports, staged))
+    if benches:
         text = with_block(text, BENCH_BEGIN, BENCH_END, summary_markdown(json.loads(benches[-1].read_text())))
+    _swap_in(staged, RESULTS)  # the one step from the old results to the new
+    runs.write_atomic(REPO / "experiments" / "README.md", experiments_text.encode())
+    written.append(REPO / "experiments" / "README.md")
     if text != readme.read_text():
         runs.write_atomic(readme, text.encode())
         written.append(readme)
     return written
 
 
+def _recover(results: Path) -> None:
+    """Undo what a killed publish left: the old results put back if a
+    two-rename swap stopped between its renames; its staging removed."""
+    old = results.with_name(".results.old")
+    if old.exists() and not results.exists():
+        os.rename(old, results)
+    for leftover in (old, results.with_name(".results.new")):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+
+
+def _stage(results: Path, staged: Path) -> None:
+    """staged: a copy of results made of hard links (no bytes copied)."""
+    staged.mkdir(parents=True)
+    if not results.exists():
+        return
+    for path in sorted(results.rglob("*")):
+        target = staged / path.relative_to(results)
+        if path.is_dir():
+            target.mkdir()
+        else:
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+
+
+def _copy(source: Path, target: Path) -> None:
+    """source's bytes into target, durably (fsync, rename); a hard link
+    staged there is replaced, never written through."""
+    runs.write_atomic(target, source.read_bytes())
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _swap_in(staged: Path, results: Path) -> None:
+    """Put staged where results is in one atomic step (the old results go
+    to staged's name and are removed)."""
+    if results.exists() and _exchange(staged, results):
+        shutil.rmtree(staged)
+    else:
+        old = results.with_name(".results.old")
+        if results.exists():
+            os.rename(results, old)
+        os.rename(staged, results)
+        if old.exists():
+            shutil.rmtree(old)
+    with contextlib.suppress(OSError):  # the swap made durable; some file systems cannot fsync a directory
+        fd = os.open(results.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    runs.durable_write_done()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise runs.RunError(f"{b}: cannot swap in the new results: {os.strerror(err)} (the old results are left as they "
+                        f"were)")
+
+
 def verdict_lines(report: dict) -> list[str]:
     return [f"- **{e['verdict']}** — {e['claim']} (`{e['id']}`)" for e in report["expectations"]]
 
 
-def verification_line(name: str) -> str | None:
-    path = RESULTS / name / "verify.json"
+def verification_line(name: str, results: Path | None = None) -> str | None:
+    path = (results or RESULTS) / name / "verify.json"
     if not path.exists():
         return None
     result = json.loads(path.read_text())
@@ -115,7 +209,7 @@ def verification_line(name: str) -> str | None:
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
 
-def experiments_readme(reports: dict[str, dict]) -> str:
+def experiments_readme(reports: dict[str, dict], results: Path | None = None) -> str:
     """experiments/README.md: every experiment's findings, from its report.json."""
     order = [HEADLINE, *sorted(n for n in reports if n != HEADLINE)]
     text = ["# Experiment results", "",
@@ -131,10 +225,10 @@ def experiments_readme(reports: dict[str, dict]) -> str:
                  f"{', '.join(platform.get('cpu', []))}, {', '.join(platform.get('blas', []))}, "
                  f"{', '.join(platform.get('dtype', []))}.", "", report["headline"], ""]
         text += verdict_lines(report) + [""]
-        line = verification_line(name)
+        line = verification_line(name, results)
         if line:
             text += [line, ""]
-        figures = sorted(p.name for p in (RESULTS / name).glob("*.png"))
+        figures = sorted(p.name for p in ((results or RESULTS) / name).glob("*.png"))
         text += [f"[report](results/{name}/report.md) · " + " · ".join(f"[{f.removesuffix('.png')}](results/{name}/{f})"
                                                                         for f in figures), ""]
         if "headline.png" in figures:
@@ -142,7 +236,7 @@ def experiments_readme(reports: dict[str, dict]) -> str:
     return "\n".join(text)
 
 
-def results_block(reports: dict[str, dict]) -> str:
+def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
     """README's results block, inside its markers: the headline's figure,
     paragraph, verdicts and verification; then, when it has a report, the
     comparison of the score modes: its paragraph, figure, sensitivity table
@@ -150,7 +244,7 @@ def results_block(reports: dict[str, dict]) -> str:
     headline = reports[HEADLINE]
     lines = ["", f"![the headline](experiments/results/{HEADLINE}/headline.png)", "", headline["headline"], ""]
     lines += verdict_lines(headline) + [""]
-    line = verification_line(HEADLINE)
+    line = verification_line(HEADLINE, results)
     if line:
         lines += [line.replace("(results/", "(experiments/results/"), ""]
     if COMPARISON in reports:
@@ -160,7 +254,7 @@ def results_block(reports: dict[str, dict]) -> str:
                   ""]
         if comparison.get("sensitivity_table"):
             lines += [comparison["sensitivity_table"], ""]
-        line = verification_line(COMPARISON)
+        line = verification_line(COMPARISON, results)
         if line:
             lines += [line.replace("(results/", "(experiments/results/"), ""]
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]

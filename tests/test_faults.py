@@ -7,6 +7,11 @@ than the rest: real processes, a real Dask cluster).
   finishes, every run completes exactly once, the killed worker's run is
   resumed from its checkpoint (by the other worker), and every run's metrics
   equal an uninterrupted sweep's.
+- The Dask scheduler SIGKILLed mid-sweep (then its orphaned worker):
+  `attn sweep --executor` says so in one line, no traceback, exit 1, every
+  cell it had `unknown (the scheduler was lost)`, no report; the same
+  command, against a new scheduler on the same address, finishes the rest
+  (each run once, equal to an uninterrupted sweep) and writes the report.
 - Two sweeps and `attn train --resume` started at once on one experiment,
   one of whose cells is interrupted: every cell runs once, whoever wins it.
 """
@@ -76,10 +81,10 @@ class Cluster:
     """`dask scheduler` and `dask worker`s as separate processes on 127.0.0.1
     (no nanny: a killed worker stays dead, as a lost machine does)."""
 
-    def __init__(self, root: Path, n_workers: int):
+    def __init__(self, root: Path, n_workers: int, port: int = 0):
         self.root = root
-        scheduler_file = root / "scheduler.json"
-        self.scheduler = self._start("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+        scheduler_file = root / f"scheduler-{time.monotonic_ns()}.json"
+        self.scheduler = self._start("scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard",
                                      "--scheduler-file", scheduler_file)
         self.address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}")
                                 .get("address"), "the scheduler")
@@ -183,3 +188,43 @@ def test_two_sweeps_and_a_cli_resume_at_once_run_each_cell_once(tmp_path):
         assert_ran_once_like(experiment.directory / cell.name, reference.directory / cell.name)
     other = experiment.cells[1].name
     assert sum(f"] {other}: ran, completed" in line for line in lines) == 1, lines
+
+
+def test_a_lost_dask_scheduler_is_one_line_and_the_same_command_finishes_the_rest(tmp_path):
+    path = write_experiment(tmp_path, "orphaned", {"model.d_k": [8, 16], "optim.lr": [0.1]}, [0, 1])
+    reference = uninterrupted(path, tmp_path / "reference")
+    experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
+    cluster = Cluster(tmp_path, n_workers=1)
+    address = f"dask://{cluster.address.removeprefix('tcp://')}"
+    command = [sys.executable, "-m", "attn", "sweep", str(path), "--runs-dir", str(tmp_path / "runs"),
+               "--executor", address]
+    try:
+        sweeping = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        wait_for(lambda: any(experiment.directory.glob("*/checkpoint.npz")), "a run past its first checkpoint")
+        cluster.scheduler.kill()
+        cluster.scheduler.wait()
+        _, err = sweeping.communicate(timeout=TIMEOUT)
+        cluster.workers[0].kill()  # the orphaned worker, lost in turn
+        cluster.workers[0].wait()
+    finally:
+        cluster.stop()
+    assert sweeping.returncode == cli.EXIT_FAILED, err
+    assert "Traceback" not in err and "distributed" not in err, err
+    lines = err.splitlines()
+    assert lines[-1] == (f"error: the Dask scheduler at {address} was lost mid-sweep: what became of 4 of 4 runs is "
+                         f"unknown (a worker may still be training them), so no report is written; run the same "
+                         f"command again to finish the rest: attn {' '.join(command[3:])}"), err
+    ended = [line for line in lines if line.startswith("[")]
+    assert len(ended) == 4 and all(line.endswith(": unknown (the scheduler was lost)") for line in ended), err
+    assert lines[-2] == "sweep orphaned: 4 runs: 4 unknown (the scheduler was lost)", err
+    assert not (experiment.directory / "report.json").exists(), "no report until every cell is accounted for"
+    again = Cluster(tmp_path, n_workers=1, port=int(address.rsplit(":", 1)[1]))
+    try:
+        finished = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=TIMEOUT)
+    finally:
+        again.stop()
+    assert finished.returncode == cli.EXIT_OK, finished.stderr
+    assert "unknown" not in finished.stderr and (experiment.directory / "report.json").exists()
+    for cell in experiment.cells:
+        assert_ran_once_like(experiment.directory / cell.name, reference.directory / cell.name)

@@ -4,6 +4,7 @@ their progress and summary, their reports."""
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -40,6 +41,14 @@ def cmd_sweep(args) -> int:
         print(sweep_summary(experiment, outcomes), file=sys.stderr)
         for outcome in failed:
             print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+        unknown = [o for o in outcomes if o.action == "unknown"]
+        if unknown:  # no report until every cell is accounted for
+            print(f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
+                  f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
+                  f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
+                  file=sys.stderr)
+            print(experiment.directory)
+            return EXIT_FAILED
         if stop.reason:
             print(f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
                   file=sys.stderr)
@@ -129,12 +138,14 @@ class SweepProgress:
     def ended_with(self, outcome) -> None:
         self.ended += 1
         self.running.pop(outcome.cell, None)
-        kind = ("skipped" if outcome.action.startswith("skipped") else None if outcome.action == "cancelled"
+        kind = ("skipped" if outcome.action.startswith("skipped") else None if outcome.action in ("cancelled", "unknown")
                 else "failed" if "failed" in (outcome.action, outcome.status)
                 else "interrupted" if outcome.status == "interrupted" else "done")
         if kind is not None:
             self.counts[kind] += 1
-        line = f"[{self.ended}/{self.total}] {outcome.cell}: {outcome.action}, {outcome.status}  {outcome.detail}"
+        line = (f"[{self.ended}/{self.total}] {outcome.cell}: "
+                + (outcome.status if outcome.action == "unknown" else  # 'unknown (the scheduler was lost)'
+                   f"{outcome.action}, {outcome.status}  {outcome.detail}"))
         if not self.interactive:
             print(line, file=sys.stderr, flush=True)
             return
@@ -234,9 +245,16 @@ def cmd_verify(args) -> int:
     from attn.experiment import verify
     from attn.experiment.spec import load_experiment
 
+    from attn.store.processes import ChildStopped
+
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
-    result = verify.verify(experiment, args.kernel, args.workers,
-                           progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    try:
+        result = verify.verify(experiment, args.kernel, args.workers,
+                               progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+    except ChildStopped as stopped:
+        print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
+              f"checkpointed; run the same command again to resume", file=sys.stderr)
+        return EXIT_SIGNAL.get(stopped.signal, 130)
     print(verify.verify_markdown(result))
     for path in result["files"]:
         print(path)

@@ -32,6 +32,7 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import signal
@@ -62,13 +63,16 @@ _worker_stop = StopFlag()
 _started = None
 
 
+UNKNOWN = "unknown (the scheduler was lost)"  # the status of a cell whose stack a lost Dask scheduler had
+
+
 @dataclass(frozen=True)
 class CellAction:
     """What happened to one cell in this sweep."""
 
     cell: str
-    action: str  # ran | resumed | skipped-finished | skipped-locked | failed | cancelled
-    status: str  # the run's status afterwards
+    action: str  # ran | resumed | skipped-finished | skipped-locked | failed | cancelled | unknown
+    status: str  # the run's status afterwards (UNKNOWN when the executor lost track of it)
     detail: str = ""  # error message, reason, or final figures
     train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
 
@@ -260,17 +264,37 @@ def executor_from_address(address: str) -> Executor:
 
 class DaskExecutor(Executor):
     """A Dask client's executor that closes the client when it shuts down
-    (else the client outlives the sweep, retrying a scheduler that is gone)."""
+    (else the client outlives the sweep, retrying a scheduler that is gone).
+    While it is open, distributed's own log lines (a lost scheduler's
+    tracebacks) are silenced: lost() says what happened, and the sweep
+    reports it. lost() is why the cluster can no longer say what became of
+    a stack (the scheduler was lost), or None while it can."""
+
+    LOGGERS = ("distributed", "tornado")
 
     def __init__(self, client):
         self.client, self._executor = client, client.get_executor()
+        names = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in self.LOGGERS]
+        self._levels = {name: logging.getLogger(name).level for name in {*self.LOGGERS, *names}}
+        for name in self._levels:
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
         return self._executor.submit(fn, *args, **kwargs)
 
+    def lost(self) -> str | None:
+        return None if self.client.status in ("running", "newly-created") else "the scheduler was lost"
+
     def shutdown(self, wait: bool = True, **_) -> None:
-        self._executor.shutdown(wait)
-        self.client.close()
+        try:
+            if self.lost():
+                return  # nothing to wait for: the futures died with the scheduler (their workers may still run)
+            self._executor.shutdown(wait)
+        finally:
+            with contextlib.suppress(Exception):
+                self.client.close()
+            for name, level in self._levels.items():
+                logging.getLogger(name).setLevel(level)
 
 
 def run_experiment(experiment: Experiment, executor: Executor,
@@ -280,7 +304,9 @@ def run_experiment(experiment: Experiment, executor: Executor,
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
-    status `not started`). With a LocalPool, on_start(cell names) is called
+    status `not started`). A stack whose fate the executor lost (a Dask
+    scheduler gone: its worker may have finished it, or still be training
+    it) is `unknown`, status UNKNOWN, detail the executor's lost(). With a LocalPool, on_start(cell names) is called
     as each stack starts training (the cells it trains, not those skipped),
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
     (a start that arrives later is dropped); other executors report no starts."""
@@ -291,7 +317,7 @@ def run_experiment(experiment: Experiment, executor: Executor,
             executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
             for stack in plan_stacks(experiment.cells)
         }
-    outcomes, pending, ended = [], set(futures), set()
+    outcomes, pending, ended, cancelled = [], set(futures), set(), set()
     while pending:
         done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
         for names in _drained(getattr(executor, "started", None)):
@@ -299,18 +325,20 @@ def run_experiment(experiment: Experiment, executor: Executor,
             if on_start is not None and fresh:
                 on_start(fresh)
         if should_stop():
-            for future in pending:
-                future.cancel()
+            cancelled.update(future for future in pending if future.cancel())
+        lost = getattr(executor, "lost", lambda: None)()
         for future in done:
             stack = futures[future]
             try:
                 arrived = future.result()
-            except CancelledError:
-                arrived = [CellAction(c.name, "cancelled", "not started", "the sweep was stopped before it started")
-                           for c in stack]
-            except Exception as err:  # the worker itself died
-                arrived = [CellAction(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
-                           for c in stack]
+            except CancelledError:  # by this sweep's stop, or by a cluster that lost its scheduler
+                arrived = ([CellAction(c.name, "cancelled", "not started", "the sweep was stopped before it started")
+                            for c in stack] if future in cancelled else
+                           [CellAction(c.name, "unknown", UNKNOWN, lost or "the scheduler was lost") for c in stack])
+            except Exception as err:  # the worker itself died, or the cluster lost track of it
+                arrived = ([CellAction(c.name, "unknown", UNKNOWN, lost) for c in stack] if lost else
+                           [CellAction(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+                            for c in stack])
             for outcome in arrived:
                 ended.add(outcome.cell)
                 outcomes.append(outcome)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from attn.experiment.spec import Experiment
-from attn.store import runs
+from attn.store import processes, runs
 from attn.text import markdown_table
 
 KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
@@ -77,7 +77,7 @@ def rerun(experiment: Experiment, variant: str, overrides: list[str], env: dict,
     if workers:
         command += ["--workers", str(workers)]
     progress(f"{variant}: {' '.join(command[2:])}")
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = processes.run_child(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     report = runs_dir / experiment.name / "report.json"
     if done.returncode != 0 or not report.exists():
         lines = done.stderr.strip().splitlines()

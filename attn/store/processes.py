@@ -2,12 +2,24 @@
 is alive. A pid's identity is its boot id and start time, so that a pid
 reused after a reboot or by another process is not mistaken for the writer
 (attn.store.runs' heartbeat, attn.store.locks' record of the lock's holder).
+
+And the children attn starts (run_child: `attn verify`'s `attn sweep`): each
+in its own process group, stopped with its parent: a SIGINT or SIGTERM to
+the parent is passed on to the child's group and waited for, and on Linux
+the child gets SIGTERM from the kernel (PR_SET_PDEATHSIG) if the parent dies
+by SIGKILL; a sweep so signalled checkpoints its runs and stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
+import signal
 import socket
+import subprocess
+import threading
 from pathlib import Path
 
 
@@ -36,3 +48,68 @@ def pid_alive(pid) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ---------------------------------------------------------------------------
+# Child processes: they die with their parent
+# ---------------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class ChildStopped(RuntimeError):
+    """The parent was asked to stop (SIGINT/SIGTERM) while a child ran: the
+    signal was passed on to the child's process group and the child has
+    ended. `signal` is the signal's name; str() is the one-line message."""
+
+    def __init__(self, signal_name: str, returncode: int):
+        super().__init__(f"stopped by {signal_name} (passed on to the child process, which ended with exit "
+                         f"{returncode})")
+        self.signal, self.returncode = signal_name, returncode
+
+
+def _die_with(parent: int, signum: int) -> None:
+    """In the child, before it runs the command: on Linux, ask the kernel
+    for signum when the parent dies (even by SIGKILL); if it already has,
+    end now."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
+def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=None, text: bool = True,
+              on_death: int = signal.SIGTERM) -> subprocess.CompletedProcess:
+    """Run command as a child in its own process group (a terminal's Ctrl-C
+    reaches this process alone) that ends with this one: SIGINT/SIGTERM
+    received meanwhile are passed on to the child's group and waited for
+    (then ChildStopped); any other exit here (an exception) kills the group;
+    and, on Linux, the kernel sends the child `on_death` if this process
+    dies without a word (SIGKILL). Returns the finished process, as
+    subprocess.run does."""
+    parent = os.getpid()
+    process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
+                               preexec_fn=functools.partial(_die_with, parent, on_death))
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
+    try:
+        out, err = process.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    if received:
+        raise ChildStopped(signal.Signals(received[0]).name, process.returncode)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)

@@ -33,7 +33,7 @@ starts, so it never marks a run `failed`.
 
 Fault injection (tests only): with ATTN_TEST_KILL_AFTER_WRITES=N in the
 environment, the process SIGKILLs itself right after its N-th durable write
-(write_atomic, append_metrics), so a test can stop a run at every write
+(write_atomic, append_metrics, durable_write_done), so a test can stop a run or a publish at every write
 boundary in turn.
 """
 
@@ -158,6 +158,11 @@ def _discard(tmp: Path, path: Path, err: BaseException) -> typing.NoReturn:
 
 
 _writes_done = 0
+
+
+def durable_write_done() -> None:
+    """Count a durable write made elsewhere (a directory swapped in by a rename) for the test hook below."""
+    _count_durable_write()
 
 
 def _count_durable_write() -> None:

@@ -1,0 +1,130 @@
+"""Children die with their parent (attn.store.processes.run_child, which
+`attn verify` starts its `attn sweep` re-runs with): each in its own
+process group; a SIGTERM/SIGINT to the parent is passed on and waited for;
+a parent killed outright (SIGKILL) takes the child with it (Linux
+PR_SET_PDEATHSIG)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from attn import cli
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+
+# The parent: run_child of a child that records its pid and the signal that ends it, then sleeps.
+PARENT = """
+import sys
+from attn.store import processes
+child = ("import os, signal, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()));"
+         "stop = lambda s, f: (open(sys.argv[1] + '.signal', 'w').write(str(s)), sys.exit(3));"
+         "signal.signal(signal.SIGTERM, stop); signal.signal(signal.SIGINT, stop);"
+         "time.sleep(120)")
+try:
+    processes.run_child([sys.executable, "-c", child, sys.argv[1]])
+except processes.ChildStopped as stopped:
+    print(stopped.signal, stopped.returncode)
+    sys.exit(7)
+"""
+
+
+def wait_for(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by its parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_parent(tmp_path: Path) -> tuple[subprocess.Popen, int]:
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file)], env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), "the child to start"))
+    return parent, child
+
+
+@linux
+def test_a_child_dies_when_its_parent_is_killed_outright(tmp_path):
+    parent, child = start_parent(tmp_path)
+    assert os.getpgid(child) == child != os.getpgid(parent.pid), "the child leads its own process group"
+    parent.kill()
+    parent.wait()
+    wait_for(lambda: not alive(child), "the child to end", timeout=5)
+    assert (tmp_path / "child.pid.signal").read_text() == str(int(signal.SIGTERM)), "it was asked to stop, not killed"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_to_the_parent_is_passed_on_and_waited_for(tmp_path, signum):
+    parent, child = start_parent(tmp_path)
+    parent.send_signal(signum)
+    out, err = parent.communicate(timeout=30)
+    assert (parent.returncode, out.split(), err) == (7, [signal.Signals(signum).name, "3"], "")
+    assert (tmp_path / "child.pid.signal").read_text() == str(int(signum)) and not alive(child)
+
+
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every live process whose parent is pid."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append((int(stat.parent.name), command))
+    return found
+
+
+@linux
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
+    """`attn verify` stopped while its float64 re-run trains: the child `attn sweep` and its workers end too."""
+    experiment = tmp_path / "tiny.yaml"
+    experiment.write_text(yaml.safe_dump({
+        "name": "tiny", "base": str(REPO / "configs" / "default.yaml"), "grid": {"optim.lr": [0.1]}, "seeds": [0],
+        "overrides": {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16,
+                      "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
+                      "logging.plots": False, "logging.attention_examples": 0}}))
+    (tmp_path / "runs" / "tiny").mkdir(parents=True)
+    (tmp_path / "runs" / "tiny" / "report.json").write_text(json.dumps({"expectations": []}))  # as if swept
+    verify = subprocess.Popen([sys.executable, "-m", "attn", "verify", str(experiment), "--runs-dir",
+                               str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep = wait_for(lambda: next((pid for pid, command in children_of(verify.pid) if " sweep " in command), None),
+                     "verify's sweep")
+    metrics = tmp_path / "runs" / "verify" / "float64" / "tiny"
+    wait_for(lambda: any(metrics.glob("*/checkpoint.npz")), "the re-run to train")
+    workers = [pid for pid, _ in children_of(sweep)]
+    assert workers, "the sweep's worker"
+    if how == "SIGKILL":
+        verify.kill()
+        verify.wait()
+    else:
+        verify.terminate()
+        _, err = verify.communicate(timeout=60)
+        assert verify.returncode == cli.EXIT_SIGNAL["SIGTERM"], err
+        assert err.splitlines()[-1].startswith("stopped by SIGTERM: the re-run's sweep was stopped with it"), err
+        assert "Traceback" not in err
+    for pid in (sweep, *workers):
+        wait_for(lambda: not alive(pid), f"process {pid} to end", timeout=20)
+    summaries = [json.loads(p.read_text()) for p in metrics.glob("*/summary.json")]
+    assert [s["status"] for s in summaries] == ["interrupted"], "the sweep checkpointed its run as it stopped"
