@@ -83,6 +83,9 @@ class ModelConfig:
     length_scale_init: typing.Optional[float] = F(None, "log_length: s_len at init; null = 1 / ln T", gt=0,
                                                   score="log_length")
     mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup")
+    width_free: bool = F(True, "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
+                         "span when the optimiser and score mode keep them there and it is cheaper "
+                         "(attn.model.widthfree); false: always the d_k-wide weights")
 
 
 @dataclass(frozen=True)
