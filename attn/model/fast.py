@@ -208,6 +208,21 @@ def _initial_coordinates(spec: ModelSpec, rng: np.random.Generator, std_first: f
     return R[:D].copy(), R[D:].copy()
 
 
+def carried_as(spec: ModelSpec) -> dict[str, str]:
+    """How each circuit's weights are carried and were first drawn, for a run's
+    provenance: `materialized` (d_k-wide, as written), `coordinates of the
+    drawn weights` (attn.model.widthfree: the same initial model as the
+    materialized one for the seed) or `coordinates drawn by bartlett`."""
+    def how(width: int, carried: int) -> str:
+        if width == carried:
+            return "materialized"
+        if widthfree.sampled_directly(spec.d_model, width):
+            return f"width-free: coordinates ({carried}) of the drawn weights ({width})"
+        return f"width-free: coordinates ({carried}) drawn by bartlett (width {width})"
+
+    return {"W_q, W_k": how(spec.d_k, spec.k_width), "W_v, W_o": how(spec.d_v, spec.v_width)}
+
+
 def materialized(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The parameters of a width-free model with its d_k-wide weights formed,
     W = C Q (attn.model.widthfree.materialize): for figures, export and
