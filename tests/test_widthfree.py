@@ -18,7 +18,7 @@ from test_stack import MEMBERS, assert_same_run, config, train_alone, train_stac
 
 from attn import optim
 from attn.config.loading import build_spec, build_task, estimate_memory_bytes, load_config, replace
-from attn.model import fast, gradcheck, head, reference, widthfree
+from attn.model import fast, gradcheck, head, mechanism, reference, widthfree
 from attn.model.fast import ModelSpec
 from attn.store import runstate
 from attn.train import loop
@@ -162,3 +162,16 @@ def test_bartlett_draws_the_gram_matrix_of_gaussian_rows():
     grams = [R @ R.T for R in (widthfree.bartlett(sigmas, n, rng, np.float64) for _ in range(4000))]
     expected = np.diag(sigmas**2) * n
     assert np.abs(np.mean(grams, axis=0) - expected).max() < 0.05 * expected.max()
+
+
+def test_the_mechanism_rows_of_a_width_free_head_are_the_materialized_heads():
+    """Per-row gradient norms and saturation from the coordinates: |grad W| = |grad C| row by row."""
+    rng = np.random.default_rng(13)
+    spec = spec_of()
+    carried = fast.init_params(spec, np.random.default_rng(5))
+    q_qk, q_ov = bases(spec, 5)
+    batch = batch_of(rng, spec, "some")
+    width_free = mechanism.row_statistics(carried, spec, batch)
+    full = mechanism.row_statistics(formed(carried, q_qk, q_ov), dataclasses.replace(spec, width_free=False), batch)
+    for name, values in full.items():
+        assert np.allclose(width_free[name], values, rtol=1e-12, atol=0), name
