@@ -27,6 +27,10 @@ import math
 
 import numpy as np
 
+# The optimisers whose every update is linear in the weights and gradients, so that weights stay in the span
+# of their initial rows (attn.model.widthfree): SGD, with momentum, Nesterov, weight decay, schedules, clipping.
+SUBSPACE_OPTIMIZERS = ("sgd",)
+
 
 def squared_norm(a: np.ndarray) -> float:
     """sum(a**2) accumulated in float64 by numpy's pairwise summation: float32

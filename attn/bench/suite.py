@@ -27,6 +27,7 @@ from attn.text import markdown_table
 from attn.train import lifecycle
 
 TARGET_STEP_RATIO = 0.7
+TARGET_WIDTH_RATIO = 1.5  # a step at d_k 2^20 over a step at d_k 64 (attn.bench.timing.width_ratio)
 TARGET_EFFICIENCY = 0.8
 TARGET_SPEEDUP = 1.8
 TARGET_OLD_GRID_SECONDS = 30.0
@@ -88,6 +89,9 @@ def bench_markdown(result: dict) -> str:
              f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
              "rivals in attn's algorithm (projected) and reassociated (bilinear):", "", steps_table(result)]
     for t in result["timings"]:
+        if "width" in t:
+            lines += ["", f"At {t['threads']} thread(s): " + width_line(t["width"])]
+    for t in result["timings"]:
         losses = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
                            for s in t["sizes"])
         lines += ["", f"Loss after the timed steps at {t['threads']} thread(s) (every side computed the same "
@@ -113,6 +117,14 @@ def bench_markdown(result: dict) -> str:
                   f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
                   f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}."]
     return "\n".join(lines) + "\n"
+
+
+def width_line(width: dict) -> str:
+    """The width comparison: a step at d_k 2^20 against one at d_k 64, same d_model."""
+    sides = ", ".join(f"d_k {d_k} {_ms(side)} ms ({'width-free' if side['width_free'] else 'materialized'})"
+                      for d_k, side in width["sides"].items())
+    return (f"step {sides}; ratio {width['ratio']:.2f} ({_met(width['ratio'] <= TARGET_WIDTH_RATIO)} at "
+            f"≤ {TARGET_WIDTH_RATIO}).")
 
 
 def summary_markdown(result: dict) -> str:

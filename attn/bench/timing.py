@@ -25,6 +25,7 @@ the cores it sees, which on a machine of N cores is N).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import itertools
 import json
@@ -77,7 +78,7 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
     association (attn.model.head.head_costs) and the readout's three products.
     The embeddings' one-hot products are not counted."""
     B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
-    head_cost = min(head.head_costs(B, positions, T, D, spec.d_k, spec.d_v).values())
+    head_cost = min(head.head_costs(B, positions, T, D, spec.k_width, spec.v_width).values())  # as carried
     return 2 * head_cost + 3 * 2 * B * positions * D * C
 
 
@@ -136,12 +137,17 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
     task, spec, params, optimizer, gens = runstate.build(config)
     batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
     steppers, skipped = {}, {}
+    # The rivals run the textbook algorithm on the d_k-wide weights, also when attn carries them width-free.
+    rival_spec, rival_params = spec, params
+    if spec.width_free:
+        rival_spec = dataclasses.replace(spec, width_free=False)
+        rival_params = fast.materialized(params, spec, runstate.make_generators(config.seed).init)
     for framework, formulation in itertools.product(frameworks, rivals.FORMULATIONS):
         if not rivals.available(framework):
             skipped[framework] = "not installed"
             continue
         progress(f"{name}: preparing {framework} {formulation}")
-        steppers[f"{framework} {formulation}"] = rivals.stepper(framework, formulation, spec, params, batches,
+        steppers[f"{framework} {formulation}"] = rivals.stepper(framework, formulation, rival_spec, rival_params, batches,
                                                                 config.optim.lr)
     steppers["attn"] = attn_stepper(config, spec, {k: v.copy() for k, v in params.items()}, optimizer, batches)
     for side, step in steppers.items():
@@ -162,12 +168,37 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
         "shape": {"task": config.task.name, "B": config.train.batch_size, "T": spec.n_positions, "P": positions,
                   "d_model": spec.d_model, "d_k": spec.d_k, "d_v": spec.d_v, "classes": spec.n_classes},
         "association": head.choose_association(config.train.batch_size, positions, spec.n_positions,
-                                                 spec.d_model, spec.d_k, spec.d_v),
+                                                 spec.d_model, spec.d_k, spec.d_v, spec.width_free),
         "attn_gflop_per_step": flops / 1e9,
         "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
         "sides": sides, "skipped": skipped, "fastest_rival": fastest,
         "ratio_to_fastest": sides["attn"]["median_ms"] / sides[fastest]["median_ms"] if fastest else None,
     }
+
+
+WIDTHS = (64, 1 << 20)  # d_k of the width comparison, at configs/default.yaml's d_model (64) and d_v = d_k
+# ... at a rate low enough that d_k 2^20 stays finite (at 0.5 it diverges): the cost of a step does not depend on it
+WIDTH_OVERRIDES = ("optim.lr=1e-4",)
+
+
+def width_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """attn's step at d_k = WIDTHS[-1] over its step at d_k = WIDTHS[0] (same
+    d_model; the wide one width-free, attn.model.widthfree), timed side by
+    side in alternating rounds."""
+    steppers = {}
+    for d_k in WIDTHS:
+        config = load_config(BASE_CONFIG, [f"model.d_k={d_k}", *WIDTH_OVERRIDES])
+        task, spec, params, optimizer, gens = runstate.build(config)
+        batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+        steppers[d_k] = (attn_stepper(config, spec, params, optimizer, batches), spec.width_free)
+    for step, _ in steppers.values():
+        for _ in range(warmup):
+            step()
+    progress(f"width: timing d_k {' and '.join(map(str, WIDTHS))} in {ROUNDS} rounds")
+    times = time_interleaved({d_k: (step, math.ceil(steps / ROUNDS)) for d_k, (step, _) in steppers.items()}, ROUNDS)
+    sides = {str(d_k): {**spread(times[d_k]), "width_free": steppers[d_k][1]} for d_k in WIDTHS}
+    return {"sides": sides,
+            "ratio": sides[str(WIDTHS[-1])]["median_ms"] / sides[str(WIDTHS[0])]["median_ms"]}
 
 
 def blas_info() -> list[dict]:
@@ -195,7 +226,8 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
         torch.set_num_threads(threads)
     allocator.keep_freed_memory()  # as attn.train.lifecycle.execute does for every run
     return {"threads": threads, "blas": blas_info(), "versions": versions(),
-            "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes]}
+            "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes],
+            "width": width_ratio(warmup, steps, progress)}
 
 
 def child_environment(threads: int) -> dict:

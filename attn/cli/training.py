@@ -18,9 +18,12 @@ from attn.cli.common import (
     run_dir_argument,
     split_config_and_overrides,
 )
-from attn.config.loading import MAX_INTEGER, integer_problem, load_config
+from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml, show_value
+from attn.model.fast import carried_as
+from attn.model.widthfree import WIDTH_FREE_SCORES
+from attn.optim import SUBSPACE_OPTIMIZERS
 from attn.store import locks, runs
 from attn.text import format_number, summary_figures
 from attn.train import lifecycle
@@ -181,8 +184,14 @@ def cmd_config(args) -> int:
         print("attn config schema (YAML sections; override any field with key=value):")
         for key, accepted, default, help_text in rows:
             print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
+        print(f"width-free head (model.width_free; attn.model.widthfree): optim.name {', '.join(SUBSPACE_OPTIMIZERS)}"
+              f" with model.score {', '.join(WIDTH_FREE_SCORES)}; every other optimiser and mode keeps the d_k-wide "
+              "weights")
         return EXIT_OK
-    print(dump_yaml(to_dict(load_config(config_path, overrides)), sort_keys=False), end="")
+    config = load_config(config_path, overrides)
+    print(dump_yaml(to_dict(config), sort_keys=False), end="")
+    carried = carried_as(build_spec(config, build_task(config)))
+    print("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))
     return EXIT_OK
 
 

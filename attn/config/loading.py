@@ -21,14 +21,15 @@ import math
 import os
 import typing
 
+from attn import optim
 from attn.config.schema import (
+    SET,
     Config,
     FrozenMapping,
     all_keys,
     describe_accepted,
     field_hints,
     nearest_key,
-    SET,
     read_only_by,
     section_fields,
     to_dict,
@@ -36,6 +37,7 @@ from attn.config.schema import (
     unread_keys,
 )
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
+from attn.model import head, widthfree
 from attn.model.fast import ModelSpec, param_order
 from attn.tasks import CopyTask, RetrievalTask
 
@@ -245,7 +247,7 @@ def build_spec(config: Config, task) -> ModelSpec:
     """The model's shape and options: the config's model section on the task's fields, length and classes."""
     m = config.model
     return ModelSpec(
-        fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
+        width_free=runs_width_free(config, task), fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
         d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal,
         residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
         o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
@@ -254,18 +256,39 @@ def build_spec(config: Config, task) -> ModelSpec:
     )
 
 
+def width_free_allowed(config: Config) -> bool:
+    """Whether the config's optimiser and score mode keep W_q, W_k (W_v, W_o)
+    in the span of their initial rows (attn.model.widthfree), and model.width_free lets them be carried so."""
+    return (config.model.width_free and config.optim.name in optim.SUBSPACE_OPTIMIZERS
+            and config.model.score in widthfree.WIDTH_FREE_SCORES)
+
+
+def runs_width_free(config: Config, task) -> bool:
+    """Whether the run carries its head width-free: allowed, and the cost rule
+    (attn.model.head.choose_association, at the training batch) finds it cheaper."""
+    if not width_free_allowed(config):
+        return False
+    m = config.model
+    positions = 1 if task.name == "retrieval" else task.seq_len
+    return head.choose_association(config.train.batch_size, positions, task.seq_len, m.d_model, m.d_k,
+                                   m.d_v or m.d_k, width_free=True) == "widthfree"
+
+
 def estimate_memory_bytes(config: Config) -> int:
-    """A generous estimate of a run's peak memory from its sizes."""
+    """A generous estimate of a run's peak memory from its sizes: the head's
+    weights, activations and gradients at the widths it is carried at
+    (2 d_model for a width-free circuit wider than that, whatever d_k)."""
     m, t, task = config.model, config.task, build_task(config)
-    D, dk = m.d_model, m.d_k
-    dv = m.d_v or dk
+    spec = build_spec(config, task)
+    D, dk, dv = m.d_model, spec.k_width, spec.v_width
     T, V, C = task.seq_len, sum(vocab for _, vocab in task.fields), task.n_classes
     n_params = (V + T) * D + 2 * D * dk + 2 * D * dv + D * C + C
     per_example = T * (6 * D + 4 * dk + 4 * dv + 4 * C) + 4 * T * T
     largest_batch = max(config.train.batch_size, t.eval_size)
     itemsize = 4 if config.dtype == "float32" else 8
     sampling = 16 * largest_batch * t.n_keys if t.name == "retrieval" else 0  # float64 draws + int64 argsort
-    return itemsize * (5 * n_params + largest_batch * per_example) + sampling
+    drawn = 2 * D * m.d_k if spec.width_free and widthfree.sampled_directly(D, m.d_k) else 0  # B at init
+    return itemsize * (5 * n_params + largest_batch * per_example) + sampling + 3 * 8 * drawn  # B, its QR in float64
 
 
 def memory_limit_bytes() -> int:

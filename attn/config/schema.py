@@ -103,6 +103,9 @@ class ModelConfig:
                                                   score="log_length", forkable=INIT_ONLY)
     mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup",
                               forkable=INIT_ONLY)
+    width_free: bool = F(True, "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
+                         "span when the optimiser and score mode keep them there and it is cheaper "
+                         "(attn.model.widthfree); false: always the d_k-wide weights")
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,12 @@ Parameters are a dict name -> array; gradients a dict with the same keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
-from attn.model import head, pairs, scores
+from attn.model import head, pairs, scores, widthfree
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ class ModelSpec:
     temperature_init: float | None = None  # temperature: theta at init; None: ln of `scale`'s s
     length_scale_init: float | None = None  # log_length: s_len at init; None: 1 / ln T
     mup_zero_init_q: bool = True  # mup: W_q starts at zero
+    width_free: bool = False  # carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates (attn.model.widthfree)
 
     @property
     def score_scale(self) -> float:
@@ -86,6 +87,16 @@ class ModelSpec:
         if self.score == "temperature":
             return 1.0
         return head.score_scale("sqrt" if self.score == "log_length" else self.scale, self.d_k)
+
+    @property
+    def k_width(self) -> int:
+        """The width W_q, W_k are carried at: d_k, or 2 d_model when width-free and d_k is wider."""
+        return widthfree.carried_width(self.d_model, self.d_k) if self.width_free else self.d_k
+
+    @property
+    def v_width(self) -> int:
+        """The width W_v, W_o are carried at: d_v, or 2 d_model when width-free and d_v is wider."""
+        return widthfree.carried_width(self.d_model, self.d_v) if self.width_free else self.d_v
 
     @property
     def n_sources(self) -> int:
@@ -112,7 +123,7 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     if spec.positional == "learned":
         shapes["E_pos"] = (spec.n_positions, D)
     shapes.update(
-        W_q=(D, spec.d_k), W_k=(D, spec.d_k), W_v=(D, spec.d_v), W_o=(spec.d_v, D),
+        W_q=(D, spec.k_width), W_k=(D, spec.k_width), W_v=(D, spec.v_width), W_o=(spec.v_width, D),
         W_out=(D, spec.n_classes), b_out=(spec.n_classes,),
     )
     return {**shapes, **score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)}
@@ -152,13 +163,24 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
         W_v=spec.v_gain / np.sqrt(D), W_o=spec.o_gain / np.sqrt(spec.d_v),
         W_out=spec.readout_gain / np.sqrt(D), b_out=0.0,
     )
+    if spec.score == "mup" and spec.mup_zero_init_q:
+        std["W_q"] = 0.0  # the coordinates of a zero W_q are zero (its rows add nothing to the basis)
     params = {}
     mode = score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)
+    circuits = {"W_q": ("W_k", spec.d_k, spec.k_width), "W_v": ("W_o", spec.d_v, spec.v_width)}
     for name, shape in param_shapes(spec).items():
-        if name not in mode:  # the mode's own take no random draw: every mode starts from the same weights
+        if name in mode or name in ("W_k", "W_o") and name in params:
+            continue  # the mode's own take no random draw: every mode starts from the same weights
+        second, width, carried = circuits.get(name, (None, 0, 0))
+        if width == carried:
             params[name] = rng.standard_normal(shape, dtype=dtype) * dtype.type(std[name])
+        else:
+            second_shape = (spec.d_model, width) if second == "W_k" else (width, spec.d_model)
+            params[name], params[second] = _initial_coordinates(spec, rng, std[name], std[second], width, second_shape)
+            if second == "W_o":
+                params[second] = np.ascontiguousarray(params[second].T)  # W_o carried as C_o^T (2D, D)
     if spec.score == "mup" and spec.mup_zero_init_q:
-        params["W_q"][...] = 0
+        params["W_q"][...] = 0  # +0 in every entry (a draw times 0 leaves -0 where it was negative)
     initial = {"g_q": 1.0, "g_k": 1.0, "gamma_q": 1.0, "gamma_k": 1.0,
                "theta": spec.temperature_init if spec.temperature_init is not None
                else np.log(head.score_scale(spec.scale, spec.d_k)),
@@ -167,6 +189,61 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
     for name, shape in mode.items():
         params[name] = np.full(shape, initial[name], dtype=dtype)
     return params
+
+
+def _initial_coordinates(spec: ModelSpec, rng: np.random.Generator, std_first: float, std_second: float,
+                         width: int, second_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The coordinates (C_1, C_2), each (D, 2D), of a circuit's two weights
+    (W_q and W_k; W_v and W_o^T) of rows of width `width`, with entries of
+    standard deviation std_first, std_second: drawn as the materialized
+    model draws them (the second of `second_shape`: (D, d_k) for W_k,
+    (d_v, D) for W_o) and orthonormalised while they fit, else by bartlett
+    (attn.model.widthfree)."""
+    dtype, D = np.dtype(spec.dtype), spec.d_model
+    if widthfree.sampled_directly(D, width):
+        first = rng.standard_normal((D, width), dtype=dtype) * dtype.type(std_first)
+        second = rng.standard_normal(second_shape, dtype=dtype) * dtype.type(std_second)
+        return widthfree.coordinates(first, second if second_shape[0] == D else second.T)[:2]
+    R = widthfree.bartlett(np.repeat([std_first, std_second], D), width, rng, dtype)  # (2D, 2D)
+    return R[:D].copy(), R[D:].copy()
+
+
+def carried_as(spec: ModelSpec) -> dict[str, str]:
+    """How each circuit's weights are carried and were first drawn, for a run's
+    provenance: `materialized` (d_k-wide, as written), `coordinates of the
+    drawn weights` (attn.model.widthfree: the same initial model as the
+    materialized one for the seed) or `coordinates drawn by bartlett`."""
+    def how(width: int, carried: int) -> str:
+        if width == carried:
+            return "materialized"
+        if widthfree.sampled_directly(spec.d_model, width):
+            return f"width-free: coordinates ({carried}) of the drawn weights ({width})"
+        return f"width-free: coordinates ({carried}) drawn by bartlett (width {width})"
+
+    return {"W_q, W_k": how(spec.d_k, spec.k_width), "W_v, W_o": how(spec.d_v, spec.v_width)}
+
+
+def materialized(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """The parameters of a width-free model with its d_k-wide weights formed,
+    W = C Q (attn.model.widthfree.materialize): for figures, export and
+    checks. `rng`: a generator in the state init_params started from (the
+    run's init generator, fresh from its seed), from which the basis Q is
+    drawn again; only while the initial weights were drawn in full
+    (widthfree.sampled_directly), since a bartlett draw has no basis."""
+    out, full = dict(params), replace(spec, width_free=False)
+    initial = init_params(full, rng)
+    for first, second, width, carried in (("W_q", "W_k", spec.d_k, spec.k_width),
+                                          ("W_v", "W_o", spec.d_v, spec.v_width)):
+        if width == carried:
+            continue
+        if not widthfree.sampled_directly(spec.d_model, width):
+            raise ValueError(f"{first}, {second} of width {width} were drawn by bartlett: no basis to form them on")
+        transposed = second == "W_o"  # W_o is carried as C_o^T, its rows W_o^T's
+        basis = widthfree.coordinates(initial[first], initial[second].T if transposed else initial[second])[2]
+        out[first] = widthfree.materialize(params[first], basis)  # (*M, D, width)
+        formed = widthfree.materialize(params[second].swapaxes(-1, -2) if transposed else params[second], basis)
+        out[second] = formed.swapaxes(-1, -2) if transposed else formed
+    return out
 
 
 def init_buffers(spec: ModelSpec, params: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:

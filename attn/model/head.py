@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from attn.model import scores
+from attn.model import scores, widthfree
 from attn.model.pairs import (
     Factored,
     add_at_positions,
@@ -81,7 +81,7 @@ def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return transposed.swapaxes(-1, -2)  # (..., P, T)
 
 
-def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> dict[str, int]:
+def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> dict[str, int]:
     """Multiply-adds of one forward and backward of the head for each
     association (N_q = B P query rows, N_k = B T key rows, d = d_k + d_v):
 
@@ -93,6 +93,9 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> dict[str, 
     bilinear    S = X_Q W_QK X^T, out = (A X) W_OV, never forming K or V:
         the two maps (factorised_linear, each chained or merged, the cheaper)
         + 4 N_q T D (S, A X and their backward) + 2 N_q T D if dX is formed.
+    widthfree   (only when `width_free`: the optimiser and score mode keep
+        the weights in their initial span, attn.model.widthfree) the
+        cheaper of the two above with d_k, d_v wider than 2D carried at 2D.
     """
     Nq, Nk, d = B * P, B * T, d_k + d_v
     factored = keep_factored(T, P)
@@ -104,16 +107,22 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> dict[str, 
         return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
 
     bilinear = map_cost(d_k) + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
-    return {"projected": projected, "bilinear": bilinear}
+    costs = {"projected": projected, "bilinear": bilinear}
+    if width_free:
+        carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v))
+        costs["widthfree"] = min(carried.values())
+    return costs
 
 
-def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int) -> str:
+def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> str:
     """The rule: the association of head_costs with fewer multiply-adds
-    (ties: projected). Bilinear wins with few query rows (retrieval's one)
-    or d_k, d_v wider than d_model; projected with a query at every position
-    and narrow heads (copy at d_k = d_v < 2 D / 3)."""
-    costs = head_costs(B, P, T, D, d_k, d_v)
-    return "bilinear" if costs["bilinear"] < costs["projected"] else "projected"
+    (ties: projected, then bilinear). Bilinear wins with few query rows
+    (retrieval's one) or d_k, d_v wider than d_model; projected with a query
+    at every position and narrow heads (copy at d_k = d_v < 2 D / 3);
+    widthfree, where `width_free` allows it, once d_k or d_v is wider than 2D
+    by enough to pay for nothing: its head is the others' at width 2D."""
+    costs = head_costs(B, P, T, D, d_k, d_v, width_free)
+    return min(costs, key=lambda name: (costs[name], list(costs).index(name)))
 
 
 def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),

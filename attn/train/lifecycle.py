@@ -41,9 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.config.loading import check_run_name, flatten_config, load_config
+from attn.config.loading import build_spec, build_task, check_run_name, flatten_config, load_config
 from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
+from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
 from attn.train import allocator, loop
 from attn.train.loop import StopFlag
@@ -133,7 +134,9 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
             hold.enter_context(locks.RunLock(run_dir, "train"))
             if fill is not None:
                 fill(run_dir)
-            runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), **(origin or {})})
+            head = fast.carried_as(build_spec(config, build_task(config)))  # which parametrisation, which init
+            runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), "head": head,
+                                                         **(origin or {})})
         except BaseException:  # a full disk, a damaged source file, Ctrl-C: no half-made run is left
             shutil.rmtree(run_dir, ignore_errors=True)  # made by this call a moment ago: nothing else is in it
             raise

@@ -51,8 +51,8 @@ def stack_cost(configs: list[Config]) -> int:
         task = build_task(config)
         spec = build_spec(config, task)
         positions = 1 if task.name == "retrieval" else task.seq_len
-        head_cost = min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.d_k,
-                                          spec.d_v).values())
+        head_cost = min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.k_width,
+                                          spec.v_width).values())  # at the widths it is carried at
         total += config.train.steps * (head_cost + 10 * config.train.batch_size * task.seq_len * spec.d_model)
     return total
 

@@ -1,0 +1,99 @@
+"""The width-free head: W_q, W_k (and W_v, W_o) carried as coordinates over a fixed basis, never d_k wide.
+
+Under SGD-family updates (SGD, heavy-ball or Nesterov momentum, L2 weight
+decay, schedules, rate multipliers, global-norm clipping) the head's
+weights never leave a 2D-dimensional subspace of R^{d_k} (D = d_model):
+with G = dL/d(W_q W_k^T) (D x D),
+
+    grad W_q = G W_k,   grad W_k = G^T W_q,
+
+so every row of W_q, W_k and of their momentum buffers is a combination of
+the 2D rows of B = [W_q0; W_k0] (2D x d_k), the weights at initialisation.
+Write B = R Q with Q (2D x d_k) of orthonormal rows and R (2D x 2D) lower
+triangular (R R^T = Gamma = B B^T: R is the Cholesky factor of the Gram
+matrix; Q = R^{-1} B). Then every weight is W = C Q with coordinates
+C (D x 2D), starting at C_q = R[:D], C_k = R[D:], and since Q Q^T = I:
+
+    W_q W_k^T  = C_q C_k^T                       (D x D)
+    grad W_q   = (G C_k) Q,  grad W_k = (G^T C_q) Q
+    |W|_F = |C|_F,  <grad W, W> = <grad C, C>,  |grad W|_F = |grad C|_F
+
+So the model with d_k-wide weights is, step for step, the model with
+2D-wide weights C and the same score scale s (of the true d_k): its
+gradients are the coordinates of the true ones, the optimiser's update of
+C is the coordinates of the update of W (every SGD-family operation is
+linear in the weights and gradients), and clipping, logged norms and
+update ratios are the same numbers. (This is the Gram form
+W_q W_k^T = C'_q Gamma C'_k^T with C' = C R^{-1}, the Gram absorbed into
+the coordinates: Gamma is I in the basis Q.) The value circuit is the
+same with B_v = [W_v0; W_o0^T] (2D x d_v): W_v = C_v Q_v, W_o^T = C_o Q_v,
+W_v W_o = C_v C_o^T; W_o is carried as C_o^T (2D x D).
+
+A step then costs what a step at d_k = d_v = 2D costs, whatever d_k.
+
+Initialisation. Up to SAMPLE_LIMIT entries of B, B is drawn exactly as the
+materialized model draws W_q0, W_k0 (same seed, same initial model) and
+R comes from the QR decomposition of B^T (B^T = Q' R', R = R'^T with the
+signs that make its diagonal non-negative). Beyond it R is drawn directly
+(bartlett): B has independent rows of variances sigma_i^2, so
+B = S Z with Z standard normal and S = diag(sigma), and R = S L with L the
+Cholesky factor of the Wishart matrix Z Z^T, which by the Bartlett
+decomposition is lower triangular with
+
+    L_ii ~ sqrt(chi^2(n - i + 1))  (i = 1..2D),   L_ij ~ N(0, 1)  (i > j),
+
+n = d_k, all independent: d_k = 2^20 starts in microseconds.
+
+What leaves the subspace (and so keeps the materialized weights): Adam and
+AdamW (elementwise over d_k), qk_norm (a norm and a gain per dimension of
+q, k), and sigma_reparam as built (its power-iteration vector v is d_k
+wide; in coordinates sigma(W) = sigma(C) holds, but it is not carried so).
+WIDTH_FREE_SCORES lists the modes that act on the scores alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WIDTH_FREE_SCORES = ("dot", "softcap", "temperature", "mup", "log_length")  # modes that act on S alone
+SAMPLE_LIMIT = 1 << 22  # entries of B (2D x width) drawn as the materialized model draws them; beyond: bartlett
+
+
+def carried_width(d_model: int, width: int) -> int:
+    """The width a circuit of `width` is carried at: 2 d_model (its coordinates) when wider, else its own."""
+    return min(width, 2 * d_model)
+
+
+def sampled_directly(d_model: int, width: int) -> bool:
+    """Whether a circuit's initial weights are drawn in full (then orthonormalised) rather than by bartlett."""
+    return 2 * d_model * width <= SAMPLE_LIMIT
+
+
+def coordinates(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(C_1, C_2, Q) for rows first (D, n), second (D, n), B = [first; second] (2D, n), n >= 2D:
+    first = C_1 Q, second = C_2 Q with Q (2D, n) of orthonormal rows and
+    [C_1; C_2] = R lower triangular with a non-negative diagonal.
+    Computed in float64 (Householder QR of B^T), returned in the inputs' dtype."""
+    basis = np.concatenate([first, second], axis=-2).astype(np.float64)  # (2D, n)
+    q, r = np.linalg.qr(basis.T)  # B^T = q r: q (n, 2D), r (2D, 2D) upper
+    signs = np.where(np.diagonal(r) < 0, -1.0, 1.0)  # (2D,)
+    q, r = q * signs, r * signs[:, None]  # the same product, r's diagonal >= 0
+    coords = np.ascontiguousarray(r.T, dtype=first.dtype)  # (2D, 2D) lower triangular
+    D = first.shape[-2]
+    return coords[:D].copy(), coords[D:].copy(), np.ascontiguousarray(q.T, dtype=first.dtype)
+
+
+def bartlett(sigmas: np.ndarray, n: int, rng: np.random.Generator, dtype) -> np.ndarray:
+    """R = diag(sigmas) L (2D, 2D) for the Cholesky factor L of a Wishart(n, I)
+    matrix drawn by the Bartlett decomposition (module docstring): the
+    coordinates of 2D independent Gaussian rows of width n, row i of standard
+    deviation sigmas[i], over the orthonormal basis of their span."""
+    k = len(sigmas)
+    L = np.tril(rng.standard_normal((k, k)), -1)  # (2D, 2D): N(0, 1) below the diagonal
+    L[np.arange(k), np.arange(k)] = np.sqrt(rng.chisquare(n - np.arange(k)))  # chi^2(n - i + 1), i = 1..2D
+    return (np.asarray(sigmas, dtype=np.float64)[:, None] * L).astype(dtype)
+
+
+def materialize(coords: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """W = C Q: the d_k-wide weight (D, n) from its coordinates C (D, 2D) and basis Q (2D, n)."""
+    return coords @ basis
