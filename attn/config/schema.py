@@ -64,6 +64,8 @@ class ModelConfig:
     scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k",
                    choices=tuple(SCORE_SCALES))
     causal: bool = F(False, "mask keys after the query (causal attention)")
+    mask_self: bool = F(False, "retrieval: mask the query's own position out of its keys (-inf before the softmax)",
+                        task="retrieval")
     residual: bool = F(True, "add the head's output to its input before the readout")
     positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
                         choices=("learned", "sinusoidal", "none"))

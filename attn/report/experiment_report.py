@@ -28,7 +28,8 @@ import numpy as np
 
 from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
-from attn.analysis.results import COUNTED, Cell, Excluded, collect, in_order, lr_sensitivity, median, sort_key
+from attn.analysis.results import (COUNTED, SELF_ATTENDING, Cell, Excluded, collect, in_order, lr_sensitivity, median,
+                                   sort_key, stall_mechanism)
 from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge, judged_cells, value_of
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
@@ -122,6 +123,29 @@ def mechanism_rows(cells: dict[tuple, Cell], layout: Layout, steps: list[int]) -
     return rows
 
 
+def stall_rows(stalls: dict, layout: Layout) -> list[dict]:
+    """Per (x, arm), over its runs at every setting: the stalled and learned runs
+    whose query ends attending to itself, and their initial attention on the right key."""
+    def ends(figures):
+        rate = figures["self_attending"]
+        return f"{rate['k']}/{rate['n']} [{rate['low']:.2f}, {rate['high']:.2f}]" if rate["n"] else "—"
+
+    def initial(figures):
+        t = figures["initial_target_attn"]
+        return f"{t['median']:.3f} [{t['min']:.3f}, {t['max']:.3f}]" if t["n"] else "—"
+
+    rows = []
+    for (x, arm), value in stalls.items():
+        rows.append({layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm),
+                     "stalled runs": value["stalled"]["n"], "learned runs": value["learned"]["n"],
+                     f"stalled: self > {SELF_ATTENDING:g} at end [95%]": ends(value["stalled"]),
+                     f"learned: self > {SELF_ATTENDING:g} at end [95%]": ends(value["learned"]),
+                     "stalled: target_attn @0 median [min, max]": initial(value["stalled"]),
+                     "learned: target_attn @0 median [min, max]": initial(value["learned"]),
+                     "AUC of low target_attn @0 for a stall": _fmt(value["auc"])})
+    return rows
+
+
 def _fmt(value) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
@@ -169,6 +193,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
     sensitivities = ({key: lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
                      if experiment.report.sensitivity else {})
     judged = [judge(e, cells, layout, sensitivities) for e in experiment.report.expect]
+    stalls = {key: stall_mechanism([s for c in group for s in c.seeds]) for key, group in groups(cells, layout).items()}
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
@@ -189,6 +214,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                         for (x, arm), value in sensitivities.items()],
         "sensitivity_table": markdown_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
     }
+    data["stall_mechanism"] = [{"x": list(x), "arm": list(arm), **value} for (x, arm), value in stalls.items()]
     data["lengths"] = [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                        for (x, arm), by_length in at_lengths.items()]
     paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
@@ -198,7 +224,7 @@ def _write(experiment: Experiment, cells: list[Cell], excluded: list[Excluded]) 
                                          sensitive=bool(sensitivities), at_lengths=at_lengths))
     runs.write_atomic(paths["md"], markdown(experiment, cells, layout, best, shared, judged, steps, excluded,
                                             summary_text, data["platform"], paths, sensitivities, at_lengths,
-                                            data["sensitivity_table"]).encode())
+                                            data["sensitivity_table"], stalls).encode())
     return paths
 
 
@@ -257,7 +283,7 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
 
 
 def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, summary_text, platform, paths,
-             sensitivities, at_lengths, sensitivity_table) -> str:
+             sensitivities, at_lengths, sensitivity_table, stalls=None) -> str:
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
@@ -300,6 +326,14 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  markdown_table(mechanism_rows(best, layout, steps)), ""]
+    if stalls and any(v["stalled"]["self_attending"]["n"] + v["learned"]["self_attending"]["n"] for v in stalls.values()):
+        text += ["## What a stall is: self-attention at the end, the right key at the start", "",
+                 f"Over each {layout.x_name} and arm's runs at every setting: of the stalled and of the learned runs, "
+                 f"those whose query ends with more than {SELF_ATTENDING:g} of its attention on its own position "
+                 "(self_attn, Wilson 95%), and the attention on the right key at step 0 (target_attn); the AUC is "
+                 "the rank-based chance that a stalled run started with less attention on the right key than a "
+                 "learned one (0.5: no signal; — without both classes).", "",
+                 markdown_table(stall_rows(stalls, layout)), ""]
     text += ["## Every cell", "", markdown_table(table_rows(sorted(cells, key=lambda c: [
         sort_key(value_of(c.settings.get(k))) for k in keys]), layout, keys)), ""]
     if excluded:
