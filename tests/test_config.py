@@ -448,3 +448,14 @@ def test_cli_process_refuses_an_object_tag_with_exit_2(tmp_path):
 def test_no_float_field_accepts_inf_or_nan(key):
     for value in (".inf", ".nan", "-.inf"):
         assert f"{key}: got {value}; expected" in config_error(None, [f"{key}={value}"])
+
+
+def test_mask_self_is_a_retrieval_field_and_not_causal():
+    """model.mask_self reaches the model spec; it is read only by retrieval, and
+    with causal the first query would have no key: both refused with the reason."""
+    config = load_config(None, ["model.mask_self=true"])
+    assert build_spec(config, build_task(config)).mask_self
+    with pytest.raises(ConfigError, match="model.mask_self: got true; read only with task.name retrieval"):
+        load_config(None, ["task.name=copy", "model.mask_self=true"])
+    with pytest.raises(ConfigError, match="model.mask_self: got true with model.causal true"):
+        load_config(None, ["model.mask_self=true", "model.causal=true"])
