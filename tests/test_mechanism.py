@@ -16,8 +16,9 @@ def spec_of(**kw):
                                d_v=3, dtype="float64"), **kw})
 
 
-@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", qk_gain=3.0), dict(scale="sqrt", causal=True)],
-                         ids=["sqrt", "none-saturating", "causal"])
+@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", qk_gain=3.0), dict(scale="sqrt", causal=True),
+                                     dict(scale="none", mask_self=True)],
+                         ids=["sqrt", "none-saturating", "causal", "mask-self"])
 @pytest.mark.parametrize("chunk", [mechanism.CHUNK_EXAMPLES, 3, 1], ids=lambda c: f"chunks-of-{c}")
 def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(variant, chunk, monkeypatch):
     """Also when the batch goes through in chunks of examples (of 3: uneven; of 1: one per example)."""
