@@ -482,3 +482,14 @@ def test_one_integer_rule_for_every_integer_a_user_writes(where, tmp_path, capsy
     assert code == cli.EXIT_BAD_INPUT, err
     assert "Traceback" not in err and str(BIG)[:40] in err and f"{2**53:,}" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_mask_self_is_a_retrieval_field_and_not_causal():
+    """model.mask_self reaches the model spec; it is read only by retrieval, and
+    with causal the first query would have no key: both refused with the reason."""
+    config = load_config(None, ["model.mask_self=true"])
+    assert build_spec(config, build_task(config)).mask_self
+    with pytest.raises(ConfigError, match="model.mask_self: got true; read only with task.name retrieval"):
+        load_config(None, ["task.name=copy", "model.mask_self=true"])
+    with pytest.raises(ConfigError, match="model.mask_self: got true with model.causal true"):
+        load_config(None, ["model.mask_self=true", "model.causal=true"])

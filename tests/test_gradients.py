@@ -163,6 +163,7 @@ MODEL_VARIANTS = [
     dict(scale="none"),
     dict(scale="linear"),
     dict(scale="sqrt", causal=True),
+    dict(scale="none", mask_self=True),
     dict(scale="none", residual=False),
     dict(scale="sqrt", positional="sinusoidal"),
     dict(scale="sqrt", fields=(("token", 7),), n_classes=7, qk_gain=2.0),
@@ -179,7 +180,8 @@ def test_whole_model_gradients_match_finite_differences(rng, variant):
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
-@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False)],
+@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False),
+                                     dict(scale="none", mask_self=True)],
                          ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
 def test_whole_model_gradients_with_targets_only_at_the_last_position(rng, variant):
     """Retrieval's shape: one query per sequence carries the loss, so the
@@ -236,6 +238,26 @@ def test_diagnostics_are_read_from_the_forward_cache(rng):
     expected_target = np.take_along_axis(attn, batch.target_key[..., None], -1).mean()
     assert np.isclose(stats["target_attn"], expected_target)
     assert np.isclose(stats["score_std"], cache["attn"]["scores"].std())
+    assert np.isclose(stats["self_attn"], np.diagonal(attn, axis1=-2, axis2=-1).mean())
+
+
+def test_self_attention_is_the_weight_on_the_query_position_and_zero_under_mask_self(rng):
+    """Retrieval's shape (one query, at the last position): self_attn is the
+    weight of that row on its own key, and mask_self makes it exactly 0 (a -inf score)."""
+    for mask_self in (False, True):
+        spec = small_spec(dtype="float64", scale="none", mask_self=mask_self)
+        params = fast.init_params(spec, rng)
+        batch = random_batch(rng, spec, mask_fraction=0.0)
+        _, cache = fast.forward(params, spec, batch)
+        stats = fast.diagnostics(cache, batch)
+        attn = cache["attn"]["attn"]  # (B, 1, T): the last position's row alone
+        assert attn.shape == (B, 1, T)
+        assert np.isclose(stats["self_attn"], attn[:, 0, T - 1].mean())
+        if mask_self:
+            assert stats["self_attn"] == 0.0 and np.all(cache["attn"]["scores"][..., T - 1] == -np.inf)
+            assert np.allclose(attn.sum(-1), 1)
+        else:
+            assert stats["self_attn"] > 0
 
 
 @pytest.mark.parametrize("queries,causal,factored", [(np.array([T - 1]), False, True), (np.array([0]), True, True),

@@ -51,6 +51,7 @@ VARIANTS = [
     dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False),
     dict(scale="sqrt", positional="sinusoidal"), dict(scale="sqrt", positional="none"), dict(scale="none", d_k=WIDE_DK),
     dict(scale="sqrt", fields=(("token", 7),), n_classes=7, qk_gain=2.0, causal=True),
+    dict(scale="none", mask_self=True), dict(scale="sqrt", mask_self=True, d_k=WIDE_DK),
 ]
 
 
@@ -87,6 +88,12 @@ def test_fast_model_equals_the_textbook(rng, variant, where, association):
     finite = np.isfinite(ref_cache["S"][:, rows])
     assert np.array_equal(np.isfinite(cache["attn"]["scores"]), finite)
     assert close(cache["attn"]["scores"][finite], ref_cache["S"][:, rows][finite])
+    own = np.arange(T)[rows]  # the diagnostics' self_attn is the textbook A's diagonal at the target rows
+    on_self = ref_cache["A"][:, own, own] if isinstance(rows, np.ndarray) else np.diagonal(ref_cache["A"], 0, 1, 2)
+    kept = batch.target_mask[:, rows]
+    assert np.isclose(fast.diagnostics(cache, batch)["self_attn"], on_self[kept].mean(), rtol=1e-12, atol=1e-15)
+    if spec.mask_self:
+        assert np.all(on_self == 0)
 
 
 @pytest.mark.parametrize("association", ASSOCIATIONS)

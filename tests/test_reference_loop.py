@@ -24,6 +24,7 @@ CASES = {
     "adamw, rate multipliers": ["optim.name=adamw", "optim.lr=0.01", "optim.weight_decay=0.1",
                                 "optim.qk_lr_exponent=0.5", "optim.lr_mult={W_out: 0.5}"],
     "sigma_reparam": ["model.score=sigma_reparam", "optim.lr=0.2"],
+    "mask_self": ["model.mask_self=true", "model.scale=none", "optim.lr=0.3"],
     "copy task": ["task.name=copy", "task.vocab_size=8", "task.length=6", "model.positional=learned",
                   "optim.lr=0.2"],
     "non-finite, continue": ["optim.lr=20", "model.scale=none", "train.on_nonfinite=continue"],

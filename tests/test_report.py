@@ -638,3 +638,28 @@ def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
                                                 "it moved with d_k for `scale=none` (0.1, 0.03).")
     one_x = {key: cell for key, cell in best.items() if key[0] == (16,)}
     assert _transfer_sentence(one_x, layout) == "", "with one x there is nothing to transfer across"
+
+
+def test_the_stall_table_counts_self_attending_ends_and_initial_target_attention(tmp_path):
+    """Runs whose metrics carry self_attn and target_attn (as attn.model.fast.diagnostics
+    logs them): the report's stall table and report.json's stall_mechanism read them."""
+    experiment = load(tmp_path, {"model.d_k": [64], "model.scale": ["none"]}, range(4),
+                      {"x": "model.d_k", "arm": "model.scale"})
+    plan = {0: (STALLED, 0.03, 0.95), 1: (STALLED, 0.05, 0.5), 2: (LEARNED, 0.10, 0.01), 3: (LEARNED, 0.12, 0.02)}
+    for seed, (outcome, initial_target, final_self) in plan.items():
+        cell = write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed,
+                         [(0, PLATEAU, CHANCE)] + curve(outcome))
+        path = experiment.directory / cell.name / "metrics.jsonl"
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        records[0].update(target_attn=initial_target, self_attn=0.1)
+        records[-1].update(target_attn=0.0, self_attn=final_self)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = report_of(experiment, figures=False)
+    [row] = markdown_rows(report.md, "## What a stall is")
+    assert (row["stalled runs"], row["learned runs"]) == ("2", "2")
+    assert row["stalled: self > 0.9 at end [95%]"].startswith("1/2 ")
+    assert row["learned: self > 0.9 at end [95%]"].startswith("0/2 ")
+    assert row["stalled: target_attn @0 median [min, max]"] == "0.040 [0.030, 0.050]"
+    assert row["AUC of low target_attn @0 for a stall"] == "1"
+    [entry] = report.data["stall_mechanism"]
+    assert entry["stalled"]["initial_target_attn"]["values"] == [0.03, 0.05] and entry["auc"] == 1.0

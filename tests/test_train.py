@@ -124,7 +124,7 @@ def test_metrics_records_carry_every_logged_figure(learned):
     assert [r["step"] for r in records] == list(range(0, steps + 1, log_every))
     names = param_names(config)
     always = {"step", "lr", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "wall_time",
-              "steps_per_sec", "score_std", "attn_entropy", "saturated_frac", "grad_norm",
+              "steps_per_sec", "score_std", "attn_entropy", "saturated_frac", "self_attn", "grad_norm",
               *(f"grad_norm/{n}" for n in names)}
     for record in records:
         assert always <= record.keys()

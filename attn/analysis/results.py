@@ -9,8 +9,10 @@ over; interrupted, running, stale and failed runs are counted apart.
 
 Per seed: its outcome class and time to the threshold (attn.analysis.outcomes, from
 the logged eval accuracy and loss); its step-0 record (score std, entropy,
-saturated rows, gradient norms of W_q and W_k); the per-row mechanism at
-the steps it was measured (mechanism.npz, attn.model.mechanism.summary).
+saturated rows, gradient norms of W_q and W_k, attention on the right key
+and on the query's own position); the same attention at its last record;
+the per-row mechanism at the steps it was measured (mechanism.npz,
+attn.model.mechanism.summary).
 
 Per cell (attn.analysis.stats):
     success      seeds that `learned` (reached the threshold and held it), Wilson 95%
@@ -38,7 +40,10 @@ from attn.model import mechanism
 from attn.model.head import score_scale
 from attn.store import arrayfiles, runs
 
-AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
+AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k",
+                "target_attn", "self_attn")
+AT_END_KEYS = ("target_attn", "self_attn")  # read from a seed's last record
+SELF_ATTENDING = 0.9  # a query attends to itself when more than this of its attention is on its own position
 BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
 COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
            "lost": outcomes.LEARNED_THEN_LOST, "slow": outcomes.SLOW}  # rate name -> outcome class
@@ -55,6 +60,7 @@ class Seed:
     at_init: dict  # AT_INIT_KEYS -> the step-0 record's value (None where missing)
     mechanism: dict  # step -> attn.model.mechanism.summary of the rows at that step
     at_thresholds: dict = field(default_factory=dict)  # outcomes.THRESHOLDS -> its outcome class at that threshold
+    at_end: dict = field(default_factory=dict)  # AT_END_KEYS -> the last record's value (None where missing)
 
     @property
     def final_loss(self) -> float:
@@ -95,7 +101,9 @@ def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
     at = {t: outcomes.classify(*curve, **levels, threshold=t).outcome for t in outcomes.THRESHOLDS}
     first = records[0] if records and records[0]["step"] == 0 else {}
     at_init = {k: first.get(k) if runs.is_finite_number(first.get(k)) else None for k in AT_INIT_KEYS}
-    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run), at)
+    last = records[-1] if records else {}
+    at_end = {k: last.get(k) if runs.is_finite_number(last.get(k)) else None for k in AT_END_KEYS}
+    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run), at, at_end)
 
 
 def mechanism_arrays(run: Run) -> dict[int, dict[str, np.ndarray]]:
@@ -204,6 +212,43 @@ class CellResult:
         return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
                 "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
                 "final_loss": self.final_loss()["median"]}
+
+
+def rank_auc(lower: list[float], higher: list[float]) -> float | None:
+    """The rank-based AUC (Mann–Whitney U / (n m)) of a value for telling
+    `lower` from `higher`: the chance that a draw from `lower` is below one
+    from `higher`, ties counting half (0.5: no better than a coin; None if
+    either side is empty)."""
+    if not lower or not higher:
+        return None
+    a, b = np.asarray(lower, dtype=float)[:, None], np.asarray(higher, dtype=float)[None, :]
+    return float(((a < b).sum() + 0.5 * (a == b).sum()) / (a.size * b.size))
+
+
+def stall_mechanism(seeds: list[Seed]) -> dict:
+    """What a stall is, over `seeds` (the runs of one x and arm, say, at every rate):
+    for the stalled and the learned runs, how many, how many end with the query
+    putting more than SELF_ATTENDING of its attention on its own position
+    (Wilson 95%; over the runs whose last record has self_attn), and their
+    initial attention on the right key (step-0 target_attn: median, min, max);
+    and `auc`, the rank-based AUC of a low initial target_attn for telling a
+    stalled run from a learned one (rank_auc: stalled as `lower`)."""
+    out = {}
+    for name, outcome in (("stalled", outcomes.STALLED), ("learned", outcomes.LEARNED)):
+        chosen = [s for s in seeds if s.outcome.outcome == outcome]
+        ends = [s.at_end["self_attn"] for s in chosen if s.at_end.get("self_attn") is not None]
+        k = sum(value > SELF_ATTENDING for value in ends)
+        low, high = stats.wilson_interval(k, len(ends))
+        initial = [s.at_init["target_attn"] for s in chosen if s.at_init.get("target_attn") is not None]
+        out[name] = {
+            "n": len(chosen),
+            "self_attending": {"k": k, "n": len(ends), "rate": k / len(ends) if ends else None, "low": low, "high": high},
+            "initial_target_attn": {"n": len(initial), "median": float(np.median(initial)) if initial else None,
+                                    "min": min(initial, default=None), "max": max(initial, default=None),
+                                    "values": initial},
+        }
+    out["auc"] = rank_auc(out["stalled"]["initial_target_attn"]["values"], out["learned"]["initial_target_attn"]["values"])
+    return out
 
 
 def sort_key(value):

@@ -248,7 +248,7 @@ def build_spec(config: Config, task) -> ModelSpec:
     m = config.model
     return ModelSpec(
         width_free=runs_width_free(config, task), fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
-        d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal,
+        d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal, mask_self=m.mask_self,
         residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
         o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
         qk_norm_gain=m.qk_norm_gain, softcap=m.softcap, temperature_init=m.temperature_init,
@@ -326,6 +326,9 @@ def validate(config: Config, source: str) -> Config:
     if t.name == "retrieval" and t.n_pairs > t.n_keys:
         raise ConfigError(f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "
                           f"({t.n_keys}), since keys are distinct within a sequence")
+    if config.model.mask_self and config.model.causal:
+        raise ConfigError(f"{source}: model.mask_self: got true with model.causal true; expected one of them: "
+                          "the first query would have no key left")
     if t.name == "copy" and t.mode == "shift" and t.shift % t.length == 0:
         raise ConfigError(f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
                           f"multiple of task.length ({t.length}), else the copy is the identity")

@@ -82,6 +82,8 @@ class ModelConfig:
                                 {"model.score": "temperature", "model.temperature_init": SET}),
                    per_member=True, forkable=True)
     causal: bool = F(False, "mask keys after the query (causal attention)")
+    mask_self: bool = F(False, "retrieval: mask the query's own position out of its keys (-inf before the softmax)",
+                        task="retrieval")
     residual: bool = F(True, "add the head's output to its input before the readout")
     positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
                         choices=("learned", "sinusoidal", "none"))

@@ -5,7 +5,7 @@ value; copy: one token):
 
     X      = sum_f E_f[tokens[..., f]] + P[:T]        (B, T, D)
     Q, K, V = X W_q, X W_k, X W_v                      (B, T, d_k), (B, T, d_k), (B, T, d_v)
-    A      = softmax(s * Q K^T  [+ causal -inf mask])  (B, T, T)
+    A      = softmax(s * Q K^T  [+ causal and/or self -inf mask])  (B, T, T)
     out    = (A V) W_o                                 (B, T, D)
     H      = X + out   (residual)   or   out           (B, T, D)
     logits = H W_out + b_out                           (B, T, C)
@@ -62,6 +62,7 @@ class ModelSpec:
     d_v: int = 32
     scale: str = "sqrt"
     causal: bool = False
+    mask_self: bool = False  # each query's own position is masked out of its keys (-inf before the softmax)
     residual: bool = True
     positional: str = "learned"  # learned | sinusoidal | none
     qk_gain: float = 1.0
@@ -280,6 +281,19 @@ def sinusoidal_positions(T: int, D: int, std: float, dtype: str) -> np.ndarray:
     return table
 
 
+@lru_cache(maxsize=32)
+def key_mask(T: int, causal: bool, mask_self: bool) -> np.ndarray | None:
+    """Boolean (T, T), True where query i may NOT look at key j: j > i if
+    causal, j = i if mask_self (None if neither). Read-only, one per setting."""
+    if not (causal or mask_self):
+        return None
+    mask = head.causal_mask(T) if causal else np.zeros((T, T), dtype=bool)
+    if mask_self:
+        mask = mask | np.eye(T, dtype=bool)
+        mask.flags.writeable = False
+    return mask
+
+
 def target_positions(batch: Batch):
     """Positions along T where some example of the batch has a target: a
     slice of all T if every position has one, else an index array."""
@@ -315,7 +329,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     elif spec.positional == "sinusoidal":
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
-    mask = head.causal_mask(T) if spec.causal else None
+    mask = key_mask(T, spec.causal, spec.mask_self)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
     if spec.score == "sigma_reparam":  # W' = gamma W / sigma(W)
         (W_q, query), (W_k, key) = (scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"],
@@ -422,16 +436,20 @@ def diagnostics(cache, batch: Batch) -> dict:
         saturated_frac  fraction of those rows whose largest weight > SATURATED (0.99)
         target_attn     mean weight those rows put on the key they should read
                         (absent when no row has such a key)
+        self_attn       mean weight those rows put on the query's own position
+                        (0 under mask_self; the stall's signature: a stalled
+                        retrieval query ends attending to itself)
     """
     positions = cache["positions"]
     rows = batch.target_mask[..., positions]  # (*M, B, P)
     key = batch.target_key[..., positions]  # (*M, B, P)
     scores, attn = cache["attn"]["scores"], cache["attn"]["attn"]  # (*M, B, P, T)
+    own = np.broadcast_to(np.arange(attn.shape[-1])[positions], rows.shape)  # (*M, B, P): each row's own position
     if rows.ndim == 2:
-        return {"accuracy": accuracy(cache, batch), **_attention_statistics(scores, attn, rows, key)}
+        return {"accuracy": accuracy(cache, batch), **_attention_statistics(scores, attn, rows, key, own)}
     # One member at a time, on its own contiguous arrays: numpy orders a
     # reduction by the array's shape, and a member's figures must not depend on the stack.
-    members = [_attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key)))
+    members = [_attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key, own)))
                for m in range(len(rows))]
     stats = {"accuracy": accuracy(cache, batch)}
     for name in members[0]:
@@ -439,9 +457,9 @@ def diagnostics(cache, batch: Batch) -> dict:
     return stats
 
 
-def _attention_statistics(scores, attn, rows, key) -> dict[str, float]:
-    """score_std, attn_entropy, saturated_frac, target_attn of one model's rows (see diagnostics)."""
-    scores, attn, key = scores[rows], attn[rows], key[rows]  # (N, T), (N, T), (N,)
+def _attention_statistics(scores, attn, rows, key, own) -> dict[str, float]:
+    """score_std, attn_entropy, saturated_frac, self_attn, target_attn of one model's rows (see diagnostics)."""
+    scores, attn, key, own = scores[rows], attn[rows], key[rows], own[rows]  # (N, T), (N, T), (N,), (N,)
     unmasked = np.isfinite(scores)
     safe_attn = np.where(attn > 0, attn, 1)
     entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
@@ -449,6 +467,7 @@ def _attention_statistics(scores, attn, rows, key) -> dict[str, float]:
         "score_std": float(scores[unmasked].std(dtype=np.float64)),
         "attn_entropy": float(entropy.mean(dtype=np.float64)),
         "saturated_frac": float((attn.max(axis=-1) > SATURATED).mean()),
+        "self_attn": float(attn[np.arange(len(own)), own].mean(dtype=np.float64)),
     }
     has_key = key >= 0
     if has_key.any():

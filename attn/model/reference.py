@@ -2,7 +2,7 @@
 
     X      = sum_f E_f[tokens[..., f]] + P[:T]          (B, T, D)
     Q, K, V = X W_q, X W_k, X W_v                        (B, T, d_k), (B, T, d_k), (B, T, d_v)
-    S      = s Q K^T    (-inf above the diagonal if causal)   (B, T, T)
+    S      = s Q K^T    (-inf above the diagonal if causal, on it if mask_self)   (B, T, T)
     A      = softmax(S)  over keys                       (B, T, T)
     C      = A V                                         (B, T, d_v)
     out    = C W_o                                       (B, T, D)
@@ -56,11 +56,16 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
         gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
         (Q, query_norm), (K, key_norm) = (scores.norm_forward(Z, g, spec.qk_norm) for Z, g in zip((Q, K), gains))
         norms = (query_norm, key_norm)
-    causal = np.triu(np.ones((T, T), dtype=bool), k=1) if spec.causal else None
-    S, transform = scores.transform_forward(spec.score_scale * Q @ K.transpose(0, 2, 1),
-                                            fast.head_score(params, spec), causal, slice(None))
+    masked = np.zeros((T, T), dtype=bool)  # True where query i may not look at key j
     if spec.causal:
-        S = np.where(causal, -np.inf, S)
+        masked |= np.triu(np.ones((T, T), dtype=bool), k=1)  # keys after the query
+    if spec.mask_self:
+        masked |= np.eye(T, dtype=bool)  # the query's own position
+    masked = masked if masked.any() else None
+    S, transform = scores.transform_forward(spec.score_scale * Q @ K.transpose(0, 2, 1),
+                                            fast.head_score(params, spec), masked, slice(None))
+    if masked is not None:
+        S = np.where(masked, -np.inf, S)
     A = softmax(S)
     C = A @ V
     out = C @ params["W_o"]

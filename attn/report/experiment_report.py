@@ -32,6 +32,7 @@ from attn.analysis import outcomes
 from attn.analysis.grouping import format_value
 from attn.analysis.results import (
     COUNTED,
+    SELF_ATTENDING,
     CellResult,
     Excluded,
     cells_lr_sensitivity,
@@ -39,6 +40,7 @@ from attn.analysis.results import (
     in_order,
     median,
     sort_key,
+    stall_mechanism,
 )
 from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
 from attn.experiment import report_spec
@@ -153,6 +155,29 @@ def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[i
                                                        f" / {_fmt(median(cell.mechanism(step, 'grad_W_q_median_other')))}")
             row[f"top-10% share of ‖∇W_q‖² @{step}"] = _fmt(median(cell.mechanism(step, "grad_W_q_top_share")))
         rows.append(row)
+    return rows
+
+
+def stall_rows(stalls: dict, layout: Layout) -> list[dict]:
+    """Per (x, arm), over its runs at every setting: the stalled and learned runs
+    whose query ends attending to itself, and their initial attention on the right key."""
+    def ends(figures):
+        rate = figures["self_attending"]
+        return f"{rate['k']}/{rate['n']} [{rate['low']:.2f}, {rate['high']:.2f}]" if rate["n"] else "—"
+
+    def initial(figures):
+        t = figures["initial_target_attn"]
+        return f"{t['median']:.3f} [{t['min']:.3f}, {t['max']:.3f}]" if t["n"] else "—"
+
+    rows = []
+    for (x, arm), value in stalls.items():
+        rows.append({layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm),
+                     "stalled runs": value["stalled"]["n"], "learned runs": value["learned"]["n"],
+                     f"stalled: self > {SELF_ATTENDING:g} at end [95%]": ends(value["stalled"]),
+                     f"learned: self > {SELF_ATTENDING:g} at end [95%]": ends(value["learned"]),
+                     "stalled: target_attn @0 median [min, max]": initial(value["stalled"]),
+                     "learned: target_attn @0 median [min, max]": initial(value["learned"]),
+                     "AUC of low target_attn @0 for a stall": _fmt(value["auc"])})
     return rows
 
 
@@ -277,6 +302,7 @@ class Findings:
     sensitivity_table: str | None
     claims: dict  # the claims frozen before the runs, against the file's now
     code_states: dict  # each code state the runs were made with -> its number of runs
+    stalls: dict  # (x, arm) -> what its stalled and learned runs did (attn.analysis.results.stall_mechanism)
 
 
 def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> Findings:
@@ -293,6 +319,7 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
                        else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
+    stalls = {key: stall_mechanism([s for c in group for s in c.seeds]) for key, group in groups(cells, layout).items()}
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
@@ -301,7 +328,7 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
                     at_lengths, headline(judged, layout, scope(experiment)),
                     counts_summary(best, shared, layout, judged, sensitivities, at_lengths), platforms(cells),
                     rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None, claims,
-                    code_states(cells))
+                    code_states(cells), stalls)
 
 
 def report_json(found: Findings) -> dict:
@@ -322,6 +349,7 @@ def report_json(found: Findings) -> dict:
         "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
                         for (x, arm), value in found.sensitivities.items()],
         "sensitivity_table": found.sensitivity_table,
+        "stall_mechanism": [{"x": list(x), "arm": list(arm), **value} for (x, arm), value in found.stalls.items()],
         "lengths": [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
                     for (x, arm), by_length in found.at_lengths.items()],
     }
@@ -477,6 +505,15 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     if steps:
         text += ["## The mechanism, measured (median over seeds)", "",
                  rows_table(mechanism_rows(best, layout, steps)), ""]
+    if found.stalls and any(v["stalled"]["self_attending"]["n"] + v["learned"]["self_attending"]["n"]
+                            for v in found.stalls.values()):
+        text += ["## What a stall is: self-attention at the end, the right key at the start", "",
+                 f"Over each {layout.x_name} and arm's runs at every setting: of the stalled and of the learned runs, "
+                 f"those whose query ends with more than {SELF_ATTENDING:g} of its attention on its own position "
+                 "(self_attn, Wilson 95%), and the attention on the right key at step 0 (target_attn); the AUC is "
+                 "the rank-based chance that a stalled run started with less attention on the right key than a "
+                 "learned one (0.5: no signal; — without both classes).", "",
+                 rows_table(stall_rows(found.stalls, layout)), ""]
     text += ["## Every cell", "", rows_table(cell_rows(found.ordered, layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]
