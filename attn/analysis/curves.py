@@ -24,9 +24,11 @@ time-weighted, bias-corrected exponential moving average, by step rather
 than by logged point (so runs logged at different rates are smoothed over
 the same window of steps). With the logged steps s_1 < s_2 < ... and a unit
 u (in steps, smoothing_unit: the median gap between logged steps of the
-most finely logged curve drawn), a point i steps back weighs β^((s_t - s_i)/u):
+most finely logged curve drawn), each point decays what came before by
+d_t = β^((s_t - s_{t-1})/u) and weighs 1 - d_t itself (the first 1 - β), so a
+point standing for a longer stretch of steps counts for more:
 
-    ŷ_t = Σ_{i<=t} β^((s_t - s_i)/u) y_i / Σ_{i<=t} β^((s_t - s_i)/u)
+    m_t = d_t m_{t-1} + (1 - d_t) y_t,   w_t = d_t w_{t-1} + (1 - d_t),   ŷ_t = m_t / w_t
 
 For evenly logged points (s_t - s_i = (t - i) u) this is the bias-corrected
 EMA m_t = β m_{t-1} + (1 - β) y_t, ŷ_t = m_t / (1 - β^t) (Adam's bias
@@ -61,9 +63,9 @@ def ema(values: np.ndarray, smoothing: float, steps: np.ndarray | None = None,
         gaps = np.diff(steps, prepend=steps[0]) / (unit or smoothing_unit([steps]))
     numerator = denominator = 0.0
     for t, (y, gap) in enumerate(zip(values, gaps)):
-        decay = smoothing ** gap
-        numerator = decay * numerator + y
-        denominator = decay * denominator + 1.0
+        decay = smoothing ** gap if t else smoothing
+        numerator = decay * numerator + (1.0 - decay) * y
+        denominator = decay * denominator + (1.0 - decay)
         smoothed[t] = numerator / denominator
     return smoothed
 
