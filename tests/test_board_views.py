@@ -108,3 +108,20 @@ def test_smoothing_on_the_board_is_by_step_with_the_raw_curve_behind(browser, di
             "return [...document.querySelectorAll('.u-legend .u-series')].map(e => e.textContent)")
         assert any("(raw)" in v and "—" not in v.split(":")[-1] for v in values_shown), values_shown
         assert errors_logged(browser) == []
+
+
+def test_compare_figure_takes_its_y_range_from_the_runs_that_stayed_finite(diverged_root, tmp_path):
+    from attn.report import compare, compare_figure
+
+    result = compare.compare([diverged_root], out=tmp_path / "cmp")
+    fig = compare_figure.draw_comparison(result.groups, ["eval_loss"], smoothing=0.9)
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    steady = [r["eval_loss"] for seed in (0, 1) for r in runs.read_metrics(diverged_root / f"sqrt-s{seed}")]
+    assert high < 1e2 and low < min(steady)  # not 4e20: the diverged run's tail is off the axis
+    crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert len(crosses) == 1 and crosses[0].get_ydata()[0] == high  # its × held to the top edge
+    faint = [line for line in ax.get_lines() if line.get_alpha() == 0.3]
+    assert len(faint) == len(result.groups)  # each raw curve behind its smoothed one
+    everything = compare_figure.draw_comparison(result.groups, ["eval_loss"], robust=False)
+    assert everything.axes[0].get_ylim()[1] > 4e20
