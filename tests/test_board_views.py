@@ -125,3 +125,16 @@ def test_compare_figure_takes_its_y_range_from_the_runs_that_stayed_finite(diver
     assert len(faint) == len(result.groups)  # each raw curve behind its smoothed one
     everything = compare_figure.draw_comparison(result.groups, ["eval_loss"], robust=False)
     assert everything.axes[0].get_ylim()[1] > 4e20
+
+
+def test_compare_keeps_an_earlier_comparison_of_other_runs_and_says_where_it_wrote(diverged_root):
+    from attn.report import compare
+
+    first = compare.compare([diverged_root / "sqrt-s0", diverged_root / "sqrt-s1"])
+    assert first.out_dir == diverged_root / "compare"
+    again = compare.compare([diverged_root / "sqrt-s1", diverged_root / "sqrt-s0"])  # the same runs: refreshed
+    assert again.out_dir == first.out_dir and not any("kept" in w for w in again.warnings)
+    other = compare.compare([diverged_root / "sqrt-s0", diverged_root / "none-diverged"])
+    assert other.out_dir != first.out_dir and other.out_dir.parent == diverged_root
+    assert any(str(first.out_dir) in w and str(other.out_dir) in w for w in other.warnings), other.warnings
+    assert (first.out_dir / "compare.png").exists()
