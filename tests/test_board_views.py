@@ -138,3 +138,17 @@ def test_compare_keeps_an_earlier_comparison_of_other_runs_and_says_where_it_wro
     assert other.out_dir != first.out_dir and other.out_dir.parent == diverged_root
     assert any(str(first.out_dir) in w and str(other.out_dir) in w for w in other.warnings), other.warnings
     assert (first.out_dir / "compare.png").exists()
+
+
+def test_the_filter_drives_the_chart_and_guesses_a_mistyped_key(browser, diverged_root):  # noqa: F811
+    from test_board import set_filter
+
+    with serving(data.Board([diverged_root])) as httpd:
+        open_page(browser, httpd.url + "?runs=all&groups=all&metric=eval_loss", 3)
+        wait_for(browser, lambda: chart(browser)["series"] == "5")  # 3 runs, 2 groups
+        set_filter(browser, "scale=none")
+        wait_for(browser, lambda: chart(browser)["series"] == "2")  # the diverged run and its group, nothing hidden drawn
+        set_filter(browser, "sclae=none")
+        errors = browser.execute_script("return [...document.querySelectorAll('#filter-errors li')].map(l => l.textContent)")
+        assert any("did you mean scale?" in e for e in errors), errors
+        assert errors_logged(browser) == []

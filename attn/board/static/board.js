@@ -245,7 +245,10 @@
     $("filter").classList.toggle("bad", state.filter.errors.length > 0);
     $("filter-errors").replaceChildren(...state.filter.errors.map((error) =>
       element("li", {}, element("code", {}, error.term), `: ${error.message} (ignored)`)));
-    if (state.data) renderTables();
+    if (state.data) {
+      renderTables();
+      drawChart();
+    }
   }
 
   // ------------------------------------------------------------------ chart
@@ -253,13 +256,15 @@
   // the raw curve when smoothing, and a cross at the last finite value of each of its runs that diverged.
   function chartCurves(metric, x, smoothing) {
     const entries = [];
+    const shown = new Set(shownRuns().map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
     for (const group of state.data.groups) {
-      if (state.selectedGroups.has(group.id)) {
-        entries.push({label: `${group.label} (n=${group.runs.length})`, ids: group.runs.filter((id) => state.runsById.has(id))});
+      const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
+      if (state.selectedGroups.has(group.id) && ids.length) {
+        entries.push({label: `${group.label} (n=${ids.length}${ids.length < group.runs.length ? ` of ${group.runs.length}, filtered` : ""})`, ids});
       }
     }
     for (const run of state.data.runs) {
-      if (state.selectedRuns.has(run.id)) entries.push({label: run.name, ids: [run.id]});
+      if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, ids: [run.id]});
     }
     const recordsOf = (id) => state.records.get(id) || [];
     const unit = smoothing ? board.smoothingUnit(entries.flatMap((e) => e.ids.map((id) => board.series(recordsOf(id), metric).steps))) : 1;
