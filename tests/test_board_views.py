@@ -152,3 +152,28 @@ def test_the_filter_drives_the_chart_and_guesses_a_mistyped_key(browser, diverge
         errors = browser.execute_script("return [...document.querySelectorAll('#filter-errors li')].map(l => l.textContent)")
         assert any("did you mean scale?" in e for e in errors), errors
         assert errors_logged(browser) == []
+
+
+NAMES = ["lr0.1-s1", "lr0.01-s0", "lr0.1-s0", "lr0.03-s0", "lr0.01-s1", "lr1e-3-s0", "dk256", "dk16"]
+NATURAL = ["dk16", "dk256", "lr1e-3-s0", "lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0", "lr0.1-s1"]
+
+
+def test_natural_order_reads_decimals_as_numbers(tmp_path, capsys):
+    from attn import cli
+    from attn.analysis.grouping import natural_key
+
+    assert sorted(NAMES, key=natural_key) == NATURAL
+    for name, lr in (("lr0.1-s0", 0.1), ("lr0.01-s0", 0.01), ("lr0.03-s0", 0.03), ("lr0.01-s1", 0.01)):
+        write_run(tmp_path / "runs" / name, f"optim.lr={lr}", f"seed={name[-1]}")
+    assert cli.main(["runs", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    order = [name for line in out.splitlines() for name in ("lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0")
+             if line.split() and line.split()[0].endswith(name)]
+    assert order == ["lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0"], out
+
+
+def test_the_board_sorts_names_and_settings_in_natural_order(browser, diverged_root):  # noqa: F811
+    with serving(data.Board([diverged_root])) as httpd:
+        open_page(browser, httpd.url, 3)
+        shown = browser.execute_script("return arguments[0].slice().sort(AttnBoard.page.naturalCompare)", NAMES)
+    assert shown == NATURAL

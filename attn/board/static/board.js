@@ -142,7 +142,20 @@
     const missingB = b == null || (typeof b === "number" && !Number.isFinite(b));
     if (missingA || missingB) return missingA - missingB;
     if (typeof a === "number" && typeof b === "number") return a - b;
-    return String(a).localeCompare(String(b), undefined, {numeric: true});
+    return naturalCompare(String(a), String(b));
+  }
+
+  // texts compared with their numbers read as numbers (decimals and exponents too, as
+  // grouping.natural_key): lr0.01 < lr0.03 < lr0.1, dk16 < dk256
+  const NUMBER_IN_TEXT = /(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)/;
+  function naturalCompare(a, b) {
+    const pa = a.split(NUMBER_IN_TEXT), pb = b.split(NUMBER_IN_TEXT);
+    for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
+      if (pa[i] === pb[i]) continue;
+      if (i % 2) return Number(pa[i]) - Number(pb[i]) || pa[i].localeCompare(pb[i]);
+      return pa[i].localeCompare(pb[i]);
+    }
+    return pa.length - pb.length;
   }
 
   function sortRows(rows, columns, sort) {
@@ -435,6 +448,9 @@
       ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
       : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
     $("chart-empty").hidden = curves.length > 0 && !empty;
+    $("chart-note").textContent = curves.length > PALETTE.length
+      ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+      : "";
     const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => s.label)]);
     if (state.plot && (force || empty || shape !== state.plotShape)) {
       state.plot.destroy();
@@ -639,6 +655,6 @@
     })();
   }
 
-  board.page = {state, formatG, drawChart};
+  board.page = {state, formatG, drawChart, naturalCompare};
   start();
 })(window.AttnBoard = window.AttnBoard || {});
