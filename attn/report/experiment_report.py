@@ -263,7 +263,8 @@ def markdown(experiment, cells, layout, best, shared, judged, steps, excluded, s
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in platform.items())
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
             f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
-            + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
+            + ", ".join(f"`{k}`" for k in layout.x)
+            + (", arms = " + ", ".join(f"`{a}`" for a in layout.arm) if layout.arm else ", one arm (no arm key: every run)")
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
                if layout.best_of else "") + ".", "", f"Made on: {facts}.", "",
