@@ -19,9 +19,9 @@ from attn.store import runs
 EXPLODING = (3.45, 21.7, 408.0, 1.07e7, 4.37e20)  # an unscaled run's eval loss, steps 0..4, then NaN
 
 
-def write_diverged_run(directory):
+def write_diverged_run(directory, *overrides):
     """A run whose eval loss grows by twenty orders of magnitude, then is NaN at step 5."""
-    write_run(directory, "model.scale=none", "model.d_k=1024", steps=200, logged_until=0)
+    write_run(directory, "model.scale=none", "model.d_k=1024", *overrides, steps=200, logged_until=0)
     (directory / "metrics.jsonl").unlink()
     for step, loss in enumerate(EXPLODING):
         runs.append_metrics(directory, {"step": step, "eval_loss": loss, "train_loss": loss, "eval_accuracy": 0.06})
@@ -177,3 +177,16 @@ def test_the_board_sorts_names_and_settings_in_natural_order(browser, diverged_r
         open_page(browser, httpd.url, 3)
         shown = browser.execute_script("return arguments[0].slice().sort(AttnBoard.page.naturalCompare)", NAMES)
     assert shown == NATURAL
+
+
+def test_a_groups_n_counts_the_seeds_alive_at_its_last_step(browser, tmp_path):  # noqa: F811
+    root = tmp_path / "runs"
+    for seed in (1, 2):
+        write_diverged_run(root / f"died-s{seed}", f"seed={seed}")
+    write_run(root / "lived-s3", "model.scale=none", "model.d_k=1024", "seed=3")
+    with serving(data.Board([root])) as httpd:
+        open_page(browser, httpd.url + "?groups=all&metric=eval_loss", 3)
+        wait_for(browser, lambda: chart(browser)["series"] == "1")
+        labels = browser.execute_script("return AttnBoard.page.state.plot.series.map(s => s.label)")
+        assert any("(n=1 of 3 at the last step)" in label for label in labels), labels
+        assert chart(browser)["crosses"] == "2"  # where each of the two died

@@ -273,17 +273,21 @@
     for (const group of state.data.groups) {
       const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
       if (state.selectedGroups.has(group.id) && ids.length) {
-        entries.push({label: `${group.label} (n=${ids.length}${ids.length < group.runs.length ? ` of ${group.runs.length}, filtered` : ""})`, ids});
+        entries.push({label: group.label, group: group.runs.length, ids});
       }
     }
     for (const run of state.data.runs) {
-      if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, ids: [run.id]});
+      if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
     }
     const recordsOf = (id) => state.records.get(id) || [];
     const unit = smoothing ? board.smoothingUnit(entries.flatMap((e) => e.ids.map((id) => board.series(recordsOf(id), metric).steps))) : 1;
-    return entries.map(({label, ids}, i) => {
+    return entries.map(({label: name, group, ids}, i) => {
       const runsRecords = ids.map(recordsOf);
       const {xs, band} = board.groupCurve(runsRecords, metric, x, smoothing, unit);
+      // a group's n: the seeds alive (a finite value) at its last step drawn, of those it has
+      const alive = band.count.length ? band.count[band.count.length - 1] : 0;
+      const label = !group ? name : `${name} (n=${alive === group ? alive : `${alive} of ${group} at the last step`}` +
+                    `${ids.length < group ? `; ${group - ids.length} filtered out` : ""})`;
       const raw = smoothing ? board.groupCurve(runsRecords, metric, x, 0) : null;
       const diverged = ids.filter((id) => state.runsById.get(id)?.status === "diverged");
       const crosses = [];
