@@ -190,3 +190,18 @@ def test_a_groups_n_counts_the_seeds_alive_at_its_last_step(browser, tmp_path): 
         labels = browser.execute_script("return AttnBoard.page.state.plot.series.map(s => s.label)")
         assert any("(n=1 of 3 at the last step)" in label for label in labels), labels
         assert chart(browser)["crosses"] == "2"  # where each of the two died
+
+
+def test_group_by_any_setting_draws_a_curve_per_value_over_the_runs_shown(browser, diverged_root):  # noqa: F811
+    from test_board import set_filter
+
+    with serving(data.Board([diverged_root])) as httpd:
+        open_page(browser, httpd.url + "?metric=eval_loss&group_by=model.scale", 3)
+        wait_for(browser, lambda: chart(browser)["series"] == "2")
+        labels = browser.execute_script("return AttnBoard.page.state.plot.series.map(s => s.label)")
+        assert "scale=none (n=1)" in labels and "scale=sqrt (n=2)" in labels, labels
+        assert chart(browser)["bands"] == "1" and chart(browser)["crosses"] == "1"
+        set_filter(browser, "seed=0")  # the filter still decides which runs are pooled
+        wait_for(browser, lambda: "scale=sqrt (n=1)" in browser.execute_script(
+            "return AttnBoard.page.state.plot.series.map(s => s.label)"))
+        assert errors_logged(browser) == []

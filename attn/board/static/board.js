@@ -6,7 +6,8 @@
 //
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
-// open=RUN_ID (its figures), poll=SECONDS (default 2).
+// group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
+// poll=SECONDS (default 2).
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
@@ -104,6 +105,7 @@
 
   function wantedRuns() {
     const wanted = new Set(state.selectedRuns);
+    if ($("group-by").value) shownRuns().forEach((run) => wanted.add(run.id));  // grouped by a setting: every run shown
     for (const group of state.data.groups) {
       if (state.selectedGroups.has(group.id)) group.runs.forEach((id) => wanted.add(id));
     }
@@ -260,7 +262,8 @@
       element("li", {}, element("code", {}, error.term), `: ${error.message} (ignored)`)));
     if (state.data) {
       renderTables();
-      drawChart();
+      if ($("group-by").value) refreshChart();  // runs the filter lets back in may need their records
+      else drawChart();
     }
   }
 
@@ -270,13 +273,26 @@
   function chartCurves(metric, x, smoothing) {
     const entries = [];
     const shown = new Set(shownRuns().map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
-    for (const group of state.data.groups) {
+    const groupBy = $("group-by").value;
+    if (groupBy) {  // one curve per value of the setting, over the runs shown (every other setting and the seeds pooled)
+      const byValue = new Map();
+      for (const run of shownRuns()) {
+        const value = run.settings[groupBy] ?? "—";
+        if (!byValue.has(value)) byValue.set(value, []);
+        byValue.get(value).push(run.id);
+      }
+      const name = state.data.columns.find((c) => c.key === groupBy)?.name || groupBy;
+      for (const value of [...byValue.keys()].sort(naturalCompare)) {
+        entries.push({label: `${name}=${value}`, group: byValue.get(value).length, ids: byValue.get(value)});
+      }
+    }
+    for (const group of groupBy ? [] : state.data.groups) {
       const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
       if (state.selectedGroups.has(group.id) && ids.length) {
         entries.push({label: group.label, group: group.runs.length, ids});
       }
     }
-    for (const run of state.data.runs) {
+    for (const run of groupBy ? [] : state.data.runs) {
       if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
     }
     const recordsOf = (id) => state.records.get(id) || [];
@@ -584,6 +600,13 @@
       const current = metric.value || params.get("metric") || state.data.metrics[0];
       metric.replaceChildren(...state.data.metrics.map((m) => element("option", {value: m, selected: m === current}, m)));
     });
+    const groupBy = $("group-by");
+    renderOnChange("group-by", state.data.columns, () => {
+      const current = groupBy.value || params.get("group_by") || "";
+      groupBy.replaceChildren(element("option", {value: "", selected: current === ""}, "the ticked rows"),
+                              ...state.data.columns.map((c) => element("option", {value: c.key, selected: c.key === current},
+                                                                       c.name)));
+    });
     renderNotes();
     renderTables();
     renderRunDetails();
@@ -626,7 +649,7 @@
     if (params.get("smooth")) $("smoothing").value = params.get("smooth");
     $("y-all").checked = params.get("yall") === "1";
     $("smoothing-value").textContent = $("smoothing").value;
-    for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all"]) $(id).addEventListener("change", () => refreshChart(true));
+    for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all", "group-by"]) $(id).addEventListener("change", () => refreshChart(true));
     $("smoothing").addEventListener("input", () => {
       $("smoothing-value").textContent = $("smoothing").value;
       drawChart();
