@@ -56,7 +56,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_directory_is_not_a_config(tmp_path):
-    assert config_error(tmp_path) == f"{tmp_path}: is a directory, not a config file"
+    assert config_error(tmp_path) == f"{tmp_path}: is a directory, not a config file (and it holds no config.yaml)"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can read a chmod 000 file")

@@ -174,7 +174,7 @@ def test_devices_fifos_and_directories_are_refused_before_a_byte_is_read(tmp_pat
     experiment = tmp_path / "exp.yaml"
     experiment.write_text("name: e\nbase: /dev/zero\ngrid: {model.d_k: [4]}\nseeds: [0]\n")
     assert "base: /dev/zero: is a character device" in one_line_error(capsys, "sweep", experiment)
-    assert "is a FIFO, not a experiment file" in one_line_error(capsys, "sweep", tmp_path / "fifo.yaml")
+    assert "is a FIFO, not an experiment file" in one_line_error(capsys, "sweep", tmp_path / "fifo.yaml")
     assert not (tmp_path / "runs").exists()
 
 

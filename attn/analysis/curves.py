@@ -19,14 +19,23 @@ range of the runs' values at that step: it never claims a value no run had
 With x = wall_time, each step is placed at the mean wall time of the runs
 that logged it.
 
-Smoothing (optional) is applied to each run before the band statistics:
-the bias-corrected exponential moving average over the logged points,
+Smoothing (optional) is applied to each run before the band statistics: a
+time-weighted, bias-corrected exponential moving average, by step rather
+than by logged point (so runs logged at different rates are smoothed over
+the same window of steps). With the logged steps s_1 < s_2 < ... and a unit
+u (in steps, smoothing_unit: the median gap between logged steps of the
+most finely logged curve drawn), each point decays what came before by
+d_t = β^((s_t - s_{t-1})/u) and weighs 1 - d_t itself (the first 1 - β), so a
+point standing for a longer stretch of steps counts for more:
 
-    m_0 = 0,  m_t = β m_{t-1} + (1 - β) y_t,  ŷ_t = m_t / (1 - β^t)
-              = Σ_{i<=t} β^(t-i) y_i / Σ_{i<=t} β^(t-i),
+    m_t = d_t m_{t-1} + (1 - d_t) y_t,   w_t = d_t w_{t-1} + (1 - d_t),   ŷ_t = m_t / w_t
 
-Adam's bias correction, as in TensorBoard's debiased smoothing: early points
-are a weighted mean of what was seen so far, not pulled toward 0.
+For evenly logged points (s_t - s_i = (t - i) u) this is the bias-corrected
+EMA m_t = β m_{t-1} + (1 - β) y_t, ŷ_t = m_t / (1 - β^t) (Adam's bias
+correction, as TensorBoard's debiased smoothing): early points are a weighted
+mean of what was seen so far, not pulled toward 0.
+
+Axes: attn.store.runs.robust_limits (a run's own figures use it too).
 """
 
 from __future__ import annotations
@@ -39,14 +48,34 @@ from attn.analysis.grouping import Group, Run
 from attn.store import runs
 
 
-def ema(values: np.ndarray, smoothing: float) -> np.ndarray:
-    """Bias-corrected exponential moving average (module docstring); smoothing = β in [0, 1)."""
+def ema(values: np.ndarray, smoothing: float, steps: np.ndarray | None = None,
+        unit: float | None = None) -> np.ndarray:
+    """Time-weighted bias-corrected EMA (module docstring); smoothing = β in [0, 1).
+    Without steps (or unit), each logged point is one unit apart."""
+    values = np.asarray(values, dtype=float)
     smoothed = np.empty(len(values))
-    moment = 0.0
-    for t, y in enumerate(np.asarray(values, dtype=float), 1):
-        moment = smoothing * moment + (1.0 - smoothing) * y
-        smoothed[t - 1] = moment / (1.0 - smoothing**t)
+    if not len(values):
+        return smoothed
+    if steps is None:
+        gaps = np.ones(len(values))
+    else:
+        steps = np.asarray(steps, dtype=float)
+        gaps = np.diff(steps, prepend=steps[0]) / (unit or smoothing_unit([steps]))
+    numerator = denominator = 0.0
+    for t, (y, gap) in enumerate(zip(values, gaps)):
+        decay = smoothing ** gap if t else smoothing
+        numerator = decay * numerator + (1.0 - decay) * y
+        denominator = decay * denominator + (1.0 - decay)
+        smoothed[t] = numerator / denominator
     return smoothed
+
+
+def smoothing_unit(step_arrays: list) -> float:
+    """The smoothing's unit in steps: the smallest median gap between logged
+    steps over the curves drawn (1 if none has two points)."""
+    gaps = [float(np.median(np.diff(np.asarray(s, dtype=float)))) for s in step_arrays if len(s) >= 2]
+    gaps = [g for g in gaps if g > 0]
+    return min(gaps) if gaps else 1.0
 
 
 @dataclass(frozen=True)
@@ -93,10 +122,16 @@ def band_stats(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
     return Band(steps, mean, std, count, low, high)
 
 
-def run_curve(run: Run, metric: str, smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of one run's metric, non-finite values dropped, then smoothed."""
+def run_curve(run: Run, metric: str, smoothing: float = 0.0, unit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one run's metric, non-finite values dropped, then
+    smoothed by step (unit: smoothing_unit of the curves drawn; default this run's)."""
     steps, values = runs.series(run.records, metric)
-    return steps, ema(values, smoothing)
+    return steps, (ema(values, smoothing, steps, unit) if smoothing else values.astype(float))
+
+
+def view_unit(groups: list[Group], metric: str) -> float:
+    """smoothing_unit over every run of the groups drawn (one unit for a whole view)."""
+    return smoothing_unit([runs.series(run.records, metric)[0] for g in groups for run in g.runs])
 
 
 def place_steps(steps: np.ndarray, members: list[Run], x: str) -> tuple[np.ndarray, np.ndarray]:
@@ -108,8 +143,12 @@ def place_steps(steps: np.ndarray, members: list[Run], x: str) -> tuple[np.ndarr
     return clock.mean[at_clock], at_steps
 
 
-def group_curve(group: Group, metric: str, x: str = "step", smoothing: float = 0.0) -> tuple[np.ndarray, Band]:
-    """(x coordinates, band) of a group's metric; x is the step or the mean wall time at each step."""
-    band = band_stats([run_curve(run, metric, smoothing) for run in group.runs])
+def group_curve(group: Group, metric: str, x: str = "step", smoothing: float = 0.0,
+                unit: float | None = None) -> tuple[np.ndarray, Band]:
+    """(x coordinates, band) of a group's metric; x is the step or the mean wall time at each step.
+    unit: the smoothing's (smoothing_unit); default the group's."""
+    if smoothing and unit is None:
+        unit = smoothing_unit([runs.series(run.records, metric)[0] for run in group.runs])
+    band = band_stats([run_curve(run, metric, smoothing, unit) for run in group.runs])
     xs, index = place_steps(band.steps, group.runs, x)
     return xs, band.take(index)

@@ -76,9 +76,14 @@ class Skipped:
     reason: str
 
 
+NUMBER_IN_TEXT = re.compile(r"(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
 def natural_key(text: str) -> list:
-    """Sort key that orders 'dk16' before 'dk256'."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(text))]
+    """Sort key that reads the numbers in a text as numbers: 'dk16' before
+    'dk256', 'lr0.01' before 'lr0.03' before 'lr0.1', 'lr1e-3' before 'lr0.01'."""
+    parts = NUMBER_IN_TEXT.split(str(text))  # text, number, text, number, ..., text
+    return [float(part) if i % 2 else part for i, part in enumerate(parts)]
 
 
 def expand_paths(paths) -> list[Path]:

@@ -189,7 +189,7 @@ def add_commands(sub) -> None:
                    "(default: eval_loss and eval_accuracy)")
     p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
     p.add_argument("--smooth", type=float, default=0.0, metavar="BETA",
-                   help="bias-corrected EMA smoothing in [0, 1) (default: 0, none)")
+                   help="bias-corrected EMA smoothing by step in [0, 1), the raw curve drawn faint behind (default: 0, none)")
     p.add_argument("--threshold", type=float, default=outcomes.THRESHOLD,
                    help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})")
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],

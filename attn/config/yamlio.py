@@ -218,7 +218,8 @@ def read_regular_file(path: str | os.PathLike, limit: int, what: str, error: typ
         info = os.fstat(fd)
         kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), None)
         if kind is not None or not stat.S_ISREG(info.st_mode):
-            raise error(f"{path}: is {kind or 'not a regular file'}, not a {what}")
+            raise error(f"{path}: is {kind or 'not a regular file'}, not {article(what)} {what}"
+                        + (inside_hint(path, what) if stat.S_ISDIR(info.st_mode) else ""))
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes is too large for a {what} (limit {limit})")
         with os.fdopen(os.dup(fd), "rb") as handle:
@@ -230,6 +231,21 @@ def read_regular_file(path: str | os.PathLike, limit: int, what: str, error: typ
     if len(data) > limit:
         raise error(f"{path}: more than {limit} bytes is too large for a {what} (it grew while being read)")
     return data
+
+
+FILE_IN_DIRECTORY = {"experiment file": "experiment.yaml", "config file": "config.yaml"}  # what a directory holds
+
+
+def article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
+
+
+def inside_hint(directory: Path, what: str) -> str:
+    """'; did you mean DIR/experiment.yaml?' when the directory holds the file meant."""
+    name = FILE_IN_DIRECTORY.get(what)
+    if name and (Path(directory) / name).is_file():
+        return f"; did you mean {Path(directory) / name}?"
+    return f" (and it holds no {name})" if name else ""
 
 
 def read_yaml_file(path: str | os.PathLike, what: str = "config file"):

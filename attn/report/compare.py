@@ -15,9 +15,12 @@ counts them too.
 
 Output. Figures and tables go to --out if given; else, when every run lies
 directly in one directory (an experiment, or a runs_dir of hand-trained
-runs), to <that directory>/compare, overwritten by the next comparison there;
-else to a new compare-<time> directory in the runs' deepest common
-directory. Only the runs' paths decide, never the working directory.
+runs), to <that directory>/compare, which the next comparison of the same
+runs refreshes (its runs.json lists them); a comparison of other runs is
+never written over it but goes to a new compare-<time> beside it, with a
+warning naming both. Runs in several directories go to a new compare-<time>
+directory in their deepest common directory. Only the runs' paths decide,
+never the working directory.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import csv
 import dataclasses
 import io
 import math
+import json
 import os
 import time
 from collections import Counter
@@ -227,14 +231,35 @@ def check_metrics(metrics, logged: set[str]) -> None:
                               "the keys of a run's metrics.jsonl)")
 
 
+RUNS_FILE = "runs.json"  # in a comparison's directory: the run directories it compared
+
+
+def run_list(run_dirs: list[Path]) -> list[str]:
+    return sorted(os.path.abspath(run_dir) for run_dir in run_dirs)
+
+
+def compared_runs(out_dir: Path) -> list[str] | None:
+    """The runs an earlier comparison in out_dir compared (None: no comparison
+    there; [] if it holds files but no runs.json, written before it was kept)."""
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    try:
+        found = json.loads((out_dir / RUNS_FILE).read_text())
+        return found if isinstance(found, list) else []
+    except (OSError, ValueError):
+        return []
+
+
 def default_out_dir(run_dirs: list[Path]) -> Path:
-    """Created: <parent>/compare if every run lies directly in one parent directory,
-    else a new compare-<time> in the runs' deepest common directory (module docstring).
-    Absolute; never depends on the working directory."""
+    """Created: <parent>/compare if every run lies directly in one parent directory
+    (and <parent>/compare is empty or a comparison of these same runs: an earlier
+    comparison of other runs is never replaced), else a new compare-<time> in the
+    runs' deepest common directory (module docstring). Absolute; never depends
+    on the working directory."""
     parents = {Path(os.path.abspath(run_dir)).parent for run_dir in run_dirs}
     common = Path(os.path.commonpath(parents))
     try:
-        if len(parents) == 1:
+        if len(parents) == 1 and compared_runs(common / "compare") in (None, run_list(run_dirs)):
             (common / "compare").mkdir(exist_ok=True)
             return common / "compare"
         return runs.create_run_dir(common, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -288,10 +313,15 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
     table = group_table(rows, threshold, include_unfinished)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
     written = [figures.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]
+    runs.write_atomic(out_dir / RUNS_FILE, (json.dumps(run_list(run_dirs), indent=1) + "\n").encode())
     for name, text in (("table.md", table + skipped_notes), ("table.csv", csv_table(rows))):
         runs.write_atomic(out_dir / name, text.encode())
         written.append(out_dir / name)
-    return Comparison(out_dir, written, groups, rows, not_runs + skipped, table, duplicate_seeds(groups))
+    notes = duplicate_seeds(groups)
+    earlier = out_dir.parent / "compare"
+    if out is None and out_dir != earlier and compared_runs(earlier) is not None:
+        notes.append(f"{earlier} holds a comparison of other runs and is kept; this one is in {out_dir}")
+    return Comparison(out_dir, written, groups, rows, not_runs + skipped, table, notes)
 
 
 def _values_among(loaded: list[Run], key: str) -> str:

@@ -20,8 +20,9 @@ import textwrap
 import numpy as np
 from matplotlib.figure import Figure
 
-from attn.analysis.curves import Band, group_curve, place_steps, run_curve
+from attn.analysis.curves import Band, group_curve, place_steps, run_curve, view_unit
 from attn.analysis.grouping import THRESHOLD_METRIC, Group, Run, canonical, varying_keys
+from attn.store.runs import robust_limits
 from attn.train import figures
 
 DEFAULT_METRICS = ("eval_loss", "eval_accuracy")
@@ -36,18 +37,9 @@ def shared_references(loaded: list[Run]) -> dict:
     return json.loads(found.pop()) if len(found) == 1 else {}
 
 
-def _limits(arrays: list, log: bool) -> tuple[float, float] | None:
-    """y limits holding every finite (and, on a log axis, positive) value, with a margin."""
-    values = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if arrays else np.array([])
-    values = values[np.isfinite(values) & ((values > 0) if log else True)]
-    if not len(values):
-        return None
-    low, high = float(values.min()), float(values.max())
-    if log:
-        span = max(math.log10(high / low), 0.1)
-        return low / 10 ** (0.05 * span), high * 10 ** (0.05 * span)
-    span = high - low or max(abs(high), 1.0) * 0.1
-    return low - 0.05 * span, high + 0.05 * span
+def _limits(arrays: list, log: bool, robust: bool = True) -> tuple[float, float] | None:
+    """y limits from the bulk of the drawn values (attn.store.runs.robust_limits)."""
+    return robust_limits(arrays, log, robust)
 
 
 LEGEND_FONT_POINTS = 8
@@ -67,7 +59,7 @@ def last_counts(groups: list[Group], metric: str, x: str = "step", smoothing: fl
     """Per group, the number of runs averaged at its last point drawn (within xlim) of `metric`."""
     counts = []
     for group in groups:
-        xs, band = group_curve(group, metric, x, smoothing)
+        xs, band = group_curve(group, metric, x, smoothing, view_unit(groups, metric) if smoothing else None)
         inside = np.flatnonzero((xs >= xlim[0]) & (xs <= xlim[1])) if xlim else np.arange(len(xs))
         counts.append(int(band.count[inside[-1]]) if len(inside) else 0)
     return counts
@@ -132,7 +124,8 @@ def group_styles(groups: list[Group], ignore=()) -> list[dict]:
 
 def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0,
                     yscale: str = "auto", references: dict | None = None, threshold: float | None = None,
-                    title: str = "", xlim: tuple[float, float] | None = None, facet: str | None = None) -> Figure:
+                    title: str = "", xlim: tuple[float, float] | None = None, facet: str | None = None,
+                    robust: bool = True) -> Figure:
     """One panel per metric, a row of them per facet value (groups' `facet`):
     each group's mean with a ± std band (single runs as lines); a diverged
     run's last finite value marked ×; references on loss panels. One legend
@@ -149,7 +142,8 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
             _draw_panel(ax, [groups[k] for k in shown], [styles[k] for k in shown],
                         [texts[groups[k].label] for k in shown], metric, x, smoothing, yscale,
                         references if "loss" in metric else None,
-                        threshold if metric == THRESHOLD_METRIC else None, xlim, value)
+                        threshold if metric == THRESHOLD_METRIC else None, xlim, value,
+                        view_unit(groups, metric) if smoothing else None, robust)
     handles = {}
     for ax in fig.axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
@@ -167,40 +161,51 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
 
 def _draw_panel(ax, groups: list[Group], styles: list[dict], texts: list[str], metric: str, x: str, smoothing: float,
                 yscale: str, references: dict | None, threshold: float | None, xlim: tuple[float, float] | None,
-                facet: str) -> None:
-    curves = [group_curve(group, metric, x, smoothing) for group in groups]
+                facet: str, unit: float | None = None, robust: bool = True) -> None:
+    curves = [group_curve(group, metric, x, smoothing, unit) for group in groups]
+    raws = [group_curve(group, metric, x) for group in groups] if smoothing else [None] * len(groups)
     log = log_scale(metric, [band for _, band in curves], yscale)
     if log:
         ax.set_yscale("log", nonpositive="clip")
     extents = [[0.0, 1.0]] if "accuracy" in metric and not log else []
+    tails = []  # values of groups whose every run diverged: they set the range only if nothing else is drawn
+    crosses = []  # (x, y, colour) of each diverged run's last finite value
     alpha = 0.18 if len(groups) <= 4 else 0.1
-    for group, style, text, (xs, band) in zip(groups, styles, texts, curves):
+    for group, style, text, (xs, band), raw in zip(groups, styles, texts, curves, raws):
+        if raw is not None:  # the raw curve, faint behind the smoothed one
+            ax.plot(raw[0], raw[1].mean, linewidth=0.8, alpha=0.3, color=style["color"], linestyle=style["linestyle"])
         ax.plot(xs, band.mean, linewidth=1.5, label=text, **style)
         spread = np.isfinite(band.std)
         drawn = (xs >= xlim[0]) & (xs <= xlim[1]) if xlim else np.ones(len(xs), dtype=bool)  # what sets the y range
-        extents.append(band.mean[drawn])
+        into = tails if group.runs and all(r.status == "diverged" for r in group.runs) else extents
+        into.append(band.mean[drawn])
         if spread.any():
             lower, upper = band.edges()
-            extents += [lower[spread & drawn], upper[spread & drawn]]
+            into += [lower[spread & drawn], upper[spread & drawn]]
             ax.fill_between(xs, lower, upper, where=spread, color=style["color"], alpha=alpha, linewidth=0)
         for run in (r for r in group.runs if r.status == "diverged"):
-            steps, values = run_curve(run, metric, smoothing)
+            steps, values = run_curve(run, metric, smoothing, unit)
             run_xs, placed = place_steps(steps, [run], x)
             if len(placed):
-                ax.plot(run_xs[-1], values[placed[-1]], marker="x", markersize=7, linestyle="none",
-                        color=style["color"], label="diverged run (last finite value)")
+                crosses.append((run_xs[-1], values[placed[-1]], style["color"]))
     if references:
         figures.draw_references(ax, references)
         extents.append([v for v in references.values() if v is not None])
     if threshold is not None:
         ax.axhline(threshold, color="0.3", linestyle="-.", linewidth=0.8, label=f"threshold {threshold:g}")
-    limits = _limits(extents, log)
+    limits = _limits(extents if any(len(e) for e in extents) and robust else extents + tails, log, robust)
     if limits:
         ax.set_ylim(*limits)
+    for cross_x, cross_y, colour in crosses:
+        ax.plot(cross_x, cross_y if not limits else min(max(cross_y, limits[0]), limits[1]), marker="x",
+                markersize=7, linestyle="none", color=colour, label="diverged run (last finite value)", clip_on=False)
+        if limits and not limits[0] <= cross_y <= limits[1]:  # off the axis: the × at its edge, with its value
+            ax.annotate(f"{cross_y:.2g}", (cross_x, min(max(cross_y, limits[0]), limits[1])), xytext=(4, -10 if cross_y > limits[1] else 4),
+                        textcoords="offset points", fontsize=7, color=colour)
     if xlim:
         ax.set_xlim(*xlim)
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(metric)
-    ax.set_title(metric + (f"  (EMA {smoothing:g}, bias-corrected)" if smoothing else "")
+    ax.set_title(metric + (f"  (EMA {smoothing:g} by step, raw faint)" if smoothing else "")
                  + (f"  —  {facet}" if facet else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.25)

@@ -40,14 +40,15 @@ def arm_sentences(chosen: dict[tuple, CellResult], layout: Layout, where: str) -
             rate = f" at {layout.names[layout.best_of]} {format_value(cell.settings[layout.best_of])}" \
                 if layout.best_of and where == "best" else ""
             parts.append(f"{layout.x_label(x)}: {cell.count(outcomes.LEARNED)}/{cell.n} learned{rate}{_others(cell)}")
-        sentences.append(f"- {layout.arm_label(arm)}, {where}: " + "; ".join(parts) + ".")
+        sentences.append(f"- {layout.arm_label(arm) if arm else 'The runs'}, {where}: " + "; ".join(parts) + ".")
     return sentences
 
 
 
 def _named(layout: Layout, arm: tuple) -> str:
-    """An arm's label in code quotes, so that a list of labels with commas in them reads."""
-    return f"`{layout.arm_label(arm)}`"
+    """An arm's label in code quotes, so that a list of labels with commas in them reads
+    ('the runs' when the experiment has no arm key: one arm, every run)."""
+    return f"`{layout.arm_label(arm)}`" if arm else "the runs"
 
 
 def _success_sentence(label: str, chosen: dict[tuple, CellResult], layout: Layout) -> tuple[str, set]:

@@ -25,6 +25,7 @@ clipped to the bulk of the values and marked).
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -100,6 +101,18 @@ def bulk_limits(values, log: bool) -> tuple[float, float] | None:
         return low / 1.5, high * 1.5
     pad = 0.05 * (high - low or abs(high) or 1.0)
     return low - pad, high + pad
+
+
+def suptitle(fig, text: str, fontsize: float = 9) -> None:
+    """The figure's title, wrapped to its width so that it is never cut at either side."""
+    chars = max(20, int(fig.get_size_inches()[0] * 72 / (0.56 * fontsize)) - 4)
+    fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+
+
+def wrapped_title(ax, text: str, fontsize: float = 9) -> None:
+    """A panel's title, wrapped to the panel's width."""
+    width = ax.get_position().width * ax.figure.get_size_inches()[0]
+    ax.set_title(textwrap.fill(text, max(20, int(width * 72 / (0.56 * fontsize)) - 2)), fontsize=fontsize)
 
 
 def legend_below(fig, handles, labels, ncol=None) -> None:
@@ -191,7 +204,7 @@ def headline_figure(best, shared, layout, colors, path, name):
     for ax in (ax_rate, ax_time):
         ax.set_xlabel(layout.x_name)
         ax.grid(True, which="major", alpha=0.25)
-    fig.suptitle(f"{name}: " + ("solid: each arm at its best " + layout.names[layout.best_of] +
+    suptitle(fig, f"{name}: " + ("solid: each arm at its best " + layout.names[layout.best_of] +
                                 (f"; dashed: all at {layout.names[layout.best_of]} = {format_value(layout.spec.shared)}"
                                  if shared else "") if layout.best_of else "success and time to learn"), fontsize=10)
     legend_below(fig, list(handles.values()), list(handles))
@@ -228,7 +241,7 @@ def phase_figure(by_key, best, layout, path):
     from matplotlib.patches import Patch
 
     handles = [Patch(color=OUTCOME_COLORS[n]) for n in outcomes.OUTCOMES]
-    fig.suptitle("dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen",
+    suptitle(fig, "dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen",
                  fontsize=9)
     legend_below(fig, handles, list(outcomes.OUTCOMES), ncol=5)
     return save_figure(fig, path, tight=False)
@@ -277,8 +290,7 @@ def final_loss_figure(best, layout, colors, path):
     ax.set_xlabel(layout.x_name)
     ax.set_ylabel("final eval loss (nats), one point per seed")
     ax.grid(True, which="major", alpha=0.25)
-    ax.set_title("final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)",
-                 fontsize=9)
+    wrapped_title(ax, "final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)")
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -298,7 +310,7 @@ def curves_figure(mixed, layout, path):
     from matplotlib.lines import Line2D
 
     present = [n for n in outcomes.OUTCOMES if any(c.count(n) for c in mixed.values())]
-    fig.suptitle("cells whose seeds split between outcomes: every seed, coloured by its outcome", fontsize=9)
+    suptitle(fig, "cells whose seeds split between outcomes: every seed, coloured by its outcome", fontsize=9)
     legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
     return save_figure(fig, path, tight=False)
 
@@ -348,7 +360,7 @@ def mechanism_figure(best, layout, colors, steps, path):
     ax.set_ylabel("‖J‖₂ of the row's softmax", fontsize=8)
     ax.set_title(f"every row at step {first}, all x: the Jacobian under its bound", fontsize=7.5)
     ax.grid(True, alpha=0.25)
-    fig.suptitle("why an unscaled head stops learning: the mechanism, measured on the eval set's query rows "
+    suptitle(fig, "why an unscaled head stops learning: the mechanism, measured on the eval set's query rows "
                  "(median over seeds)", fontsize=9)
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
@@ -383,7 +395,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.25)
-    fig.suptitle(f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
+    suptitle(fig, f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
                  "y range from the bulk of the values", fontsize=9)
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
@@ -416,7 +428,7 @@ def sensitivity_figure(by_key, layout, colors, path):
         ax.set_xlabel(layout.names[layout.best_of])
         ax.set_ylabel("final eval loss (median over seeds)")
         ax.grid(True, which="major", alpha=0.25)
-    fig.suptitle("learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
+    suptitle(fig, "learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
                  "counts as its loss at init)", fontsize=9)
     legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
     return save_figure(fig, path, tight=False)
@@ -446,6 +458,6 @@ def lengths_figure(at_lengths: dict, layout, colors, path):
             ax.set_ylabel(label)
             ax.set_title(f"{layout.x_name} = {layout.x_label(x)}", fontsize=9)
             ax.grid(True, alpha=0.25)
-    fig.suptitle("trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
+    suptitle(fig, "trained on one length, asked about longer ones: median over seeds, band: their range", fontsize=9)
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)

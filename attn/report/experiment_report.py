@@ -466,7 +466,8 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     note = code_state_note(found.code_states)
     text = [f"# {experiment.name}", "", experiment.description.strip(), "",
             f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
-            + ", ".join(f"`{k}`" for k in layout.x) + ", arms = " + ", ".join(f"`{a}`" for a in layout.arm)
+            + ", ".join(f"`{k}`" for k in layout.x)
+            + (", arms = " + ", ".join(f"`{a}`" for a in layout.arm) if layout.arm else ", one arm (no arm key: every run)")
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
                if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {note}" if note else ""), "",

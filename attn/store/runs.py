@@ -477,3 +477,37 @@ def series(records: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
         return np.array([]), np.array([])
     steps, values = zip(*pairs)
     return np.asarray(steps), np.asarray(values, dtype=float)
+
+
+ROBUST_QUANTILES = (0.05, 0.95)
+ROBUST_PAD = 0.25  # the robust range is widened by this fraction of its span each way
+
+
+def robust_limits(arrays: list, log: bool, robust: bool = True) -> tuple[float, float] | None:
+    """y limits of the finite (on a log axis, positive)
+    values in arrays, with a 5% margin; None if there is none.
+
+    A diverged run's values grow by orders of magnitude
+    before they stop being finite; an axis holding all of them flattens every
+    other curve to a line. The y range is taken from the bulk of the drawn
+    values: their quantiles Q(0.05)..Q(0.95) (in log10 on a log axis), widened
+    by ROBUST_PAD of that span each way and never beyond the values' own
+    min..max, then a 5% margin. On a log axis only the top is cut (values
+    are positive there and diverge upward; the smallest loss is always shown). robust=False holds every value.
+    """
+    values = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if len(arrays) else np.array([])
+    values = values[np.isfinite(values) & ((values > 0) if log else True)]
+    if not len(values):
+        return None
+    if log:
+        values = np.log10(values)
+    low, high = float(values.min()), float(values.max())
+    if robust and len(values) >= 5:
+        q_low, q_high = (float(q) for q in np.quantile(values, ROBUST_QUANTILES))
+        pad = ROBUST_PAD * (q_high - q_low)
+        low, high = (low if log else max(low, q_low - pad)), min(high, q_high + pad)
+    if log:
+        span = max(high - low, 0.1)
+        return 10 ** (low - 0.05 * span), 10 ** (high + 0.05 * span)
+    span = high - low or max(abs(high), 1.0) * 0.1
+    return low - 0.05 * span, high + 0.05 * span

@@ -39,7 +39,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir) or {}
     attention = read_attention(run_dir / "attention.npz") if (run_dir / "attention.npz").exists() else None
-    written = [_loss_figure(run_dir, records, summary), _diagnostics_figure(run_dir, records)]
+    written = [_loss_figure(run_dir, records, summary), _diagnostics_figure(run_dir, records, summary.get("status") == "diverged")]
     if attention is not None:
         written.append(_attention_figure(run_dir, attention))
     return written
@@ -83,24 +83,63 @@ def _title(run_dir: Path, summary: dict) -> str:
     return f"{run_dir.name}  [{status}{': ' + summary['reason'] if summary.get('reason') else ''}]"
 
 
+def ended_non_finite(records: list[dict], key: str) -> bool:
+    """Whether the metric's last logged value is non-finite (NaN or ±inf): the run diverged in it."""
+    logged = [r[key] for r in records if key in r and r[key] is not None]
+    return bool(logged) and not runs.is_finite_number(logged[-1])
+
+
+def draw_series(ax, records: list[dict], key: str, label: str, log: bool, diverged: bool = False) -> list:
+    """Plot a metric's finite (on a log axis, positive) values; a × at the last
+    one if the metric then went non-finite or the run diverged. Returns the values drawn."""
+    x, y = runs.series(records, key)
+    if log:
+        keep = y > 0
+        x, y = x[keep], y[keep]
+    if not len(x):
+        return []
+    line, = ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
+    if diverged or ended_non_finite(records, key):
+        ax.plot(x[-1], y[-1], marker="x", markersize=8, linestyle="none", color=line.get_color(),
+                label="diverged (last finite value)")
+    return [y]
+
+
+def set_robust_ylim(ax, drawn: list, log: bool) -> None:
+    """y range from the bulk of what is drawn (runs.robust_limits): a diverged tail does not flatten the rest."""
+    limits = runs.robust_limits(drawn, log)
+    if limits:
+        ax.set_ylim(*limits)
+
+
+def one_legend(ax, **kwargs) -> None:
+    """The axes' legend with one entry per label (the diverged × once)."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        ax.legend(list(unique.values()), list(unique.keys()), **kwargs)
+
+
 def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for key, label in (("train_loss", "train"), ("eval_loss", "eval")):
-        x, y = runs.series(records, key)
-        if len(x):
-            ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
-    draw_references(ax, summary.get("references", {}))
     ax.set_yscale("log")
+    drawn = []
+    for key, label in (("train_loss", "train"), ("eval_loss", "eval")):
+        drawn += draw_series(ax, records, key, label, log=True, diverged=summary.get("status") == "diverged")
+    references = summary.get("references", {})
+    draw_references(ax, references)
+    drawn.append([v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None])
+    set_robust_ylim(ax, drawn, log=True)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title(_title(run_dir, summary), fontsize=9)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8)
+    one_legend(ax, fontsize=8)
     return save_figure(fig, run_dir / "loss.png")
 
 
-def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
+def _diagnostics_figure(run_dir: Path, records: list[dict], diverged: bool = False) -> Path:
     fig = Figure(figsize=(10, 6.5))
     panels = [
         ("score_std", "std of scores s·q·k", "linear"),
@@ -110,25 +149,21 @@ def _diagnostics_figure(run_dir: Path, records: list[dict]) -> Path:
     ]
     for i, (keys, title, yscale) in enumerate(panels):
         ax = fig.add_subplot(2, 2, i + 1)
-        drawn = 0
+        ax.set_yscale(yscale)
+        values = []
         for key in (keys if isinstance(keys, tuple) else (keys,)):
-            x, y = runs.series(records, key)
-            if yscale == "log":
-                keep = y > 0
-                x, y = x[keep], y[keep]
-            if len(x):
-                ax.plot(x, y, label=key.split("/")[-1], linewidth=1.3, marker="." if len(x) < 5 else None)
-                drawn += 1
+            values += draw_series(ax, records, key, key.split("/")[-1], log=yscale == "log", diverged=diverged)
+        drawn = len(values)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         if not drawn:  # an empty panel says why
             ax.text(0.5, 0.5, "no finite" + (" positive" if yscale == "log" else "") + " value logged",
                     transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
             continue
-        ax.set_yscale(yscale)
+        set_robust_ylim(ax, values, log=yscale == "log")
         ax.grid(True, alpha=0.25)
-        if drawn > 1:
-            ax.legend(fontsize=8)
+        if len(ax.get_legend_handles_labels()[0]) > 1:
+            one_legend(ax, fontsize=8)
     fig.suptitle(f"{run_dir.name}: attention diagnostics (eval set, target rows)", fontsize=10)
     return save_figure(fig, run_dir / "diagnostics.png")
 

@@ -5,11 +5,13 @@
 // exported (attn board --static), it draws from the data embedded in the page.
 //
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
-// metric=, x=step|wall_time, yscale=auto|log|linear, smooth=BETA, filter=,
-// open=RUN_ID (its figures), poll=SECONDS (default 2).
+// metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
+// group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
+// poll=SECONDS (default 2).
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
-// bands), data-points (finite points of the curves) and data-draws (draws so far).
+// bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
+// (the y range chosen) and data-crosses (diverged runs' × drawn).
 "use strict";
 (function (board) {
   const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -103,6 +105,7 @@
 
   function wantedRuns() {
     const wanted = new Set(state.selectedRuns);
+    if ($("group-by").value) shownRuns().forEach((run) => wanted.add(run.id));  // grouped by a setting: every run shown
     for (const group of state.data.groups) {
       if (state.selectedGroups.has(group.id)) group.runs.forEach((id) => wanted.add(id));
     }
@@ -141,7 +144,20 @@
     const missingB = b == null || (typeof b === "number" && !Number.isFinite(b));
     if (missingA || missingB) return missingA - missingB;
     if (typeof a === "number" && typeof b === "number") return a - b;
-    return String(a).localeCompare(String(b), undefined, {numeric: true});
+    return naturalCompare(String(a), String(b));
+  }
+
+  // texts compared with their numbers read as numbers (decimals and exponents too, as
+  // grouping.natural_key): lr0.01 < lr0.03 < lr0.1, dk16 < dk256
+  const NUMBER_IN_TEXT = /(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)/;
+  function naturalCompare(a, b) {
+    const pa = a.split(NUMBER_IN_TEXT), pb = b.split(NUMBER_IN_TEXT);
+    for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
+      if (pa[i] === pb[i]) continue;
+      if (i % 2) return Number(pa[i]) - Number(pb[i]) || pa[i].localeCompare(pb[i]);
+      return pa[i].localeCompare(pb[i]);
+    }
+    return pa.length - pb.length;
   }
 
   function sortRows(rows, columns, sort) {
@@ -244,26 +260,61 @@
     $("filter").classList.toggle("bad", state.filter.errors.length > 0);
     $("filter-errors").replaceChildren(...state.filter.errors.map((error) =>
       element("li", {}, element("code", {}, error.term), `: ${error.message} (ignored)`)));
-    if (state.data) renderTables();
+    if (state.data) {
+      renderTables();
+      if ($("group-by").value) refreshChart();  // runs the filter lets back in may need their records
+      else drawChart();
+    }
   }
 
   // ------------------------------------------------------------------ chart
+  // Each ticked group and run as a curve: its band (smoothed by step, one unit for the whole chart),
+  // the raw curve when smoothing, and a cross at the last finite value of each of its runs that diverged.
   function chartCurves(metric, x, smoothing) {
-    const curves = [];
-    const add = (label, runIds) => {
-      const {xs, band} = board.groupCurve(runIds.map((id) => state.records.get(id) || []), metric, x, smoothing);
-      const i = curves.length;
-      curves.push({label, xs, band, color: PALETTE[i % PALETTE.length], dash: DASHES[Math.floor(i / PALETTE.length) % DASHES.length]});
-    };
-    for (const group of state.data.groups) {
-      if (state.selectedGroups.has(group.id)) {
-        add(`${group.label} (n=${group.runs.length})`, group.runs.filter((id) => state.runsById.has(id)));
+    const entries = [];
+    const shown = new Set(shownRuns().map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
+    const groupBy = $("group-by").value;
+    if (groupBy) {  // one curve per value of the setting, over the runs shown (every other setting and the seeds pooled)
+      const byValue = new Map();
+      for (const run of shownRuns()) {
+        const value = run.settings[groupBy] ?? "—";
+        if (!byValue.has(value)) byValue.set(value, []);
+        byValue.get(value).push(run.id);
+      }
+      const name = state.data.columns.find((c) => c.key === groupBy)?.name || groupBy;
+      for (const value of [...byValue.keys()].sort(naturalCompare)) {
+        entries.push({label: `${name}=${value}`, group: byValue.get(value).length, ids: byValue.get(value)});
       }
     }
-    for (const run of state.data.runs) {
-      if (state.selectedRuns.has(run.id)) add(run.name, [run.id]);
+    for (const group of groupBy ? [] : state.data.groups) {
+      const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
+      if (state.selectedGroups.has(group.id) && ids.length) {
+        entries.push({label: group.label, group: group.runs.length, ids});
+      }
     }
-    return curves;
+    for (const run of groupBy ? [] : state.data.runs) {
+      if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
+    }
+    const recordsOf = (id) => state.records.get(id) || [];
+    const unit = smoothing ? board.smoothingUnit(entries.flatMap((e) => e.ids.map((id) => board.series(recordsOf(id), metric).steps))) : 1;
+    return entries.map(({label: name, group, ids}, i) => {
+      const runsRecords = ids.map(recordsOf);
+      const {xs, band} = board.groupCurve(runsRecords, metric, x, smoothing, unit);
+      // a group's n: the seeds alive (a finite value) at its last step drawn, of those it has
+      const alive = band.count.length ? band.count[band.count.length - 1] : 0;
+      const label = !group ? name : `${name} (n=${alive === group ? alive : `${alive} of ${group} at the last step`}` +
+                    `${ids.length < group ? `; ${group - ids.length} filtered out` : ""})`;
+      const raw = smoothing ? board.groupCurve(runsRecords, metric, x, 0) : null;
+      const diverged = ids.filter((id) => state.runsById.get(id)?.status === "diverged");
+      const crosses = [];
+      for (const id of diverged) {
+        const {steps, values} = board.runCurve(recordsOf(id), metric, smoothing, unit);
+        const placed = board.placed(steps, [recordsOf(id)], x);
+        if (placed.index.length) crosses.push([placed.xs[placed.xs.length - 1], values[placed.index[placed.index.length - 1]]]);
+      }
+      return {label, xs, band, raw, crosses, allDiverged: ids.length > 0 && diverged.length === ids.length,
+              color: PALETTE[i % PALETTE.length], dash: DASHES[Math.floor(i / PALETTE.length) % DASHES.length]};
+    });
   }
 
   // uPlot's data: one x array (the union of the curves' x) and a column per series; null where a
@@ -278,25 +329,95 @@
       });
       return out;
     };
-    const data = [xs], series = [{}], bands = [];
+    const data = [xs], series = [{}], bands = [], bulk = [], tails = [], crosses = [];
     let points = 0;
+    const value = (u, v) => board.formatNumber(v);
     for (const curve of curves) {
       const mean = column(curve, curve.band.mean);
       points += mean.filter((v) => v !== null).length;
+      (curve.allDiverged ? tails : bulk).push(mean.filter((v) => v !== null));
+      if (curve.raw) {  // faint, behind the smoothed curve; the hover shows both
+        const raw = new Array(xs.length).fill(null);
+        curve.raw.xs.forEach((x, i) => {
+          const v = curve.raw.band.mean[i];
+          if (at.has(x) && Number.isFinite(v) && (!log || v > 0)) raw[at.get(x)] = v;
+        });
+        data.push(raw);
+        series.push({label: `${curve.label} (raw)`, class: "raw", stroke: curve.color + "59", dash: curve.dash, width: 1,
+                     spanGaps: true, points: {show: false}, value});
+      }
+      crosses.push(...curve.crosses.map(([cx, cy]) => ({x: cx, y: cy, color: curve.color})));
       data.push(mean);
       series.push({label: curve.label, stroke: curve.color, dash: curve.dash, width: 1.6, spanGaps: true,
-                   points: {show: curve.xs.length < 5}});
+                   points: {show: curve.xs.length < 5}, value});
       if (curve.band.std.some(Number.isFinite)) {
         const {lower, upper} = board.edges(curve.band);
         const spread = (values) => values.map((v, i) => (Number.isFinite(curve.band.std[i]) ? v : NaN));
-        data.push(column(curve, spread(upper)), column(curve, spread(lower)));
+        const up = column(curve, spread(upper)), down = column(curve, spread(lower));
+        data.push(up, down);
+        (curve.allDiverged ? tails : bulk).push(up.filter((v) => v !== null), down.filter((v) => v !== null));
         const edge = {label: `${curve.label} ± std`, class: "band-edge", stroke: "rgba(0,0,0,0)", width: 1,
-                      points: {show: false}};
+                      points: {show: false}, value};
         series.push(edge, {...edge});
         bands.push({series: [series.length - 2, series.length - 1], fill: curve.color + "2e"});
       }
     }
-    return {data, series, bands, points};
+    // the y range: from the bulk of what is drawn (curves that did not all diverge), or everything
+    const everything = $("y-all").checked;
+    const limits = board.robustLimits(bulk.some((a) => a.length) && !everything ? bulk : bulk.concat(tails), log, !everything);
+    return {data, series, bands, points, limits, crosses};
+  }
+
+  // tick labels by their size (a log axis's unlabelled minor ticks come as null)
+  function tickLabels(u, splits) {
+    return splits.map((v) => (v == null ? "" : board.formatNumber(v)));
+  }
+
+  // a log axis's labelled ticks: its decades, every k-th of them when there are more than eight
+  function decades(u, splits) {
+    const powers = splits.filter((v) => v > 0 && Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9);
+    const every = Math.max(1, Math.ceil(powers.length / 8));
+    return splits.map((v) => (powers.includes(v) && Math.round(Math.log10(v)) % every === 0 ? v : null));
+  }
+
+  // a y axis as wide as its widest label
+  function axisWidth(u, values) {
+    if (!values || !values.length) return 50;
+    const context = u.ctx;
+    context.save();
+    context.font = "12px system-ui, sans-serif";
+    const widest = Math.max(...values.map((v) => context.measureText(String(v ?? "")).width));
+    context.restore();
+    const size = Math.ceil(widest) + 14 + 22;  // ticks and gap, and the axis label
+    state.yAxis = {labels: values.filter((v) => v), size};  // for tests
+    return size;
+  }
+
+  // × at each diverged run's last finite value, held to the edge of the plot when off it
+  function drawCrosses(u, crosses) {
+    const context = u.ctx, {left, top, width, height} = u.bbox;
+    context.save();
+    context.lineWidth = 2 * devicePixelRatio;
+    let shown = 0;
+    for (const cross of crosses) {
+      const px = u.valToPos(cross.x, "x", true), raw = u.valToPos(cross.y, "y", true);
+      if (!Number.isFinite(px) || px < left - 1 || px > left + width + 1) continue;
+      const py = Math.min(Math.max(Number.isFinite(raw) ? raw : top, top), top + height);
+      const r = 5 * devicePixelRatio;
+      context.strokeStyle = cross.color;
+      context.beginPath();
+      context.moveTo(px - r, py - r); context.lineTo(px + r, py + r);
+      context.moveTo(px - r, py + r); context.lineTo(px + r, py - r);
+      context.stroke();
+      if (py !== raw) {
+        context.fillStyle = cross.color;
+        context.font = `${10 * devicePixelRatio}px system-ui, sans-serif`;
+        context.fillText(board.formatNumber(cross.y), px + r + 2, py + (raw < top ? 3 * r : -r));
+      }
+      shown += 1;
+    }
+    context.restore();
+    $("chart").dataset.crosses = String(shown);
   }
 
   function chartOptions(metric, x, log, built) {
@@ -313,12 +434,14 @@
           const low = from ?? min, high = to ?? max;
           return low < high ? [low, high] : [min, max];
         }},
-        y: log ? {distr: 3, log: 10} : {},
+        y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => state.yLimits || [min, max]},
       },
-      axes: [{label: X_LABELS[x]}, {label: metric, size: 70}],
+      axes: [{label: X_LABELS[x], values: tickLabels},
+             {label: metric, values: tickLabels, size: axisWidth, ...(log ? {filter: decades} : {})}],
       cursor: {drag: {x: true, y: false, setScale: false}},
       legend: {live: true},
       hooks: {
+        draw: [(u) => drawCrosses(u, state.crosses || [])],
         setSelect: [(u) => {
           if (u.select.width < 4) return;
           $("x-from").value = Number(u.posToVal(u.select.left, "x").toPrecision(4));
@@ -338,12 +461,17 @@
     const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range)
                                   : yscale === "log";
     const built = aligned(curves, log);
+    state.yLimits = built.limits;
+    state.crosses = built.crosses;
     const empty = built.points === 0;
     $("chart-empty").textContent = curves.length && empty
       ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
       : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
     $("chart-empty").hidden = curves.length > 0 && !empty;
-    const shape = JSON.stringify([metric, x, log, built.series.map((s) => s.label)]);
+    $("chart-note").textContent = curves.length > PALETTE.length
+      ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+      : "";
+    const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => s.label)]);
     if (state.plot && (force || empty || shape !== state.plotShape)) {
       state.plot.destroy();
       state.plot = null;
@@ -362,7 +490,8 @@
     state.plotShape = shape;
     state.draws += 1;
     Object.assign(chart.dataset, {series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
-                                  points: String(built.points), draws: String(state.draws), log: String(log)});
+                                  points: String(built.points), draws: String(state.draws), log: String(log),
+                                  ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
   }
 
   async function refreshChart(force = false) {
@@ -472,6 +601,13 @@
       const current = metric.value || params.get("metric") || state.data.metrics[0];
       metric.replaceChildren(...state.data.metrics.map((m) => element("option", {value: m, selected: m === current}, m)));
     });
+    const groupBy = $("group-by");
+    renderOnChange("group-by", state.data.columns, () => {
+      const current = groupBy.value || params.get("group_by") || "";
+      groupBy.replaceChildren(element("option", {value: "", selected: current === ""}, "the ticked rows"),
+                              ...state.data.columns.map((c) => element("option", {value: c.key, selected: c.key === current},
+                                                                       c.name)));
+    });
     renderNotes();
     renderTables();
     renderRunDetails();
@@ -512,8 +648,9 @@
       if (params.get(name)) $(id).value = params.get(name);
     }
     if (params.get("smooth")) $("smoothing").value = params.get("smooth");
+    $("y-all").checked = params.get("yall") === "1";
     $("smoothing-value").textContent = $("smoothing").value;
-    for (const id of ["metric", "x", "yscale", "x-from", "x-to"]) $(id).addEventListener("change", () => refreshChart(true));
+    for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all", "group-by"]) $(id).addEventListener("change", () => refreshChart(true));
     $("smoothing").addEventListener("input", () => {
       $("smoothing-value").textContent = $("smoothing").value;
       drawChart();
@@ -546,6 +683,6 @@
     })();
   }
 
-  board.page = {state, formatG, drawChart};
+  board.page = {state, formatG, drawChart, naturalCompare};
   start();
 })(window.AttnBoard = window.AttnBoard || {});

@@ -2,7 +2,12 @@
 // and x axis without asking the server (the static export has none):
 //
 //   series(records, key)        plots.series: (steps, values), non-finite values left out
-//   ema(values, beta)           curves.ema: m_t = β m_{t-1} + (1 - β) y_t,  ŷ_t = m_t / (1 - β^t)
+//   ema(values, beta, steps, u) curves.ema: time-weighted, bias-corrected, by step: d_t = β^(Δs/u),
+//                               m_t = d_t m_{t-1} + (1 - d_t) y_t, w_t likewise of 1, ŷ_t = m_t / w_t
+//   smoothingUnit(stepArrays)   curves.smoothing_unit: the smallest median gap between logged steps
+//   robustLimits(arrays, log)   runs.robust_limits: y range from Q(0.05)..Q(0.95), widened by a quarter of
+//                               its span, never beyond the values; robust=false holds them all
+//   formatNumber(v)             a number by its size: 1.1e-4, 0.012, 3.45, 3.2k, 4.4e+20
 //   bandStats(curves)           curves.band_stats: at each step of the union of the runs' steps,
 //                               over the n runs with a finite value there, mean = Σx/n and
 //                               std = sqrt(Σ(x - mean)² / (n - 1)) (NaN for n = 1), low, high
@@ -29,14 +34,67 @@
     return {steps, values};
   }
 
-  function ema(values, beta) {
+  function smoothingUnit(stepArrays) {
+    const gaps = [];
+    for (const steps of stepArrays) {
+      if (steps.length < 2) continue;
+      const diffs = steps.slice(1).map((s, i) => s - steps[i]).sort((a, b) => a - b);
+      const mid = diffs.length >> 1;
+      const median = diffs.length % 2 ? diffs[mid] : (diffs[mid - 1] + diffs[mid]) / 2;
+      if (median > 0) gaps.push(median);
+    }
+    return gaps.length ? Math.min(...gaps) : 1;
+  }
+
+  function ema(values, beta, steps, unit) {
     const smoothed = new Array(values.length);
-    let moment = 0;
-    for (let t = 1; t <= values.length; t++) {
-      moment = beta * moment + (1 - beta) * values[t - 1];
-      smoothed[t - 1] = moment / (1 - beta ** t);
+    if (!values.length) return smoothed;
+    const u = steps ? (unit || smoothingUnit([steps])) : 1;
+    let numerator = 0, denominator = 0;
+    for (let t = 0; t < values.length; t++) {
+      const decay = t && steps ? beta ** ((steps[t] - steps[t - 1]) / u) : beta;
+      numerator = decay * numerator + (1 - decay) * values[t];
+      denominator = decay * denominator + (1 - decay);
+      smoothed[t] = numerator / denominator;
     }
     return smoothed;
+  }
+
+  function quantile(sorted, q) {  // numpy's default (linear) quantile of sorted values
+    const at = q * (sorted.length - 1), low = Math.floor(at), high = Math.ceil(at);
+    return sorted[low] + (sorted[high] - sorted[low]) * (at - low);
+  }
+
+  function robustLimits(arrays, log, robust = true) {
+    let values = arrays.flat().filter((v) => isFiniteNumber(v) && (!log || v > 0));
+    if (!values.length) return null;
+    if (log) values = values.map(Math.log10);
+    values.sort((a, b) => a - b);
+    let low = values[0], high = values[values.length - 1];
+    if (robust && values.length >= 5) {
+      const qLow = quantile(values, 0.05), qHigh = quantile(values, 0.95), pad = 0.25 * (qHigh - qLow);
+      if (!log) low = Math.max(low, qLow - pad);  // on a log axis only the top is cut
+      high = Math.min(high, qHigh + pad);
+    }
+    if (log) {
+      const span = Math.max(high - low, 0.1);
+      return [10 ** (low - 0.05 * span), 10 ** (high + 0.05 * span)];
+    }
+    const span = high - low || Math.max(Math.abs(high), 1) * 0.1;
+    return [low - 0.05 * span, high + 0.05 * span];
+  }
+
+  function formatNumber(value) {
+    if (!isFiniteNumber(value)) return "—";
+    if (value === 0) return "0";
+    const size = Math.abs(value);
+    const trim = (text) => text.replace(/(\.\d*?)0+(e|$)/, "$1$2").replace(/\.(e|$)/, "$1");
+    if (size < 1e-2 || size >= 1e15) return trim(value.toExponential(1)).replace("e+", "e+");
+    if (size >= 1e3) {
+      const [unit, scale] = size >= 1e12 ? ["T", 1e12] : size >= 1e9 ? ["G", 1e9] : size >= 1e6 ? ["M", 1e6] : ["k", 1e3];
+      return trim((value / scale).toPrecision(2 + (Math.abs(value / scale) >= 10) + (Math.abs(value / scale) >= 100))) + unit;
+    }
+    return trim(value.toPrecision(3));
   }
 
   function bandStats(curves) {
@@ -84,14 +142,15 @@
     return {xs, index};
   }
 
-  function runCurve(records, metric, smoothing) {
+  function runCurve(records, metric, smoothing, unit) {
     const {steps, values} = series(records, metric);
-    return {steps, values: ema(values, smoothing)};
+    return {steps, values: smoothing ? ema(values, smoothing, steps, unit) : values};
   }
 
-  // runsRecords: the records of each run of the group
-  function groupCurve(runsRecords, metric, x, smoothing) {
-    const band = bandStats(runsRecords.map((records) => runCurve(records, metric, smoothing)));
+  // runsRecords: the records of each run of the group; unit: the smoothing's (default the group's)
+  function groupCurve(runsRecords, metric, x, smoothing, unit) {
+    if (smoothing && !unit) unit = smoothingUnit(runsRecords.map((records) => series(records, metric).steps));
+    const band = bandStats(runsRecords.map((records) => runCurve(records, metric, smoothing, unit)));
     const {xs, index} = placed(band.steps, runsRecords, x);
     return {xs, band: take(band, index)};
   }
@@ -111,5 +170,6 @@
     return low > 0 && high > wideRange * low;
   }
 
-  Object.assign(board, {isFiniteNumber, series, ema, bandStats, groupCurve, edges, logScale});
+  Object.assign(board, {isFiniteNumber, series, ema, smoothingUnit, robustLimits, formatNumber, runCurve, bandStats,
+                        groupCurve, placed, edges, logScale});
 })(window.AttnBoard = window.AttnBoard || {});

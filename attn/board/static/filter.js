@@ -86,7 +86,10 @@
       } else {
         const keys = settingKeys(field, fields.keys);
         if (!keys.length) {
-          errors.push({term, message: `unknown field ${JSON.stringify(field)}; expected a setting (e.g. d_k), ` +
+          const guess = closest(field, [...fields.keys, ...fields.keys.map((k) => k.split(".").pop()),
+                                        ...Object.keys(METRIC_FIELDS), ...Object.keys(TEXT_FIELDS)]);
+          errors.push({term, message: `unknown field ${JSON.stringify(field)}` + (guess ? `; did you mean ${guess}?` : "") +
+                       "; expected a setting (e.g. d_k), " +
                        `a metric (${Object.keys(METRIC_FIELDS).join(", ")}) or ${Object.keys(TEXT_FIELDS).join(", ")}`});
           continue;
         }
@@ -111,5 +114,28 @@
     return {tests, errors};
   }
 
-  board.filter = {parse, split};
+  // edit distance (insertions, deletions, substitutions) between two strings
+  function distance(a, b) {
+    let row = Array.from({length: b.length + 1}, (_, j) => j);
+    for (let i = 1; i <= a.length; i++) {
+      const next = [i];
+      for (let j = 1; j <= b.length; j++) {
+        next.push(Math.min(row[j] + 1, next[j - 1] + 1, row[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1)));
+      }
+      row = next;
+    }
+    return row[b.length];
+  }
+
+  // the candidate nearest a mistyped name, if it is near enough to be what was meant
+  function closest(name, candidates) {
+    let best = null, bestDistance = Infinity;
+    for (const candidate of new Set(candidates)) {
+      const d = distance(name.toLowerCase(), candidate.toLowerCase());
+      if (d < bestDistance) [best, bestDistance] = [candidate, d];
+    }
+    return best !== null && bestDistance <= Math.max(2, Math.floor(name.length / 3)) ? best : null;
+  }
+
+  board.filter = {parse, split, closest};
 })(window.AttnBoard = window.AttnBoard || {});
