@@ -14,7 +14,6 @@ how many runs it has.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 
 import numpy as np
