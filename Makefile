@@ -127,7 +127,7 @@ browser:
 
 ## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first
 test: browser $(VENV)/.dev
-	$(PY) -m pytest -q -m "not faults" $(ARGS)
+	$(PY) -m pytest -q -n 2 -m "not faults" $(ARGS)
 
 ## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the
 ## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)

@@ -183,10 +183,10 @@ def test_a_directory_the_os_forbids_is_one_line_with_the_fix(tmp_path, monkeypat
     def forbidden(self, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
+    monkeypatch.chdir(tmp_path)  # a short path, shown whole
     monkeypatch.setattr(Path, "mkdir", forbidden)
     line = assert_one_line_error(main_in_process(capsys, "train", REPO / "configs" / "default.yaml",
-                                                 f"runs_dir={tmp_path / 'locked'}"), str(tmp_path / "locked"),
-                                 "permission denied")
+                                                 "runs_dir=locked"), "'locked'", "permission denied")
     assert "change its permissions" in line
 
 
