@@ -2,14 +2,17 @@
 (attn.config.schema.to_dict of a Config, runs.write_config), made-up records
 (runs.append_metrics) and a summary (runs.write_json), with no training."""
 
+import contextlib
 import math
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from attn.board import data, server
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
 from attn.store import locks, runs
@@ -47,3 +50,16 @@ def write_summary(directory: Path, status: str) -> None:
     writer = {"running": runs.heartbeat_fields(), "stale": stale}.get(
         status, {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()})
     runs.write_json(directory / "summary.json", {"status": "running" if status == "stale" else status, **writer})
+
+
+@contextlib.contextmanager
+def serving(board: data.Board, timeout: float = server.TIMEOUT_SECONDS, port: int = 0):
+    """The board served on `port` (0: a free one), in a thread, while the block runs."""
+    httpd = server.BoardServer(board, "127.0.0.1", port, timeout=timeout)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

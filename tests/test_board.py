@@ -9,7 +9,6 @@ Without a browser the browser tests skip, saying what is missing (in CI,
 where .ci/run installs one, they fail instead).
 """
 
-import contextlib
 import http.client
 import json
 import os
@@ -19,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +25,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from board_runs import LOG_EVERY, record, write_run, write_summary
+from board_runs import LOG_EVERY, record, serving, write_run, write_summary
 from helpers import PNG_SIGNATURE
 
 from attn import cli
@@ -62,19 +60,6 @@ def root(tmp_path_factory) -> Path:
     write_run(root / "live", "model.d_k=256", status="running", steps=300, logged_until=50)
     write_run(root / "dead", "model.d_k=256", "seed=3", status="stale", logged_until=30)
     return root
-
-
-@contextlib.contextmanager
-def serving(board: data.Board):
-    """The board served on a free port, in a thread, while the block runs."""
-    httpd, _ = server.open_server(board, port=0)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield httpd
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 an SVG under a runs directory and for a POST from another origin; the snapshot's ETag and a
 huge metrics.jsonl served downsampled."""
 
-import contextlib
 import json
 import os
 import re
@@ -13,23 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from board_runs import write_run
+from board_runs import serving, write_run
 
 from attn.board import data, server
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-
-
-@contextlib.contextmanager
-def serving(board: data.Board, timeout: float = server.TIMEOUT_SECONDS, port: int = 0):
-    httpd = server.BoardServer(board, "127.0.0.1", port, timeout=timeout)
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield httpd
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def raw(httpd, payload: bytes, timeout: float = 5.0) -> bytes:
