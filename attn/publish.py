@@ -38,6 +38,7 @@ import shutil
 from pathlib import Path
 
 from attn.bench.suite import summary_markdown
+from attn.experiment import verify
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -199,13 +200,16 @@ def verification_line(name: str, results: Path | None = None) -> str | None:
             "every verdict agrees" if result["agree"] else "some verdicts differ: see the table")
     cells = result.get("cells", [])
     same = sum(c["same"] for c in cells)
-    counts = f"; seeds that learned, the same count in all three in {same} of {len(cells)} cells" if cells else ""
+    counts = (f"; seeds that learned, the same count in {verify.in_all(len(result['platforms']))} in {same} of "
+              f"{len(cells)} cells" if cells else "")
     by_variant = result.get("unchanged", {})
     unchanged = "".join(f"; {variant} left {u['same']} of the {u['runs']} runs finite in both bit for bit as they were"
                         for variant, u in by_variant.items() if u["same"])
     if by_variant and not unchanged:
         unchanged = "; each re-run changed the path of every run that stayed finite"
-    return (f"Re-run in float64 and on a second BLAS kernel (`attn verify experiments/{name}.yaml`): {said}{counts}"
+    how = ("in float64, on a second BLAS kernel and with the materialized head" if "materialized" in result["platforms"]
+           else "in float64 and on a second BLAS kernel")
+    return (f"Re-run {how} (`attn verify experiments/{name}.yaml`): {said}{counts}"
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
 

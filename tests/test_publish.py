@@ -36,7 +36,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     (tmp_path / "runs" / "verify").mkdir()
     (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("table\n\nEvery verdict agrees.\n")
     runs.write_json(tmp_path / "runs" / "verify" / "sqrt_dk.json",
-                    {"expectations": [{"id": "a"}], "agree": True,
+                    {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
+                     "expectations": [{"id": "a"}], "agree": True,
                      "cells": [{"same": True}, {"same": False}, {"same": True}],
                      "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}}})
     written = publish.publish(None, tmp_path / "runs")
@@ -118,7 +119,7 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
 def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "RESULTS", tmp_path)
     (tmp_path / "x").mkdir()
-    runs.write_json(tmp_path / "x" / "verify.json", {"expectations": [{"id": "a"}], "agree": True, "cells": [],
+    runs.write_json(tmp_path / "x" / "verify.json", {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}}, "expectations": [{"id": "a"}], "agree": True, "cells": [],
                                                       "unchanged": {"float64": {"same": 0, "runs": 4},
                                                                     "Sandybridge": {"same": 0, "runs": 3}}})
     assert "every verdict agrees; each re-run changed the path of every run that stayed finite (" in \
@@ -199,3 +200,31 @@ def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report(
     both = publish.results_block({"sqrt_dk": headline, "scores": scores})
     assert both.index("The headline paragraph.") < both.index("Which mode learned where.") < both.index("| arm |")
     assert "experiments/results/scores/lr_sensitivity.png" in both
+
+
+def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
+    """A second algorithm for the same maths: a cell carried width-free is re-run with model.width_free=false too,
+    and its verdicts compared beside float64's and the second kernel's; an experiment with none is not."""
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    asked = []
+
+    def rerun(experiment, variant, overrides, env, workers, progress):
+        asked.append((variant, overrides))
+        path = tmp_path / f"{variant}.json"
+        runs.write_json(path, {**report({"a": "confirmed"}), "cells": []})
+        return path
+
+    monkeypatch.setattr(verify, "rerun", rerun)
+    monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")
+    for d_k, materialized in ((256, True), (8, False)):
+        asked.clear()
+        data = {"name": f"w{d_k}", "base": "base.yaml", "grid": {"model.d_k": [d_k]}, "seeds": [0]}
+        experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+        experiment.directory.mkdir(parents=True)
+        runs.write_json(experiment.directory / "report.json", {**report({"a": "confirmed"}), "cells": []})
+        result = verify.verify(experiment, None, 1)
+        assert (("materialized", ["model.width_free=false"]) in asked) == materialized
+        assert ("materialized" in result["platforms"]) == materialized
+        assert all(r["agree"] for r in result["expectations"])

@@ -14,8 +14,13 @@ child process, into runs/verify/<variant>/<name>:
               no fused multiply-add; SkylakeX where the CPU has AVX-512 and
               Sandybridge is what runs already)
 
+    materialized  where some cell carries its head width-free (attn.model.widthfree:
+              coordinates over the initial span), every cell again with
+              model.width_free=false: the d_k-wide weights, a second
+              algorithm for the same maths, whose float32 rounding differs
+
 Each writes its report; then every expectation's verdict is compared across
-the three. A verdict that flips is a claim too fine to make: weaken it, or
+them. A verdict that flips is a claim too fine to make: weaken it, or
 add seeds, until every verdict agrees. Beside the verdicts, each cell's
 count of seeds that learned is set side by side, and the cells where it
 differs are listed: per-seed outcomes of a chaotic arm may flip, which is
@@ -39,6 +44,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from attn.config.loading import build_task, runs_width_free
 from attn.experiment.spec import Experiment
 from attn.store import processes, runs
 from attn.text import markdown_table
@@ -136,7 +142,8 @@ def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
 
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
            progress: Callable[[str], None] = lambda message: None) -> dict:
-    """Re-run the experiment in float64 and under a second kernel, compare every verdict (module docstring)."""
+    """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
+    materialized head; compare every verdict (module docstring)."""
     main = experiment.directory / "report.json"
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
@@ -144,6 +151,9 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     reports = {"as run": json.loads(main.read_text())}
     paths = {"float64": rerun(experiment, "float64", ["dtype=float64"], dict(os.environ), workers, progress),
              kernel: rerun(experiment, kernel.lower(), [], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers, progress)}
+    if any(runs_width_free(cell.config, build_task(cell.config)) for cell in experiment.cells):
+        paths["materialized"] = rerun(experiment, "materialized", ["model.width_free=false"], dict(os.environ),
+                                      workers, progress)
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
     rows = compare_verdicts(reports)
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -155,6 +165,11 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
     result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
     return result
+
+
+def in_all(n_reports: int) -> str:
+    """'all three' for the run and its two re-runs, 'all four' with the materialized one."""
+    return "all " + {2: "two", 3: "three", 4: "four"}.get(n_reports, str(n_reports))
 
 
 def verify_markdown(result: dict) -> str:
@@ -170,7 +185,7 @@ def verify_markdown(result: dict) -> str:
         verdicts = [markdown_table(header, rows), "",
                     "Every verdict agrees." if result["agree"] else
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
-    return "\n".join([f"### {result['experiment']}: verdicts as run, in float64 and under a second kernel", "",
+    return "\n".join([f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})", "",
                       f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
                       *_unchanged_markdown(result.get("unchanged", {}))])
 
@@ -180,7 +195,7 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
     if not cells:
         return []
     differing = [c for c in cells if not c["same"]]
-    summary = (f"Seeds that learned, per cell: the same count in all three in {len(cells) - len(differing)} "
+    summary = (f"Seeds that learned, per cell: the same count in {in_all(len(variants))} in {len(cells) - len(differing)} "
                f"of {len(cells)} cells")
     if not differing:
         return [summary + ".", ""]
