@@ -326,3 +326,25 @@ def test_another_origins_page_cannot_post_even_hiding_a_request_in_its_body(chro
         other.server_close()
     assert posts == ["/api/plot?run=0/r"] * 2, "the page's two POSTs reached the board, and nothing hidden in them"
     assert not list((tmp_path / "runs" / "r").glob("*.png")), "another origin's page drew the figures"
+
+
+def test_a_file_that_grows_while_it_is_sent_sends_the_bytes_its_length_declared(tmp_path):
+    """A live metrics.jsonl grows between the stat that sets Content-Length and the copy: exactly that many
+    bytes go out, never the start of something the client would read as the next answer."""
+    import io
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"x" * 100)
+    status, served, _, _ = server._served_file(path)
+    with open(path, "ab") as grown:
+        grown.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    out = io.BytesIO()
+    served.send(out)
+    served.handle.close()
+    assert status == 200 and served.size == 100 and out.getvalue() == b"x" * 100
+
+
+def test_a_directory_is_not_served_as_a_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(data.NotFound):
+        server._served_file(tmp_path / "sub")

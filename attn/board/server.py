@@ -38,8 +38,8 @@ from __future__ import annotations
 import ipaddress
 import mimetypes
 import os
-import shutil
 import socket
+import stat
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -174,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if body and status != HTTPStatus.NOT_MODIFIED:
                 if file:
-                    shutil.copyfileobj(file.handle, self.wfile, 64 << 10)
+                    file.send(self.wfile)
                 else:
                     self.wfile.write(content)
         except (ConnectionError, TimeoutError):  # the page went away mid-answer
@@ -270,6 +270,17 @@ class _File:
     def __init__(self, handle, size: int):
         self.handle, self.size = handle, size
 
+    def send(self, out) -> None:
+        """Exactly the `size` bytes its Content-Length declared, though the file grew since (a live
+        metrics.jsonl): a byte more would be read by the client as the start of the next answer."""
+        left = self.size
+        while left > 0:
+            chunk = self.handle.read(min(left, 64 << 10))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+
 
 def _served_file(path) -> tuple:
     """A file under a served root: opened (no symbolic link at the end), at most MAX_FILE_BYTES,
@@ -278,8 +289,12 @@ def _served_file(path) -> tuple:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     except OSError as err:
         raise NotFound(f"{path.name}: cannot read: {err.strerror}") from None
+    facts = os.fstat(fd)
+    if not stat.S_ISREG(facts.st_mode):
+        os.close(fd)
+        raise NotFound(f"{path.name}: not a regular file")
     handle = os.fdopen(fd, "rb")
-    size = os.fstat(fd).st_size
+    size = facts.st_size
     if size > MAX_FILE_BYTES:
         handle.close()
         raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{path.name}: {size} bytes; the board serves files "
