@@ -40,6 +40,7 @@ def test_retained_steps_keep_the_last_the_multiples_and_always_the_newest():
     assert runstate.retained_steps([], 0, 1, None) == [0]
     # a resume replaying from 20 rewrites 30 and 40: the stopped run's later ones are not kept over the new
     assert runstate.retained_steps([10, 20, 30, 40], 20, 2, None) == [10, 20]
+    assert runstate.retained_steps([10, 20, 30, 40], 20, None, None) == [10, 20], "keeping every one, too"
 
 
 @pytest.mark.parametrize("overrides,kept", [

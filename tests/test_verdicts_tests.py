@@ -233,3 +233,12 @@ def test_the_published_width_claim_is_confirmed_once_a_median_not_reached_is_abo
     assert (scaled.median, scaled.low, scaled.high) == (40, 30, 40)
     assert unscaled == (None, cells["none"]["budget"], None)
     assert scaled.high < unscaled.low, "the intervals are apart: the interval rule confirms"
+
+
+def test_an_event_at_the_step_the_other_is_censored_at_is_the_earlier_one():
+    """Censored at t is 'not reached by t': a seed reaching the threshold at the last logged step beats one
+    that never did; one censored earlier than the other's event leaves the order unknown."""
+    assert stats.censored_order((1500, True), (1500, False)) == -1
+    assert stats.censored_order((1500, False), (1500, True)) == 1
+    assert stats.censored_order((1500, True), (1000, False)) is None
+    assert stats.censored_order((700, True), (700, True)) == 0

@@ -301,14 +301,15 @@ def fisher_exact(k1: int, n1: int, k2: int, n2: int) -> Test:
 def censored_order(mine: tuple[float, bool], theirs: tuple[float, bool]) -> int | None:
     """Which of two censored times (time, observed) is earlier: -1 mine, +1
     theirs, 0 a tie (both observed at one time), None where the order is not
-    known (both censored, or one censored no later than the other's event)."""
+    known (both censored, or one censored before the other's event). Censored
+    at t is "not reached by t": an event at t itself is the earlier one."""
     (t1, o1), (t2, o2) = mine, theirs
     if o1 and o2:
         return (t1 > t2) - (t1 < t2)
     if o1 and not o2:
-        return -1 if t1 < t2 else None
+        return -1 if t1 <= t2 else None
     if o2 and not o1:
-        return 1 if t2 < t1 else None
+        return 1 if t2 <= t1 else None
     return None
 
 

@@ -174,9 +174,9 @@ def retained_steps(steps: list[int], newest: int, keep_last: int | None, keep_ev
     `newest` itself always (so a run never has none). A checkpoint beyond
     `newest` (left by the process that stopped before a resume replayed the
     steps) is the stopped run's future, which this run is rewriting: not kept."""
-    if keep_last is None:
-        return sorted({newest, *steps})
     upto = sorted(s for s in steps if s <= newest)
+    if keep_last is None:
+        return sorted({newest, *upto})
     last = upto[-keep_last:]
     return sorted({newest, *last, *(s for s in upto if keep_every and s % keep_every == 0)})
 
