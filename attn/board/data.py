@@ -226,21 +226,12 @@ class _Metrics:
         return list(self.kept)
 
     def figures(self, run: grouping.Run) -> dict:
-        """table_figures(run), the best and the step at the threshold over every record read."""
+        """Final and best eval loss and accuracy and the steps to THRESHOLD accuracy, the best and the step
+        at the threshold over every record read (a downsampled run's kept records would miss them)."""
         final_loss, final_accuracy = grouping.final_figures(run)
         return {"final_eval_loss": final_loss, "best_eval_loss": self.best_loss,
                 "final_eval_accuracy": final_accuracy, "best_eval_accuracy": self.best_accuracy,
                 "steps_to_99": self.steps_to}
-
-
-def table_figures(run: grouping.Run) -> dict:
-    """Final and best eval loss and accuracy, steps to THRESHOLD accuracy (None where the run has none)."""
-    figures = grouping.run_figures(run, THRESHOLD)
-    _, accuracies = runs.series(run.records, "eval_accuracy")
-    return {"final_eval_loss": figures["final_eval_loss"], "best_eval_loss": figures["best_eval_loss"],
-            "final_eval_accuracy": figures["final_eval_accuracy"],
-            "best_eval_accuracy": float(accuracies.max()) if len(accuracies) else None,
-            "steps_to_99": figures["steps_to_threshold"]}
 
 
 def group_id(group: grouping.Group) -> str:

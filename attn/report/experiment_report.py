@@ -254,7 +254,7 @@ def claims_lines(claims: dict) -> list[str]:
     changes = claims["changes"]
     if not any(changes.values()):
         return [f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
-                f"started ({claims['frozen_at']}, digest `{claims['frozen_digest'][:12]}`).", ""]
+                f"started ({claims['frozen_at']}, digest `{(claims['frozen_digest'] or '')[:12]}`).", ""]
     lines = [f"The claims differ from those frozen when the sweep first started ({claims['frozen_at']}, digest "
              f"`{(claims['frozen_digest'] or '')[:12]}`): {len(changes['changed'])} changed, {len(changes['added'])} "
              f"added, {len(changes['removed'])} removed after runs existed (each marked below)."]
@@ -376,16 +376,12 @@ def _json_safe(value):
     return json_number(value)
 
 
-def _p(value) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
-
-
 def expectation_lines(j: dict, layout: Layout) -> list[str]:
     """The markdown of one judged expectation: its verdict and rule, then each x's numbers."""
     lines = [f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}."]
     if j.get("test", "interval") != "interval":
-        lines[0] += (f" p = {_p(j['p'])} (Holm {_p(j['p_holm'])}); the opposite claim's p = {_p(j['p_reverse'])} "
-                     f"(Holm {_p(j['p_reverse_holm'])}).")
+        lines[0] += (f" p = {_fmt(j['p'])} (Holm {_fmt(j['p_holm'])}); the opposite claim's p = {_fmt(j['p_reverse'])} "
+                     f"(Holm {_fmt(j['p_reverse_holm'])}).")
     if j.get("frozen") == "changed":
         lines.append(f"  - changed after the runs began; as frozen: {j['frozen_text']}")
     elif j.get("frozen") == "added after the runs began":
@@ -397,8 +393,8 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
         if "effect" in p:
             effect = p["effect"]
             counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
-            numbers += (f"; {effect['name']} {_p(effect['value'])} [{_p(effect['low'])}, {_p(effect['high'])}]; "
-                        f"{p['pairs']} pairs ({counts}); one-sided p {_p(p['p'])}, opposite {_p(p['p_reverse'])}")
+            numbers += (f"; {effect['name']} {_fmt(effect['value'])} [{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
+                        f"{p['pairs']} pairs ({counts}); one-sided p {_fmt(p['p'])}, opposite {_fmt(p['p_reverse'])}")
         lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
     return lines
 
