@@ -7,7 +7,7 @@ operations (OPS) so that PyTorch and JAX compute exactly the same thing:
     projected   S = s (X_Q W_q) (X W_k)^T,         out = (A (X W_v)) W_o
     bilinear    S = (X_Q W_QK) X^T,                out = (A X) W_OV
                 (W_QK = s W_q W_k^T and W_OV = W_v W_o applied as two
-                products or one, as attn.model.head.merge_is_cheaper decides)
+                products or one, as attn.model.pairs.merge_is_cheaper decides)
     loss = mean over target positions of -log softmax(H W_out + b)[target]
 
 with the query side at the positions where some example has a target

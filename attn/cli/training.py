@@ -196,7 +196,7 @@ def cmd_config(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from attn.train import figures  # matplotlib takes ~1 s to import: only for commands that draw
+    from attn.train import figures  # matplotlib is imported only by commands that draw
 
     for text in args.run_dirs:
         run_dir = run_dir_argument(text, "plot")

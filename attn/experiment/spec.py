@@ -360,7 +360,7 @@ def save_experiment_file(path: Path, data: dict) -> None:
 
 def config_change(run_dir: Path, config: Config) -> list[str]:
     """How the config a run directory was made with differs from `config`
-    ('key: stored -> wanted', jobs.config_difference), leaving out the
+    ('key: stored -> wanted', lifecycle.config_difference), leaving out the
     neutral_keys(); [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
     return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=neutral_keys())

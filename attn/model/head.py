@@ -1,7 +1,6 @@
-"""The model's layers: the attention head here, the pairs it is built from in
-attn.model.pairs (embedding, linear, a product of two matrices, softmax,
-cross-entropy), and the gradient held as factors in attn.model.pairs, all
-reachable as attn.model.head.*.
+"""The attention head and its associations, built from the pairs in attn.model.pairs
+(embedding, linear, a product of two matrices, softmax, cross-entropy, the
+gradient held as factors), and the one cost rule that chooses an association.
 
 The head is a pair in the CS231n style, as attn.model.pairs describes its own:
 `attention_forward -> (out, cache)`, `attention_backward(dout, cache)`.

@@ -42,7 +42,7 @@ decomposition is lower triangular with
 
     L_ii ~ sqrt(chi^2(n - i + 1))  (i = 1..2D),   L_ij ~ N(0, 1)  (i > j),
 
-n = d_k, all independent: d_k = 2^20 starts in microseconds.
+n = d_k, all independent: starting at d_k = 2^20 draws O(D^2) numbers, not D d_k.
 
 What leaves the subspace (and so keeps the materialized weights): Adam and
 AdamW (elementwise over d_k), qk_norm (a norm and a gain per dimension of

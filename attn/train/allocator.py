@@ -5,9 +5,8 @@ threshold (128 KiB at start, raised as large blocks are freed) with a fresh
 mmap and unmaps it on free, and hands heap memory above its trim threshold
 back to the kernel. A training step creates and drops the same large
 temporaries every step (X, [K V], the embedding gathers), so each step
-faults them in again, page by page: at the large size of `make bench`,
-about 1,900 minor faults a forward pass, which took 23.5 ms with the
-defaults and 16.3 ms with freed memory kept. Fixing both
+faults them in again, page by page (at the large size of `make bench`,
+about 1,900 minor faults a forward pass). Fixing both
 thresholds with mallopt keeps freed blocks in the heap for the next step
 (up to 32 MiB a block, glibc's ceiling on 64-bit); the price is that the
 process keeps its peak heap until it exits.

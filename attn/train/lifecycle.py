@@ -398,7 +398,7 @@ def execute_stack(states: list[runstate.RunState], *, stop: StopFlag | None = No
 
 def draw_figures(run_dir: Path, summary: dict) -> None:
     """The run's figures (attn.train.figures); a failure is noted in its summary, never raised."""
-    from attn.train import figures  # matplotlib takes ~1 s to import: only for runs that draw
+    from attn.train import figures  # matplotlib is imported only by runs that draw
 
     try:
         figures.plot_run(run_dir)

@@ -1,7 +1,7 @@
-// Curves as attn.curves computes them, for the page to draw with any smoothing
+// Curves as attn.analysis.curves computes them, for the page to draw with any smoothing
 // and x axis without asking the server (the static export has none):
 //
-//   series(records, key)        plots.series: (steps, values), non-finite values left out
+//   series(records, key)        attn.store.runs.series: (steps, values), non-finite values left out
 //   ema(values, beta, steps, u) curves.ema: time-weighted, bias-corrected, by step: d_t = β^(Δs/u),
 //                               m_t = d_t m_{t-1} + (1 - d_t) y_t, w_t likewise of 1, ŷ_t = m_t / w_t
 //   smoothingUnit(stepArrays)   curves.smoothing_unit: the smallest median gap between logged steps
