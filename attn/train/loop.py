@@ -157,8 +157,7 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
     fast.advance_buffers(stack.params, stack.buffers, stack.spec)
     loss, grads, train_cache = fast.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
-    faults = [find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k))
-              for k in range(len(members))]
+    faults = _faults(stack, loss, grads, len(members))
 
     # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
     records = _measure(stack, members, step, loss, grads, train_cache, batch, faults)
@@ -271,6 +270,14 @@ def find_nonfinite(loss, grads: dict, params: dict) -> tuple[str, str] | None:
     largest = {name: float(np.abs(p).max()) for name, p in params.items()}
     name = max(largest, key=largest.get)
     return "loss", f"; largest weight in {name}: |w| = {largest[name]:.3g}"
+
+
+def _faults(stack: Stack, loss, grads: dict, n_members: int) -> list[tuple[str, str] | None]:
+    """find_nonfinite of each member; one check over the whole stack first, as every step is finite but few."""
+    if np.isfinite(loss).all() and all(_all_finite(g) for g in grads.values()):
+        return [None] * n_members
+    return [find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k))
+            for k in range(n_members)]
 
 
 def _all_finite(a: np.ndarray) -> bool:
