@@ -31,6 +31,7 @@ from helpers import PNG_SIGNATURE
 from attn import cli
 from attn.analysis import curves, grouping
 from attn.board import STATIC_DIR, data, export, server
+from attn.cli import common
 from attn.report import compare_figure
 from attn.store import locks, processes, runs
 from attn.train import figures
@@ -292,7 +293,7 @@ def test_a_taken_default_port_falls_back_to_a_free_one_and_a_taken_explicit_one_
         httpd, was_taken = server.open_server(data.Board([root]), default_port=port)
         with httpd:
             assert was_taken == port and httpd.server_address[1] != port
-        assert cli.main(["board", "--port", str(port), str(root)]) == cli.EXIT_BAD_INPUT
+        assert cli.main(["board", "--port", str(port), str(root)]) == common.EXIT_BAD_INPUT
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"127.0.0.1:{port}" in error and "--port" in error
 
@@ -319,7 +320,7 @@ def test_board_command_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "other" / "mine.txt").write_text("keep")
     for argv in (["board", str(tmp_path / "nope")], ["board", "--port", "70000", str(tmp_path)],
                  ["board", "--static", str(tmp_path / "other"), str(tmp_path)]):
-        assert cli.main(argv) == cli.EXIT_BAD_INPUT
+        assert cli.main(argv) == common.EXIT_BAD_INPUT
         error = capsys.readouterr().err
         assert error.startswith("error: ") and error.count("\n") == 1
     assert (tmp_path / "other" / "mine.txt").read_text() == "keep"

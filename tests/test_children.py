@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attn import cli
+from attn.cli import common
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -121,7 +121,7 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
     else:
         verify.terminate()
         _, err = verify.communicate(timeout=60)
-        assert verify.returncode == cli.EXIT_SIGNAL["SIGTERM"], err
+        assert verify.returncode == common.EXIT_SIGNAL["SIGTERM"], err
         assert err.splitlines()[-1].startswith("stopped by SIGTERM: the re-run's sweep was stopped with it"), err
         assert "Traceback" not in err
     for pid in (sweep, *workers):

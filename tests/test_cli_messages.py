@@ -8,6 +8,7 @@ import yaml
 from helpers import TINY, facts_in
 
 from attn import cli
+from attn.cli import common
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
 from attn.store import runs
@@ -26,7 +27,7 @@ def call(capsys, *args) -> tuple[int, str, str]:
 
 def one_error_line(capsys, *args) -> str:
     code, out, err = call(capsys, *args)
-    assert code == cli.EXIT_BAD_INPUT and out == "" and err.count("\n") == 1 and err.startswith("error: "), err
+    assert code == common.EXIT_BAD_INPUT and out == "" and err.count("\n") == 1 and err.startswith("error: "), err
     assert "Traceback" not in err
     return err.strip()
 
@@ -69,7 +70,7 @@ def test_options_and_overrides_mix_in_any_order(tmp_path, monkeypatch, capsys):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(to_dict(load_config(None, [*TINY, "train.steps=2", "logging.log_every=1"]))))
     code, out, err = call(capsys, "train", config, "--name", "x", "optim.lr=0.1", "seed=3")
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert out.splitlines()[-1] == str(Path("runs") / "x")
     stored = lifecycle.config_of(tmp_path / "runs" / "x")
     assert (stored.optim.lr, stored.seed) == (0.1, 3)
@@ -90,7 +91,7 @@ def test_an_empty_directory_is_named_once(tmp_path, capsys):
     empty.mkdir()
     assert facts_in(one_error_line(capsys, "compare", empty), f"{empty}:", "no run directories", "config.yaml")
     code, out, err = call(capsys, "runs", empty)
-    assert (code, out, err) == (cli.EXIT_OK, "", f"no runs in {empty}\n")
+    assert (code, out, err) == (common.EXIT_OK, "", f"no runs in {empty}\n")
 
 
 def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, capsys):
@@ -112,7 +113,7 @@ def test_resume_says_where_it_resumes_from(tmp_path, capsys):
     stop = lifecycle.StopFlag()
     lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None)
     code, _, err = call(capsys, "train", "--resume", run_dir)
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert err.splitlines()[0] == f"resuming {run_dir} from step 3/8"
 
 

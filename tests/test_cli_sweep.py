@@ -13,11 +13,12 @@ import yaml
 from helpers import facts_in
 
 from attn import cli
+from attn.cli import common
 from attn.cli import sweeps as cli_sweeps
 from attn.config.yamlio import ConfigError
-from attn.experiment.report_spec import ReportSpec
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
+from attn.experiment.report_spec import ReportSpec
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def grid_sweep(tmp_path_factory):
 def test_a_command_line_grid_runs_and_writes_the_experiment_file_it_ran(grid_sweep):
     root, _, code, out, err = grid_sweep
     directory = root / "runs" / "default-d_k-scale"
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert out.splitlines()[-1] == str(directory)
     data = yaml.safe_load((directory / "experiment.yaml").read_text())
     assert data["base"] == str(CONFIG) and Path(data["base"]).is_absolute()
@@ -106,7 +107,7 @@ def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys,
     path = root / "runs" / "default-d_k-scale" / "experiment.yaml"
     monkeypatch.setattr(sweep, "default_executor", lambda workers: ThreadPoolExecutor(1))  # nothing to train
     code, out, err = call(capsys, "sweep", path)
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert "sweep default-d_k-scale: nothing to run: all 4 runs had finished (4 completed)" in err.splitlines()
     assert not any(line.startswith("started ") for line in err.splitlines())
     before = path.read_text()

@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attn import cli
 from attn.analysis import curves, grouping
+from attn.cli import common
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
 from attn.config.yamlio import ArgumentError
@@ -100,7 +101,7 @@ def test_where_keeps_the_runs_with_that_value_typed_as_an_override(tmp_path, cap
                          ("optim.lrr=0.1", ["--where", "optim.lrr=0.1", "`optim.lrr`", "`optim.lr`"]),
                          ("model.d_k=wide", ["--where", "model.d_k=wide", "model.d_k: got 'wide'", "an integer"])):
         code, _, err = call(capsys, "compare", tmp_path / "exp", "--where", where)
-        assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1, err
+        assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1, err
         assert all(fact in err for fact in facts), err
 
 
@@ -120,7 +121,7 @@ def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path, caps
     assert info.value.argument == "group_by" and "'model.scal'" in info.value.problem
     assert "`model.scale`" in info.value.problem
     code, _, err = call(capsys, "compare", tmp_path / "exp", "--group-by", "model.scal")
-    assert code == cli.EXIT_BAD_INPUT and err.startswith("error: --group-by: got 'model.scal'"), err
+    assert code == common.EXIT_BAD_INPUT and err.startswith("error: --group-by: got 'model.scal'"), err
 
 
 def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labels(tmp_path):

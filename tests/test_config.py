@@ -15,6 +15,7 @@ import yaml
 from helpers import billion_laughs, facts_in
 
 from attn import cli
+from attn.cli import common
 from attn.config.loading import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
 from attn.config.schema import Config, all_keys, describe_schema, to_dict
 from attn.config.yamlio import ConfigError
@@ -479,7 +480,7 @@ def test_one_integer_rule_for_every_integer_a_user_writes(where, tmp_path, capsy
             "integer_flag": ["sweep", tmp_path / "e.yaml", runs_dir, f"--max-cells={BIG}"]}[where]
     code = cli.main([str(a) for a in args])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_BAD_INPUT, err
+    assert code == common.EXIT_BAD_INPUT, err
     assert "Traceback" not in err and str(BIG)[:40] in err and f"{2**53:,}" in err
     assert not (tmp_path / "runs").exists()
 

@@ -18,6 +18,7 @@ import yaml
 from helpers import TINY, facts_in, without_timing
 
 from attn import cli
+from attn.cli import common
 from attn.config import schema
 from attn.config.loading import load_config
 from attn.store import arrayfiles, locks, runs, runstate
@@ -110,7 +111,7 @@ def test_where_there_are_no_hard_links_the_last_checkpoint_is_a_copy(tmp_path, m
 def test_an_extended_run_is_the_run_trained_with_the_larger_budget_from_the_start(made, short, capsys):
     _, _, long_run = made
     code, err = call(capsys, "train", "--resume", short, f"train.steps={LONG}")
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     lines = err.splitlines()
     assert lines[0] == f"extending {short}: train.steps {SHORT} -> {LONG} (recorded in its config.yaml)"
     assert lines[1] == f"resuming {short} from step {SHORT}/{LONG}"
@@ -130,7 +131,7 @@ def test_an_extension_stopped_before_it_trained_resumes_without_being_asked_agai
         lifecycle.record_extension(short, lifecycle.check_resumable(short, overrides=[f"train.steps={LONG}"]))
     assert runs.read_summary(short)["status"] == "completed"
     code, err = call(capsys, "train", "--resume", short)
-    assert code == cli.EXIT_OK and err.splitlines()[0] == f"resuming {short} from step {SHORT}/{LONG}", err
+    assert code == common.EXIT_OK and err.splitlines()[0] == f"resuming {short} from step {SHORT}/{LONG}", err
     assert_same_run(short, long_run)
 
 
@@ -144,7 +145,7 @@ def test_an_extension_stopped_before_it_trained_resumes_without_being_asked_agai
 def test_resume_refuses_what_is_no_extension_in_one_line(short, capsys, overrides, fragments):
     before = {p.name: p.read_bytes() for p in short.iterdir()}
     code, err = call(capsys, "train", "--resume", short, *overrides)
-    assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1 and err.startswith("error: "), err
+    assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1 and err.startswith("error: "), err
     for fragment in fragments:
         assert fragment.format(run=short) in err, err
     assert {p.name: p.read_bytes() for p in short.iterdir()} == before
@@ -153,7 +154,7 @@ def test_resume_refuses_what_is_no_extension_in_one_line(short, capsys, override
 def test_a_cosine_run_is_not_extended(tmp_path, capsys):
     run_dir = trained(tmp_path / "runs", "cosine", "train.steps=6", "optim.schedule=cosine")
     code, err = call(capsys, "train", "--resume", run_dir, "train.steps=12")
-    assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1, err
+    assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1, err
     assert facts_in(err, "train.steps: 6 -> 12", "optim.schedule cosine", "train.steps=12")
     assert runs.read_run_config(run_dir)["train"]["steps"] == 6
 
@@ -162,7 +163,7 @@ def test_a_fork_without_changes_continues_as_its_source_did(made, capsys):
     root, short_run, _ = made
     code, err = call(capsys, "train", "--fork", f"{short_run}@10")
     fork = root / "runs" / "short-fork-10"
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert err.splitlines()[0] == f"forking {short_run} at step 10 into {fork} (no change: it continues as its source)"
     assert_same_run(fork, short_run)
     forked_from = runs.read_run_config(fork)["provenance"]["forked_from"]
@@ -174,7 +175,7 @@ def test_a_fork_of_the_last_checkpoint_with_a_larger_budget_is_the_longer_run(ma
     root, short_run, long_run = made
     code, err = call(capsys, "train", "--fork", short_run, f"train.steps={LONG}", "--name", "longer",
                      f"runs_dir={tmp_path}")
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert_same_run(tmp_path / "longer", long_run)
     assert runs.read_config_dict(tmp_path / "longer")["name"] is None  # not its source's name
 
@@ -182,7 +183,7 @@ def test_a_fork_of_the_last_checkpoint_with_a_larger_budget_is_the_longer_run(ma
 def test_a_fork_takes_its_new_rate_from_its_step_on_and_keeps_the_records_before(made, tmp_path, capsys):
     _, short_run, _ = made
     code, err = call(capsys, "train", "--fork", f"{short_run}@10", "optim.lr=0.05", f"runs_dir={tmp_path}")
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
     assert "(optim.lr: 0.01 -> 0.05; runs_dir: " in err.splitlines()[0]
     ours, theirs = runs.read_metrics(tmp_path / "short-fork-10"), runs.read_metrics(short_run)
     assert without_timing(ours[:2]) == without_timing(theirs[:2])  # steps 0 and 5: copied
@@ -204,7 +205,7 @@ def test_a_fork_that_cannot_be_is_refused_in_one_line_before_anything_is_made(ma
                                                                               overrides, fragments):
     _, short_run, _ = made
     code, err = call(capsys, "train", "--fork", f"{short_run}{target}", *overrides, f"runs_dir={tmp_path}")
-    assert code == cli.EXIT_BAD_INPUT and err.count("\n") == 1 and err.startswith("error: "), err
+    assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1 and err.startswith("error: "), err
     for fragment in fragments:
         assert fragment.format(run=short_run) in err, err
     assert list(tmp_path.iterdir()) == []
@@ -215,7 +216,7 @@ def test_a_fork_refuses_a_config_file_and_resume_together(made, capsys):
     for args, fragment in ((["--fork", short_run, "--resume", short_run], "--resume and --fork cannot be given"),
                            (["cfg.yaml", "--fork", short_run], "give changes as key=value, not the config file")):
         code, err = call(capsys, "train", *args)
-        assert code == cli.EXIT_BAD_INPUT and fragment in err, err
+        assert code == common.EXIT_BAD_INPUT and fragment in err, err
 
 
 def test_a_fork_is_written_before_its_config_so_a_failed_fork_leaves_nothing(made, tmp_path, monkeypatch, capsys):
@@ -226,6 +227,6 @@ def test_a_fork_is_written_before_its_config_so_a_failed_fork_leaves_nothing(mad
 
     monkeypatch.setattr(runs, "write_atomic", full_disk)
     code, err = call(capsys, "train", "--fork", short_run, f"runs_dir={tmp_path}")
-    assert code == cli.EXIT_BAD_INPUT and "no space left on device" in err, err
+    assert code == common.EXIT_BAD_INPUT and "no space left on device" in err, err
     assert list(tmp_path.iterdir()) == []
     assert yaml.safe_load((short_run / "config.yaml").read_text())["train"]["steps"] == SHORT

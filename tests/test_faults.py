@@ -29,7 +29,7 @@ import pytest
 import yaml
 from helpers import without_timing
 
-from attn import cli
+from attn.cli import common
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
 from attn.store import locks, runs
@@ -175,13 +175,13 @@ def test_two_sweeps_and_a_cli_resume_at_once_run_each_cell_once(tmp_path):
     for code, _, err in results:
         assert "Traceback" not in err, err
     (sweep_1, _, err_1), (sweep_2, _, err_2), (resume_code, _, resume_err) = results
-    assert (sweep_1, sweep_2) == (cli.EXIT_OK, cli.EXIT_OK), (err_1, err_2)
+    assert (sweep_1, sweep_2) == (common.EXIT_OK, common.EXIT_OK), (err_1, err_2)
     lines = [line for err in (err_1, err_2) for line in err.splitlines() if line.startswith("[")]
     ran_by_sweeps = [line for line in lines if f"] {contested.name}: resumed, completed" in line]
-    if resume_code == cli.EXIT_OK:
+    if resume_code == common.EXIT_OK:
         assert ran_by_sweeps == [], "the CLI resumed it: no sweep may have run it too"
     else:
-        assert resume_code == cli.EXIT_BAD_INPUT and resume_err.count("\n") == 1, resume_err
+        assert resume_code == common.EXIT_BAD_INPUT and resume_err.count("\n") == 1, resume_err
         assert "in use by attn sweep (pid" in resume_err or "already completed" in resume_err, resume_err
         assert len(ran_by_sweeps) == 1, lines
     for cell in experiment.cells:
@@ -209,7 +209,7 @@ def test_a_lost_dask_scheduler_is_one_line_and_the_same_command_finishes_the_res
         cluster.workers[0].wait()
     finally:
         cluster.stop()
-    assert sweeping.returncode == cli.EXIT_FAILED, err
+    assert sweeping.returncode == common.EXIT_FAILED, err
     assert "Traceback" not in err and "distributed" not in err, err
     lines = err.splitlines()
     assert lines[-1] == (f"error: the Dask scheduler at {address} was lost mid-sweep: what became of 4 of 4 runs is "
@@ -224,7 +224,7 @@ def test_a_lost_dask_scheduler_is_one_line_and_the_same_command_finishes_the_res
         finished = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=TIMEOUT)
     finally:
         again.stop()
-    assert finished.returncode == cli.EXIT_OK, finished.stderr
+    assert finished.returncode == common.EXIT_OK, finished.stderr
     assert "unknown" not in finished.stderr and (experiment.directory / "report.json").exists()
     for cell in experiment.cells:
         assert_ran_once_like(experiment.directory / cell.name, reference.directory / cell.name)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from helpers import TINY, without_timing
 
-from attn import cli
+from attn.cli import common
 from attn.config.loading import load_config
 from attn.store import arrayfiles, runs
 from attn.train import lifecycle
@@ -103,9 +103,9 @@ def resume_until_complete(root: Path, run_dirs: list[Path]) -> None:
             for run_dir in run_dirs}
     for run_dir, (code, stderr) in run_all(root, {run_dir: ["train", "--resume", run_dir] for run_dir in run_dirs}).items():
         if done[run_dir]:
-            assert code == cli.EXIT_BAD_INPUT and "already completed" in stderr, stderr
+            assert code == common.EXIT_BAD_INPUT and "already completed" in stderr, stderr
         else:
-            assert code == cli.EXIT_OK, stderr
+            assert code == common.EXIT_OK, stderr
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_poin
     assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
     resumed = run_all(root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries},
                       kill_after={m: m for m in boundaries})
-    assert all(code in (-signal.SIGKILL, cli.EXIT_OK) for code, _ in resumed.values()), resumed
+    assert all(code in (-signal.SIGKILL, common.EXIT_OK) for code, _ in resumed.values()), resumed
     resume_until_complete(root, list(run_dirs.values()))
     for run_dir in run_dirs.values():
         assert_equals_uninterrupted(run_dir, reference)

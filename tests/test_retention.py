@@ -16,6 +16,7 @@ from helpers import TINY, without_timing
 
 from attn import cli
 from attn.analysis import listing
+from attn.cli import common
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError
 from attn.experiment.spec import build_experiment
@@ -84,7 +85,7 @@ def test_attn_runs_shows_each_runs_disk_use(tmp_path, capsys):
     size = runstate.checkpoint_file(run_dir).stat().st_blocks * 512
     assert runs.disk_use(run_dir) < sum(p.stat().st_blocks * 512 for p in run_dir.iterdir())
     assert sum(p.stat().st_blocks * 512 for p in run_dir.iterdir()) - runs.disk_use(run_dir) == size
-    assert cli.main(["runs", str(tmp_path)]) == cli.EXIT_OK
+    assert cli.main(["runs", str(tmp_path)]) == common.EXIT_OK
     header = capsys.readouterr().out.splitlines()[0].split()
     assert header[-1] == "disk"
 
@@ -118,7 +119,7 @@ def test_a_run_out_of_disk_resumes_once_space_is_freed(tmp_path, monkeypatch, ca
     monkeypatch.setattr(runs, "open", filling_open, raising=False)
     args = ["train", "--name", "full", *TINY, f"runs_dir={tmp_path}", "train.steps=60", "logging.log_every=10",
             "logging.checkpoint_every=10"]
-    assert cli.main(args) == cli.EXIT_FAILED
+    assert cli.main(args) == common.EXIT_FAILED
     err = capsys.readouterr().err
     assert "checkpoint-30.npz: cannot write: no space left on device" in err and "Traceback" not in err
     run_dir = tmp_path / "full"
@@ -127,7 +128,7 @@ def test_a_run_out_of_disk_resumes_once_space_is_freed(tmp_path, monkeypatch, ca
     assert not [p for p in run_dir.iterdir() if runs.TEMPORARY_NAME.match(p.name)]
 
     full["on"] = False  # space freed
-    assert cli.main(["train", "--resume", str(run_dir)]) == cli.EXIT_OK
+    assert cli.main(["train", "--resume", str(run_dir)]) == common.EXIT_OK
     assert runs.read_summary(run_dir)["status"] == "completed"
     assert runstate.kept_checkpoint_steps(run_dir) == [50, 60]
     alone = trained(tmp_path, "alone")
@@ -149,12 +150,12 @@ def test_a_run_that_filled_a_small_disk_resumes_after_the_filler_goes(tmp_path):
         command = [sys.executable, "-m", "attn", "train", "--name", "run", *TINY, f"runs_dir={disk}",
                    "train.steps=1500", "logging.log_every=1", "logging.checkpoint_every=25"]
         failed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
-        assert failed.returncode == cli.EXIT_FAILED, failed.stderr
+        assert failed.returncode == common.EXIT_FAILED, failed.stderr
         assert "no space left on device" in failed.stderr and "Traceback" not in failed.stderr
         filler.unlink()
         resumed = subprocess.run([sys.executable, "-m", "attn", "train", "--resume", str(disk / "run")],
                                  capture_output=True, text=True, cwd=REPO, timeout=300)
-        assert resumed.returncode == cli.EXIT_OK, resumed.stderr
+        assert resumed.returncode == common.EXIT_OK, resumed.stderr
         assert runs.read_summary(disk / "run")["status"] == "completed"
         assert runstate.kept_checkpoint_steps(disk / "run") == [1475, 1500]
     finally:

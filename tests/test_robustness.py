@@ -24,6 +24,7 @@ import pytest
 from helpers import PNG_SIGNATURE, SIZES, TINY, billion_laughs, without_timing
 
 from attn import cli
+from attn.cli import common
 from attn.config.loading import build_spec, build_task, load_config
 from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
@@ -61,7 +62,7 @@ def main_in_process(capsys, *args) -> Outcome:
 
 def assert_one_line_error(outcome: Outcome, *fragments: str) -> str:
     """Exit 2, a single `error: ...` line holding every fragment, no traceback."""
-    assert outcome.code == cli.EXIT_BAD_INPUT, outcome.stderr
+    assert outcome.code == common.EXIT_BAD_INPUT, outcome.stderr
     assert "Traceback" not in outcome.stderr
     lines = outcome.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), outcome.stderr
@@ -292,7 +293,7 @@ DIVERGING_CONFIG, DIVERGING_OVERRIDES = REPO / "configs/retrieval_unscaled.yaml"
 def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path, capsys):
     outcome = finish(start_cli("train", DIVERGING_CONFIG, *DIVERGING_OVERRIDES, "logging.log_every=1", "--name", "blowup", cwd=tmp_path))
     run_dir = tmp_path / "runs" / "blowup"
-    assert outcome.code == cli.EXIT_DIVERGED, outcome.stderr
+    assert outcome.code == common.EXIT_DIVERGED, outcome.stderr
     assert "Traceback" not in outcome.stderr and "Warning" not in outcome.stderr
     assert outcome.stdout.splitlines()[-1] == str(Path("runs") / "blowup")
     summary = runs.read_summary(run_dir)
@@ -381,7 +382,7 @@ def signalled(tmp_path_factory):
 def test_sigint_and_sigterm_checkpoint_and_exit_with_the_signal_code(signalled, name):
     case = signalled[name]
     stopped, summary = case["stopped"], case["summary_after_stop"]
-    assert stopped.code == cli.EXIT_SIGNAL[name], stopped.stderr
+    assert stopped.code == common.EXIT_SIGNAL[name], stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert summary["status"] == "interrupted" and name in summary["reason"]
     assert summary["step"] == case["checkpoint_step"] < SIGNAL_STEPS
@@ -406,7 +407,7 @@ def test_sigkill_keeps_every_logged_line_and_the_run_shows_stale(signalled):
 @pytest.mark.parametrize("name", SIGNAL_CASES)
 def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(signalled, name):
     case = signalled[name]
-    assert case["resumed"].code == cli.EXIT_OK, case["resumed"].stderr
+    assert case["resumed"].code == common.EXIT_OK, case["resumed"].stderr
     assert case["resumed"].stdout.splitlines()[-1] == str(case["run_dir"])
     resumed, reference = case["run_dir"], case["reference"]
     assert without_timing(runs.read_metrics(resumed)) == without_timing(runs.read_metrics(reference))
@@ -444,13 +445,13 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     assert signal.getsignal(signal.SIGINT) is pytest_handler
     run_dir = tmp_path / "twice"
     summary = runs.read_summary(run_dir)
-    assert outcome.code == cli.EXIT_SIGNAL["SIGINT"] and "Traceback" not in outcome.stderr
+    assert outcome.code == common.EXIT_SIGNAL["SIGINT"] and "Traceback" not in outcome.stderr
     assert summary["status"] == "interrupted"
     assert summary["reason"] == (f"stopped immediately during step {signalled_step}; "
                                  f"resume continues from step {last_checkpoint}")
     checkpoint_meta = json.loads(str(arrayfiles.load_arrays(run_dir / "checkpoint.npz")["meta"]))
     assert checkpoint_meta["step"] == last_checkpoint  # none written for the half-done step
-    assert main_in_process(capsys, "train", "--resume", run_dir).code == cli.EXIT_OK
+    assert main_in_process(capsys, "train", "--resume", run_dir).code == common.EXIT_OK
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))
 
 
@@ -534,7 +535,7 @@ def test_a_full_disk_mid_run_fails_in_one_line_and_corrupts_nothing(tmp_path, mo
                               "logging.log_every=1", "logging.checkpoint_every=5", "--name", "full")
     monkeypatch.undo()
     run_dir = tmp_path / "full"
-    assert outcome.code == cli.EXIT_FAILED and "Traceback" not in outcome.stderr
+    assert outcome.code == common.EXIT_FAILED and "Traceback" not in outcome.stderr
     errors = [line for line in outcome.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no space left on device" in errors[0] and str(run_dir) in errors[0]
     assert outcome.stdout.splitlines()[-1] == str(run_dir)

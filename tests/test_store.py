@@ -18,6 +18,7 @@ import yaml
 from helpers import SIZES, TINY, facts_in
 
 from attn import cli
+from attn.cli import common
 from attn.config import yamlio
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError, parse_yaml
@@ -41,7 +42,7 @@ def main(capsys, *args) -> tuple[int, str]:
 def one_line_error(capsys, *args) -> str:
     """Run the CLI in-process; it must fail with exit 2 and a single `error:` line."""
     code, err = main(capsys, *args)
-    assert code == cli.EXIT_BAD_INPUT, err
+    assert code == common.EXIT_BAD_INPUT, err
     assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
     return err.strip()
 
@@ -101,7 +102,7 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(run_copy, caps
     finally:
         holder.kill()
     code, err = main(capsys, "train", "--resume", run_copy)  # the holder is gone: the run is free again
-    assert code == cli.EXIT_OK, err
+    assert code == common.EXIT_OK, err
 
 
 def test_a_sweep_skips_a_cell_that_a_cli_resume_holds(tmp_path):
@@ -160,7 +161,7 @@ def test_a_writer_killed_holding_the_lock_frees_it_and_its_run_reads_stale(tmp_p
 def test_runs_lists_a_run_killed_before_its_first_summary_as_stale(tmp_path, capsys):
     run_dir = lifecycle.create(load_config(None, [*TINY, f"runs_dir={tmp_path}"]), name="early")
     code, out = cli.main(["runs", str(tmp_path), "--status", "stale"]), capsys.readouterr().out
-    assert code == cli.EXIT_OK and out.splitlines()[1].split()[:2] == [run_dir.name, "stale"]
+    assert code == common.EXIT_OK and out.splitlines()[1].split()[:2] == [run_dir.name, "stale"]
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def test_a_damaged_run_file_is_one_line_that_says_what_to_do_and_changes_nothing
     assert snapshot(run_copy) == before, "refused before anything changed: not marked failed, no figure drawn"
     code = cli.main(["runs", str(run_copy.parent)])
     err = capsys.readouterr().err
-    assert code == cli.EXIT_OK and "Traceback" not in err
+    assert code == common.EXIT_OK and "Traceback" not in err
     skipped = err.startswith(f"skipped {run_copy}: {name}: ") and problem in err.splitlines()[0]
     assert skipped == (name in LISTING_READS), err
 
@@ -382,7 +383,7 @@ def test_a_run_whose_scores_are_all_nan_warns_nothing(tmp_path, capsys):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         code, err = main(capsys, "train", *TINY, "model.qk_gain=1e20", "train.steps=3", f"runs_dir={tmp_path}")
-    assert code == cli.EXIT_DIVERGED, err
+    assert code == common.EXIT_DIVERGED, err
     assert [str(w.message) for w in caught] == [] and "Warning" not in err
 
 

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from attn import cli
+from attn.cli import common
 from attn.config.loading import load_config
 from attn.config.schema import all_keys
 from attn.store import runs
@@ -85,9 +86,9 @@ def tree(root: Path) -> dict:
 
 
 def assert_contract(code: int, err: str) -> None:
-    assert code in (cli.EXIT_OK, cli.EXIT_BAD_INPUT, cli.EXIT_DIVERGED), (code, err)
+    assert code in (common.EXIT_OK, common.EXIT_BAD_INPUT, common.EXIT_DIVERGED), (code, err)
     assert "Traceback" not in err
-    if code == cli.EXIT_BAD_INPUT:
+    if code == common.EXIT_BAD_INPUT:
         assert err.count("\n") == 1 and err.startswith("error: "), err
 
 
@@ -147,7 +148,7 @@ def test_any_experiment_file_is_read_or_refused_in_one_line(contents):
         path = root / "exp.yaml"
         path.write_bytes(contents)
         code = call_changing_nothing(root, "report", path, "--runs-dir", root / "runs", "--max-cells", "50")
-        assert code == cli.EXIT_BAD_INPUT  # a valid experiment has no runs yet
+        assert code == common.EXIT_BAD_INPUT  # a valid experiment has no runs yet
 
 
 # ---------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_a_path_the_os_refuses_is_one_line(path, command):
         kind, rest = path
         where = str(root / "afile" / rest) if kind == "file" else str(root / rest)
         code = call_changing_nothing(root, *(part.format(where) for part in command))
-        assert code == cli.EXIT_BAD_INPUT
+        assert code == common.EXIT_BAD_INPUT
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def check_damaged_run(template: Path, damaged: list, command: str) -> None:
         code, err = call(*args)
         assert_contract(code, err)
         assert tree(victim) == victim_before, "written through a symbolic link"
-        if code == cli.EXIT_BAD_INPUT:
+        if code == common.EXIT_BAD_INPUT:
             assert tree(run_dir) == before, "a refused command changed the run"
         elif command == "resume":
             assert runs.read_summary(run_dir)["status"] in ("completed", "diverged")

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from attn import cli
+from attn.cli import common
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
 
@@ -49,7 +50,7 @@ def test_attn_sweep_on_a_lost_scheduler_says_so_in_one_line_and_writes_no_report
     monkeypatch.setattr("sys.argv", ["attn", "sweep", str(path), "--executor", "dask://127.0.0.1:8786"])
     code = cli.main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--executor", "dask://127.0.0.1:8786"])
     err = capsys.readouterr().err.splitlines()
-    assert code == cli.EXIT_FAILED
+    assert code == common.EXIT_FAILED
     assert err[-1] == ("error: the Dask scheduler at dask://127.0.0.1:8786 was lost mid-sweep: what became of 4 of 4 "
                        "runs is unknown (a worker may still be training them), so no report is written; run the same "
                        f"command again to finish the rest: attn sweep {path} --executor dask://127.0.0.1:8786")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from helpers import without_timing
 
-from attn.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
+from attn.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
 from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent

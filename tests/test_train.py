@@ -13,6 +13,7 @@ import yaml
 from helpers import PNG_SIGNATURE, TINY, facts_in, without_timing
 
 from attn import cli
+from attn.cli import common
 from attn.config.loading import build_spec, build_task, load_config
 from attn.config.schema import to_dict
 from attn.model import fast
@@ -79,7 +80,7 @@ def learned(tmp_path_factory):
 
 
 def test_a_short_run_of_the_default_config_learns_retrieval(learned):
-    assert learned["code"] == cli.EXIT_OK, learned["stderr"]
+    assert learned["code"] == common.EXIT_OK, learned["stderr"]
     summary = runs.read_summary(learned["run_dir"])
     assert summary["status"] == "completed"
     assert summary["final"]["eval_accuracy"] >= 0.95

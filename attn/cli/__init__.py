@@ -34,16 +34,7 @@ import argparse
 import sys
 
 from attn.cli import sweeps, training, views
-from attn.cli.common import (  # noqa: F401
-    EXIT_BAD_INPUT,
-    EXIT_DIVERGED,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_SIGNAL,
-    Parser,
-    UsageError,
-    one_line,
-)
+from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line
 from attn.config.schema import all_keys, nearest_key
 from attn.config.yamlio import ConfigError
 from attn.store import runs
