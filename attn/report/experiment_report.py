@@ -42,7 +42,16 @@ from attn.analysis.results import (
     sort_key,
     stall_mechanism,
 )
-from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
+from attn.analysis.verdicts import (
+    Layout,
+    edge_notes,
+    groups,
+    json_number,
+    judge_all,
+    judged_cells,
+    on_seeds,
+    value_of,
+)
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
@@ -309,8 +318,9 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     layout = Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
-    sensitivities = ({key: cells_lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
-                     if experiment.report.sensitivity else {})
+    judge_on = experiment.report.judge_on  # lr_sensitivity can be a claim's stat: over the judging seeds only
+    sensitivities = ({key: cells_lr_sensitivity([on_seeds(c, judge_on) for c in group], layout.best_of)
+                      for key, group in groups(cells, layout).items()} if experiment.report.sensitivity else {})
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     claims = frozen_claims(experiment)
     for j in judged:
