@@ -750,3 +750,11 @@ def test_the_frozen_claims_record_the_held_out_seeds_and_without_them_are_as_bef
     assert "select_on" not in report_spec.claims_record(plain, range(10))["section"]
     changes = report_spec.claim_changes(report_spec.claims_record(plain, range(10)), record)
     assert changes["design"] == {"select_on": [None, HELD_SELECT], "judge_on": [None, HELD_JUDGE]}
+
+
+def test_the_headline_experiment_chooses_on_seeds_0_to_9_and_judges_on_10_to_29():
+    headline = experiments.load_experiment(ROOT / "experiments" / "sqrt_dk.yaml")
+    assert headline.report.select_on == tuple(range(10)) and headline.report.judge_on == tuple(range(10, 30))
+    assert {c.seed for c in headline.cells} == set(range(30))
+    section = report_spec.claims_record(headline.report, {c.seed for c in headline.cells})["section"]
+    assert section["select_on"] == list(range(10)) and section["judge_on"] == list(range(10, 30))
