@@ -663,3 +663,98 @@ def test_the_stall_table_counts_self_attending_ends_and_initial_target_attention
     assert row["AUC of low target_attn @0 for a stall"] == "1"
     [entry] = report.data["stall_mechanism"]
     assert entry["stalled"]["initial_target_attn"]["values"] == [0.03, 0.05] and entry["auc"] == 1.0
+
+
+# ---------------------------------------------------------------------------
+# Held-out selection: the best chosen on select_on seeds, judged on judge_on seeds
+# ---------------------------------------------------------------------------
+HELD_SELECT, HELD_JUDGE = [0, 1], list(range(2, 10))
+HELD_CLAIMS = [{"id": "learns", "claim": "the scaled head learns in most seeds", "stat": "success_rate", "arm": SQRT,
+                "above": 0.5},
+               {"id": "beats-none", "claim": "the scaled head learns more often than the unscaled", "stat": "success_rate",
+                "arm": SQRT, "better_than": NONE, "test": "mcnemar"}]
+
+
+def held_out_experiment(tmp_path, held_out=True, outcome_of=None):
+    """One d_k, scale sqrt against none, lr 0.01 and 0.1, ten seeds. sqrt at 0.01: the selection seeds learn,
+    the judge seeds stall; at 0.1 the other way round; none stalls everywhere. All ten seeds pick 0.1 (8/10
+    against 2/10); the selection seeds alone pick 0.01 (2/2 against 0/2). `outcome_of`: (lr, seed) -> an
+    outcome that replaces sqrt's there."""
+    report = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": HELD_CLAIMS}
+    tmp_path.mkdir()
+    if held_out:
+        report.update(select_on=HELD_SELECT, judge_on=HELD_JUDGE)
+    experiment = load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
+                      range(10), report, "held")
+    for lr in (0.01, 0.1):
+        for seed in range(10):
+            learns = (seed in HELD_SELECT) == (lr == 0.01)
+            outcome = (outcome_of or {}).get((lr, seed), LEARNED if learns else STALLED)
+            write_run(experiment, {"model.d_k": 64, "model.scale": "sqrt", "optim.lr": lr}, seed, curve(outcome))
+            write_run(experiment, {"model.d_k": 64, "model.scale": "none", "optim.lr": lr}, seed, curve(STALLED))
+    return report_of(experiment, figures=False)
+
+
+def test_held_out_seeds_choose_a_different_rate_than_all_seeds_and_only_the_judge_seeds_judge(tmp_path):
+    everyone = held_out_experiment(tmp_path / "all", held_out=False)
+    held = held_out_experiment(tmp_path / "held")
+    assert best_lr(everyone)[(64, "sqrt")] == 0.1 and best_lr(held)[(64, "sqrt")] == 0.01
+    learns, beats = held.expectation("learns"), held.expectation("beats-none")
+    assert learns["points"][0]["n"] == len(HELD_JUDGE) and learns["points"][0]["value"] == 0  # 0/8 at 0.01
+    assert learns["verdict"] == "not confirmed"
+    assert beats["points"][0]["pairs"] == len(HELD_JUDGE) and beats["verdict"] == "inconclusive"
+    assert held.data["layout"]["select_on"] == HELD_SELECT and held.data["layout"]["judge_on"] == HELD_JUDGE
+    assert "select_on" not in everyone.data["layout"] and "selection" not in everyone.data
+    [chose] = [s for s in held.data["selection"] if s["arm"] == ["sqrt"]]
+    assert chose["settings"]["optim.lr"] == 0.01 and chose["success_rate"]["k"] == 2 and chose["n"] == 2
+    assert "chosen on seeds 0, 1 only" in held.md and "judged on seeds 2, 3, 4, 5, 6, 7, 8, 9 only" in held.md
+    rows = markdown_rows(held.md, "## Headline: each arm at its own best optim.lr")
+    assert {r["scale"]: (float(r["lr"]), int(r["seeds"])) for r in rows} == {"sqrt": (0.01, 8), "none": (0.01, 8)}
+
+
+def test_a_selection_seeds_outcome_never_moves_a_verdict_and_a_judge_seeds_can(tmp_path):
+    def verdicts(report):
+        return {e["id"]: (e["verdict"], [p.get("value") for p in e["points"]]) for e in report.data["expectations"]}
+
+    before = verdicts(held_out_experiment(tmp_path / "before"))
+    # seed 0 (selection) stalls at the chosen rate 0.01: 1/2 still beats 0/2, and no verdict moves
+    assert verdicts(held_out_experiment(tmp_path / "selection", outcome_of={(0.01, 0): STALLED})) == before
+    # the judge seeds learn at 0.01: both verdicts move
+    after = held_out_experiment(tmp_path / "judge", outcome_of={(0.01, s): LEARNED for s in HELD_JUDGE})
+    assert after.expectation("learns")["verdict"] == "confirmed" != before["learns"][0]
+    assert after.expectation("beats-none")["verdict"] == "confirmed" != before["beats-none"][0]
+
+
+@pytest.mark.parametrize("held_out, message", [
+    ({"select_on": [0, 1]}, "report: select_on: given without `judge_on`"),
+    ({"select_on": [0, 1], "judge_on": [1, 2, 3]}, "sharing seed(s) 1 with select_on; expected seeds disjoint"),
+    ({"select_on": [0, 12], "judge_on": [2, 3]}, "report: select_on: got [0, 12]; expected a non-empty list of "
+                                                 "distinct seeds of the file's `seeds` (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"),
+    ({"select_on": [], "judge_on": [2, 3]}, "report: select_on: got []"),
+    ({"select_on": [0, 1], "judge_on": [2, 3, 4]}, "the mcnemar test on 3 seeds per arm cannot reach"),
+])
+def test_held_out_seeds_are_checked_when_the_file_is_read(tmp_path, held_out, message):
+    report = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": HELD_CLAIMS[1:], **held_out}
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]}, range(10), report)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_frozen_claims_record_the_held_out_seeds_and_without_them_are_as_before(tmp_path):
+    grid = {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]}
+    base = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr"}
+    plain = load(tmp_path, grid, range(10), base, stem="plain").report
+    held = load(tmp_path, grid, range(10), {**base, "select_on": HELD_SELECT, "judge_on": HELD_JUDGE}, stem="held").report
+    record = report_spec.claims_record(held, range(10))
+    assert record["section"]["select_on"] == HELD_SELECT and record["section"]["judge_on"] == HELD_JUDGE
+    assert "select_on" not in report_spec.claims_record(plain, range(10))["section"]
+    changes = report_spec.claim_changes(report_spec.claims_record(plain, range(10)), record)
+    assert changes["design"] == {"select_on": [None, HELD_SELECT], "judge_on": [None, HELD_JUDGE]}
+
+
+def test_the_headline_experiment_chooses_on_seeds_0_to_9_and_judges_on_10_to_29():
+    headline = experiments.load_experiment(ROOT / "experiments" / "sqrt_dk.yaml")
+    assert headline.report.select_on == tuple(range(10)) and headline.report.judge_on == tuple(range(10, 30))
+    assert {c.seed for c in headline.cells} == set(range(30))
+    section = report_spec.claims_record(headline.report, {c.seed for c in headline.cells})["section"]
+    assert section["select_on"] == list(range(10)) and section["judge_on"] == list(range(10, 30))

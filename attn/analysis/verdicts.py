@@ -23,6 +23,7 @@ most the budget (the budget itself when no seed reached) and upper +inf.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from attn.analysis import outcomes, stats
@@ -87,20 +88,36 @@ def select_cell(cells: list[CellResult], criteria) -> CellResult:
     return cells[stats.select([c.selection_figures() for c in cells], list(criteria))]
 
 
-def judged_cells(cells: list[CellResult], layout: Layout, at: str) -> dict[tuple, CellResult]:
+def on_seeds(cell: CellResult, seeds) -> CellResult:
+    """The cell with only these seeds' runs (None: the cell itself, every seed)."""
+    if seeds is None:
+        return cell
+    wanted = set(seeds)
+    return dataclasses.replace(cell, seeds=[s for s in cell.seeds if s.seed in wanted], _final_loss={})
+
+
+def judged_cells(cells: list[CellResult], layout: Layout, at: str, on: str = "judge") -> dict[tuple, CellResult]:
     """(x, arm) -> the cell judged there: the selected one (`best`), the one
-    at the shared value (`shared`), or the only one (no best_of)."""
+    at the shared value (`shared`), or the only one (no best_of). With
+    held-out seeds (report `select_on` / `judge_on`) the best is chosen by the
+    rule over the select_on seeds only, and the cell returned holds the
+    judge_on seeds only (on="select": the select_on seeds, for reporting the
+    figures that chose it; they never judge)."""
+    spec = layout.spec
+    shown = spec.judge_on if on == "judge" else spec.select_on
     chosen = {}
     for key, group in groups(cells, layout).items():
         if layout.best_of is None:
-            chosen[key] = group[0]
+            chosen[key] = on_seeds(group[0], shown)
         elif at == "best":
             in_rate_order = sorted(group, key=lambda c: sort_key(c.settings[layout.best_of]))
-            chosen[key] = select_cell(in_rate_order, layout.spec.select)
+            choosers = [on_seeds(c, spec.select_on) for c in in_rate_order]
+            index = stats.select([c.selection_figures() for c in choosers], list(spec.select))
+            chosen[key] = on_seeds(in_rate_order[index], shown)
         else:
             shared = [c for c in group if value_of(c.settings[layout.best_of]) == layout.spec.shared]
             if shared:
-                chosen[key] = shared[0]
+                chosen[key] = on_seeds(shared[0], shown)
     return chosen
 
 

@@ -27,7 +27,8 @@ from attn.config.loading import integer_problem
 from attn.config.schema import Config
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean
 
-REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha")
+REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha", "select_on",
+               "judge_on")
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
 DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
 # stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.analysis.results)
@@ -69,10 +70,14 @@ class ReportSpec:
     sensitivity: bool = False  # with best_of a rate: each (x, arm)'s learning-rate sensitivity (Wortsman et al.)
     lengths: tuple[int, ...] = ()  # retrieval pairs to ask each judged model about (attn.analysis.lengths)
     alpha: float = DEFAULT_ALPHA  # the family-wise level of the tested claims (Holm across them)
+    # held-out selection: the seeds the best setting is chosen on, and the disjoint seeds every verdict and
+    # headline table is judged on (None: all the file's seeds, both)
+    select_on: tuple[int, ...] | None = None
+    judge_on: tuple[int, ...] | None = None
 
 
 def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=(), n_seeds: int | None = None,
-                 budget: int | None = None) -> ReportSpec:
+                 budget: int | None = None, seeds=None) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
@@ -119,8 +124,11 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     alpha = report.get("alpha", DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")
+    select_on, judge_on = _check_held_out(report, seeds, best_of, source)
     spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths),
-                      alpha=float(alpha))
+                      alpha=float(alpha), select_on=select_on, judge_on=judge_on)
+    if judge_on is not None:
+        n_seeds = len(judge_on)  # the verdicts are judged on these seeds only
     checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
                for i, e in enumerate(expect)]
     ids = [e.id for e in checked]
@@ -135,6 +143,36 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
                 raise ConfigError(f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
                                   "some outcome of the runs would refute")
     return dataclasses.replace(spec, expect=tuple(checked))
+
+
+def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
+    """select_on and judge_on: both or neither, each a non-empty list of distinct seeds of the file,
+    disjoint, and only with a best_of (the setting they choose)."""
+    given = [k for k in ("select_on", "judge_on") if k in report]
+    if not given:
+        return None, None
+    if len(given) == 1:
+        missing = "judge_on" if given == ["select_on"] else "select_on"
+        raise ConfigError(f"{source}: report: {given[0]}: given without `{missing}`; expected both, disjoint "
+                          "subsets of the file's seeds")
+    if best_of is None:
+        raise ConfigError(f"{source}: report: select_on: got {cut(repr(report['select_on']))} with no best_of; "
+                          "expected a best_of for the selection seeds to choose")
+    known = list(seeds) if seeds is not None else None
+    checked = {}
+    for key in given:
+        value = report[key]
+        if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) for s in value) \
+                or len(set(value)) != len(value) or (known is not None and not set(value) <= set(known)):
+            accepted = f"({', '.join(map(str, known))})" if known is not None else ""
+            raise ConfigError(f"{source}: report: {key}: got {cut(repr(value))}; expected a non-empty list of "
+                              f"distinct seeds of the file's `seeds` {accepted}".rstrip())
+        checked[key] = tuple(value)
+    both = sorted(set(checked["select_on"]) & set(checked["judge_on"]))
+    if both:
+        raise ConfigError(f"{source}: report: judge_on: got {cut(repr(report['judge_on']))}, sharing seed(s) "
+                          f"{', '.join(map(str, both))} with select_on; expected seeds disjoint from select_on")
+    return checked["select_on"], checked["judge_on"]
 
 
 def _wilson_extremes(n: int) -> tuple[float, float]:
@@ -317,7 +355,7 @@ def check_lengths(config: Config, pairs: list[int], source: str) -> None:
 # The claims, frozen before the runs (attn.experiment.sweep writes them; reports compare)
 # ---------------------------------------------------------------------------
 CLAIMS_FILE = "claims.json"  # in the experiment's run directory, written when its sweep first starts
-DESIGN_KEYS = ("x", "arm", "best_of", "select", "shared", "alpha", "seeds")
+DESIGN_KEYS = ("x", "arm", "best_of", "select", "shared", "alpha", "seeds", "select_on", "judge_on")
 
 
 def expectation_text(e: Expectation) -> str:
@@ -330,10 +368,14 @@ def expectation_text(e: Expectation) -> str:
 
 def claims_record(spec: ReportSpec, seeds) -> dict:
     """The `report:` section as it decides verdicts (layout, selection rule, level, seeds and every
-    expectation's text), and its SHA-256 digest over canonical JSON."""
+    expectation's text), and its SHA-256 digest over canonical JSON. The held-out seeds (select_on,
+    judge_on) are in it when the file declares them; without them both are `seeds`, and the record
+    (and its digest) is what it was before they existed."""
     section = {"x": list(spec.x), "arm": list(spec.arm), "best_of": spec.best_of, "select": list(spec.select),
                "shared": spec.shared, "alpha": spec.alpha, "seeds": sorted(seeds),
                "expect": {e.id: expectation_text(e) for e in spec.expect}}
+    if spec.select_on is not None:
+        section.update(select_on=list(spec.select_on), judge_on=list(spec.judge_on))
     text = json.dumps(section, sort_keys=True, default=str)
     return {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
 

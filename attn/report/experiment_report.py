@@ -42,7 +42,16 @@ from attn.analysis.results import (
     sort_key,
     stall_mechanism,
 )
-from attn.analysis.verdicts import Layout, edge_notes, groups, json_number, judge_all, judged_cells, value_of
+from attn.analysis.verdicts import (
+    Layout,
+    edge_notes,
+    groups,
+    json_number,
+    judge_all,
+    judged_cells,
+    on_seeds,
+    value_of,
+)
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, config_change
 from attn.report import experiment_figures
@@ -309,8 +318,9 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     layout = Layout(experiment)
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
-    sensitivities = ({key: cells_lr_sensitivity(group, layout.best_of) for key, group in groups(cells, layout).items()}
-                     if experiment.report.sensitivity else {})
+    judge_on = experiment.report.judge_on  # lr_sensitivity can be a claim's stat: over the judging seeds only
+    sensitivities = ({key: cells_lr_sensitivity([on_seeds(c, judge_on) for c in group], layout.best_of)
+                      for key, group in groups(cells, layout).items()} if experiment.report.sensitivity else {})
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     claims = frozen_claims(experiment)
     for j in judged:
@@ -340,9 +350,13 @@ def report_json(found: Findings) -> dict:
         "claims": found.claims, "cells_in_file": len(experiment.cells), "platform": found.platform,
         "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
                                                           "select": list(experiment.report.select),
-                                                          "shared": json_number(experiment.report.shared)},
+                                                          "shared": json_number(experiment.report.shared),
+                                                          **held_out_json(experiment.report)},
         "cells": [cell_json(c) for c in found.ordered],
         "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in found.best.items()],
+        **({"selection": [{"x": list(x), "arm": list(arm), **cell_json(c)} for (x, arm), c in
+                          judged_cells(found.cells, layout, "best", on="select").items()]}
+           if experiment.report.select_on is not None else {}),
         "expectations": [_json_safe(j) for j in found.judged],
         "headline": found.headline, "counts_summary": found.counts_summary,
         "excluded": [e.__dict__ for e in found.excluded],
@@ -365,6 +379,24 @@ def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Exclu
                                              sensitive=bool(found.sensitivities), at_lengths=found.at_lengths))
     runs.write_atomic(paths["md"], report_markdown(found, paths).encode())
     return paths
+
+
+def held_out_json(spec: report_spec.ReportSpec) -> dict:
+    """select_on / judge_on for report.json's layout ({} when the file declares none: all seeds do both)."""
+    return {} if spec.select_on is None else {"select_on": list(spec.select_on), "judge_on": list(spec.judge_on)}
+
+
+def held_out_lines(found: Findings) -> list[str]:
+    """The paragraph and table saying which seeds chose each arm's setting and which judged it."""
+    spec, layout = found.experiment.report, found.layout
+    if spec.select_on is None:
+        return []
+    seeds = lambda values: ", ".join(map(str, values))  # noqa: E731
+    lines = [f"Held-out selection: each arm's {layout.best_of} was chosen on seeds {seeds(spec.select_on)} only; "
+             f"every verdict and headline table is judged on seeds {seeds(spec.judge_on)} only, at the chosen "
+             "setting. The selection seeds' figures at that setting (reported, never judged):", ""]
+    chose = judged_cells(found.cells, layout, "best", on="select")
+    return lines + [rows_table(cell_rows(list(chose.values()), layout, found.keys)), ""]
 
 
 def _json_safe(value):
@@ -467,6 +499,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
             + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
                + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
                if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {note}" if note else ""), "",
+            *held_out_lines(found),
             "## In one paragraph (generated)", "", found.headline, "",
             "## The counts, in words (generated; described, not tested)", "", found.counts_summary, "",
             "## Outcome classes", "", outcomes.definitions(), ""]
