@@ -47,7 +47,8 @@ def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
             (run_dir / f"{figure}.png").write_bytes(b"\x89PNG " + version.encode() * 1000)
     (root / "verify").mkdir()
     (root / "verify" / "sqrt_dk.md").write_text(f"verified {version}\n")
-    runs.write_json(root / "verify" / "sqrt_dk.json", {"expectations": [{"id": "a"}], "agree": True, "cells": []})
+    runs.write_json(root / "verify" / "sqrt_dk.json", {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
+                                                         "expectations": [{"id": "a"}], "agree": True, "cells": []})
     return root
 
 
