@@ -7,7 +7,7 @@
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
 // group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
-// poll=SECONDS (default 2).
+// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2).
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
@@ -35,8 +35,9 @@
     openRun: params.get("open"),
     openExperiments: new Set(),
     rendered: new Map(),  // element id -> the JSON it was last rendered from
-    plot: null,
+    plot: null,  // the main chart's uPlot
     plotShape: "",
+    panels: [],  // the grid's panels beyond the main chart
     draws: 0,
   };
 
@@ -381,20 +382,25 @@
   }
 
   // a y axis as wide as its widest label
-  function axisWidth(u, values) {
+  function axisWidthOf(u, values) {
     if (!values || !values.length) return 50;
     const context = u.ctx;
     context.save();
     context.font = "12px system-ui, sans-serif";
     const widest = Math.max(...values.map((v) => context.measureText(String(v ?? "")).width));
     context.restore();
-    const size = Math.ceil(widest) + 14 + 22;  // ticks and gap, and the axis label
-    state.yAxis = {labels: values.filter((v) => v), size};  // for tests
+    return Math.ceil(widest) + 14 + 22;  // ticks and gap, and the axis label
+  }
+
+  // the main chart's, kept for tests
+  function axisWidth(u, values) {
+    const size = axisWidthOf(u, values);
+    if (values && values.length) state.yAxis = {labels: values.filter((v) => v), size};
     return size;
   }
 
   // × at each diverged run's last finite value, held to the edge of the plot when off it
-  function drawCrosses(u, crosses) {
+  function drawCrosses(u, crosses, holder) {
     const context = u.ctx, {left, top, width, height} = u.bbox;
     context.save();
     context.lineWidth = 2 * devicePixelRatio;
@@ -417,15 +423,14 @@
       shown += 1;
     }
     context.restore();
-    $("chart").dataset.crosses = String(shown);
+    holder.dataset.crosses = String(shown);
   }
 
-  function chartOptions(metric, x, log, built) {
-    const chart = $("chart");
+  function chartOptions(panel, metric, x, log, built) {
     const bound = (id) => ($(id).value === "" ? null : Number($(id).value));
     return {
-      width: Math.max(chart.clientWidth, 300),
-      height: 360,
+      width: Math.max(panel.el.clientWidth, 300),
+      height: panel.height,
       series: [{label: X_LABELS[x]}, ...built.series.slice(1)],
       bands: built.bands,
       scales: {
@@ -434,14 +439,14 @@
           const low = from ?? min, high = to ?? max;
           return low < high ? [low, high] : [min, max];
         }},
-        y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => state.yLimits || [min, max]},
+        y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => panel.yLimits || [min, max]},
       },
       axes: [{label: X_LABELS[x], values: tickLabels},
-             {label: metric, values: tickLabels, size: axisWidth, ...(log ? {filter: decades} : {})}],
+             {label: metric, values: tickLabels, size: panel.main ? axisWidth : axisWidthOf, ...(log ? {filter: decades} : {})}],
       cursor: {drag: {x: true, y: false, setScale: false}},
       legend: {live: true},
       hooks: {
-        draw: [(u) => drawCrosses(u, state.crosses || [])],
+        draw: [(u) => drawCrosses(u, panel.crosses || [], panel.el)],
         setSelect: [(u) => {
           if (u.select.width < 4) return;
           $("x-from").value = Number(u.posToVal(u.select.left, "x").toPrecision(4));
@@ -453,45 +458,132 @@
     };
   }
 
+  // the main chart, then each panel of the grid: the same curves (selection, filter, grouping,
+  // smoothing, robust y range), each panel its own metric
+  const mainPanel = {el: null, main: true, height: 360, metric: () => $("metric").value, plot: null, shape: ""};
+  function allPanels() {
+    return [mainPanel, ...state.panels];
+  }
+
   function drawChart(force = false) {
-    const chart = $("chart");
-    const metric = $("metric").value, x = $("x").value, smoothing = Number($("smoothing").value);
+    for (const panel of allPanels()) drawPanel(panel, force);
+    state.plot = mainPanel.plot;
+    state.plotShape = mainPanel.shape;
+    state.yLimits = mainPanel.yLimits;
+    state.crosses = mainPanel.crosses;
+    state.draws += 1;
+    $("chart").dataset.draws = String(state.draws);
+  }
+
+  // one panel drawn: its metric's curves, its own uPlot; what it drew kept on the panel (and its
+  // element's dataset, for tests)
+  function drawPanel(panel, force = false) {
+    const holder = panel.el;
+    const metric = panel.metric(), x = $("x").value, smoothing = Number($("smoothing").value);
     const curves = metric ? chartCurves(metric, x, smoothing) : [];
     const yscale = $("yscale").value;
     const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range)
                                   : yscale === "log";
     const built = aligned(curves, log);
-    state.yLimits = built.limits;
-    state.crosses = built.crosses;
+    panel.yLimits = built.limits;
+    panel.crosses = built.crosses;
+    panel.built = built;
     const empty = built.points === 0;
-    $("chart-empty").textContent = curves.length && empty
-      ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
-      : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
-    $("chart-empty").hidden = curves.length > 0 && !empty;
-    $("chart-note").textContent = curves.length > PALETTE.length
-      ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
-      : "";
+    if (panel.main) {
+      $("chart-empty").textContent = curves.length && empty
+        ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
+        : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
+      $("chart-empty").hidden = curves.length > 0 && !empty;
+      $("chart-note").textContent = curves.length > PALETTE.length
+        ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+        : "";
+    } else if (panel.note) {
+      panel.note.textContent = empty ? (curves.length ? `no finite values of ${metric} in the runs ticked yet` : "tick runs or groups below") : "";
+    }
     const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => s.label)]);
-    if (state.plot && (force || empty || shape !== state.plotShape)) {
-      state.plot.destroy();
-      state.plot = null;
+    if (panel.plot && (force || empty || shape !== panel.shape)) {
+      panel.plot.destroy();
+      panel.plot = null;
     }
     if (!empty) {
-      if (state.plot) {
-        state.plot.setData(built.data);
+      if (panel.plot) {
+        panel.plot.setData(built.data);
       } else {
-        state.plot = new uPlot(chartOptions(metric, x, log, built), built.data, chart);
-        state.plot.over.addEventListener("dblclick", () => {
+        panel.plot = new uPlot(chartOptions(panel, metric, x, log, built), built.data, holder);
+        panel.plot.over.addEventListener("dblclick", () => {
           $("x-from").value = $("x-to").value = "";
           refreshChart(true);
         });
       }
     }
-    state.plotShape = shape;
-    state.draws += 1;
-    Object.assign(chart.dataset, {series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
-                                  points: String(built.points), draws: String(state.draws), log: String(log),
-                                  ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
+    panel.shape = shape;
+    Object.assign(holder.dataset, {metric, series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
+                                   points: String(built.points), log: String(log),
+                                   ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
+  }
+
+  // ------------------------------------------------------------------ the panel grid
+  // panels=METRIC,METRIC in the URL: a card per metric below the main chart, kept there as they are
+  // added, changed or removed
+  function panelMetrics() {
+    return state.panels.map((panel) => panel.metric());
+  }
+
+  function writePanelsToURL() {
+    const url = new URL(location.href);
+    if (state.panels.length) url.searchParams.set("panels", panelMetrics().join(","));
+    else url.searchParams.delete("panels");
+    history.replaceState(null, "", url.href);
+  }
+
+  function addPanel(metric) {
+    const select = element("select", {class: "panel-metric", "aria-label": "the panel's metric"});
+    const title = element("h3", {class: "panel-title"}, metric);
+    const plotHolder = element("div", {class: "panel-plot"});
+    const note = element("p", {class: "hint panel-note"});
+    const panel = {el: plotHolder, main: false, height: 240, metric: () => select.value || metric, plot: null, shape: "",
+                   select, title, note};
+    const remove = element("button", {type: "button", class: "panel-remove", title: "remove this panel"}, "remove");
+    const card = element("div", {class: "panel-card"},
+                         element("div", {class: "panel-head"}, title, select, remove), plotHolder, note);
+    panel.card = card;
+    fillPanelSelect(panel, metric);
+    select.addEventListener("change", () => {
+      title.textContent = select.value;
+      writePanelsToURL();
+      drawPanel(panel, true);
+    });
+    remove.addEventListener("click", () => {
+      panel.plot?.destroy();
+      card.remove();
+      state.panels.splice(state.panels.indexOf(panel), 1);
+      writePanelsToURL();
+    });
+    state.panels.push(panel);
+    $("panels").append(card);
+    return panel;
+  }
+
+  function fillPanelSelect(panel, wanted) {
+    const metrics = state.data ? state.data.metrics : [];
+    const current = panel.select.value || wanted;
+    const names = metrics.includes(current) ? metrics : [current, ...metrics];
+    panel.select.replaceChildren(...names.map((m) => element("option", {value: m, selected: m === current}, m)));
+  }
+
+  function addPanelFromControl() {
+    const shown = new Set([mainPanel.metric(), ...panelMetrics()]);
+    const metric = state.data.metrics.find((m) => !shown.has(m)) || state.data.metrics[0];
+    if (!metric) return;
+    const panel = addPanel(metric);
+    writePanelsToURL();
+    drawPanel(panel, true);
+  }
+
+  function panelsFromParams() {
+    const wanted = params.get("panels");
+    if (!wanted || state.panels.length) return;
+    wanted.split(",").filter(Boolean).forEach((metric) => addPanel(metric));
   }
 
   async function refreshChart(force = false) {
@@ -608,6 +700,7 @@
                               ...state.data.columns.map((c) => element("option", {value: c.key, selected: c.key === current},
                                                                        c.name)));
     });
+    renderOnChange("panel-metrics", state.data.metrics, () => state.panels.forEach((panel) => fillPanelSelect(panel)));
     renderNotes();
     renderTables();
     renderRunDetails();
@@ -644,6 +737,8 @@
   }
 
   function start() {
+    mainPanel.el = $("chart");
+    $("add-panel").addEventListener("click", addPanelFromControl);
     for (const [id, name] of [["x", "x"], ["yscale", "yscale"], ["filter", "filter"]]) {
       if (params.get(name)) $(id).value = params.get(name);
     }
@@ -662,12 +757,14 @@
       renderTables();
       drawChart();
     });
-    window.addEventListener("resize", () => state.plot?.setSize({width: Math.max($("chart").clientWidth, 300), height: 360}));
+    window.addEventListener("resize", () => allPanels().forEach((panel) =>
+      panel.plot?.setSize({width: Math.max(panel.el.clientWidth, 300), height: panel.height})));
     if (embedded) {
       takeData(embedded);
       for (const [id, records] of Object.entries(embedded.records)) state.records.set(id, records);
       applyFilter();
       selectFromParams();
+      panelsFromParams();
       renderAll();
       drawChart();
       setLive(`static export: ${embedded.runs.length} runs, as they were when exported`);
@@ -678,6 +775,7 @@
       await poll(seconds);
       if (!state.data) return;
       selectFromParams();
+      panelsFromParams();
       applyFilter();
       await refreshChart();
     })();
