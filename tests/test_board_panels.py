@@ -49,3 +49,59 @@ def test_panels_in_the_url_are_drawn_added_and_kept_on_reload(browser, two_runs)
         wait_for(browser, lambda: [p["title"] for p in panels(browser)] == ["eval_loss", third])
         assert "eval_accuracy" not in browser.current_url
         assert errors_logged(browser) == []
+
+
+def test_a_runs_page_shows_its_config_a_diff_its_files_and_a_csv_of_a_panel(browser, two_runs):  # noqa: F811
+    from attn.analysis import grouping
+    from attn.store import runs
+
+    board = data.Board([two_runs])
+    ids = {run["name"]: run["id"] for run in board.snapshot()["runs"]}
+    with serving(board) as httpd:
+        open_page(browser, httpd.url + f"?runs={ids['b']}&metric=eval_loss&panels=eval_accuracy", 2)
+        wait_for(browser, lambda: chart(browser)["series"] == "1")
+        browser.execute_script("document.querySelector('#runs tr[data-id=\"' + arguments[0] + '\"] .run-link').click()",
+                               ids["a"])
+        wait_for(browser, lambda: browser.execute_script("return document.querySelectorAll('#run-config tbody tr').length") > 0)
+        config = grouping.flatten_config(runs.read_config_dict(two_runs / "a"))
+        shown = browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('#run-config tbody tr')]"
+            ".map(tr => [tr.dataset.key, tr.cells[1].textContent]))")
+        assert set(shown) == set(config) and shown["seed"] == "0"
+        # the diff against the ticked run b: exactly the keys whose values differ, side by side
+        other = grouping.flatten_config(runs.read_config_dict(two_runs / "b"))
+        differing = {k for k in config.keys() | other.keys() if config.get(k) != other.get(k)}
+        assert {"seed", "model.d_k", "model.scale"} <= differing
+        wait_for(browser, lambda: browser.execute_script("return document.querySelectorAll('#diff-table tbody tr').length") > 0)
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#diff-table tbody tr')].map(tr => [...tr.cells].map(c => c.textContent))")
+        assert {row[0] for row in rows} == differing
+        assert ["model.d_k", str(config["model.d_k"]), "256"] in rows
+        # a link to its metrics.jsonl, fetched through /files/
+        href = browser.execute_script("return document.querySelector('#run-files a[data-name=\"metrics.jsonl\"]').href")
+        assert href.startswith(httpd.url) and href.endswith("/a/metrics.jsonl")
+        status, body = browser.execute_async_script(
+            "const done = arguments[1]; fetch(arguments[0]).then(async r => done([r.status, await r.text()]))", href)
+        assert status == 200 and body == (two_runs / "a" / "metrics.jsonl").read_text()
+        # the CSV of a panel: a header, a row per point drawn, from a Blob URL
+        for selector, holder in (("#chart-csv", "#chart"), ("#panels .csv-link", "#panels .panel-plot")):
+            click(browser, selector)
+            text = browser.execute_async_script(
+                "const done = arguments[1], a = document.querySelector(arguments[0]);"
+                "a.href.startsWith('blob:') ? AttnBoard.page.state.lastDownload.text().then(done) : done(a.href)", selector)
+            points = browser.execute_script("return document.querySelector(arguments[0]).dataset.points", holder)
+            lines = text.strip().split("\n")
+            assert lines[0].startswith("curve,step,") and len(lines) - 1 == int(points) > 0, (selector, lines[:3])
+        assert errors_logged(browser) == []
+
+
+def test_the_static_export_holds_each_runs_page(browser, two_runs, tmp_path):  # noqa: F811
+    from attn.board import export
+
+    page = export.export(data.Board([two_runs]), tmp_path / "page")
+    open_page(browser, page.as_uri() + "?runs=all&open=0/a", 2)
+    wait_for(browser, lambda: browser.execute_script("return document.querySelectorAll('#run-config tbody tr').length") > 0)
+    href = browser.execute_script("return document.querySelector('#run-files a[data-name=\"metrics.jsonl\"]').href")
+    assert href.startswith("file://") and (tmp_path / "page" / "files" / "0" / "a" / "metrics.jsonl").is_file()
+    assert browser.execute_script("return document.querySelectorAll('#diff-table tbody tr').length") > 0
+    assert errors_logged(browser) == []

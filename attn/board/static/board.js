@@ -522,6 +522,38 @@
                                    ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
   }
 
+  // ------------------------------------------------------------------ downloads
+  // the drawn data of a panel as CSV: a row per finite point of each curve drawn (the smoothed one
+  // when smoothing; not the raw curve behind it nor the band's edges)
+  function csvOf(panel) {
+    const built = panel.built;
+    const quote = (v) => (/[",\n]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+    const lines = [["curve", $("x").value, panel.metric()].map(quote).join(",")];
+    if (built) {
+      const xs = built.data[0];
+      built.series.forEach((series, i) => {
+        if (i === 0 || series.class) return;
+        built.data[i].forEach((v, j) => { if (v !== null) lines.push([quote(series.label), xs[j], v].join(",")); });
+      });
+    }
+    return lines.join("\n") + "\n";
+  }
+
+  function downloadCSV(panel, link) {
+    if (link.href.startsWith("blob:")) URL.revokeObjectURL(link.href);
+    const blob = new Blob([csvOf(panel)], {type: "text/csv"});
+    state.lastDownload = blob;  // for tests (the page's policy keeps fetch from blob: URLs)
+    link.href = URL.createObjectURL(blob);
+    link.download = `${panel.metric().replace(/[^\w.-]+/g, "_")}.csv`;
+  }
+
+  // a link that becomes a Blob URL of the panel's CSV as it is clicked
+  function csvLink(panel, id) {
+    const link = element("a", {href: "#", class: "csv-link", id, title: "the drawn curves' points as CSV"}, "CSV");
+    link.addEventListener("click", () => downloadCSV(panel, link));
+    return link;
+  }
+
   // ------------------------------------------------------------------ the panel grid
   // panels=METRIC,METRIC in the URL: a card per metric below the main chart, kept there as they are
   // added, changed or removed
@@ -545,7 +577,7 @@
                    select, title, note};
     const remove = element("button", {type: "button", class: "panel-remove", title: "remove this panel"}, "remove");
     const card = element("div", {class: "panel-card"},
-                         element("div", {class: "panel-head"}, title, select, remove), plotHolder, note);
+                         element("div", {class: "panel-head"}, title, select, csvLink(panel), remove), plotHolder, note);
     panel.card = card;
     fillPanelSelect(panel, metric);
     select.addEventListener("change", () => {
@@ -646,8 +678,89 @@
                                                                   onclick: () => { state.openRun = null; renderRunDetails(); }}, "close")),
         element("p", {}, element("code", {}, run.path), ` · ${run.status}` + (run.reason ? ` (${run.reason})` : "") +
                 (settings ? ` · ${settings}` : "")),
-        figures);
+        figures,
+        element("div", {id: "run-page"}, element("p", {class: "hint"}, "reading its config…")));
+      loadRunPage(run.id);
     });
+  }
+
+  // a run's page: GET api/run (the export embeds them)
+  const runPages = new Map();
+  async function runPage(id) {
+    if (embedded) return (embedded.run_pages || {})[id] || null;
+    if (!runPages.has(id)) runPages.set(id, await getJSON(`api/run?run=${encodeURIComponent(id)}`));
+    return runPages.get(id);
+  }
+
+  async function loadRunPage(id) {
+    let page;
+    try {
+      page = await runPage(id);
+    } catch (error) {
+      $("run-page")?.replaceChildren(element("p", {class: "bad"}, `cannot read its config: ${error.message}`));
+      return;
+    }
+    if (state.openRun !== id || !$("run-page")) return;
+    if (!page) {
+      $("run-page").replaceChildren(element("p", {class: "hint"}, "no config for this run in this page"));
+      return;
+    }
+    const others = [...state.selectedRuns].filter((other) => other !== id && state.runsById.has(other));
+    others.push(...state.data.runs.map((r) => r.id).filter((other) => other !== id && !others.includes(other)));
+    const against = element("select", {id: "diff-against", "aria-label": "the run to diff against"},
+                            element("option", {value: ""}, "—"),
+                            ...others.map((other, i) => element("option", {value: other, selected: i === 0 && state.selectedRuns.has(other)},
+                                                                state.runsById.get(other).name)));
+    const diff = element("div", {id: "run-diff"});
+    against.addEventListener("change", () => renderDiff(page, against.value, diff));
+    const config = element("table", {id: "run-config", class: "board-table"},
+                           element("thead", {}, element("tr", {}, element("th", {}, "key"), element("th", {}, "value"))),
+                           element("tbody", {}, ...Object.entries(page.config).map(([key, value]) =>
+                             element("tr", {"data-key": key}, element("td", {}, element("code", {}, key)),
+                                     element("td", {}, configValue(value))))));
+    const files = element("ul", {id: "run-files"}, ...page.files.map((file) =>
+      element("li", {}, element("a", {href: file.url, "data-name": file.name, target: "_blank", rel: "noopener"}, file.name))));
+    const checkpoints = page.checkpoints.length
+      ? element("ul", {id: "run-checkpoints"}, ...page.checkpoints.map((c) =>
+          element("li", {}, element("code", {}, c.name), ` ${board.formatNumber(c.bytes)} bytes`)))
+      : element("p", {class: "hint", id: "run-checkpoints"}, "no checkpoints");
+    $("run-page").replaceChildren(
+      element("h3", {}, "Files"), files,
+      element("h3", {}, "Checkpoints"), checkpoints,
+      element("h3", {}, "Config ", element("label", {class: "hint"}, "diff against ", against)), diff,
+      element("details", {open: true}, element("summary", {}, `resolved config (${Object.keys(page.config).length} keys)`), config));
+    renderDiff(page, against.value, diff);
+  }
+
+  function configValue(value) {
+    return value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
+  }
+
+  async function renderDiff(page, otherId, holder) {
+    if (!otherId) {
+      holder.replaceChildren(element("p", {class: "hint"}, "tick another run, or choose one, to see the keys that differ"));
+      return;
+    }
+    let other;
+    try {
+      other = await runPage(otherId);
+    } catch (error) {
+      holder.replaceChildren(element("p", {class: "bad"}, `cannot read its config: ${error.message}`));
+      return;
+    }
+    if (!other) return;
+    const keys = [...new Set([...Object.keys(page.config), ...Object.keys(other.config)])].sort(naturalCompare);
+    const differing = keys.filter((key) => JSON.stringify(page.config[key]) !== JSON.stringify(other.config[key]));
+    const shown = (config, key) => (key in config ? configValue(config[key]) : "(absent)");
+    holder.replaceChildren(differing.length
+      ? element("table", {class: "board-table", id: "diff-table"},
+                element("thead", {}, element("tr", {}, element("th", {}, "key"),
+                                             element("th", {}, state.runsById.get(page.run)?.name ?? page.run),
+                                             element("th", {}, state.runsById.get(otherId)?.name ?? otherId))),
+                element("tbody", {}, ...differing.map((key) => element("tr", {"data-key": key},
+                  element("td", {}, element("code", {}, key)), element("td", {}, shown(page.config, key)),
+                  element("td", {}, shown(other.config, key))))))
+      : element("p", {class: "hint", id: "diff-table"}, "the same config"));
   }
 
   function renderExperiments() {
@@ -738,6 +851,7 @@
 
   function start() {
     mainPanel.el = $("chart");
+    $("add-panel").after(csvLink(mainPanel, "chart-csv"));
     $("add-panel").addEventListener("click", addPanelFromControl);
     for (const [id, name] of [["x", "x"], ["yscale", "yscale"], ["filter", "filter"]]) {
       if (params.get(name)) $(id).value = params.get(name);
@@ -781,6 +895,6 @@
     })();
   }
 
-  board.page = {state, formatG, drawChart, naturalCompare};
+  board.page = {state, formatG, drawChart, naturalCompare, csvOf, panels: () => allPanels()};
   start();
 })(window.AttnBoard = window.AttnBoard || {});
