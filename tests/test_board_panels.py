@@ -105,3 +105,32 @@ def test_the_static_export_holds_each_runs_page(browser, two_runs, tmp_path):  #
     assert href.startswith("file://") and (tmp_path / "page" / "files" / "0" / "a" / "metrics.jsonl").is_file()
     assert browser.execute_script("return document.querySelectorAll('#diff-table tbody tr').length") > 0
     assert errors_logged(browser) == []
+
+
+def test_the_url_keeps_the_view_through_a_reload(browser, two_runs):  # noqa: F811
+    from test_board import set_filter
+
+    board = data.Board([two_runs])
+    ids = {run["name"]: run["id"] for run in board.snapshot()["runs"]}
+    with serving(board) as httpd:
+        open_page(browser, httpd.url + "?poll=5", 2)
+        click(browser, f'#runs tr[data-id="{ids["a"]}"] input')
+        click(browser, f'#runs tr[data-id="{ids["b"]}"] input')
+        wait_for(browser, lambda: chart(browser)["series"] == "2")
+        set_filter(browser, "seed=1")
+        wait_for(browser, lambda: chart(browser)["series"] == "1")
+        browser.execute_script("const s = document.getElementById('smoothing'); s.value = '0.6';"
+                               "s.dispatchEvent(new Event('input'));"
+                               "const m = document.getElementById('metric'); m.value = 'eval_accuracy';"
+                               "m.dispatchEvent(new Event('change'));")
+        click(browser, "#add-panel")
+        wait_for(browser, lambda: chart(browser).get("metric") == "eval_accuracy" and "panels=" in browser.current_url)
+        url = browser.current_url
+        assert "poll=5" in url and "smooth=0.6" in url and "filter=seed%3D1" in url and "metric=eval_accuracy" in url
+        browser.refresh()
+        wait_for(browser, lambda: chart(browser).get("series") == "1" and chart(browser).get("metric") == "eval_accuracy")
+        view = browser.execute_script(
+            "return [document.getElementById('filter').value, document.getElementById('smoothing').value,"
+            " [...AttnBoard.page.state.selectedRuns].sort(), document.querySelectorAll('#panels .panel-card').length]")
+        assert view == ["seed=1", "0.6", sorted(ids.values()), 1]
+        assert errors_logged(browser) == []

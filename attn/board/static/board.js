@@ -473,6 +473,7 @@
     state.crosses = mainPanel.crosses;
     state.draws += 1;
     $("chart").dataset.draws = String(state.draws);
+    writeViewToURL();
   }
 
   // one panel drawn: its metric's curves, its own uPlot; what it drew kept on the panel (and its
@@ -561,11 +562,34 @@
     return state.panels.map((panel) => panel.metric());
   }
 
-  function writePanelsToURL() {
+  // the view in the URL (replaced, not pushed), so a reload or a shared link opens it again: the
+  // selection, filter, metric, axes, grouping, smoothing, panels and the run open; other parameters
+  // (poll=) kept
+  function writeViewToURL() {
+    if (!state.viewReady) return;  // not before the URL's own view is taken
     const url = new URL(location.href);
-    if (state.panels.length) url.searchParams.set("panels", panelMetrics().join(","));
-    else url.searchParams.delete("panels");
-    history.replaceState(null, "", url.href);
+    const list = (selected, all) => {
+      const ids = all.filter((id) => selected.has(id));
+      return ids.length && ids.length === all.length && all.length > 1 ? "all" : ids.join(",");
+    };
+    const view = {
+      runs: list(state.selectedRuns, state.data.runs.map((r) => r.id)),
+      groups: list(state.selectedGroups, state.data.groups.map((g) => g.id)),
+      metric: $("metric").value, x: $("x").value === "step" ? "" : $("x").value,
+      yscale: $("yscale").value === "auto" ? "" : $("yscale").value, yall: $("y-all").checked ? "1" : "",
+      group_by: $("group-by").value, smooth: Number($("smoothing").value) ? $("smoothing").value : "",
+      filter: $("filter").value, panels: panelMetrics().join(","), open: state.openRun || "",
+    };
+    for (const [name, value] of Object.entries(view)) {
+      if (value) url.searchParams.set(name, value);
+      else url.searchParams.delete(name);
+    }
+    if (url.href === location.href) return;
+    try {
+      history.replaceState(null, "", url.href);
+    } catch (error) {  // a page opened from disk may not rewrite its URL: the view is then not kept
+      state.viewReady = false;
+    }
   }
 
   function addPanel(metric) {
@@ -582,14 +606,14 @@
     fillPanelSelect(panel, metric);
     select.addEventListener("change", () => {
       title.textContent = select.value;
-      writePanelsToURL();
+      writeViewToURL();
       drawPanel(panel, true);
     });
     remove.addEventListener("click", () => {
       panel.plot?.destroy();
       card.remove();
       state.panels.splice(state.panels.indexOf(panel), 1);
-      writePanelsToURL();
+      writeViewToURL();
     });
     state.panels.push(panel);
     $("panels").append(card);
@@ -608,7 +632,7 @@
     const metric = state.data.metrics.find((m) => !shown.has(m)) || state.data.metrics[0];
     if (!metric) return;
     const panel = addPanel(metric);
-    writePanelsToURL();
+    writeViewToURL();
     drawPanel(panel, true);
   }
 
@@ -654,6 +678,7 @@
   function openRun(id) {
     state.openRun = id;
     renderRunDetails();
+    writeViewToURL();
     $("run-details").scrollIntoView({behavior: "smooth", block: "start"});
   }
 
@@ -675,7 +700,7 @@
       const settings = state.data.columns.map((c) => `${c.name}=${run.settings[c.key] ?? "—"}`).join(", ");
       section.replaceChildren(
         element("h2", {}, `Run ${run.name} `, element("button", {type: "button", class: "close",
-                                                                  onclick: () => { state.openRun = null; renderRunDetails(); }}, "close")),
+                                                                  onclick: () => { state.openRun = null; renderRunDetails(); writeViewToURL(); }}, "close")),
         element("p", {}, element("code", {}, run.path), ` · ${run.status}` + (run.reason ? ` (${run.reason})` : "") +
                 (settings ? ` · ${settings}` : "")),
         figures,
@@ -880,6 +905,7 @@
       selectFromParams();
       panelsFromParams();
       renderAll();
+      state.viewReady = true;
       drawChart();
       setLive(`static export: ${embedded.runs.length} runs, as they were when exported`);
       return;
@@ -890,6 +916,7 @@
       if (!state.data) return;
       selectFromParams();
       panelsFromParams();
+      state.viewReady = true;
       applyFilter();
       await refreshChart();
     })();
