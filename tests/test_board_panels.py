@@ -134,3 +134,27 @@ def test_the_url_keeps_the_view_through_a_reload(browser, two_runs):  # noqa: F8
             " [...AttnBoard.page.state.selectedRuns].sort(), document.querySelectorAll('#panels .panel-card').length]")
         assert view == ["seed=1", "0.6", sorted(ids.values()), 1]
         assert errors_logged(browser) == []
+
+
+def test_a_runs_page_is_get_only_and_names_an_unknown_run(two_runs):
+    import json
+    import urllib.error
+    import urllib.request
+
+    board = data.Board([two_runs])
+    page = board.run_page("0/a")
+    assert [f["name"] for f in page["files"]][:3] == ["config.yaml", "metrics.jsonl", "summary.json"]
+    assert page["config"]["seed"] == 0 and page["checkpoints"] == []
+    with serving(board) as httpd:
+        with urllib.request.urlopen(httpd.url + "api/run?run=0%2Fb") as answer:
+            assert json.load(answer)["config"]["model.d_k"] == 256
+        for request in (urllib.request.Request(httpd.url + "api/run?run=0%2Fnope"),
+                        urllib.request.Request(httpd.url + "api/run?run=0%2Fa", data=b"{}", method="POST",
+                                               headers={"Content-Type": "application/json", "X-Attn-Board": "1"})):
+            try:
+                urllib.request.urlopen(request)
+            except urllib.error.HTTPError as err:
+                assert err.code in (403, 404), err.code
+                assert "nope" in json.load(err)["error"] or request.get_method() == "POST"
+            else:
+                raise AssertionError(f"{request.get_method()} {request.full_url} answered")
