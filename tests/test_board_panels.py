@@ -5,6 +5,7 @@ keeps them."""
 
 import pytest
 from board_runs import write_run
+from helpers import PNG_SIGNATURE
 from test_board import browser, chart, click, errors_logged, open_page, serving, wait_for  # noqa: F401
 
 from attn.board import data
@@ -92,6 +93,13 @@ def test_a_runs_page_shows_its_config_a_diff_its_files_and_a_csv_of_a_panel(brow
             points = browser.execute_script("return document.querySelector(arguments[0]).dataset.points", holder)
             lines = text.strip().split("\n")
             assert lines[0].startswith("curve,step,") and len(lines) - 1 == int(points) > 0, (selector, lines[:3])
+        # and the chart as PNG
+        for selector in ("#chart-png", "#panels .png-link"):
+            click(browser, selector)
+            head = browser.execute_async_script(
+                "const done = arguments[0], blob = AttnBoard.page.state.lastDownload;"
+                "blob.arrayBuffer().then(b => done([blob.type, blob.size, [...new Uint8Array(b.slice(0, 8))]]))")
+            assert head[0] == "image/png" and head[1] > 1000 and bytes(head[2]) == PNG_SIGNATURE, head
         assert errors_logged(browser) == []
 
 

@@ -548,6 +548,25 @@
     link.download = `${panel.metric().replace(/[^\w.-]+/g, "_")}.csv`;
   }
 
+  // the panel's chart as PNG (uPlot's canvas: the curves and axes; the legend is the page's), made
+  // synchronously so the link's href is set before the click follows it
+  function downloadPNG(panel, link) {
+    if (link.href.startsWith("blob:")) URL.revokeObjectURL(link.href);
+    const canvas = panel.plot?.ctx.canvas;
+    if (!canvas) return;
+    const bytes = atob(canvas.toDataURL("image/png").split(",")[1]);
+    const blob = new Blob([Uint8Array.from(bytes, (c) => c.charCodeAt(0))], {type: "image/png"});
+    state.lastDownload = blob;
+    link.href = URL.createObjectURL(blob);
+    link.download = `${panel.metric().replace(/[^\w.-]+/g, "_")}.png`;
+  }
+
+  function pngLink(panel, id) {
+    const link = element("a", {href: "#", class: "png-link", id, title: "the chart as PNG"}, "PNG");
+    link.addEventListener("click", () => downloadPNG(panel, link));
+    return link;
+  }
+
   // a link that becomes a Blob URL of the panel's CSV as it is clicked
   function csvLink(panel, id) {
     const link = element("a", {href: "#", class: "csv-link", id, title: "the drawn curves' points as CSV"}, "CSV");
@@ -601,7 +620,7 @@
                    select, title, note};
     const remove = element("button", {type: "button", class: "panel-remove", title: "remove this panel"}, "remove");
     const card = element("div", {class: "panel-card"},
-                         element("div", {class: "panel-head"}, title, select, csvLink(panel), remove), plotHolder, note);
+                         element("div", {class: "panel-head"}, title, select, csvLink(panel), pngLink(panel), remove), plotHolder, note);
     panel.card = card;
     fillPanelSelect(panel, metric);
     select.addEventListener("change", () => {
@@ -876,7 +895,7 @@
 
   function start() {
     mainPanel.el = $("chart");
-    $("add-panel").after(csvLink(mainPanel, "chart-csv"));
+    $("add-panel").after(csvLink(mainPanel, "chart-csv"), " ", pngLink(mainPanel, "chart-png"));
     $("add-panel").addEventListener("click", addPanelFromControl);
     for (const [id, name] of [["x", "x"], ["yscale", "yscale"], ["filter", "filter"]]) {
       if (params.get(name)) $(id).value = params.get(name);
