@@ -474,6 +474,27 @@ class Board:
         return {"run": run_id, "status": read.run.status, "total": len(records), "start": start, "reset": reset,
                 "n_logged": read.n_logged, "downsampled": read.n_logged > len(records), "records": records[start:]}
 
+    def run_page(self, run_id: str) -> dict:
+        """A run's page (GET /api/run?run=ID): its resolved config.yaml flattened to dotted keys
+        (values as in the file), links to its files the board serves (config.yaml, metrics.jsonl,
+        summary.json, figures) and its checkpoints by name and size (not served)."""
+        with self._lock:
+            _, run_dir = self._locate(run_id)
+        try:
+            config = grouping.flatten_config(runs.read_config_dict(run_dir))
+        except runs.RunError as err:
+            raise NotFound(f"run {run_id!r}: {err}") from None
+        files = [{"name": name, "url": self._url(run_id, name)} for name in RUN_FILES if (run_dir / name).is_file()]
+        files += self._figures(run_id, run_dir)
+        checkpoints = []
+        try:
+            for entry in sorted(os.scandir(run_dir), key=lambda e: grouping.natural_key(e.name)):
+                if entry.name.startswith("checkpoint") and entry.name.endswith(".npz") and entry.is_file(follow_symlinks=False):
+                    checkpoints.append({"name": entry.name, "bytes": entry.stat(follow_symlinks=False).st_size})
+        except OSError:
+            pass
+        return {"run": run_id, "path": str(run_dir), "config": config, "files": files, "checkpoints": checkpoints}
+
     def draw_figures(self, run_id: str) -> list[dict]:
         """Draw the run's figures into its directory (attn.train.figures.plot_run), holding
         the run's RunLock as every writer does (locks.RunLocked while another

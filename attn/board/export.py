@@ -3,8 +3,9 @@ with no server and no network.
 
     DIR/index.html          the page, the board's data embedded in it (every run's records too)
     DIR/static/             the page's files as the server serves them (board.js, board.css, uPlot)
-    DIR/files/<root>/...    copies of the figures and reports the page shows, at the paths
-                            the server serves them under
+    DIR/files/<root>/...    copies of the figures and reports the page shows, and of each run's
+                            config.yaml, metrics.jsonl and summary.json (its page's links), at
+                            the paths the server serves them under
 
 The page is the server's index.html with the data in place of its `null`
 placeholder; it then draws from that data and never polls. DIR must be new,
@@ -19,7 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from attn.board import STATIC_DIR
-from attn.board.data import FILES_PREFIX, Board, to_json
+from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
 from attn.store import runs
 
 DATA_PLACEHOLDER = '<script id="board-data" type="application/json">null</script>'
@@ -62,6 +63,14 @@ def export(board: Board, out_dir: Path) -> Path:
         runs.write_atomic(out_dir / "static" / source.name, source.read_bytes())
     shown = [f["url"] for entry in snapshot["runs"] + snapshot["experiments"] for f in entry["figures"]]
     shown += [e["report_url"] for e in snapshot["experiments"] if e["report_url"]]
+    # each run's page (config, files), its files copied as its figures are
+    snapshot["run_pages"] = {}
+    for run in snapshot["runs"]:
+        try:
+            snapshot["run_pages"][run["id"]] = board.run_page(run["id"])
+        except NotFound:
+            continue
+        shown += [f["url"] for f in snapshot["run_pages"][run["id"]]["files"] if f["url"] not in shown]
     for url in shown:
         relative = unquote(url.removeprefix(FILES_PREFIX))
         target = out_dir / FILES_PREFIX / relative

@@ -9,6 +9,7 @@
                                        holds the first N, the last of them at step STEP
     POST /api/plot?run=ID              draw the run's figures (attn.train.figures.plot_run); the request must
                                        carry the header X-Attn-Board (the page's own requests do)
+    GET  /api/run?run=ID               Board.run_page(): a run's resolved config (flattened), its files' links, its checkpoints
     GET  /files/<root>/<path>          a figure or report under a served root (Board.resolve_file)
 
 Errors are JSON, {"error": "<one line>"}, with status 400 (a bad parameter), 403
@@ -234,6 +235,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/api/records":
             since, last = _count(query, "since", 0), _count(query, "last", None)
             return _json(self.server.board.records(_required(query, "run"), since, last))
+        if path == "/api/run":
+            return _json(self.server.board.run_page(_required(query, "run")))
         if path.startswith("/" + FILES_PREFIX):
             file = self.server.board.resolve_file(unquote(path.removeprefix("/" + FILES_PREFIX)))
             return _served_file(file)

@@ -7,7 +7,7 @@
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
 // group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
-// poll=SECONDS (default 2).
+// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2).
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
@@ -35,8 +35,9 @@
     openRun: params.get("open"),
     openExperiments: new Set(),
     rendered: new Map(),  // element id -> the JSON it was last rendered from
-    plot: null,
+    plot: null,  // the main chart's uPlot
     plotShape: "",
+    panels: [],  // the grid's panels beyond the main chart
     draws: 0,
   };
 
@@ -381,20 +382,25 @@
   }
 
   // a y axis as wide as its widest label
-  function axisWidth(u, values) {
+  function axisWidthOf(u, values) {
     if (!values || !values.length) return 50;
     const context = u.ctx;
     context.save();
     context.font = "12px system-ui, sans-serif";
     const widest = Math.max(...values.map((v) => context.measureText(String(v ?? "")).width));
     context.restore();
-    const size = Math.ceil(widest) + 14 + 22;  // ticks and gap, and the axis label
-    state.yAxis = {labels: values.filter((v) => v), size};  // for tests
+    return Math.ceil(widest) + 14 + 22;  // ticks and gap, and the axis label
+  }
+
+  // the main chart's, kept for tests
+  function axisWidth(u, values) {
+    const size = axisWidthOf(u, values);
+    if (values && values.length) state.yAxis = {labels: values.filter((v) => v), size};
     return size;
   }
 
   // × at each diverged run's last finite value, held to the edge of the plot when off it
-  function drawCrosses(u, crosses) {
+  function drawCrosses(u, crosses, holder) {
     const context = u.ctx, {left, top, width, height} = u.bbox;
     context.save();
     context.lineWidth = 2 * devicePixelRatio;
@@ -417,15 +423,14 @@
       shown += 1;
     }
     context.restore();
-    $("chart").dataset.crosses = String(shown);
+    holder.dataset.crosses = String(shown);
   }
 
-  function chartOptions(metric, x, log, built) {
-    const chart = $("chart");
+  function chartOptions(panel, metric, x, log, built) {
     const bound = (id) => ($(id).value === "" ? null : Number($(id).value));
     return {
-      width: Math.max(chart.clientWidth, 300),
-      height: 360,
+      width: Math.max(panel.el.clientWidth, 300),
+      height: panel.height,
       series: [{label: X_LABELS[x]}, ...built.series.slice(1)],
       bands: built.bands,
       scales: {
@@ -434,14 +439,14 @@
           const low = from ?? min, high = to ?? max;
           return low < high ? [low, high] : [min, max];
         }},
-        y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => state.yLimits || [min, max]},
+        y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => panel.yLimits || [min, max]},
       },
       axes: [{label: X_LABELS[x], values: tickLabels},
-             {label: metric, values: tickLabels, size: axisWidth, ...(log ? {filter: decades} : {})}],
+             {label: metric, values: tickLabels, size: panel.main ? axisWidth : axisWidthOf, ...(log ? {filter: decades} : {})}],
       cursor: {drag: {x: true, y: false, setScale: false}},
       legend: {live: true},
       hooks: {
-        draw: [(u) => drawCrosses(u, state.crosses || [])],
+        draw: [(u) => drawCrosses(u, panel.crosses || [], panel.el)],
         setSelect: [(u) => {
           if (u.select.width < 4) return;
           $("x-from").value = Number(u.posToVal(u.select.left, "x").toPrecision(4));
@@ -453,45 +458,207 @@
     };
   }
 
+  // the main chart, then each panel of the grid: the same curves (selection, filter, grouping,
+  // smoothing, robust y range), each panel its own metric
+  const mainPanel = {el: null, main: true, height: 360, metric: () => $("metric").value, plot: null, shape: ""};
+  function allPanels() {
+    return [mainPanel, ...state.panels];
+  }
+
   function drawChart(force = false) {
-    const chart = $("chart");
-    const metric = $("metric").value, x = $("x").value, smoothing = Number($("smoothing").value);
+    for (const panel of allPanels()) drawPanel(panel, force);
+    state.plot = mainPanel.plot;
+    state.plotShape = mainPanel.shape;
+    state.yLimits = mainPanel.yLimits;
+    state.crosses = mainPanel.crosses;
+    state.draws += 1;
+    $("chart").dataset.draws = String(state.draws);
+    writeViewToURL();
+  }
+
+  // one panel drawn: its metric's curves, its own uPlot; what it drew kept on the panel (and its
+  // element's dataset, for tests)
+  function drawPanel(panel, force = false) {
+    const holder = panel.el;
+    const metric = panel.metric(), x = $("x").value, smoothing = Number($("smoothing").value);
     const curves = metric ? chartCurves(metric, x, smoothing) : [];
     const yscale = $("yscale").value;
     const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range)
                                   : yscale === "log";
     const built = aligned(curves, log);
-    state.yLimits = built.limits;
-    state.crosses = built.crosses;
+    panel.yLimits = built.limits;
+    panel.crosses = built.crosses;
+    panel.built = built;
     const empty = built.points === 0;
-    $("chart-empty").textContent = curves.length && empty
-      ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
-      : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
-    $("chart-empty").hidden = curves.length > 0 && !empty;
-    $("chart-note").textContent = curves.length > PALETTE.length
-      ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
-      : "";
+    if (panel.main) {
+      $("chart-empty").textContent = curves.length && empty
+        ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
+        : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
+      $("chart-empty").hidden = curves.length > 0 && !empty;
+      $("chart-note").textContent = curves.length > PALETTE.length
+        ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+        : "";
+    } else if (panel.note) {
+      panel.note.textContent = empty ? (curves.length ? `no finite values of ${metric} in the runs ticked yet` : "tick runs or groups below") : "";
+    }
     const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => s.label)]);
-    if (state.plot && (force || empty || shape !== state.plotShape)) {
-      state.plot.destroy();
-      state.plot = null;
+    if (panel.plot && (force || empty || shape !== panel.shape)) {
+      panel.plot.destroy();
+      panel.plot = null;
     }
     if (!empty) {
-      if (state.plot) {
-        state.plot.setData(built.data);
+      if (panel.plot) {
+        panel.plot.setData(built.data);
       } else {
-        state.plot = new uPlot(chartOptions(metric, x, log, built), built.data, chart);
-        state.plot.over.addEventListener("dblclick", () => {
+        panel.plot = new uPlot(chartOptions(panel, metric, x, log, built), built.data, holder);
+        panel.plot.over.addEventListener("dblclick", () => {
           $("x-from").value = $("x-to").value = "";
           refreshChart(true);
         });
       }
     }
-    state.plotShape = shape;
-    state.draws += 1;
-    Object.assign(chart.dataset, {series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
-                                  points: String(built.points), draws: String(state.draws), log: String(log),
-                                  ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
+    panel.shape = shape;
+    Object.assign(holder.dataset, {metric, series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
+                                   points: String(built.points), log: String(log),
+                                   ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
+  }
+
+  // ------------------------------------------------------------------ downloads
+  // the drawn data of a panel as CSV: a row per finite point of each curve drawn (the smoothed one
+  // when smoothing; not the raw curve behind it nor the band's edges)
+  function csvOf(panel) {
+    const built = panel.built;
+    const quote = (v) => (/[",\n]/.test(String(v)) ? `"${String(v).replace(/"/g, '""')}"` : String(v));
+    const lines = [["curve", $("x").value, panel.metric()].map(quote).join(",")];
+    if (built) {
+      const xs = built.data[0];
+      built.series.forEach((series, i) => {
+        if (i === 0 || series.class) return;
+        built.data[i].forEach((v, j) => { if (v !== null) lines.push([quote(series.label), xs[j], v].join(",")); });
+      });
+    }
+    return lines.join("\n") + "\n";
+  }
+
+  function downloadCSV(panel, link) {
+    if (link.href.startsWith("blob:")) URL.revokeObjectURL(link.href);
+    const blob = new Blob([csvOf(panel)], {type: "text/csv"});
+    state.lastDownload = blob;  // for tests (the page's policy keeps fetch from blob: URLs)
+    link.href = URL.createObjectURL(blob);
+    link.download = `${panel.metric().replace(/[^\w.-]+/g, "_")}.csv`;
+  }
+
+  // the panel's chart as PNG (uPlot's canvas: the curves and axes; the legend is the page's), made
+  // synchronously so the link's href is set before the click follows it
+  function downloadPNG(panel, link) {
+    if (link.href.startsWith("blob:")) URL.revokeObjectURL(link.href);
+    const canvas = panel.plot?.ctx.canvas;
+    if (!canvas) return;
+    const bytes = atob(canvas.toDataURL("image/png").split(",")[1]);
+    const blob = new Blob([Uint8Array.from(bytes, (c) => c.charCodeAt(0))], {type: "image/png"});
+    state.lastDownload = blob;
+    link.href = URL.createObjectURL(blob);
+    link.download = `${panel.metric().replace(/[^\w.-]+/g, "_")}.png`;
+  }
+
+  function pngLink(panel, id) {
+    const link = element("a", {href: "#", class: "png-link", id, title: "the chart as PNG"}, "PNG");
+    link.addEventListener("click", () => downloadPNG(panel, link));
+    return link;
+  }
+
+  // a link that becomes a Blob URL of the panel's CSV as it is clicked
+  function csvLink(panel, id) {
+    const link = element("a", {href: "#", class: "csv-link", id, title: "the drawn curves' points as CSV"}, "CSV");
+    link.addEventListener("click", () => downloadCSV(panel, link));
+    return link;
+  }
+
+  // ------------------------------------------------------------------ the panel grid
+  // panels=METRIC,METRIC in the URL: a card per metric below the main chart, kept there as they are
+  // added, changed or removed
+  function panelMetrics() {
+    return state.panels.map((panel) => panel.metric());
+  }
+
+  // the view in the URL (replaced, not pushed), so a reload or a shared link opens it again: the
+  // selection, filter, metric, axes, grouping, smoothing, panels and the run open; other parameters
+  // (poll=) kept
+  function writeViewToURL() {
+    if (!state.viewReady) return;  // not before the URL's own view is taken
+    const url = new URL(location.href);
+    const list = (selected, all) => {
+      const ids = all.filter((id) => selected.has(id));
+      return ids.length && ids.length === all.length && all.length > 1 ? "all" : ids.join(",");
+    };
+    const view = {
+      runs: list(state.selectedRuns, state.data.runs.map((r) => r.id)),
+      groups: list(state.selectedGroups, state.data.groups.map((g) => g.id)),
+      metric: $("metric").value, x: $("x").value === "step" ? "" : $("x").value,
+      yscale: $("yscale").value === "auto" ? "" : $("yscale").value, yall: $("y-all").checked ? "1" : "",
+      group_by: $("group-by").value, smooth: Number($("smoothing").value) ? $("smoothing").value : "",
+      filter: $("filter").value, panels: panelMetrics().join(","), open: state.openRun || "",
+    };
+    for (const [name, value] of Object.entries(view)) {
+      if (value) url.searchParams.set(name, value);
+      else url.searchParams.delete(name);
+    }
+    if (url.href === location.href) return;
+    try {
+      history.replaceState(null, "", url.href);
+    } catch (error) {  // a page opened from disk may not rewrite its URL: the view is then not kept
+      state.viewReady = false;
+    }
+  }
+
+  function addPanel(metric) {
+    const select = element("select", {class: "panel-metric", "aria-label": "the panel's metric"});
+    const title = element("h3", {class: "panel-title"}, metric);
+    const plotHolder = element("div", {class: "panel-plot"});
+    const note = element("p", {class: "hint panel-note"});
+    const panel = {el: plotHolder, main: false, height: 240, metric: () => select.value || metric, plot: null, shape: "",
+                   select, title, note};
+    const remove = element("button", {type: "button", class: "panel-remove", title: "remove this panel"}, "remove");
+    const card = element("div", {class: "panel-card"},
+                         element("div", {class: "panel-head"}, title, select, csvLink(panel), pngLink(panel), remove), plotHolder, note);
+    panel.card = card;
+    fillPanelSelect(panel, metric);
+    select.addEventListener("change", () => {
+      title.textContent = select.value;
+      writeViewToURL();
+      drawPanel(panel, true);
+    });
+    remove.addEventListener("click", () => {
+      panel.plot?.destroy();
+      card.remove();
+      state.panels.splice(state.panels.indexOf(panel), 1);
+      writeViewToURL();
+    });
+    state.panels.push(panel);
+    $("panels").append(card);
+    return panel;
+  }
+
+  function fillPanelSelect(panel, wanted) {
+    const metrics = state.data ? state.data.metrics : [];
+    const current = panel.select.value || wanted;
+    const names = metrics.includes(current) ? metrics : [current, ...metrics];
+    panel.select.replaceChildren(...names.map((m) => element("option", {value: m, selected: m === current}, m)));
+  }
+
+  function addPanelFromControl() {
+    const shown = new Set([mainPanel.metric(), ...panelMetrics()]);
+    const metric = state.data.metrics.find((m) => !shown.has(m)) || state.data.metrics[0];
+    if (!metric) return;
+    const panel = addPanel(metric);
+    writeViewToURL();
+    drawPanel(panel, true);
+  }
+
+  function panelsFromParams() {
+    const wanted = params.get("panels");
+    if (!wanted || state.panels.length) return;
+    wanted.split(",").filter(Boolean).forEach((metric) => addPanel(metric));
   }
 
   async function refreshChart(force = false) {
@@ -530,6 +697,7 @@
   function openRun(id) {
     state.openRun = id;
     renderRunDetails();
+    writeViewToURL();
     $("run-details").scrollIntoView({behavior: "smooth", block: "start"});
   }
 
@@ -551,11 +719,92 @@
       const settings = state.data.columns.map((c) => `${c.name}=${run.settings[c.key] ?? "—"}`).join(", ");
       section.replaceChildren(
         element("h2", {}, `Run ${run.name} `, element("button", {type: "button", class: "close",
-                                                                  onclick: () => { state.openRun = null; renderRunDetails(); }}, "close")),
+                                                                  onclick: () => { state.openRun = null; renderRunDetails(); writeViewToURL(); }}, "close")),
         element("p", {}, element("code", {}, run.path), ` · ${run.status}` + (run.reason ? ` (${run.reason})` : "") +
                 (settings ? ` · ${settings}` : "")),
-        figures);
+        figures,
+        element("div", {id: "run-page"}, element("p", {class: "hint"}, "reading its config…")));
+      loadRunPage(run.id);
     });
+  }
+
+  // a run's page: GET api/run (the export embeds them)
+  const runPages = new Map();
+  async function runPage(id) {
+    if (embedded) return (embedded.run_pages || {})[id] || null;
+    if (!runPages.has(id)) runPages.set(id, await getJSON(`api/run?run=${encodeURIComponent(id)}`));
+    return runPages.get(id);
+  }
+
+  async function loadRunPage(id) {
+    let page;
+    try {
+      page = await runPage(id);
+    } catch (error) {
+      $("run-page")?.replaceChildren(element("p", {class: "bad"}, `cannot read its config: ${error.message}`));
+      return;
+    }
+    if (state.openRun !== id || !$("run-page")) return;
+    if (!page) {
+      $("run-page").replaceChildren(element("p", {class: "hint"}, "no config for this run in this page"));
+      return;
+    }
+    const others = [...state.selectedRuns].filter((other) => other !== id && state.runsById.has(other));
+    others.push(...state.data.runs.map((r) => r.id).filter((other) => other !== id && !others.includes(other)));
+    const against = element("select", {id: "diff-against", "aria-label": "the run to diff against"},
+                            element("option", {value: ""}, "—"),
+                            ...others.map((other, i) => element("option", {value: other, selected: i === 0 && state.selectedRuns.has(other)},
+                                                                state.runsById.get(other).name)));
+    const diff = element("div", {id: "run-diff"});
+    against.addEventListener("change", () => renderDiff(page, against.value, diff));
+    const config = element("table", {id: "run-config", class: "board-table"},
+                           element("thead", {}, element("tr", {}, element("th", {}, "key"), element("th", {}, "value"))),
+                           element("tbody", {}, ...Object.entries(page.config).map(([key, value]) =>
+                             element("tr", {"data-key": key}, element("td", {}, element("code", {}, key)),
+                                     element("td", {}, configValue(value))))));
+    const files = element("ul", {id: "run-files"}, ...page.files.map((file) =>
+      element("li", {}, element("a", {href: file.url, "data-name": file.name, target: "_blank", rel: "noopener"}, file.name))));
+    const checkpoints = page.checkpoints.length
+      ? element("ul", {id: "run-checkpoints"}, ...page.checkpoints.map((c) =>
+          element("li", {}, element("code", {}, c.name), ` ${board.formatNumber(c.bytes)} bytes`)))
+      : element("p", {class: "hint", id: "run-checkpoints"}, "no checkpoints");
+    $("run-page").replaceChildren(
+      element("h3", {}, "Files"), files,
+      element("h3", {}, "Checkpoints"), checkpoints,
+      element("h3", {}, "Config ", element("label", {class: "hint"}, "diff against ", against)), diff,
+      element("details", {open: true}, element("summary", {}, `resolved config (${Object.keys(page.config).length} keys)`), config));
+    renderDiff(page, against.value, diff);
+  }
+
+  function configValue(value) {
+    return value !== null && typeof value === "object" ? JSON.stringify(value) : String(value);
+  }
+
+  async function renderDiff(page, otherId, holder) {
+    if (!otherId) {
+      holder.replaceChildren(element("p", {class: "hint"}, "tick another run, or choose one, to see the keys that differ"));
+      return;
+    }
+    let other;
+    try {
+      other = await runPage(otherId);
+    } catch (error) {
+      holder.replaceChildren(element("p", {class: "bad"}, `cannot read its config: ${error.message}`));
+      return;
+    }
+    if (!other) return;
+    const keys = [...new Set([...Object.keys(page.config), ...Object.keys(other.config)])].sort(naturalCompare);
+    const differing = keys.filter((key) => JSON.stringify(page.config[key]) !== JSON.stringify(other.config[key]));
+    const shown = (config, key) => (key in config ? configValue(config[key]) : "(absent)");
+    holder.replaceChildren(differing.length
+      ? element("table", {class: "board-table", id: "diff-table"},
+                element("thead", {}, element("tr", {}, element("th", {}, "key"),
+                                             element("th", {}, state.runsById.get(page.run)?.name ?? page.run),
+                                             element("th", {}, state.runsById.get(otherId)?.name ?? otherId))),
+                element("tbody", {}, ...differing.map((key) => element("tr", {"data-key": key},
+                  element("td", {}, element("code", {}, key)), element("td", {}, shown(page.config, key)),
+                  element("td", {}, shown(other.config, key))))))
+      : element("p", {class: "hint", id: "diff-table"}, "the same config"));
   }
 
   function renderExperiments() {
@@ -608,6 +857,7 @@
                               ...state.data.columns.map((c) => element("option", {value: c.key, selected: c.key === current},
                                                                        c.name)));
     });
+    renderOnChange("panel-metrics", state.data.metrics, () => state.panels.forEach((panel) => fillPanelSelect(panel)));
     renderNotes();
     renderTables();
     renderRunDetails();
@@ -644,6 +894,9 @@
   }
 
   function start() {
+    mainPanel.el = $("chart");
+    $("add-panel").after(csvLink(mainPanel, "chart-csv"), " ", pngLink(mainPanel, "chart-png"));
+    $("add-panel").addEventListener("click", addPanelFromControl);
     for (const [id, name] of [["x", "x"], ["yscale", "yscale"], ["filter", "filter"]]) {
       if (params.get(name)) $(id).value = params.get(name);
     }
@@ -662,13 +915,16 @@
       renderTables();
       drawChart();
     });
-    window.addEventListener("resize", () => state.plot?.setSize({width: Math.max($("chart").clientWidth, 300), height: 360}));
+    window.addEventListener("resize", () => allPanels().forEach((panel) =>
+      panel.plot?.setSize({width: Math.max(panel.el.clientWidth, 300), height: panel.height})));
     if (embedded) {
       takeData(embedded);
       for (const [id, records] of Object.entries(embedded.records)) state.records.set(id, records);
       applyFilter();
       selectFromParams();
+      panelsFromParams();
       renderAll();
+      state.viewReady = true;
       drawChart();
       setLive(`static export: ${embedded.runs.length} runs, as they were when exported`);
       return;
@@ -678,11 +934,13 @@
       await poll(seconds);
       if (!state.data) return;
       selectFromParams();
+      panelsFromParams();
+      state.viewReady = true;
       applyFilter();
       await refreshChart();
     })();
   }
 
-  board.page = {state, formatG, drawChart, naturalCompare};
+  board.page = {state, formatG, drawChart, naturalCompare, csvOf, panels: () => allPanels()};
   start();
 })(window.AttnBoard = window.AttnBoard || {});
