@@ -68,6 +68,16 @@ def test_a_report_without_frozen_claims_says_they_may_have_been_written_after(tm
     assert "The claims were not frozen before these runs" in result.md
 
 
+def test_claims_recorded_after_runs_existed_are_not_called_frozen_before_them(tmp_path):
+    experiment = experiment_with(tmp_path, [CLAIM])
+    write_plan(experiment, PLAN.items(), ("model.d_k", "model.scale"))
+    record = json.loads(freeze_claims(experiment).read_text())
+    assert record["runs_before"] == 20
+    result = report_of(experiment, figures=False)
+    assert result.expectation("learns-more")["frozen"] == "not frozen"
+    assert "only when 20 of the experiment's runs already existed" in result.md
+
+
 def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted_runs(tmp_path, monkeypatch):
     experiment = experiment_with(tmp_path, [CLAIM])
     write_plan(experiment, PLAN.items(), ("model.d_k", "model.scale"))

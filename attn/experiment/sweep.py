@@ -351,12 +351,15 @@ def freeze_claims(experiment: Experiment) -> Path:
     """The experiment's claims as its first sweep found them (report_spec.claims_record: the
     report section's layout, selection rule, level, seeds and expectations, with their digest),
     written to <experiment dir>/claims.json when it starts the first time, and kept after: a
-    report compares the file's claims with these. Its path."""
+    report compares the file's claims with these; `runs_before` counts the cells that had run
+    directories already (an experiment swept before attn froze claims): those claims were not
+    frozen before those runs. Its path."""
     path = experiment.directory / report_spec.CLAIMS_FILE
     if not path.exists():
         experiment.directory.mkdir(parents=True, exist_ok=True)
         record = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
-        runs.write_json(path, {**record, "experiment": str(experiment.path),
+        before = sum((experiment.directory / cell.name / "config.yaml").exists() for cell in experiment.cells)
+        runs.write_json(path, {**record, "experiment": str(experiment.path), "runs_before": before,
                                "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return path
 

@@ -252,7 +252,8 @@ def frozen_claims(experiment: Experiment) -> dict:
     except (OSError, ValueError):
         return {"frozen": False, "digest": current["digest"]}
     return {"frozen": True, "digest": current["digest"], "frozen_digest": record.get("digest"),
-            "frozen_at": record.get("frozen_at"), "changes": report_spec.claim_changes(record, current)}
+            "frozen_at": record.get("frozen_at"), "runs_before": record.get("runs_before", 0),
+            "changes": report_spec.claim_changes(record, current)}
 
 
 def claims_lines(claims: dict) -> list[str]:
@@ -260,6 +261,10 @@ def claims_lines(claims: dict) -> list[str]:
     if not claims["frozen"]:
         return [f"The claims were not frozen before these runs (no `{report_spec.CLAIMS_FILE}` in the experiment "
                 "directory: its sweep started before attn recorded them); they may have been written after.", ""]
+    if claims.get("runs_before"):
+        return [f"The claims were recorded ({claims['frozen_at']}) only when {claims['runs_before']} of the "
+                "experiment's runs already existed (its sweep first started before attn froze claims): they are not "
+                "claims frozen before those runs.", ""]
     changes = claims["changes"]
     if not any(changes.values()):
         return [f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
@@ -325,7 +330,7 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     claims = frozen_claims(experiment)
     for j in judged:
         changes = claims.get("changes") or {}
-        j["frozen"] = ("not frozen" if not claims["frozen"] else "changed" if j["id"] in changes["changed"]
+        j["frozen"] = ("not frozen" if not claims["frozen"] or claims.get("runs_before") else "changed" if j["id"] in changes["changed"]
                        else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
