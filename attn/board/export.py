@@ -1,4 +1,4 @@
-"""`attn board --static DIR`: the board as files that open from disk (file://),
+"""The board as files that open from disk (file://),
 with no server and no network.
 
     DIR/index.html          the page, the board's data embedded in it (every run's records too)
@@ -30,7 +30,7 @@ EXPORTED = ("static", "files")  # the directories an export writes beside index.
 
 def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
-        raise runs.RunError(f"--static {out_dir}: not a directory; expected a new or empty directory, "
+        raise runs.RunError(f"{out_dir}: not a directory; expected a new or empty directory, "
                             "or an earlier board export")
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
@@ -40,7 +40,7 @@ def _check_out_dir(out_dir: Path) -> None:
     except OSError:
         earlier = False
     if not earlier:
-        raise runs.RunError(f"--static {out_dir}: not empty and not an earlier board export; "
+        raise runs.RunError(f"{out_dir}: not empty and not an earlier board export; "
                             "expected a new or empty directory, or an earlier export (its index.html)")
 
 
@@ -58,7 +58,7 @@ def export(board: Board, out_dir: Path) -> Path:
             shutil.rmtree(out_dir / name, ignore_errors=True)
         (out_dir / "static").mkdir()
     except OSError as err:
-        raise runs.RunError(f"--static {out_dir}: cannot write: {err.strerror}") from None
+        raise runs.RunError(f"{out_dir}: cannot write: {err.strerror}") from None
     for source in sorted(p for p in STATIC_DIR.iterdir() if p.is_file() and p.name != "index.html"):
         runs.write_atomic(out_dir / "static" / source.name, source.read_bytes())
     shown = [f["url"] for entry in snapshot["runs"] + snapshot["experiments"] for f in entry["figures"]]

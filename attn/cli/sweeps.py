@@ -14,6 +14,7 @@ from attn.cli.common import (
     EXIT_OK,
     EXIT_SIGNAL,
     UsageError,
+    flagged,
     install_stop_handlers,
     integer_at_least,
     is_interactive,
@@ -29,7 +30,8 @@ def cmd_sweep(args) -> int:
     from attn.experiment import sweep
 
     experiment = _experiment_to_sweep(args)
-    executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
+    with flagged({"address": "--executor"}):
+        executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
         restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
@@ -244,7 +246,6 @@ def cmd_report(args) -> int:
 def cmd_verify(args) -> int:
     from attn.experiment import verify
     from attn.experiment.spec import load_experiment
-
     from attn.store.processes import ChildStopped
 
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)

@@ -82,7 +82,10 @@ def cmd_board(args) -> int:
 
     board = data.Board(args.paths)
     if args.static:
-        print(export.export(board, Path(args.static)))
+        try:
+            print(export.export(board, Path(args.static)))
+        except runs.RunError as err:  # about the directory --static names
+            raise runs.RunError(f"--static {err}") from None
         return EXIT_OK
     try:
         httpd, taken = server.open_server(board, args.host, args.port)

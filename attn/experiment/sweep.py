@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 
 from attn.config.schema import to_dict
-from attn.config.yamlio import ConfigError
+from attn.config.yamlio import ArgumentError, ConfigError
 from attn.experiment import report_spec
 from attn.experiment.spec import Cell, Experiment, config_change
 from attn.store import locks, runs, runstate
@@ -250,15 +250,15 @@ def default_executor(workers: int | None = None) -> Executor:
 def executor_from_address(address: str) -> Executor:
     """`dask://HOST:PORT` -> that Dask cluster's executor."""
     if not address.startswith("dask://"):
-        raise ConfigError(f"--executor: got {address!r}; expected dask://HOST:PORT (or omit it for local processes)")
+        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT (or omit it for local processes)")
     try:
         from distributed import Client
     except ImportError:
-        raise ConfigError("--executor dask://...: the `distributed` package is not installed") from None
+        raise ArgumentError("address", "the `distributed` package is not installed", shown="dask://...") from None
     try:
         client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
     except OSError as err:
-        raise ConfigError(f"--executor: cannot reach the Dask scheduler at {address}: {err}") from None
+        raise ArgumentError("address", f"cannot reach the Dask scheduler at {address}: {err}") from None
     return DaskExecutor(client)
 
 
