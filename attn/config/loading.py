@@ -30,9 +30,9 @@ from attn.config.schema import (
     describe_accepted,
     field_hints,
     nearest_key,
-    read_only_by,
     section_fields,
     to_dict,
+    unmet,
     unread_because,
     unread_keys,
 )
@@ -314,7 +314,7 @@ def _check_everything_set_is_read(config: Config, source: str) -> None:
                 fix = " or ".join(f"set {k}=null" if v == SET else f"another {k}" for k, v in setting.items())
                 raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; not read with {where}: remove it "
                                   f"(its default is {show_value(defaults[key])}), or choose {fix}")
-            decider, value = read_only_by()[key]
+            decider, value = unmet(key, flat)
             raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
                               f"{decider} is {flat[decider]}: remove it, or set {decider}={value}")
 

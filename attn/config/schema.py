@@ -314,25 +314,29 @@ def yaml_plain(value):
 _DECIDERS = {"task": "task.name", "mode": "task.mode", "score": "model.score"}
 
 
-def read_only_by() -> dict[str, tuple[str, str]]:
-    """Dotted key -> (the setting that decides whether it is read, the value for which it is),
-    for every field read only sometimes (copy's shift: by task.mode shift, which only copy has)."""
+def read_only_by() -> dict[str, list[tuple[str, str]]]:
+    """Dotted key -> every (setting, the value it must have) for the field to be read, for every
+    field read only sometimes (copy's shift: task.name copy and task.mode shift)."""
     out = {}
     for section, cls in (("task", TaskConfig), ("model", ModelConfig)):
         for f in dataclasses.fields(cls):
-            for meta, decider in _DECIDERS.items():
-                if f.metadata.get(meta):
-                    out[f"{section}.{f.name}"] = (decider, f.metadata[meta])
+            conditions = [(decider, f.metadata[meta]) for meta, decider in _DECIDERS.items() if f.metadata.get(meta)]
+            if conditions:
+                out[f"{section}.{f.name}"] = conditions
     return out
+
+
+def unmet(key: str, flat: dict) -> tuple[str, str] | None:
+    """The first (setting, value) of read_only_by()[key] that the flattened config does not meet."""
+    return next(((d, v) for d, v in read_only_by().get(key, []) if flat.get(d) != v), None)
 
 
 def unread_keys(flat: dict) -> set[str]:
     """The keys of a flattened config (flatten_config) that nothing reads: the
     other task's fields, copy's shift outside mode shift, other score modes' fields,
     and fields under one of their unread_with settings (unread_because)."""
-    return {key for key, (decider, value) in read_only_by().items()
-            if flat.get(decider) != value or (key == "task.shift" and flat.get("task.name") != "copy")
-            } | {key for key in unread_with_keys() if unread_because(key, flat)}
+    return {key for key in read_only_by() if unmet(key, flat)} | {key for key in unread_with_keys()
+                                                                  if unread_because(key, flat)}
 
 
 def unread_with_keys() -> dict[str, tuple]:
