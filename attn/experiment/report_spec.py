@@ -355,7 +355,6 @@ def check_lengths(config: Config, pairs: list[int], source: str) -> None:
 # The claims, frozen before the runs (attn.experiment.sweep writes them; reports compare)
 # ---------------------------------------------------------------------------
 CLAIMS_FILE = "claims.json"  # in the experiment's run directory, written when its sweep first starts
-DESIGN_KEYS = ("x", "arm", "best_of", "select", "shared", "alpha", "seeds", "select_on", "judge_on")
 
 
 def expectation_text(e: Expectation) -> str:
@@ -389,4 +388,5 @@ def claim_changes(frozen: dict, current: dict) -> dict:
     return {"changed": {i: old[i] for i in new if i in old and old[i] != new[i]},
             "added": [i for i in new if i not in old],
             "removed": {i: text for i, text in old.items() if i not in new},
-            "design": {k: [before.get(k), now.get(k)] for k in DESIGN_KEYS if before.get(k) != now.get(k)}}
+            "design": {k: [before.get(k), now.get(k)] for k in sorted((set(before) | set(now)) - {"expect"})
+                       if before.get(k) != now.get(k)}}
