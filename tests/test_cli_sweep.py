@@ -3,6 +3,7 @@ and the sweep's progress: starts, outcomes, skips, a bar only over the runs
 to train, the one-line summary (issue 14, items 5 and 7)."""
 
 import io
+import json
 import queue
 import types
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -201,3 +202,26 @@ def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypa
     assert capsys.readouterr().err.splitlines() == [
         "    confirmed  scaled-wins: the scaled arm wins", "not confirmed  fast: it is fast\\nat d_k 16",
         f"report: {tmp_path / 'report.md'} (2 expectations judged)"]
+
+
+def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys):
+    """--only runs the cells of some grid values; the report covers the whole experiment. Runs of one cell made
+    width-free and materialized (model.width_free, an `algorithm` field) are both the cell's runs, and the
+    report says which way each was carried."""
+    base = tmp_path / "base.yaml"
+    base.write_text("task: {name: retrieval, n_pairs: 4, eval_size: 32}\nmodel: {d_model: 8}\n"
+                    "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"name": "e", "base": "base.yaml",
+                                                     "grid": {"model.d_k": [64, 256]}, "seeds": [0, 1]}))
+    common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
+    code, _, err = call(capsys, *common_args, "--only", "model.d_k=64", "model.width_free=false")
+    assert code == 0 and "2 of 4" in err
+    assert sorted(p.name for p in (tmp_path / "runs" / "e").iterdir() if p.is_dir()) == \
+        ["d_k-64_seed-0", "d_k-64_seed-1"]
+    code, _, _ = call(capsys, *common_args, "--only", "model.d_k=256")
+    assert code == 0
+    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
+    assert sum(len(c["seeds"]) for c in report["cells"]) == 4
+    assert report["platform"]["W_q, W_k"] == ["materialized", "width-free"]  # d_k 64 forced materialized
+    code, _, err = call(capsys, *common_args, "--only", "model.d_k=32")
+    assert code == 2 and "--only" in err and "64, 256" in err

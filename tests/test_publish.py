@@ -210,8 +210,8 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
     asked = []
 
-    def rerun(experiment, variant, overrides, env, workers, progress):
-        asked.append((variant, overrides))
+    def rerun(experiment, variant, passes, env, workers, progress):
+        asked.append((variant, passes))
         path = tmp_path / f"{variant}.json"
         runs.write_json(path, {**report({"a": "confirmed"}), "cells": []})
         return path
@@ -225,6 +225,32 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
         experiment.directory.mkdir(parents=True)
         runs.write_json(experiment.directory / "report.json", {**report({"a": "confirmed"}), "cells": []})
         result = verify.verify(experiment, None, 1)
-        assert (("materialized", ["model.width_free=false"]) in asked) == materialized
+        assert (("materialized", [["model.width_free=false"]]) in asked) == materialized
         assert ("materialized" in result["platforms"]) == materialized
         assert all(r["agree"] for r in result["expectations"])
+
+
+def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only_what_fits(tmp_path):
+    """Width-free cells at most MATERIALIZED_WIDTH wide get model.width_free=false; the rest (not width-free, or
+    too wide to materialize) are re-run as they ran; a grid no one key splits is split block by block."""
+    from attn.experiment.spec import build_experiment, restrict_cells
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    wide = 2 * verify.MATERIALIZED_WIDTH
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8, 256, wide]}, "seeds": [0, 1]}
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    passes, said = verify.materialized_passes(experiment)
+    assert passes == [["model.width_free=false", "--only", "model.d_k=256"], ["--only", f"model.d_k=8,{wide}"]]
+    assert "model.d_k 256" in said
+
+    data["grid"] = {"optim.name": ["sgd", "adam"], "model.d_k": [8, 256]}  # adam is never width-free
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    passes, _ = verify.materialized_passes(experiment)
+    assert passes == [["model.width_free=false", "--only", "optim.name=sgd", "--only", "model.d_k=256"],
+                      ["--only", "optim.name=sgd", "--only", "model.d_k=8"], ["--only", "optim.name=adam"]]
+    covered = [cell.name for p in passes for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p)
+                                                                                   if a == "--only"])]
+    assert sorted(covered) == sorted(cell.name for cell in experiment.cells)
+
+    data["grid"] = {"model.d_k": [8, wide]}
+    assert verify.materialized_passes(build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs")))[0] == []

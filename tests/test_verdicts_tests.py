@@ -242,3 +242,40 @@ def test_an_event_at_the_step_the_other_is_censored_at_is_the_earlier_one():
     assert stats.censored_order((1500, False), (1500, True)) == 1
     assert stats.censored_order((1500, True), (1000, False)) is None
     assert stats.censored_order((700, True), (700, True)) == 0
+
+
+def test_a_bound_at_every_rate_is_judged_at_each_rate_on_the_judging_seeds(tmp_path):
+    """`at: every`: the claim holds at each value of best_of, not only the chosen one; one rate where most
+    judging seeds learn refutes "learns in fewer than half at every rate". The report's table of every rate
+    counts the judging seeds only."""
+    rates = [0.01, 0.1, 1.0]
+    claim = {"claim": "c", "stat": "success_rate", "arm": NONE, "below": 0.5, "at": "every"}
+    experiment = load(tmp_path, {"model.d_k": [16, 64], "model.scale": ["none"], "optim.lr": rates}, range(10),
+                      {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
+                       "select_on": [0, 1, 2, 3], "judge_on": [4, 5, 6, 7, 8, 9],
+                       "expect": [{"id": "every-16", **claim, "where": {"model.d_k": [16]}},
+                                  {"id": "every-64", **claim, "where": {"model.d_k": [64]}}]}, "every")
+    # at d_k 16 and lr 0.1 the selection seeds stall and the judging seeds learn; everything else stalls
+    plan = [((d_k, "none", lr), [curve(LEARNED) if (d_k, lr) == (16, 0.1) and seed >= 4 else curve(STALLED)
+                                 for seed in range(10)]) for d_k in (16, 64) for lr in rates]
+    write_plan(experiment, plan, ("model.d_k", "model.scale", "optim.lr"))
+    result = report_of(experiment, figures=False)
+    refuted, held = result.expectation("every-16"), result.expectation("every-64")
+    assert [(p["setting"], p["verdict"]) for p in refuted["points"]] == [
+        (0.01, "confirmed"), (0.1, "not confirmed"), (1.0, "confirmed")]
+    assert refuted["verdict"] == "not confirmed" and held["verdict"] == "confirmed"
+    assert {p["n"] for p in held["points"]} == {6}  # the judging seeds only
+    rows = [x for x in result.md.splitlines() if x.startswith(("| 16 | scale=none |", "| 64 | scale=none |"))]
+    assert "| 16 | scale=none | 0/6 | 6/6 | 0/6 | 6/6 |" in rows and "| 64 | scale=none | 0/6 | 0/6 | 0/6 | 0/6 |" in rows
+
+
+def test_at_every_is_for_a_bound_and_needs_a_best_of(tmp_path):
+    grid = {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]}
+    comparison = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "at": "every"}
+    with pytest.raises(ConfigError, match=r"expect\[0\]: at: every is for a bound"):
+        load(tmp_path, grid, range(10), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
+                                         "expect": [comparison]})
+    bound = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "above": 0.5, "at": "every"}
+    with pytest.raises(ConfigError, match=r"expect\[0\]: at: got 'every'; expected best \(the report has no"):
+        load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
+             {"x": "model.d_k", "arm": "model.scale", "expect": [bound]})

@@ -13,7 +13,8 @@ they overlap; for `above`/`below`, confirmed when the interval lies wholly
 on the claimed side of the number, not confirmed when wholly on the other,
 inconclusive across it (test: interval). A comparison may instead declare
 an exact test (mcnemar on paired seeds, fisher, sign on paired censored
-times; judge_all): its verdict follows from the one-sided p-values,
+times; judge_all). A bound `at: every` is judged at each value of best_of
+(on the judging seeds), a point each: its verdict follows from the one-sided p-values,
 Holm-corrected across the experiment's tested claims. Over its x values
 (intervals): confirmed if every one is, not
 confirmed if any is, else inconclusive. A median time not reached within
@@ -121,6 +122,12 @@ def judged_cells(cells: list[CellResult], layout: Layout, at: str, on: str = "ju
     return chosen
 
 
+def at_every(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResult]]:
+    """(x, arm) -> its cell at each value of best_of, in order, on the judging seeds (`at: every`)."""
+    return {key: [on_seeds(c, layout.spec.judge_on) for c in sorted(group, key=lambda c: sort_key(c.settings[layout.best_of]))]
+            for key, group in groups(cells, layout).items()}
+
+
 def edge_notes(cells: list[CellResult], layout: Layout) -> list[str]:
     """A sentence for each chosen best_of value that is the lowest or highest
     of the values tried: the best may lie beyond the grid."""
@@ -161,7 +168,8 @@ def interval(cell: CellResult, stat: str, sensitivities: dict | None = None, key
 def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None) -> dict:
     """The expectation's verdict and, at each x it covers, the numbers behind
     it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
-    chosen = judged_cells(cells, layout, expectation.at)
+    chosen = at_every(cells, layout) if expectation.at == "every" else \
+        {key: [cell] for key, cell in judged_cells(cells, layout, expectation.at).items()}
     wanted = dict(expectation.where)
     xs = sorted({x for x, _ in chosen
                  if all(value_of(v) in wanted.get(k, (value_of(v),)) for k, v in zip(layout.x, x))}, key=lambda x: [sort_key(v) for v in x])
@@ -169,10 +177,13 @@ def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sen
     other = None if expectation.better_than is None else tuple(value_of(v) for _, v in expectation.better_than)
     larger_is_better = STATS[expectation.stat]
     points = []
-    for x in xs:
+    # one point per x, or per x and value of best_of (`at: every`, a bound: no second arm)
+    judged_points = [(x, mine, (chosen.get((x, other)) or [None])[0] if other is not None else None)
+                     for x in xs for mine in chosen.get((x, arm), [None])]
+    for x, mine, theirs in judged_points:
         point = {"x": [json_number(v) for v in x]}
-        mine = chosen.get((x, arm))
-        theirs = chosen.get((x, other)) if other is not None else None
+        if expectation.at == "every" and mine is not None:
+            point["setting"] = json_number(mine.settings[layout.best_of])
         if mine is None or not mine.n or (other is not None and (theirs is None or not theirs.n)):
             point.update(verdict=INCONCLUSIVE, note="no finished runs")  # no evidence: no verdict either way
             points.append(point)
@@ -306,7 +317,8 @@ def rule_text(e: Expectation, layout: Layout) -> str:
         rule = f"{e.stat} of {arm} {side} {e.above if e.above is not None else e.below:g} (its 95% interval wholly {side})"
     where = "; ".join(f"{layout.names[k]} in {', '.join(map(format_value, v))}" for k, v in e.where)
     setting = layout.names[layout.best_of] if layout.best_of else "setting"
-    return f"{rule}, at {'each arm' + chr(39) + 's best' if e.at == 'best' else 'the shared'} {setting}" \
+    at = {"best": "each arm's best", "shared": "the shared", "every": "every"}[e.at]
+    return f"{rule}, at {at} {setting}" \
         + (f", {where}" if where else "")
 
 

@@ -28,15 +28,17 @@ from attn.train.loop import StopFlag
 
 def cmd_sweep(args) -> int:
     from attn.experiment import sweep
+    from attn.experiment.spec import restrict_cells
 
     experiment = _experiment_to_sweep(args)
+    cells = restrict_cells(experiment, args.only) if args.only else experiment.cells
     with flagged({"address": "--executor"}):
         executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
         restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
         try:
-            outcomes = _run_sweep(experiment, executor, stop)
+            outcomes = _run_sweep(experiment, cells, executor, stop)
         finally:
             restore_signals()
         failed = [o for o in outcomes if o.action == "failed"]
@@ -181,12 +183,13 @@ def _few(names: list[str], shown: int = 3) -> str:
     return (", ".join(names[:shown]) or "none") + more
 
 
-def _run_sweep(experiment, executor, stop: StopFlag) -> list:
-    """Run the experiment's cells, showing their progress (SweepProgress)."""
+def _run_sweep(experiment, cells, executor, stop: StopFlag) -> list:
+    """Run these cells of the experiment, showing their progress (SweepProgress)."""
     from attn.experiment import sweep
 
-    total = len(experiment.cells)
-    print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
+    total = len(cells)
+    part = f" (--only: {total} of {len(experiment.cells)})" if total != len(experiment.cells) else ""
+    print(f"sweep {experiment.name}: {total} runs{part} -> {experiment.directory}", file=sys.stderr)
     if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
         print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
     progress = SweepProgress(total, is_interactive(), reports_starts=hasattr(executor, "started"))
@@ -203,7 +206,8 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
 
     try:
         with executor:
-            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
+            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started,
+                                        cells=cells)
     finally:
         progress.close()
 
@@ -296,6 +300,9 @@ def add_commands(sub) -> None:
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
     p.add_argument("--plots", action="store_true", help="draw every run's own figures as it ends (default: none; "
                    "attn plot RUN draws them at any time, and the report draws its own)")
+    p.add_argument("--only", action="append", metavar="KEY=V1,V2,...", help="with an experiment file: run only "
+                   "the cells whose grid KEY is one of these values (repeat: all must hold); the report covers "
+                   "the whole experiment")
     _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")

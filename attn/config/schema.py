@@ -46,20 +46,24 @@ SET = "set"  # in F's unread_with: the field named has any value but null
 
 
 def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None,
-      unread_with=(), neutral=False, replicate=False, per_member=False, forkable=False):
+      unread_with=(), neutral=False, algorithm=False, replicate=False, per_member=False, forkable=False):
     """A schema field: its default, description and accepted range, and every fact
     the rest of attn reads off it. `task`, `mode`, `score`: the one task, task.mode
     or score mode that reads it (None: all). `unread_with`: the settings under which
     a field every mode reads otherwise is not read, each a mapping of dotted key to
     its value there (SET: any value but null), e.g. model.scale under model.score
     mup. `neutral`: it changes no logged number (where the run lives, which files it
-    draws), so runs differing only in it are one experiment cell. `replicate`: runs
+    draws), so runs differing only in it are one experiment cell. `algorithm`: it
+    chooses how the same maths is computed (its rounding, not its model), so a
+    report counts a run made either way as the cell's and says which; a sweep
+    still never resumes one as the other. `replicate`: runs
     differing only in it are replicates of one setting (the seed). `per_member`: the
     members of one stack may differ in it. `forkable`: True if a fork may change it,
     or the reason it may not where the generic one (shapes, optimiser state, data)
     is not it."""
     meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score,
-                unread_with=tuple(unread_with), neutral=neutral, replicate=replicate, per_member=per_member,
+                unread_with=tuple(unread_with), neutral=neutral, algorithm=algorithm, replicate=replicate,
+                per_member=per_member,
                 forkable=forkable)
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
@@ -107,7 +111,7 @@ class ModelConfig:
                               forkable=INIT_ONLY)
     width_free: bool = F(True, "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
                          "span when the optimiser and score mode keep them there and it is cheaper "
-                         "(attn.model.widthfree); false: always the d_k-wide weights")
+                         "(attn.model.widthfree); false: always the d_k-wide weights", algorithm=True)
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,11 @@ def _declared(fact: str, cls, prefix: str = "") -> tuple:
 def neutral_keys() -> tuple[str, ...]:
     """Runs that differ only in these are the same experiment cell."""
     return tuple(declared("neutral"))
+
+
+def algorithm_keys() -> tuple[str, ...]:
+    """Runs that differ only in these computed the same maths another way: one cell in a report."""
+    return tuple(declared("algorithm"))
 
 
 def per_member_keys() -> tuple[str, ...]:

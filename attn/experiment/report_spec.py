@@ -7,7 +7,8 @@ name grid keys, each in one role; `select` is a list of criteria, each
 'max <figure>' or 'min <figure>' of SELECTION_FIGURES; `shared` is one of
 best_of's values. An expectation names a `stat` of STATS, the cells of one
 arm (`arm`: a value of every arm key), where along x (`where`, default
-everywhere), `at` (best or shared) and one rule: `better_than` another arm
+everywhere), `at` (best, shared, or every: a bound that must hold at each
+value of best_of, not only at the chosen one) and one rule: `better_than` another arm
 (intervals separated the right way: confirmed; the wrong way: not
 confirmed; overlapping: inconclusive), or `above` / `below` a number (the
 interval wholly on the claimed side, wholly on the other, or across it).
@@ -49,7 +50,7 @@ class Expectation:
     claim: str
     stat: str  # a key of STATS
     arm: tuple[tuple[str, object], ...]  # the arm's value of every arm key
-    at: str  # best | shared
+    at: str  # best | shared | every (a bound at each value of best_of)
     where: tuple[tuple[str, tuple], ...] = ()  # x key -> the values it is judged at (none: all)
     better_than: tuple[tuple[str, object], ...] | None = None
     above: float | None = None
@@ -294,9 +295,13 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
                 raise ConfigError(f"{where_}: {key}: got {cut(repr(value))}; expected a number")
             bound[key] = float(value)
     at = entry.get("at", "best")
-    if at not in ("best", "shared") or (at == "shared" and spec.shared is None):
-        raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected best"
-                          + (" or shared" if spec.shared is not None else " (the report has no `shared` value)"))
+    accepted_at = ["best"] + (["shared"] if spec.shared is not None else []) + (["every"] if spec.best_of else [])
+    if at not in accepted_at:
+        raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
+                          + ("" if spec.shared is not None else " (the report has no `shared` value)"))
+    if at == "every" and better_than is not None:
+        raise ConfigError(f"{where_}: at: every is for a bound (above or below) that must hold at each "
+                          f"{spec.best_of}; a comparison is made at each arm's best or the shared value")
     where = entry.get("where") or {}
     if not isinstance(where, dict):
         raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")

@@ -21,7 +21,11 @@
           arm: {model.scale: sqrt}
           better_than: {model.scale: none}
           where: {model.d_k: [256, 1024, 4096]}
-          at: best                   # best (each arm at its own best_of) or shared
+          at: best                   # best (each arm at its own best_of), shared, or every (a bound,
+                                     # above/below, at each value of best_of)
+          test: mcnemar              # paired exact test (mcnemar, sign), fisher, or interval
+      select_on: [0, 1]              # held out: best_of chosen on these seeds, verdicts judged on judge_on
+      judge_on: [2, 3, 4]
       sensitivity: true              # each (x, arm)'s learning-rate sensitivity over best_of
       lengths: [8, 32, 128]          # retrieval: ask each judged model about longer contexts (attn.analysis.lengths)
 
@@ -45,6 +49,8 @@ same thing from a run config (command_line_experiment) and writes its file
 into the experiment's directory (<runs_dir>/<name>/experiment.yaml, base
 the config's absolute path, the overrides and runs_dir in `overrides`), so
 that file is what any later `attn sweep` or `attn report` of it reads.
+`attn sweep FILE --only model.d_k=16,64` runs part of an experiment file
+(restrict_cells); its report still covers every cell.
 Which a YAML file is, a config or an experiment file, is told by its
 content (is_experiment_file: an experiment file has `grid` or `seeds`).
 """
@@ -71,7 +77,7 @@ from attn.config.loading import (
     validate,
     with_values,
 )
-from attn.config.schema import Config, all_keys, nearest_key, neutral_keys
+from attn.config.schema import Config, algorithm_keys, all_keys, nearest_key, neutral_keys
 from attn.config.yamlio import ConfigError, cut, did_you_mean, dump_yaml, parse_yaml, read_yaml_file, show_value
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
 from attn.store import runs
@@ -283,6 +289,27 @@ def parse_grid_argument(text: str) -> tuple[str, list]:
     return key.strip(), values
 
 
+def restrict_cells(experiment: Experiment, texts: typing.Sequence[str]) -> tuple[Cell, ...]:
+    """The experiment's cells whose value of each KEY is among its values, for
+    `attn sweep FILE --only KEY=V1,V2,...` (run part of an experiment: the
+    cheap cells first, or one d_k); the values are typed as --grid's are."""
+    cells = experiment.cells
+    for text in texts:
+        key, equals, raw = text.partition("=")
+        key = key.strip()
+        if key not in experiment.grid_keys:
+            raise ConfigError(f"--only: got {show_value(text)}; expected KEY=VALUE,... with KEY a grid key of "
+                              f"{experiment.name} ({', '.join(experiment.grid_keys)})")
+        values = parse_yaml(f"[{raw}]", f"--only {show_value(text)}") if equals and raw.strip() else []
+        known = list(dict.fromkeys(dict(c.settings).get(key) for c in experiment.cells))
+        unknown = [v for v in values if v not in known]
+        if not values or unknown:
+            raise ConfigError(f"--only: {key}: got {show_value(raw)}; expected some of the grid's values "
+                              f"({', '.join(map(str, known))})")
+        cells = tuple(c for c in cells if dict(c.settings).get(key) in values)
+    return cells
+
+
 def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
     """'0-4' -> [0, 1, 2, 3, 4]; '0,2,5' and '0-2,7' likewise; distinct integers >= 0."""
     bad = (f"--seeds: got {show_value(text)}; expected integers >= 0 as a range or a list, e.g. 0-4 or 0,2,5 "
@@ -364,5 +391,13 @@ def config_change(run_dir: Path, config: Config) -> list[str]:
     neutral_keys(); [] when the run is the config's run. ConfigError
     if its config.yaml cannot be read."""
     return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=neutral_keys())
+
+
+def result_change(run_dir: Path, config: Config) -> list[str]:
+    """config_change without the algorithm_keys(): how a run differs from the
+    cell in what it computes, so a report counts a run of the same maths done
+    another way (attn verify's materialized re-run) as the cell's."""
+    ignore = neutral_keys() + algorithm_keys()
+    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=ignore)
 
 

@@ -163,7 +163,7 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
         return lifecycle.prepare_resume(cell.config, run_dir)
     runs.write_config(run_dir, to_dict(cell.config),
                       {**lifecycle.provenance(experiment_file, []), "experiment": experiment_file,
-                       "cell": dict(cell.settings), "seed": cell.seed})
+                       "cell": dict(cell.settings), "seed": cell.seed, "head": lifecycle.head_provenance(cell.config)})
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     return runstate.prepare(cell.config, run_dir)
 
@@ -300,7 +300,8 @@ class DaskExecutor(Executor):
 def run_experiment(experiment: Experiment, executor: Executor,
                    on_outcome: Callable[[CellAction], None] | None = None,
                    should_stop: Callable[[], bool] = lambda: False,
-                   on_start: Callable[[list[str]], None] | None = None) -> list[CellAction]:
+                   on_start: Callable[[list[str]], None] | None = None,
+                   cells: tuple[Cell, ...] | None = None) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
@@ -309,13 +310,14 @@ def run_experiment(experiment: Experiment, executor: Executor,
     it) is `unknown`, status UNKNOWN, detail the executor's lost(). With a LocalPool, on_start(cell names) is called
     as each stack starts training (the cells it trains, not those skipped),
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
-    (a start that arrives later is dropped); other executors report no starts."""
+    (a start that arrives later is dropped); other executors report no starts.
+    `cells`: run only these of the experiment's cells (attn sweep --only)."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
     freeze_claims(experiment)
     with _stop_signals_blocked():  # a local pool spawns its workers here
         futures: dict[Future, list[Cell]] = {
             executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
-            for stack in plan_stacks(experiment.cells)
+            for stack in plan_stacks(experiment.cells if cells is None else cells)
         }
     outcomes, pending, ended, cancelled = [], set(futures), set(), set()
     while pending:

@@ -15,9 +15,14 @@ child process, into runs/verify/<variant>/<name>:
               Sandybridge is what runs already)
 
     materialized  where some cell carries its head width-free (attn.model.widthfree:
-              coordinates over the initial span), every cell again with
+              coordinates over the initial span), those cells again with
               model.width_free=false: the d_k-wide weights, a second
-              algorithm for the same maths, whose float32 rounding differs
+              algorithm for the same maths, whose float32 rounding differs;
+              where both fit: a cell wider than MATERIALIZED_WIDTH cannot be
+              re-run so (its step's cost grows with d_k), and is re-run as
+              it ran, so the report is whole (two `attn sweep --only` passes
+              into one directory; a report counts either algorithm's run as
+              the cell's, attn.config.schema's `algorithm` fact)
 
 Each writes its report; then every expectation's verdict is compared across
 them. A verdict that flips is a claim too fine to make: weaken it, or
@@ -50,6 +55,9 @@ from attn.store import processes, runs
 from attn.text import markdown_table
 
 KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
+# the widest d_k (d_v) the materialized re-run carries as d_k-wide weights: the widest the headline ran
+# materialized before width-free training (issue 21); a wider one's step costs d_k / 4096 times as much
+MATERIALIZED_WIDTH = 4096
 
 
 def running_kernel(env: dict | None = None) -> str | None:
@@ -75,21 +83,67 @@ def second_kernel(requested: str | None = None) -> str:
                         f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}")
 
 
-def rerun(experiment: Experiment, variant: str, overrides: list[str], env: dict, workers: int | None,
+def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: dict, workers: int | None,
           progress: Callable[[str], None]) -> Path:
-    """`attn sweep` of the experiment into runs/verify/<variant>; its report.json."""
+    """`attn sweep` of the experiment into runs/verify/<variant>, once per
+    pass (each its overrides and options); the last pass's report.json."""
     runs_dir = Path(experiment.cells[0].config.runs_dir) / "verify" / variant
-    command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *overrides, "--runs-dir", str(runs_dir)]
-    if workers:
-        command += ["--workers", str(workers)]
-    progress(f"{variant}: {' '.join(command[2:])}")
-    done = processes.run_child(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    report = runs_dir / experiment.name / "report.json"
-    if done.returncode != 0 or not report.exists():
-        lines = done.stderr.strip().splitlines()
-        raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
-                            f"{lines[-1] if lines else 'no output'}")
+    for arguments in passes:
+        command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
+        if workers:
+            command += ["--workers", str(workers)]
+        progress(f"{variant}: {' '.join(command[2:])}")
+        done = processes.run_child(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        report = runs_dir / experiment.name / "report.json"
+        if done.returncode != 0 or not report.exists():
+            lines = done.stderr.strip().splitlines()
+            raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
+                                f"{lines[-1] if lines else 'no output'}")
     return report
+
+
+def materialized_passes(experiment: Experiment) -> tuple[list[list[str]], str]:
+    """The materialized re-run's `attn sweep` passes and what they re-run: the
+    cells that run width-free and are at most MATERIALIZED_WIDTH wide with
+    model.width_free=false, the others as they ran, each pass a block of the
+    grid (--only KEY=values); no pass where no cell would change."""
+    def wide(cell) -> int:
+        return max(cell.config.model.d_k, cell.config.model.d_v or cell.config.model.d_k)
+
+    free = {cell.name for cell in experiment.cells if runs_width_free(cell.config, build_task(cell.config))}
+    fits = {cell.name for cell in experiment.cells if cell.name in free and wide(cell) <= MATERIALIZED_WIDTH}
+    if not fits:
+        return [], "no cell runs width-free" if not free else f"every width-free cell is wider than {MATERIALIZED_WIDTH}"
+    blocks = _blocks(list(experiment.cells), list(experiment.grid_keys), fits, ())
+    passes = [(["model.width_free=false"] if fit else [])
+              + [a for key, values in only for a in ("--only", f"{key}={','.join(map(str, values))}")]
+              for only, fit in blocks]
+    said = "; ".join(" ".join(f"{key} {', '.join(map(str, values))}" for key, values in only) or "every cell"
+                     for only, fit in blocks if fit)
+    return passes, (f"{said} re-run with model.width_free=false; the rest as they ran (not width-free, or wider than "
+                    f"{MATERIALIZED_WIDTH})" if len(blocks) > 1 else f"{said} re-run with model.width_free=false")
+
+
+def _blocks(cells: list, keys: list[str], fits: set, only: tuple) -> list[tuple[tuple, bool]]:
+    """The cells as blocks of the grid that each fit or not (fits: the names
+    that do): split by the first key whose values each fit or not, else by the
+    values of the first key that varies, and again within each."""
+    def settings(cell, key):
+        return dict(cell.settings).get(key)
+
+    if len({c.name in fits for c in cells}) == 1:
+        return [(only, cells[0].name in fits)]
+    for key in keys:
+        by_value: dict = {}
+        for cell in cells:
+            by_value.setdefault(settings(cell, key), set()).add(cell.name in fits)
+        if all(len(v) == 1 for v in by_value.values()):
+            return [(only + ((key, tuple(v for v, fit in by_value.items() if fit == {wanted})),), wanted)
+                    for wanted in (True, False)]
+    key = next(k for k in keys if len({settings(c, k) for c in cells}) > 1)
+    values = list(dict.fromkeys(settings(c, key) for c in cells))
+    return [block for value in values
+            for block in _blocks([c for c in cells if settings(c, key) == value], keys, fits, only + ((key, (value,)),))]
 
 
 def compare_verdicts(reports: dict[str, dict]) -> list[dict]:
@@ -149,16 +203,17 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
     kernel = second_kernel(kernel)
     reports = {"as run": json.loads(main.read_text())}
-    paths = {"float64": rerun(experiment, "float64", ["dtype=float64"], dict(os.environ), workers, progress),
-             kernel: rerun(experiment, kernel.lower(), [], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers, progress)}
-    if any(runs_width_free(cell.config, build_task(cell.config)) for cell in experiment.cells):
-        paths["materialized"] = rerun(experiment, "materialized", ["model.width_free=false"], dict(os.environ),
-                                      workers, progress)
+    paths = {"float64": rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress),
+             kernel: rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
+                           progress)}
+    passes, materialized = materialized_passes(experiment)
+    if passes:
+        paths["materialized"] = rerun(experiment, "materialized", passes, dict(os.environ), workers, progress)
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
     rows = compare_verdicts(reports)
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
-              "unchanged": unchanged_runs(reports)}
+              "unchanged": unchanged_runs(reports), "materialized": materialized}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
@@ -186,7 +241,9 @@ def verify_markdown(result: dict) -> str:
                     "Every verdict agrees." if result["agree"] else
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})", "",
-                      f"Platforms: {platforms}.", "", *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
+                      f"Platforms: {platforms}.", "",
+                      *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
+                      *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
                       *_unchanged_markdown(result.get("unchanged", {}))])
 
 

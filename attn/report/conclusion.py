@@ -194,6 +194,8 @@ def _evidence(j: dict, layout: Layout) -> str:
     parts = []
     for p in j["points"]:
         where = f"{layout.x_name} {' / '.join(map(str, p['x']))}" if layout.x else "all runs"
+        if "setting" in p:
+            where += f" at {layout.names[layout.best_of]} {format_value(p['setting'])}"
         if "note" in p:
             parts.append(f"{where}: {p['note']}")
         elif "effect" in p:

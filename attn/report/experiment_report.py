@@ -44,6 +44,7 @@ from attn.analysis.results import (
 )
 from attn.analysis.verdicts import (
     Layout,
+    at_every,
     edge_notes,
     groups,
     json_number,
@@ -53,7 +54,7 @@ from attn.analysis.verdicts import (
     value_of,
 )
 from attn.experiment import report_spec
-from attn.experiment.spec import Experiment, config_change
+from attn.experiment.spec import Experiment, result_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
@@ -147,6 +148,19 @@ def threshold_rows(chosen: dict[tuple, CellResult], layout: Layout) -> list[dict
     return rows
 
 
+def every_setting_rows(cells: list[CellResult], layout: Layout) -> list[dict]:
+    """Per (x, arm): the seeds that learned at each value of best_of, on the judging seeds, and the most
+    at any: where the most is few, no value of the grid made that arm learn."""
+    rows = []
+    for (x, arm), row_cells in at_every(cells, layout).items():
+        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm)}
+        counts = [(c.count(outcomes.LEARNED), c.n) for c in row_cells]
+        row.update({format_value(c.settings[layout.best_of]): f"{k}/{n}" for c, (k, n) in zip(row_cells, counts)})
+        row["most at any"] = "{}/{}".format(*max(counts)) if counts else "—"
+        rows.append(row)
+    return rows
+
+
 def rows_table(rows: list[dict]) -> str:
     return markdown_table(list(rows[0]), [list(map(str, row.values())) for row in rows]) if rows else "(none)"
 
@@ -199,7 +213,7 @@ def _fmt(value) -> str:
 # ---------------------------------------------------------------------------
 def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
     """Each provenance fact (cpu, blas, openblas_coretype, dtype, attn_commit,
-    numpy) -> its distinct values over the runs reported."""
+    numpy; W_q, W_k: materialized or width-free) -> its distinct values over the runs reported."""
     facts: dict[str, set] = {}
     for seed in (s for c in cells for s in c.seeds):
         try:
@@ -209,6 +223,8 @@ def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
         provenance = data.get("provenance") or {}
         for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
             facts.setdefault(key, set()).add(str(provenance.get(key)))
+        carried = (provenance.get("head") or {}).get("W_q, W_k")  # 'materialized' or 'width-free: ...'
+        facts.setdefault("W_q, W_k", set()).add(str(carried).split(":")[0])
         facts.setdefault("dtype", set()).add(str(data.get("dtype")))
     return {k: sorted(v) for k, v in facts.items()}
 
@@ -285,7 +301,7 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
     report.json, report.md, report.csv and the figures into the experiment
     directory, holding its locks.RunLock (one report writer at a time)."""
     out = experiment.directory
-    cells, excluded = collect(experiment, config_change)
+    cells, excluded = collect(experiment, result_change)
     if not any(c.seeds for c in cells):
         left_out = f" ({len(excluded)} left out: {excluded[0].name}: {excluded[0].reason}, ...)" if excluded else ""
         raise runs.RunError(f"{out}: no finished runs of this experiment yet{left_out}; "
@@ -432,7 +448,8 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
             counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
             numbers += (f"; {effect['name']} {_fmt(effect['value'])} [{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
                         f"{p['pairs']} pairs ({counts}); one-sided p {_fmt(p['p'])}, opposite {_fmt(p['p_reverse'])}")
-        lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}: {numbers} → {p['verdict']}")
+        setting = f", {layout.names[layout.best_of]} = {format_value(p['setting'])}" if "setting" in p else ""
+        lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}{setting}: {numbers} → {p['verdict']}")
     return lines
 
 
@@ -515,6 +532,9 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
+        seeds = "the judging seeds" if experiment.report.judge_on is not None else "every seed"
+        text += [f"## Seeds that learned at every {layout.best_of} ({seeds})", "",
+                 rows_table(every_setting_rows(cells, layout)), ""]
     text += ["## How the counts move with the threshold (each arm at its best setting)", "",
              f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
              f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "

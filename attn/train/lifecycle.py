@@ -50,6 +50,11 @@ from attn.train import allocator, loop
 from attn.train.loop import StopFlag
 
 
+def head_provenance(config: Config) -> dict[str, str]:
+    """How the run's head carries W_q, W_k (materialized or width-free) and how it was initialised."""
+    return fast.carried_as(build_spec(config, build_task(config)))
+
+
 def provenance(config_path: str | None, overrides) -> dict:
     return {
         "config_file": str(config_path) if config_path else None,
@@ -134,8 +139,7 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
             hold.enter_context(locks.RunLock(run_dir, "train"))
             if fill is not None:
                 fill(run_dir)
-            head = fast.carried_as(build_spec(config, build_task(config)))  # which parametrisation, which init
-            runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), "head": head,
+            runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), "head": head_provenance(config),
                                                          **(origin or {})})
         except BaseException:  # a full disk, a damaged source file, Ctrl-C: no half-made run is left
             shutil.rmtree(run_dir, ignore_errors=True)  # made by this call a moment ago: nothing else is in it
