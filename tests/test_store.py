@@ -115,12 +115,12 @@ def test_a_sweep_skips_a_cell_that_a_cli_resume_holds(tmp_path):
     (experiment.directory / cell.name).mkdir(parents=True)
     holder = Holder(experiment.directory / cell.name, "train --resume")
     try:
-        outcome = sweep.run_cell(cell, str(experiment.directory), str(path))
+        outcome = sweep.run_cells([cell], str(experiment.directory), str(path))[0]
     finally:
         holder.kill()
     assert (outcome.action, outcome.status) == ("skipped-locked", "running")
     assert outcome.detail.startswith(f"attn train --resume (pid {holder.process.pid} on {socket.gethostname()}")
-    assert sweep.run_cell(cell, str(experiment.directory), str(path)).action == "ran"
+    assert sweep.run_cells([cell], str(experiment.directory), str(path))[0].action == "ran"
 
 
 def test_the_lock_is_reentrant_in_its_thread_and_exclusive_across_threads(tmp_path):
@@ -361,7 +361,7 @@ def test_a_sweep_cell_that_is_a_symlink_fails_without_writing_through(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     experiment.directory.mkdir(parents=True)
     (experiment.directory / experiment.cells[0].name).symlink_to(tmp_path / "elsewhere")
-    outcome = sweep.run_cell(experiment.cells[0], str(experiment.directory), str(path))
+    outcome = sweep.run_cells([experiment.cells[0]], str(experiment.directory), str(path))[0]
     assert (outcome.action, outcome.status) == ("failed", "failed") and "is a symbolic link" in outcome.detail
     assert list((tmp_path / "elsewhere").iterdir()) == []
 

@@ -177,7 +177,7 @@ def test_a_cell_locked_by_another_sweep_is_skipped(tmp_path):
     run_dir.mkdir(parents=True)
     with open(run_dir / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        outcome = sweep.run_cell(cell, str(experiment.directory), str(experiment.path))
+        outcome = sweep.run_cells([cell], str(experiment.directory), str(experiment.path))[0]
     assert outcome.action == "skipped-locked"
     assert not (run_dir / "metrics.jsonl").exists()
 
@@ -203,7 +203,7 @@ def test_a_changed_config_is_not_silently_resumed(finished_sweep, tmp_path):
     status = runs.read_summary(runs_dir)
     runs.write_json(runs_dir / "summary.json", dict(status, status="interrupted"))
     try:
-        outcome = sweep.run_cell(cell, str(finished_sweep.directory), str(changed.path))
+        outcome = sweep.run_cells([cell], str(finished_sweep.directory), str(changed.path))[0]
     finally:
         runs.write_json(runs_dir / "summary.json", status)
     assert outcome.action == "failed" and "optim.lr: 0.5 -> 0.25" in outcome.detail
@@ -215,7 +215,7 @@ def test_a_finished_run_with_a_changed_config_is_not_reused(finished_sweep, tmp_
         write_experiment(tmp_path, overrides={"optim.lr": 0.25}), str(finished_sweep.directory.parent))
     cell = changed.cells[0]
     before = runs.read_summary(finished_sweep.directory / cell.name)
-    outcome = sweep.run_cell(cell, str(finished_sweep.directory), str(changed.path))
+    outcome = sweep.run_cells([cell], str(finished_sweep.directory), str(changed.path))[0]
     assert (outcome.action, outcome.status) == ("failed", "config-changed")
     assert "optim.lr: 0.5 -> 0.25" in outcome.detail and "the run completed" in outcome.detail
     assert runs.read_summary(finished_sweep.directory / cell.name) == before, "the run is left as it was"
@@ -225,7 +225,7 @@ def test_a_finished_run_is_reused_when_only_result_neutral_keys_changed(finished
     changed = experiments.load_experiment(
         write_experiment(tmp_path, overrides={"logging.plots": True, "logging.checkpoint_every": 5}),
         str(finished_sweep.directory.parent))
-    outcome = sweep.run_cell(changed.cells[0], str(finished_sweep.directory), str(changed.path))
+    outcome = sweep.run_cells([changed.cells[0]], str(finished_sweep.directory), str(changed.path))[0]
     assert (outcome.action, outcome.status) == ("skipped-finished", "completed")
 
 

@@ -77,11 +77,6 @@ class CellAction:
     train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
 
 
-def run_cell(cell: Cell, experiment_dir: str, experiment_file: str) -> CellAction:
-    """One cell alone: run_cells([cell])."""
-    return run_cells([cell], experiment_dir, experiment_file)[0]
-
-
 def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[CellAction]:
     """Train cells of one shape into experiment_dir/<cell name> as one stack
     (attn.train.loop; those resuming from different steps as one stack per step),

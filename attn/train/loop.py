@@ -44,7 +44,6 @@ from attn.store import arrayfiles, runs
 from attn.store.runstate import RunState, prepare, save_checkpoint
 from attn.train.stack import Stack, member_batch, stack_batches, stack_key
 
-METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the only record fields that vary run to run
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
 
 
