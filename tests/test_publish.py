@@ -198,8 +198,12 @@ def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report(
     assert "The headline paragraph." in alone and "Which fix does what" not in alone
     scores = {**report({}, headline="Which mode learned where."), "sensitivity_table": "| arm | d_k = 16 |\n|---|---|"}
     both = publish.results_block({"sqrt_dk": headline, "scores": scores})
-    assert both.index("The headline paragraph.") < both.index("Which mode learned where.") < both.index("| arm |")
-    assert "experiments/results/scores/lr_sensitivity.png" in both
+    assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
+    assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
+    boundary = report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"})
+    with_boundary = publish.results_block({"sqrt_dk": headline, "mask_self": boundary})
+    [line] = [x for x in with_boundary.splitlines() if x.startswith("- [`mask_self`]")]
+    assert line.endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
 
 
 def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
