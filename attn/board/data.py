@@ -53,6 +53,7 @@ FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"
 SERVED_SUFFIXES = (".png", ".svg", ".md", ".csv", ".json", ".jsonl", ".yaml", ".txt")
 FILES_PREFIX = "files/"  # URLs of served files: files/<root index>/<path below the root>
+HIGHER_IS_BETTER = ("accuracy",)  # a metric whose name holds one of these is best at its highest; any other at its lowest
 
 
 class NotFound(LookupError):
@@ -70,6 +71,7 @@ class _Read:
     logged: frozenset  # metric keys of its records
     metrics: "_Metrics | None" = None  # metrics.jsonl as streamed (continued from where it was when it grew)
     n_logged: int = 0  # records in metrics.jsonl (run.records holds them all, or a downsampled MAX_POINTS)
+    ends: dict = dataclasses.field(default_factory=dict)  # each metric's final and best (_Metrics.end_figures)
 
 
 def to_json(payload) -> str:
@@ -145,6 +147,7 @@ class _Metrics:
         self.newest: dict | None = None
         self.logged: set = set()
         self.best_loss = self.best_accuracy = self.steps_to = None
+        self.ends: dict[str, dict] = {}  # metric -> its end (ends())
         self.identity = None
 
     def _open(self):
@@ -204,6 +207,20 @@ class _Metrics:
     def _add(self, record: dict) -> None:
         self.last_step = record["step"]
         self.logged.update(record)
+        step = record["step"]
+        for key, value in record.items():
+            if key == "step":
+                continue
+            end = self.ends.get(key)
+            if end is None:
+                end = self.ends[key] = {"final": None, "step": step, "best": None, "last_finite": None,
+                                        "last_finite_step": None, "higher": best_is_highest(key)}
+            end["final"], end["step"] = value, step
+            if runs.is_finite_number(value):
+                end["last_finite"], end["last_finite_step"] = value, step
+                best = end["best"]
+                if best is None or (value > best if end["higher"] else value < best):
+                    end["best"] = value
         loss, accuracy = record.get("eval_loss"), record.get("eval_accuracy")
         if runs.is_finite_number(loss) and (self.best_loss is None or loss < self.best_loss):
             self.best_loss = float(loss)
@@ -225,6 +242,20 @@ class _Metrics:
             return [*self.kept, self.newest]
         return list(self.kept)
 
+    def end_figures(self) -> dict:
+        """Each logged metric's end, over every record read (for the board's hyperparameter views):
+        final, its value in the last record holding it (None when not finite: null in the file),
+        at `step`; best, the lowest finite value (the highest for HIGHER_IS_BETTER metrics); and
+        when final is not finite, the last finite value and its step."""
+        shown = {}
+        for key, end in self.ends.items():
+            entry = {"final": end["final"] if runs.is_finite_number(end["final"]) else None, "step": end["step"],
+                     "best": end["best"]}
+            if entry["final"] is None:
+                entry.update(last_finite=end["last_finite"], last_finite_step=end["last_finite_step"])
+            shown[key] = entry
+        return shown
+
     def figures(self, run: grouping.Run) -> dict:
         """Final and best eval loss and accuracy and the steps to THRESHOLD accuracy, the best and the step
         at the threshold over every record read (a downsampled run's kept records would miss them)."""
@@ -232,6 +263,11 @@ class _Metrics:
         return {"final_eval_loss": final_loss, "best_eval_loss": self.best_loss,
                 "final_eval_accuracy": final_accuracy, "best_eval_accuracy": self.best_accuracy,
                 "steps_to_99": self.steps_to}
+
+
+def best_is_highest(metric: str) -> bool:
+    """Whether a metric is best at its highest value (HIGHER_IS_BETTER), else at its lowest."""
+    return any(word in metric for word in HIGHER_IS_BETTER)
 
 
 def group_id(group: grouping.Group) -> str:
@@ -344,7 +380,7 @@ class Board:
             return _Read(signature, None, grouping.Skipped(run_dir, reason), {}, frozenset())
         run = grouping.Run(run_dir, settings, stream.records(), summary, locks.effective_status(summary or None))
         return _Read(signature, run, None, stream.figures(run), frozenset(stream.logged - {"step"}), stream,
-                     stream.count)
+                     stream.count, stream.end_figures())
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
         if run_id not in self._located:
@@ -420,12 +456,14 @@ class Board:
                 "settings": {k: grouping.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
                 **read.figures,
+                "ends": read.ends,  # each metric's final and best, for the hyperparameter views
                 "figures": self._figures(run_id, run.path),
             })
         return {
             "title": self.title,
             "threshold": THRESHOLD,
             "wide_range": compare_figure.WIDE_RANGE,
+            "best_highest": sorted(m for m in metrics if best_is_highest(m)),  # best at their highest; the rest lowest
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,
             "runs": entries,
