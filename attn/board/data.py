@@ -6,7 +6,8 @@ Runs are found and read by attn.analysis.grouping (find_run_dirs, load_runs), as
 setting); the table's setting columns are the keys that differ between the
 runs (grouping.table_keys: bookkeeping keys left out, seed last), named by
 grouping.short_names; its figures are grouping.run_figures's, plus the best
-eval accuracy. A run's status is re-derived at every look
+eval accuracy; its `ends` give each logged metric's final and best value over
+every record (the page's hyperparameter views). A run's status is re-derived at every look
 (locks.effective_status), so a `running` run whose process died turns
 `stale` without any file changing.
 

@@ -1,17 +1,21 @@
 // The board page: the groups and runs tables (sorted by a click on a header,
 // filtered by the filter box), the chart (uPlot) of the ticked runs and
-// groups, a run's figures, and the experiments' reports. Served, it polls
+// groups, the hyperparameter views (hparams.js), a run's figures, and the experiments' reports. Served, it polls
 // api/board and fetches only the records it lacks (api/records?since=N);
 // exported (attn board --static), it draws from the data embedded in the page.
 //
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
 // group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
-// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2).
+// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2),
+// and the hyperparameter views': hp_metric=, hp_value=final|best, hp_x=KEY (the scatter's x), color_by=KEY|none.
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
-// (the y range chosen) and data-crosses (diverged runs' × drawn).
+// (the y range chosen) and data-crosses (diverged runs' × drawn); #hp-scatter carries data-points,
+// data-crosses, data-clamped (points held to the edge), data-x/xkind/xlog/ylog/categories (its axes),
+// #hp-parallel data-axes, data-lines, data-crosses and data-keys (its axes' keys, the metric last),
+// each data-hover (the run under the pointer).
 "use strict";
 (function (board) {
   const {PALETTE, DASHES} = board.views;  // the colours every view shares (hparams.js)
