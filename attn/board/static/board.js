@@ -533,7 +533,12 @@
   // the value of the colour setting (views.valueIndex, as the curves grouped by it). What was drawn
   // is kept in `hp` for the hover (and tests).
   const NO_VALUE = board.views.NO_VALUE;
-  const hp = {rows: [], settings: [], scatter: null, parallel: null, hover: {scatter: null, parallel: null}};
+  const hp = {rows: [], settings: [], scatter: null, parallel: null, hover: {scatter: null, parallel: null}};  // hover: run ids
+
+  function hoveredRow(view) {  // the row of the run under the pointer, if it is still drawn
+    const index = hp.rows.findIndex((row) => row.run.id === hp.hover[view]);
+    return index < 0 ? null : index;
+  }
 
   function hpChoice() {
     const color = $("color-by").value;
@@ -598,6 +603,8 @@
       ? "The runs do not differ in any setting: there is nothing to draw against."
       : `Tick runs or groups (or group by a setting) to draw their ${choice.metric || "metric"} against their settings.`;
     $("hp-views").hidden = empty;
+    const without = drawnRuns().length - rows.length;
+    $("hp-note").textContent = without && !empty ? `${without} of the runs drawn above have not logged ${choice.metric}.` : "";
     renderColorLegend(choice, rows);
     drawHpScatter(choice);
     drawHpParallel(choice);
@@ -614,7 +621,7 @@
     const points = rows.map((row, i) => ({xItem: settingItem(row.run, choice.x), value: row.value, style: row.style, row: i}));
     hp.scatter = board.views.drawScatter(holder.querySelector("canvas"),
                                          {width: viewWidth(holder), height: 340, x: xAxis, y: hp.metricAxis, points,
-                                          hover: hp.hover.scatter});
+                                          hover: hoveredRow("scatter")});
     Object.assign(holder.dataset, {
       points: String(hp.scatter.length), crosses: String(hp.scatter.filter((p) => p.crossed).length),
       clamped: String(hp.scatter.filter((p) => p.clamped && !p.crossed).length), x: choice.x, xkind: xAxis.kind,
@@ -634,7 +641,7 @@
     const lines = rows.map((row, i) => ({items: [...hp.settings.map((key) => settingItem(row.run, key)), row.value],
                                          style: row.style, row: i}));
     hp.parallel = board.views.drawParallel(holder.querySelector("canvas"),
-                                           {width: viewWidth(holder), height: 340, axes, lines, hover: hp.hover.parallel});
+                                           {width: viewWidth(holder), height: 340, axes, lines, hover: hoveredRow("parallel")});
     Object.assign(holder.dataset, {
       axes: String(axes.length), lines: String(hp.parallel.length),
       crosses: String(hp.parallel.filter((line) => line.points.some((p) => p.crossed)).length),
@@ -656,12 +663,14 @@
       counts.get(text).n += 1;
     }
     const entries = [...counts.entries()].sort((a, b) => a[1].style.index - b[1].style.index);
+    const repeats = entries.some(([, {style}]) => style.index >= PALETTE.length);
     legend.replaceChildren(...entries.map(([text, {style, n}]) => {
-      const swatch = element("span", {class: "swatch"});
+      const swatch = element("span", {class: `swatch swatch-${style.marker}`});
       swatch.style.background = style.color;
       return element("li", {"data-value": text, "data-color": style.color}, swatch,
                      `${columnName(choice.color)}=${text} `, element("span", {class: "hint"}, `(${n})`));
-    }));
+    }), ...(repeats ? [element("li", {class: "hint"}, `the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length} values, ` +
+                                   "each repeat with its own marker and dash")] : []));
   }
 
   // the hover's lines: the run, its status, its differing settings, the metric's value
@@ -702,12 +711,12 @@
     const found = event.type === "mouseleave" ? null
       : view === "scatter" ? board.views.nearestPoint(hp.scatter || [], x, y)
         : board.views.nearestLine(hp.parallel || [], x, y);
-    const row = found ? found.row : null;
-    if (row !== hp.hover[view]) {
-      hp.hover[view] = row;
+    const row = found ? found.row : null, id = row == null ? null : hp.rows[row].run.id;
+    if (id !== hp.hover[view]) {
+      hp.hover[view] = id;
       (view === "scatter" ? drawHpScatter : drawHpParallel)(hpChoice());
     }
-    holder.dataset.hover = row == null ? "" : hp.rows[row].run.id;
+    holder.dataset.hover = id ?? "";
     showTip(holder, {x, y}, row == null ? null : describeRow(hp.rows[row], hpChoice()));
   }
 
