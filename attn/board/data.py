@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import stat as stat_module
 import threading
@@ -148,7 +149,9 @@ class _Metrics:
         self.newest: dict | None = None
         self.logged: set = set()
         self.best_loss = self.best_accuracy = self.steps_to = None
-        self.ends: dict[str, dict] = {}  # metric -> its end (ends())
+        # per key, over every record (end_figures): its value in the last record holding it; the last
+        # finite one and its step; the step of the last null; the lowest and highest finite values
+        self.finals, self.lasts, self.last_steps, self.null_steps, self.lows, self.highs = {}, {}, {}, {}, {}, {}
         self.identity = None
 
     def _open(self):
@@ -205,23 +208,29 @@ class _Metrics:
 
     count_lines = 0
 
+    def _track_ends(self, record: dict) -> None:
+        """Each key's end, as one tight loop: a huge file passes here record by record."""
+        step = record["step"]
+        finals, lasts, last_steps, lows, highs = self.finals, self.lasts, self.last_steps, self.lows, self.highs
+        for key, value in record.items():
+            finals[key] = value
+            kind = value.__class__
+            if value is None or not (kind is float or kind is int) or (kind is float and not math.isfinite(value)):
+                self.null_steps[key] = step  # null in the file: not finite (or meaningless)
+                continue
+            lasts[key] = value
+            last_steps[key] = step
+            if key not in lows:
+                lows[key] = highs[key] = value
+            elif value < lows[key]:
+                lows[key] = value
+            elif value > highs[key]:
+                highs[key] = value
+
     def _add(self, record: dict) -> None:
         self.last_step = record["step"]
         self.logged.update(record)
-        step = record["step"]
-        for key, value in record.items():
-            if key == "step":
-                continue
-            end = self.ends.get(key)
-            if end is None:
-                end = self.ends[key] = {"final": None, "step": step, "best": None, "last_finite": None,
-                                        "last_finite_step": None, "higher": best_is_highest(key)}
-            end["final"], end["step"] = value, step
-            if runs.is_finite_number(value):
-                end["last_finite"], end["last_finite_step"] = value, step
-                best = end["best"]
-                if best is None or (value > best if end["higher"] else value < best):
-                    end["best"] = value
+        self._track_ends(record)
         loss, accuracy = record.get("eval_loss"), record.get("eval_accuracy")
         if runs.is_finite_number(loss) and (self.best_loss is None or loss < self.best_loss):
             self.best_loss = float(loss)
@@ -249,11 +258,15 @@ class _Metrics:
         at `step`; best, the lowest finite value (the highest for HIGHER_IS_BETTER metrics); and
         when final is not finite, the last finite value and its step."""
         shown = {}
-        for key, end in self.ends.items():
-            entry = {"final": end["final"] if runs.is_finite_number(end["final"]) else None, "step": end["step"],
-                     "best": end["best"]}
-            if entry["final"] is None:
-                entry.update(last_finite=end["last_finite"], last_finite_step=end["last_finite_step"])
+        for key, final in self.finals.items():
+            if key == "step":
+                continue
+            finite = key in self.lasts and self.last_steps[key] >= self.null_steps.get(key, -1)
+            entry = {"final": final if finite else None,
+                     "step": self.last_steps[key] if finite else self.null_steps[key],
+                     "best": (self.highs if best_is_highest(key) else self.lows).get(key)}
+            if not finite:
+                entry.update(last_finite=self.lasts.get(key), last_finite_step=self.last_steps.get(key))
             shown[key] = entry
         return shown
 
