@@ -216,6 +216,19 @@ def test_the_url_keeps_the_hyperparameter_view_through_a_reload(browser, sweep):
         assert errors_logged(browser) == []
 
 
+def test_the_metric_axis_cuts_only_a_tail_above_the_bulk_unless_every_value_is_asked(browser, sweep):  # noqa: F811
+    values = [0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 4.4e20]
+    with serving(data.Board([sweep])) as httpd:
+        open_page(browser, httpd.url, N_RUNS)
+        placed = browser.execute_script(
+            "return [false, true].map(all => { const axis = AttnBoard.views.metricAxis('m', arguments[0], true, all);"
+            " return arguments[0].map(v => axis.at(v)); })", values)
+    bulk, every = placed
+    assert [p["clamped"] for p in bulk] == [False] * 8 + [True]  # the 4e20 tail held to the top edge, nothing cut below
+    assert bulk[-1]["f"] == 1 and 0 < bulk[0]["f"] < bulk[1]["f"]
+    assert not any(p["clamped"] for p in every) and every[-1]["f"] < 1
+
+
 def test_the_static_export_draws_the_hyperparameter_views(browser, sweep, tmp_path):  # noqa: F811
     from attn.board import export
 

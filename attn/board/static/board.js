@@ -680,7 +680,7 @@
     lines.push(...keys.map((key) => `${columnName(key)}=${settingItem(row.run, key).text}`));
     const label = metricLabel(choice, true), end = row.end;
     if (board.isFiniteNumber(row.value)) {
-      const off = board.isFiniteNumber(row.value) && hp.metricAxis.at(row.value).clamped ? " (off the axis, drawn at its edge)" : "";
+      const off = hp.metricAxis.at(row.value).clamped ? " (off the axis, drawn at its edge)" : "";
       lines.push(`${label}: ${board.formatNumber(row.value)}` + (choice.which === "best" ? "" : ` at step ${end.step}`) + off);
     } else if (choice.which === "best") {
       lines.push(`${label}: no finite value`);

@@ -10,8 +10,9 @@
 //   settingAxis(label, items)   an axis of a setting ({raw, text} per run): numeric when every value
 //                               is a number (log when they are positive and span more than 10x),
 //                               else categorical, its values evenly spaced in natural order
-//   metricAxis(label, values, log, all)  an axis of a metric: the bulk of the values (robustLimits;
-//                               every one when all), a value off it held to its edge
+//   metricAxis(label, values, log, all)  an axis of a metric: from its lowest value to the top of
+//                               the bulk of them (robustLimits; every one when all), a value above
+//                               held to the top edge
 //   drawScatter(canvas, spec)   the metric against a setting, a point per run; returns the points
 //   drawParallel(canvas, spec)  an axis per setting, the metric last, a polyline per run; returns them
 //   nearestPoint(points, x, y) / nearestLine(lines, x, y)   what the pointer is over, or null
@@ -116,8 +117,9 @@
   }
 
   function metricAxis(label, values, log, all) {
-    const limits = board.robustLimits([values], log, !all) || (log ? [0.1, 10] : [0, 1]);
-    const [low, high] = limits;
+    const every = board.robustLimits([values], log, false) || (log ? [0.1, 10] : [0, 1]);
+    const bulk = all ? every : board.robustLimits([values], log, true) || every;
+    const [low, high] = [every[0], bulk[1]];  // only the top is cut: a run's low value is never off the axis
     return numericAxis(label, low, high, log, 0, labelled(log ? logTicks(low, high) : niceTicks(low, high, 5)));
   }
 
