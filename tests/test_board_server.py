@@ -212,6 +212,7 @@ def test_a_huge_metrics_file_is_served_downsampled_with_its_figures_exact(tmp_pa
     assert len(steps) <= 2 * 50 + 1 and steps[0] == 0 and steps[-1] == 1000 and steps == sorted(steps)
     assert answer["downsampled"] and answer["n_logged"] == 1001 and entry["n_records"] == 1001
     assert entry["best_eval_loss"] == 0.5 and entry["step"] == 1000
+    assert entry["ends"]["eval_loss"] == {"final": 1001.0, "step": 1000, "best": 0.5}  # the hyperparameter views' values
     # unchanged: the page's incremental ask gets nothing new; a grown file is read on from where it was
     again = board.records("0/r", len(steps), steps[-1])
     assert not again["reset"] and again["records"] == []

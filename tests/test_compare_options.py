@@ -180,3 +180,24 @@ def test_the_legend_wraps_a_label_longer_than_the_figure():
                                 + compare_figure.HANDLE_INCHES <= 5.6
                                 for t in texts)
     assert lines == math.ceil(400 / max(map(len, texts[0].split("\n")))) + 1
+
+
+def test_all_y_makes_compare_png_hold_every_finite_value(tmp_path, capsys, monkeypatch):
+    exploding = {0: 3.0, 5: 40.0, 10: 7e5, 15: 4e20, 20: math.nan}  # an unscaled run that diverged
+    make_run(tmp_path / "exp" / "steady", "model.scale=sqrt")
+    make_run(tmp_path / "exp" / "exploded", "model.scale=none", status="diverged", loss=exploding.get)
+    drawn = []
+    original = compare.draw_comparison
+
+    def keep(*args, **kwargs):
+        fig = original(*args, **kwargs)
+        drawn.append(fig.axes[0].get_ylim())  # the eval_loss panel's y range
+        return fig
+
+    monkeypatch.setattr(compare, "draw_comparison", keep)
+    assert call(capsys, "compare", tmp_path / "exp", "--metric", "eval_loss", "--out", tmp_path / "bulk")[0] == 0
+    assert call(capsys, "compare", tmp_path / "exp", "--metric", "eval_loss", "--all-y", "--out", tmp_path / "all")[0] == 0
+    (bulk_low, bulk_high), (all_low, all_high) = drawn
+    assert bulk_high < 4e20 <= all_high  # by default the diverged tail is off the axis; with --all-y it is on it
+    assert all_low <= 1.0 / 21  # the steady run's smallest loss still shown
+    assert (tmp_path / "all" / "compare.png").is_file()

@@ -6,7 +6,8 @@ live while they train, or exported once as files that open from disk.
 
 What the page shows comes only from run directories, read through the
 same readers as `attn compare` (attn.board.data). The page itself is
-static/: index.html, board.js (the page), board.css, and uPlot 1.6.32 (MIT,
+static/: index.html, board.js (the page), curves.js, hparams.js (the shared colours, the
+hyperparameter views), filter.js, markdown.js, board.css, and uPlot 1.6.32 (MIT,
 npm package `uplot`, dist/uPlot.iife.min.js and dist/uPlot.min.css as
 published; its licence is static/uPlot.LICENSE). Nothing is fetched from
 anywhere else at run time.

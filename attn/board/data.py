@@ -6,7 +6,8 @@ Runs are found and read by attn.analysis.grouping (find_run_dirs, load_runs), as
 setting); the table's setting columns are the keys that differ between the
 runs (grouping.table_keys: bookkeeping keys left out, seed last), named by
 grouping.short_names; its figures are grouping.run_figures's, plus the best
-eval accuracy. A run's status is re-derived at every look
+eval accuracy; its `ends` give each logged metric's final and best value over
+every record (the page's hyperparameter views). A run's status is re-derived at every look
 (locks.effective_status), so a `running` run whose process died turns
 `stale` without any file changing.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import stat as stat_module
 import threading
@@ -53,6 +55,7 @@ FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"
 SERVED_SUFFIXES = (".png", ".svg", ".md", ".csv", ".json", ".jsonl", ".yaml", ".txt")
 FILES_PREFIX = "files/"  # URLs of served files: files/<root index>/<path below the root>
+HIGHER_IS_BETTER = ("accuracy",)  # a metric whose name holds one of these is best at its highest; any other at its lowest
 
 
 class NotFound(LookupError):
@@ -70,6 +73,7 @@ class _Read:
     logged: frozenset  # metric keys of its records
     metrics: "_Metrics | None" = None  # metrics.jsonl as streamed (continued from where it was when it grew)
     n_logged: int = 0  # records in metrics.jsonl (run.records holds them all, or a downsampled MAX_POINTS)
+    ends: dict = dataclasses.field(default_factory=dict)  # each metric's final and best (_Metrics.end_figures)
 
 
 def to_json(payload) -> str:
@@ -145,6 +149,9 @@ class _Metrics:
         self.newest: dict | None = None
         self.logged: set = set()
         self.best_loss = self.best_accuracy = self.steps_to = None
+        # per key, over every record (end_figures): its value in the last record holding it; the last
+        # finite one and its step; the step of the last null; the lowest and highest finite values
+        self.finals, self.lasts, self.last_steps, self.null_steps, self.lows, self.highs = {}, {}, {}, {}, {}, {}
         self.identity = None
 
     def _open(self):
@@ -201,9 +208,29 @@ class _Metrics:
 
     count_lines = 0
 
+    def _track_ends(self, record: dict) -> None:
+        """Each key's end, as one tight loop: a huge file passes here record by record."""
+        step = record["step"]
+        finals, lasts, last_steps, lows, highs = self.finals, self.lasts, self.last_steps, self.lows, self.highs
+        for key, value in record.items():
+            finals[key] = value
+            kind = value.__class__
+            if value is None or not (kind is float or kind is int) or (kind is float and not math.isfinite(value)):
+                self.null_steps[key] = step  # null in the file: not finite (or meaningless)
+                continue
+            lasts[key] = value
+            last_steps[key] = step
+            if key not in lows:
+                lows[key] = highs[key] = value
+            elif value < lows[key]:
+                lows[key] = value
+            elif value > highs[key]:
+                highs[key] = value
+
     def _add(self, record: dict) -> None:
         self.last_step = record["step"]
         self.logged.update(record)
+        self._track_ends(record)
         loss, accuracy = record.get("eval_loss"), record.get("eval_accuracy")
         if runs.is_finite_number(loss) and (self.best_loss is None or loss < self.best_loss):
             self.best_loss = float(loss)
@@ -225,6 +252,24 @@ class _Metrics:
             return [*self.kept, self.newest]
         return list(self.kept)
 
+    def end_figures(self) -> dict:
+        """Each logged metric's end, over every record read (for the board's hyperparameter views):
+        final, its value in the last record holding it (None when not finite: null in the file),
+        at `step`; best, the lowest finite value (the highest for HIGHER_IS_BETTER metrics); and
+        when final is not finite, the last finite value and its step."""
+        shown = {}
+        for key, final in self.finals.items():
+            if key == "step":
+                continue
+            finite = key in self.lasts and self.last_steps[key] >= self.null_steps.get(key, -1)
+            entry = {"final": final if finite else None,
+                     "step": self.last_steps[key] if finite else self.null_steps[key],
+                     "best": (self.highs if best_is_highest(key) else self.lows).get(key)}
+            if not finite:
+                entry.update(last_finite=self.lasts.get(key), last_finite_step=self.last_steps.get(key))
+            shown[key] = entry
+        return shown
+
     def figures(self, run: grouping.Run) -> dict:
         """Final and best eval loss and accuracy and the steps to THRESHOLD accuracy, the best and the step
         at the threshold over every record read (a downsampled run's kept records would miss them)."""
@@ -232,6 +277,11 @@ class _Metrics:
         return {"final_eval_loss": final_loss, "best_eval_loss": self.best_loss,
                 "final_eval_accuracy": final_accuracy, "best_eval_accuracy": self.best_accuracy,
                 "steps_to_99": self.steps_to}
+
+
+def best_is_highest(metric: str) -> bool:
+    """Whether a metric is best at its highest value (HIGHER_IS_BETTER), else at its lowest."""
+    return any(word in metric for word in HIGHER_IS_BETTER)
 
 
 def group_id(group: grouping.Group) -> str:
@@ -344,7 +394,7 @@ class Board:
             return _Read(signature, None, grouping.Skipped(run_dir, reason), {}, frozenset())
         run = grouping.Run(run_dir, settings, stream.records(), summary, locks.effective_status(summary or None))
         return _Read(signature, run, None, stream.figures(run), frozenset(stream.logged - {"step"}), stream,
-                     stream.count)
+                     stream.count, stream.end_figures())
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
         if run_id not in self._located:
@@ -420,12 +470,14 @@ class Board:
                 "settings": {k: grouping.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
                 **read.figures,
+                "ends": read.ends,  # each metric's final and best, for the hyperparameter views
                 "figures": self._figures(run_id, run.path),
             })
         return {
             "title": self.title,
             "threshold": THRESHOLD,
             "wide_range": compare_figure.WIDE_RANGE,
+            "best_highest": sorted(m for m in metrics if best_is_highest(m)),  # best at their highest; the rest lowest
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,
             "runs": entries,

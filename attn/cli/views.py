@@ -15,7 +15,8 @@ from attn.store import runs
 
 # compare()'s arguments -> the flags of `attn compare` that give them
 COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
-                 "yscale": "--yscale", "group_by": "--group-by", "facet": "--facet", "xlim": "--xlim", "where": "--where"}
+                 "yscale": "--yscale", "group_by": "--group-by", "facet": "--facet", "xlim": "--xlim", "where": "--where",
+                 "all_y": "--all-y"}
 
 
 def cmd_compare(args) -> int:
@@ -24,7 +25,8 @@ def cmd_compare(args) -> int:
     with flagged(COMPARE_FLAGS):
         result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
                                  args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
-                                 facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished)
+                                 facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished,
+                                 all_y=args.all_y)
     for skipped in result.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for warning in result.warnings:
@@ -207,6 +209,8 @@ def add_commands(sub) -> None:
     p.add_argument("--facet", metavar="KEY", help="one row of panels per value of this config key")
     p.add_argument("--xlim", type=_limits, metavar="LOW,HIGH", help="the x range of every panel; runs of very "
                    "different lengths on one x axis: e.g. --xlim 0,500 shows the first 500 steps of all")
+    p.add_argument("--all-y", action="store_true", help="y ranges that hold every finite value (default: the bulk "
+                   "of them, 5-95%% widened, so a diverged run's tail does not flatten the rest)")
     p.add_argument("--include-unfinished", action="store_true", help="count runs that did not finish (running, "
                    "stale, interrupted, failed) in the table's statistics too (default: drawn, but left out)")
     p.set_defaults(func=cmd_compare)

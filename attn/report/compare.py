@@ -273,9 +273,10 @@ def default_out_dir(run_dirs: list[Path]) -> Path:
 def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = THRESHOLD,
             yscale: str = "auto", out: Path | None = None, *, where=(), group_by: list[str] | None = None,
             facet: str | None = None, xlim: tuple[float, float] | None = None,
-            include_unfinished: bool = False) -> Comparison:
+            include_unfinished: bool = False, all_y: bool = False) -> Comparison:
     """Read the runs at PATHs (those matching every --where), group them and
-    write compare.png, compare.svg, table.md and table.csv (module docstring)."""
+    write compare.png, compare.svg, table.md and table.csv (module docstring).
+    all_y: each panel's y range holds every finite value drawn, not just their bulk."""
     metrics = list(dict.fromkeys(metrics))
     check_options(metrics, x, smoothing, threshold, yscale, group_by, facet, xlim)
     conditions = parse_where(where)
@@ -309,7 +310,8 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
         except OSError as err:
             raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
     fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold,
-                          comparison_title(run_dirs, plotted, groups, conditions, group_by, facet), xlim, facet)
+                          comparison_title(run_dirs, plotted, groups, conditions, group_by, facet), xlim, facet,
+                          robust=not all_y)
     table = group_table(rows, threshold, include_unfinished)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
     written = [figures.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]

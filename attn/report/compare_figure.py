@@ -2,7 +2,11 @@
 group's mean with its ± std band (attn.analysis.curves); references and the threshold drawn.
 
 Axes. --xlim LOW,HIGH fixes the x range of every panel (runs of very
-different lengths on one axis), and the y range follows what is drawn in it.
+different lengths on one axis), and the y range follows what is drawn in it:
+its bulk (attn.store.runs.robust_limits: a diverged run's tail, and the groups
+whose every run diverged, do not set it; a × marks where such a run ended,
+held to the axis edge with its value when off it), or every finite value
+drawn with robust=False (`attn compare --all-y`, the board's "all y values").
 A long legend goes below the panels, in as many columns as fit the figure's
 width, its labels wrapped to fit, and the figure grows to hold it.
 

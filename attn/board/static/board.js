@@ -1,22 +1,25 @@
 // The board page: the groups and runs tables (sorted by a click on a header,
 // filtered by the filter box), the chart (uPlot) of the ticked runs and
-// groups, a run's figures, and the experiments' reports. Served, it polls
+// groups, the hyperparameter views (hparams.js), a run's figures, and the experiments' reports. Served, it polls
 // api/board and fetches only the records it lacks (api/records?since=N);
 // exported (attn board --static), it draws from the data embedded in the page.
 //
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
 // group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
-// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2).
+// panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2),
+// and the hyperparameter views': hp_metric=, hp_value=final|best, hp_x=KEY (the scatter's x), color_by=KEY|none.
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
-// (the y range chosen) and data-crosses (diverged runs' × drawn).
+// (the y range chosen) and data-crosses (diverged runs' × drawn); #hp-scatter carries data-points,
+// data-crosses, data-clamped (points held to the edge), data-x/xkind/xlog/ylog/categories (its axes),
+// #hp-parallel data-axes, data-lines, data-crosses and data-keys (its axes' keys, the metric last),
+// each data-hover (the run under the pointer).
 "use strict";
 (function (board) {
-  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];  // matplotlib's C0..C9, as in the figures
-  const DASHES = [[], [7, 4], [2, 3], [8, 3, 2, 3]];  // after the first ten curves
+  const {PALETTE, DASHES} = board.views;  // the colours every view shares (hparams.js)
+  const naturalCompare = board.naturalCompare;
   const X_LABELS = {step: "step", wall_time: "wall time (s)"};
   const DEFAULT_POLL_SECONDS = 2;
   const params = new URLSearchParams(location.search);
@@ -148,19 +151,6 @@
     return naturalCompare(String(a), String(b));
   }
 
-  // texts compared with their numbers read as numbers (decimals and exponents too, as
-  // grouping.natural_key): lr0.01 < lr0.03 < lr0.1, dk16 < dk256
-  const NUMBER_IN_TEXT = /(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)/;
-  function naturalCompare(a, b) {
-    const pa = a.split(NUMBER_IN_TEXT), pb = b.split(NUMBER_IN_TEXT);
-    for (let i = 0; i < Math.min(pa.length, pb.length); i++) {
-      if (pa[i] === pb[i]) continue;
-      if (i % 2) return Number(pa[i]) - Number(pb[i]) || pa[i].localeCompare(pb[i]);
-      return pa[i].localeCompare(pb[i]);
-    }
-    return pa.length - pb.length;
-  }
-
   function sortRows(rows, columns, sort) {
     const column = columns.find((c) => c.key === sort.key);
     if (!column) return rows;
@@ -269,36 +259,48 @@
   }
 
   // ------------------------------------------------------------------ chart
-  // Each ticked group and run as a curve: its band (smoothed by step, one unit for the whole chart),
-  // the raw curve when smoothing, and a cross at the last finite value of each of its runs that diverged.
-  function chartCurves(metric, x, smoothing) {
-    const entries = [];
+  // What the curves draw: each ticked group and run (what the filter hides left out), or with group
+  // by a setting, a curve per value of it over the runs shown (every other setting and the seeds
+  // pooled), each with the colour of its value (views.valueIndex: the same in every view)
+  function curveEntries() {
     const shown = new Set(shownRuns().map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
     const groupBy = $("group-by").value;
-    if (groupBy) {  // one curve per value of the setting, over the runs shown (every other setting and the seeds pooled)
+    if (groupBy) {
       const byValue = new Map();
       for (const run of shownRuns()) {
-        const value = run.settings[groupBy] ?? "—";
+        const value = run.settings[groupBy] ?? board.views.NO_VALUE;
         if (!byValue.has(value)) byValue.set(value, []);
         byValue.get(value).push(run.id);
       }
       const name = state.data.columns.find((c) => c.key === groupBy)?.name || groupBy;
-      for (const value of [...byValue.keys()].sort(naturalCompare)) {
-        entries.push({label: `${name}=${value}`, group: byValue.get(value).length, ids: byValue.get(value)});
-      }
+      const index = board.views.valueIndex(state.data.runs, groupBy);
+      return [...byValue.keys()].sort(naturalCompare).map((value) =>
+        ({label: `${name}=${value}`, group: byValue.get(value).length, ids: byValue.get(value), style: index.get(value)}));
     }
-    for (const group of groupBy ? [] : state.data.groups) {
+    const entries = [];
+    for (const group of state.data.groups) {
       const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
-      if (state.selectedGroups.has(group.id) && ids.length) {
-        entries.push({label: group.label, group: group.runs.length, ids});
-      }
+      if (state.selectedGroups.has(group.id) && ids.length) entries.push({label: group.label, group: group.runs.length, ids});
     }
-    for (const run of groupBy ? [] : state.data.runs) {
+    for (const run of state.data.runs) {
       if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
     }
+    return entries.map((entry, i) => ({...entry, style: i}));  // the ticked rows: colours in the order drawn
+  }
+
+  // the runs the curves draw (every run of every curve), each once, in the table's order
+  function drawnRuns() {
+    const ids = new Set(curveEntries().flatMap((entry) => entry.ids));
+    return state.data.runs.filter((run) => ids.has(run.id));
+  }
+
+  // Each curve: its band (smoothed by step, one unit for the whole chart), the raw curve when
+  // smoothing, and a cross at the last finite value of each of its runs that diverged.
+  function chartCurves(metric, x, smoothing) {
+    const entries = curveEntries();
     const recordsOf = (id) => state.records.get(id) || [];
     const unit = smoothing ? board.smoothingUnit(entries.flatMap((e) => e.ids.map((id) => board.series(recordsOf(id), metric).steps))) : 1;
-    return entries.map(({label: name, group, ids}, i) => {
+    return entries.map(({label: name, group, ids, style: styleIndex}) => {
       const runsRecords = ids.map(recordsOf);
       const {xs, band} = board.groupCurve(runsRecords, metric, x, smoothing, unit);
       // a group's n: the seeds alive (a finite value) at its last step drawn, of those it has
@@ -314,7 +316,7 @@
         if (placed.index.length) crosses.push([placed.xs[placed.xs.length - 1], values[placed.index[placed.index.length - 1]]]);
       }
       return {label, xs, band, raw, crosses, allDiverged: ids.length > 0 && diverged.length === ids.length,
-              color: PALETTE[i % PALETTE.length], dash: DASHES[Math.floor(i / PALETTE.length) % DASHES.length]};
+              ...board.views.styleAt(styleIndex)};
     });
   }
 
@@ -467,6 +469,7 @@
 
   function drawChart(force = false) {
     for (const panel of allPanels()) drawPanel(panel, force);
+    drawHparams();
     state.plot = mainPanel.plot;
     state.plotShape = mainPanel.shape;
     state.yLimits = mainPanel.yLimits;
@@ -495,7 +498,7 @@
         ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
         : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
       $("chart-empty").hidden = curves.length > 0 && !empty;
-      $("chart-note").textContent = curves.length > PALETTE.length
+      $("chart-note").textContent = new Set(curves.map((c) => c.color)).size < curves.length
         ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
         : "";
     } else if (panel.note) {
@@ -521,6 +524,218 @@
     Object.assign(holder.dataset, {metric, series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
                                    points: String(built.points), log: String(log),
                                    ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
+  }
+
+  // ------------------------------------------------------------------ hyperparameter views
+  // A metric's final or best value per run (the snapshot's `ends`, taken over every record) against a
+  // setting, and parallel coordinates over the settings that differ among the runs drawn, the metric
+  // last. The runs are the curves' (drawnRuns: the selection, the filter, group-by), each coloured by
+  // the value of the colour setting (views.valueIndex, as the curves grouped by it). What was drawn
+  // is kept in `hp` for the hover (and tests).
+  const NO_VALUE = board.views.NO_VALUE;
+  const hp = {rows: [], settings: [], scatter: null, parallel: null, hover: {scatter: null, parallel: null}};  // hover: run ids
+
+  function hoveredRow(view) {  // the row of the run under the pointer, if it is still drawn
+    const index = hp.rows.findIndex((row) => row.run.id === hp.hover[view]);
+    return index < 0 ? null : index;
+  }
+
+  function hpChoice() {
+    const color = $("color-by").value;
+    return {metric: $("hp-metric").value, which: $("hp-value").value, x: $("hp-x").value,
+            color: color === "none" ? "" : color};
+  }
+
+  function settingItem(run, key) {
+    return {raw: run.values[key], text: run.settings[key] ?? NO_VALUE};
+  }
+
+  function columnName(key) {
+    return state.data.columns.find((c) => c.key === key)?.name || key;
+  }
+
+  // each run drawn that logged the metric: {run, end, value (final or best; null: not finite), style}
+  function hpRows(choice) {
+    const index = choice.color ? board.views.valueIndex(state.data.runs, choice.color) : null;
+    return drawnRuns().filter((run) => run.ends && run.ends[choice.metric]).map((run) => {
+      const end = run.ends[choice.metric];
+      const style = board.views.styleAt(index ? index.get(run.settings[choice.color] ?? NO_VALUE) : 0);
+      return {run, end, value: choice.which === "best" ? end.best : end.final, style};
+    });
+  }
+
+  // "eval_loss final", "eval_acc best" (the axis); with how best is taken, for the hover
+  function metricLabel(choice, long = false) {
+    const how = state.data.best_highest.includes(choice.metric) ? "highest" : "lowest";
+    return `${choice.metric} ${choice.which === "best" ? "best" : "final"}` + (long && choice.which === "best" ? ` (${how})` : "");
+  }
+
+  // the metric's axis: log as the chart's y (its control, or auto's rule), the range from the bulk
+  // of the values unless "all y values" is ticked
+  function hpMetricAxis(choice, rows) {
+    const values = rows.map((row) => row.value).filter(board.isFiniteNumber);
+    const yscale = $("yscale").value;
+    const log = yscale === "auto" ? board.logScale(choice.metric, [{low: values, high: values}], state.data.wide_range)
+                                  : yscale === "log";
+    return board.views.metricAxis(metricLabel(choice), values, log && values.some((v) => v > 0), $("y-all").checked);
+  }
+
+  // the settings whose values differ among the rows, in the table's order
+  function differingSettings(rows) {
+    return state.data.columns.map((c) => c.key)
+      .filter((key) => new Set(rows.map((row) => settingItem(row.run, key).text)).size > 1);
+  }
+
+  function viewWidth(holder) {
+    return Math.max(holder.clientWidth, 320);
+  }
+
+  function drawHparams() {
+    if (!state.data) return;
+    const choice = hpChoice();
+    const rows = choice.metric && choice.x ? hpRows(choice) : [];
+    hp.rows = rows;
+    hp.settings = differingSettings(rows);
+    hp.metricAxis = rows.length ? hpMetricAxis(choice, rows) : null;
+    const empty = rows.length === 0;
+    $("hp-empty").hidden = !empty;
+    $("hp-empty").textContent = !state.data.columns.length
+      ? "The runs do not differ in any setting: there is nothing to draw against."
+      : `Tick runs or groups (or group by a setting) to draw their ${choice.metric || "metric"} against their settings.`;
+    $("hp-views").hidden = empty;
+    const without = drawnRuns().length - rows.length;
+    $("hp-note").textContent = without && !empty ? `${without} of the runs drawn above have not logged ${choice.metric}.` : "";
+    renderColorLegend(choice, rows);
+    drawHpScatter(choice);
+    drawHpParallel(choice);
+  }
+
+  function drawHpScatter(choice) {
+    const holder = $("hp-scatter"), rows = hp.rows;
+    if (!rows.length) {
+      hp.scatter = [];
+      Object.assign(holder.dataset, {points: "0", crosses: "0", clamped: "0"});
+      return;
+    }
+    const xAxis = board.views.settingAxis(columnName(choice.x), rows.map((row) => settingItem(row.run, choice.x)));
+    const points = rows.map((row, i) => ({xItem: settingItem(row.run, choice.x), value: row.value, style: row.style, row: i}));
+    hp.scatter = board.views.drawScatter(holder.querySelector("canvas"),
+                                         {width: viewWidth(holder), height: 340, x: xAxis, y: hp.metricAxis, points,
+                                          hover: hoveredRow("scatter")});
+    Object.assign(holder.dataset, {
+      points: String(hp.scatter.length), crosses: String(hp.scatter.filter((p) => p.crossed).length),
+      clamped: String(hp.scatter.filter((p) => p.clamped && !p.crossed).length), x: choice.x, xkind: xAxis.kind,
+      xlog: String(xAxis.log), ylog: String(hp.metricAxis.log), categories: JSON.stringify(xAxis.categories || []),
+    });
+  }
+
+  function drawHpParallel(choice) {
+    const holder = $("hp-parallel"), rows = hp.rows;
+    if (!rows.length) {
+      hp.parallel = [];
+      Object.assign(holder.dataset, {axes: "0", lines: "0", crosses: "0", keys: "[]"});
+      return;
+    }
+    const axes = hp.settings.map((key) => board.views.settingAxis(columnName(key), rows.map((row) => settingItem(row.run, key))));
+    axes.push(hp.metricAxis);
+    const lines = rows.map((row, i) => ({items: [...hp.settings.map((key) => settingItem(row.run, key)), row.value],
+                                         style: row.style, row: i}));
+    hp.parallel = board.views.drawParallel(holder.querySelector("canvas"),
+                                           {width: viewWidth(holder), height: 340, axes, lines, hover: hoveredRow("parallel")});
+    Object.assign(holder.dataset, {
+      axes: String(axes.length), lines: String(hp.parallel.length),
+      crosses: String(hp.parallel.filter((line) => line.points.some((p) => p.crossed)).length),
+      keys: JSON.stringify([...hp.settings, choice.metric]),
+    });
+  }
+
+  // one legend for both views: a swatch per value of the colour setting among the runs drawn
+  function renderColorLegend(choice, rows) {
+    const legend = $("hp-legend");
+    if (!choice.color || !rows.length) {
+      legend.replaceChildren();
+      return;
+    }
+    const counts = new Map();
+    for (const row of rows) {
+      const text = settingItem(row.run, choice.color).text;
+      if (!counts.has(text)) counts.set(text, {style: row.style, n: 0});
+      counts.get(text).n += 1;
+    }
+    const entries = [...counts.entries()].sort((a, b) => a[1].style.index - b[1].style.index);
+    const repeats = entries.some(([, {style}]) => style.index >= PALETTE.length);
+    legend.replaceChildren(...entries.map(([text, {style, n}]) => {
+      const swatch = element("span", {class: `swatch swatch-${style.marker}`});
+      swatch.style.background = style.color;
+      return element("li", {"data-value": text, "data-color": style.color}, swatch,
+                     `${columnName(choice.color)}=${text} `, element("span", {class: "hint"}, `(${n})`));
+    }), ...(repeats ? [element("li", {class: "hint"}, `the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length} values, ` +
+                                   "each repeat with its own marker and dash")] : []));
+  }
+
+  // the hover's lines: the run, its status, its differing settings, the metric's value
+  function describeRow(row, choice) {
+    const lines = [row.run.name + (row.run.status === "completed" ? "" : ` (${row.run.status})`)];
+    const keys = [...new Set([choice.x, ...hp.settings, ...(choice.color ? [choice.color] : [])])];
+    lines.push(...keys.map((key) => `${columnName(key)}=${settingItem(row.run, key).text}`));
+    const label = metricLabel(choice, true), end = row.end;
+    if (board.isFiniteNumber(row.value)) {
+      const off = hp.metricAxis.at(row.value).clamped ? " (off the axis, drawn at its edge)" : "";
+      lines.push(`${label}: ${board.formatNumber(row.value)}` + (choice.which === "best" ? "" : ` at step ${end.step}`) + off);
+    } else if (choice.which === "best") {
+      lines.push(`${label}: no finite value`);
+    } else {
+      lines.push(`${label}: not finite at step ${end.step}` + (board.isFiniteNumber(end.last_finite)
+        ? `; last finite ${board.formatNumber(end.last_finite)} at step ${end.last_finite_step}` : ""));
+    }
+    return lines;
+  }
+
+  function showTip(holder, at, lines) {
+    const tip = holder.querySelector(".hp-tip");
+    tip.hidden = !lines;
+    if (!lines) return;
+    tip.replaceChildren(element("strong", {}, lines[0]), ...lines.slice(1).map((line) => element("div", {}, line)));
+    // beside the pointer, never over what it points at: to its right (left when there is no room),
+    // above it (below near the top)
+    const right = at.x + 14 + tip.offsetWidth <= holder.clientWidth;
+    tip.style.left = `${Math.max(right ? at.x + 14 : at.x - 14 - tip.offsetWidth, 0)}px`;
+    const above = at.y - tip.offsetHeight - 10;
+    tip.style.top = `${above >= 0 ? above : at.y + 14}px`;
+  }
+
+  // the pointer over a view: the point (or line) nearest it, highlighted, and its values in a tip
+  function hoverView(view, event) {
+    const holder = $(`hp-${view}`);
+    const x = event.offsetX, y = event.offsetY;
+    const found = event.type === "mouseleave" ? null
+      : view === "scatter" ? board.views.nearestPoint(hp.scatter || [], x, y)
+        : board.views.nearestLine(hp.parallel || [], x, y);
+    const row = found ? found.row : null, id = row == null ? null : hp.rows[row].run.id;
+    if (id !== hp.hover[view]) {
+      hp.hover[view] = id;
+      (view === "scatter" ? drawHpScatter : drawHpParallel)(hpChoice());
+    }
+    holder.dataset.hover = id ?? "";
+    showTip(holder, {x, y}, row == null ? null : describeRow(hp.rows[row], hpChoice()));
+  }
+
+  function fillHparamControls() {
+    const choose = (select, options, wanted) => {
+      const current = select.value || wanted;
+      const known = options.some(([value]) => value === current);
+      select.replaceChildren(...options.map(([value, label]) =>
+        element("option", {value, selected: known ? value === current : false}, label)));
+    };
+    renderOnChange("hp-metric", state.data.metrics, () => {
+      choose($("hp-metric"), state.data.metrics.map((m) => [m, m]), params.get("hp_metric") || $("metric").value);
+    });
+    renderOnChange("hp-columns", state.data.columns, () => {
+      const columns = state.data.columns.map((c) => [c.key, c.name]);
+      choose($("hp-x"), columns, params.get("hp_x") || columns[0]?.[0]);
+      const other = columns.find(([key]) => key !== $("hp-x").value)?.[0];
+      choose($("color-by"), [["none", "—"], ...columns], params.get("color_by") || $("group-by").value || other || "none");
+    });
   }
 
   // ------------------------------------------------------------------ downloads
@@ -598,6 +813,8 @@
       yscale: $("yscale").value === "auto" ? "" : $("yscale").value, yall: $("y-all").checked ? "1" : "",
       group_by: $("group-by").value, smooth: Number($("smoothing").value) ? $("smoothing").value : "",
       filter: $("filter").value, panels: panelMetrics().join(","), open: state.openRun || "",
+      hp_metric: $("hp-metric").value, hp_value: $("hp-value").value === "best" ? "best" : "", hp_x: $("hp-x").value,
+      color_by: $("color-by").value,
     };
     for (const [name, value] of Object.entries(view)) {
       if (value) url.searchParams.set(name, value);
@@ -858,10 +1075,12 @@
                                                                        c.name)));
     });
     renderOnChange("panel-metrics", state.data.metrics, () => state.panels.forEach((panel) => fillPanelSelect(panel)));
+    fillHparamControls();
     renderNotes();
     renderTables();
     renderRunDetails();
     renderExperiments();
+    if (state.viewReady) drawHparams();  // the runs' ends may have moved without new records drawn
   }
 
   // ------------------------------------------------------------------ start, poll
@@ -901,9 +1120,21 @@
       if (params.get(name)) $(id).value = params.get(name);
     }
     if (params.get("smooth")) $("smoothing").value = params.get("smooth");
+    if (params.get("hp_value") === "best") $("hp-value").value = "best";
     $("y-all").checked = params.get("yall") === "1";
     $("smoothing-value").textContent = $("smoothing").value;
     for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all", "group-by"]) $(id).addEventListener("change", () => refreshChart(true));
+    for (const id of ["hp-metric", "hp-value", "hp-x", "color-by"]) {
+      $(id).addEventListener("change", () => {
+        drawHparams();
+        writeViewToURL();
+      });
+    }
+    for (const view of ["scatter", "parallel"]) {
+      const canvas = $(`hp-${view}`).querySelector("canvas");
+      canvas.addEventListener("mousemove", (event) => hoverView(view, event));
+      canvas.addEventListener("mouseleave", (event) => hoverView(view, event));
+    }
     $("smoothing").addEventListener("input", () => {
       $("smoothing-value").textContent = $("smoothing").value;
       drawChart();
@@ -915,8 +1146,10 @@
       renderTables();
       drawChart();
     });
-    window.addEventListener("resize", () => allPanels().forEach((panel) =>
-      panel.plot?.setSize({width: Math.max(panel.el.clientWidth, 300), height: panel.height})));
+    window.addEventListener("resize", () => {
+      allPanels().forEach((panel) => panel.plot?.setSize({width: Math.max(panel.el.clientWidth, 300), height: panel.height}));
+      drawHparams();
+    });
     if (embedded) {
       takeData(embedded);
       for (const [id, records] of Object.entries(embedded.records)) state.records.set(id, records);
@@ -941,6 +1174,6 @@
     })();
   }
 
-  board.page = {state, formatG, drawChart, naturalCompare, csvOf, panels: () => allPanels()};
+  board.page = {state, hp, formatG, drawChart, drawHparams, naturalCompare, csvOf, panels: () => allPanels()};
   start();
 })(window.AttnBoard = window.AttnBoard || {});
