@@ -5,6 +5,7 @@ to train, the one-line summary (issue 14, items 5 and 7)."""
 import io
 import json
 import queue
+import shutil
 import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -222,6 +223,31 @@ def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_r
     assert code == 0
     report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
     assert sum(len(c["seeds"]) for c in report["cells"]) == 4
-    assert report["platform"]["W_q, W_k"] == ["materialized", "width-free"]  # d_k 64 forced materialized
+    assert report["platform"]["W_q, W_k"] == ["materialized", "width-free: coordinates of the drawn weights"]
+    assert "cells with runs carried both ways" not in report["platform"]
+    shutil.rmtree(tmp_path / "runs" / "e" / "d_k-64_seed-1")  # made again width-free: its cell holds both ways
+    code, _, err = call(capsys, *common_args, "--only", "model.d_k=64")
+    assert code == 0 and "1 of them had finished before (skipped)" in err  # seed 0, made materialized, is the cell's
+    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
+    assert report["platform"]["cells with runs carried both ways"] == ["1 (model.d_k=64, ...)"]
     code, _, err = call(capsys, *common_args, "--only", "model.d_k=32")
     assert code == 2 and "--only" in err and "64, 256" in err
+
+
+def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(tmp_path, capsys):
+    """A run of the cell made with the other algorithm (materialized W_q, W_k of width d_k) is restored from
+    its checkpoint by its own config, not the cell's (width-free coordinates)."""
+    (tmp_path / "base.yaml").write_text(
+        "task: {name: retrieval, n_pairs: 4, n_keys: 128, eval_size: 32}\nmodel: {d_model: 8, positional: none}\n"
+        "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({
+        "name": "e", "base": "base.yaml", "grid": {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
+        "seeds": [0], "report": {"x": "model.d_k", "arm": "model.scale", "lengths": [4, 8]}}))
+    common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
+    assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false")[0] == 0
+    code, _, err = call(capsys, *common_args, "--only", "model.scale=none")
+    assert code == 0, err
+    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
+    assert report["platform"]["W_q, W_k"] == ["materialized", "width-free: coordinates of the drawn weights"]
+    assert sorted((row["arm"], sorted(row["pairs"])) for row in report["lengths"]) == [
+        (["none"], ["4", "8"]), (["sqrt"], ["4", "8"])]

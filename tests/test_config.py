@@ -494,3 +494,17 @@ def test_mask_self_is_a_retrieval_field_and_not_causal():
         load_config(None, ["task.name=copy", "model.mask_self=true"])
     with pytest.raises(ConfigError, match="model.mask_self: got true with model.causal true"):
         load_config(None, ["model.mask_self=true", "model.causal=true"])
+
+
+def test_the_experiment_file_example_in_the_docstring_loads(tmp_path):
+    """attn.experiment.spec's docstring shows every report key; it must be a file attn accepts."""
+    from attn.experiment import spec as experiments
+
+    text = experiments.__doc__.split("\n\n")[1]
+    example = "\n".join(line[4:] for line in text.splitlines())
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "default.yaml").write_text((REPO / "configs" / "default.yaml").read_text())
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "example.yaml").write_text(example)
+    experiment = experiments.load_experiment(tmp_path / "experiments" / "example.yaml", str(tmp_path / "runs"))
+    assert len(experiment.cells) == 3 * 2 * 3 * 10 and experiment.report.judge_on == (4, 5, 6, 7, 8, 9)

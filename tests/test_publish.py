@@ -8,6 +8,7 @@ import pytest
 from helpers import facts_in
 
 from attn import publish
+from attn.config.yamlio import ConfigError
 from attn.experiment import verify
 from attn.store import runs
 
@@ -200,10 +201,14 @@ def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report(
     both = publish.results_block({"sqrt_dk": headline, "scores": scores})
     assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
     assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
-    boundary = report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"})
-    with_boundary = publish.results_block({"sqrt_dk": headline, "mask_self": boundary})
-    [line] = [x for x in with_boundary.splitlines() if x.startswith("- [`mask_self`]")]
-    assert line.endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
+    boundary = {**report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
+                "description": "Where the claim stops holding, 7: the query's own position."}
+    earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
+    with_boundary = publish.results_block({"sqrt_dk": headline, "mask_self": boundary, "width": earlier,
+                                           "lengths": report({"l": "confirmed"})})
+    lines = [x for x in with_boundary.splitlines() if x.startswith("- [`")]
+    assert [x.split("`")[1] for x in lines] == ["width", "mask_self"]  # by their number; lengths is none
+    assert lines[1].endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
 
 
 def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
@@ -236,25 +241,77 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
 
 def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only_what_fits(tmp_path):
     """Width-free cells at most MATERIALIZED_WIDTH wide get model.width_free=false; the rest (not width-free, or
-    too wide to materialize) are re-run as they ran; a grid no one key splits is split block by block."""
+    too wide to materialize) are the runs as run; a grid no one key splits is split block by block, and each
+    pass's --only values read back as the grid's (null for a block that does not set the key, a mapping)."""
     from attn.experiment.spec import build_experiment, restrict_cells
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
     wide = 2 * verify.MATERIALIZED_WIDTH
-    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8, 256, wide]}, "seeds": [0, 1]}
-    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
-    passes, said = verify.materialized_passes(experiment)
-    assert passes == [["model.width_free=false", "--only", "model.d_k=256"], ["--only", f"model.d_k=8,{wide}"]]
-    assert "model.d_k 256" in said
 
-    data["grid"] = {"optim.name": ["sgd", "adam"], "model.d_k": [8, 256]}  # adam is never width-free
-    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
-    passes, _ = verify.materialized_passes(experiment)
-    assert passes == [["model.width_free=false", "--only", "optim.name=sgd", "--only", "model.d_k=256"],
-                      ["--only", "optim.name=sgd", "--only", "model.d_k=8"], ["--only", "optim.name=adam"]]
-    covered = [cell.name for p in passes for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p)
-                                                                                   if a == "--only"])]
-    assert sorted(covered) == sorted(cell.name for cell in experiment.cells)
+    def plan(grid):
+        experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0, 1]},
+                                      tmp_path / "w.yaml", str(tmp_path / "runs"))
+        made = verify.materialized_plan(experiment)
+        covered = [cell.name for p in made.passes
+                   for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p) if a == "--only"])]
+        if made.passes:
+            assert sorted(covered) == sorted(cell.name for cell in experiment.cells), "every cell in one pass"
+        rerun = [cell.name for p in made.passes if "model.width_free=false" in p
+                 for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p) if a == "--only"])]
+        assert set(rerun) == made.rerun and not made.rerun & made.reused
+        return made
 
-    data["grid"] = {"model.d_k": [8, wide]}
-    assert verify.materialized_passes(build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs")))[0] == []
+    made = plan({"model.d_k": [8, 256, wide]})
+    assert made.passes == [["model.width_free=false", "--only", "model.d_k=256"], ["--only", f"model.d_k=8, {wide}"]]
+    assert made.rerun == {"d_k-256_seed-0", "d_k-256_seed-1"} and "model.d_k 256" in made.said
+    made = plan({"optim.name": ["sgd", "adam"], "model.d_k": [8, 256]})  # adam is never width-free
+    assert made.passes == [["model.width_free=false", "--only", "optim.name=sgd", "--only", "model.d_k=256"],
+                           ["--only", "optim.name=sgd", "--only", "model.d_k=8"], ["--only", "optim.name=adam"]]
+    plan([{"model.scale": ["sqrt", "none"], "model.d_k": [8, 256]},  # the second block sets no scale
+          {"model.score": ["mup"], "model.d_k": [256], "optim.lr_mult": [{"W_q": 0.5}, {}]}])
+    assert plan({"model.d_k": [8, wide]}).passes == []
+
+
+def test_only_reads_back_every_grid_value_as_only_argument_writes_it(tmp_path):
+    """null for a block that does not set the key, a mapping, a string YAML would read as something else."""
+    from attn.experiment.spec import build_experiment, only_argument, restrict_cells
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    grid = [{"model.scale": ["none"], "model.d_k": [8]},
+            {"model.score": ["mup"], "model.d_k": [8], "optim.lr_mult": [{"W_q": 0.5}, {}]}]
+    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0]},
+                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
+    assert [c.name for c in restrict_cells(experiment, [only_argument("model.scale", [None])])] == \
+        [c.name for c in experiment.cells if "model.scale" not in dict(c.settings)]
+    [one] = restrict_cells(experiment, [only_argument("optim.lr_mult", [{"W_q": 0.5}])])
+    assert dict(one.settings)["optim.lr_mult"] == {"W_q": 0.5}
+    assert only_argument("k", [None, "yes", 0.001, {"W_q": 0.5}]) == "k=null, 'yes', 0.001, {W_q: 0.5}"
+    with pytest.raises(ConfigError, match=r"no cell of w has all of these values"):
+        restrict_cells(experiment, ["model.scale=none", "model.score=mup"])
+
+
+def test_the_materialized_re_run_links_the_finished_runs_it_does_not_re_run(tmp_path):
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0, 1]},
+                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
+    for cell, status in zip(experiment.cells, ("completed", "interrupted")):
+        (experiment.directory / cell.name).mkdir(parents=True)
+        runs.write_json(experiment.directory / cell.name / "summary.json", {"status": status})
+    target = tmp_path / "verify" / "w"
+    assert verify.link_finished_runs(experiment, target, frozenset(c.name for c in experiment.cells)) == 1
+    finished, unfinished = (c.name for c in experiment.cells)
+    assert (target / finished / "summary.json").stat().st_ino == \
+        (experiment.directory / finished / "summary.json").stat().st_ino  # a hard link, not a copy
+    assert not (target / unfinished).exists()  # left for the re-run's sweep to train
+
+
+def test_a_materialized_re_runs_unchanged_count_is_over_the_runs_it_re_ran():
+    def with_paths(paths):
+        return {"cells": [{"settings": {"model.d_k": d}, "seeds": [{"seed": 0, "final_loss": 0.1, "path": p}]}
+                          for d, p in paths.items()]}
+    reports = {"as run": with_paths({16: "a", 256: "b"}), "materialized": with_paths({16: "a", 256: "c"})}
+    rerun = {json.dumps(({"model.d_k": 256}, 0), sort_keys=True)}
+    assert verify.unchanged_runs(reports) == {"materialized": {"same": 1, "runs": 2}}
+    assert verify.unchanged_runs(reports, {"materialized": rerun}) == {"materialized": {"same": 0, "runs": 1}}

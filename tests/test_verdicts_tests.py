@@ -279,3 +279,17 @@ def test_at_every_is_for_a_bound_and_needs_a_best_of(tmp_path):
     with pytest.raises(ConfigError, match=r"expect\[0\]: at: got 'every'; expected best \(the report has no"):
         load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
              {"x": "model.d_k", "arm": "model.scale", "expect": [bound]})
+
+
+def test_the_every_rate_table_has_a_column_per_rate_any_arm_tried(tmp_path):
+    grid = [{"model.d_k": [16], "model.scale": ["sqrt"], "optim.lr": [0.01, 0.1]},
+            {"model.d_k": [16], "model.scale": ["none"], "optim.lr": [0.1, 1.0, 3.0]}]
+    experiment = load(tmp_path, grid, range(4), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr"},
+                      "grids")
+    plan = [((16, "sqrt", lr), [curve(LEARNED)] * 4) for lr in (0.01, 0.1)]
+    plan += [((16, "none", lr), [curve(STALLED)] * 3 + [curve(LEARNED)]) for lr in (0.1, 1.0, 3.0)]
+    write_plan(experiment, plan, ("model.d_k", "model.scale", "optim.lr"))
+    md = report_of(experiment, figures=False).md
+    table = md.split("## Seeds that learned at every lr (every seed)")[1].strip().splitlines()
+    assert table[0] == "| d_k | arm | 0.01 | 0.1 | 1 | 3 | most at any |"
+    assert table[2:4] == ["| 16 | scale=none | — | 1/4 | 1/4 | 1/4 | 1/4 |", "| 16 | scale=sqrt | 4/4 | 4/4 | — | — | 4/4 |"]

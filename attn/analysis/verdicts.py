@@ -11,11 +11,11 @@ An expectation's verdict, at each x it covers (intervals are 95%): for
 claimed way, not confirmed when separated the other way, inconclusive when
 they overlap; for `above`/`below`, confirmed when the interval lies wholly
 on the claimed side of the number, not confirmed when wholly on the other,
-inconclusive across it (test: interval). A comparison may instead declare
-an exact test (mcnemar on paired seeds, fisher, sign on paired censored
-times; judge_all). A bound `at: every` is judged at each value of best_of
-(on the judging seeds), a point each: its verdict follows from the one-sided p-values,
-Holm-corrected across the experiment's tested claims. Over its x values
+inconclusive across it (test: interval); a bound `at: every` is judged at
+each value of best_of (on the judging seeds), a point each. A comparison
+may instead declare an exact test (mcnemar on paired seeds, fisher, sign on
+paired censored times; judge_all): its verdict follows from the one-sided
+p-values, Holm-corrected across the experiment's tested claims. Over its x values
 (intervals): confirmed if every one is, not
 confirmed if any is, else inconclusive. A median time not reached within
 the budget counts as "> budget": +inf, with its interval's lower end at

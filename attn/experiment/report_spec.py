@@ -299,6 +299,9 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
     if at not in accepted_at:
         raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
                           + ("" if spec.shared is not None else " (the report has no `shared` value)"))
+    if at == "every" and entry["stat"] == "lr_sensitivity":
+        raise ConfigError(f"{where_}: at: every is for a statistic of each {spec.best_of} value; lr_sensitivity is "
+                          f"one figure over all of them: expected at: best")
     if at == "every" and better_than is not None:
         raise ConfigError(f"{where_}: at: every is for a bound (above or below) that must hold at each "
                           f"{spec.best_of}; a comparison is made at each arm's best or the shared value")

@@ -2,12 +2,12 @@
 
     name: sqrt_dk                    # output folder: <runs_dir>/sqrt_dk/
     base: ../configs/default.yaml    # relative to the experiment file
-    overrides: {train.steps: 600}    # applied to every cell
+    overrides: {train.steps: 600, model.positional: none, task.n_keys: 128}   # applied to every cell
     grid:                            # a mapping: the cartesian product of its lists;
       model.d_k: [16, 64, 256]       # or a list of such mappings: the union of their products
       model.scale: [sqrt, none]
       optim.lr: [0.03, 0.1, 0.3]
-    seeds: [0, 1, 2, 3, 4]
+    seeds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
     report:                          # how attn.report.experiment_report lays out and judges the results
       x: model.d_k                   # grid key(s) along the x axis
       arm: model.scale               # grid key(s) whose values are the compared arms
@@ -16,16 +16,16 @@
       shared: 0.1                    # best_of also reported at this one value, the same for every arm
       expect:                        # claims, each judged confirmed / not confirmed / inconclusive
         - id: scaled-beats-unscaled
-          claim: the scaled arm succeeds more often than the unscaled one at every d_k >= 256
+          claim: the scaled arm succeeds more often than the unscaled one at every d_k >= 64
           stat: success_rate
           arm: {model.scale: sqrt}
           better_than: {model.scale: none}
-          where: {model.d_k: [256, 1024, 4096]}
+          where: {model.d_k: [64, 256]}
           at: best                   # best (each arm at its own best_of), shared, or every (a bound,
                                      # above/below, at each value of best_of)
-          test: mcnemar              # paired exact test (mcnemar, sign), fisher, or interval
-      select_on: [0, 1]              # held out: best_of chosen on these seeds, verdicts judged on judge_on
-      judge_on: [2, 3, 4]
+          test: mcnemar              # paired exact test (mcnemar; sign for a time), fisher, or interval
+      select_on: [0, 1, 2, 3]        # held out: best_of chosen on these seeds, verdicts judged on judge_on
+      judge_on: [4, 5, 6, 7, 8, 9]   # (each claim must be able to fail on them: report_spec.cannot_fail)
       sensitivity: true              # each (x, arm)'s learning-rate sensitivity over best_of
       lengths: [8, 32, 128]          # retrieval: ask each judged model about longer contexts (attn.analysis.lengths)
 
@@ -78,7 +78,16 @@ from attn.config.loading import (
     with_values,
 )
 from attn.config.schema import Config, algorithm_keys, all_keys, nearest_key, neutral_keys
-from attn.config.yamlio import ConfigError, cut, did_you_mean, dump_yaml, parse_yaml, read_yaml_file, show_value
+from attn.config.yamlio import (
+    ConfigError,
+    cut,
+    did_you_mean,
+    dump_yaml,
+    parse_yaml,
+    read_yaml_file,
+    show_value,
+    yaml_line,
+)
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
 from attn.store import runs
 from attn.train import lifecycle
@@ -292,7 +301,9 @@ def parse_grid_argument(text: str) -> tuple[str, list]:
 def restrict_cells(experiment: Experiment, texts: typing.Sequence[str]) -> tuple[Cell, ...]:
     """The experiment's cells whose value of each KEY is among its values, for
     `attn sweep FILE --only KEY=V1,V2,...` (run part of an experiment: the
-    cheap cells first, or one d_k); the values are typed as --grid's are."""
+    cheap cells first, or one d_k); the values are read as one YAML flow list,
+    as --grid's are (null: the cells of a grid block that does not set KEY).
+    ConfigError for a key or value not in the grid, or no cell left."""
     cells = experiment.cells
     for text in texts:
         key, equals, raw = text.partition("=")
@@ -301,13 +312,22 @@ def restrict_cells(experiment: Experiment, texts: typing.Sequence[str]) -> tuple
             raise ConfigError(f"--only: got {show_value(text)}; expected KEY=VALUE,... with KEY a grid key of "
                               f"{experiment.name} ({', '.join(experiment.grid_keys)})")
         values = parse_yaml(f"[{raw}]", f"--only {show_value(text)}") if equals and raw.strip() else []
-        known = list(dict.fromkeys(dict(c.settings).get(key) for c in experiment.cells))
-        unknown = [v for v in values if v not in known]
-        if not values or unknown:
+        known = {_hashable(dict(c.settings).get(key)): dict(c.settings).get(key) for c in experiment.cells}
+        wanted = [_hashable(v) for v in values]
+        if not values or any(v not in known for v in wanted):
             raise ConfigError(f"--only: {key}: got {show_value(raw)}; expected some of the grid's values "
-                              f"({', '.join(map(str, known))})")
-        cells = tuple(c for c in cells if dict(c.settings).get(key) in values)
+                              f"({only_argument(key, known.values()).partition('=')[2]})")
+        cells = tuple(c for c in cells if _hashable(dict(c.settings).get(key)) in wanted)
+    if not cells:
+        raise ConfigError(f"--only: {' '.join(map(show_value, texts))}: no cell of {experiment.name} has all of "
+                          "these values; expected values that some cell holds together")
     return cells
+
+
+def only_argument(key: str, values) -> str:
+    """'KEY=V1, V2': the --only argument restrict_cells reads back as these values (YAML flow text:
+    null for a block that does not set KEY, 'yes' quoted, {W_q: 0.1})."""
+    return f"{key}={yaml_line(list(values))[1:-1]}"
 
 
 def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:

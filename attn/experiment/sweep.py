@@ -9,7 +9,9 @@ interrupted, stale or failed runs from their checkpoint, and starts the
 rest; a finished or resumable run whose config.yaml differs from the
 cell's config (experiment.config_change) is neither skipped nor resumed: it
 is a `failed` outcome with status `config-changed` and the difference, so
-an edited experiment file never silently reuses old runs. A cell is run
+an edited experiment file never silently reuses old runs. (A finished run
+that differs only in how the same maths was computed, an `algorithm` field
+such as model.width_free, is the cell's, as in its report: skipped.) A cell is run
 under its run directory's locks.RunLock, taken before its status is read,
 so two sweeps (or a sweep and `attn train --resume`) never run the same
 cell at once: the second one skips it (`skipped-locked`, naming the
@@ -46,7 +48,7 @@ from typing import Callable
 from attn.config.schema import to_dict
 from attn.config.yamlio import ArgumentError, ConfigError
 from attn.experiment import report_spec
-from attn.experiment.spec import Cell, Experiment, config_change
+from attn.experiment.spec import Cell, Experiment, config_change, result_change
 from attn.store import locks, runs, runstate
 from attn.text import summary_figures
 from attn.train import lifecycle
@@ -140,13 +142,14 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
 
 
 def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
-    """Under the run's lock: skip a finished run, refuse a changed config,
-    else the state to resume or start it from."""
+    """Under the run's lock: skip a finished run (one made with another
+    algorithm too: spec.result_change), refuse a changed config, else the
+    state to resume or start it from (only from a run of this very config)."""
     summary = runs.read_summary(run_dir) or {}
     finished = summary.get("status") in runs.FINISHED
     resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
-    if finished or resume:
-        diff = config_change(run_dir, cell.config)
+    if finished or resume:  # a finished run of the same maths done another way is the cell's; a resume is not
+        diff = (result_change if finished else config_change)(run_dir, cell.config)
         if diff:
             what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
             return CellAction(cell.name, "failed", "config-changed",

@@ -19,10 +19,12 @@ child process, into runs/verify/<variant>/<name>:
               model.width_free=false: the d_k-wide weights, a second
               algorithm for the same maths, whose float32 rounding differs;
               where both fit: a cell wider than MATERIALIZED_WIDTH cannot be
-              re-run so (its step's cost grows with d_k), and is re-run as
-              it ran, so the report is whole (two `attn sweep --only` passes
-              into one directory; a report counts either algorithm's run as
-              the cell's, attn.config.schema's `algorithm` fact)
+              re-run so (its step's cost grows with d_k); it and the cells
+              that are not width-free are the runs as run, hard-linked in,
+              so the report is whole (`attn sweep --only` passes, one per
+              block of the grid, into one directory; a report counts either
+              algorithm's run as the cell's, attn.config.schema's
+              `algorithm` fact)
 
 Each writes its report; then every expectation's verdict is compared across
 them. A verdict that flips is a claim too fine to make: weaken it, or
@@ -44,13 +46,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from attn.config.loading import build_task, runs_width_free
-from attn.experiment.spec import Experiment
+from attn.config.yamlio import yaml_line
+from attn.experiment.spec import Experiment, only_argument
 from attn.store import processes, runs
 from attn.text import markdown_table
 
@@ -83,18 +88,23 @@ def second_kernel(requested: str | None = None) -> str:
                         f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}")
 
 
+def variant_directory(experiment: Experiment, variant: str) -> Path:
+    """runs/verify/<variant>: the runs_dir of a re-run."""
+    return Path(experiment.cells[0].config.runs_dir) / "verify" / variant
+
+
 def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: dict, workers: int | None,
           progress: Callable[[str], None]) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
     pass (each its overrides and options); the last pass's report.json."""
-    runs_dir = Path(experiment.cells[0].config.runs_dir) / "verify" / variant
+    runs_dir = variant_directory(experiment, variant)
+    report = runs_dir / experiment.name / "report.json"
     for arguments in passes:
         command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
         if workers:
             command += ["--workers", str(workers)]
         progress(f"{variant}: {' '.join(command[2:])}")
         done = processes.run_child(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        report = runs_dir / experiment.name / "report.json"
         if done.returncode != 0 or not report.exists():
             lines = done.stderr.strip().splitlines()
             raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
@@ -102,48 +112,81 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
     return report
 
 
-def materialized_passes(experiment: Experiment) -> tuple[list[list[str]], str]:
-    """The materialized re-run's `attn sweep` passes and what they re-run: the
-    cells that run width-free and are at most MATERIALIZED_WIDTH wide with
-    model.width_free=false, the others as they ran, each pass a block of the
-    grid (--only KEY=values); no pass where no cell would change."""
+@dataclass(frozen=True)
+class MaterializedPlan:
+    """The materialized re-run: its `attn sweep` passes, the cells they re-run with model.width_free=false
+    (width-free cells at most MATERIALIZED_WIDTH wide), the other cells (their finished runs are linked from
+    the experiment as run: the same algorithm, nothing to re-run), and what it does, in words."""
+
+    passes: list[list[str]]
+    rerun: frozenset
+    reused: frozenset
+    said: str
+
+
+def materialized_plan(experiment: Experiment) -> MaterializedPlan:
+    """The cells to re-run materialized and the passes that do it, each a block of the grid
+    (--only KEY=values); no pass where no cell would change."""
     def wide(cell) -> int:
         return max(cell.config.model.d_k, cell.config.model.d_v or cell.config.model.d_k)
 
     free = {cell.name for cell in experiment.cells if runs_width_free(cell.config, build_task(cell.config))}
-    fits = {cell.name for cell in experiment.cells if cell.name in free and wide(cell) <= MATERIALIZED_WIDTH}
+    fits = frozenset(c.name for c in experiment.cells if c.name in free and wide(c) <= MATERIALIZED_WIDTH)
     if not fits:
-        return [], "no cell runs width-free" if not free else f"every width-free cell is wider than {MATERIALIZED_WIDTH}"
+        said = "no cell runs width-free" if not free else f"every width-free cell is wider than {MATERIALIZED_WIDTH}"
+        return MaterializedPlan([], frozenset(), frozenset(), said)
     blocks = _blocks(list(experiment.cells), list(experiment.grid_keys), fits, ())
     passes = [(["model.width_free=false"] if fit else [])
-              + [a for key, values in only for a in ("--only", f"{key}={','.join(map(str, values))}")]
+              + [a for key, values in only for a in ("--only", only_argument(key, values))]
               for only, fit in blocks]
-    said = "; ".join(" ".join(f"{key} {', '.join(map(str, values))}" for key, values in only) or "every cell"
-                     for only, fit in blocks if fit)
-    return passes, (f"{said} re-run with model.width_free=false; the rest as they ran (not width-free, or wider than "
-                    f"{MATERIALIZED_WIDTH})" if len(blocks) > 1 else f"{said} re-run with model.width_free=false")
+    said = "; ".join(" ".join(f"{key} {', '.join(map(yaml_line, values))}" for key, values in only) or "every cell"
+                     for only, fit in blocks if fit) + " re-run with model.width_free=false"
+    reused = frozenset(c.name for c in experiment.cells) - fits
+    if reused:
+        said += (f"; the other {len(reused)} runs (not width-free, or wider than {MATERIALIZED_WIDTH}) are the "
+                 "runs as run, linked: the same algorithm, not re-run")
+    return MaterializedPlan(passes, fits, reused, said)
+
+
+def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> int:
+    """Hard-link the finished runs of these cells from the experiment's directory into `target` (a finished
+    run is never written again, so the links share nothing that changes); how many. A run not finished
+    there is left for the re-run's sweep to train."""
+    linked = 0
+    for name in sorted(names):
+        source, destination = experiment.directory / name, target / name
+        if destination.exists() or (runs.read_summary(source) or {}).get("status") not in runs.FINISHED:
+            continue
+        shutil.copytree(source, destination, copy_function=os.link)
+        linked += 1
+    return linked
 
 
 def _blocks(cells: list, keys: list[str], fits: set, only: tuple) -> list[tuple[tuple, bool]]:
     """The cells as blocks of the grid that each fit or not (fits: the names
     that do): split by the first key whose values each fit or not, else by the
     values of the first key that varies, and again within each."""
-    def settings(cell, key):
-        return dict(cell.settings).get(key)
-
     if len({c.name in fits for c in cells}) == 1:
         return [(only, cells[0].name in fits)]
     for key in keys:
-        by_value: dict = {}
-        for cell in cells:
-            by_value.setdefault(settings(cell, key), set()).add(cell.name in fits)
-        if all(len(v) == 1 for v in by_value.values()):
-            return [(only + ((key, tuple(v for v, fit in by_value.items() if fit == {wanted})),), wanted)
+        by_value = _by_value(cells, key)
+        fit_of = {text: {c.name in fits for c in group} for text, (_, group) in by_value.items()}
+        if all(len(fit) == 1 for fit in fit_of.values()):
+            return [(only + ((key, tuple(by_value[t][0] for t, fit in fit_of.items() if fit == {wanted})),), wanted)
                     for wanted in (True, False)]
-    key = next(k for k in keys if len({settings(c, k) for c in cells}) > 1)
-    values = list(dict.fromkeys(settings(c, key) for c in cells))
-    return [block for value in values
-            for block in _blocks([c for c in cells if settings(c, key) == value], keys, fits, only + ((key, (value,)),))]
+    key = next(k for k in keys if len(_by_value(cells, k)) > 1)
+    return [block for value, group in _by_value(cells, key).values()
+            for block in _blocks(group, keys, fits, only + ((key, (value,)),))]
+
+
+def _by_value(cells: list, key: str) -> dict[str, tuple[object, list]]:
+    """The cells by their value of `key` (None: a block that does not set it), keyed by its YAML text,
+    as a mapping value is not hashable: text -> (value, cells)."""
+    out: dict[str, tuple[object, list]] = {}
+    for cell in cells:
+        value = dict(cell.settings).get(key)
+        out.setdefault(yaml_line(value), (value, []))[1].append(cell)
+    return out
 
 
 def compare_verdicts(reports: dict[str, dict]) -> list[dict]:
@@ -175,21 +218,24 @@ def compare_cells(reports: dict[str, dict]) -> list[dict]:
     return rows
 
 
-def unchanged_runs(reports: dict[str, dict]) -> dict[str, dict]:
+def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None) -> dict[str, dict]:
     """Per re-run: of the runs that ended at a finite final eval loss both in it
     and in the first report, how many took bit for bit the same path (the
     same train loss at every logged step: the seed's `path` digest). A re-run
     that changes no run tests nothing: where rounding did not move (at a
     small rate, for one, a rounding difference in the gradient times the rate
     can fall below a weight's last bit), no verdict could flip. Runs that
-    diverged in either are not counted."""
+    diverged in either are not counted; `only` (variant -> run keys) counts a
+    re-run over the runs it re-ran alone (the materialized one's linked runs
+    are the runs as run)."""
     def paths(report: dict) -> dict[str, str | None]:  # a diverged seed's final loss is "inf" (json_number)
         return {_key(c["settings"], s["seed"]): s.get("path") if runs.is_finite_number(s["final_loss"]) else None
                 for c in report["cells"] for s in c["seeds"]}
     first, *others = (paths(r) for r in reports.values())
     result = {}
     for variant, by_run in zip(list(reports)[1:], others):
-        both = [key for key, path in first.items() if path is not None and by_run.get(key) is not None]
+        both = [key for key, path in first.items() if path is not None and by_run.get(key) is not None
+                and (only is None or variant not in only or key in only[variant])]
         result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
     return result
 
@@ -206,14 +252,18 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     paths = {"float64": rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress),
              kernel: rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
                            progress)}
-    passes, materialized = materialized_passes(experiment)
-    if passes:
-        paths["materialized"] = rerun(experiment, "materialized", passes, dict(os.environ), workers, progress)
+    plan = materialized_plan(experiment)
+    if plan.passes:
+        target = variant_directory(experiment, "materialized") / experiment.name
+        target.mkdir(parents=True, exist_ok=True)
+        link_finished_runs(experiment, target, plan.reused)
+        paths["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
     reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
     rows = compare_verdicts(reports)
+    rerun_keys = {_key(dict(c.settings), c.seed) for c in experiment.cells if c.name in plan.rerun}
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
-              "unchanged": unchanged_runs(reports), "materialized": materialized}
+              "unchanged": unchanged_runs(reports, {"materialized": rerun_keys}), "materialized": plan.said}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)

@@ -275,8 +275,9 @@ def final_loss_figure(best, layout, colors, path):
             finite = np.isfinite(losses)
             jitter = (10 ** (rng.uniform(-0.03, 0.03, len(losses)))) if log_x else rng.uniform(-0.05, 0.05, len(losses))
             px = base * jitter if log_x else base + jitter
-            shown = np.clip(losses[finite], *(limits or (losses[finite].min(), losses[finite].max())))
-            handles[layout.arm_label(arm)] = ax.scatter(px[finite], shown, color=colors[arm], s=14, alpha=0.8)
+            if finite.any():  # a cell whose every seed diverged has only its crosses at the top
+                shown = np.clip(losses[finite], *(limits or (losses[finite].min(), losses[finite].max())))
+                handles[layout.arm_label(arm)] = ax.scatter(px[finite], shown, color=colors[arm], s=14, alpha=0.8)
             clipped = finite & ((losses > top) | (limits is not None and (losses < limits[0])))
             if clipped.any():
                 ax.scatter(px[clipped], np.clip(losses[clipped], *limits), marker="s", facecolors="none",

@@ -23,6 +23,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
 from attn.text import markdown_table
+from attn.train.lifecycle import config_of
 
 
 # ---------------------------------------------------------------------------
@@ -149,14 +151,17 @@ def threshold_rows(chosen: dict[tuple, CellResult], layout: Layout) -> list[dict
 
 
 def every_setting_rows(cells: list[CellResult], layout: Layout) -> list[dict]:
-    """Per (x, arm): the seeds that learned at each value of best_of, on the judging seeds, and the most
-    at any: where the most is few, no value of the grid made that arm learn."""
+    """Per (x, arm): the seeds that learned at each value of best_of (a column for every value any arm
+    tried; — where this one did not), on the judging seeds, and the most at any: where the most is few,
+    no value of the grid made that arm learn."""
+    by_key = at_every(cells, layout)
+    values = sorted({value_of(c.settings[layout.best_of]) for row in by_key.values() for c in row}, key=sort_key)
     rows = []
-    for (x, arm), row_cells in at_every(cells, layout).items():
+    for (x, arm), row_cells in by_key.items():
+        counts = {value_of(c.settings[layout.best_of]): (c.count(outcomes.LEARNED), c.n) for c in row_cells}
         row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm)}
-        counts = [(c.count(outcomes.LEARNED), c.n) for c in row_cells]
-        row.update({format_value(c.settings[layout.best_of]): f"{k}/{n}" for c, (k, n) in zip(row_cells, counts)})
-        row["most at any"] = "{}/{}".format(*max(counts)) if counts else "—"
+        row.update({format_value(v): "{}/{}".format(*counts[v]) if v in counts else "—" for v in values})
+        row["most at any"] = "{}/{}".format(*max(counts.values()))
         rows.append(row)
     return rows
 
@@ -213,20 +218,31 @@ def _fmt(value) -> str:
 # ---------------------------------------------------------------------------
 def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
     """Each provenance fact (cpu, blas, openblas_coretype, dtype, attn_commit,
-    numpy; W_q, W_k: materialized or width-free) -> its distinct values over the runs reported."""
+    numpy; W_q, W_k: materialized or width-free, and how first drawn) -> its
+    distinct values over the runs reported; and, where a cell holds runs
+    carried both ways (attn verify's materialized re-run), those cells."""
     facts: dict[str, set] = {}
-    for seed in (s for c in cells for s in c.seeds):
-        try:
-            data = runs.read_run_config(seed.run.path)
-        except runs.RunError:  # it was read when the cell was collected: gone or damaged since
-            continue
-        provenance = data.get("provenance") or {}
-        for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
-            facts.setdefault(key, set()).add(str(provenance.get(key)))
-        carried = (provenance.get("head") or {}).get("W_q, W_k")  # 'materialized' or 'width-free: ...'
-        facts.setdefault("W_q, W_k", set()).add(str(carried).split(":")[0])
-        facts.setdefault("dtype", set()).add(str(data.get("dtype")))
-    return {k: sorted(v) for k, v in facts.items()}
+    two_ways = []
+    for cell in cells:
+        carried_here = set()
+        for seed in cell.seeds:
+            try:
+                data = runs.read_run_config(seed.run.path)
+            except runs.RunError:  # it was read when the cell was collected: gone or damaged since
+                continue
+            provenance = data.get("provenance") or {}
+            for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
+                facts.setdefault(key, set()).add(str(provenance.get(key)))
+            facts.setdefault("dtype", set()).add(str(data.get("dtype")))
+            carried = re.sub(r" \((?:width )?\d+\)", "", str((provenance.get("head") or {}).get("W_q, W_k")))
+            facts.setdefault("W_q, W_k", set()).add(carried)  # its widths left out: one value per way
+            carried_here.add(carried)
+        if len(carried_here) > 1:
+            two_ways.append(", ".join(f"{k}={format_value(v)}" for k, v in cell.settings.items()))
+    out = {k: sorted(v) for k, v in facts.items()}
+    if two_ways:
+        out["cells with runs carried both ways"] = [f"{len(two_ways)} ({two_ways[0]}, ...)"]
+    return out
 
 
 def code_states(cells: list[CellResult]) -> dict[str, int]:
@@ -473,7 +489,7 @@ def length_results(best: dict, experiment: Experiment) -> dict:
         for seed in cell.seeds:
             if seed.outcome.outcome == outcomes.DIVERGED:
                 continue
-            config = next(c.config for c in experiment.cells if c.name == seed.run.path.name)
+            config = config_of(seed.run.path)  # the run's own: a run of the cell made the other algorithm's way
             for P, figures in lengths.at_lengths(seed.run.path, config, list(experiment.report.lengths)).items():
                 for name, value in figures.items():
                     by_length.setdefault(P, {}).setdefault(name, []).append(value)
@@ -533,7 +549,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
         seeds = "the judging seeds" if experiment.report.judge_on is not None else "every seed"
-        text += [f"## Seeds that learned at every {layout.best_of} ({seeds})", "",
+        text += [f"## Seeds that learned at every {layout.names[layout.best_of]} ({seeds})", "",
                  rows_table(every_setting_rows(cells, layout)), ""]
     text += ["## How the counts move with the threshold (each arm at its best setting)", "",
              f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
