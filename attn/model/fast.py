@@ -301,6 +301,29 @@ def target_positions(batch: Batch):
     return slice(None) if with_target.all() else np.flatnonzero(with_target)
 
 
+@lru_cache(maxsize=32)
+def embedding_names(spec: ModelSpec) -> tuple[str, ...]:
+    """The tables summed into X, in order: each field's, then the learned positions' (E_pos)."""
+    return (*(f"E_{name}" for name, _ in spec.fields), *(("E_pos",) if spec.positional == "learned" else ()))
+
+
+def embedding_tables(params: dict, spec: ModelSpec) -> list[np.ndarray]:
+    return [params[name] for name in embedding_names(spec)]
+
+
+def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The row of each embedding table (embedding_names) summed at each
+    position: (S, *M, B, T), the token ids of each field, then the position
+    itself (0..T-1) for learned positions."""
+    fields = tokens.transpose(tokens.ndim - 1, *range(tokens.ndim - 1))  # (F, *M, B, T)
+    if spec.positional != "learned":
+        return fields
+    ids = np.empty((len(fields) + 1, *fields.shape[1:]), dtype=tokens.dtype)
+    ids[:-1] = fields
+    ids[-1] = np.arange(tokens.shape[-2])  # every example's positions
+    return ids
+
+
 def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
             association: str | None = None, buffers: dict | None = None):
     """Loss of the batch and the cache that `backward` and `diagnostics` read.
@@ -316,17 +339,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
-    x = None
-    embed_caches = {}
-    for f, (name, _) in enumerate(spec.fields):
-        e, embed_caches[name] = pairs.embedding_forward(batch.tokens[..., f], params[f"E_{name}"])
-        if x is None:
-            x = e  # (*M, B, T, D), a fresh array: the sums below go into it in place
-        else:
-            x += e
-    if spec.positional == "learned":
-        x += params["E_pos"][..., None, :T, :]
-    elif spec.positional == "sinusoidal":
+    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec))  # (*M, B, T, D)
+    if spec.positional == "sinusoidal":
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
@@ -344,7 +358,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     logits, readout_cache = pairs.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = pairs.cross_entropy_forward(
         logits, batch.targets[..., positions], batch.target_mask[..., positions])
-    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
+    cache = dict(embed=embed_cache, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
                  spectral=spectral)
     return loss, cache
 
@@ -375,27 +389,15 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     grads = {}
     dlogits = pairs.cross_entropy_backward(1.0, cache["ce"])  # (*M, B, P, C)
     dh, grads["W_out"], grads["b_out"] = pairs.linear_backward(dlogits, cache["readout"])  # (*M, B, P, D)
-    head_grads = head.attention_backward(dh, cache["attn"])  # with the score mode's own (theta, g_q, ...)
+    # with the score mode's own (theta, g_q, ...); the residual's dh reaches X at the queries through the head's
+    head_grads = head.attention_backward(dh, cache["attn"], dh if spec.residual else None)
     dx = head_grads.pop("x")  # (*M, B, T, D): an array or Factored
     if cache["spectral"] is not None:
         for w, spectral in zip("qk", cache["spectral"]):
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
-    if spec.residual:
-        dx = pairs.add_at_positions(dx, cache["positions"], dh)
     grads.update(head_grads)
-    if spec.positional == "learned":
-        grads["E_pos"] = _positional_grad(dx, spec)
-    for name, _ in spec.fields:
-        grads[f"E_{name}"] = pairs.embedding_backward(dx, cache["embed"][name])
+    grads.update(zip(embedding_names(spec), pairs.embedding_backward(dx, cache["embed"])))
     return {name: grads[name] for name in param_order(spec)}
-
-
-def _positional_grad(dx, spec: ModelSpec) -> np.ndarray:
-    """E_pos[:T] was added to every example: its gradient sums over the batch."""
-    summed = pairs.sum_over_examples(dx)  # (*M, T, D)
-    dpos = np.zeros((*summed.shape[:-2], spec.n_positions, spec.d_model), dtype=summed.dtype)
-    dpos[..., : summed.shape[-2], :] = summed
-    return dpos
 
 
 @lru_cache(maxsize=32)

@@ -195,18 +195,20 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     return out, attn, cache
 
 
-def attention_backward(dout, cache):
+def attention_backward(dout, cache, dx_queries=None):
     """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
 
     dout (*M, B, P, D) is the upstream gradient at the forward's query
-    positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
+    positions; dx_queries (*M, B, P, D), if given, a gradient that reaches X
+    at those positions by another way (a residual H = X + out), added to the
+    query rows' own so that X's gradient gains those rows once. What belongs to a query (dC, dA, dS, dQ) is computed at those
     P positions; the keys and values of all T positions get their gradient
     through them. The gradient of x is an array (*M, B, T, D), or Factored
     when few queries make that cheaper (keep_factored). A score mode's own
     parameters get theirs too (theta, length_scale, g_q, g_k).
     """
     backward = _projected_backward if cache["association"] == "projected" else _bilinear_backward
-    return backward(dout, cache)
+    return backward(dout, cache, dx_queries)
 
 
 def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
@@ -216,7 +218,7 @@ def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
     return scores.transform_backward(dscores, cache["transform"])
 
 
-def _projected_backward(dout, cache):
+def _projected_backward(dout, cache, dx_queries):
     k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
     dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
@@ -227,6 +229,8 @@ def _projected_backward(dout, cache):
     dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"],
                                                        cache["key_norm"])
     dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
+    if dx_queries is not None:
+        dx_q += dx_queries
     dx = add_at_positions(dx, cache["queries"], dx_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o,
             **{name: g for name, g in grads.items() if g is not None}}
@@ -270,7 +274,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_no
     return Factored(left, right), dW_k, dW_v, None
 
 
-def _bilinear_backward(dout, cache):
+def _bilinear_backward(dout, cache, dx_queries):
     """Through out = (A X) W_OV and S = X_Q W_QK X^T:
 
         d(A X) = dout W_OV^T,   dA = d(A X) X^T,   dS = softmax VJP,
@@ -288,5 +292,7 @@ def _bilinear_backward(dout, cache):
     dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
     if not keep_factored(x.shape[-2], attn.shape[-2]):
         dx = dx.dense()  # (*M, B, T, D)
+    if dx_queries is not None:
+        dx_q += dx_queries
     dx = add_at_positions(dx, cache["queries"], dx_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}

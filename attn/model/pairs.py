@@ -19,6 +19,7 @@ builds the attention head from these.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,7 +27,7 @@ import numpy as np
 # --------------------------------------------------------------------------
 # A gradient held as factors: when few query positions carry the loss (retrieval: one of T),
 # the gradient reaching X is a sum of a few outer products per example; kept as its factors it is
-# never formed, and the embeddings take it as such (embedding_backward, sum_over_examples).
+# never formed, and the embeddings take it as such (embedding_backward).
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Factored:
@@ -35,8 +36,8 @@ class Factored:
     left (*M, B, R, T), right (*M, B, R, n): per example, a sum of R outer
     products. When few query positions carry the loss, the gradient reaching
     X is of low rank R (a few per query), and its consumers, the embeddings,
-    need it only through onehot^T value (see embedding_backward and
-    sum_over_examples): kept as factors, it is never formed.
+    need it only through onehot^T value (see embedding_backward): kept as
+    factors, it is never formed.
     """
 
     left: np.ndarray  # (*M, B, R, T)
@@ -52,11 +53,11 @@ class Factored:
 
 def keep_factored(T: int, P: int) -> bool:
     """Whether the head hands X's gradient back as Factored: when its factors
-    have fewer rows, 4 per query (through the keys, the values, the query's
-    own row, the residual), than X has positions. Every product of that path
-    is then smaller than the formed path's, and so is the embeddings' work
-    on it. With a query at every position (copy), forming dX costs less."""
-    return 4 * P < T
+    have fewer rows, 3 per query (through the keys, the values, and the
+    query's own row with the residual's gradient), than X has positions.
+    Every product of that path is then smaller than the formed path's, and
+    so is the embeddings' work on it. With a query at every position (copy), forming dX costs less."""
+    return 3 * P < T
 
 
 def _position_indicator(shape: tuple, T: int, positions, dtype) -> np.ndarray:
@@ -78,16 +79,6 @@ def add_at_positions(grad, positions, values: np.ndarray):
         return Factored(np.concatenate([grad.left, indicator], axis=-2), np.concatenate([grad.right, values], axis=-2))
     grad[..., positions, :] += values
     return grad
-
-
-def sum_over_examples(grad) -> np.ndarray:
-    """sum_b grad[b]: (*M, T, n). For Factored, sum_b left[b]^T right[b] = L^T R
-    with the examples' rows stacked: one (T, B R) @ (B R, n) product per member."""
-    if isinstance(grad, Factored):
-        *lead, B, R, T = grad.left.shape
-        left = np.moveaxis(grad.left, -1, -3).reshape(*lead, T, B * R)  # (*M, T, B R)
-        return left @ grad.right.reshape(*lead, B * R, grad.right.shape[-1])
-    return grad.sum(axis=-3)
 
 
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -112,47 +103,87 @@ def per_member_matrix(value, like: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# Embedding: out[b, t] = table[ids[b, t]]
+# Embeddings: out = sum_s table_s[ids_s]
 # --------------------------------------------------------------------------
-def embedding_forward(ids: np.ndarray, table: np.ndarray):
-    """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
-    out = np.take(*_flat_lookup(ids, table), axis=0)  # (*M, ..., D)
-    return out, (ids, table.shape)
+def embedding_forward(ids: np.ndarray, tables: list[np.ndarray]):
+    """Look up and sum rows of several tables: out = sum_s tables[s][ids[s]],
+    for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D) ->
+    (*M, ..., D).
+
+    The tables are looked up as one, stacked (*M, V, D) with V = sum V_s, so
+    that the lookup is one take and the backward one product for them all."""
+    sizes = tuple(table.shape[-2] for table in tables)
+    table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
+    stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
+    looked_up = np.take(*_flat_lookup(stacked, table), axis=0)  # (S, *M, ..., D)
+    out = looked_up[0]  # a fresh array's view: the other sources are summed into it in place
+    for s in range(1, len(sizes)):
+        out += looked_up[s]
+    return out, (stacked, table.shape, sizes)
+
+
+@lru_cache(maxsize=32)
+def _table_offsets(sizes: tuple[int, ...], ndim: int) -> np.ndarray:
+    """(S, 1, ...) the first row of each table in the stacked one (read-only)."""
+    offsets = np.cumsum((0, *sizes[:-1])).reshape(-1, *[1] * (ndim - 1))
+    offsets.flags.writeable = False
+    return offsets
 
 
 def _flat_lookup(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(table as rows (M V, D), ids into those rows): member m's row v is row m V + v."""
+    """(table as rows (M V, D), ids (S, M, ...) into those rows): member m's row v is row m V + v."""
     if not member_axes(table):
         return table, ids
     M, V, D = table.shape
-    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 1))
+    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 2))
 
 
-def embedding_backward(dout, cache) -> np.ndarray:
-    """Sum the upstream gradient into the rows that were looked up:
+def embedding_backward(dout, cache) -> list[np.ndarray]:
+    """Sum the upstream gradient into the rows that were looked up, for every
+    table at once (views of one (*M, V, D) array, in the tables' order):
 
-        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
+        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of positions
 
-    One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
-    of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
+    onehot with one 1 per table in each column: one matrix product, O(N V D)
+    FLOPs, yet for the vocabularies here (tens of ids) far faster than
+    np.add.at's row-by-row scatter. Repeated ids add up.
 
-    dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
-    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
-    (B, R, V), times R, and dout is never formed. The binning is one
-    np.bincount over every (example, row) (accumulated in float64, then
-    the gradient's dtype): a batch of tiny products would cost more.
+    dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
+    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
+    the stacked table, (B, R, V), times R, and dout is never formed. The
+    binning is one np.bincount over every (source, example, row) (accumulated
+    in float64, then the gradient's dtype): a batch of tiny products would cost more.
     """
-    ids, shape = cache
+    ids, shape, sizes = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
     V, lead = shape[-2], shape[:-2]
     if isinstance(dout, Factored):
         *batch, R, T = dout.left.shape  # batch = (*M, B)
-        n_rows = int(np.prod(batch)) * R
-        bins = np.arange(n_rows).reshape(*batch, R, 1) * V + ids[..., None, :]  # (*M, B, R, T): bin of each entry
-        binned = np.bincount(bins.ravel(), weights=dout.left.ravel(), minlength=n_rows * V)
+        rows = _row_bins(tuple(batch), R, V)  # (*M, B, R, 1)
+        bins = rows + ids[..., None, :]  # (S, *M, B, R, T): bin of each entry
+        weights = dout.left[None].repeat(len(sizes), axis=0)  # (S, *M, B, R, T)
+        binned = np.bincount(bins.ravel(), weights=weights.ravel(), minlength=rows.size * V)
         binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
-        return binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
-    onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
-    return onehot @ as_rows(dout, len(lead))  # (*M, V, D)
+        dtable = binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
+    else:
+        columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
+        onehot = (np.arange(V)[:, None] == columns).any(axis=0).astype(dout.dtype)  # (*M, V, N)
+        dtable = onehot @ as_rows(dout, len(lead))  # (*M, V, D)
+    return [dtable[..., start:stop, :] for start, stop in _table_bounds(sizes)]
+
+
+@lru_cache(maxsize=32)
+def _row_bins(batch: tuple[int, ...], R: int, V: int) -> np.ndarray:
+    """(*batch, R, 1): the first bin of each (example, row) of a Factored gradient, V bins apart (read-only)."""
+    bins = np.arange(int(np.prod(batch)) * R).reshape(*batch, R, 1) * V
+    bins.flags.writeable = False
+    return bins
+
+
+@lru_cache(maxsize=32)
+def _table_bounds(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Each table's rows (start, stop) in the stacked table."""
+    stops = np.cumsum(sizes).tolist()
+    return tuple(zip([0, *stops[:-1]], stops))
 
 
 def as_rows(x: np.ndarray, members: int) -> np.ndarray:
