@@ -43,7 +43,7 @@ Parameters are a dict name -> array; gradients a dict with the same keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -98,6 +98,16 @@ class ModelSpec:
     def v_width(self) -> int:
         """The width W_v, W_o are carried at: d_v, or 2 d_model when width-free and d_v is wider."""
         return widthfree.carried_width(self.d_model, self.d_v) if self.width_free else self.d_v
+
+    @cached_property
+    def param_names(self) -> tuple[str, ...]:
+        """The parameters' names in param_shapes' order (asked every backward: kept on the spec)."""
+        return tuple(param_shapes(self))
+
+    @cached_property
+    def embedding_names(self) -> tuple[str, ...]:
+        """The tables summed into X, in order: each field's, then the learned positions' (E_pos)."""
+        return (*(f"E_{name}" for name, _ in self.fields), *(("E_pos",) if self.positional == "learned" else ()))
 
     @property
     def n_sources(self) -> int:
@@ -301,18 +311,12 @@ def target_positions(batch: Batch):
     return slice(None) if with_target.all() else np.flatnonzero(with_target)
 
 
-@lru_cache(maxsize=32)
-def embedding_names(spec: ModelSpec) -> tuple[str, ...]:
-    """The tables summed into X, in order: each field's, then the learned positions' (E_pos)."""
-    return (*(f"E_{name}" for name, _ in spec.fields), *(("E_pos",) if spec.positional == "learned" else ()))
-
-
 def embedding_tables(params: dict, spec: ModelSpec) -> list[np.ndarray]:
-    return [params[name] for name in embedding_names(spec)]
+    return [params[name] for name in spec.embedding_names]
 
 
 def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """The row of each embedding table (embedding_names) summed at each
+    """The row of each embedding table (spec.embedding_names) summed at each
     position: (S, *M, B, T), the token ids of each field, then the position
     itself (0..T-1) for learned positions."""
     fields = tokens.transpose(tokens.ndim - 1, *range(tokens.ndim - 1))  # (F, *M, B, T)
@@ -396,14 +400,8 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
         for w, spectral in zip("qk", cache["spectral"]):
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
     grads.update(head_grads)
-    grads.update(zip(embedding_names(spec), pairs.embedding_backward(dx, cache["embed"])))
-    return {name: grads[name] for name in param_order(spec)}
-
-
-@lru_cache(maxsize=32)
-def param_order(spec: ModelSpec) -> tuple[str, ...]:
-    """The parameters' names in param_shapes' order (asked every backward: kept per spec)."""
-    return tuple(param_shapes(spec))
+    grads.update(zip(spec.embedding_names, pairs.embedding_backward(dx, cache["embed"])))
+    return {name: grads[name] for name in spec.param_names}
 
 
 def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None, buffers: dict | None = None):

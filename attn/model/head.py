@@ -33,6 +33,7 @@ from attn.model.pairs import (
     linear_backward,
     linear_forward,
     member_axes,
+    move_axis,
     per_member_matrix,
     softmax_backward,
     softmax_forward,
@@ -75,7 +76,7 @@ def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     T, often ~10, entries)."""
     *lead, T, _ = keys.shape
     P = queries.shape[-2]
-    transposed = np.moveaxis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
+    transposed = move_axis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
     np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
     return transposed.swapaxes(-1, -2)  # (..., P, T)
 
@@ -113,6 +114,7 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     return costs
 
 
+@lru_cache(maxsize=64)
 def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> str:
     """The rule: the association of head_costs with fewer multiply-adds
     (ties: projected, then bilinear). Bilinear wins with few query rows
@@ -159,11 +161,11 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     norm = score.norm if score is not None else None
     if norm is not None:
         association = "projected"  # norm(q).norm(k) is no bilinear form in X
-    if association is None:
-        *_, B, T, D = x.shape
-        association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
-    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     x_q = x[..., queries, :]  # (*M, B, P, D)
+    if association is None:
+        *_, B, P, D = x_q.shape
+        association = choose_association(B, P, x.shape[-2], D, W_k.shape[-1], W_v.shape[-1])
+    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
         d_k = W_k.shape[-1]
         kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)

@@ -61,8 +61,13 @@ def keep_factored(T: int, P: int) -> bool:
 
 
 def _position_indicator(shape: tuple, T: int, positions, dtype) -> np.ndarray:
-    """(*shape, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
-    columns = np.arange(T)[positions]
+    """(*shape, P, T) rows e_p for each of `positions` along T (an index array or a slice); read-only."""
+    columns = range(T)[positions] if isinstance(positions, slice) else positions.tolist()
+    return _indicator(shape, T, tuple(columns), np.dtype(dtype))
+
+
+@lru_cache(maxsize=32)
+def _indicator(shape: tuple, T: int, columns: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     indicator = np.zeros((len(columns), T), dtype=dtype)
     indicator[np.arange(len(columns)), columns] = 1
     return np.broadcast_to(indicator, (*shape, *indicator.shape))
@@ -90,6 +95,19 @@ def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None
         np.multiply(a.swapaxes(-1, -2), b, out=out)
     else:
         np.matmul(a.swapaxes(-1, -2), b, out=out)
+
+
+def move_axis(a: np.ndarray, source: int, destination: int) -> np.ndarray:
+    """np.moveaxis(a, source, destination) as one transpose (a view): the same
+    array, without np.moveaxis's checks, which cost more than the move."""
+    return a.transpose(_moved_order(a.ndim, source, destination))
+
+
+@lru_cache(maxsize=64)
+def _moved_order(ndim: int, source: int, destination: int) -> tuple[int, ...]:
+    order = list(range(ndim))
+    order.insert(destination % ndim, order.pop(source % ndim))
+    return tuple(order)
 
 
 def member_axes(weight: np.ndarray) -> int:
@@ -333,18 +351,26 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     needs and which gives the predicted class for accuracy at no extra cost,
     as its first entry.
     """
-    z = np.moveaxis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see _keys_first)
+    z = move_axis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see attn.model.head._key_major_product)
     z -= z.max(axis=0)  # shifted logits
-    onehot = np.arange(z.shape[0]).reshape(-1, *[1] * targets.ndim) == targets  # (C, *M, B, T) bool
+    onehot = _classes(z.shape[0], targets.ndim) == targets  # (C, *M, B, T) bool
     picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
     sum_exp = z.sum(axis=0)  # (*M, B, T)
     z /= sum_exp
-    probs = np.moveaxis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
+    probs = move_axis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
     counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
-    weight = target_mask.astype(logits.dtype) / counts.astype(logits.dtype)  # (*M, B, T)
+    weight = np.divide(target_mask, counts, dtype=logits.dtype)  # (*M, B, T): each in the logits' dtype, then divided
     loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
-    return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
+    return loss, (probs, move_axis(onehot, 0, -1), weight)
+
+
+@lru_cache(maxsize=32)
+def _classes(C: int, ndim: int) -> np.ndarray:
+    """(C, 1, ...) the class indices, to broadcast against targets of `ndim` axes (read-only)."""
+    classes = np.arange(C).reshape(-1, *[1] * ndim)
+    classes.flags.writeable = False
+    return classes
 
 
 def cross_entropy_backward(dloss, cache) -> np.ndarray:
