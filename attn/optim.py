@@ -74,6 +74,8 @@ def per_member(value, w: np.ndarray) -> np.ndarray:
     """A scalar, or one value per member (M,), as w's dtype, shaped to
     broadcast over w (M, ...): the factor an update multiplies w's entries by."""
     value = np.asarray(value, dtype=np.float64).astype(w.dtype)
+    if value.ndim == 0:
+        return value  # a 0-d array: numpy broadcasts it as a scalar, faster than a (1, 1) array
     return value.reshape(value.shape + (1,) * (w.ndim - value.ndim))
 
 

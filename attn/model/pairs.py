@@ -8,6 +8,10 @@ Each layer is a pair in the CS231n style:
 Forward caches exactly what backward needs; backward never recomputes the
 forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
 the dtype of the inputs is the dtype of the outputs (float32 stays float32).
+Reductions on the training path are the ufuncs' own (np.add.reduce,
+np.maximum.reduce): the array methods (a.sum(), a.max()) reach the same
+reduction through a Python wrapper that costs more than the reduction at
+these sizes.
 
 Members. Every pair also computes M models at once (attn.train.stack's stacked
 runs): each weight then carries a leading member axis, W (M, n_in, n_out),
@@ -233,7 +237,7 @@ def linear_backward(dout: np.ndarray, cache):
     dout2 = as_rows(dout, members)  # (*M, N, n_out)
     dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
     dW = as_rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
-    db = dout2.sum(axis=-2) if has_bias else None
+    db = np.add.reduce(dout2, axis=-2) if has_bias else None
     return dx, dW, db
 
 
@@ -320,9 +324,9 @@ def softmax_forward(scores: np.ndarray):
     Subtracting the row max keeps exp() finite for any finite scores, so
     scores of +-1e4 give a valid distribution. -inf entries become exact 0.
     """
-    probs = scores - scores.max(axis=-1, keepdims=True)
+    probs = scores - np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(probs, out=probs)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    probs /= np.add.reduce(probs, axis=-1, keepdims=True)
     return probs, probs
 
 
@@ -333,7 +337,7 @@ def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
     Masked entries have P = 0 and so receive exactly zero gradient.
     """
     dscores = dprobs * probs
-    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
+    dscores -= probs * np.add.reduce(dscores, axis=-1, keepdims=True)
     return dscores
 
 
@@ -352,16 +356,16 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     as its first entry.
     """
     z = move_axis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see attn.model.head._key_major_product)
-    z -= z.max(axis=0)  # shifted logits
+    z -= np.maximum.reduce(z, axis=0)  # shifted logits
     onehot = _classes(z.shape[0], targets.ndim) == targets  # (C, *M, B, T) bool
-    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
+    picked = np.add.reduce(z * onehot, axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
-    sum_exp = z.sum(axis=0)  # (*M, B, T)
+    sum_exp = np.add.reduce(z, axis=0)  # (*M, B, T)
     z /= sum_exp
     probs = move_axis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
-    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
+    counts = np.add.reduce(target_mask, axis=(-2, -1), keepdims=True)  # (*M, 1, 1) ints
     weight = np.divide(target_mask, counts, dtype=logits.dtype)  # (*M, B, T): each in the logits' dtype, then divided
-    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
+    loss = np.add.reduce((np.log(sum_exp) - picked) * weight, axis=(-2, -1), dtype=logits.dtype)
     return loss, (probs, move_axis(onehot, 0, -1), weight)
 
 
