@@ -75,7 +75,7 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
 
 # The numpy calls of a training step at the default size (attn.bench.calls): 218 before the embeddings were
 # stacked, the residual's gradient joined to the query rows' and the rest of issue 21 item 7's cuts.
-DEFAULT_STEP_NUMPY_CALLS = 164
+DEFAULT_STEP_NUMPY_CALLS = 160
 
 
 def test_the_default_step_makes_no_more_numpy_calls_than_it_did():

@@ -27,6 +27,7 @@ from attn.model.pairs import (
     Factored,
     add_at_positions,
     as_rows,
+    factored_with_rows,
     factorised_linear_backward,
     factorised_linear_forward,
     keep_factored,
@@ -291,10 +292,11 @@ def _bilinear_backward(dout, cache, dx_queries):
     dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
     dq_circuit = dscores @ x  # (*M, B, P, D)
     dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
-    dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
-    if not keep_factored(x.shape[-2], attn.shape[-2]):
-        dx = dx.dense()  # (*M, B, T, D)
     if dx_queries is not None:
         dx_q += dx_queries
-    dx = add_at_positions(dx, cache["queries"], dx_q)
+    if keep_factored(x.shape[-2], attn.shape[-2]):
+        dx = factored_with_rows([dscores, attn], [q_circuit, dattended], cache["queries"], dx_q)
+    else:
+        dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
+        dx = add_at_positions(dx.dense(), cache["queries"], dx_q)  # (*M, B, T, D)
     return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}

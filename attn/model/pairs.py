@@ -84,10 +84,18 @@ def add_at_positions(grad, positions, values: np.ndarray):
     indicator e_p on the left, the values on the right).
     """
     if isinstance(grad, Factored):
-        indicator = _position_indicator(values.shape[:-2], grad.left.shape[-1], positions, values.dtype)  # (*M, B, P, T)
-        return Factored(np.concatenate([grad.left, indicator], axis=-2), np.concatenate([grad.right, values], axis=-2))
+        return factored_with_rows([grad.left], [grad.right], positions, values)
     grad[..., positions, :] += values
     return grad
+
+
+def factored_with_rows(lefts: list[np.ndarray], rights: list[np.ndarray], positions, values: np.ndarray) -> Factored:
+    """Factored([*lefts; E], [*rights; values]), E the indicator rows e_p of
+    the `positions`: the factors' pieces stacked (lefts (*M, B, R_i, T),
+    rights (*M, B, R_i, n)), and `values` (*M, B, P, n) added at those
+    positions, in one concatenation per side."""
+    indicator = _position_indicator(values.shape[:-2], lefts[0].shape[-1], positions, values.dtype)  # (*M, B, P, T)
+    return Factored(np.concatenate([*lefts, indicator], axis=-2), np.concatenate([*rights, values], axis=-2))
 
 
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -256,9 +264,9 @@ def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
     return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
 
 
-def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=1.0, merged: bool | None = None):
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=None, merged: bool | None = None):
     """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
-    s a scalar or one per member (*M, 1, 1):
+    s a scalar or one per member (*M, 1, 1), or None for none (s = 1, no multiply):
 
         chained:  h = s (x U),  out = h V
         merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
@@ -273,12 +281,14 @@ def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale
         merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
     if merged:
         W = U @ V  # (*M, n_in, n_out)
-        W *= scale
+        if scale is not None:
+            W *= scale
         out = rows @ W
         cache = (rows, U, V, scale, W, None)
     else:
         hidden = rows @ U  # (*M, N, r)
-        hidden *= scale
+        if scale is not None:
+            hidden *= scale
         out = hidden @ V
         cache = (rows, U, V, scale, None, hidden)
     return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
@@ -295,12 +305,14 @@ def factorised_linear_backward(dout: np.ndarray, cache):
     if W is not None:
         dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
         dx = dout2 @ W.swapaxes(-1, -2)
-        dW *= scale
+        if scale is not None:
+            dW *= scale
         dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
     else:
         dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
         dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
-        dhidden *= scale
+        if scale is not None:
+            dhidden *= scale
         dx = dhidden @ U.swapaxes(-1, -2)
         dU = rows.swapaxes(-1, -2) @ dhidden
     return dx.reshape(x_shape), dU, dV
