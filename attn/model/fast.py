@@ -312,6 +312,7 @@ def target_positions(batch: Batch):
 
 
 def embedding_tables(params: dict, spec: ModelSpec) -> list[np.ndarray]:
+    """The tables summed into X (spec.embedding_names), each (*M, V_s, D)."""
     return [params[name] for name in spec.embedding_names]
 
 
@@ -393,7 +394,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     grads = {}
     dlogits = pairs.cross_entropy_backward(1.0, cache["ce"])  # (*M, B, P, C)
     dh, grads["W_out"], grads["b_out"] = pairs.linear_backward(dlogits, cache["readout"])  # (*M, B, P, D)
-    # with the score mode's own (theta, g_q, ...); the residual's dh reaches X at the queries through the head's
+    # the score mode's own too (theta, g_q, ...); with the residual H = X + out, dh reaches X at the queries as well
     head_grads = head.attention_backward(dh, cache["attn"], dh if spec.residual else None)
     dx = head_grads.pop("x")  # (*M, B, T, D): an array or Factored
     if cache["spectral"] is not None:

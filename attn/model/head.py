@@ -204,7 +204,8 @@ def attention_backward(dout, cache, dx_queries=None):
     dout (*M, B, P, D) is the upstream gradient at the forward's query
     positions; dx_queries (*M, B, P, D), if given, a gradient that reaches X
     at those positions by another way (a residual H = X + out), added to the
-    query rows' own so that X's gradient gains those rows once. What belongs to a query (dC, dA, dS, dQ) is computed at those
+    query rows' own so that X's gradient gains those rows once. What belongs
+    to a query (dC, dA, dS, dQ) is computed at those
     P positions; the keys and values of all T positions get their gradient
     through them. The gradient of x is an array (*M, B, T, D), or Factored
     when few queries make that cheaper (keep_factored). A score mode's own

@@ -60,7 +60,8 @@ def keep_factored(T: int, P: int) -> bool:
     have fewer rows, 3 per query (through the keys, the values, and the
     query's own row with the residual's gradient), than X has positions.
     Every product of that path is then smaller than the formed path's, and
-    so is the embeddings' work on it. With a query at every position (copy), forming dX costs less."""
+    so is the embeddings' work on it. With a query at every position (copy),
+    forming dX costs less."""
     return 3 * P < T
 
 
@@ -196,7 +197,7 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
         dtable = binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
-        onehot = (np.arange(V)[:, None] == columns).any(axis=0).astype(dout.dtype)  # (*M, V, N)
+        onehot = np.logical_or.reduce(np.arange(V)[:, None] == columns, axis=0).astype(dout.dtype)  # (*M, V, N)
         dtable = onehot @ as_rows(dout, len(lead))  # (*M, V, D)
     return [dtable[..., start:stop, :] for start, stop in _table_bounds(sizes)]
 
