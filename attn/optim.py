@@ -74,6 +74,8 @@ def per_member(value, w: np.ndarray) -> np.ndarray:
     """A scalar, or one value per member (M,), as w's dtype, shaped to
     broadcast over w (M, ...): the factor an update multiplies w's entries by."""
     value = np.asarray(value, dtype=np.float64).astype(w.dtype)
+    if value.ndim == 0:
+        return value  # a 0-d array: numpy broadcasts it as a scalar, faster than a (1, 1) array
     return value.reshape(value.shape + (1,) * (w.ndim - value.ndim))
 
 
@@ -103,11 +105,15 @@ class SGD:
         self.state = {f"momentum/{n}": np.zeros_like(p) for n, p in params.items()} if momentum else {}
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
+        rates = {}  # the rate per_member makes for a weight, formed once for all the weights that share it
         for name, w in params.items():
             g = grads[name]
             if self.weight_decay:
                 g = g + w.dtype.type(self.weight_decay) * w
-            step_lr = per_member(np.multiply(lr, self.lr_mult.get(name, 1.0)), w)
+            shared = (name if name in self.lr_mult else None, w.ndim, w.dtype)
+            if shared not in rates:
+                rates[shared] = per_member(np.multiply(lr, self.lr_mult.get(name, 1.0)), w)
+            step_lr = rates[shared]
             if self.momentum:
                 buf = self.state[f"momentum/{name}"]
                 buf *= w.dtype.type(self.momentum)

@@ -65,6 +65,20 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
     config = timing.size_config("default")
     assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(build_spec(config, build_task(config)),
                                                                    config.train.batch_size, 1)
+    assert size["attn_calls"] == timing.attn_calls(config)
     table = md_path.read_text()
-    assert "attn / fastest (target ≤ 0.7)" in table and "| default |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| default |"))
+    assert "attn / fastest |" in table and f"| {size['attn_calls']['numpy']:.0f}; " in row
+    assert installed == [] or "at ≤ 1.0)" in row  # issue 21's target at the default size
     assert table in out.stdout
+
+
+# The numpy calls of a training step at the default size (attn.bench.calls): 218 before the embeddings were
+# stacked, the residual's gradient joined to the query rows' and the rest of issue 21 item 7's cuts.
+DEFAULT_STEP_NUMPY_CALLS = 160
+
+
+def test_the_default_step_makes_no_more_numpy_calls_than_it_did():
+    """A count of code paths, not a time: deterministic on any machine."""
+    counted = timing.attn_calls(timing.size_config("default"))
+    assert counted["numpy"] <= DEFAULT_STEP_NUMPY_CALLS, counted

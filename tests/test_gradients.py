@@ -68,13 +68,15 @@ def test_cross_entropy_is_log_softmax_of_the_target(rng):
 
 
 def test_embedding_backward_accumulates_repeated_ids(rng):
-    table = rng.standard_normal((5, D))
-    ids = np.array([[0, 1, 1, 4], [4, 4, 2, 0], [3, 3, 3, 3]])  # repeats on purpose
-    dout = rng.standard_normal(ids.shape + (D,))
-    _, cache = pairs.embedding_forward(ids, table)
-    analytic = pairs.embedding_backward(dout, cache)
+    """Two tables looked up and summed at once: each table's gradient, repeated ids adding up."""
+    tables = {"first": rng.standard_normal((5, D)), "second": rng.standard_normal((3, D))}
+    ids = np.array([[[0, 1, 1, 4], [4, 4, 2, 0], [3, 3, 3, 3]],   # repeats on purpose
+                    [[0, 1, 2, 0], [2, 2, 2, 2], [1, 0, 1, 0]]])  # (S, B, T): row s into table s
+    dout = rng.standard_normal(ids.shape[1:] + (D,))
+    _, cache = pairs.embedding_forward(ids, list(tables.values()))
+    analytic = dict(zip(tables, pairs.embedding_backward(dout, cache)))
     report = gradcheck.check_gradients(
-        lambda: float((pairs.embedding_forward(ids, table)[0] * dout).sum()), {"table": table}, {"table": analytic})
+        lambda: float((pairs.embedding_forward(ids, list(tables.values()))[0] * dout).sum()), tables, analytic)
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -291,8 +293,8 @@ def test_attention_at_some_queries_matches_finite_differences(rng, queries, caus
 
 
 def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
-    """embedding_backward, sum_over_examples and add_at_positions give the
-    same for Factored(L, R) as for the array L^T R it stands for."""
+    """embedding_backward and add_at_positions give the same for
+    Factored(L, R) as for the array L^T R it stands for."""
     left, right = rng.standard_normal((B, 2, T)), rng.standard_normal((B, 2, D))
     factored = pairs.Factored(left, right)
     dense = factored.dense()
@@ -302,8 +304,13 @@ def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
     dense = pairs.add_at_positions(dense, positions, values)
     assert isinstance(factored, pairs.Factored) and factored.left.shape == (B, 4, T)
     np.testing.assert_allclose(factored.dense(), dense, rtol=1e-12)
-    ids = rng.integers(0, 4, (B, T))  # repeated ids on purpose
-    _, cache = pairs.embedding_forward(ids, rng.standard_normal((4, D)))
-    np.testing.assert_allclose(pairs.embedding_backward(factored, cache), pairs.embedding_backward(dense, cache),
-                               rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(pairs.sum_over_examples(factored), dense.sum(axis=0), rtol=1e-12, atol=1e-14)
+    ids = np.stack([rng.integers(0, 4, (B, T)), np.broadcast_to(np.arange(T), (B, T))])  # a field (repeats), positions
+    _, cache = pairs.embedding_forward(ids, [rng.standard_normal((4, D)), rng.standard_normal((T, D))])
+    for from_factored, from_dense, expected in zip(pairs.embedding_backward(factored, cache),
+                                                   pairs.embedding_backward(dense, cache),
+                                                   (None, dense.sum(axis=0))):
+        np.testing.assert_allclose(from_factored, from_dense, rtol=1e-12, atol=1e-14)
+        if expected is not None:  # the positions' table: every example's gradient summed
+            np.testing.assert_allclose(from_factored, expected, rtol=1e-12, atol=1e-14)
+
+

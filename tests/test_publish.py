@@ -111,7 +111,7 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
         (bench / f"{stem}.md").write_text(f"# {stem}\n")
     publish.publish(["sqrt_dk"], tmp_path / "runs")
     text = (repo / "README.md").read_text()
-    assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear | 1 (0.9–1.1) | 0.60 (met) |" in text
+    assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear | 1 (0.9–1.1) | 0.60 (met at ≤ 1.0) |" in text
     assert "sweep efficiency 90% with 1 worker(s), 85% with 2 worker(s) (met at ≥ 80%)" in text
     assert "2 workers 1.90× faster than 1 (met at ≥ 1.8×)" in text
     assert (repo / "experiments" / "results" / "bench.md").read_text() == "# bench-20261201-100000\n"

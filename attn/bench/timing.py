@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn.bench import rivals
+from attn.bench import calls, rivals
 from attn.config.loading import load_config
 from attn.config.schema import Config
 from attn.model import fast, head
@@ -130,6 +130,21 @@ def attn_stepper(config: Config, spec: ModelSpec, params: dict, optimizer, batch
     return step
 
 
+def attn_calls(config: Config, steps: int = 3) -> dict:
+    """attn's calls per training step at `config` (attn.bench.calls), on a fresh
+    run of its own after one step (which fills the caches): numpy calls, and
+    function calls of any kind. Counts, not times: the same on every machine."""
+    task, spec, params, optimizer, gens = runstate.build(config)
+    batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+    step = attn_stepper(config, spec, params, optimizer, batches)
+    step()
+    functions = calls.function_calls(step, steps)
+    optimizer.state = {key: calls.counted(value) for key, value in optimizer.state.items()}
+    counted = attn_stepper(config, spec, {name: calls.counted(p) for name, p in params.items()}, optimizer,
+                           [Batch(*(calls.counted(getattr(b, f.name)) for f in dataclasses.fields(b))) for b in batches])
+    return {"numpy": sum(calls.numpy_calls(counted, steps).values()) / steps, "functions": functions / steps}
+
+
 def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], None],
                frameworks=rivals.FRAMEWORKS) -> dict:
     """Time attn and every installed rival of `frameworks` at one size (module docstring)."""
@@ -171,7 +186,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
                                                  spec.d_model, spec.d_k, spec.d_v, spec.width_free),
         "attn_gflop_per_step": flops / 1e9,
         "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
-        "sides": sides, "skipped": skipped, "fastest_rival": fastest,
+        "sides": sides, "skipped": skipped, "fastest_rival": fastest, "attn_calls": attn_calls(config),
         "ratio_to_fastest": sides["attn"]["median_ms"] / sides[fastest]["median_ms"] if fastest else None,
     }
 

@@ -38,7 +38,7 @@ from attn.config.schema import (
 )
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
 from attn.model import head, widthfree
-from attn.model.fast import ModelSpec, param_order
+from attn.model.fast import ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 
 MAX_INTEGER = 2**53  # the largest integer field value: every integer up to it is exact as a float too
@@ -332,7 +332,7 @@ def validate(config: Config, source: str) -> Config:
     if t.name == "copy" and t.mode == "shift" and t.shift % t.length == 0:
         raise ConfigError(f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
                           f"multiple of task.length ({t.length}), else the copy is the identity")
-    names = list(param_order(build_spec(config, build_task(config))))
+    names = list(build_spec(config, build_task(config)).param_names)
     for key in config.optim.lr_mult:
         if key not in names:
             hint = did_you_mean(*closest(key, names))

@@ -43,7 +43,7 @@ Parameters are a dict name -> array; gradients a dict with the same keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -98,6 +98,16 @@ class ModelSpec:
     def v_width(self) -> int:
         """The width W_v, W_o are carried at: d_v, or 2 d_model when width-free and d_v is wider."""
         return widthfree.carried_width(self.d_model, self.d_v) if self.width_free else self.d_v
+
+    @cached_property
+    def param_names(self) -> tuple[str, ...]:
+        """The parameters' names in param_shapes' order (asked every backward: kept on the spec)."""
+        return tuple(param_shapes(self))
+
+    @cached_property
+    def embedding_names(self) -> tuple[str, ...]:
+        """The tables summed into X, in order: each field's, then the learned positions' (E_pos)."""
+        return (*(f"E_{name}" for name, _ in self.fields), *(("E_pos",) if self.positional == "learned" else ()))
 
     @property
     def n_sources(self) -> int:
@@ -297,8 +307,26 @@ def key_mask(T: int, causal: bool, mask_self: bool) -> np.ndarray | None:
 def target_positions(batch: Batch):
     """Positions along T where some example of the batch has a target: a
     slice of all T if every position has one, else an index array."""
-    with_target = batch.target_mask.reshape(-1, batch.target_mask.shape[-1]).any(axis=0)  # (T,)
-    return slice(None) if with_target.all() else np.flatnonzero(with_target)
+    with_target = np.logical_or.reduce(batch.target_mask.reshape(-1, batch.target_mask.shape[-1]), axis=0)  # (T,)
+    return slice(None) if np.logical_and.reduce(with_target) else with_target.nonzero()[0]
+
+
+def embedding_tables(params: dict, spec: ModelSpec) -> list[np.ndarray]:
+    """The tables summed into X (spec.embedding_names), each (*M, V_s, D)."""
+    return [params[name] for name in spec.embedding_names]
+
+
+def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The row of each embedding table (spec.embedding_names) summed at each
+    position: (S, *M, B, T), the token ids of each field, then the position
+    itself (0..T-1) for learned positions."""
+    fields = tokens.transpose(tokens.ndim - 1, *range(tokens.ndim - 1))  # (F, *M, B, T)
+    if spec.positional != "learned":
+        return fields
+    ids = np.empty((len(fields) + 1, *fields.shape[1:]), dtype=tokens.dtype)
+    ids[:-1] = fields
+    ids[-1] = np.arange(tokens.shape[-2])  # every example's positions
+    return ids
 
 
 def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
@@ -316,17 +344,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
-    x = None
-    embed_caches = {}
-    for f, (name, _) in enumerate(spec.fields):
-        e, embed_caches[name] = pairs.embedding_forward(batch.tokens[..., f], params[f"E_{name}"])
-        if x is None:
-            x = e  # (*M, B, T, D), a fresh array: the sums below go into it in place
-        else:
-            x += e
-    if spec.positional == "learned":
-        x += params["E_pos"][..., None, :T, :]
-    elif spec.positional == "sinusoidal":
+    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec))  # (*M, B, T, D)
+    if spec.positional == "sinusoidal":
         x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
@@ -344,7 +363,7 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     logits, readout_cache = pairs.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = pairs.cross_entropy_forward(
         logits, batch.targets[..., positions], batch.target_mask[..., positions])
-    cache = dict(embed=embed_caches, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
+    cache = dict(embed=embed_cache, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
                  spectral=spectral)
     return loss, cache
 
@@ -375,33 +394,15 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     grads = {}
     dlogits = pairs.cross_entropy_backward(1.0, cache["ce"])  # (*M, B, P, C)
     dh, grads["W_out"], grads["b_out"] = pairs.linear_backward(dlogits, cache["readout"])  # (*M, B, P, D)
-    head_grads = head.attention_backward(dh, cache["attn"])  # with the score mode's own (theta, g_q, ...)
+    # the score mode's own too (theta, g_q, ...); with the residual H = X + out, dh reaches X at the queries as well
+    head_grads = head.attention_backward(dh, cache["attn"], dh if spec.residual else None)
     dx = head_grads.pop("x")  # (*M, B, T, D): an array or Factored
     if cache["spectral"] is not None:
         for w, spectral in zip("qk", cache["spectral"]):
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
-    if spec.residual:
-        dx = pairs.add_at_positions(dx, cache["positions"], dh)
     grads.update(head_grads)
-    if spec.positional == "learned":
-        grads["E_pos"] = _positional_grad(dx, spec)
-    for name, _ in spec.fields:
-        grads[f"E_{name}"] = pairs.embedding_backward(dx, cache["embed"][name])
-    return {name: grads[name] for name in param_order(spec)}
-
-
-def _positional_grad(dx, spec: ModelSpec) -> np.ndarray:
-    """E_pos[:T] was added to every example: its gradient sums over the batch."""
-    summed = pairs.sum_over_examples(dx)  # (*M, T, D)
-    dpos = np.zeros((*summed.shape[:-2], spec.n_positions, spec.d_model), dtype=summed.dtype)
-    dpos[..., : summed.shape[-2], :] = summed
-    return dpos
-
-
-@lru_cache(maxsize=32)
-def param_order(spec: ModelSpec) -> tuple[str, ...]:
-    """The parameters' names in param_shapes' order (asked every backward: kept per spec)."""
-    return tuple(param_shapes(spec))
+    grads.update(zip(spec.embedding_names, pairs.embedding_backward(dx, cache["embed"])))
+    return {name: grads[name] for name in spec.param_names}
 
 
 def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, scale=None, buffers: dict | None = None):

@@ -27,12 +27,14 @@ from attn.model.pairs import (
     Factored,
     add_at_positions,
     as_rows,
+    factored_with_rows,
     factorised_linear_backward,
     factorised_linear_forward,
     keep_factored,
     linear_backward,
     linear_forward,
     member_axes,
+    move_axis,
     per_member_matrix,
     softmax_backward,
     softmax_forward,
@@ -75,7 +77,7 @@ def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     T, often ~10, entries)."""
     *lead, T, _ = keys.shape
     P = queries.shape[-2]
-    transposed = np.moveaxis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
+    transposed = move_axis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
     np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
     return transposed.swapaxes(-1, -2)  # (..., P, T)
 
@@ -113,6 +115,7 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     return costs
 
 
+@lru_cache(maxsize=64)
 def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> str:
     """The rule: the association of head_costs with fewer multiply-adds
     (ties: projected, then bilinear). Bilinear wins with few query rows
@@ -159,11 +162,11 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     norm = score.norm if score is not None else None
     if norm is not None:
         association = "projected"  # norm(q).norm(k) is no bilinear form in X
-    if association is None:
-        *_, B, T, D = x.shape
-        association = choose_association(B, np.arange(T)[queries].size, T, D, W_k.shape[-1], W_v.shape[-1])
-    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     x_q = x[..., queries, :]  # (*M, B, P, D)
+    if association is None:
+        *_, B, P, D = x_q.shape
+        association = choose_association(B, P, x.shape[-2], D, W_k.shape[-1], W_v.shape[-1])
+    scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
         d_k = W_k.shape[-1]
         kv, kv_projection = linear_forward(x, np.concatenate([W_k, W_v], axis=-1))  # (*M, B, T, d_k + d_v)
@@ -195,18 +198,21 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     return out, attn, cache
 
 
-def attention_backward(dout, cache):
+def attention_backward(dout, cache, dx_queries=None):
     """Gradients of the head: dict with keys x, W_q, W_k, W_v, W_o.
 
     dout (*M, B, P, D) is the upstream gradient at the forward's query
-    positions. What belongs to a query (dC, dA, dS, dQ) is computed at those
+    positions; dx_queries (*M, B, P, D), if given, a gradient that reaches X
+    at those positions by another way (a residual H = X + out), added to the
+    query rows' own so that X's gradient gains those rows once. What belongs
+    to a query (dC, dA, dS, dQ) is computed at those
     P positions; the keys and values of all T positions get their gradient
     through them. The gradient of x is an array (*M, B, T, D), or Factored
     when few queries make that cheaper (keep_factored). A score mode's own
     parameters get theirs too (theta, length_scale, g_q, g_k).
     """
     backward = _projected_backward if cache["association"] == "projected" else _bilinear_backward
-    return backward(dout, cache)
+    return backward(dout, cache, dx_queries)
 
 
 def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
@@ -216,7 +222,7 @@ def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
     return scores.transform_backward(dscores, cache["transform"])
 
 
-def _projected_backward(dout, cache):
+def _projected_backward(dout, cache, dx_queries):
     k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
     dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
@@ -227,6 +233,8 @@ def _projected_backward(dout, cache):
     dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"],
                                                        cache["key_norm"])
     dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
+    if dx_queries is not None:
+        dx_q += dx_queries
     dx = add_at_positions(dx, cache["queries"], dx_q)
     return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o,
             **{name: g for name, g in grads.items() if g is not None}}
@@ -270,7 +278,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_no
     return Factored(left, right), dW_k, dW_v, None
 
 
-def _bilinear_backward(dout, cache):
+def _bilinear_backward(dout, cache, dx_queries):
     """Through out = (A X) W_OV and S = X_Q W_QK X^T:
 
         d(A X) = dout W_OV^T,   dA = d(A X) X^T,   dS = softmax VJP,
@@ -285,8 +293,11 @@ def _bilinear_backward(dout, cache):
     dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
     dq_circuit = dscores @ x  # (*M, B, P, D)
     dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
-    dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
-    if not keep_factored(x.shape[-2], attn.shape[-2]):
-        dx = dx.dense()  # (*M, B, T, D)
-    dx = add_at_positions(dx, cache["queries"], dx_q)
+    if dx_queries is not None:
+        dx_q += dx_queries
+    if keep_factored(x.shape[-2], attn.shape[-2]):
+        dx = factored_with_rows([dscores, attn], [q_circuit, dattended], cache["queries"], dx_q)
+    else:
+        dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
+        dx = add_at_positions(dx.dense(), cache["queries"], dx_q)  # (*M, B, T, D)
     return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}

@@ -8,6 +8,10 @@ Each layer is a pair in the CS231n style:
 Forward caches exactly what backward needs; backward never recomputes the
 forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
 the dtype of the inputs is the dtype of the outputs (float32 stays float32).
+Reductions on the training path are the ufuncs' own (np.add.reduce,
+np.maximum.reduce): the array methods (a.sum(), a.max()) reach the same
+reduction through a Python wrapper that costs more than the reduction at
+these sizes.
 
 Members. Every pair also computes M models at once (attn.train.stack's stacked
 runs): each weight then carries a leading member axis, W (M, n_in, n_out),
@@ -19,6 +23,7 @@ builds the attention head from these.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,7 +31,7 @@ import numpy as np
 # --------------------------------------------------------------------------
 # A gradient held as factors: when few query positions carry the loss (retrieval: one of T),
 # the gradient reaching X is a sum of a few outer products per example; kept as its factors it is
-# never formed, and the embeddings take it as such (embedding_backward, sum_over_examples).
+# never formed, and the embeddings take it as such (embedding_backward).
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Factored:
@@ -35,8 +40,8 @@ class Factored:
     left (*M, B, R, T), right (*M, B, R, n): per example, a sum of R outer
     products. When few query positions carry the loss, the gradient reaching
     X is of low rank R (a few per query), and its consumers, the embeddings,
-    need it only through onehot^T value (see embedding_backward and
-    sum_over_examples): kept as factors, it is never formed.
+    need it only through onehot^T value (see embedding_backward): kept as
+    factors, it is never formed.
     """
 
     left: np.ndarray  # (*M, B, R, T)
@@ -52,16 +57,22 @@ class Factored:
 
 def keep_factored(T: int, P: int) -> bool:
     """Whether the head hands X's gradient back as Factored: when its factors
-    have fewer rows, 4 per query (through the keys, the values, the query's
-    own row, the residual), than X has positions. Every product of that path
-    is then smaller than the formed path's, and so is the embeddings' work
-    on it. With a query at every position (copy), forming dX costs less."""
-    return 4 * P < T
+    have fewer rows, 3 per query (through the keys, the values, and the
+    query's own row with the residual's gradient), than X has positions.
+    Every product of that path is then smaller than the formed path's, and
+    so is the embeddings' work on it. With a query at every position (copy),
+    forming dX costs less."""
+    return 3 * P < T
 
 
 def _position_indicator(shape: tuple, T: int, positions, dtype) -> np.ndarray:
-    """(*shape, P, T) rows e_p for each of `positions` along T (an index array or a slice)."""
-    columns = np.arange(T)[positions]
+    """(*shape, P, T) rows e_p for each of `positions` along T (an index array or a slice); read-only."""
+    columns = range(T)[positions] if isinstance(positions, slice) else positions.tolist()
+    return _indicator(shape, T, tuple(columns), np.dtype(dtype))
+
+
+@lru_cache(maxsize=32)
+def _indicator(shape: tuple, T: int, columns: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     indicator = np.zeros((len(columns), T), dtype=dtype)
     indicator[np.arange(len(columns)), columns] = 1
     return np.broadcast_to(indicator, (*shape, *indicator.shape))
@@ -74,20 +85,18 @@ def add_at_positions(grad, positions, values: np.ndarray):
     indicator e_p on the left, the values on the right).
     """
     if isinstance(grad, Factored):
-        indicator = _position_indicator(values.shape[:-2], grad.left.shape[-1], positions, values.dtype)  # (*M, B, P, T)
-        return Factored(np.concatenate([grad.left, indicator], axis=-2), np.concatenate([grad.right, values], axis=-2))
+        return factored_with_rows([grad.left], [grad.right], positions, values)
     grad[..., positions, :] += values
     return grad
 
 
-def sum_over_examples(grad) -> np.ndarray:
-    """sum_b grad[b]: (*M, T, n). For Factored, sum_b left[b]^T right[b] = L^T R
-    with the examples' rows stacked: one (T, B R) @ (B R, n) product per member."""
-    if isinstance(grad, Factored):
-        *lead, B, R, T = grad.left.shape
-        left = np.moveaxis(grad.left, -1, -3).reshape(*lead, T, B * R)  # (*M, T, B R)
-        return left @ grad.right.reshape(*lead, B * R, grad.right.shape[-1])
-    return grad.sum(axis=-3)
+def factored_with_rows(lefts: list[np.ndarray], rights: list[np.ndarray], positions, values: np.ndarray) -> Factored:
+    """Factored([*lefts; E], [*rights; values]), E the indicator rows e_p of
+    the `positions`: the factors' pieces stacked (lefts (*M, B, R_i, T),
+    rights (*M, B, R_i, n)), and `values` (*M, B, P, n) added at those
+    positions, in one concatenation per side."""
+    indicator = _position_indicator(values.shape[:-2], lefts[0].shape[-1], positions, values.dtype)  # (*M, B, P, T)
+    return Factored(np.concatenate([*lefts, indicator], axis=-2), np.concatenate([*rights, values], axis=-2))
 
 
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -101,6 +110,19 @@ def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None
         np.matmul(a.swapaxes(-1, -2), b, out=out)
 
 
+def move_axis(a: np.ndarray, source: int, destination: int) -> np.ndarray:
+    """np.moveaxis(a, source, destination) as one transpose (a view): the same
+    array, without np.moveaxis's checks, which cost more than the move."""
+    return a.transpose(_moved_order(a.ndim, source, destination))
+
+
+@lru_cache(maxsize=64)
+def _moved_order(ndim: int, source: int, destination: int) -> tuple[int, ...]:
+    order = list(range(ndim))
+    order.insert(destination % ndim, order.pop(source % ndim))
+    return tuple(order)
+
+
 def member_axes(weight: np.ndarray) -> int:
     """How many leading member axes a weight matrix (or table) carries: 0 or 1."""
     return weight.ndim - 2
@@ -112,47 +134,87 @@ def per_member_matrix(value, like: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------
-# Embedding: out[b, t] = table[ids[b, t]]
+# Embeddings: out = sum_s table_s[ids_s]
 # --------------------------------------------------------------------------
-def embedding_forward(ids: np.ndarray, table: np.ndarray):
-    """Look up rows of `table` (*M, V, D) for integer `ids` (*M, ...) -> (*M, ..., D)."""
-    out = np.take(*_flat_lookup(ids, table), axis=0)  # (*M, ..., D)
-    return out, (ids, table.shape)
+def embedding_forward(ids: np.ndarray, tables: list[np.ndarray]):
+    """Look up and sum rows of several tables: out = sum_s tables[s][ids[s]],
+    for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D) ->
+    (*M, ..., D).
+
+    The tables are looked up as one, stacked (*M, V, D) with V = sum V_s, so
+    that the lookup is one take and the backward one product for them all."""
+    sizes = tuple(table.shape[-2] for table in tables)
+    table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
+    stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
+    looked_up = np.take(*_flat_lookup(stacked, table), axis=0)  # (S, *M, ..., D)
+    out = looked_up[0]  # a fresh array's view: the other sources are summed into it in place
+    for s in range(1, len(sizes)):
+        out += looked_up[s]
+    return out, (stacked, table.shape, sizes)
+
+
+@lru_cache(maxsize=32)
+def _table_offsets(sizes: tuple[int, ...], ndim: int) -> np.ndarray:
+    """(S, 1, ...) the first row of each table in the stacked one (read-only)."""
+    offsets = np.cumsum((0, *sizes[:-1])).reshape(-1, *[1] * (ndim - 1))
+    offsets.flags.writeable = False
+    return offsets
 
 
 def _flat_lookup(ids: np.ndarray, table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(table as rows (M V, D), ids into those rows): member m's row v is row m V + v."""
+    """(table as rows (M V, D), ids (S, M, ...) into those rows): member m's row v is row m V + v."""
     if not member_axes(table):
         return table, ids
     M, V, D = table.shape
-    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 1))
+    return table.reshape(M * V, D), ids + (np.arange(M) * V).reshape(M, *[1] * (ids.ndim - 2))
 
 
-def embedding_backward(dout, cache) -> np.ndarray:
-    """Sum the upstream gradient into the rows that were looked up:
+def embedding_backward(dout, cache) -> list[np.ndarray]:
+    """Sum the upstream gradient into the rows that were looked up, for every
+    table at once (views of one (*M, V, D) array, in the tables' order):
 
-        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of ids
+        dtable = onehot(ids)^T dout      (V, N) @ (N, D), N = number of positions
 
-    One matrix product: O(N V D) FLOPs, yet for the vocabularies here (tens
-    of ids) far faster than np.add.at's row-by-row scatter. Repeated ids add up.
+    onehot with one 1 per table in each column: one matrix product, O(N V D)
+    FLOPs, yet for the vocabularies here (tens of ids) far faster than
+    np.add.at's row-by-row scatter. Repeated ids add up.
 
-    dout may be Factored (dout[b] = L_b^T R_b, ids (B, T)); then, by
-    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by token id,
-    (B, R, V), times R, and dout is never formed. The binning is one
-    np.bincount over every (example, row) (accumulated in float64, then
-    the gradient's dtype): a batch of tiny products would cost more.
+    dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
+    associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
+    the stacked table, (B, R, V), times R, and dout is never formed. The
+    binning is one np.bincount over every (source, example, row) (accumulated
+    in float64, then the gradient's dtype): a batch of tiny products would cost more.
     """
-    ids, shape = cache
+    ids, shape, sizes = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
     V, lead = shape[-2], shape[:-2]
     if isinstance(dout, Factored):
         *batch, R, T = dout.left.shape  # batch = (*M, B)
-        n_rows = int(np.prod(batch)) * R
-        bins = np.arange(n_rows).reshape(*batch, R, 1) * V + ids[..., None, :]  # (*M, B, R, T): bin of each entry
-        binned = np.bincount(bins.ravel(), weights=dout.left.ravel(), minlength=n_rows * V)
+        rows = _row_bins(tuple(batch), R, V)  # (*M, B, R, 1)
+        bins = rows + ids[..., None, :]  # (S, *M, B, R, T): bin of each entry
+        weights = dout.left[None].repeat(len(sizes), axis=0)  # (S, *M, B, R, T)
+        binned = np.bincount(bins.ravel(), weights=weights.ravel(), minlength=rows.size * V)
         binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
-        return binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
-    onehot = (np.arange(V)[:, None] == ids.reshape(*lead, 1, -1)).astype(dout.dtype)  # (*M, V, N)
-    return onehot @ as_rows(dout, len(lead))  # (*M, V, D)
+        dtable = binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
+    else:
+        columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
+        onehot = np.logical_or.reduce(np.arange(V)[:, None] == columns, axis=0).astype(dout.dtype)  # (*M, V, N)
+        dtable = onehot @ as_rows(dout, len(lead))  # (*M, V, D)
+    return [dtable[..., start:stop, :] for start, stop in _table_bounds(sizes)]
+
+
+@lru_cache(maxsize=32)
+def _row_bins(batch: tuple[int, ...], R: int, V: int) -> np.ndarray:
+    """(*batch, R, 1): the first bin of each (example, row) of a Factored gradient, V bins apart (read-only)."""
+    bins = np.arange(int(np.prod(batch)) * R).reshape(*batch, R, 1) * V
+    bins.flags.writeable = False
+    return bins
+
+
+@lru_cache(maxsize=32)
+def _table_bounds(sizes: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Each table's rows (start, stop) in the stacked table."""
+    stops = np.cumsum(sizes).tolist()
+    return tuple(zip([0, *stops[:-1]], stops))
 
 
 def as_rows(x: np.ndarray, members: int) -> np.ndarray:
@@ -184,7 +246,7 @@ def linear_backward(dout: np.ndarray, cache):
     dout2 = as_rows(dout, members)  # (*M, N, n_out)
     dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
     dW = as_rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
-    db = dout2.sum(axis=-2) if has_bias else None
+    db = np.add.reduce(dout2, axis=-2) if has_bias else None
     return dx, dW, db
 
 
@@ -203,9 +265,9 @@ def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
     return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
 
 
-def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=1.0, merged: bool | None = None):
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=None, merged: bool | None = None):
     """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
-    s a scalar or one per member (*M, 1, 1):
+    s a scalar or one per member (*M, 1, 1), or None for none (s = 1, no multiply):
 
         chained:  h = s (x U),  out = h V
         merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
@@ -220,12 +282,14 @@ def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale
         merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
     if merged:
         W = U @ V  # (*M, n_in, n_out)
-        W *= scale
+        if scale is not None:
+            W *= scale
         out = rows @ W
         cache = (rows, U, V, scale, W, None)
     else:
         hidden = rows @ U  # (*M, N, r)
-        hidden *= scale
+        if scale is not None:
+            hidden *= scale
         out = hidden @ V
         cache = (rows, U, V, scale, None, hidden)
     return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
@@ -242,12 +306,14 @@ def factorised_linear_backward(dout: np.ndarray, cache):
     if W is not None:
         dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
         dx = dout2 @ W.swapaxes(-1, -2)
-        dW *= scale
+        if scale is not None:
+            dW *= scale
         dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
     else:
         dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
         dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
-        dhidden *= scale
+        if scale is not None:
+            dhidden *= scale
         dx = dhidden @ U.swapaxes(-1, -2)
         dU = rows.swapaxes(-1, -2) @ dhidden
     return dx.reshape(x_shape), dU, dV
@@ -271,9 +337,9 @@ def softmax_forward(scores: np.ndarray):
     Subtracting the row max keeps exp() finite for any finite scores, so
     scores of +-1e4 give a valid distribution. -inf entries become exact 0.
     """
-    probs = scores - scores.max(axis=-1, keepdims=True)
+    probs = scores - np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(probs, out=probs)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    probs /= np.add.reduce(probs, axis=-1, keepdims=True)
     return probs, probs
 
 
@@ -284,7 +350,7 @@ def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
     Masked entries have P = 0 and so receive exactly zero gradient.
     """
     dscores = dprobs * probs
-    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
+    dscores -= probs * np.add.reduce(dscores, axis=-1, keepdims=True)
     return dscores
 
 
@@ -302,18 +368,26 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     needs and which gives the predicted class for accuracy at no extra cost,
     as its first entry.
     """
-    z = np.moveaxis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see _keys_first)
-    z -= z.max(axis=0)  # shifted logits
-    onehot = np.arange(z.shape[0]).reshape(-1, *[1] * targets.ndim) == targets  # (C, *M, B, T) bool
-    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
+    z = move_axis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see attn.model.head._key_major_product)
+    z -= np.maximum.reduce(z, axis=0)  # shifted logits
+    onehot = _classes(z.shape[0], targets.ndim) == targets  # (C, *M, B, T) bool
+    picked = np.add.reduce(z * onehot, axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
-    sum_exp = z.sum(axis=0)  # (*M, B, T)
+    sum_exp = np.add.reduce(z, axis=0)  # (*M, B, T)
     z /= sum_exp
-    probs = np.moveaxis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
-    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1)
-    weight = target_mask.astype(logits.dtype) / counts.astype(logits.dtype)  # (*M, B, T)
-    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
-    return loss, (probs, np.moveaxis(onehot, 0, -1), weight)
+    probs = move_axis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
+    counts = np.add.reduce(target_mask, axis=(-2, -1), keepdims=True)  # (*M, 1, 1) ints
+    weight = np.divide(target_mask, counts, dtype=logits.dtype)  # (*M, B, T): each in the logits' dtype, then divided
+    loss = np.add.reduce((np.log(sum_exp) - picked) * weight, axis=(-2, -1), dtype=logits.dtype)
+    return loss, (probs, move_axis(onehot, 0, -1), weight)
+
+
+@lru_cache(maxsize=32)
+def _classes(C: int, ndim: int) -> np.ndarray:
+    """(C, 1, ...) the class indices, to broadcast against targets of `ndim` axes (read-only)."""
+    classes = np.arange(C).reshape(-1, *[1] * ndim)
+    classes.flags.writeable = False
+    return classes
 
 
 def cross_entropy_backward(dloss, cache) -> np.ndarray:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from attn.model import fast, scores
-from attn.model.fast import Batch, ModelSpec, param_order, sinusoidal_positions
+from attn.model.fast import Batch, ModelSpec, sinusoidal_positions
 
 
 def softmax(z: np.ndarray) -> np.ndarray:
@@ -143,7 +143,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
         dE_pos = np.zeros((spec.n_positions, spec.d_model), dtype=dX.dtype)
         dE_pos[: X.shape[1]] = dX.sum(axis=0)
         grads["E_pos"] = dE_pos
-    return {name: grads[name] for name in param_order(spec)}
+    return {name: grads[name] for name in spec.param_names}
 
 
 def loss_and_grads(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = None):
