@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("formulation,overrides", [
     ("projected", ("task.name=copy", "model.causal=true")), ("bilinear", ("task.name=copy",)),
-    ("bilinear", ("task.name=copy", "model.d_k=512")), ("projected", ("task.name=copy", "model.d_k=48", "model.d_v=24")),
+    ("bilinear", ("task.name=copy", "model.d_k=512", "model.width_free=false")),  # d_k-wide W_q, W_k, as the rival's
+    ("projected", ("task.name=copy", "model.d_k=48", "model.d_v=24")),
 ], ids=["projected-causal", "bilinear-chained", "bilinear-merged", "projected-dk-dv"])
 def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     """With a query at every position (no factored gradient), autograd does
