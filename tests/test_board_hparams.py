@@ -238,3 +238,19 @@ def test_the_static_export_draws_the_hyperparameter_views(browser, sweep, tmp_pa
     assert view(browser, "scatter")["crosses"] == "1" and view(browser, "parallel")["axes"] == "5"
     assert len(browser.execute_script("return [...document.querySelectorAll('#hp-legend li')]")) == 2
     assert errors_logged(browser) == []
+
+
+def test_a_view_the_url_asks_for_is_kept_until_the_runs_that_offer_it_arrive(browser, tmp_path):  # noqa: F811
+    """One run: no setting differs, so optim.lr is not yet a choice; the URL keeps it, and the controls take it
+    when a second run with another rate arrives."""
+    root = tmp_path / "runs"
+    write_run(root / "first", "optim.lr=0.01")
+    with serving(data.Board([root])) as httpd:
+        open_page(browser, httpd.url + "?runs=all&poll=1&hp_x=optim.lr&color_by=optim.lr", 1)
+        assert "hp_x=optim.lr" in browser.current_url and "color_by=optim.lr" in browser.current_url
+        write_run(root / "second", "optim.lr=0.1")
+        wait_for(browser, lambda: browser.execute_script("return AttnBoard.page.state.data.runs.length") == 2)
+        wait_for(browser, lambda: browser.execute_script(
+            "return ['hp-x', 'color-by'].map(id => document.getElementById(id).value)") == ["optim.lr", "optim.lr"])
+        assert "hp_x=optim.lr" in browser.current_url and "color_by=optim.lr" in browser.current_url
+        assert errors_logged(browser) == []

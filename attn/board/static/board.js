@@ -720,21 +720,31 @@
     showTip(holder, {x, y}, row == null ? null : describeRow(hp.rows[row], hpChoice()));
   }
 
+  // a view control's value the URL asked for, kept until a snapshot offers it (settings columns and
+  // metrics may arrive after the first draw) or the user chooses another
+  const askedByURL = Object.fromEntries([["hp-metric", "hp_metric"], ["hp-x", "hp_x"], ["color-by", "color_by"]]
+    .filter(([, name]) => params.get(name)).map(([id, name]) => [id, params.get(name)]));
+
+  function controlValue(id) {
+    return askedByURL[id] ?? $(id).value;
+  }
+
   function fillHparamControls() {
-    const choose = (select, options, wanted) => {
-      const current = select.value || wanted;
+    const choose = (select, options, fallback) => {
+      const current = askedByURL[select.id] ?? (select.value || fallback);
       const known = options.some(([value]) => value === current);
+      if (known) delete askedByURL[select.id];
       select.replaceChildren(...options.map(([value, label]) =>
         element("option", {value, selected: known ? value === current : false}, label)));
     };
     renderOnChange("hp-metric", state.data.metrics, () => {
-      choose($("hp-metric"), state.data.metrics.map((m) => [m, m]), params.get("hp_metric") || $("metric").value);
+      choose($("hp-metric"), state.data.metrics.map((m) => [m, m]), $("metric").value);
     });
     renderOnChange("hp-columns", state.data.columns, () => {
       const columns = state.data.columns.map((c) => [c.key, c.name]);
-      choose($("hp-x"), columns, params.get("hp_x") || columns[0]?.[0]);
+      choose($("hp-x"), columns, columns[0]?.[0]);
       const other = columns.find(([key]) => key !== $("hp-x").value)?.[0];
-      choose($("color-by"), [["none", "—"], ...columns], params.get("color_by") || $("group-by").value || other || "none");
+      choose($("color-by"), [["none", "—"], ...columns], $("group-by").value || other || "none");
     });
   }
 
@@ -813,8 +823,8 @@
       yscale: $("yscale").value === "auto" ? "" : $("yscale").value, yall: $("y-all").checked ? "1" : "",
       group_by: $("group-by").value, smooth: Number($("smoothing").value) ? $("smoothing").value : "",
       filter: $("filter").value, panels: panelMetrics().join(","), open: state.openRun || "",
-      hp_metric: $("hp-metric").value, hp_value: $("hp-value").value === "best" ? "best" : "", hp_x: $("hp-x").value,
-      color_by: $("color-by").value,
+      hp_metric: controlValue("hp-metric"), hp_value: $("hp-value").value === "best" ? "best" : "",
+      hp_x: controlValue("hp-x"), color_by: controlValue("color-by"),
     };
     for (const [name, value] of Object.entries(view)) {
       if (value) url.searchParams.set(name, value);
@@ -1126,6 +1136,7 @@
     for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all", "group-by"]) $(id).addEventListener("change", () => refreshChart(true));
     for (const id of ["hp-metric", "hp-value", "hp-x", "color-by"]) {
       $(id).addEventListener("change", () => {
+        delete askedByURL[id];  // the user's choice, not the URL's, from now on
         drawHparams();
         writeViewToURL();
       });
