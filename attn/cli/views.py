@@ -239,7 +239,8 @@ def add_commands(sub) -> None:
     p.add_argument("--rivals", type=_rivals, default="torch,torch.compile,jax",
                    help="rival frameworks to time, those installed (default: torch,torch.compile,jax)")
     p.add_argument("--no-processes", action="store_true", help="skip peak memory and the sweep measurements")
-    p.add_argument("--headline", action="store_true", help="also time the headline experiment: every run of experiments/sqrt_dk.yaml, on its workers")
+    p.add_argument("--headline", action="store_true",
+                   help="also time the headline experiment: every run of experiments/sqrt_dk.yaml, on its workers")
     p.add_argument("--board", action="store_true", help="instead, the board at scale: /api/board with many runs "
                    "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)")
     p.add_argument("--board-runs", type=integer_at_least(1), default=1200, help="runs for --board (default: 1200)")
