@@ -243,21 +243,26 @@ def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only
     """Width-free cells at most MATERIALIZED_WIDTH wide get model.width_free=false; the rest (not width-free, or
     too wide to materialize) are the runs as run; a grid no one key splits is split block by block, and each
     pass's --only values read back as the grid's (null for a block that does not set the key, a mapping)."""
-    from attn.experiment.spec import build_experiment, restrict_cells
+    from attn.experiment.spec import build_experiment
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
     wide = 2 * verify.MATERIALIZED_WIDTH
 
     def plan(grid):
-        experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0, 1]},
-                                      tmp_path / "w.yaml", str(tmp_path / "runs"))
+        data = {"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0, 1]}
+        experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
         made = verify.materialized_plan(experiment)
-        covered = [cell.name for p in made.passes
-                   for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p) if a == "--only"])]
+
+        def cells_of(arguments):  # the cells an `attn sweep` pass with these arguments builds and runs
+            only = [arguments[i + 1] for i, a in enumerate(arguments) if a == "--only"]
+            overrides = [a for a in arguments if "=" in a and a not in only]
+            return [c.name for c in build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"),
+                                                     overrides=overrides, only=only).cells]
+
+        covered = [name for p in made.passes for name in cells_of(p)]
         if made.passes:
             assert sorted(covered) == sorted(cell.name for cell in experiment.cells), "every cell in one pass"
-        rerun = [cell.name for p in made.passes if "model.width_free=false" in p
-                 for cell in restrict_cells(experiment, [p[i + 1] for i, a in enumerate(p) if a == "--only"])]
+        rerun = [name for p in made.passes if "model.width_free=false" in p for name in cells_of(p)]
         assert set(rerun) == made.rerun and not made.rerun & made.reused
         return made
 
@@ -274,20 +279,42 @@ def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only
 
 def test_only_reads_back_every_grid_value_as_only_argument_writes_it(tmp_path):
     """null for a block that does not set the key, a mapping, a string YAML would read as something else."""
-    from attn.experiment.spec import build_experiment, only_argument, restrict_cells
+    from attn.experiment.spec import build_experiment, only_argument
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
     grid = [{"model.scale": ["none"], "model.d_k": [8]},
             {"model.score": ["mup"], "model.d_k": [8], "optim.lr_mult": [{"W_q": 0.5}, {}]}]
-    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0]},
-                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
-    assert [c.name for c in restrict_cells(experiment, [only_argument("model.scale", [None])])] == \
-        [c.name for c in experiment.cells if "model.scale" not in dict(c.settings)]
-    [one] = restrict_cells(experiment, [only_argument("optim.lr_mult", [{"W_q": 0.5}])])
+    data = {"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0]}
+
+    def restricted(*only):
+        return build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"), only=only).cells
+
+    every = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs")).cells
+    assert [c.name for c in restricted(only_argument("model.scale", [None]))] == \
+        [c.name for c in every if "model.scale" not in dict(c.settings)]
+    [one] = restricted(only_argument("optim.lr_mult", [{"W_q": 0.5}]))
     assert dict(one.settings)["optim.lr_mult"] == {"W_q": 0.5}
     assert only_argument("k", [None, "yes", 0.001, {"W_q": 0.5}]) == "k=null, 'yes', 0.001, {W_q: 0.5}"
     with pytest.raises(ConfigError, match=r"no cell of w has all of these values"):
-        restrict_cells(experiment, ["model.scale=none", "model.score=mup"])
+        restricted("model.scale=none", "model.score=mup")
+
+
+def test_only_builds_and_checks_only_its_cells_so_an_override_need_hold_for_them_alone(tmp_path):
+    """The materialized re-run's first pass: model.width_free=false would need d_k-wide weights at every d_k; a
+    cell too wide for memory is left out by --only, and the claims are still checked against the whole grid."""
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 64}\ntrain: {steps: 2}\n")
+    claim = {"id": "c", "claim": "c", "stat": "success_rate", "arm": {"model.scale": "sqrt"}, "above": 0.5,
+             "where": {"model.d_k": [1048576]}}
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256, 1048576], "model.scale": ["sqrt"]},
+            "seeds": list(range(10)), "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}}
+    with pytest.raises(ConfigError, match=r"memory"):
+        build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"), overrides=["model.width_free=false"])
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"),
+                                  overrides=["model.width_free=false"], only=["model.d_k=256"])
+    assert {dict(c.settings)["model.d_k"] for c in experiment.cells} == {256}
+    assert [e.id for e in experiment.report.expect] == ["c"]
 
 
 def test_the_materialized_re_run_links_the_finished_runs_it_does_not_re_run(tmp_path):

@@ -28,17 +28,15 @@ from attn.train.loop import StopFlag
 
 def cmd_sweep(args) -> int:
     from attn.experiment import sweep
-    from attn.experiment.spec import restrict_cells
 
     experiment = _experiment_to_sweep(args)
-    cells = restrict_cells(experiment, args.only) if args.only else experiment.cells
     with flagged({"address": "--executor"}):
         executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
         restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
         try:
-            outcomes = _run_sweep(experiment, cells, executor, stop)
+            outcomes = _run_sweep(experiment, executor, stop)
         finally:
             restore_signals()
         failed = [o for o in outcomes if o.action == "failed"]
@@ -90,12 +88,15 @@ def _experiment_to_sweep(args):
                              f"{'grid' if option == '--grid' else 'seeds'} are set with {option}, not as key=value)")
     given = [option for option, value in (("--grid", args.grid), ("--seeds", args.seeds), ("--name", args.name))
              if value]
+    if args.only and not experiments.is_experiment_file(args.experiment):
+        raise UsageError(f"sweep: --only: {args.experiment} is not an experiment file; --only runs part of one "
+                         "(a run config's grid is the --grid given)")
     if experiments.is_experiment_file(args.experiment):
         if given:
             raise UsageError(f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
                              f"drop {', '.join(given)} (they make an experiment from a run config)")
         return experiments.load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
-                                           overrides=args.overrides)
+                                           overrides=args.overrides, only=args.only or ())
     if not args.grid:
         read_yaml_file(args.experiment, "experiment file")  # a file that is no YAML mapping says so
         load_config(args.experiment)  # a mapping that is no config either says why, as `attn train` would
@@ -183,13 +184,12 @@ def _few(names: list[str], shown: int = 3) -> str:
     return (", ".join(names[:shown]) or "none") + more
 
 
-def _run_sweep(experiment, cells, executor, stop: StopFlag) -> list:
-    """Run these cells of the experiment, showing their progress (SweepProgress)."""
+def _run_sweep(experiment, executor, stop: StopFlag) -> list:
+    """Run the experiment's cells, showing their progress (SweepProgress)."""
     from attn.experiment import sweep
 
-    total = len(cells)
-    part = f" (--only: {total} of {len(experiment.cells)})" if total != len(experiment.cells) else ""
-    print(f"sweep {experiment.name}: {total} runs{part} -> {experiment.directory}", file=sys.stderr)
+    total = len(experiment.cells)
+    print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
     if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
         print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
     progress = SweepProgress(total, is_interactive(), reports_starts=hasattr(executor, "started"))
@@ -206,8 +206,7 @@ def _run_sweep(experiment, cells, executor, stop: StopFlag) -> list:
 
     try:
         with executor:
-            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started,
-                                        cells=cells)
+            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
     finally:
         progress.close()
 
@@ -301,8 +300,8 @@ def add_commands(sub) -> None:
     p.add_argument("--plots", action="store_true", help="draw every run's own figures as it ends (default: none; "
                    "attn plot RUN draws them at any time, and the report draws its own)")
     p.add_argument("--only", action="append", metavar="KEY=V1,V2,...", help="with an experiment file: run only "
-                   "the cells whose grid KEY is one of these values (repeat: all must hold); the report covers "
-                   "the whole experiment")
+                   "the cells whose grid KEY is one of these values (repeat: all must hold); their report covers "
+                   "them (attn report FILE: every cell)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")

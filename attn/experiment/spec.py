@@ -49,8 +49,9 @@ same thing from a run config (command_line_experiment) and writes its file
 into the experiment's directory (<runs_dir>/<name>/experiment.yaml, base
 the config's absolute path, the overrides and runs_dir in `overrides`), so
 that file is what any later `attn sweep` or `attn report` of it reads.
-`attn sweep FILE --only model.d_k=16,64` runs part of an experiment file
-(restrict_cells); its report still covers every cell.
+`attn sweep FILE --only model.d_k=16,64` runs part of an experiment file:
+only those cells are built, checked and run, and its report covers them
+(`attn report FILE` afterwards covers every cell).
 Which a YAML file is, a config or an experiment file, is told by its
 content (is_experiment_file: an experiment file has `grid` or `seeds`).
 """
@@ -197,18 +198,21 @@ def is_experiment_file(path: str | os.PathLike) -> bool:
 
 
 def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
-                    plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
+                    plots: bool = False, overrides: typing.Sequence[str] = (), only: typing.Sequence[str] = ()) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
     checked here, so a bad cell is reported before any run starts. `plots`:
     whether each run draws its figures (logging.plots of every cell);
     `overrides`: key=value texts applied to every cell after the file's own
-    (e.g. dtype=float64), never to a key the grid varies."""
+    (e.g. dtype=float64), never to a key the grid varies; `only`: the
+    --only restrictions (_only), so that only those cells are built and checked
+    (an override need hold only for them) and the experiment is those cells,
+    its claims still checked against the whole grid."""
     path = Path(path)
-    return build_experiment(read_yaml_file(path, "experiment file"), path, runs_dir, max_cells, plots, overrides)
+    return build_experiment(read_yaml_file(path, "experiment file"), path, runs_dir, max_cells, plots, overrides, only)
 
 
 def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
-                     plots: bool = False, overrides: typing.Sequence[str] = ()) -> Experiment:
+                     plots: bool = False, overrides: typing.Sequence[str] = (), only: typing.Sequence[str] = ()) -> Experiment:
     """The experiment an experiment file's contents make (load_experiment),
     every cell checked; `path`: the file's, which a relative base is read from."""
     source = str(path)
@@ -257,7 +261,7 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     if varied:
         raise ConfigError(f"override {varied[0]}: the grid of {source} varies it; set it in the experiment's grid")
     cells, names = [], set()
-    for settings in grid_cells:
+    for settings in (_only(grid_cells, only, name) if only else grid_cells):
         shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
         where = f"{source}: grid cell {{{shown}}}"
         config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
@@ -298,34 +302,35 @@ def parse_grid_argument(text: str) -> tuple[str, list]:
     return key.strip(), values
 
 
-def restrict_cells(experiment: Experiment, texts: typing.Sequence[str]) -> tuple[Cell, ...]:
-    """The experiment's cells whose value of each KEY is among its values, for
+def _only(grid_cells: list[dict], texts: typing.Sequence[str], name: str) -> list[dict]:
+    """The grid points whose value of each KEY is among its values, for
     `attn sweep FILE --only KEY=V1,V2,...` (run part of an experiment: the
     cheap cells first, or one d_k); the values are read as one YAML flow list,
-    as --grid's are (null: the cells of a grid block that does not set KEY).
-    ConfigError for a key or value not in the grid, or no cell left."""
-    cells = experiment.cells
+    as --grid's are (null: the points of a grid block that does not set KEY).
+    ConfigError for a key or value not in the grid, or no point left."""
+    keys = list(dict.fromkeys(k for c in grid_cells for k in c))
+    points = grid_cells
     for text in texts:
         key, equals, raw = text.partition("=")
         key = key.strip()
-        if key not in experiment.grid_keys:
+        if key not in keys:
             raise ConfigError(f"--only: got {show_value(text)}; expected KEY=VALUE,... with KEY a grid key of "
-                              f"{experiment.name} ({', '.join(experiment.grid_keys)})")
+                              f"{name} ({', '.join(keys)})")
         values = parse_yaml(f"[{raw}]", f"--only {show_value(text)}") if equals and raw.strip() else []
-        known = {_hashable(dict(c.settings).get(key)): dict(c.settings).get(key) for c in experiment.cells}
+        known = {_hashable(c.get(key)): c.get(key) for c in grid_cells}
         wanted = [_hashable(v) for v in values]
         if not values or any(v not in known for v in wanted):
             raise ConfigError(f"--only: {key}: got {show_value(raw)}; expected some of the grid's values "
                               f"({only_argument(key, known.values()).partition('=')[2]})")
-        cells = tuple(c for c in cells if _hashable(dict(c.settings).get(key)) in wanted)
-    if not cells:
-        raise ConfigError(f"--only: {' '.join(map(show_value, texts))}: no cell of {experiment.name} has all of "
+        points = [c for c in points if _hashable(c.get(key)) in wanted]
+    if not points:
+        raise ConfigError(f"--only: {' '.join(map(show_value, texts))}: no cell of {name} has all of "
                           "these values; expected values that some cell holds together")
-    return cells
+    return points
 
 
 def only_argument(key: str, values) -> str:
-    """'KEY=V1, V2': the --only argument restrict_cells reads back as these values (YAML flow text:
+    """'KEY=V1, V2': the --only argument load_experiment(only=) reads back as these values (YAML flow text:
     null for a block that does not set KEY, 'yes' quoted, {W_q: 0.1})."""
     return f"{key}={yaml_line(list(values))[1:-1]}"
 

@@ -298,8 +298,7 @@ class DaskExecutor(Executor):
 def run_experiment(experiment: Experiment, executor: Executor,
                    on_outcome: Callable[[CellAction], None] | None = None,
                    should_stop: Callable[[], bool] = lambda: False,
-                   on_start: Callable[[list[str]], None] | None = None,
-                   cells: tuple[Cell, ...] | None = None) -> list[CellAction]:
+                   on_start: Callable[[list[str]], None] | None = None) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
@@ -308,14 +307,13 @@ def run_experiment(experiment: Experiment, executor: Executor,
     it) is `unknown`, status UNKNOWN, detail the executor's lost(). With a LocalPool, on_start(cell names) is called
     as each stack starts training (the cells it trains, not those skipped),
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
-    (a start that arrives later is dropped); other executors report no starts.
-    `cells`: run only these of the experiment's cells (attn sweep --only)."""
+    (a start that arrives later is dropped); other executors report no starts."""
     experiment.directory.mkdir(parents=True, exist_ok=True)
     freeze_claims(experiment)
     with _stop_signals_blocked():  # a local pool spawns its workers here
         futures: dict[Future, list[Cell]] = {
             executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
-            for stack in plan_stacks(experiment.cells if cells is None else cells)
+            for stack in plan_stacks(experiment.cells)
         }
     outcomes, pending, ended, cancelled = [], set(futures), set(), set()
     while pending:

@@ -22,9 +22,9 @@ child process, into runs/verify/<variant>/<name>:
               re-run so (its step's cost grows with d_k); it and the cells
               that are not width-free are the runs as run, hard-linked in,
               so the report is whole (`attn sweep --only` passes, one per
-              block of the grid, into one directory; a report counts either
-              algorithm's run as the cell's, attn.config.schema's
-              `algorithm` fact)
+              block of the grid, into one directory, then `attn report` of
+              all; a report counts either algorithm's run as the cell's,
+              attn.config.schema's `algorithm` fact)
 
 Each writes its report; then every expectation's verdict is compared across
 them. A verdict that flips is a claim too fine to make: weaken it, or
@@ -96,15 +96,18 @@ def variant_directory(experiment: Experiment, variant: str) -> Path:
 def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: dict, workers: int | None,
           progress: Callable[[str], None]) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
-    pass (each its overrides and options); the last pass's report.json."""
+    pass (each its overrides and options); with several passes (each --only
+    a part), then `attn report` of the whole; its report.json."""
     runs_dir = variant_directory(experiment, variant)
     report = runs_dir / experiment.name / "report.json"
-    for arguments in passes:
-        command = [sys.executable, "-m", "attn", "sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
-        if workers:
-            command += ["--workers", str(workers)]
-        progress(f"{variant}: {' '.join(command[2:])}")
-        done = processes.run_child(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
+                + (["--workers", str(workers)] if workers else []) for arguments in passes]
+    if len(passes) > 1:
+        commands.append(["report", str(experiment.path), "--runs-dir", str(runs_dir)])
+    for command in commands:
+        progress(f"{variant}: attn {' '.join(command)}")
+        done = processes.run_child([sys.executable, "-m", "attn", *command], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
         if done.returncode != 0 or not report.exists():
             lines = done.stderr.strip().splitlines()
             raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
