@@ -342,3 +342,29 @@ def test_a_materialized_re_runs_unchanged_count_is_over_the_runs_it_re_ran():
     rerun = {json.dumps(({"model.d_k": 256}, 0), sort_keys=True)}
     assert verify.unchanged_runs(reports) == {"materialized": {"same": 1, "runs": 2}}
     assert verify.unchanged_runs(reports, {"materialized": rerun}) == {"materialized": {"same": 0, "runs": 1}}
+
+
+def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    asked = []
+
+    def rerun(experiment, variant, passes, env, workers, progress):
+        asked.append(variant)
+        path = tmp_path / f"{variant}.json"
+        runs.write_json(path, {**report({"a": "confirmed"}), "cells": []})
+        return path
+
+    monkeypatch.setattr(verify, "rerun", rerun)
+    monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256]}, "seeds": [0]}  # width-free: all three
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    experiment.directory.mkdir(parents=True)
+    runs.write_json(experiment.directory / "report.json", {**report({"a": "confirmed"}), "cells": []})
+    result = verify.verify(experiment, None, 1, variants=("float64", "kernel"))
+    assert asked == ["float64", "sandybridge"] and list(result["platforms"]) == ["as run", "float64", "Sandybridge"]
+    assert result["materialized"] == "not made (attn verify --variants)"
+    asked.clear()
+    verify.verify(experiment, None, 1)
+    assert asked == ["float64", "sandybridge", "materialized"]

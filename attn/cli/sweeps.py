@@ -3,6 +3,7 @@ their progress and summary, their reports."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import signal
@@ -22,6 +23,7 @@ from attn.cli.common import (
 )
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError, cut, read_yaml_file
+from attn.experiment.verify import VARIANTS
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
 
@@ -254,7 +256,8 @@ def cmd_verify(args) -> int:
     experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
     try:
         result = verify.verify(experiment, args.kernel, args.workers,
-                               progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True))
+                               progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True),
+                               variants=args.variants)
     except ChildStopped as stopped:
         print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
               f"checkpointed; run the same command again to resume", file=sys.stderr)
@@ -263,6 +266,16 @@ def cmd_verify(args) -> int:
     for path in result["files"]:
         print(path)
     return EXIT_OK if result["agree"] else EXIT_FAILED
+
+
+def variant_list(text: str) -> tuple[str, ...]:
+    """'float64,kernel' -> those re-runs, each one of verify.VARIANTS (argparse names the flag on an error)."""
+    chosen = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [v for v in chosen if v not in VARIANTS]
+    if not chosen or unknown:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected some of {', '.join(VARIANTS)}, "
+                                         "comma-separated")
+    return chosen
 
 
 def cmd_publish(args) -> int:
@@ -316,6 +329,8 @@ def add_commands(sub) -> None:
     p.add_argument("--kernel", help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
                    "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)")
     p.add_argument("--workers", type=integer_at_least(1), help="local worker processes (default: one per core)")
+    p.add_argument("--variants", type=variant_list, default=VARIANTS,
+                   help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_verify)

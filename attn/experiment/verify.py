@@ -243,19 +243,27 @@ def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None)
     return result
 
 
+VARIANTS = ("float64", "kernel", "materialized")  # the re-runs verify makes (the kernel's is named after it)
+
+
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
-           progress: Callable[[str], None] = lambda message: None) -> dict:
+           progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS) -> dict:
     """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
-    materialized head; compare every verdict (module docstring)."""
+    materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring)."""
     main = experiment.directory / "report.json"
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
-    kernel = second_kernel(kernel)
     reports = {"as run": json.loads(main.read_text())}
-    paths = {"float64": rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress),
-             kernel: rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
-                           progress)}
+    paths = {}
+    if "float64" in variants:
+        paths["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
+    if "kernel" in variants:
+        kernel = second_kernel(kernel)
+        paths[kernel] = rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
+                              progress)
     plan = materialized_plan(experiment)
+    if "materialized" not in variants:
+        plan = MaterializedPlan([], frozenset(), frozenset(), "not made (attn verify --variants)")
     if plan.passes:
         target = variant_directory(experiment, "materialized") / experiment.name
         target.mkdir(parents=True, exist_ok=True)
