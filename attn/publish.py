@@ -220,6 +220,8 @@ def verification_line(name: str, results: Path | None = None) -> str | None:
         unchanged = "; each re-run changed the path of every run that stayed finite"
     how = ("in float64, on a second BLAS kernel and with the materialized head" if "materialized" in result["platforms"]
            else "in float64 and on a second BLAS kernel")
+    if "materialized" not in result["platforms"] and str(result.get("materialized", "")).startswith("not made"):
+        how += " (the materialized re-run of its width-free cells was not made)"
     return (f"Re-run {how} (`attn verify experiments/{name}.yaml`): {said}{counts}"
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
