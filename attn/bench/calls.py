@@ -118,12 +118,9 @@ def numpy_calls(step: Callable[[], object], steps: int = 1) -> Counter:
     _Tally.counts = Counter()
     for name, function in functions.items():
         setattr(np, name, _wrapped(function))
-    sys.setprofile(_profile)
     try:
-        for _ in range(steps):
-            step()
+        _profiled(_profile, step, steps)
     finally:
-        sys.setprofile(None)
         for name, function in functions.items():
             setattr(np, name, function)
         counts, _Tally.counts = _Tally.counts, None
@@ -139,10 +136,15 @@ def function_calls(step: Callable[[], object], steps: int = 1) -> int:
         if event in ("call", "c_call"):
             made[0] += 1
 
+    _profiled(profile, step, steps)
+    return made[0] - steps - 1  # less the step() calls themselves and sys.setprofile(None)
+
+
+def _profiled(profile: Callable, step: Callable[[], object], steps: int) -> None:
+    """step() `steps` times with `profile` as the profiling function, and it removed however they end."""
     sys.setprofile(profile)
     try:
         for _ in range(steps):
             step()
     finally:
         sys.setprofile(None)
-    return made[0] - steps - 1  # less the step() calls themselves and sys.setprofile(None)
