@@ -222,14 +222,14 @@ def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_r
     code, _, _ = call(capsys, *common_args, "--only", "model.d_k=256")
     assert code == 0
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0  # every cell
-    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
+    report = runs.read_report_json(tmp_path / "runs" / "e")
     assert sum(len(c["seeds"]) for c in report["cells"]) == 4
     assert report["platform"]["W_q, W_k"] == ["materialized", "width-free: coordinates of the drawn weights"]
     assert "cells with runs carried both ways" not in report["platform"]
     shutil.rmtree(tmp_path / "runs" / "e" / "d_k-64_seed-1")  # made again width-free: its cell holds both ways
     code, _, err = call(capsys, *common_args, "--only", "model.d_k=64")
     assert code == 0 and "1 of them had finished before (skipped)" in err  # seed 0, made materialized, is the cell's
-    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())  # of the d_k 64 cell alone
+    report = runs.read_report_json(tmp_path / "runs" / "e")  # of the d_k 64 cell alone
     assert report["platform"]["cells with runs carried both ways"] == ["1 (model.d_k=64, ...)"]
     code, _, err = call(capsys, *common_args, "--only", "model.d_k=32")
     assert code == 2 and "--only" in err and "64, 256" in err
@@ -249,7 +249,7 @@ def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(t
     code, _, err = call(capsys, *common_args, "--only", "model.scale=none")
     assert code == 0, err
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0
-    report = json.loads((tmp_path / "runs" / "e" / "report.json").read_text())
+    report = runs.read_report_json(tmp_path / "runs" / "e")
     assert report["platform"]["W_q, W_k"] == ["materialized", "width-free: coordinates of the drawn weights"]
     assert sorted((row["arm"], sorted(row["pairs"])) for row in report["lengths"]) == [
         (["none"], ["4", "8"]), (["sqrt"], ["4", "8"])]

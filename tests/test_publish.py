@@ -221,9 +221,10 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
 
     def rerun(experiment, variant, passes, env, workers, progress):
         asked.append((variant, passes))
-        path = tmp_path / f"{variant}.json"
-        runs.write_json(path, {**report({"a": "confirmed"}), "cells": []})
-        return path
+        directory = tmp_path / variant
+        directory.mkdir(exist_ok=True)
+        runs.write_report_json(directory, {**report({"a": "confirmed"}), "cells": []})
+        return directory
 
     monkeypatch.setattr(verify, "rerun", rerun)
     monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")
@@ -352,9 +353,10 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
 
     def rerun(experiment, variant, passes, env, workers, progress):
         asked.append(variant)
-        path = tmp_path / f"{variant}.json"
-        runs.write_json(path, {**report({"a": "confirmed"}), "cells": []})
-        return path
+        directory = tmp_path / variant
+        directory.mkdir(exist_ok=True)
+        runs.write_report_json(directory, {**report({"a": "confirmed"}), "cells": []})
+        return directory
 
     monkeypatch.setattr(verify, "rerun", rerun)
     monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")

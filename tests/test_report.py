@@ -138,7 +138,7 @@ def report_of(experiment, figures: bool = True) -> Report:
         if not figures:
             patch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
         paths = write_report(experiment)
-    return Report(experiment, paths, json.loads(paths["json"].read_text()), paths["md"].read_text())
+    return Report(experiment, paths, runs.read_report_json(paths["json"].parent), paths["md"].read_text())
 
 
 def as_json(value):

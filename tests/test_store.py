@@ -442,3 +442,36 @@ def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(r
 def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
     assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
     assert facts_in(one_line_error(capsys, "train", "-\n="), "attn train", "-\\n=")
+
+
+def test_a_report_keeps_its_per_seed_records_apart_and_joins_them_back(tmp_path):
+    report = {"experiment": "e", "cells": [{"n": 2, "seeds": [{"seed": 0, "final_loss": 0.5}, {"seed": 1}]},
+                                            {"n": 0, "seeds": []}],
+              "selection": [{"x": [16], "seeds": [{"seed": 0}]}], "expectations": [{"id": "a"}]}
+    runs.write_report_json(tmp_path, report)
+    slim = json.loads((tmp_path / runs.REPORT_FILE).read_text())
+    assert all("seeds" not in entry for key in runs.SEEDED_LISTS for entry in slim[key])
+    assert slim["expectations"] == [{"id": "a"}]
+    assert runs.read_report_json(tmp_path) == report
+    first = (tmp_path / runs.SEEDS_FILE).read_bytes()
+    runs.write_report_json(tmp_path, report)
+    assert (tmp_path / runs.SEEDS_FILE).read_bytes() == first, "no timestamp: the same report, the same bytes"
+
+
+def test_a_report_refuses_per_seed_records_of_another_report(tmp_path):
+    runs.write_report_json(tmp_path, {"cells": [{"seeds": [{"seed": 0}]}]})
+    other = tmp_path / "other"
+    other.mkdir()
+    runs.write_report_json(other, {"cells": [{"seeds": [{"seed": 1}]}]})
+    (other / runs.SEEDS_FILE).replace(tmp_path / runs.SEEDS_FILE)
+    with pytest.raises(runs.RunError, match="digest differs"):
+        runs.read_report_json(tmp_path)
+    (tmp_path / runs.SEEDS_FILE).unlink()
+    with pytest.raises(runs.RunError, match="missing"):
+        runs.read_report_json(tmp_path)
+
+
+def test_a_report_written_with_its_records_inline_reads_as_it_is(tmp_path):
+    report = {"cells": [{"seeds": [{"seed": 3}]}]}
+    runs.write_json(tmp_path / runs.REPORT_FILE, report, indent=None)
+    assert runs.read_report_json(tmp_path) == report

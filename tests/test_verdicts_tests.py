@@ -14,6 +14,7 @@ from attn.analysis import stats
 from attn.config.yamlio import ConfigError
 from attn.experiment import report_spec
 from attn.experiment.report_spec import Expectation, cannot_fail
+from attn.store import runs
 
 
 def test_fisher_one_sided_against_hand_sums_and_fishers_tea():
@@ -221,10 +222,9 @@ def test_the_published_width_claim_is_confirmed_once_a_median_not_reached_is_abo
     """experiments/results/width: at d_k 1024 the scaled arm reached 99% at 40, 30, 40 and the unscaled arm
     never did (0/3 within 1000 steps); published as '40 [30, 40] vs inf [0, inf] -> inconclusive', the
     bug the issue names. With the fix the unscaled median is '> 1000', [1000, inf): apart from [30, 40]."""
-    import json
     from pathlib import Path
 
-    report = json.loads((Path(__file__).resolve().parent.parent / "experiments/results/width/report.json").read_text())
+    report = runs.read_report_json(Path(__file__).resolve().parent.parent / "experiments/results/width")
     best = {b["arm"][0]: b["settings"] for b in report["best"] if b["x"] == [1024]}
     cells = {arm: next(c for c in report["cells"] if c["settings"] == settings) for arm, settings in best.items()}
     times = {arm: ([s["reached_step"] or c["budget"] for s in c["seeds"]],

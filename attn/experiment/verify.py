@@ -97,9 +97,9 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
           progress: Callable[[str], None]) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
     pass (each its overrides and options); with several passes (each --only
-    a part), then `attn report` of the whole; its report.json."""
+    a part), then `attn report` of the whole; the directory of its report."""
     runs_dir = variant_directory(experiment, variant)
-    report = runs_dir / experiment.name / "report.json"
+    report = runs_dir / experiment.name / runs.REPORT_FILE
     commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
                 + (["--workers", str(workers)] if workers else []) for arguments in passes]
     if len(passes) > 1:
@@ -112,7 +112,7 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
             lines = done.stderr.strip().splitlines()
             raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
                                 f"{lines[-1] if lines else 'no output'}")
-    return report
+    return report.parent
 
 
 @dataclass(frozen=True)
@@ -253,14 +253,14 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     main = experiment.directory / "report.json"
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
-    reports = {"as run": json.loads(main.read_text())}
-    paths = {}
+    reports = {"as run": runs.read_report_json(main.parent)}
+    directories = {}
     if "float64" in variants:
-        paths["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
+        directories["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
     if "kernel" in variants:
         kernel = second_kernel(kernel)
-        paths[kernel] = rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
-                              progress)
+        directories[kernel] = rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
+                                     progress)
     plan = materialized_plan(experiment)
     if "materialized" not in variants:
         plan = MaterializedPlan([], frozenset(), frozenset(), "not made (attn verify --variants)")
@@ -268,8 +268,8 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
         target = variant_directory(experiment, "materialized") / experiment.name
         target.mkdir(parents=True, exist_ok=True)
         link_finished_runs(experiment, target, plan.reused)
-        paths["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
-    reports.update({variant: json.loads(path.read_text()) for variant, path in paths.items()})
+        directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
+    reports.update({variant: runs.read_report_json(directory) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)
     rerun_keys = {_key(dict(c.settings), c.seed) for c in experiment.cells if c.name in plan.rerun}
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},

@@ -8,6 +8,7 @@ text is typed in. It writes, into the experiment directory:
     report.json   every cell's statistics, the selected settings, each
                   expectation (id, rule, verdict, the numbers behind it), the
                   platform the runs were made on, the conclusion
+    seeds.json.gz each cell's per-seed records (attn.store.runs.write_report_json)
     report.md     the same for people: tables, verdicts, conclusion
     report.csv    one row per cell
     *.png         attn.report.experiment_figures
@@ -409,8 +410,9 @@ def report_json(found: Findings) -> dict:
 def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
     found = findings(experiment, cells, excluded)
     out = experiment.directory
-    paths = {"json": out / "report.json", "md": out / "report.md", "csv": out / "report.csv"}
-    runs.write_json(paths["json"], report_json(found), indent=None)  # every cell and seed: compact, it is read by programs
+    paths = {"json": out / runs.REPORT_FILE, "seeds": out / runs.SEEDS_FILE, "md": out / "report.md",
+             "csv": out / "report.csv"}
+    runs.write_report_json(out, report_json(found))  # every cell and seed: compact, it is read by programs
     runs.write_atomic(paths["csv"], _csv_text(cell_rows(found.ordered, found.layout, found.keys)).encode())
     paths.update(experiment_figures.draw_all(experiment, groups(cells, found.layout), found.layout, found.best, found.shared, found.steps,
                                              sensitive=bool(found.sensitivities), at_lengths=found.at_lengths))

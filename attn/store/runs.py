@@ -11,6 +11,12 @@
         mechanism.npz    per-row saturation and gradient norms at step 0 and logging.mechanism_step
         attention.npz    attention weights of a few eval examples at init and at the end
         *.png            figures (see attn.train.figures)
+
+    runs/<experiment>/   an experiment's report (attn.report.experiment_report):
+        report.json      every cell's statistics, verdicts and tables, without the per-seed records
+        seeds.json.gz    the per-seed records of report.json's cells (most of the report's bytes:
+                         kept apart and compressed so the published report stays small);
+                         write_report_json / read_report_json split and join them
         .lock            RunLock's file: empty, or the record of the writer holding it
 
 Every file except metrics.jsonl is written to a temporary file, fsynced and
@@ -41,6 +47,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
+import hashlib
 import json
 import math
 import os
@@ -217,6 +225,50 @@ def write_json(path: Path, obj, indent: int | None = 2) -> None:
     separators = None if indent else (",", ":")
     write_atomic(path, (json.dumps(_json_safe(obj), indent=indent, sort_keys=True, separators=separators) + "\n")
                  .encode())
+
+
+REPORT_FILE = "report.json"
+SEEDS_FILE = "seeds.json.gz"
+SEEDED_LISTS = ("cells", "selection")  # report.json's lists whose entries carry per-seed records ("seeds")
+
+
+def write_report_json(directory: Path, report: dict) -> None:
+    """An experiment's report as report.json, its entries' per-seed records
+    apart in seeds.json.gz (gzip without a timestamp: the same report, the
+    same bytes); report.json names the seeds file's digest, so a reader
+    never joins records of another report. The seeds file is written first."""
+    directory = Path(directory)
+    records = {key: [entry.get("seeds", []) for entry in report.get(key, [])] for key in SEEDED_LISTS}
+    seeds = gzip.compress((json.dumps(_json_safe(records), sort_keys=True, separators=(",", ":")) + "\n").encode(),
+                          mtime=0)
+    write_atomic(directory / SEEDS_FILE, seeds)
+    slim = {**report, **{key: [{k: v for k, v in entry.items() if k != "seeds"} for entry in report.get(key, [])]
+                         for key in SEEDED_LISTS if key in report},
+            "seeds_file": {"name": SEEDS_FILE, "sha256": hashlib.sha256(seeds).hexdigest()}}
+    write_json(directory / REPORT_FILE, slim, indent=None)
+
+
+def read_report_json(directory: Path) -> dict:
+    """report.json joined with its per-seed records (write_report_json); RunError
+    when the seeds file is missing or belongs to another report."""
+    directory = Path(directory)
+    report = json.loads((directory / REPORT_FILE).read_text())
+    named = report.pop("seeds_file", None)
+    if named is None:
+        return report  # written before the records were kept apart: they are inline
+    path = directory / named["name"]
+    try:
+        seeds = path.read_bytes()
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing, but {directory / REPORT_FILE} keeps its per-seed records there; "
+                       "write the report again (attn report)") from None
+    if hashlib.sha256(seeds).hexdigest() != named["sha256"]:
+        raise RunError(f"{path}: not the per-seed records of {directory / REPORT_FILE} (its digest differs); "
+                       "write the report again (attn report)")
+    for key, lists in json.loads(gzip.decompress(seeds)).items():
+        for entry, records in zip(report.get(key, []), lists):
+            entry["seeds"] = records
+    return report
 
 
 def read_run_file(path: Path, limit: int, what: str) -> bytes | None:
