@@ -475,3 +475,27 @@ def test_a_report_written_with_its_records_inline_reads_as_it_is(tmp_path):
     report = {"cells": [{"seeds": [{"seed": 3}]}]}
     runs.write_json(tmp_path / runs.REPORT_FILE, report, indent=None)
     assert runs.read_report_json(tmp_path) == report
+
+
+def test_metrics_reach_the_disk_before_each_checkpoint_and_the_final_summary_not_per_record(tmp_path, monkeypatch):
+    """One fsync of metrics.jsonl per checkpoint and one at the end (12 steps, a record every 2, a
+    checkpoint every 4: 3 checkpoints at steps 4, 8, 12), each before the checkpoint's own file."""
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    config = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=12", "logging.log_every=2",
+                                "logging.checkpoint_every=4"])
+    run_dir = lifecycle.create(config, name="synced")
+    synced.clear()
+    lifecycle.execute(config, run_dir)
+    assert synced.count("metrics.jsonl") == 4, synced
+    for step in (4, 8, 12):
+        checkpoint = next(i for i, name in enumerate(synced) if name.startswith(f".checkpoint-{step}.npz")
+                          or name.startswith(f"checkpoint-{step}.npz"))
+        assert synced[checkpoint - 1] == "metrics.jsonl", synced
+    assert len(runs.read_metrics(run_dir)) == 7

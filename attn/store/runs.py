@@ -2,7 +2,7 @@
 
     runs/<name>/
         config.yaml      resolved config + provenance (written once, atomically)
-        metrics.jsonl    one JSON object per logged step (append-only, flushed)
+        metrics.jsonl    one JSON object per logged step (append-only, flushed; fsynced before a checkpoint)
         summary.json     status, heartbeat, final and best figures (atomic)
         checkpoint.npz   parameters, optimiser state, step, RNG state (atomic, no pickle):
                          the last one, a second name (hard link) of checkpoint-<step>.npz
@@ -21,8 +21,10 @@
 
 Every file except metrics.jsonl is written to a temporary file, fsynced and
 renamed over the old one, so a crash at any moment leaves either the old or
-the new version, never a torn one. A torn last line of metrics.jsonl (power
-loss mid-append) is ignored when reading.
+the new version, never a torn one. metrics.jsonl is appended and flushed per
+record, and fsynced before each checkpoint and the final summary, so every
+record a checkpoint follows is on disk; a torn last line (power loss
+mid-append) is ignored when reading.
 
 One writer at a time: every process that writes a run directory (training,
 fresh or resumed; a sweep's cell; figures) holds its RunLock (attn.store.locks),
@@ -385,8 +387,11 @@ def read_config_dict(run_dir: Path) -> dict:
 # metrics.jsonl
 # ---------------------------------------------------------------------------
 def append_metrics(run_dir: Path, record: dict) -> None:
-    """Append one record as a line, flushed and fsynced (never through a symbolic
-    link, never waiting on a FIFO)."""
+    """Append one record as a line, flushed (never through a symbolic link,
+    never waiting on a FIFO). A killed process loses no flushed line; the
+    file reaches the disk at sync_metrics, before each checkpoint and the
+    final summary, which is all a resume needs (it drops the records past
+    the checkpoint): one fsync per checkpoint, not one per record."""
     line = json.dumps(_json_safe(record), sort_keys=True) + "\n"
     path = Path(run_dir) / "metrics.jsonl"
     try:
@@ -394,11 +399,24 @@ def append_metrics(run_dir: Path, record: dict) -> None:
         fd = os.open(path, flags, 0o644)
         with open(fd, "a") as fh:
             fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
     except OSError as err:
         raise RunError(f"{path}: cannot append: {describe_os_error(err)}") from None
     _count_durable_write()
+
+
+def sync_metrics(run_dir: Path) -> None:
+    """metrics.jsonl's appended records made durable (fsync), if it exists."""
+    path = Path(run_dir) / "metrics.jsonl"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise RunError(f"{path}: cannot sync: {describe_os_error(err)}") from None
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -155,7 +155,8 @@ def kept_checkpoint_steps(run_dir: Path) -> list[int]:
 def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state: dict | None = None,
                     buffers: dict | None = None) -> None:
     """The checkpoint at state.step: checkpoint-<step>.npz, then checkpoint.npz
-    (the arrays default to the state's own)."""
+    (the arrays default to the state's own), after the records logged before it are on disk."""
+    runs.sync_metrics(state.run_dir)
     meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
             "best": state.best, "nonfinite_steps": state.nonfinite_steps}
     carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),

@@ -211,7 +211,8 @@ def log_record(member: Member, record: dict | None, step: int) -> None:
 
 
 def finish_run(member: Member, status: str, reason: str | None, end_step: int) -> None:
-    """The member's final summary, written."""
+    """The member's final summary, written once its records are on disk."""
+    runs.sync_metrics(member.run_dir)
     wall = member.clock.elapsed()
     member.summary.update(
         status=status, reason=reason, step=end_step, wall_time=wall, best=member.state.best,
