@@ -218,11 +218,7 @@ def verification_line(name: str, results: Path | None = None) -> str | None:
                         for variant, u in by_variant.items() if u["same"])
     if by_variant and not unchanged:
         unchanged = "; each re-run changed the path of every run that stayed finite"
-    how = ("in float64, on a second BLAS kernel and with the materialized head" if "materialized" in result["platforms"]
-           else "in float64 and on a second BLAS kernel")
-    if "materialized" not in result["platforms"] and str(result.get("materialized", "")).startswith("not made"):
-        how += " (the materialized re-run of its width-free cells was not made)"
-    return (f"Re-run {how} (`attn verify experiments/{name}.yaml`): {said}{counts}"
+    return (f"Re-run {verify.reruns_said(result)} (`attn verify experiments/{name}.yaml`): {said}{counts}"
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
 

@@ -370,3 +370,13 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     asked.clear()
     verify.verify(experiment, None, 1)
     assert asked == ["float64", "sandybridge", "materialized"]
+
+
+def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
+    platforms = {"as run": {}, "float64": {}, "Sandybridge": {}, "materialized": {}}
+    assert verify.reruns_said({"platforms": platforms}) == ("in float64, on a second BLAS kernel (Sandybridge) and "
+                                                            "with the materialized head")
+    partial = {"platforms": {"as run": {}, "Sandybridge": {}}, "materialized": "no cell runs width-free"}
+    said = verify.reruns_said(partial)
+    assert said.startswith("on a second BLAS kernel (Sandybridge) (the materialized re-run: no cell runs width-free)")
+    assert "the float64 re-run not made" in said and "kernel re-run" not in said

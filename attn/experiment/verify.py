@@ -283,6 +283,22 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     return result
 
 
+def reruns_said(result: dict) -> str:
+    """The re-runs a verification made, in VARIANTS' order, in words, and those it did not make."""
+    kernels = [v for v in result["platforms"] if v not in ("as run", *VARIANTS)]
+    made = {"float64": "float64" in result["platforms"], "kernel": bool(kernels),
+            "materialized": "materialized" in result["platforms"]}
+    words = {"float64": "in float64", "kernel": f"on a second BLAS kernel ({', '.join(kernels)})",
+             "materialized": "with the materialized head"}
+    said = [words[v] for v in VARIANTS if made[v]]
+    text = ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0] if said else "nowhere"
+    if not made["materialized"] and result.get("materialized"):
+        text += f" (the materialized re-run: {result['materialized']})"
+    missing = [v for v in ("float64", "kernel") if not made[v]]
+    return text + (f"; the {' and '.join(missing)} re-run{'s' if len(missing) > 1 else ''} not made this time "
+                   "(attn verify --variants)" if missing else "")
+
+
 def in_all(n_reports: int) -> str:
     """'all three' for the run and its two re-runs, 'all four' with the materialized one."""
     return "all " + {2: "two", 3: "three", 4: "four"}.get(n_reports, str(n_reports))
@@ -303,6 +319,7 @@ def verify_markdown(result: dict) -> str:
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})", "",
                       f"Platforms: {platforms}.", "",
+                      f"Re-run {reruns_said(result)}.", "",
                       *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
                       *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
                       *_unchanged_markdown(result.get("unchanged", {}))])
