@@ -83,3 +83,20 @@ def test_the_default_step_makes_no_more_numpy_calls_than_it_did():
     """A count of code paths, not a time: deterministic on any machine."""
     counted = timing.attn_calls(timing.size_config("default"))
     assert counted["numpy"] <= DEFAULT_STEP_NUMPY_CALLS, counted
+
+
+def test_the_headline_work_is_counted_per_run_and_a_wide_width_free_run_costs_what_a_d_k_4096_one_does(monkeypatch):
+    from attn.bench import suite, sweeps
+    from attn.experiment.spec import load_experiment
+    from attn.train.stack import head_step_cost
+
+    monkeypatch.setattr(sweeps, "matmul_rate", lambda: 1e10)
+    work = sweeps.headline_work(lambda message: None)
+    experiment = load_experiment(sweeps.HEADLINE, runs_dir="/tmp")
+    by_width = {c.config.model.d_k: head_step_cost(c.config) for c in experiment.cells}
+    assert by_width[1 << 20] == by_width[4096] < by_width[64] * 4096 // 64, "width-free: no growth with d_k"
+    assert work["runs"] == len(experiment.cells)
+    assert work["head_multiply_adds"] == sum(c.config.train.steps * by_width[c.config.model.d_k]
+                                             for c in experiment.cells)
+    assert work["least_seconds"] == work["head_multiply_adds"] / (1e10 * work["cores"])
+    assert f"{work['least_seconds']:.0f} s" in suite.work_line(work)

@@ -9,18 +9,26 @@
   worker and with one per core: its wall time, how much of the workers'
   time went to training (the sweep's efficiency: the stacks' training
   seconds over wall time x workers), and the speed-up of the second;
+- the headline's work, counted: the multiply-adds of its runs' head steps
+  (attn.train.stack.head_step_cost) against this machine's float32 matrix
+  product rate (a large product at one thread), so the time any
+  implementation of the same algorithm needs at least is known beside the
+  time attn takes;
 - optionally, the headline experiment itself (experiments/sqrt_dk.yaml),
   its wall time on every core.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from attn.bench.timing import BASE_CONFIG, REPO, SIZES
 from attn.config.yamlio import dump_yaml
@@ -85,6 +93,44 @@ def sweep_scaling(progress) -> dict:
     speedup = results[0]["wall_s"] / results[-1]["wall_s"] if len(results) > 1 else None
     return {"grid": THROUGHPUT_GRID, "overrides": THROUGHPUT_OVERRIDES, "seeds": THROUGHPUT_SEEDS,
             "results": results, "speedup": speedup}
+
+
+PEAK_PRODUCT_SIZE = 1024  # n of the n x n float32 product whose rate stands for the machine's peak
+
+
+def matmul_rate(repeats: int = 7) -> float:
+    """Multiply-adds per second of an n x n float32 matrix product at one BLAS
+    thread (n = PEAK_PRODUCT_SIZE), the best of `repeats`: near the core's peak,
+    which the head's small products do not reach."""
+    from threadpoolctl import threadpool_limits
+
+    n = PEAK_PRODUCT_SIZE
+    a, b = np.random.default_rng(0).standard_normal((2, n, n), dtype=np.float32)
+    out = np.empty_like(a)
+    with threadpool_limits(limits=1):
+        np.matmul(a, b, out=out)  # warm-up
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            np.matmul(a, b, out=out)
+            best = min(best, time.perf_counter() - start)
+    return n ** 3 / best
+
+
+def headline_work(progress) -> dict:
+    """The headline's head multiply-adds over every run's training steps, and
+    the least wall time they take on every core at matmul_rate (evaluation,
+    embeddings, softmax and the optimiser come on top)."""
+    from attn.experiment.spec import load_experiment
+    from attn.train.stack import head_step_cost
+
+    progress("the headline's work, counted, and this machine's matrix-product rate")
+    experiment = load_experiment(HEADLINE, runs_dir=tempfile.gettempdir())
+    multiply_adds = sum(cell.config.train.steps * head_step_cost(cell.config) for cell in experiment.cells)
+    rate, cores = matmul_rate(), os.cpu_count() or 1
+    return {"experiment": str(HEADLINE.relative_to(REPO)), "runs": len(experiment.cells),
+            "head_multiply_adds": multiply_adds, "matmul_rate_per_core": rate, "cores": cores,
+            "least_seconds": multiply_adds / (rate * cores)}
 
 
 def headline_wall_time(progress) -> dict:

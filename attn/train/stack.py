@@ -42,19 +42,21 @@ def members_per_stack(config: Config) -> int:
     return max(1, min(MAX_STACK_MEMBERS, STACK_MEMORY_BYTES // estimate_memory_bytes(config)))
 
 
+def head_step_cost(config: Config) -> int:
+    """Multiply-adds of one training step's head (attn.model.head.head_costs): the
+    cheaper association, at the widths the head is carried at."""
+    task = build_task(config)
+    spec = build_spec(config, task)
+    positions = 1 if task.name == "retrieval" else task.seq_len
+    return min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.k_width,
+                               spec.v_width).values())
+
+
 def stack_cost(configs: list[Config]) -> int:
     """A stack's relative cost, for ordering work: its members' steps times
-    the multiply-adds of one head step (attn.model.head.head_costs) and the
-    elementwise work on X."""
-    total = 0
-    for config in configs:
-        task = build_task(config)
-        spec = build_spec(config, task)
-        positions = 1 if task.name == "retrieval" else task.seq_len
-        head_cost = min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.k_width,
-                                          spec.v_width).values())  # at the widths it is carried at
-        total += config.train.steps * (head_cost + 10 * config.train.batch_size * task.seq_len * spec.d_model)
-    return total
+    the multiply-adds of one head step and the elementwise work on X."""
+    return sum(config.train.steps * (head_step_cost(config) + 10 * config.train.batch_size
+                                     * build_task(config).seq_len * config.model.d_model) for config in configs)
 
 
 class Stack:
