@@ -25,7 +25,8 @@ from attn.store import runstate
 from attn.train import loop
 
 D, DK, DV = 6, 17, 13  # both circuits wider than 2 D = 12: carried at 12
-MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True)]
+MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True),
+                                                                        dict(score="sigma_reparam", causal=True)]
 
 
 def mode_id(mode: dict) -> str:
