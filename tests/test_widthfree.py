@@ -141,8 +141,9 @@ def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialize
         assert np.abs(runs[True][name] - value).max() <= 1e-10 * np.abs(value).max(), name
 
 
-@pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true")],
-                         ids=["sgd", "nesterov"])
+@pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true"),
+                                    ("model.d_k=40", "model.score=sigma_reparam")],
+                         ids=["sgd", "nesterov", "sigma_reparam"])  # sigma_reparam: its buffers v_c checkpointed too
 def test_a_width_free_stack_and_its_resume_are_each_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *MEMBERS[i]) for i in (0, 2, 3, 4)]  # (1 diverges at d_k 40)
     assert all(build_spec(c, build_task(c)).width_free for c in configs)
