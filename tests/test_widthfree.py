@@ -4,8 +4,9 @@ coordinates C over an orthonormal basis Q of their initial rows, W = C Q.
 Held to the textbook model with the d_k-wide weights formed: in float64 the
 loss and every gradient (mapped back, grad W = (grad C) Q) at 1e-12; 200
 SGD steps with momentum, weight decay, clipping and a cosine schedule
-against the materialized run at 1e-10; each score mode that runs width-free
-against finite differences; stacks and resume bit for bit; checkpoints and
+against the materialized run at 1e-10 (sigma_reparam's sigma too); each
+score mode that runs width-free against finite differences; sigma_reparam's
+initial buffers those of the materialized model; stacks and resume bit for bit; checkpoints and
 the memory estimate of a d_k 2^20 run those of a d_k 2 d_model run.
 """
 
@@ -24,7 +25,8 @@ from attn.store import runstate
 from attn.train import loop
 
 D, DK, DV = 6, 17, 13  # both circuits wider than 2 D = 12: carried at 12
-MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True)]
+MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True),
+                                                                        dict(score="sigma_reparam", causal=True)]
 
 
 def mode_id(mode: dict) -> str:
@@ -50,6 +52,16 @@ def formed(params: dict, q_qk: np.ndarray, q_ov: np.ndarray) -> dict:
             "W_o": q_ov.T @ params["W_o"]}
 
 
+def formed_buffers(buffers: dict, q_qk: np.ndarray) -> dict:
+    """sigma_reparam's d_k-wide v = Q^T v_c from the carried coordinates ({} for other modes)."""
+    return {name: vector @ q_qk if name.startswith("v") else vector for name, vector in buffers.items()}
+
+
+def sigmas(params: dict, buffers: dict) -> list[float]:
+    """sigma_reparam's sigma = u^T W v of W_q and of W_k, from the power-iteration buffers."""
+    return [buffers[f"u_{w}"] @ params[f"W_{w}"] @ buffers[f"v_{w}"] for w in "qk"]
+
+
 def test_the_coordinates_span_the_initial_weights_and_form_them_again():
     spec = spec_of()
     carried = fast.init_params(spec, np.random.default_rng(3))
@@ -73,9 +85,11 @@ def test_loss_and_every_gradient_equal_the_textbook_models(mode, where):
         carried[name] = carried[name] + 0.3 * rng.standard_normal(carried[name].shape)
     q_qk, q_ov = bases(spec, 5)
     batch = batch_of(rng, spec, where)
-    loss, grads, _ = fast.loss_and_grads(carried, spec, batch)
+    buffers = fast.init_buffers(spec, carried, np.random.default_rng(9))  # sigma_reparam's u, v_c (2D,)
+    loss, grads, _ = fast.loss_and_grads(carried, spec, batch, buffers=buffers)
     full_spec = dataclasses.replace(spec, width_free=False)
-    textbook_loss, textbook_grads = reference.loss_and_grads(formed(carried, q_qk, q_ov), full_spec, batch)[:2]
+    textbook_loss, textbook_grads = reference.loss_and_grads(formed(carried, q_qk, q_ov), full_spec, batch,
+                                                             formed_buffers(buffers, q_qk))[:2]
     assert close(loss, textbook_loss)
     mapped = formed(grads, q_qk, q_ov)
     assert set(mapped) == set(textbook_grads)
@@ -90,8 +104,9 @@ def test_every_width_free_mode_passes_the_gradient_check(mode):
     rng = np.random.default_rng(7)
     spec = spec_of(**mode)
     params = fast.init_params(spec, rng)
+    buffers = fast.init_buffers(spec, params, rng)  # sigma_reparam's (held fixed: they carry no gradient)
     batch = batch_of(rng, spec, "some")
-    report = gradcheck.check_model(params, lambda p: fast.loss_and_grads(p, spec, batch))
+    report = gradcheck.check_model(params, lambda p: fast.loss_and_grads(p, spec, batch, buffers=buffers))
     assert max(entry.rel_error for entry in report.values()) < 1e-6, gradcheck.format_report(report)
 
 
@@ -99,8 +114,9 @@ WIDE = ["model.d_model=16", "model.d_k=40", "task.n_keys=8", "task.n_values=8", 
         "train.batch_size=16", "task.eval_size=64", "dtype=float64"]
 
 
-def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialized_run():
-    c = load_config(None, [*WIDE, "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=0.01",
+@pytest.mark.parametrize("score", ["dot", "sigma_reparam"])
+def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialized_run(score):
+    c = load_config(None, [*WIDE, f"model.score={score}", "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=0.01",
                            "optim.clip_norm=0.5", "optim.schedule=cosine", "optim.warmup_steps=10",
                            "train.steps=200"])
     runs = {}
@@ -108,19 +124,26 @@ def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialize
         run_config = replace(c, **{"model.width_free": width_free})
         task, spec, params, optimizer, gens = runstate.build(run_config)
         assert spec.width_free == width_free
+        buffers = fast.init_buffers(spec, params, gens.init)
         clipped = 0
         for step in range(c.train.steps):
-            _, grads, _ = fast.loss_and_grads(params, spec, task.sample(gens.data, c.train.batch_size))
+            fast.advance_buffers(params, buffers, spec)  # as the training loop: one power-iteration step first
+            batch = task.sample(gens.data, c.train.batch_size)
+            _, grads, _ = fast.loss_and_grads(params, spec, batch, buffers=buffers)
             clipped += optim.clip_by_global_norm(grads, c.optim.clip_norm) > c.optim.clip_norm
             optimizer.step(params, grads, loop.optim_lr(c, step))
         assert clipped > 0  # the clipping was exercised
         runs[width_free] = fast.materialized(params, spec, runstate.make_generators(c.seed).init)
+        if score == "sigma_reparam":
+            runs[width_free].update(zip(("sigma_q", "sigma_k"), map(np.asarray, sigmas(params, buffers))))
+    assert set(runs[True]) == set(runs[False])
     for name, value in runs[False].items():
         assert np.abs(runs[True][name] - value).max() <= 1e-10 * np.abs(value).max(), name
 
 
-@pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true")],
-                         ids=["sgd", "nesterov"])
+@pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true"),
+                                    ("model.d_k=40", "model.score=sigma_reparam")],
+                         ids=["sgd", "nesterov", "sigma_reparam"])  # sigma_reparam: its buffers v_c checkpointed too
 def test_a_width_free_stack_and_its_resume_are_each_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *MEMBERS[i]) for i in (0, 2, 3, 4)]  # (1 diverges at d_k 40)
     assert all(build_spec(c, build_task(c)).width_free for c in configs)
@@ -136,12 +159,12 @@ def test_the_cost_rule_chooses_width_free_only_when_valid_and_cheaper():
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20, width_free=True) == "widthfree"
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20) != "widthfree"
     assert head.choose_association(64, 1, 9, 64, 32, 32, width_free=True) != "widthfree"  # d_k < 2D: no gain
-    for overrides in (["optim.name=adam", "optim.lr=0.01"], ["model.score=qk_norm"], ["model.score=sigma_reparam"],
-                      ["model.width_free=false"]):
+    for overrides in (["optim.name=adam", "optim.lr=0.01"], ["model.score=qk_norm"], ["model.width_free=false"]):
         c = load_config(None, ["model.d_k=4096", *overrides])
         assert not build_spec(c, build_task(c)).width_free, overrides
-    c = load_config(None, ["model.d_k=4096"])
-    assert build_spec(c, build_task(c)).width_free
+    for overrides in ([], ["model.score=sigma_reparam"]):
+        c = load_config(None, ["model.d_k=4096", *overrides])
+        assert build_spec(c, build_task(c)).width_free, overrides
 
 
 def test_a_d_k_2_20_run_has_the_checkpoint_and_memory_estimate_of_a_d_k_128_run(tmp_path):
@@ -154,6 +177,26 @@ def test_a_d_k_2_20_run_has_the_checkpoint_and_memory_estimate_of_a_d_k_128_run(
         runstate.save_checkpoint(state)
         sizes[name] = runstate.checkpoint_file(tmp_path / name).stat().st_size
     assert sizes["wide"] == sizes["narrow"]
+
+
+def test_sigma_reparams_initial_buffers_are_the_materialized_models_in_coordinates():
+    """d_k 17 > 2D, B drawn in full: the same draws (u_k and the generator after), v_c = Q v, the same sigma."""
+    spec = spec_of(score="sigma_reparam")
+    assert widthfree.sampled_directly(D, DK) and spec.k_width == 2 * D < DK
+    made = {}
+    for width_free in (True, False):
+        rng = np.random.default_rng(21)
+        run_spec = dataclasses.replace(spec, width_free=width_free)
+        params = fast.init_params(run_spec, rng)
+        buffers = fast.init_buffers(run_spec, params, rng)
+        made[width_free] = params, buffers, sigmas(params, buffers), rng.standard_normal()
+    (carried, buffers, sigma, after), (full, full_buffers, full_sigma, full_after) = made[True], made[False]
+    assert buffers["v_q"].shape == buffers["v_k"].shape == (2 * D,)
+    q_qk = bases(spec, 21)[0]
+    for name, value in full_buffers.items():
+        assert close(formed_buffers(buffers, q_qk)[name], value), name
+        assert close(buffers[name], value @ q_qk.T if name.startswith("v") else value), name  # v_c = Q v
+    assert close(sigma, full_sigma) and after == full_after
 
 
 def test_bartlett_draws_the_gram_matrix_of_gaussian_rows():

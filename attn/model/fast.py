@@ -153,10 +153,11 @@ def score_param_shapes(score: str, qk_norm_gain: str, d_k: int) -> dict[str, tup
 
 def buffer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """State the model carries across steps that is not trained: sigma_reparam's
-    power-iteration vectors u (D,), v (d_k,) for W_q and for W_k."""
+    power-iteration vectors u (D,), v (k_width,) for W_q and for W_k; width-free,
+    v is carried as its coordinates v_c = Q v (2D,), as W_q, W_k are."""
     if spec.score != "sigma_reparam":
         return {}
-    return {"u_q": (spec.d_model,), "v_q": (spec.d_k,), "u_k": (spec.d_model,), "v_k": (spec.d_k,)}
+    return {"u_q": (spec.d_model,), "v_q": (spec.k_width,), "u_k": (spec.d_model,), "v_k": (spec.k_width,)}
 
 
 POWER_ITERATIONS_AT_INIT = 15  # sigma_reparam: power-iteration steps before the first training step
@@ -259,10 +260,22 @@ def materialized(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dic
 
 def init_buffers(spec: ModelSpec, params: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """sigma_reparam's u, v: random unit vectors, then POWER_ITERATIONS_AT_INIT
-    steps toward W_q's and W_k's top singular pairs ({} for other modes)."""
+    steps toward W_q's and W_k's top singular pairs ({} for other modes).
+
+    Width-free, v is carried as coordinates (buffer_shapes). While the initial
+    weights are drawn in full (widthfree.sampled_directly) v is drawn d_k wide,
+    as the materialized model draws it, so that u_k is the same draw and the run
+    the same. Its coordinates Q v are not formed (Q is not kept), nor needed:
+    each step sets v from u before reading it (scores.power_iteration), so v
+    starts at the first step's value, C^T u / |C^T u|. Beyond (bartlett) v is
+    drawn 2D wide, the distribution of Q v: as the weights, not the
+    materialized run's draw."""
     buffers = {}
+    drawn_width = spec.d_k if widthfree.sampled_directly(spec.d_model, spec.d_k) else spec.k_width  # v's draw
     for name, shape in buffer_shapes(spec).items():
-        vector = rng.standard_normal(shape).astype(spec.dtype)
+        vector = rng.standard_normal((drawn_width,) if name.startswith("v") else shape).astype(spec.dtype)
+        if vector.shape != shape:  # drawn d_k wide, carried as coordinates: the first step's v instead
+            vector = buffers["u" + name[1:]] @ params["W" + name[1:]]  # (2D,): C^T u
         buffers[name] = vector / np.linalg.norm(vector)
     for _ in range(POWER_ITERATIONS_AT_INIT if buffers else 0):
         advance_buffers(params, buffers, spec)

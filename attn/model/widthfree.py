@@ -44,18 +44,26 @@ decomposition is lower triangular with
 
 n = d_k, all independent: starting at d_k = 2^20 draws O(D^2) numbers, not D d_k.
 
+sigma_reparam (W' = gamma W / sigma(W)) stays in the subspace: with v in
+it and v_c = Q v (2D,), the power iteration on W is the one on C,
+
+    u = C v_c / |C v_c|,   v_c = C^T u / |C^T u|,   sigma = u^T C v_c = sigma(C),
+
+and d sigma / dW = u v^T = (u v_c^T) Q, so W' = C' Q and its gradient are
+coordinates too; v is carried as v_c (attn.model.fast.init_buffers: the
+same run as the materialized model's while B is drawn in full).
+
 What leaves the subspace (and so keeps the materialized weights): Adam and
-AdamW (elementwise over d_k), qk_norm (a norm and a gain per dimension of
-q, k), and sigma_reparam as built (its power-iteration vector v is d_k
-wide; in coordinates sigma(W) = sigma(C) holds, but it is not carried so).
-WIDTH_FREE_SCORES lists the modes that act on the scores alone.
+AdamW (elementwise over d_k) and qk_norm (a norm and a gain per dimension
+of q, k). WIDTH_FREE_SCORES lists the modes that act on the scores alone
+or, sigma_reparam, on W_q, W_k within their span.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-WIDTH_FREE_SCORES = ("dot", "softcap", "temperature", "mup", "log_length")  # modes that act on S alone
+WIDTH_FREE_SCORES = ("dot", "softcap", "temperature", "mup", "log_length", "sigma_reparam")  # keep W_q, W_k in span
 SAMPLE_LIMIT = 1 << 22  # entries of B (2D x width) drawn as the materialized model draws them; beyond: bartlett
 
 
