@@ -219,8 +219,10 @@ def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_r
     assert code == 0 and "2 runs" in err
     assert sorted(p.name for p in (tmp_path / "runs" / "e").iterdir() if p.is_dir()) == \
         ["d_k-64_seed-0", "d_k-64_seed-1"]
-    code, _, _ = call(capsys, *common_args, "--only", "model.d_k=256")
-    assert code == 0
+    code, _, err = call(capsys, *common_args, "--only", "model.d_k=256", "--no-report")  # a part: no report
+    assert code == 0 and "--no-report" in err
+    assert [c["settings"]["model.d_k"] for c in runs.read_report_json(tmp_path / "runs" / "e")["cells"]] == [64], \
+        "the report is the first pass's still"
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0  # every cell
     report = runs.read_report_json(tmp_path / "runs" / "e")
     assert sum(len(c["seeds"]) for c in report["cells"]) == 4

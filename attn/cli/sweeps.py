@@ -59,7 +59,9 @@ def cmd_sweep(args) -> int:
             print(experiment.directory)
             return EXIT_SIGNAL.get(stop.reason, 130)
         report_failed = False
-        if not last_one_out():
+        if not args.report:
+            print(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
+        elif not last_one_out():
             print(f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
                   f"writes it; or: attn report {experiment.path})", file=sys.stderr)
         else:
@@ -315,6 +317,8 @@ def add_commands(sub) -> None:
     p.add_argument("--only", action="append", metavar="KEY=V1,V2,...", help="with an experiment file: run only "
                    "the cells whose grid KEY is one of these values (repeat: all must hold); their report covers "
                    "them (attn report FILE: every cell)")
+    p.add_argument("--no-report", dest="report", action="store_false", help="train the cells, write no report "
+                   "(a part of an experiment whose whole attn report writes later, as attn verify's passes do)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")

@@ -100,15 +100,16 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
     a part), then `attn report` of the whole; the directory of its report."""
     runs_dir = variant_directory(experiment, variant)
     report = runs_dir / experiment.name / runs.REPORT_FILE
-    commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir)]
+    parts = ["--no-report"] if len(passes) > 1 else []  # each pass a part: one report of the whole, at the end
+    commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir), *parts]
                 + (["--workers", str(workers)] if workers else []) for arguments in passes]
     if len(passes) > 1:
         commands.append(["report", str(experiment.path), "--runs-dir", str(runs_dir)])
-    for command in commands:
+    for last, command in enumerate(commands, start=1 - len(commands)):
         progress(f"{variant}: attn {' '.join(command)}")
         done = processes.run_child([sys.executable, "-m", "attn", *command], env=env, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE)
-        if done.returncode != 0 or not report.exists():
+        if done.returncode != 0 or (last == 0 and not report.exists()):
             lines = done.stderr.strip().splitlines()
             raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
                                 f"{lines[-1] if lines else 'no output'}")
