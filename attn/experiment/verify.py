@@ -301,8 +301,8 @@ def reruns_said(result: dict) -> str:
 
 
 def in_all(n_reports: int) -> str:
-    """'all three' for the run and its two re-runs, 'all four' with the materialized one."""
-    return "all " + {2: "two", 3: "three", 4: "four"}.get(n_reports, str(n_reports))
+    """'both' for the run and one re-run, 'all three' with two, 'all four' with three."""
+    return "both" if n_reports == 2 else "all " + {3: "three", 4: "four"}.get(n_reports, str(n_reports))
 
 
 def verify_markdown(result: dict) -> str:
