@@ -245,6 +245,7 @@ def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None)
 
 
 VARIANTS = ("float64", "kernel", "materialized")  # the re-runs verify makes (the kernel's is named after it)
+NOT_ASKED = "not made (attn verify --variants)"  # the materialized re-run, when --variants leaves it out
 
 
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
@@ -264,7 +265,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
                                      progress)
     plan = materialized_plan(experiment)
     if "materialized" not in variants:
-        plan = MaterializedPlan([], frozenset(), frozenset(), "not made (attn verify --variants)")
+        plan = MaterializedPlan([], frozenset(), frozenset(), NOT_ASKED)
     if plan.passes:
         target = variant_directory(experiment, "materialized") / experiment.name
         target.mkdir(parents=True, exist_ok=True)
@@ -293,9 +294,10 @@ def reruns_said(result: dict) -> str:
              "materialized": "with the materialized head"}
     said = [words[v] for v in VARIANTS if made[v]]
     text = ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0] if said else "nowhere"
-    if not made["materialized"] and result.get("materialized"):
+    by_option = result.get("materialized") == NOT_ASKED
+    if not made["materialized"] and result.get("materialized") and not by_option:
         text += f" (the materialized re-run: {result['materialized']})"
-    missing = [v for v in ("float64", "kernel") if not made[v]]
+    missing = [v for v in VARIANTS if not made[v] and (v != "materialized" or by_option)]
     return text + (f"; the {' and '.join(missing)} re-run{'s' if len(missing) > 1 else ''} not made this time "
                    "(attn verify --variants)" if missing else "")
 
