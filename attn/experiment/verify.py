@@ -252,7 +252,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
            progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS) -> dict:
     """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
     materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring)."""
-    main = experiment.directory / "report.json"
+    main = experiment.directory / runs.REPORT_FILE
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
     reports = {"as run": runs.read_report_json(main.parent)}
