@@ -555,8 +555,14 @@ def test_draw_figures_button_asks_the_server_to_draw_them(browser, served):
     run = next(r for r in snapshot["runs"] if r["name"] == "exp/none-s1")
     open_page(browser, url + f"?open={run['id']}", len(snapshot["runs"]))
     click(browser, "#draw-figures")
-    wait_for(browser, lambda: browser.find_elements("css selector", "#run-details img"))
-    assert images_shown(browser, "#run-details") == sorted(p.name for p in Path(run["path"]).glob("*.png"))
+    # a poll may show the first figure while the server still draws the rest: wait for the plot's answer
+    wait_for(browser, lambda: browser.execute_script(
+        "return performance.getEntriesByType('resource').some(e => e.name.includes('api/plot') && e.responseEnd > 0)"))
+    drawn = sorted(p.name for p in Path(run["path"]).glob("*.png"))
+    assert "loss.png" in drawn
+    wait_for(browser, lambda: [image.get_attribute("alt") for image in
+                               browser.find_elements("css selector", "#run-details img")] == drawn)
+    assert images_shown(browser, "#run-details") == drawn
     assert errors_logged(browser) == []
 
 
