@@ -41,7 +41,7 @@ import glob
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +68,12 @@ class Run:
     records: list  # metrics.jsonl (a torn last line dropped)
     summary: dict  # summary.json; {} before the first one is written
     status: str  # locks.effective_status: `stale` for a `running` run whose process is gone
+    config_yaml: dict = field(default_factory=dict)  # config.yaml as read, its `provenance` included
+
+    @property
+    def provenance(self) -> dict:
+        """Where and how the run was made (config.yaml's `provenance`)."""
+        return self.config_yaml.get("provenance") or {}
 
 
 @dataclass(frozen=True)
@@ -141,10 +147,12 @@ def load_run(run_dir: Path) -> Run:
     """Read one run directory, every file checked by its runs reader (type,
     shape, size); RunError naming the file if one is damaged."""
     run_dir = Path(run_dir)
-    settings = flatten_config(runs.read_config_dict(run_dir))
+    config_yaml = runs.read_run_config(run_dir)
+    settings = flatten_config({k: v for k, v in config_yaml.items() if k != "provenance"})
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir)
-    return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir))
+    return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir),
+               config_yaml)
 
 
 def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from attn.analysis import outcomes, stats
 from attn.analysis.grouping import Run, canonical, load_runs
-from attn.config.loading import build_task
+from attn.config.loading import build_task, config_from_mapping
 from attn.config.yamlio import ConfigError
 from attn.model import mechanism
 from attn.model.head import score_scale
@@ -291,8 +291,8 @@ class Excluded:
 def collect(experiment, config_change,
             threshold: float = outcomes.THRESHOLD) -> tuple[list[CellResult], list[Excluded]]:
     """Every cell's runs (module docstring: which runs), and the runs left
-    out; `config_change(run_dir, config)` lists how a run's config differs
-    from its cell's. A cell with no run holding a summary is not listed."""
+    out; `config_change(stored, config)` lists how a run's config (a Config)
+    differs from its cell's. A cell with no run holding a summary is not listed."""
     cells: dict[str, CellResult] = {}
     excluded = []
     for cell in experiment.cells:
@@ -307,7 +307,7 @@ def collect(experiment, config_change,
         if not run.summary:
             continue  # not started
         try:
-            difference = config_change(run_dir, cell.config)
+            difference = config_change(config_from_mapping(run.config_yaml, str(run_dir / "config.yaml")), cell.config)
         except ConfigError as err:
             excluded.append(Excluded(cell.name, f"config.yaml is not a valid config: {err}"))
             continue

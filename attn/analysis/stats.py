@@ -164,14 +164,15 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
     return KMMedian(median, event_times[accepted[0]].item(), high)
 
 
-def bootstrap_interval(samples, statistic: Callable[[np.ndarray], float], rng: np.random.Generator,
+def bootstrap_interval(samples, statistic: Callable[..., np.ndarray], rng: np.random.Generator,
                        n_resamples: int = 2000, confidence: float = 0.95) -> tuple[float, float]:
     """The percentile bootstrap interval of statistic(samples): the
     (1 − confidence)/2 and (1 + confidence)/2 quantiles (numpy's linear
     interpolation) of the statistic over n_resamples resamples of the
-    first axis (seeds) drawn with replacement. Deterministic for a given
-    Generator state; a statistic that is NaN on any resample makes both
-    bounds NaN."""
+    first axis (seeds) drawn with replacement. The statistic is a reduction
+    over `axis`, the seeds' (np.mean, np.median), applied to every resample
+    in one call. Deterministic for a given Generator state; a statistic
+    that is NaN on any resample makes both bounds NaN."""
     samples = np.asarray(samples)  # (n, ...)
     _z(confidence)
     if samples.ndim == 0 or len(samples) == 0:
@@ -179,7 +180,8 @@ def bootstrap_interval(samples, statistic: Callable[[np.ndarray], float], rng: n
     if n_resamples < 1:
         raise ValueError(f"n_resamples: got {n_resamples}; expected at least 1")
     picks = rng.integers(0, len(samples), size=(n_resamples, len(samples)))  # (n_resamples, n)
-    values = np.array([statistic(samples[pick]) for pick in picks], dtype=np.float64)  # (n_resamples,)
+    resamples = samples[picks]  # (n_resamples, n, ...)
+    values = np.asarray(statistic(resamples, axis=1), dtype=np.float64)  # (n_resamples,)
     low, high = np.quantile(values, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
 

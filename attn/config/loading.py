@@ -235,6 +235,12 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source)
 
 
+def config_from_mapping(data: dict, source: str) -> Config:
+    """The Config of a mapping already read (a run's config.yaml; its provenance
+    left out), checked as load_config checks a file."""
+    return validate(build_section(Config, {k: v for k, v in data.items() if k != "provenance"}, source), source)
+
+
 def build_task(config: Config) -> RetrievalTask | CopyTask:
     """The task the config names, with its sizes."""
     t = config.task

@@ -410,19 +410,17 @@ def save_experiment_file(path: Path, data: dict) -> None:
     runs.write_atomic(path, (text + dump_yaml(data, sort_keys=False)).encode())
 
 
-def config_change(run_dir: Path, config: Config) -> list[str]:
-    """How the config a run directory was made with differs from `config`
+def config_change(stored: Config, config: Config) -> list[str]:
+    """How the config a run was made with differs from `config`
     ('key: stored -> wanted', lifecycle.config_difference), leaving out the
-    neutral_keys(); [] when the run is the config's run. ConfigError
-    if its config.yaml cannot be read."""
-    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=neutral_keys())
+    neutral_keys(); [] when the run is the config's run."""
+    return lifecycle.config_difference(stored, config, ignore=neutral_keys())
 
 
-def result_change(run_dir: Path, config: Config) -> list[str]:
+def result_change(stored: Config, config: Config) -> list[str]:
     """config_change without the algorithm_keys(): how a run differs from the
     cell in what it computes, so a report counts a run of the same maths done
     another way (attn verify's materialized re-run) as the cell's."""
-    ignore = neutral_keys() + algorithm_keys()
-    return lifecycle.config_difference(lifecycle.config_of(run_dir), config, ignore=ignore)
+    return lifecycle.config_difference(stored, config, ignore=neutral_keys() + algorithm_keys())
 
 

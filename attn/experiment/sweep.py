@@ -149,7 +149,7 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
     finished = summary.get("status") in runs.FINISHED
     resume = not finished and (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.npz").exists()
     if finished or resume:  # a finished run of the same maths done another way is the cell's; a resume is not
-        diff = (result_change if finished else config_change)(run_dir, cell.config)
+        diff = (result_change if finished else config_change)(lifecycle.config_of(run_dir), cell.config)
         if diff:
             what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
             return CellAction(cell.name, "failed", "config-changed",

@@ -55,13 +55,13 @@ from attn.analysis.verdicts import (
     on_seeds,
     value_of,
 )
+from attn.config.loading import config_from_mapping
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, result_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
 from attn.text import markdown_table
-from attn.train.lifecycle import config_of
 
 
 # ---------------------------------------------------------------------------
@@ -227,14 +227,10 @@ def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
     for cell in cells:
         carried_here = set()
         for seed in cell.seeds:
-            try:
-                data = runs.read_run_config(seed.run.path)
-            except runs.RunError:  # it was read when the cell was collected: gone or damaged since
-                continue
-            provenance = data.get("provenance") or {}
+            provenance = seed.run.provenance
             for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
                 facts.setdefault(key, set()).add(str(provenance.get(key)))
-            facts.setdefault("dtype", set()).add(str(data.get("dtype")))
+            facts.setdefault("dtype", set()).add(str(seed.run.settings.get("dtype")))
             carried = re.sub(r" \((?:width )?\d+\)", "", str((provenance.get("head") or {}).get("W_q, W_k")))
             facts.setdefault("W_q, W_k", set()).add(carried)  # its widths left out: one value per way
             carried_here.add(carried)
@@ -252,10 +248,7 @@ def code_states(cells: list[CellResult]) -> dict[str, int]:
     -> its number of runs."""
     counts: dict[str, int] = {}
     for seed in (s for c in cells for s in c.seeds):
-        try:
-            commit = (runs.read_run_config(seed.run.path).get("provenance") or {}).get("attn_commit")
-        except runs.RunError:
-            continue
+        commit = seed.run.provenance.get("attn_commit")
         key = str(commit) if commit else "unknown"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
@@ -491,7 +484,8 @@ def length_results(best: dict, experiment: Experiment) -> dict:
         for seed in cell.seeds:
             if seed.outcome.outcome == outcomes.DIVERGED:
                 continue
-            config = config_of(seed.run.path)  # the run's own: a run of the cell made the other algorithm's way
+            # the run's own: a run of the cell made the other algorithm's way
+            config = config_from_mapping(seed.run.config_yaml, str(seed.run.path / "config.yaml"))
             for P, figures in lengths.at_lengths(seed.run.path, config, list(experiment.report.lengths)).items():
                 for name, value in figures.items():
                     by_length.setdefault(P, {}).setdefault(name, []).append(value)
