@@ -247,8 +247,8 @@ def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(t
         "name": "e", "base": "base.yaml", "grid": {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
         "seeds": [0], "report": {"x": "model.d_k", "arm": "model.scale", "lengths": [4, 8]}}))
     common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
-    assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false")[0] == 0
-    code, _, err = call(capsys, *common_args, "--only", "model.scale=none")
+    assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false", "--no-report")[0] == 0
+    code, _, err = call(capsys, *common_args, "--only", "model.scale=none", "--no-report")
     assert code == 0, err
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0
     report = runs.read_report_json(tmp_path / "runs" / "e")
