@@ -21,6 +21,7 @@ from attn.config.yamlio import ConfigError
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
 from attn.experiment.report_spec import ReportSpec
+from attn.report import experiment_figures
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,10 +206,13 @@ def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypa
         f"report: {tmp_path / 'report.md'} (2 expectations judged)"]
 
 
-def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys):
+def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys,
+                                                                                               monkeypatch):
     """--only runs the cells of some grid values; the report covers the whole experiment. Runs of one cell made
     width-free and materialized (model.width_free, an `algorithm` field) are both the cell's runs, and the
-    report says which way each was carried."""
+    report says which way each was carried. Its reports draw no figures (most of a report's time; read here
+    is report.json)."""
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
     base = tmp_path / "base.yaml"
     base.write_text("task: {name: retrieval, n_pairs: 4, eval_size: 32}\nmodel: {d_model: 8}\n"
                     "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
