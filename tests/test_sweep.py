@@ -135,10 +135,11 @@ def test_grid_cells_names_and_union_of_products(tmp_path):
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def finished_sweep(tmp_path_factory):
-    """A 2 x 2 x 2 sweep run once through the CLI with two worker processes."""
+    """A 2 x 2 x 2 sweep run once through the CLI with two worker processes
+    (its report written by the test that reads it)."""
     tmp = tmp_path_factory.mktemp("sweep")
     path = write_experiment(tmp)
-    code = cli.main(["sweep", str(path), "--runs-dir", str(tmp / "runs"), "--workers", "2"])
+    code = cli.main(["sweep", str(path), "--runs-dir", str(tmp / "runs"), "--workers", "2", "--no-report"])
     assert code == 0
     return experiments.load_experiment(path, str(tmp / "runs"))
 
