@@ -109,6 +109,7 @@ def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys,
     root, _, _, _, _ = grid_sweep
     path = root / "runs" / "default-d_k-scale" / "experiment.yaml"
     monkeypatch.setattr(sweep, "default_executor", lambda workers: ThreadPoolExecutor(1))  # nothing to train
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})  # its report's are not read
     code, out, err = call(capsys, "sweep", path)
     assert code == common.EXIT_OK, err
     assert "sweep default-d_k-scale: nothing to run: all 4 runs had finished (4 completed)" in err.splitlines()
