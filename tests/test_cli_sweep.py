@@ -21,6 +21,7 @@ from attn.config.yamlio import ConfigError
 from attn.experiment import spec as experiments
 from attn.experiment import sweep
 from attn.experiment.report_spec import ReportSpec
+from attn.report import experiment_figures
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +109,7 @@ def test_running_its_file_again_skips_everything_in_one_line(grid_sweep, capsys,
     root, _, _, _, _ = grid_sweep
     path = root / "runs" / "default-d_k-scale" / "experiment.yaml"
     monkeypatch.setattr(sweep, "default_executor", lambda workers: ThreadPoolExecutor(1))  # nothing to train
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})  # its report's are not read
     code, out, err = call(capsys, "sweep", path)
     assert code == common.EXIT_OK, err
     assert "sweep default-d_k-scale: nothing to run: all 4 runs had finished (4 completed)" in err.splitlines()
@@ -205,10 +207,13 @@ def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypa
         f"report: {tmp_path / 'report.md'} (2 expectations judged)"]
 
 
-def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys):
+def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys,
+                                                                                               monkeypatch):
     """--only runs the cells of some grid values; the report covers the whole experiment. Runs of one cell made
     width-free and materialized (model.width_free, an `algorithm` field) are both the cell's runs, and the
-    report says which way each was carried."""
+    report says which way each was carried. Its reports draw no figures (most of a report's time; read here
+    is report.json)."""
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
     base = tmp_path / "base.yaml"
     base.write_text("task: {name: retrieval, n_pairs: 4, eval_size: 32}\nmodel: {d_model: 8}\n"
                     "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
@@ -247,8 +252,8 @@ def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(t
         "name": "e", "base": "base.yaml", "grid": {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
         "seeds": [0], "report": {"x": "model.d_k", "arm": "model.scale", "lengths": [4, 8]}}))
     common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
-    assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false")[0] == 0
-    code, _, err = call(capsys, *common_args, "--only", "model.scale=none")
+    assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false", "--no-report")[0] == 0
+    code, _, err = call(capsys, *common_args, "--only", "model.scale=none", "--no-report")
     assert code == 0, err
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0
     report = runs.read_report_json(tmp_path / "runs" / "e")

@@ -49,16 +49,18 @@ def write_experiment(directory: Path, name: str, seeds=SEEDS, **overrides) -> Pa
 
 class Sweep:
     """`python -m attn sweep` in its own session (as a terminal's process
-    group), CI=true, its output going to files that can be read while it runs."""
+    group), CI=true, its output going to files that can be read while it runs;
+    options: more of the command line (--no-report)."""
 
-    def __init__(self, experiment: Path, runs_dir: Path):
+    def __init__(self, experiment: Path, runs_dir: Path, *options: str):
         self.experiment_dir = runs_dir / experiment.stem
         self.since = time.time()
         number = next(_sweep_numbers)
         self.out, self.err = (runs_dir.parent / f"sweep-{number}.{what}" for what in ("out", "err"))
         with self.out.open("w") as out, self.err.open("w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir", str(runs_dir), "--workers", "2"],
+                [sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir", str(runs_dir), "--workers", "2",
+                 *options],
                 cwd=ROOT, env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)}, stdout=out, stderr=err,
                 start_new_session=True)
 
@@ -176,7 +178,7 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
                 assert run_dir.exists() == (cell in checkpointed)
             if run_dir.exists():
                 assert runs.read_summary(run_dir)["status"] == "interrupted"
-    code, out, err = Sweep(experiment, runs_dir).finish()
+    code, out, err = Sweep(experiment, runs_dir, "--no-report").finish()
     assert code == EXIT_OK, err
     for cell, (action, status, _) in outcomes(err).items():
         assert (action, status) == ("resumed" if cell in checkpointed else "ran", "completed")
@@ -192,7 +194,7 @@ def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_pat
     blocked, others = "d_k-16_lr-0.2_seed-0", {"d_k-8_lr-0.2_seed-0", "d_k-12_lr-0.2_seed-0"}  # the costliest: first to start
     (tmp_path / "runs" / "fail").mkdir(parents=True)
     (tmp_path / "runs" / "fail" / blocked).write_text("a file where the run directory goes")
-    code, out, err = Sweep(experiment, tmp_path / "runs").finish()
+    code, out, err = Sweep(experiment, tmp_path / "runs", "--no-report").finish()
     lines = err.splitlines()
     assert code == EXIT_FAILED
     progress = [m for m in map(OUTCOME_LINE.match, lines) if m]

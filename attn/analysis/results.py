@@ -193,6 +193,11 @@ class CellResult:
         low, high = (math.inf if math.isnan(b) else b for b in bounds)
         return {"median": float(np.median(losses)), "low": float(low), "high": float(high)}
 
+    def median_final_loss(self) -> float | None:
+        """final_loss()'s median without its interval (a selection rule needs no bootstrap)."""
+        losses = self.final_losses()
+        return float(np.median(losses)) if losses else None
+
     def at_init(self, key: str) -> list[float]:
         return [s.at_init[key] for s in self.seeds if s.at_init.get(key) is not None]
 
@@ -211,7 +216,7 @@ class CellResult:
         worst), final_loss (the median)."""
         return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
                 "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
-                "final_loss": self.final_loss()["median"]}
+                "final_loss": self.median_final_loss()}
 
 
 def rank_auc(lower: list[float], higher: list[float]) -> float | None:
