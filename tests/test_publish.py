@@ -201,6 +201,10 @@ def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report(
     both = publish.results_block({"sqrt_dk": headline, "scores": scores})
     assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
     assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
+    wide = publish.results_block({"sqrt_dk": headline, "scores": scores,
+                                  "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})})
+    assert wide.index("Which mode learned where.") < wide.index("**The fixes at width**")
+    assert "confirmed: `w-a`; not confirmed: `w-b`" in wide
     boundary = {**report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
                 "description": "Where the claim stops holding, 7: the query's own position."}
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
