@@ -708,6 +708,8 @@ def test_held_out_seeds_choose_a_different_rate_than_all_seeds_and_only_the_judg
     [chose] = [s for s in held.data["selection"] if s["arm"] == ["sqrt"]]
     assert chose["settings"]["optim.lr"] == 0.01 and chose["success_rate"]["k"] == 2 and chose["n"] == 2
     assert "chosen on seeds 0, 1 only" in held.md and "judged on seeds 2, 3, 4, 5, 6, 7, 8, 9 only" in held.md
+    assert "; 10 seeds per cell (2 choose the lr, 8 judge). " in held.data["headline"]
+    assert "; 10 seeds per cell. " in everyone.data["headline"]
     rows = markdown_rows(held.md, "## Headline: each arm at its own best optim.lr")
     assert {r["scale"]: (float(r["lr"]), int(r["seeds"])) for r in rows} == {"sqrt": (0.01, 8), "none": (0.01, 8)}
 
@@ -758,3 +760,13 @@ def test_the_headline_experiment_chooses_on_seeds_0_to_9_and_judges_on_10_to_29(
     assert {c.seed for c in headline.cells} == set(range(30))
     section = report_spec.claims_record(headline.report, {c.seed for c in headline.cells})["section"]
     assert section["select_on"] == list(range(10)) and section["judge_on"] == list(range(10, 30))
+
+
+def test_the_scope_lists_numbers_in_numeric_order_and_leaves_out_what_is_unset(tmp_path):
+    """d_model 64, 256, 1024 (not 1024, 256, 64 as strings sort); warm-up and clipping only where set."""
+    from attn.report.conclusion import scope
+
+    experiment = load(tmp_path, {"model.d_model": [1024, 64, 256], "optim.warmup_steps": [0, 150],
+                                 "optim.clip_norm": [None, 1.0]}, range(2), {"x": "model.d_model"})
+    assert scope(experiment) == ("plain SGD with warm-up 150 steps and clipping at 1.0; one attention head, one layer, "
+                                 "no LayerNorm; d_model 64, 256, 1024; 100 steps; 2 seeds per cell")

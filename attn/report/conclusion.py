@@ -168,20 +168,25 @@ def counts_summary(best: dict[tuple, CellResult], shared: dict[tuple, CellResult
 def scope(experiment) -> str:
     """What every run of the experiment shares, as the paragraph's scope: the
     optimiser(s) with warm-up and clipping where set, one head, one layer, no
-    LayerNorm, d_model, the budget and the seeds per cell."""
+    LayerNorm, d_model, the budget, and the seeds per cell (with held-out
+    selection, how many choose the setting and how many judge)."""
     configs = [c.config for c in experiment.cells]
 
-    def values(get) -> str:
-        return ", ".join(sorted({str(get(c)) for c in configs}))
+    def values(get) -> str:  # the distinct values, numbers in numeric order; None (unset) left out
+        found = {get(c) for c in configs} - {None}
+        return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
     optimisers = values(lambda c: c.optim.name)
-    extras = [f"warm-up {values(lambda c: c.optim.warmup_steps)} steps"] \
+    extras = [f"warm-up {values(lambda c: c.optim.warmup_steps or None)} steps"] \
         if any(c.optim.warmup_steps for c in configs) else []
     extras += [f"clipping at {values(lambda c: c.optim.clip_norm)}"] if any(c.optim.clip_norm for c in configs) else []
     n_seeds = len({c.seed for c in experiment.cells})
+    spec = experiment.report
+    held_out = (f" ({len(spec.select_on)} choose the {spec.best_of.rsplit('.', 1)[-1]}, {len(spec.judge_on)} judge)"
+                if spec.select_on is not None else "")
     optimiser = "plain SGD" if optimisers == "sgd" else f"optimiser {optimisers}"
     return (f"{optimiser}{' with ' + ' and '.join(extras) if extras else ''}; one attention head, one layer, no "
             f"LayerNorm; d_model {values(lambda c: c.model.d_model)}; {values(lambda c: c.train.steps)} steps; "
-            f"{n_seeds} seeds per cell")
+            f"{n_seeds} seeds per cell{held_out}")
 
 
 def _number(value) -> str:
