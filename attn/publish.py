@@ -192,15 +192,21 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def verdict_lines(report: dict) -> list[str]:
-    return [f"- **{e['verdict']}** — {e['claim']} (`{e['id']}`)" for e in report["expectations"]]
+    return [f"- **{e['verdict']}** — {e['claim']} ({_claim_id(e)})" for e in report["expectations"]]
 
 
 def verdict_summary(report: dict) -> str:
     """'confirmed: a, b; inconclusive: c': a report's claims by verdict, by id."""
     by_verdict: dict[str, list[str]] = {}
     for e in report["expectations"]:
-        by_verdict.setdefault(e["verdict"], []).append(f"`{e['id']}`")
+        by_verdict.setdefault(e["verdict"], []).append(_claim_id(e))
     return "; ".join(f"{verdict}: {', '.join(ids)}" for verdict, ids in by_verdict.items()) or "no claims"
+
+
+def _claim_id(expectation: dict) -> str:
+    """`id`, and how it stands to the claims frozen before the runs unless as frozen (changed, added after the runs began)."""
+    frozen = expectation.get("frozen")
+    return f"`{expectation['id']}`" + ("" if frozen in (None, "as frozen") else f" ({frozen})")
 
 
 def verification_line(name: str, results: Path | None = None) -> str | None:

@@ -384,3 +384,12 @@ def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
     said = verify.reruns_said(partial)
     assert said.startswith("on a second BLAS kernel (Sandybridge) (the materialized re-run: no cell runs width-free)")
     assert "the float64 re-run not made" in said and "kernel re-run" not in said
+
+
+def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
+    changed = report({"a": "confirmed", "b": "confirmed", "c": "inconclusive"})
+    frozen = {"a": "as frozen", "b": "changed", "c": "added after the runs began"}
+    for e in changed["expectations"]:
+        e["frozen"] = frozen[e["id"]]
+    assert publish.verdict_summary(changed) == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
+    assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
