@@ -209,6 +209,17 @@ def _claim_id(expectation: dict) -> str:
     return f"`{expectation['id']}`" + ("" if frozen in (None, "as frozen") else f" ({frozen})")
 
 
+def code_states_said(report: dict) -> str:
+    """' (runs from 7 code states, 2 with uncommitted changes)' for a report
+    whose runs do not come from one clean commit (published with
+    --allow-mixed), else ''."""
+    commits = report["platform"].get("attn_commit", [])
+    dirty = sum(c.endswith("-dirty") for c in commits)
+    if len(commits) <= 1 and not dirty:
+        return ""
+    return f" (runs from {len(commits)} code states" + (f", {dirty} with uncommitted changes)" if dirty else ")")
+
+
 def verification_line(name: str, results: Path | None = None) -> str | None:
     path = (results or RESULTS) / name / "verify.json"
     if not path.exists():
@@ -271,7 +282,8 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
         lines += [line.replace("(results/", "(experiments/results/"), ""]
     if COMPARISON in reports:
         comparison = reports[COMPARISON]
-        lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`). {comparison['headline']}", "",
+        lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{code_states_said(comparison)}). "
+                  f"{comparison['headline']}", "",
                   f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
                   ""]
         line = verification_line(COMPARISON, results)
@@ -288,7 +300,8 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
     if published:
         lines += ["**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in "
                   "its report):", ""]
-        lines += [f"- [`{name}`](experiments/results/{name}/report.md): {verdict_summary(reports[name])}"
+        lines += [f"- [`{name}`](experiments/results/{name}/report.md){code_states_said(reports[name])}: "
+                  f"{verdict_summary(reports[name])}"
                   for name in published] + [""]
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)

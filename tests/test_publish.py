@@ -393,3 +393,14 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
         e["frozen"] = frozen[e["id"]]
     assert publish.verdict_summary(changed) == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
     assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
+
+
+def test_results_from_several_code_states_say_so_beside_their_verdicts():
+    mixed = report({"a": "confirmed"}, headline="Where the claim stops holding, 1: ...")
+    mixed["description"] = "Where the claim stops holding, 1: what it tests"
+    mixed["platform"]["attn_commit"] = ["abc1234", "def5678-dirty", "0123abc"]
+    assert publish.code_states_said(mixed) == " (runs from 3 code states, 1 with uncommitted changes)"
+    assert publish.code_states_said(report({"a": "confirmed"})) == ""
+    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed})
+    assert "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 1 with uncommitted changes): " \
+           "confirmed: `a`" in block
