@@ -40,6 +40,7 @@ from pathlib import Path
 
 from attn.bench.suite import summary_markdown
 from attn.experiment import verify
+from attn.report import experiment_report
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,14 +211,16 @@ def _claim_id(expectation: dict) -> str:
 
 
 def code_states_said(report: dict) -> str:
-    """' (runs from 7 code states, 2 with uncommitted changes)' for a report
-    whose runs do not come from one clean commit (published with
-    --allow-mixed), else ''."""
-    commits = report["platform"].get("attn_commit", [])
-    dirty = sum(c.endswith("-dirty") for c in commits)
-    if len(commits) <= 1 and not dirty:
-        return ""
-    return f" (runs from {len(commits)} code states" + (f", {dirty} with uncommitted changes)" if dirty else ")")
+    """' (runs from 7 code states, 2 of them uncommitted or unrecorded)' for
+    a report whose runs do not come from one clean commit (published with
+    --allow-mixed), else ''. A report made before reports counted their code
+    states has only its platform's list of commits."""
+    states = report.get("code_states") or {"unknown" if c in (None, "None") else c: 0
+                                           for c in report["platform"].get("attn_commit", [])}
+    unclean = sum(not experiment_report.is_clean_state(s) for s in states)
+    if len(states) <= 1:
+        return " (runs from uncommitted or unrecorded code)" if unclean else ""
+    return f" (runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded)" if unclean else ")")
 
 
 def verification_line(name: str, results: Path | None = None) -> str | None:

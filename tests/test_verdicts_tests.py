@@ -123,6 +123,19 @@ def test_a_file_whose_claim_cannot_fail_is_refused_when_read(tmp_path):
                  {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "sign"}]})
 
 
+def test_a_paired_claim_over_several_points_must_be_refutable_after_its_bonferroni_factor(tmp_path):
+    """One point against the claim refutes it at p_reverse times the points
+    (verdicts.claim_p): 2^-5 per point on 5 seeds, times 3 points, is above
+    0.05; on 6 seeds, 3 * 2^-6 = 0.047 is not."""
+    faster = {"id": "faster", "claim": "c", "stat": "median_time", "arm": SQRT, "better_than": NONE, "test": "sign"}
+    grid = {"model.d_k": [16, 64, 256], "model.scale": ["sqrt", "none"]}
+    with pytest.raises(ConfigError, match=r"expect\[0\] \(faster\): it can never be not confirmed: one of its 3 points"):
+        load(tmp_path, grid, range(5), {"x": "model.d_k", "arm": "model.scale", "expect": [faster]})
+    assert load(tmp_path, grid, range(6), {"x": "model.d_k", "arm": "model.scale", "expect": [faster]})
+    one_point = {**faster, "where": {"model.d_k": [256]}}
+    assert load(tmp_path, grid, range(5), {"x": "model.d_k", "arm": "model.scale", "expect": [one_point]})
+
+
 # 10 seeds per arm at d_k 16 and 64; seeds 0..9 run in both arms (paired)
 PLAN = {
     (16, "sqrt"): [curve(LEARNED)] * 10,

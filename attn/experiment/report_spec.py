@@ -78,11 +78,13 @@ class ReportSpec:
 
 
 def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=(), n_seeds: int | None = None,
-                 budget: int | None = None, seeds=None) -> ReportSpec:
+                 budget: int | None = None, seeds=None, grid_cells=()) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
-    best_of); the selection rule, the shared value and the expectations."""
+    best_of); the selection rule, the shared value and the expectations
+    (`grid_cells`, the grid's settings as hashable values: the points a
+    claim covers, for whether it can fail)."""
     _check_mapping(report, REPORT_KEYS, f"{source}: report")
     role_of = {}
     for role in (r for r in ("x", "arm", "best_of") if r in report):
@@ -139,7 +141,7 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     if n_seeds is not None:
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
-            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1))
+            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), _points(e, spec.x, grid_cells))
             if reason:
                 raise ConfigError(f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
                                   "some outcome of the runs would refute")
@@ -184,14 +186,23 @@ def _wilson_extremes(n: int) -> tuple[float, float]:
     return z2 / (n + z2), n / (n + z2)
 
 
-def cannot_fail(e: Expectation, n: int, budget: int | None, level: float) -> str:
+def _points(e: Expectation, x: tuple[str, ...], grid_cells) -> int:
+    """How many x values of the grid the expectation covers (at least 1)."""
+    wanted = dict(e.where)
+    return max(1, len({tuple(c.get(k) for k in x) for c in grid_cells
+                       if all(c.get(k) in values for k, values in wanted.items())}))
+
+
+def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> str:
     """Why the expectation's rule could never give one of its verdicts,
     "not confirmed" or "confirmed", with `n` seeds per arm, a budget of
-    `budget` steps and its tests at `level` (the smallest Holm level, alpha
-    over the number of tested claims); '' if both can happen. Judged from
-    the rule and the design alone, before any run: a rate's Wilson interval
-    at 0/n and n/n, the smallest p-value an exact test can reach on n seeds,
-    a median time's range [0, budget], a loss's [0, inf)."""
+    `budget` steps, its tests at `level` (the smallest Holm level, alpha
+    over the number of tested claims) over `points` x values; '' if both
+    can happen. Judged from the rule and the design alone, before any run:
+    a rate's Wilson interval at 0/n and n/n, the smallest p-value an exact
+    test can reach on n seeds (one point against the claim refutes it,
+    Bonferroni over its points: attn.analysis.verdicts.claim_p), a median
+    time's range [0, budget], a loss's [0, inf)."""
     never = {}  # verdict -> why it cannot happen
     if e.better_than is not None:
         if e.better_than == e.arm:
@@ -201,6 +212,10 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float) -> str
             if smallest > level:
                 return (f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
                         f"{smallest:.3g}), so it can be neither confirmed nor refuted; use more seeds or `test: interval`")
+            if smallest * points > level:
+                return (f"it can never be not confirmed: one of its {points} points refutes it at p <= {level:.3g} "
+                        f"only after a Bonferroni factor of {points}, and the {e.test} test on {n} seeds per arm "
+                        f"reaches at least {smallest:.3g}; use more seeds or fewer points")
         elif e.stat in RATES:
             high, low = _wilson_extremes(n)
             if low <= high:

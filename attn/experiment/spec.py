@@ -274,7 +274,8 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
     report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial, n_seeds=len(seeds),
-                          budget=max(c.config.train.steps for c in cells), seeds=seeds)
+                          budget=max(c.config.train.steps for c in cells), seeds=seeds,
+                          grid_cells=[{k: _hashable(v) for k, v in c.items()} for c in grid_cells])
     if report.lengths:
         for config in {cell.config.model: cell.config for cell in cells}.values():
             check_lengths(config, list(report.lengths), source)

@@ -167,7 +167,8 @@ def counts_summary(best: dict[tuple, CellResult], shared: dict[tuple, CellResult
 
 def scope(experiment) -> str:
     """What every run of the experiment shares, as the paragraph's scope: the
-    optimiser(s) with warm-up and clipping where set, one head, one layer, no
+    optimiser(s) with warm-up and clipping where set (and "in some runs"
+    where not every run sets them), one head, one layer, no
     LayerNorm, d_model, the budget, and the seeds per cell (with held-out
     selection, how many choose the setting and how many judge)."""
     configs = [c.config for c in experiment.cells]
@@ -175,10 +176,12 @@ def scope(experiment) -> str:
     def values(get) -> str:  # the distinct values, numbers in numeric order; None (unset) left out
         found = {get(c) for c in configs} - {None}
         return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
+    def where_set(said: str, get) -> list[str]:  # a setting some runs use: in which runs, if not all
+        using = [bool(get(c)) for c in configs]
+        return [said + ("" if all(using) else " in some runs")] if any(using) else []
     optimisers = values(lambda c: c.optim.name)
-    extras = [f"warm-up {values(lambda c: c.optim.warmup_steps or None)} steps"] \
-        if any(c.optim.warmup_steps for c in configs) else []
-    extras += [f"clipping at {values(lambda c: c.optim.clip_norm)}"] if any(c.optim.clip_norm for c in configs) else []
+    extras = where_set(f"warm-up {values(lambda c: c.optim.warmup_steps or None)} steps", lambda c: c.optim.warmup_steps)
+    extras += where_set(f"clipping at {values(lambda c: c.optim.clip_norm)}", lambda c: c.optim.clip_norm)
     n_seeds = len({c.seed for c in experiment.cells})
     spec = experiment.report
     held_out = (f" ({len(spec.select_on)} choose the {spec.best_of.rsplit('.', 1)[-1]}, {len(spec.judge_on)} judge)"

@@ -254,9 +254,14 @@ def code_states(cells: list[CellResult]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def is_clean_state(state: str) -> bool:
+    """A code state (code_states' key) of committed code, recorded."""
+    return not (state.endswith("-dirty") or state == "unknown")
+
+
 def code_state_note(states: dict[str, int]) -> str:
     """'' for runs of one clean commit; else one sentence saying how many states and which are not clean."""
-    unclean = {k: n for k, n in states.items() if k.endswith("-dirty") or k == "unknown"}
+    unclean = {k: n for k, n in states.items() if not is_clean_state(k)}
     if len(states) <= 1 and not unclean:
         return ""
     parts = []
