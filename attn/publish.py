@@ -211,7 +211,7 @@ def _claim_id(expectation: dict) -> str:
 
 
 def code_states_said(report: dict) -> str:
-    """' (runs from 7 code states, 2 of them uncommitted or unrecorded)' for
+    """'runs from 7 code states, 2 of them uncommitted or unrecorded' for
     a report whose runs do not come from one clean commit (published with
     --allow-mixed), else ''. A report made before reports counted their code
     states has only its platform's list of commits."""
@@ -219,8 +219,8 @@ def code_states_said(report: dict) -> str:
                                            for c in report["platform"].get("attn_commit", [])}
     unclean = sum(not experiment_report.is_clean_state(s) for s in states)
     if len(states) <= 1:
-        return " (runs from uncommitted or unrecorded code)" if unclean else ""
-    return f" (runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded)" if unclean else ")")
+        return "runs from uncommitted or unrecorded code" if unclean else ""
+    return f"runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded" if unclean else "")
 
 
 def verification_line(name: str, results: Path | None = None) -> str | None:
@@ -285,7 +285,8 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
         lines += [line.replace("(results/", "(experiments/results/"), ""]
     if COMPARISON in reports:
         comparison = reports[COMPARISON]
-        lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{code_states_said(comparison)}). "
+        said = code_states_said(comparison)
+        lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{'; ' + said if said else ''}). "
                   f"{comparison['headline']}", "",
                   f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
                   ""]
@@ -303,9 +304,11 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
     if published:
         lines += ["**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in "
                   "its report):", ""]
-        lines += [f"- [`{name}`](experiments/results/{name}/report.md){code_states_said(reports[name])}: "
-                  f"{verdict_summary(reports[name])}"
-                  for name in published] + [""]
+        for name in published:
+            said = code_states_said(reports[name])
+            lines.append(f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
+                         f"{verdict_summary(reports[name])}")
+        lines.append("")
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)
 

@@ -399,10 +399,10 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     mixed = report({"a": "confirmed"})
     mixed["description"] = "Where the claim stops holding, 1: what it tests"
     mixed["platform"]["attn_commit"] = ["abc1234", "def5678-dirty", "None"]  # an older report: its commits alone
-    assert publish.code_states_said(mixed) == " (runs from 3 code states, 2 of them uncommitted or unrecorded)"
-    assert publish.code_states_said({**mixed, "code_states": {"abc1234": 3, "0123abc": 1}}) == " (runs from 2 code states)"
+    assert publish.code_states_said(mixed) == "runs from 3 code states, 2 of them uncommitted or unrecorded"
+    assert publish.code_states_said({**mixed, "code_states": {"abc1234": 3, "0123abc": 1}}) == "runs from 2 code states"
     assert publish.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}}) == \
-        " (runs from uncommitted or unrecorded code)"
+        "runs from uncommitted or unrecorded code"
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed})
     assert "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or " \
