@@ -42,6 +42,7 @@ from attn.bench.suite import summary_markdown
 from attn.experiment import verify
 from attn.report import experiment_report
 from attn.store import runs
+from attn.text import and_list
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
@@ -223,13 +224,30 @@ def code_states_said(report: dict) -> str:
     return f"runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded" if unclean else "")
 
 
-def verification_line(name: str, results: Path | None = None) -> str | None:
+def _verification(name: str, results: Path | None = None) -> dict | None:
     path = (results or RESULTS) / name / "verify.json"
-    if not path.exists():
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def flips_said(result: dict) -> str:
+    """'`b`: inconclusive as run and in Sandybridge, confirmed in float64':
+    each claim whose verdict a re-run changed, with where each verdict came."""
+    said = []
+    for row in (r for r in result["expectations"] if not r["agree"]):
+        where: dict[str, list[str]] = {}
+        for variant in sorted(row["verdicts"], key=lambda v: v != "as run"):  # the file's keys are sorted
+            where.setdefault(row["verdicts"][variant], []).append(variant if variant == "as run" else f"in {variant}")
+        said.append(f"`{row['id']}`: " + ", ".join(f"{verdict} {and_list(places)}"
+                                                   for verdict, places in where.items()))
+    return "; ".join(said)
+
+
+def verification_line(name: str, results: Path | None = None) -> str | None:
+    result = _verification(name, results)
+    if result is None:
         return None
-    result = json.loads(path.read_text())
     said = ("it declares no expectations" if not result["expectations"] else
-            "every verdict agrees" if result["agree"] else "some verdicts differ: see the table")
+            "every verdict agrees" if result["agree"] else f"some verdicts differ ({flips_said(result)})")
     cells = result.get("cells", [])
     same = sum(c["same"] for c in cells)
     counts = (f"; seeds that learned, the same count in {verify.in_all(len(result['platforms']))} in {same} of "
@@ -306,8 +324,10 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
                   "its report):", ""]
         for name in published:
             said = code_states_said(reports[name])
+            result = _verification(name, results)
+            flips = f"; re-runs differ: {flips_said(result)}" if result and not result["agree"] else ""
             lines.append(f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
-                         f"{verdict_summary(reports[name])}")
+                         f"{verdict_summary(reports[name])}{flips}")
         lines.append("")
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)

@@ -22,6 +22,11 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def and_list(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
 def summary_figures(summary: dict) -> str:
     """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
     (NaN) or read back from disk (null)."""

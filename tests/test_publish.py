@@ -407,3 +407,19 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed})
     assert "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or " \
            "unrecorded): confirmed: `a`" in block
+
+
+def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(tmp_path):
+    (tmp_path / "edge").mkdir()
+    runs.write_json(tmp_path / "edge" / "verify.json", {
+        "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}}, "agree": False, "cells": [], "unchanged": {},
+        "expectations": [{"id": "a", "agree": True, "verdicts": {"as run": "confirmed", "float64": "confirmed",
+                                                                 "Sandybridge": "confirmed"}},
+                         {"id": "b", "agree": False, "verdicts": {"as run": "inconclusive", "float64": "confirmed",
+                                                                  "Sandybridge": "inconclusive"}}]})
+    flips = "`b`: inconclusive as run and in Sandybridge, confirmed in float64"
+    assert f"some verdicts differ ({flips})" in publish.verification_line("edge", tmp_path)
+    edge = {**report({"a": "confirmed", "b": "inconclusive"}),
+            "description": "Where the claim stops holding, 1: what it tests", "code_states": {"abc1234": 4}}
+    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path)
+    assert f"confirmed: `a`; inconclusive: `b`; re-runs differ: {flips}" in block

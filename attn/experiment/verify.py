@@ -57,7 +57,7 @@ from attn.config.loading import build_task, runs_width_free
 from attn.config.yamlio import yaml_line
 from attn.experiment.spec import Experiment, only_argument
 from attn.store import processes, runs
-from attn.text import markdown_table
+from attn.text import and_list, markdown_table
 
 KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
 # the widest d_k (d_v) the materialized re-run carries as d_k-wide weights: the widest the headline ran
@@ -293,7 +293,7 @@ def reruns_said(result: dict) -> str:
     words = {"float64": "in float64", "kernel": f"on a second BLAS kernel ({', '.join(kernels)})",
              "materialized": "with the materialized head"}
     said = [words[v] for v in VARIANTS if made[v]]
-    text = ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else said[0] if said else "nowhere"
+    text = and_list(said) or "nowhere"
     by_option = result.get("materialized") == NOT_ASKED
     if not made["materialized"] and result.get("materialized") and not by_option:
         text += f" (the materialized re-run: {result['materialized']})"
