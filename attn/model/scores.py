@@ -147,8 +147,10 @@ def norm_backward(dout: np.ndarray, cache):
         return dx, None
     product = dout * normed  # (*M, ..., d_k)
     members = len(gain_shape) - 1
-    rows = product.reshape(*product.shape[:members], -1, product.shape[-1]).swapaxes(-1, -2)  # (*M, d_k, N)
-    dgain = _member_sums(rows, members + 1)  # (*M, d_k): each dimension's sum over every row
+    rows = product.reshape(*product.shape[:members], -1, product.shape[-1])  # (*M, N, d_k)
+    # summed over the rows axis: row after row into each dimension, whatever the stack (a sum over
+    # the contiguous axis would need the (d_k, N) transpose, a copy as large as the keys)
+    dgain = np.add.reduce(rows, axis=-2)  # (*M, d_k)
     return dx, dgain.sum(axis=-1, keepdims=True) if gain_shape[-1] == 1 else dgain
 
 
