@@ -94,3 +94,17 @@ def test_every_shipped_experiment_loads_and_make_ablations_runs_it(path, tmp_pat
     load_experiment(path, runs_dir=str(tmp_path))
     ablations = re.search(r"^ABLATIONS := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
     assert path.stem in ablations
+
+
+def test_every_experiment_with_claims_has_its_place_in_readmes_results_block():
+    """The block lists the headline, the two comparisons of score modes and each numbered boundary
+    experiment; an experiment with claims and none of those places would be published but never shown."""
+    numbers = {}
+    for path in sorted((REPO / "experiments").glob("*.yaml")):
+        experiment = load_experiment(path)
+        found = publish.BOUNDARY.match(experiment.description.strip())
+        if found:
+            numbers.setdefault(int(found.group(1)), []).append(path.stem)
+        elif experiment.report.expect:
+            assert path.stem in (publish.HEADLINE, publish.COMPARISON, publish.WIDE_COMPARISON), path.stem
+    assert {n: names for n, names in numbers.items() if len(names) > 1} == {}
