@@ -249,9 +249,7 @@ def verification_line(name: str, results: Path | None = None) -> str | None:
     said = ("it declares no expectations" if not result["expectations"] else
             "every verdict agrees" if result["agree"] else f"some verdicts differ ({flips_said(result)})")
     cells = result.get("cells", [])
-    same = sum(c["same"] for c in cells)
-    counts = (f"; seeds that learned, the same count in {verify.in_all(len(result['platforms']))} in {same} of "
-              f"{len(cells)} cells" if cells else "")
+    counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
     unchanged = "".join(f"; {variant} left {u['same']} of the {u['runs']} runs finite in both bit for bit as they were"
                         for variant, u in by_variant.items() if u["same"])

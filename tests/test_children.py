@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from attn.cli import common
+from attn.experiment import report_spec
+from attn.experiment.spec import load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -105,7 +107,10 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
                       "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
                       "logging.plots": False, "logging.attention_examples": 0}}))
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
-    (tmp_path / "runs" / "tiny" / "report.json").write_text(json.dumps({"expectations": []}))  # as if swept
+    loaded = load_experiment(experiment, str(tmp_path / "runs"))
+    digest = report_spec.claims_record(loaded.report, {c.seed for c in loaded.cells})["digest"]
+    (tmp_path / "runs" / "tiny" / "report.json").write_text(json.dumps(  # as if swept: its one run finished
+        {"expectations": [], "claims": {"digest": digest}, "cells": [{"n": 1, "unfinished": {}}]}))
     verify = subprocess.Popen([sys.executable, "-m", "attn", "verify", str(experiment), "--runs-dir",
                                str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

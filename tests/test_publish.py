@@ -3,6 +3,8 @@ into experiments/results/ and writes the results text from report.json
 alone; `attn verify` compares verdicts across re-runs."""
 
 import json
+import re
+import subprocess
 
 import pytest
 from helpers import facts_in
@@ -18,6 +20,16 @@ def report(verdicts: dict, headline="At each arm's own best lr, ...") -> dict:
             "platform": {"attn_commit": ["abc1234"], "cpu": ["a CPU"], "blas": ["openblas (Haswell kernel)"],
                          "dtype": ["float32"]},
             "expectations": [{"id": i, "claim": f"claim {i}", "verdict": v} for i, v in verdicts.items()]}
+
+
+def verifiable(experiment, verdicts: dict) -> dict:
+    """A report verify compares: of the file's claims now, every run of it finished."""
+    from attn.experiment import report_spec
+
+    digest = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})["digest"]
+    return {**report(verdicts), "claims": {"digest": digest},
+            "cells": [{"settings": {}, "n": len(experiment.cells), "unfinished": {}, "success_rate": {"k": 0, "n": 1},
+                       "seeds": []}]}
 
 
 def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypatch):
@@ -227,7 +239,7 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
         asked.append((variant, passes))
         directory = tmp_path / variant
         directory.mkdir(exist_ok=True)
-        runs.write_report_json(directory, {**report({"a": "confirmed"}), "cells": []})
+        runs.write_report_json(directory, verifiable(experiment, {"a": "confirmed"}))
         return directory
 
     monkeypatch.setattr(verify, "rerun", rerun)
@@ -237,7 +249,7 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
         data = {"name": f"w{d_k}", "base": "base.yaml", "grid": {"model.d_k": [d_k]}, "seeds": [0]}
         experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
         experiment.directory.mkdir(parents=True)
-        runs.write_json(experiment.directory / "report.json", {**report({"a": "confirmed"}), "cells": []})
+        runs.write_json(experiment.directory / "report.json", verifiable(experiment, {"a": "confirmed"}))
         result = verify.verify(experiment, None, 1)
         assert (("materialized", [["model.width_free=false"]]) in asked) == materialized
         assert ("materialized" in result["platforms"]) == materialized
@@ -359,7 +371,7 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
         asked.append(variant)
         directory = tmp_path / variant
         directory.mkdir(exist_ok=True)
-        runs.write_report_json(directory, {**report({"a": "confirmed"}), "cells": []})
+        runs.write_report_json(directory, verifiable(experiment, {"a": "confirmed"}))
         return directory
 
     monkeypatch.setattr(verify, "rerun", rerun)
@@ -367,13 +379,48 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256]}, "seeds": [0]}  # width-free: all three
     experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
     experiment.directory.mkdir(parents=True)
-    runs.write_json(experiment.directory / "report.json", {**report({"a": "confirmed"}), "cells": []})
+    runs.write_json(experiment.directory / "report.json", verifiable(experiment, {"a": "confirmed"}))
     result = verify.verify(experiment, None, 1, variants=("float64", "kernel"))
     assert asked == ["float64", "sandybridge"] and list(result["platforms"]) == ["as run", "float64", "Sandybridge"]
     assert result["materialized"] == "not made (attn verify --variants)"
     asked.clear()
     verify.verify(experiment, None, 1)
     assert asked == ["float64", "sandybridge", "materialized"]
+
+
+def test_verify_compares_only_reports_of_every_run_under_the_claims_the_file_has_now(tmp_path, monkeypatch):
+    """A report written mid-sweep, or before the claims changed, is refused, not compared; and a re-run's
+    report left by an earlier verify never stands in for the re-run's own."""
+    from attn.experiment.spec import build_experiment
+    from attn.store import processes
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0, 1]}
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    experiment.directory.mkdir(parents=True)
+    good = verifiable(experiment, {})
+    stale = {**good, "claims": {"digest": "0" * 64}}
+    mid_sweep = {**good, "cells": [{**good["cells"][0], "n": 1, "unfinished": {"running": 1}}]}
+    for bad, field in ((stale, "other claims"), (mid_sweep, "covers 1 finished runs of the file's 2 (1 unfinished)")):
+        runs.write_json(experiment.directory / "report.json", bad)
+        with pytest.raises(runs.RunError, match=re.escape(field)):
+            verify.verify(experiment, None, 1)
+    left = verify.variant_directory(experiment, "float64") / "w"
+    left.mkdir(parents=True)
+    runs.write_json(left / "report.json", good)
+    monkeypatch.setattr(processes, "run_child", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    with pytest.raises(runs.RunError, match="the float64 re-run failed"):  # its sweep wrote none: no report
+        verify.rerun(experiment, "float64", [[]], {}, 1, lambda message: None)
+
+
+def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
+    reports = {"as run": {"cells": [cell(16, 4), cell(256, 2)]}, "float64": {"cells": [cell(16, 4), cell(256, 2)]},
+               "materialized": {"cells": [cell(16, 4), cell(256, 2)]}}
+    linked = {"materialized": {json.dumps([cell(16, 4)["settings"]], sort_keys=True)}}
+    rows = verify.compare_cells(reports, linked)
+    assert [r["learned"]["materialized"] for r in rows] == ["linked", "2/4"] and all(r["same"] for r in rows)
+    assert verify.cells_agreement(rows, 3) == ("the same count in all three in 2 of 2 cells (1 of them in those "
+                                               "that made the cell: the materialized re-run linked its runs as run)")
 
 
 def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():

@@ -8,7 +8,7 @@ from fractions import Fraction
 from itertools import combinations
 
 import pytest
-from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan
+from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan, write_run
 
 from attn.analysis import stats
 from attn.config.yamlio import ConfigError
@@ -68,6 +68,29 @@ def test_holm_step_down():
     # m = 4, in order: 0.01 x 4 = 0.04, 0.03 x 3 = 0.09, 0.04 x 2 = 0.08 -> 0.09 (never below the one before), 0.5 x 1
     assert stats.holm([0.04, 0.01, 0.5, 0.03]) == pytest.approx([0.09, 0.04, 0.5, 0.09])
     assert math.isnan(stats.holm([math.nan, 0.02])[0]) and stats.holm([math.nan, 0.02])[1] == 0.02
+
+
+def test_holm_steps_give_each_p_its_multiplier_and_floor_so_a_point_is_held_to_its_claims_step():
+    # in order: 0.001 x 3; 0.6 x 2 = 1.2, capped at 1; 0.7 x 1, floored at the 1 before it
+    assert stats.holm_steps([0.6, 0.7, 0.001]) == [(2.0, 0.003), (1.0, 1.0), (3.0, 0.0)]
+    assert stats.holm([0.6, 0.7, 0.001]) == pytest.approx([1.0, 1.0, 0.003])
+    multiplier, floor = stats.holm_steps([0.6, 0.7, 0.001])[0]
+    assert max(floor, multiplier * 0.028) > 0.05  # a point at 0.028 of the 0.6 claim: not below 0.05 (1/0.6 x 0.028 is)
+
+
+def test_a_paired_test_with_a_seed_unfinished_in_one_arm_is_inconclusive_and_says_why(tmp_path):
+    """Nine seeds stalled against nine that learned would confirm (2^-9); the tenth, failed in one arm, is not
+    dropped unseen from the pairs: the point says which seed and judges nothing."""
+    claim = {"id": "more", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "mcnemar"}
+    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
+                      {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}, "unpaired")
+    write_plan(experiment, [((16, "sqrt"), [curve(LEARNED)] * 10), ((16, "none"), [curve(STALLED)] * 9)],
+               ("model.d_k", "model.scale"))
+    write_run(experiment, {"model.d_k": 16, "model.scale": "none"}, 9, curve(STALLED), status="failed")
+    judged = report_of(experiment, figures=False).expectation("more")
+    [point] = judged["points"]
+    assert judged["verdict"] == "inconclusive" and point["verdict"] == "inconclusive" and point["pairs"] == 9
+    assert "unpaired seeds: 9" in point["note"] and "1 runs unfinished" in point["note"]
 
 
 def test_the_closed_form_wilson_extremes_agree_with_the_interval():

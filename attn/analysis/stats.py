@@ -340,13 +340,20 @@ def newcombe_difference(k1: int, n1: int, k2: int, n2: int, confidence: float = 
     return d, d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values: the i-th smallest of m is
-    max over j <= i of min(1, (m − j + 1) p_(j)); reject those <= alpha. NaN
-    entries (no test) stay NaN and do not count in m."""
+def holm_steps(p_values: Sequence[float]) -> list[tuple[float, float]]:
+    """Holm's step-down, per p-value: (multiplier, floor), its adjusted p being
+    max(floor, min(1, multiplier p)): the i-th smallest of m is multiplied by
+    m − i + 1 and floored at the adjusted p of the one before it. NaN entries
+    (no test) get (NaN, NaN) and do not count in m."""
     indexed = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
-    m, out, running = len(indexed), [math.nan] * len(p_values), 0.0
+    m, out, running = len(indexed), [(math.nan, math.nan)] * len(p_values), 0.0
     for rank, (p, i) in enumerate(indexed):
+        out[i] = (float(m - rank), running)
         running = max(running, min(1.0, (m - rank) * p))
-        out[i] = running
     return out
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (holm_steps); reject those <= alpha. NaN stays NaN."""
+    return [max(floor, min(1.0, multiplier * p)) if not math.isnan(p) else math.nan
+            for p, (multiplier, floor) in zip(p_values, holm_steps(p_values))]

@@ -84,11 +84,6 @@ def groups(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResu
                                                       [sort_key(v) for v in item[0][0]])))
 
 
-def select_cell(cells: list[CellResult], criteria) -> CellResult:
-    """The cell the declared rule picks (attn.analysis.stats.select; ties: the first)."""
-    return cells[stats.select([c.selection_figures() for c in cells], list(criteria))]
-
-
 def on_seeds(cell: CellResult, seeds) -> CellResult:
     """The cell with only these seeds' runs (None: the cell itself, every seed)."""
     if seeds is None:
@@ -221,30 +216,33 @@ def judge_all(expectations, cells: list[CellResult], layout: Layout, sensitiviti
               alpha: float | None = None) -> list[dict]:
     """Every expectation judged (judge); those judged by a test (mcnemar,
     fisher, sign) then get their verdict from Holm's correction across them
-    at family-wise level alpha (the report's, 0.05 by default): confirmed
-    when the claim's Holm-adjusted p is <= alpha, not confirmed when the
-    adjusted p of the opposite claim is, else inconclusive. A claim over
-    several x holds only if it holds at each (its p the largest of its
+    at level alpha (the report's, 0.05 by default): confirmed when the
+    claim's Holm-adjusted p is <= alpha, not confirmed when the adjusted p of
+    the opposite claim is, else inconclusive. The claims and their opposites
+    are two families, each corrected: the chance of confirming any false
+    claim is held to alpha, and so is that of refuting any true one. A claim
+    over several x holds only if it holds at each (its p the largest of its
     points'); it is refuted if the opposite holds at any (the smallest of
     its points' opposite p, times their number)."""
     alpha = layout.spec.alpha if alpha is None else alpha
     judged = [judge(e, cells, layout, sensitivities) for e in expectations]
     tested = [j for j in judged if j["test"] != "interval"]
-    for key, adjusted_key in (("p", "p_holm"), ("p_reverse", "p_reverse_holm")):
-        for j, adjusted in zip(tested, stats.holm([j[key] for j in tested])):
-            j[adjusted_key] = adjusted
-    for j in tested:
+    steps = {}
+    for key in ("p", "p_reverse"):
+        steps[key] = stats.holm_steps([j[key] for j in tested])
+        for j, (multiplier, floor) in zip(tested, steps[key]):
+            j[key + "_holm"] = max(floor, min(1.0, multiplier * j[key]))
+    for j, forward, reverse in zip(tested, steps["p"], steps["p_reverse"]):
         j["alpha"] = alpha
         j["verdict"] = (CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha
                         else INCONCLUSIVE)
-        # each point at the claim's Holm multiplier (adjusted over raw p), so a point never reads
-        # "confirmed" at a level its claim was not held to
-        factor = j["p_holm"] / j["p"] if j["p"] > 0 else 1.0
-        reverse = j["p_reverse_holm"] / j["p_reverse"] if j["p_reverse"] > 0 else 1.0
+        # each point held to its claim's step of Holm's procedure (its multiplier and floor), so a point
+        # never reads "confirmed" at a level its claim was not held to
+        at_step = lambda p, step: max(step[1], min(1.0, step[0] * p))  # noqa: E731
         for p in j["points"]:
             if "p" in p and not math.isnan(p["p"]):
-                p["verdict"] = (CONFIRMED if p["p"] * factor <= alpha else NOT_CONFIRMED
-                                if p["p_reverse"] * reverse * len(j["points"]) <= alpha else INCONCLUSIVE)
+                p["verdict"] = (CONFIRMED if at_step(p["p"], forward) <= alpha else NOT_CONFIRMED
+                                if at_step(p["p_reverse"] * len(j["points"]), reverse) <= alpha else INCONCLUSIVE)
     return judged
 
 
@@ -263,8 +261,14 @@ def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     by_seed = {s.seed: s for s in theirs.seeds}
     pairs = [(s, by_seed[s.seed]) for s in mine.seeds if s.seed in by_seed]
     out: dict = {"pairs": len(pairs)}
-    if e.test in ("mcnemar", "sign") and not pairs:
-        return {**out, "p": math.nan, "p_reverse": math.nan, "verdict": INCONCLUSIVE, "note": "no seed in both arms"}
+    if e.test in ("mcnemar", "sign"):
+        unpaired = sorted({s.seed for s in mine.seeds} ^ set(by_seed))
+        unfinished = sum(mine.unfinished.values()) + sum(theirs.unfinished.values())
+        note = ("no seed in both arms" if not pairs else
+                f"not every seed finished in both arms (unpaired seeds: {', '.join(map(str, unpaired)) or 'none'}; "
+                f"{unfinished} runs unfinished)" if unpaired or unfinished else None)
+        if note:  # a seed missing from one arm is no evidence either way, and must not leave a test unseen
+            return {**out, "p": math.nan, "p_reverse": math.nan, "verdict": INCONCLUSIVE, "note": note}
     if e.test == "mcnemar":
         result = stats.mcnemar_exact(sum(_good(e.stat, a) and not _good(e.stat, b) for a, b in pairs),
                                      sum(_good(e.stat, b) and not _good(e.stat, a) for a, b in pairs))
@@ -319,6 +323,11 @@ def rule_text(e: Expectation, layout: Layout) -> str:
     at = {"best": "each arm's best", "shared": "the shared", "every": "every"}[e.at]
     return f"{rule}, at {at} {setting}" \
         + (f", {where}" if where else "")
+
+
+def settings_json(settings) -> dict:
+    """A cell's settings as its report's JSON has them (value_of, json_number): the key of a cell across reports."""
+    return {k: json_number(value_of(v)) for k, v in dict(settings).items()}
 
 
 def json_number(value):

@@ -26,11 +26,14 @@ child process, into runs/verify/<variant>/<name>:
               all; a report counts either algorithm's run as the cell's,
               attn.config.schema's `algorithm` fact)
 
-Each writes its report; then every expectation's verdict is compared across
-them. A verdict that flips is a claim too fine to make: weaken it, or
+Each writes its report; a report is compared only if it covers every run of
+the file, each finished, under the claims and seeds the file has now (one
+written mid-sweep, or before the claims changed, is refused). Then every
+expectation's verdict is compared across them. A verdict that flips is a claim too fine to make: weaken it, or
 add seeds, until every verdict agrees. Beside the verdicts, each cell's
 count of seeds that learned is set side by side, and the cells where it
-differs are listed: per-seed outcomes of a chaotic arm may flip, which is
+differs are listed (a cell the materialized re-run linked is compared
+across the re-runs that made it): per-seed outcomes of a chaotic arm may flip, which is
 why claims are made on rates with intervals and not on counts. And it
 counts the runs each re-run left bit for bit where they were (the same
 train loss at every logged step): a second kernel changes the BLAS
@@ -53,8 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from attn.analysis.verdicts import settings_json
 from attn.config.loading import build_task, runs_width_free
 from attn.config.yamlio import yaml_line
+from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, only_argument
 from attn.store import processes, runs
 from attn.text import and_list, markdown_table
@@ -101,6 +106,7 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
     runs_dir = variant_directory(experiment, variant)
     report = runs_dir / experiment.name / runs.REPORT_FILE
     parts = ["--no-report"] if len(passes) > 1 else []  # each pass a part: one report of the whole, at the end
+    report.unlink(missing_ok=True)  # a report left by an earlier verify must not stand in for this one's
     commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir), *parts]
                 + (["--workers", str(workers)] if workers else []) for arguments in passes]
     if len(passes) > 1:
@@ -209,17 +215,33 @@ def _key(*parts) -> str:
     return json.dumps(parts, sort_keys=True)
 
 
-def compare_cells(reports: dict[str, dict]) -> list[dict]:
+LINKED = "linked"  # a cell a re-run did not make: its runs are the runs as run, so it says nothing there
+
+
+def compare_cells(reports: dict[str, dict], linked: dict[str, set] | None = None) -> list[dict]:
     """Per cell (its settings) of any report: seeds that learned out of seeds
-    in every report ('absent' where a report lacks the cell, which then differs)."""
+    in every report ('absent' where a report lacks the cell, which then differs;
+    LINKED where the re-run linked the runs as run, `linked`: variant -> cell
+    keys, left out of the comparison, as agreeing there would be no test)."""
     def counts(report: dict) -> dict[str, str]:
         return {_key(c["settings"]): f"{c['success_rate']['k']}/{c['success_rate']['n']}" for c in report["cells"]}
     per_variant = {variant: counts(r) for variant, r in reports.items()}
     rows = []
     for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
-        learned = {variant: by_cell.get(key, "absent") for variant, by_cell in per_variant.items()}
-        rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(set(learned.values())) == 1})
+        learned = {variant: LINKED if key in (linked or {}).get(variant, ()) else by_cell.get(key, "absent")
+                   for variant, by_cell in per_variant.items()}
+        compared = {count for count in learned.values() if count != LINKED}
+        rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(compared) == 1})
     return rows
+
+
+def cells_agreement(cells: list[dict], variants: int) -> str:
+    """'the same count in all four in N of M cells', and how many of those one re-run linked rather than made."""
+    same = [c for c in cells if c["same"]]
+    linked = sum(LINKED in c.get("learned", {}).values() for c in same)
+    return (f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells"
+            + (f" ({linked} of them in those that made the cell: the materialized re-run linked its runs as run)"
+               if linked else ""))
 
 
 def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None) -> dict[str, dict]:
@@ -255,7 +277,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     main = experiment.directory / runs.REPORT_FILE
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
-    reports = {"as run": runs.read_report_json(main.parent)}
+    reports = {"as run": checked_report(experiment, main.parent, "as run")}
     directories = {}
     if "float64" in variants:
         directories["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
@@ -271,11 +293,13 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
         target.mkdir(parents=True, exist_ok=True)
         link_finished_runs(experiment, target, plan.reused)
         directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
-    reports.update({variant: runs.read_report_json(directory) for variant, directory in directories.items()})
+    reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)
-    rerun_keys = {_key(dict(c.settings), c.seed) for c in experiment.cells if c.name in plan.rerun}
+    rerun_keys = {_key(settings_json(c.settings), c.seed) for c in experiment.cells if c.name in plan.rerun}
+    linked_cells = {_key(settings_json(c.settings)) for c in experiment.cells if c.name in plan.reused}
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
-              "expectations": rows, "agree": all(r["agree"] for r in rows), "cells": compare_cells(reports),
+              "expectations": rows, "agree": all(r["agree"] for r in rows),
+              "cells": compare_cells(reports, {"materialized": linked_cells} if plan.passes else None),
               "unchanged": unchanged_runs(reports, {"materialized": rerun_keys}), "materialized": plan.said}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +307,23 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
     result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
     return result
+
+
+def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
+    """A report to compare: of every run of the file, each finished, under the claims the file has now
+    (a report written mid-sweep, or before the claims or seeds changed, would compare other rules)."""
+    report = runs.read_report_json(directory)
+    path = directory / runs.REPORT_FILE
+    digest = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})["digest"]
+    if (report.get("claims") or {}).get("digest") != digest:
+        raise runs.RunError(f"verify: {path} ({what}) was written under other claims or seeds than "
+                            f"{experiment.path} has now; write it again with `attn report {experiment.path}`")
+    unfinished = sum(sum(c.get("unfinished", {}).values()) for c in report["cells"])
+    finished = sum(c["n"] for c in report["cells"])
+    if unfinished or finished != len(experiment.cells):
+        raise runs.RunError(f"verify: {path} ({what}) covers {finished} finished runs of the file's "
+                            f"{len(experiment.cells)} ({unfinished} unfinished); finish the sweep and write it again")
+    return report
 
 
 def reruns_said(result: dict) -> str:
@@ -333,8 +374,7 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
     if not cells:
         return []
     differing = [c for c in cells if not c["same"]]
-    summary = (f"Seeds that learned, per cell: the same count in {in_all(len(variants))} in {len(cells) - len(differing)} "
-               f"of {len(cells)} cells")
+    summary = f"Seeds that learned, per cell: {cells_agreement(cells, len(variants))}"
     if not differing:
         return [summary + ".", ""]
     keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))

@@ -53,6 +53,7 @@ from attn.analysis.verdicts import (
     judge_all,
     judged_cells,
     on_seeds,
+    settings_json,
     value_of,
 )
 from attn.config.loading import config_from_mapping
@@ -70,7 +71,7 @@ from attn.text import markdown_table
 def cell_json(cell: CellResult) -> dict:
     km = cell.time()
     return {
-        "settings": {k: json_number(value_of(v)) for k, v in cell.settings.items()}, "n": cell.n,
+        "settings": settings_json(cell.settings), "n": cell.n,
         "unfinished": dict(cell.unfinished), "budget": cell.budget,
         "outcomes": {name: cell.count(name) for name in outcomes.OUTCOMES},
         "slow_kinds": cell.slow_kinds(), "sat_at": cell.sat_at(),
