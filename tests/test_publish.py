@@ -419,8 +419,8 @@ def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
     linked = {"materialized": {json.dumps([cell(16, 4)["settings"]], sort_keys=True)}}
     rows = verify.compare_cells(reports, linked)
     assert [r["learned"]["materialized"] for r in rows] == ["linked", "2/4"] and all(r["same"] for r in rows)
-    assert verify.cells_agreement(rows, 3) == ("the same count in all three in 2 of 2 cells (1 of them in those "
-                                               "that made the cell: the materialized re-run linked its runs as run)")
+    assert verify.cells_agreement(rows, 3) == ("the same count in all three in 2 of 2 cells (1 of them compared "
+                                               "without the materialized re-run, which linked their runs as run)")
 
 
 def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():

@@ -240,7 +240,7 @@ def cells_agreement(cells: list[dict], variants: int) -> str:
     same = [c for c in cells if c["same"]]
     linked = sum(LINKED in c.get("learned", {}).values() for c in same)
     return (f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells"
-            + (f" ({linked} of them in those that made the cell: the materialized re-run linked its runs as run)"
+            + (f" ({linked} of them compared without the materialized re-run, which linked their runs as run)"
                if linked else ""))
 
 
