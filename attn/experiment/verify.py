@@ -29,20 +29,20 @@ child process, into runs/verify/<variant>/<name>:
 Each writes its report; a report is compared only if it covers every run of
 the file, each finished, under the claims and seeds the file has now (one
 written mid-sweep, or before the claims changed, is refused). Then every
-expectation's verdict is compared across them. A verdict that flips is a claim too fine to make: weaken it, or
-add seeds, until every verdict agrees. Beside the verdicts, each cell's
-count of seeds that learned is set side by side, and the cells where it
-differs are listed (a cell the materialized re-run linked is compared
-across the re-runs that made it): per-seed outcomes of a chaotic arm may flip, which is
-why claims are made on rates with intervals and not on counts. And it
-counts the runs each re-run left bit for bit where they were (the same
-train loss at every logged step): a second kernel changes the BLAS
-products but not what numpy computes without BLAS, and at a small rate a
-rounding difference can stay below a weight's last bit; where a re-run
-changed no run, the check tested nothing. An experiment that declares no expectations claims nothing, so no verdict can
-flip; it says so rather than "every verdict agrees". The comparison is
-written to runs/verify/<name>.md and .json, and verify exits 1 if any
-verdict differs.
+expectation's verdict is compared across them. A verdict that flips is a
+claim too fine to make: weaken it, or add seeds, until every verdict agrees.
+Beside the verdicts, each cell's count of seeds that learned is set side by
+side, and the cells where it differs are listed (a cell the materialized
+re-run linked is compared across the re-runs that made it): per-seed outcomes
+of a chaotic arm may flip, which is why claims are made on rates with
+intervals and not on counts. And it counts the runs each re-run left bit for
+bit where they were (the same train loss at every logged step): a second
+kernel changes the BLAS products but not what numpy computes without BLAS,
+and at a small rate a rounding difference can stay below a weight's last
+bit; where a re-run changed no run, the check tested nothing. An experiment
+that declares no expectations claims nothing, so no verdict can flip; it
+says so rather than "every verdict agrees". The comparison is written to
+runs/verify/<name>.md and .json, and verify exits 1 if any verdict differs.
 """
 
 from __future__ import annotations
