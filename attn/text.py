@@ -1,10 +1,12 @@
-"""Numbers and tables for people: a metric, a run's headline figures, a Markdown table.
+"""Numbers and tables for people: a metric, a run's headline figures, a Markdown table, a setting as reports write it.
 
 The store reads and writes run files; this formats what they hold (the CLI's
 lines, a sweep's progress, reports, verify and the benchmark's tables).
 """
 
 from __future__ import annotations
+
+import math
 
 from attn.store.runs import is_finite_number
 
@@ -34,3 +36,33 @@ def summary_figures(summary: dict) -> str:
     return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
             f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
             f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
+
+
+def format_value(value) -> str:
+    """A config value as YAML would write it, short: null, true, 0.001, {W_q: 0.1}."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def value_of(value):
+    """A setting as a comparable, hashable value (a mapping or list as its text)."""
+    return format_value(value) if isinstance(value, (dict, list)) else value
+
+
+def json_number(value):
+    """A number or string as JSON takes it (inf as the string 'inf')."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else "-inf" if value < 0 else None
+    return value
+
+
+def settings_json(settings) -> dict:
+    """A cell's settings as its report's JSON has them (value_of, json_number): the key of a cell across reports."""
+    return {k: json_number(value_of(v)) for k, v in dict(settings).items()}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from helpers import facts_in
 
-from attn import cli
+from attn import cli, text
 from attn.analysis import curves, grouping, listing
 from attn.config.loading import build_task, load_config, parse_override
 from attn.config.schema import TaskConfig, read_only_by, to_dict
@@ -165,7 +165,7 @@ def test_unused_task_keys_are_exactly_those_the_task_ignores(task):
 
 
 def test_values_are_written_as_yaml_would():
-    shown = [grouping.format_value(v) for v in (None, True, 1e-3, 0.5, 256, "none", {"W_q": 0.1})]
+    shown = [text.format_value(v) for v in (None, True, 1e-3, 0.5, 256, "none", {"W_q": 0.1})]
     assert shown == ["null", "true", "0.001", "0.5", "256", "none", "{W_q: 0.1}"]
 
 

@@ -24,7 +24,6 @@ import yaml
 from helpers import PNG_SIGNATURE, facts_in
 
 from attn.analysis import outcomes, stats
-from attn.analysis.grouping import format_value
 from attn.analysis.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.analysis.results import BOOTSTRAP_SEED, COUNTED, collect
 from attn.config.loading import build_task, load_config, replace
@@ -36,6 +35,7 @@ from attn.model import mechanism
 from attn.report import experiment_figures
 from attn.report.experiment_report import Layout, judged_cells, write_report
 from attn.store import arrayfiles, runs
+from attn.text import format_value
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "configs" / "default.yaml"

@@ -50,6 +50,7 @@ from attn.config.loading import field_value, flatten_config
 from attn.config.schema import neutral_keys, replicate_keys, unread_keys
 from attn.config.yamlio import ArgumentError, ConfigError, parse_yaml, show_value
 from attn.store import locks, runs
+from attn.text import format_value
 
 THRESHOLD_METRIC = "eval_accuracy"
 FALLBACK_LABEL_KEYS = ("task.name", "model.scale", "model.d_k")  # a label when no key differs between groups
@@ -197,19 +198,6 @@ def canonical(value) -> str:
     """A value as hashable text, equal for equal values whatever the order of a
     mapping's items (a setting may be a mapping, e.g. optim.lr_mult)."""
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def format_value(value) -> str:
-    """A config value as YAML would write it, short: null, true, 0.001, {W_q: 0.1}."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) + "}"
-    return str(value)
 
 
 def _sort_value(value) -> tuple:

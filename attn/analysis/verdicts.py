@@ -28,10 +28,11 @@ import dataclasses
 import math
 
 from attn.analysis import outcomes, stats
-from attn.analysis.grouping import format_value, short_names
+from attn.analysis.grouping import short_names
 from attn.analysis.results import CellResult, sort_key
 from attn.experiment.report_spec import RATES, STATS, Expectation
 from attn.experiment.spec import Experiment
+from attn.text import format_value, json_number, value_of
 
 CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE = "confirmed", "not confirmed", "inconclusive"
 
@@ -68,11 +69,6 @@ class Layout:
     @property
     def x_name(self) -> str:
         return " / ".join(self.names[k] for k in self.x)
-
-
-def value_of(value):
-    """A setting as a comparable, hashable value (a mapping or list as its text)."""
-    return format_value(value) if isinstance(value, (dict, list)) else value
 
 
 def groups(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResult]]:
@@ -325,13 +321,3 @@ def rule_text(e: Expectation, layout: Layout) -> str:
         + (f", {where}" if where else "")
 
 
-def settings_json(settings) -> dict:
-    """A cell's settings as its report's JSON has them (value_of, json_number): the key of a cell across reports."""
-    return {k: json_number(value_of(v)) for k, v in dict(settings).items()}
-
-
-def json_number(value):
-    """A number or string as JSON takes it (inf as the string 'inf')."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "inf" if value > 0 else "-inf" if value < 0 else None
-    return value

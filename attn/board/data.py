@@ -47,6 +47,7 @@ from attn.analysis.outcomes import (
 )
 from attn.report import compare_figure
 from attn.store import locks, runs
+from attn.text import format_value
 from attn.train import figures
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")  # a run is re-read when one of these changes
@@ -467,7 +468,7 @@ class Board:
                 "n_records": read.n_logged if downsampled else len(run.records), "n_logged": read.n_logged,
                 "downsampled": downsampled, "updated_at": run.summary.get("updated_at"),
                 "reason": run.summary.get("reason"),
-                "settings": {k: grouping.format_value(v) for k, v in used.items()},  # as `attn runs` prints them
+                "settings": {k: format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                 "values": used,  # as in config.yaml, for the filter's numeric comparisons
                 **read.figures,
                 "ends": read.ends,  # each metric's final and best, for the hyperparameter views

@@ -12,6 +12,7 @@ from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least
 from attn.store import runs
+from attn.text import format_value
 
 # compare()'s arguments -> the flags of `attn compare` that give them
 COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
@@ -38,7 +39,6 @@ def cmd_compare(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from attn.analysis import grouping
     from attn.analysis import listing as listings
 
     with flagged({"status": "--status", "experiment": "--experiment"}):
@@ -51,7 +51,7 @@ def cmd_runs(args) -> int:
     header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age", "disk"]
     table = [header] + [
         [row.name, row.status, row.task,
-         *(grouping.format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
+         *(format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
          "—" if row.final[0] is None else f"{row.final[0]:.4g}",
          "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age),
          runs.format_bytes(row.disk)]

@@ -56,13 +56,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attn.analysis.verdicts import settings_json
 from attn.config.loading import build_task, runs_width_free
 from attn.config.yamlio import yaml_line
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, only_argument
 from attn.store import processes, runs
-from attn.text import and_list, markdown_table
+from attn.text import and_list, markdown_table, settings_json
 
 KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try as the second kernel, in order
 # the widest d_k (d_v) the materialized re-run carries as d_k-wide weights: the widest the headline ran

@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from attn.analysis import outcomes
-from attn.analysis.grouping import canonical, format_value
+from attn.analysis.grouping import canonical
 from attn.analysis.results import CellResult, in_order
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout
+from attn.text import format_value
 
 
 def _others(cell: CellResult) -> str:

@@ -31,9 +31,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attn.analysis import outcomes
-from attn.analysis.grouping import canonical, format_value
+from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.store.runs import series
+from attn.text import format_value
 from attn.train.figures import save_figure
 
 # One colour per arm value, the same in every report; others take PALETTE in order.

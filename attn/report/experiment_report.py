@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 from attn.analysis import outcomes
-from attn.analysis.grouping import format_value
 from attn.analysis.results import (
     COUNTED,
     SELF_ATTENDING,
@@ -49,12 +48,9 @@ from attn.analysis.verdicts import (
     at_every,
     edge_notes,
     groups,
-    json_number,
     judge_all,
     judged_cells,
     on_seeds,
-    settings_json,
-    value_of,
 )
 from attn.config.loading import config_from_mapping
 from attn.experiment import report_spec
@@ -62,7 +58,7 @@ from attn.experiment.spec import Experiment, result_change
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
 from attn.store import locks, runs
-from attn.text import markdown_table
+from attn.text import format_value, json_number, markdown_table, settings_json, value_of
 
 
 # ---------------------------------------------------------------------------
