@@ -223,13 +223,13 @@ def judge_all(expectations, cells: list[CellResult], layout: Layout, sensitiviti
     alpha = layout.spec.alpha if alpha is None else alpha
     judged = [judge(e, cells, layout, sensitivities) for e in expectations]
     tested = [j for j in judged if j["test"] != "interval"]
+    # a claim's adjusted p, and each of its points', at the claim's step of Holm's procedure (its
+    # multiplier and floor), so a point never reads "confirmed" at a level its claim was not held to
+    at_step = lambda p, step: max(step[1], min(1.0, step[0] * p))  # noqa: E731
     steps = {key: stats.holm_steps([j[key] for j in tested]) for key in ("p", "p_reverse")}
     for key in ("p", "p_reverse"):
-        for j, (multiplier, floor) in zip(tested, steps[key]):
-            j[key + "_holm"] = max(floor, min(1.0, multiplier * j[key]))
-    # each point held to its claim's step of Holm's procedure (its multiplier and floor), so a point
-    # never reads "confirmed" at a level its claim was not held to
-    at_step = lambda p, step: max(step[1], min(1.0, step[0] * p))  # noqa: E731
+        for j, step in zip(tested, steps[key]):
+            j[key + "_holm"] = at_step(j[key], step)
     for j, forward, reverse in zip(tested, steps["p"], steps["p_reverse"]):
         j["alpha"] = alpha
         j["verdict"] = (CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha
