@@ -298,7 +298,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     linked_cells = {_key(settings_json(c.settings)) for c in experiment.cells if c.name in plan.reused}
     result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows),
-              "cells": compare_cells(reports, {"materialized": linked_cells} if plan.passes else None),
+              "cells": compare_cells(reports, {"materialized": linked_cells}),
               "unchanged": unchanged_runs(reports, {"materialized": rerun_keys}), "materialized": plan.said}
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
@@ -317,7 +317,7 @@ def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
     if (report.get("claims") or {}).get("digest") != digest:
         raise runs.RunError(f"verify: {path} ({what}) was written under other claims or seeds than "
                             f"{experiment.path} has now; write it again with `attn report {experiment.path}`")
-    unfinished = sum(sum(c.get("unfinished", {}).values()) for c in report["cells"])
+    unfinished = sum(sum(c["unfinished"].values()) for c in report["cells"])
     finished = sum(c["n"] for c in report["cells"])
     if unfinished or finished != len(experiment.cells):
         raise runs.RunError(f"verify: {path} ({what}) covers {finished} finished runs of the file's "
