@@ -27,9 +27,10 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_
 PARENT = """
 import sys
 from attn.store import processes
-child = ("import os, signal, sys, time; open(sys.argv[1], 'w').write(str(os.getpid()));"
+child = ("import os, signal, sys, time;"
          "stop = lambda s, f: (open(sys.argv[1] + '.signal', 'w').write(str(s)), sys.exit(3));"
          "signal.signal(signal.SIGTERM, stop); signal.signal(signal.SIGINT, stop);"
+         "open(sys.argv[1], 'w').write(str(os.getpid()));"  # its pid once it handles the signals: the test may send them
          "time.sleep(120)")
 try:
     processes.run_child([sys.executable, "-c", child, sys.argv[1]])

@@ -208,6 +208,12 @@ def test_a_seed_that_never_left_chance_is_stalled_at_the_chance_level():
     assert (outcome.outcome, outcome.sat_at, outcome.slow_kind) == (STALLED, "chance", None)
 
 
+def test_a_diverged_seed_that_never_left_chance_sat_at_no_level_it_never_reached():
+    """no-retrieval is a plateau above chance: a seed that diverged from chance never sat there."""
+    outcome = at_chance_level(diverged=True)
+    assert (outcome.outcome, outcome.sat_at) == (DIVERGED, None)
+
+
 def test_a_seed_at_the_no_retrieval_level_has_left_chance_and_says_where_it_sat():
     """The issue's case: loss at L_nr = 1.8 and accuracy 0.257 (above 2/C) is not a stall
     against chance, but the report says it sat at the no-retrieval level."""

@@ -775,3 +775,18 @@ def test_the_scope_lists_numbers_in_numeric_order_and_says_where_a_setting_is_se
     everywhere = load(tmp_path, {"model.d_model": [64], "optim.warmup_steps": [150]}, range(2),
                       {"x": "model.d_model"}, name="all")
     assert "plain SGD with warm-up 150 steps;" in scope(everywhere) and "clipping" not in scope(everywhere)
+
+
+def test_the_phase_figure_frames_each_arms_chosen_rate_with_held_out_seeds(tmp_path, monkeypatch):
+    """The chosen cell comes back as a copy on the judging seeds; it is still the one framed, once per arm."""
+    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
+                      range(4), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
+                                 "select_on": [0, 1], "judge_on": [2, 3]}, "framed")
+    write_plan(experiment, [((16, scale, lr), [curve(LEARNED if lr == 0.1 else STALLED)] * 4)
+                            for scale in ("sqrt", "none") for lr in (0.01, 0.1)], ("model.d_k", "model.scale", "optim.lr"))
+    drawn = {}
+    monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, **_: drawn.setdefault(path.name, fig) and path)
+    report_of(experiment)
+    framed = [[(patch.get_x() + 0.5, patch.get_y() + 0.5) for patch in ax.patches if patch.get_linewidth() == 2.0]
+              for ax in drawn["phase.png"].axes]
+    assert framed == [[(0, 1)], [(0, 1)]]  # per arm: column d_k 16, row lr 0.1

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import facts_in
 
+from attn.analysis import stats
 from attn.analysis.stats import KMMedian, bootstrap_interval, kaplan_meier, km_median, select, wilson_interval
 
 Z95 = NormalDist().inv_cdf(0.975)
@@ -310,3 +311,12 @@ def test_km_median_interval_where_every_seed_arrives_at_one_step_is_that_step():
     median, low, high = km_median([50] * 9 + [1500], [True] * 9 + [False])
     assert (median, low, high) == (50, 50, 50)
     assert km_median([7, 7, 9], [False, False, False]) == KMMedian(None, 9, None)
+
+
+def test_lr_sensitivity_is_the_mean_excess_over_each_seeds_best_with_a_diverged_rate_counted_at_l0():
+    """Wortsman et al.: seed 0: mean(0.2, 0.5) - 0.2 = 0.15; seed 1 diverged at 0.3: mean(0.4, L0) - 0.4 = 0.95;
+    seed 2 diverged at every rate: L0 at each, its best L0 too: 0 (not -inf)."""
+    finals = {0: {0.1: 0.2, 0.3: 0.5}, 1: {0.1: 0.4, 0.3: math.inf}, 2: {0.1: math.inf, 0.3: math.inf}}
+    result = stats.lr_sensitivity(finals, dict.fromkeys(finals, 2.3), [0.1, 0.3], np.random.default_rng(0))
+    assert result["seeds"] == 3 and result["sensitivity"] == pytest.approx((0.15 + 0.95 + 0.0) / 3)
+    assert 0 <= result["low"] <= result["sensitivity"] <= result["high"]

@@ -324,3 +324,22 @@ def test_the_every_rate_table_has_a_column_per_rate_any_arm_tried(tmp_path):
     table = md.split("## Seeds that learned at every lr (every seed)")[1].strip().splitlines()
     assert table[0] == "| d_k | arm | 0.01 | 0.1 | 1 | 3 | most at any |"
     assert table[2:4] == ["| 16 | scale=none | — | 1/4 | 1/4 | 1/4 | 1/4 |", "| 16 | scale=sqrt | 4/4 | 4/4 | — | — | 4/4 |"]
+
+
+def test_an_unfinished_selection_seed_does_not_void_the_judging_seeds_paired_test(tmp_path):
+    """Held out: a run of a selection seed still unfinished at the chosen rate is not a judging seed, so the
+    McNemar test on the six judging pairs stands (2^-6), and the note of an unfinished run belongs to its cell."""
+    claim = {"id": "more", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "mcnemar"}
+    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.1]}, range(8),
+                      {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "select_on": [0, 1],
+                       "judge_on": [2, 3, 4, 5, 6, 7], "expect": [claim]}, "held")
+    keys = ("model.d_k", "model.scale", "optim.lr")
+    write_plan(experiment, [((16, "sqrt", 0.1), [curve(LEARNED)] * 8)], keys)
+    write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, 0, curve(STALLED))
+    write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, 1, curve(STALLED),
+              status="interrupted")
+    for seed in range(2, 8):
+        write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, seed, curve(STALLED))
+    [point] = report_of(experiment, figures=False).expectation("more")["points"]
+    assert (point["pairs"], point["p"], point["verdict"]) == (6, 2.0 ** -6, "confirmed")
+    assert "note" not in point or point["note"] is None

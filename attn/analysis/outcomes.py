@@ -156,7 +156,8 @@ def classify(steps, eval_accuracy, eval_loss, *, diverged: bool, budget: int, pl
     sat_at = None
     if outcome == STALLED:
         sat_at = CHANCE_LEVEL
-    elif reached_step is None and no_retrieval_loss is not None and math.isfinite(no_retrieval_loss) \
+    elif reached_step is None and left_plateau_step is not None and no_retrieval_loss is not None \
+            and math.isfinite(no_retrieval_loss) \
             and (best_loss is None or best_loss >= plateau_fraction * no_retrieval_loss):
         sat_at = NO_RETRIEVAL_LEVEL  # left chance, never went below the loss of a model that retrieves nothing
     return RunOutcome(

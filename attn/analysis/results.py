@@ -130,12 +130,17 @@ class CellResult:
     settings: dict  # grid key -> value
     theory_score_std: float  # sqrt(d_k) s qk_gain^2
     seeds: list[Seed] = field(default_factory=list)  # the finished ones
-    unfinished: Counter = field(default_factory=Counter)  # status -> runs not finished
+    unfinished_runs: dict = field(default_factory=dict)  # seed -> status of each run not finished
     _final_loss: dict = field(default_factory=dict, repr=False, compare=False)  # final losses -> final_loss()
 
     @property
     def n(self) -> int:
         return len(self.seeds)
+
+    @property
+    def unfinished(self) -> Counter:
+        """status -> how many runs not finished."""
+        return Counter(self.unfinished_runs.values())
 
     @property
     def budget(self) -> int:
@@ -326,5 +331,5 @@ def collect(experiment, config_change,
         if run.status in runs.FINISHED:
             cells[key].seeds.append(seed_of(run, cell.seed, build_task(cell.config).n_classes, threshold))
         else:
-            cells[key].unfinished[run.status] += 1
+            cells[key].unfinished_runs[cell.seed] = run.status
     return list(cells.values()), excluded

@@ -247,7 +247,7 @@ def lr_sensitivity(final_losses: Mapping[int, Mapping], initial_losses: Mapping[
     for seed, by_rate in sorted(final_losses.items()):
         if len(by_rate) == len(rates) and seed in initial_losses:
             capped = [min(loss, initial_losses[seed]) for loss in by_rate.values()]
-            per_seed.append(float(np.mean(capped) - min(by_rate.values())))
+            per_seed.append(float(np.mean(capped) - min(capped)))  # diverged at every rate: 0, not -inf
     if not per_seed:
         return {"sensitivity": None, "low": None, "high": None, "seeds": 0, "rates": list(rates)}
     low, high = bootstrap_interval(np.array(per_seed), np.mean, rng)

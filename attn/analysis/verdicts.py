@@ -85,7 +85,8 @@ def on_seeds(cell: CellResult, seeds) -> CellResult:
     if seeds is None:
         return cell
     wanted = set(seeds)
-    return dataclasses.replace(cell, seeds=[s for s in cell.seeds if s.seed in wanted], _final_loss={})
+    return dataclasses.replace(cell, seeds=[s for s in cell.seeds if s.seed in wanted], _final_loss={},
+                               unfinished_runs={s: status for s, status in cell.unfinished_runs.items() if s in wanted})
 
 
 def judged_cells(cells: list[CellResult], layout: Layout, at: str, on: str = "judge") -> dict[tuple, CellResult]:

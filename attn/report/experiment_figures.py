@@ -230,7 +230,7 @@ def phase_figure(by_key, best, layout, path):
                     continue
                 ax.add_patch(_box(col, row, OUTCOME_COLORS[cell.dominant()], "white"))
                 ax.text(col, row, f"{cell.count(outcomes.LEARNED)}/{cell.n}", ha="center", va="center", fontsize=7)
-                if cell is chosen:
+                if chosen is not None and canonical(cell.settings) == canonical(chosen.settings):  # chosen: a copy on its seeds
                     ax.add_patch(_box(col, row, "none", "black", width=2.0))
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_ylim(-0.5, len(rates) - 0.5)
