@@ -65,8 +65,11 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     code states or from uncommitted code (its code_state_note), unless
     allow_mixed; the report itself says so either way."""
     runs_dir = Path(runs_dir)
-    names = names or sorted(p.stem for p in (REPO / "experiments").glob("*.yaml")
-                            if (runs_dir / p.stem / "report.json").exists())
+    experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
+    unknown = [name for name in names or () if name not in experiments]
+    if unknown:  # a name is a directory of the results: only an experiment's, never a path
+        raise runs.RunError(f"publish: NAME {unknown[0]!r}: not an experiment; expected one of {', '.join(experiments)}")
+    names = names or [name for name in experiments if (runs_dir / name / "report.json").exists()]
     if not names:
         raise runs.RunError(f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first")
     verifications = {name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")}

@@ -94,6 +94,7 @@ def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted
 
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
+    (repo / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
     (repo / "README.md").write_text(f"{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n")
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")

@@ -129,3 +129,32 @@ def test_help_names_the_new_options(argv, capsys):
                             "runs of very different lengths on one x axis", "--include-unfinished"]}[argv[0]]
     for fragment in expected:
         assert fragment in text, fragment
+
+
+@pytest.mark.parametrize("args, field", [
+    (["sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", ""], "--runs-dir ''"),
+    (["sweep", EXPERIMENT, "--runs-dir", "{tmp}/file"], "--runs-dir '{tmp}/file'"),
+    (["compare", "{tmp}", "--out", ""], "--out ''"),
+    (["export", "{tmp}", "--tensorboard", ""], "--tensorboard ''"),
+    (["compare", "{tmp}", "--threshold", "2"], "--threshold: got 2.0"),
+    (["sweep", CONFIG, "--grid", "model.d_k=8", "--executor", "dask://host:99999", "--runs-dir", "{tmp}/runs"],
+     "--executor: got 'dask://host:99999'"),
+])
+def test_a_path_or_option_that_cannot_be_meant_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys,
+                                                                                      args, field):
+    """An empty path is not the current directory; a file is no --runs-dir; a threshold is an accuracy;
+    a Dask port is a port, checked before the sweep writes its experiment file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("not a directory\n")
+    message = one_error_line(capsys, *[str(a).format(tmp=tmp_path) for a in args])
+    assert message.startswith(f"error: {field.format(tmp=tmp_path)}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_an_export_that_wrote_no_run_fails_naming_why(tmp_path, capsys):
+    run_dir = tmp_path / "broken"
+    run_dir.mkdir()
+    runs.write_config(run_dir, to_dict(load_config(CONFIG)), {})
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\nnot json\n{"step": 1}\n')  # a torn last line would be dropped
+    message = one_error_line(capsys, "export", run_dir, "--tensorboard", tmp_path / "tb")
+    assert "no run exported" in message and "metrics.jsonl" in message

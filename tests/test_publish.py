@@ -94,6 +94,20 @@ def test_publish_without_reports_or_a_results_block_says_so(tmp_path, monkeypatc
         publish.with_block("# no block\n", publish.RESULTS_BEGIN, publish.RESULTS_END, "text")
 
 
+def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anything(tmp_path, monkeypatch):
+    """A NAME becomes a directory of the results: `..` or a report of no experiment file is no name."""
+    monkeypatch.setattr(publish, "REPO", tmp_path)
+    monkeypatch.setattr(publish, "RESULTS", tmp_path / "experiments" / "results")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "real.yaml").write_text("name: real\n")
+    for name in ("../outside", "stray"):
+        (tmp_path / "runs" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "runs" / name / "report.json").write_text(json.dumps(report({})))
+        with pytest.raises(runs.RunError, match=rf"NAME '{re.escape(name)}'.*expected one of real$"):
+            publish.publish([name], tmp_path / "runs")
+    assert [p.name for p in (tmp_path / "experiments").iterdir()] == ["real.yaml"]  # no results, no README
+
+
 def bench_result(attn_ms: float, jax_ms: float) -> dict:
     spread = lambda ms: {"median_ms": ms, "p25_ms": ms * 0.9, "p75_ms": ms * 1.1}  # noqa: E731
     return {"date": "2026-12-01 10:00 UTC", "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
@@ -113,6 +127,7 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     (repo / "README.md").write_text(readme)
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    (repo / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
     (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
     bench = tmp_path / "runs" / "bench"
@@ -386,6 +401,15 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     asked.clear()
     verify.verify(experiment, None, 1)
     assert asked == ["float64", "sandybridge", "materialized"]
+    asked.clear()
+
+    def unavailable(requested):
+        raise runs.RunError(f"verify: --kernel {requested}: not available")
+
+    monkeypatch.setattr(verify, "second_kernel", unavailable)
+    with pytest.raises(runs.RunError, match="--kernel foo"):
+        verify.verify(experiment, "foo", 1)
+    assert asked == [], "a kernel this CPU lacks is refused before the float64 re-run, not after it"
 
 
 def test_verify_compares_only_reports_of_every_run_under_the_claims_the_file_has_now(tmp_path, monkeypatch):

@@ -31,6 +31,9 @@ from attn.train.loop import StopFlag
 def cmd_sweep(args) -> int:
     from attn.experiment import sweep
 
+    with flagged({"address": "--executor"}):
+        if args.executor:
+            sweep.check_address(args.executor)  # before the experiment's directory is written
     experiment = _experiment_to_sweep(args)
     with flagged({"address": "--executor"}):
         executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
@@ -95,6 +98,8 @@ def _experiment_to_sweep(args):
     if args.only and not experiments.is_experiment_file(args.experiment):
         raise UsageError(f"sweep: --only: {args.experiment} is not an experiment file; --only runs part of one "
                          "(a run config's grid is the --grid given)")
+    if args.runs_dir is not None:
+        lifecycle.check_directory_path(args.runs_dir, "--runs-dir")
     if experiments.is_experiment_file(args.experiment):
         if given:
             raise UsageError(f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
@@ -106,8 +111,6 @@ def _experiment_to_sweep(args):
         load_config(args.experiment)  # a mapping that is no config either says why, as `attn train` would
         raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
                           f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
-    if args.runs_dir is not None:
-        lifecycle.check_directory_path(args.runs_dir, "--runs-dir")
     experiment, data = experiments.command_line_experiment(
         args.experiment, args.grid, args.seeds, args.name, args.overrides, args.runs_dir, args.max_cells, args.plots,
         command=" ".join(["attn", *sys.argv[1:]]))

@@ -22,7 +22,10 @@ COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "th
 
 def cmd_compare(args) -> int:
     from attn.report import compare, compare_figure
+    from attn.train.lifecycle import check_directory_path
 
+    if args.out is not None:
+        check_directory_path(args.out, "--out")
     with flagged(COMPARE_FLAGS):
         result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
                                  args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
@@ -112,13 +115,17 @@ def cmd_board(args) -> int:
 
 def cmd_export(args) -> int:
     from attn.report import tensorboard
+    from attn.train.lifecycle import check_directory_path
 
+    check_directory_path(args.tensorboard, "--tensorboard")
     out = Path(args.tensorboard)
     try:
         exported = tensorboard.export_runs(args.paths, out)
     except OSError as err:
         raise UsageError(f"--tensorboard {out}: cannot write: {err.strerror}; choose a directory you can "
                          "write to") from None
+    if not exported.written:  # every run found was skipped: nothing was exported
+        raise runs.RunError("export: no run exported: " + "; ".join(f"{s.path}: {s.reason}" for s in exported.skipped))
     for skipped in exported.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for run_dir, path, steps in exported.written:

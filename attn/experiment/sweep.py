@@ -245,10 +245,17 @@ def default_executor(workers: int | None = None) -> Executor:
     return LocalPool(workers)
 
 
+def check_address(address: str) -> None:
+    """ArgumentError unless `address` has the form dask://HOST:PORT."""
+    host, _, port = address.removeprefix("dask://").rpartition(":")
+    if not (address.startswith("dask://") and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT with PORT in 1-65535 "
+                            "(or omit it for local processes)")
+
+
 def executor_from_address(address: str) -> Executor:
     """`dask://HOST:PORT` -> that Dask cluster's executor."""
-    if not address.startswith("dask://"):
-        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT (or omit it for local processes)")
+    check_address(address)
     try:
         from distributed import Client
     except ImportError:

@@ -277,11 +277,11 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     if not main.exists():
         raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
     reports = {"as run": checked_report(experiment, main.parent, "as run")}
+    kernel = second_kernel(kernel) if "kernel" in variants else None  # refused before any re-run, not after one
     directories = {}
     if "float64" in variants:
         directories["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
-    if "kernel" in variants:
-        kernel = second_kernel(kernel)
+    if kernel is not None:
         directories[kernel] = rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
                                      progress)
     plan = materialized_plan(experiment)

@@ -207,8 +207,8 @@ def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: s
         raise ArgumentError("x", f"got {x!r}; expected one of {', '.join(X_AXES)}")
     if not (isinstance(smoothing, (int, float)) and 0 <= smoothing < 1):
         raise ArgumentError("smoothing", f"got {smoothing!r}; expected a number in [0, 1) (0 = no smoothing)")
-    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
-        raise ArgumentError("threshold", f"got {threshold!r}; expected a finite number, e.g. 0.99")
+    if not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+        raise ArgumentError("threshold", f"got {threshold!r}; expected an accuracy in (0, 1], e.g. 0.99")
     if yscale not in YSCALES:
         raise ArgumentError("yscale", f"got {yscale!r}; expected one of {', '.join(YSCALES)}")
     for argument, keys in (("group_by", group_by or []), ("facet", [facet] if facet else [])):

@@ -102,7 +102,11 @@ def source_revision() -> str | None:
 
 def check_directory_path(path: str | os.PathLike, what: str) -> None:
     """ConfigError, before anything is created, when `path` or the nearest of
-    its parents that exists is not a directory (runs_dir=README.md)."""
+    its parents that exists is not a directory (runs_dir=README.md), or is
+    empty (which would mean the current directory, unasked)."""
+    example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
+    if not str(path).strip():
+        raise ConfigError(f"{what} {show_value(str(path))}: an empty path; choose a directory, e.g. {example}")
     path = Path(path)
     for candidate in (path, *path.parents):
         try:
@@ -114,7 +118,6 @@ def check_directory_path(path: str | os.PathLike, what: str) -> None:
         if not candidate.is_dir():
             where = "it" if candidate == path else str(candidate)
             problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
-            example = f"{what} runs" if what.startswith("--") else f"{what}=runs"
             raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
                               f"e.g. {example}")
         return
