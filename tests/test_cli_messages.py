@@ -158,3 +158,16 @@ def test_an_export_that_wrote_no_run_fails_naming_why(tmp_path, capsys):
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\nnot json\n{"step": 1}\n')  # a torn last line would be dropped
     message = one_error_line(capsys, "export", run_dir, "--tensorboard", tmp_path / "tb")
     assert "no run exported" in message and "metrics.jsonl" in message
+
+
+@pytest.mark.parametrize("override, accepted", [
+    ("optim.qk_lr_exponent=1e308", ">= -2 and <= 2"),
+    ("model.qk_gain=1e200", "<= 1000.0"),
+    ("model.readout_gain=1e40", "<= 1000.0"),
+])
+def test_a_value_that_would_overflow_the_first_step_is_bad_input_not_a_failed_run(tmp_path, capsys, override, accepted):
+    """d_k ** 1e308 overflowed building the optimiser (a traceback, a run directory left stale); a gain of 1e200
+    overflowed float32 at init (numpy's warnings, then 'diverged at step 0')."""
+    message = one_error_line(capsys, "train", "train.steps=5", f"runs_dir={tmp_path}", override)
+    assert override.split("=")[0] in message and accepted in message
+    assert list(tmp_path.iterdir()) == []

@@ -70,6 +70,7 @@ def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, t
     return field(default=default, metadata=meta)
 
 
+GAIN_MAX = 1e3  # an init gain's largest: beyond it a float32 model's first scores overflow (not a run that failed)
 INIT_ONLY = "it is read only at initialisation, and a fork starts from the checkpoint's parameters"
 SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork continues from its source"
 
@@ -92,21 +93,23 @@ class ModelConfig:
     positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
                         choices=("learned", "sinusoidal", "none"))
     qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0,
-                       per_member=True, forkable=INIT_ONLY)
-    v_gain: float = F(1.0, "init gain of W_v", gt=0, per_member=True, forkable=INIT_ONLY)
-    o_gain: float = F(1.0, "init gain of W_o", gt=0, per_member=True, forkable=INIT_ONLY)
-    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0, per_member=True, forkable=INIT_ONLY)
+                       le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    v_gain: float = F(1.0, "init gain of W_v", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    o_gain: float = F(1.0, "init gain of W_o", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0, le=GAIN_MAX,
+                             per_member=True, forkable=INIT_ONLY)
     score: str = F("dot", "how scores are made (attn.model.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
                    "sigma_reparam, log_length: the fixes", choices=SCORE_MODES)
     qk_norm: str = F("rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"),
                      score="qk_norm")
     qk_norm_gain: str = F("vector", "qk_norm: a learned gain per dimension, one scalar, or none",
                           choices=("vector", "scalar", "none"), score="qk_norm")
-    softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, score="softcap")
+    softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, le=1e6, score="softcap")
     temperature_init: typing.Optional[float] = F(None, "temperature: theta at init (s = exp(theta)); null = ln of "
-                                                 "model.scale's s", score="temperature", forkable=INIT_ONLY)
+                                                 "model.scale's s", ge=-20, le=20, score="temperature",
+                                                 forkable=INIT_ONLY)
     length_scale_init: typing.Optional[float] = F(None, "log_length: s_len at init; null = 1 / ln T", gt=0,
-                                                  score="log_length", forkable=INIT_ONLY)
+                                                  le=1e6, score="log_length", forkable=INIT_ONLY)
     mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup",
                               forkable=INIT_ONLY)
     width_free: bool = F(True, "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
@@ -148,7 +151,7 @@ class OptimConfig:
                                   per_member=True, forkable=True)
     qk_lr_exponent: float = F(0.0, "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
                               "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
-                              per_member=True, forkable=True)
+                              ge=-2, le=2, per_member=True, forkable=True)
 
 
 @dataclass(frozen=True)
