@@ -508,3 +508,22 @@ def test_the_experiment_file_example_in_the_docstring_loads(tmp_path):
     (tmp_path / "experiments" / "example.yaml").write_text(example)
     experiment = experiments.load_experiment(tmp_path / "experiments" / "example.yaml", str(tmp_path / "runs"))
     assert len(experiment.cells) == 3 * 2 * 3 * 10 and experiment.report.judge_on == (4, 5, 6, 7, 8, 9)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["optim.name=adam", "optim.momentum=0.9"], "optim.momentum"),
+    (["optim.nesterov=true"], "optim.nesterov"),  # with momentum 0: no momentum to be Nesterov's
+    (["optim.beta1=0.5"], "optim.beta1"),
+    (["optim.eps=1.0"], "optim.eps"),
+    (["optim.min_lr_ratio=0.5"], "optim.min_lr_ratio"),  # with the constant schedule
+])
+def test_an_optimiser_setting_the_chosen_optimiser_never_reads_is_refused(overrides, key):
+    with pytest.raises(ConfigError, match=rf"{key}: got .*; not read with"):
+        load_config(None, overrides)
+
+
+def test_the_same_settings_are_read_where_their_optimiser_is_chosen():
+    config = load_config(None, ["optim.momentum=0.9", "optim.nesterov=true", "optim.schedule=cosine",
+                                "optim.min_lr_ratio=0.1"])
+    assert (config.optim.nesterov, config.optim.min_lr_ratio) == (True, 0.1)
+    assert load_config(None, ["optim.name=adamw", "optim.beta1=0.5", "optim.eps=1e-6"]).optim.beta1 == 0.5

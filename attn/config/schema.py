@@ -131,22 +131,27 @@ class TaskConfig:
     eval_size: int = F(512, "examples in the fixed held-out evaluation set", gt=0)
 
 
+SGD, ADAM = ({"optim.name": "sgd"},), ({"optim.name": "adam"}, {"optim.name": "adamw"})  # unread_with an optimiser
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     name: str = F("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
     lr: float = F(0.5, "base learning rate", gt=0, per_member=True, forkable=True)
-    momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1)
-    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball", forkable=True)
+    momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1, unread_with=ADAM)
+    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball", forkable=True,
+                       unread_with=(*ADAM, {"optim.momentum": 0.0}))
     weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0, forkable=True)
-    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True)
-    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True)
-    eps: float = F(1e-8, "adam: denominator epsilon", gt=0, forkable=True)
+    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
+    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
+    eps: float = F(1e-8, "adam: denominator epsilon", gt=0, forkable=True, unread_with=SGD)
     clip_norm: typing.Optional[float] = F(None, "clip gradients to this global norm; null = no clipping", gt=0,
                                           per_member=True, forkable=True)
     schedule: str = F("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine"),
                       per_member=True, forkable=True)
     warmup_steps: int = F(0, "linear warm-up steps", ge=0, per_member=True, forkable=True)
-    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1, per_member=True, forkable=True)
+    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1, per_member=True, forkable=True,
+                            unread_with=({"optim.schedule": "constant"},))
     lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0,
                                   per_member=True, forkable=True)
     qk_lr_exponent: float = F(0.0, "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
@@ -354,7 +359,7 @@ def unread_keys(flat: dict) -> set[str]:
 def unread_with_keys() -> dict[str, tuple]:
     """Dotted key -> its F(unread_with=...) settings, for every field that has some."""
     return {f"{section}.{f.name}": f.metadata["unread_with"]
-            for section, cls in (("task", TaskConfig), ("model", ModelConfig))
+            for section, cls in (("task", TaskConfig), ("model", ModelConfig), ("optim", OptimConfig))
             for f in dataclasses.fields(cls) if f.metadata.get("unread_with")}
 
 
