@@ -171,3 +171,21 @@ def test_a_value_that_would_overflow_the_first_step_is_bad_input_not_a_failed_ru
     message = one_error_line(capsys, "train", "train.steps=5", f"runs_dir={tmp_path}", override)
     assert override.split("=")[0] in message and accepted in message
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["config", EXPERIMENT], "is an experiment file"),
+    (["report", CONFIG], "is a run config, not an experiment file"),
+    (["verify", CONFIG], "is a run config, not an experiment file"),
+    (["sweep", CONFIG, "--grid", "runs_dir=a"], "not a config field that a grid can vary"),
+])
+def test_a_file_or_key_of_the_wrong_kind_is_named_as_such(capsys, args, says):
+    message = one_error_line(capsys, *args)
+    assert says in message and "did you mean `runs_dir`" not in message  # no hint that repeats the key
+
+
+def test_a_fork_step_that_is_no_step_is_named_as_the_step(tmp_path, capsys):
+    assert call(capsys, "train", *TINY, "train.steps=2", f"runs_dir={tmp_path}", "name=source")[0] == 0
+    for step in ("-1", "abc"):
+        message = one_error_line(capsys, "train", "--fork", f"{tmp_path / 'source'}@{step}")
+        assert f"STEP: got '{step}'" in message

@@ -244,10 +244,28 @@ def print_report(experiment) -> None:
     print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
 
 
-def cmd_report(args) -> int:
-    from attn.experiment.spec import load_experiment
+def _load_experiment_file(path: str, command: str, *args, **kwargs):
+    """load_experiment, saying so when the file is a run config, not an experiment file."""
+    from attn.experiment.spec import is_experiment_file, load_experiment
 
-    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells, overrides=args.overrides)
+    try:
+        return load_experiment(path, *args, **kwargs)
+    except ConfigError:
+        if not is_experiment_file(path):
+            try:
+                load_config(path)
+            except ConfigError:
+                pass
+            else:
+                raise ConfigError(f"{path}: is a run config, not an experiment file; attn {command} reads an "
+                                  "experiment file, e.g. experiments/sqrt_dk.yaml, or the experiment.yaml "
+                                  "`attn sweep CONFIG --grid ...` wrote") from None
+        raise
+
+
+def cmd_report(args) -> int:
+    experiment = _load_experiment_file(args.experiment, "report", args.runs_dir, args.max_cells,
+                                       overrides=args.overrides)
     print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
@@ -255,10 +273,9 @@ def cmd_report(args) -> int:
 
 def cmd_verify(args) -> int:
     from attn.experiment import verify
-    from attn.experiment.spec import load_experiment
     from attn.store.processes import ChildStopped
 
-    experiment = load_experiment(args.experiment, args.runs_dir, args.max_cells)
+    experiment = _load_experiment_file(args.experiment, "verify", args.runs_dir, args.max_cells)
     try:
         result = verify.verify(experiment, args.kernel, args.workers,
                                progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True),

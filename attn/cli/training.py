@@ -128,8 +128,13 @@ def _resume(text: str, config_path: str | None, overrides: list[str], stop: Stop
 def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> int:
     """--fork RUN[@STEP] [key=value ...]: a new run from the run's checkpoint at STEP."""
     source_text, at, step_text = text.rpartition("@")
-    if not at or not (step_text.isascii() and step_text.isdigit()) or (Path(text) / "config.yaml").is_file():
+    if not at or (Path(text) / "config.yaml").is_file():
         source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
+    elif not (step_text.isascii() and step_text.isdigit()):
+        if (Path(source_text) / "config.yaml").is_file():  # RUN@STEP with a STEP that is no step
+            raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected an integer "
+                              ">= 0, a step the run checkpointed (RUN@STEP)")
+        source_text, step_text = text, None
     step = None if step_text is None else int(step_text) if len(step_text) <= 20 else MAX_INTEGER + 1
     if step is not None and integer_problem(step, ge=0):
         raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected "
@@ -188,7 +193,7 @@ def cmd_config(args) -> int:
               f" with model.score {', '.join(WIDTH_FREE_SCORES)}; every other optimiser and mode keeps the d_k-wide "
               "weights")
         return EXIT_OK
-    config = load_config(config_path, overrides)
+    config = _load_run_config(config_path, overrides)
     print(dump_yaml(to_dict(config), sort_keys=False), end="")
     carried = carried_as(build_spec(config, build_task(config)))
     print("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))

@@ -279,18 +279,16 @@ def replicate_keys() -> tuple[str, ...]:
 def nearest_key(key: str) -> str | None:
     """The valid dotted key (or section) closest to `key`, for 'did you mean' hints:
     a known leaf in the wrong place first (`lr` -> `optim.lr`), then the closest
-    spelling, then the leaf closest in spelling."""
+    spelling, then the leaf closest in spelling. Never `key` itself: a hint
+    that repeats the key (a valid key refused where it stands) is none."""
     keys = all_keys()
     leaf = key.rsplit(".", 1)[-1]
     leaves = {k.rsplit(".", 1)[-1]: k for k in keys}
-    if leaf in leaves:
-        return leaves[leaf]
     sections = [name for name, hint in field_hints(Config).items() if dataclasses.is_dataclass(hint)]
-    match = closest(key, keys + (sections if "." not in key else []))
-    if match:
-        return match[0]
-    match = closest(leaf, leaves)
-    return leaves[match[0]] if match else None
+    spelled = closest(key, keys + (sections if "." not in key else []))
+    by_leaf = closest(leaf, leaves)
+    candidates = [leaves.get(leaf), spelled[0] if spelled else None, leaves[by_leaf[0]] if by_leaf else None]
+    return next((c for c in candidates if c is not None and c != key), None)
 
 
 def describe_accepted(hint, meta) -> str:
