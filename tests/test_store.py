@@ -334,8 +334,9 @@ def test_an_experiment_name_follows_the_same_rule(tmp_path, capsys, name, shown)
 
 def test_a_cell_whose_run_name_would_be_too_long_is_refused_before_any_run(tmp_path):
     keys = ["model.qk_gain", "model.v_gain", "model.o_gain", "model.readout_gain", "optim.momentum",
-            "optim.beta1", "optim.beta2", "optim.weight_decay", "optim.min_lr_ratio", "optim.eps", "optim.clip_norm"]
-    path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.warmup_steps": [1234567]})
+            "optim.lr", "optim.weight_decay", "optim.min_lr_ratio", "optim.clip_norm"]  # each read by SGD, cosine
+    path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.schedule": ["cosine"],
+                                 "optim.warmup_steps": [1234567], "train.steps": [1234567]})
     with pytest.raises(ConfigError) as info:
         experiments.load_experiment(path)
     assert facts_in(str(info.value), "run name: got 'o_gain-0.123457_qk_gain", "directory name")
@@ -382,7 +383,7 @@ def test_metrics_are_never_appended_through_a_symbolic_link(tmp_path):
 def test_a_run_whose_scores_are_all_nan_warns_nothing(tmp_path, capsys):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code, err = main(capsys, "train", *TINY, "model.qk_gain=1e20", "train.steps=3", f"runs_dir={tmp_path}")
+        code, err = main(capsys, "train", *TINY, "optim.lr=1e30", "train.steps=3", f"runs_dir={tmp_path}")
     assert code == common.EXIT_DIVERGED, err
     assert [str(w.message) for w in caught] == [] and "Warning" not in err
 

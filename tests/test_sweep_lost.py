@@ -32,7 +32,7 @@ class LostCluster(Executor):
 def experiment_file(tmp_path: Path) -> Path:
     path = tmp_path / "lost.yaml"
     path.write_text(yaml.safe_dump({"name": "lost", "base": str(REPO / "configs" / "default.yaml"),
-                                    "overrides": {"model.d_model": 16, "model.d_k": 8, "train.steps": 10},
+                                    "overrides": {"model.d_model": 16, "train.steps": 10},
                                     "grid": {"model.d_k": [8, 16]}, "seeds": [0, 1]}))
     return path
 

@@ -12,6 +12,9 @@ value of best_of, not only at the chosen one) and one rule: `better_than` anothe
 (intervals separated the right way: confirmed; the wrong way: not
 confirmed; overlapping: inconclusive), or `above` / `below` a number (the
 interval wholly on the claimed side, wholly on the other, or across it).
+Each arm a claim names has a cell at every point it is judged at (each x
+within `where`; at: shared, with the shared value), or the claim is refused:
+such a point would never give evidence, and the claim never be confirmed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from statistics import NormalDist
 
 from attn.config.loading import integer_problem
 from attn.config.schema import Config
-from attn.config.yamlio import ConfigError, closest, cut, did_you_mean
+from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, show_value
 
 REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha", "select_on",
                "judge_on")
@@ -138,10 +141,11 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` "
                           "is used twice")
+    points = [_points(e, spec, grid_cells, f"{source}: report: expect[{i}] ({e.id})") for i, e in enumerate(checked)]
     if n_seeds is not None:
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
-            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), _points(e, spec.x, grid_cells))
+            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), points[i])
             if reason:
                 raise ConfigError(f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
                                   "some outcome of the runs would refute")
@@ -186,11 +190,56 @@ def _wilson_extremes(n: int) -> tuple[float, float]:
     return z2 / (n + z2), n / (n + z2)
 
 
-def _points(e: Expectation, x: tuple[str, ...], grid_cells) -> int:
-    """How many x values of the grid the expectation covers (at least 1)."""
+def _label(keys, values) -> str:
+    """'{model.scale: sqrt, optim.name: sgd}': grid values by key, a key a grid block does not set (None) left out."""
+    return show_value({k: v for k, v in zip(keys, values) if v is not None})
+
+
+def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
+    """How many points (x values) the expectation is judged at, taken as attn.analysis.verdicts.judge
+    takes them: each x within `where` with a cell at the claim's setting (at: shared, the shared value).
+    ConfigError when its arm or better_than is no arm of the grid, or lacks a cell at one of those
+    points, or there is no point: a point without its arms' cells never gives evidence, so the
+    claim could never be confirmed."""
+    def place(cell) -> tuple:  # (x, arm) of a grid cell
+        return tuple(cell.get(k) for k in spec.x), tuple(cell.get(k) for k in spec.arm)
+
+    def at_setting(cell) -> bool:  # a cell the claim is judged on (at: shared, only those at the shared value)
+        return e.at != "shared" or cell.get(spec.best_of) == spec.shared
+
+    named = {"arm": tuple(v for _, v in e.arm)}
+    if e.better_than is not None:
+        named["better_than"] = tuple(v for _, v in e.better_than)
+    arms = list(dict.fromkeys(place(c)[1] for c in grid_cells))
+    for field, arm in named.items():
+        if arm not in arms:
+            raise ConfigError(f"{where_}: {field}: got {_label(spec.arm, arm)}, which no cell of the grid has; "
+                              f"expected one of the grid's arms ({', '.join(_label(spec.arm, a) for a in arms)})")
     wanted = dict(e.where)
-    return max(1, len({tuple(c.get(k) for k in x) for c in grid_cells
-                       if all(c.get(k) in values for k, values in wanted.items())}))
+    in_where = [c for c in grid_cells if all(c.get(k) in values for k, values in wanted.items())]
+    held = {place(c) for c in grid_cells if at_setting(c)}
+    xs = list(dict.fromkeys(place(c)[0] for c in in_where if at_setting(c)))
+    given = f"got {show_value(wanted)}" if wanted else "got none (every x of the grid)"
+    if not xs:
+        if e.at == "shared" and in_where:
+            raise ConfigError(f"{where_}: at: got shared, but no cell within its `where` has {spec.best_of} = "
+                              f"{spec.shared}; expected best, or a `where` that holds such cells")
+        raise ConfigError(f"{where_}: where: {given}, values no cell of the grid has together; expected values of "
+                          f"one cell's {', '.join(spec.x)}")
+    for x in xs:
+        for field, arm in named.items():
+            if (x, arm) in held:
+                continue
+            if e.at == "shared" and any(place(c) == (x, arm) for c in grid_cells):
+                raise ConfigError(f"{where_}: at: got shared, but {field} {_label(spec.arm, arm)} has no cell with "
+                                  f"{spec.best_of} = {spec.shared} at {_label(spec.x, x)}; expected best, or a "
+                                  "`where` without that point")
+            covered = [_label(spec.x, y) for y in dict.fromkeys(place(c)[0] for c in grid_cells if at_setting(c))
+                       if all((y, a) in held for a in named.values())]
+            raise ConfigError(f"{where_}: where: {given}, but {field} {_label(spec.arm, arm)} has no cell at "
+                              f"{_label(spec.x, x)}; expected x values where the claim's arms all have cells "
+                              f"({', '.join(covered) or 'none'})")
+    return len(xs)
 
 
 def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> str:
@@ -202,7 +251,7 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
     a rate's Wilson interval at 0/n and n/n, the smallest p-value an exact
     test can reach on n seeds (one point against the claim refutes it,
     Bonferroni over its points: attn.analysis.verdicts.claim_p), a median
-    time's range [0, budget], a loss's [0, inf)."""
+    time's range [0, budget], a loss's and a learning-rate sensitivity's [0, inf)."""
     never = {}  # verdict -> why it cannot happen
     if e.better_than is not None:
         if e.better_than == e.arm:
@@ -253,6 +302,11 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
             never["not confirmed"] = f"a loss is never below {bound:g}"
         if side == "below" and bound <= 0:
             never["confirmed"] = f"a loss is never below {bound:g}"
+    elif e.stat == "lr_sensitivity":  # a mean over seeds of mean(min(loss, L0)) - L* >= 0, and its interval's ends
+        if side == "above" and bound <= 0:
+            never["not confirmed"] = f"a learning-rate sensitivity is never below {bound:g}"
+        if side == "below" and bound <= 0:
+            never["confirmed"] = f"a learning-rate sensitivity is never below {bound:g}"
     return "; ".join(f"it can never be {verdict}: {why}" for verdict, why in never.items())
 
 

@@ -2,7 +2,7 @@
 
     name: sqrt_dk                    # output folder: <runs_dir>/sqrt_dk/
     base: ../configs/default.yaml    # relative to the experiment file
-    overrides: {train.steps: 600, model.positional: none, task.n_keys: 128}   # applied to every cell
+    overrides: {train.steps: 600, model.positional: none, task.n_keys: 128}   # applied to every cell (not a grid key)
     grid:                            # a mapping: the cartesian product of its lists;
       model.d_k: [16, 64, 256]       # or a list of such mappings: the union of their products
       model.scale: [sqrt, none]
@@ -181,6 +181,19 @@ def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
     return cells
 
 
+def _overridden(overrides: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """The (dotted key, value) pairs a file's `overrides` set: a section given as a mapping
+    (model: {d_k: 4}) by each of its fields, so that one a grid varies is seen."""
+    pairs = []
+    for key, value in overrides.items():
+        key = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in all_keys():
+            pairs += _overridden(value, f"{key}.")
+        else:
+            pairs.append((key, value))
+    return pairs
+
+
 def _hashable(value):
     """A grid value as the report compares it (a mapping or list as its name)."""
     return _format_value(value) if isinstance(value, (dict, list)) else value
@@ -260,6 +273,10 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     varied = [k for k in (parse_override(text)[0] for text in overrides) if k in grid_keys]
     if varied:
         raise ConfigError(f"override {varied[0]}: the grid of {source} varies it; set it in the experiment's grid")
+    for key, value in _overridden(file_overrides):  # else the grid would win, the override silently dropped
+        if key in grid_keys:
+            raise ConfigError(f"{source}: overrides: {key}: got {show_value(value)}, but the grid varies it; "
+                              "expected a key the grid does not vary (set its values in the grid only)")
     cells, names = [], set()
     for settings in (_only(grid_cells, only, name) if only else grid_cells):
         shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
@@ -379,6 +396,11 @@ def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequenc
             raise ConfigError(f"--grid {key}: given twice; give its values once, e.g. --grid {key}=1,2,3")
         block[key] = values
     base = load_config(config_path, overrides)  # the config file and the overrides, checked on their own first
+    for text in overrides:  # said here in the command's terms, not of the experiment file made from it
+        key = parse_override(text)[0]
+        if key in block:
+            raise ConfigError(f"override {show_value(text)}: --grid {key} varies it; expected a key no --grid "
+                              f"varies (give {key}'s values in --grid only)")
     file_overrides = dict(parse_override(text) for text in overrides)
     file_overrides["runs_dir"] = os.path.abspath(runs_dir if runs_dir is not None else base.runs_dir)
     short = _short_keys(tuple(block))
