@@ -50,7 +50,8 @@ TIMEOUT = 120  # seconds; only a hung cluster or sweep gets near it
 def write_experiment(directory: Path, name: str, grid: dict, seeds: list) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "configs" / "default.yaml"),
-                                    "overrides": OVERRIDES, "grid": grid, "seeds": seeds}))
+                                    "overrides": {k: v for k, v in OVERRIDES.items() if k not in grid},
+                                    "grid": grid, "seeds": seeds}))
     return path
 
 

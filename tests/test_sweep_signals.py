@@ -25,7 +25,7 @@ from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts lands mid-run
-TINY = {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 32,
+TINY = {"model.d_model": 16, "task.eval_size": 64, "train.batch_size": 32,
         "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 500,
         "logging.plots": False, "logging.attention_examples": 0}
 # Two keys: the report's x and arm; a rate at which every cell trains stably in float32. Three widths make
