@@ -189,3 +189,11 @@ def test_a_fork_step_that_is_no_step_is_named_as_the_step(tmp_path, capsys):
     for step in ("-1", "abc"):
         message = one_error_line(capsys, "train", "--fork", f"{tmp_path / 'source'}@{step}")
         assert f"STEP: got '{step}'" in message
+
+
+def test_plot_checks_every_run_before_drawing_any(tmp_path, capsys):
+    assert call(capsys, "train", *TINY, "train.steps=2", f"runs_dir={tmp_path}", "name=good")[0] == 0
+    good = tmp_path / "good"
+    before = {p.name: p.stat().st_mtime_ns for p in good.glob("*.png")}
+    assert "not a run directory" in one_error_line(capsys, "plot", good, tmp_path / "missing")
+    assert {p.name: p.stat().st_mtime_ns for p in good.glob("*.png")} == before, "the good run's figures not redrawn"

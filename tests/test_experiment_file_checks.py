@@ -162,3 +162,12 @@ def test_a_file_with_an_lr_sensitivity_claim_that_cannot_fail_is_refused(tmp_pat
               "expect": [{"id": "flat", "claim": "c", "stat": "lr_sensitivity", "arm": {"model.scale": "sqrt"}, **rule}]}
     grid = {"model.d_k": [8], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]}
     assert facts_in(refusal(write(tmp_path, grid=grid, report=report)), "expect[0] (flat)", "never", value)
+
+
+def test_sensitivity_without_a_best_of_says_what_is_missing(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "base": str(REPO / "configs" / "default.yaml"),
+                                    "grid": {"model.d_k": [8, 16]}, "seeds": [0],
+                                    "report": {"x": "model.d_k", "sensitivity": True}}))
+    with pytest.raises(ConfigError, match="sensitivity: got true without a best_of; expected a best_of"):
+        experiments.load_experiment(path, str(tmp_path / "runs"))

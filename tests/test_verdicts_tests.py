@@ -118,6 +118,7 @@ def expectation(**rule) -> Expectation:
     ({"stat": "median_time", "below": 2000}, 10, "it can never be not confirmed: a median time's lower bound is at most "
      "the budget, 1000"),
     ({"stat": "final_loss", "below": 0.0}, 10, "it can never be confirmed: a loss is never below 0"),
+    ({"stat": "final_loss", "above": 0.0}, 10, "it can never be not confirmed: a loss is never below 0"),
 ])
 def test_a_claim_that_cannot_fail_is_named_with_its_reason(rule, n, reason):
     assert cannot_fail(expectation(**rule), n, 1000, 0.05).startswith(reason)

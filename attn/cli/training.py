@@ -203,8 +203,7 @@ def cmd_config(args) -> int:
 def cmd_plot(args) -> int:
     from attn.train import figures  # matplotlib is imported only by commands that draw
 
-    for text in args.run_dirs:
-        run_dir = run_dir_argument(text, "plot")
+    for run_dir in [run_dir_argument(text, "plot") for text in args.run_dirs]:  # every one checked before any is drawn
         with locks.RunLock(run_dir, "plot"):
             for path in figures.plot_run(run_dir):
                 print(path)

@@ -120,9 +120,11 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     if not isinstance(expect, list):
         raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
     sensitivity = report.get("sensitivity", False)
-    if not isinstance(sensitivity, bool) or (sensitivity and best_of is None):
-        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false "
-                          "(true needs a best_of, the rate it is measured over)")
+    if not isinstance(sensitivity, bool):
+        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false")
+    if sensitivity and best_of is None:
+        raise ConfigError(f"{source}: report: sensitivity: got true without a best_of; expected a best_of, the rate "
+                          "it is measured over, or sensitivity: false")
     lengths = report.get("lengths", [])
     if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
@@ -298,7 +300,7 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
             if bound <= 0:
                 never["confirmed"] = f"a median time is never below {bound:g}"
     elif e.stat == "final_loss":
-        if side == "above" and bound < 0:
+        if side == "above" and bound <= 0:  # a cross-entropy is above 0
             never["not confirmed"] = f"a loss is never below {bound:g}"
         if side == "below" and bound <= 0:
             never["confirmed"] = f"a loss is never below {bound:g}"
