@@ -197,3 +197,22 @@ def test_plot_checks_every_run_before_drawing_any(tmp_path, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in good.glob("*.png")}
     assert "not a run directory" in one_error_line(capsys, "plot", good, tmp_path / "missing")
     assert {p.name: p.stat().st_mtime_ns for p in good.glob("*.png")} == before, "the good run's figures not redrawn"
+
+
+@pytest.mark.parametrize("address", ["dask://host:²", "dask://host:８７８６", "dask://::1:8786", "dask://host:0"])
+def test_a_dask_address_that_is_no_host_and_port_is_refused_before_anything_is_written(tmp_path, capsys, address):
+    message = one_error_line(capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--executor", address,
+                             "--runs-dir", tmp_path / "runs")
+    assert f"--executor: got {address!r}" in message and not (tmp_path / "runs").exists()
+
+
+def test_the_well_formed_dask_addresses_pass_the_form_check():
+    from attn.experiment.sweep import check_address
+
+    for address in ("dask://host:8786", "dask://10.0.0.1:8786", "dask://[::1]:8786"):
+        check_address(address)
+
+
+@pytest.mark.parametrize("args", [["sweep", CONFIG, "--grid", "logging=1"], ["sweep", CONFIG, "--grid", "model=1"]])
+def test_a_section_where_a_key_is_wanted_gets_no_unrelated_hint(capsys, args):
+    assert "did you mean" not in one_error_line(capsys, *args)

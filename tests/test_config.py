@@ -527,3 +527,30 @@ def test_the_same_settings_are_read_where_their_optimiser_is_chosen():
                                 "optim.min_lr_ratio=0.1"])
     assert (config.optim.nesterov, config.optim.min_lr_ratio) == (True, 0.1)
     assert load_config(None, ["optim.name=adamw", "optim.beta1=0.5", "optim.eps=1e-6"]).optim.beta1 == 0.5
+
+
+def test_a_sweep_base_may_set_what_its_grid_chooses_the_optimiser_to_read(tmp_path):
+    """The base and overrides are checked alone, before the grid: Adam's beta2 there is read by every cell the
+    grid makes Adam or AdamW, and refused only in a cell that is SGD."""
+    from attn.experiment import spec as experiments
+
+    data = {"name": "g", "base": str(Path(__file__).resolve().parents[1] / "configs" / "default.yaml"),
+            "overrides": {"optim.beta2": 0.99}, "grid": {"optim.name": ["adam", "adamw"]}, "seeds": [0]}
+    experiment = experiments.build_experiment(data, tmp_path / "g.yaml", str(tmp_path / "runs"))
+    assert {c.config.optim.beta2 for c in experiment.cells} == {0.99}
+    with pytest.raises(ConfigError, match=r"grid cell \{optim.name: sgd\}: optim.beta2: got 0.99; not read"):
+        experiments.build_experiment({**data, "grid": {"optim.name": ["adam", "sgd"]}}, tmp_path / "g.yaml",
+                                     str(tmp_path / "runs"))
+
+
+def test_a_stored_run_config_with_a_setting_nothing_read_reads_with_it_at_its_default(tmp_path):
+    """An older attn wrote Adam runs with momentum 0.9 (never read): resume, fork and reports still read them."""
+    from attn.config.loading import config_from_mapping, load_run_config
+
+    stored = to_dict(load_config(None, ["optim.name=adam"]))
+    stored["optim"]["momentum"] = 0.9
+    stored["optim"]["nesterov"] = True
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored))
+    for config in (load_run_config(tmp_path / "config.yaml"), config_from_mapping(stored, "config.yaml")):
+        assert (config.optim.name, config.optim.momentum, config.optim.nesterov) == ("adam", 0.0, False)
+    assert load_run_config(tmp_path / "config.yaml", ["train.steps=9"]).train.steps == 9

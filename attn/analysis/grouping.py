@@ -18,7 +18,7 @@ as skipped; finding no run at all is an error.
 
 Which runs, further: `--where KEY=VALUE` (repeatable) keeps the runs whose
 setting KEY has that value, typed as an override's (`--where optim.lr=1e-1`
-matches 0.1); a run whose task does not read KEY has no value for it.
+matches 0.1); a run that does not read KEY (its task, score mode or optimiser does not) has no value for it.
 
 Groups. Runs whose configs agree on every key except `seed` and the
 bookkeeping keys (the schema's neutral fields: they change no logged number)
@@ -172,9 +172,9 @@ def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
 # Groups and labels
 # ---------------------------------------------------------------------------
 def unused_task_keys(settings: dict) -> set[str]:
-    """The keys of a flattened config that its task (or score mode) never reads:
-    the other task's fields, copy's shift outside mode shift, other score
-    modes' fields (attn.config.schema.unread_keys)."""
+    """The keys of a flattened config that its task, score mode or optimiser
+    never reads: the other task's fields, copy's shift outside mode shift, other
+    score modes' fields, Adam's betas under SGD (attn.config.schema.unread_keys)."""
     return unread_keys(settings)
 
 

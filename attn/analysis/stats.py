@@ -237,11 +237,11 @@ def _number(value) -> float:
 def lr_sensitivity(final_losses: Mapping[int, Mapping], initial_losses: Mapping[int, float], rates: Sequence,
                    rng: np.random.Generator) -> dict:
     """Wortsman et al.'s learning-rate sensitivity: for each seed run at every rate, with L0 its eval loss
-    at initialisation and L* its best final loss over the rates,
+    at initialisation and L* = min over the rates of min(final loss, L0), its best capped final loss,
 
         mean over the rates of min(final loss, L0) - L*
 
-    (0: every rate as good as the best; a diverged seed counts as L0), then the mean over those seeds with
+    (0: every rate as good as the best; a diverged seed counts as L0, so one diverged at every rate adds 0), then the mean over those seeds with
     a percentile-bootstrap 95% interval. final_losses: seed -> rate -> final loss."""
     per_seed = []
     for seed, by_rate in sorted(final_losses.items()):

@@ -168,7 +168,7 @@ def replace(config: Config, **dotted_values) -> Config:
     return with_values(config, dotted_values, "replace")
 
 
-def with_values(config: Config, values: dict, source: str) -> Config:
+def with_values(config: Config, values: dict, source: str, every_setting_read: bool = True) -> Config:
     """A copy of `config` with dotted fields set to raw values, each coerced
     and checked as in a file, then validate()d. Costs the fields changed, not
     the whole schema: a sweep makes one config per grid point this way."""
@@ -178,7 +178,7 @@ def with_values(config: Config, values: dict, source: str) -> Config:
         sections.setdefault(section, {})[leaf] = field_value(str(key), value, source)
     top = sections.pop("", {})
     top.update({section: dataclasses.replace(getattr(config, section), **fields) for section, fields in sections.items()})
-    return validate(dataclasses.replace(config, **top), source)
+    return validate(dataclasses.replace(config, **top), source, every_setting_read)
 
 
 def field_value(key: str, value, source: str):
@@ -220,25 +220,54 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, value
 
 
-def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Read a YAML config (or the defaults if path is None) and apply overrides."""
+def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = (), *,
+                every_setting_read: bool = True) -> Config:
+    """Read a YAML config (or the defaults if path is None) and apply overrides.
+    every_setting_read=False: a setting its task, score mode or optimiser does not
+    read is let through (a sweep's base, whose grid may choose the one that reads it)."""
     data = read_yaml_file(path) if path is not None else {}
     data.pop("provenance", None)  # a run's config.yaml is a valid config
     source = str(path) if path is not None else "defaults"
-    config = build_section(Config, data, source)
+    return _with_overrides(build_section(Config, data, source), overrides, source, every_setting_read)
+
+
+def _with_overrides(config: Config, overrides: typing.Sequence[str], source: str,
+                    every_setting_read: bool = True) -> Config:
+    """The config with each override applied in turn, then validate()d."""
     for text in overrides:
         key, value = parse_override(text)
         merged = to_dict(config)
         set_dotted(merged, key, value)
         config = build_section(Config, merged, f"override {show_value(text)}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
-    return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source)
+    return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source,
+                    every_setting_read)
 
 
 def config_from_mapping(data: dict, source: str) -> Config:
-    """The Config of a mapping already read (a run's config.yaml; its provenance
-    left out), checked as load_config checks a file."""
-    return validate(build_section(Config, {k: v for k, v in data.items() if k != "provenance"}, source), source)
+    """The Config of a run's config.yaml already read (its provenance left out),
+    checked as load_config checks a file, except that a setting nothing read
+    (an older attn let it be written) is put back to its default: the run is the
+    same, and it reads as the config it is."""
+    config = build_section(Config, {k: v for k, v in data.items() if k != "provenance"}, source)
+    return validate(without_unread_settings(config, source), source)
+
+
+def load_run_config(path: str | os.PathLike, overrides: typing.Sequence[str] = ()) -> Config:
+    """A run's config.yaml read as config_from_mapping reads it, then the overrides, as load_config applies them."""
+    return _with_overrides(config_from_mapping(read_yaml_file(path), str(path)), overrides, str(path))
+
+
+def without_unread_settings(config: Config, source: str) -> Config:
+    """The config with every setting its task, score mode or optimiser does not read at its default."""
+    defaults = flatten_config(to_dict(Config()))
+    for _ in range(3):  # a setting put back can make another unread (momentum 0: nesterov); a few rounds settle it
+        flat = flatten_config(to_dict(config))
+        unread = {key: defaults[key] for key in unread_keys(flat) if flat[key] != defaults[key]}
+        if not unread:
+            break
+        config = with_values(config, unread, source, every_setting_read=False)
+    return config
 
 
 def build_task(config: Config) -> RetrievalTask | CopyTask:
@@ -310,7 +339,7 @@ def _gib(n: int) -> str:
 
 
 def _check_everything_set_is_read(config: Config, source: str) -> None:
-    """A field set away from its default that the config's task or score mode never reads is an error."""
+    """A field set away from its default that the config's task, score mode or optimiser never reads is an error."""
     flat, defaults = flatten_config(to_dict(config)), flatten_config(to_dict(Config()))
     for key in sorted(unread_keys(flat)):
         if flat[key] != defaults[key]:
@@ -325,9 +354,10 @@ def _check_everything_set_is_read(config: Config, source: str) -> None:
                               f"{decider} is {flat[decider]}: remove it, or set {decider}={value}")
 
 
-def validate(config: Config, source: str) -> Config:
-    """Checks that involve more than one field."""
-    _check_everything_set_is_read(config, source)
+def validate(config: Config, source: str, every_setting_read: bool = True) -> Config:
+    """Checks that involve more than one field (every_setting_read: load_config)."""
+    if every_setting_read:
+        _check_everything_set_is_read(config, source)
     t = config.task
     if t.name == "retrieval" and t.n_pairs > t.n_keys:
         raise ConfigError(f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "

@@ -2,7 +2,7 @@
 and accepted values, as frozen dataclasses (Config and its sections), and
 what can be read off the schema alone: its dotted keys, the nearest key to a
 misspelt one, the keys declaring a fact (result-neutral, per stack member,
-forkable, replicate), the fields only one task or score mode reads, and its
+forkable, replicate), the fields only one task, score mode or optimiser reads, and its
 description for `attn config`.
 
 Reading values into it (files, overrides, coercion, validation) is attn.config.loading.
@@ -70,7 +70,7 @@ def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, t
     return field(default=default, metadata=meta)
 
 
-GAIN_MAX = 1e3  # an init gain's largest: beyond it a float32 model's first scores overflow (not a run that failed)
+GAIN_MAX = 1e3  # an init gain's largest accepted: a policy, far above any gain that trains (init_scale's reach 4)
 INIT_ONLY = "it is read only at initialisation, and a fork starts from the checkpoint's parameters"
 SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork continues from its source"
 
@@ -279,16 +279,21 @@ def replicate_keys() -> tuple[str, ...]:
 def nearest_key(key: str) -> str | None:
     """The valid dotted key (or section) closest to `key`, for 'did you mean' hints:
     a known leaf in the wrong place first (`lr` -> `optim.lr`), then the closest
-    spelling, then the leaf closest in spelling. Never `key` itself: a hint
-    that repeats the key (a valid key refused where it stands) is none."""
+    spelling, then the leaf closest in spelling. None for a valid key or
+    section: refused where it stands, it is no misspelling to correct."""
     keys = all_keys()
+    sections = [name for name, hint in field_hints(Config).items() if dataclasses.is_dataclass(hint)]
+    if key in keys or key in sections:
+        return None
     leaf = key.rsplit(".", 1)[-1]
     leaves = {k.rsplit(".", 1)[-1]: k for k in keys}
-    sections = [name for name, hint in field_hints(Config).items() if dataclasses.is_dataclass(hint)]
-    spelled = closest(key, keys + (sections if "." not in key else []))
-    by_leaf = closest(leaf, leaves)
-    candidates = [leaves.get(leaf), spelled[0] if spelled else None, leaves[by_leaf[0]] if by_leaf else None]
-    return next((c for c in candidates if c is not None and c != key), None)
+    if leaf in leaves:
+        return leaves[leaf]
+    match = closest(key, keys + (sections if "." not in key else []))
+    if match:
+        return match[0]
+    match = closest(leaf, leaves)
+    return leaves[match[0]] if match else None
 
 
 def describe_accepted(hint, meta) -> str:

@@ -266,7 +266,8 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     set_dotted(base, "logging.plots", plots)
     if not isinstance(base.get("logging"), dict) or "keep_checkpoints" not in base["logging"]:
         set_dotted(base, "logging.keep_checkpoints", SWEEP_KEEP_CHECKPOINTS)  # unless the file or an override asks
-    base_config = validate(build_section(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides")
+    base_config = validate(build_section(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides",
+                           every_setting_read=False)  # each cell is checked with its grid values
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
@@ -395,7 +396,7 @@ def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequenc
         if key in block:
             raise ConfigError(f"--grid {key}: given twice; give its values once, e.g. --grid {key}=1,2,3")
         block[key] = values
-    base = load_config(config_path, overrides)  # the config file and the overrides, checked on their own first
+    base = load_config(config_path, overrides, every_setting_read=False)  # checked on their own first; each cell in full
     for text in overrides:  # said here in the command's terms, not of the experiment file made from it
         key = parse_override(text)[0]
         if key in block:

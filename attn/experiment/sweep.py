@@ -246,11 +246,13 @@ def default_executor(workers: int | None = None) -> Executor:
 
 
 def check_address(address: str) -> None:
-    """ArgumentError unless `address` has the form dask://HOST:PORT."""
+    """ArgumentError unless `address` has the form dask://HOST:PORT (an IPv6 HOST in brackets)."""
     host, _, port = address.removeprefix("dask://").rpartition(":")
-    if not (address.startswith("dask://") and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT with PORT in 1-65535 "
-                            "(or omit it for local processes)")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not (address.startswith("dask://") and host and (":" not in host or bracketed)
+            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT with PORT in 1-65535, an IPv6 "
+                            "HOST in brackets (or omit it for local processes)")
 
 
 def executor_from_address(address: str) -> Executor:
@@ -262,7 +264,7 @@ def executor_from_address(address: str) -> Executor:
         raise ArgumentError("address", "the `distributed` package is not installed", shown="dask://...") from None
     try:
         client = Client(f"tcp://{address.removeprefix('dask://')}", timeout="10s")
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: an address distributed cannot parse
         raise ArgumentError("address", f"cannot reach the Dask scheduler at {address}: {err}") from None
     return DaskExecutor(client)
 

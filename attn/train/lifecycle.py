@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.config.loading import build_spec, build_task, check_run_name, flatten_config, load_config
+from attn.config.loading import build_spec, build_task, check_run_name, flatten_config, load_run_config
 from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
 from attn.model import fast
@@ -160,7 +160,7 @@ def config_of(run_dir: Path) -> Config:
     """The config a run was made with; ConfigError (naming its config.yaml)
     if that no longer reads as a valid config."""
     try:
-        return load_config(Path(run_dir) / "config.yaml")
+        return load_run_config(Path(run_dir) / "config.yaml")
     except ConfigError as err:
         raise ConfigError(f"{err}; move the run directory away") from None
 
@@ -196,7 +196,7 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
         raise ConfigError(f"{what}: not a run directory (no config.yaml)")
     stored = config_of(run_dir)
     if overrides:
-        requested = load_config(run_dir / "config.yaml", overrides)
+        requested = load_run_config(run_dir / "config.yaml", overrides)
     extended_from = None
     if requested is not None:
         diff = config_difference(stored, requested)
@@ -289,7 +289,7 @@ def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
     what = f"--fork {source}" + ("" if step is None else f"@{step}")
     runs.read_run_config(source, complete=True)
     stored = config_of(source)
-    requested = load_config(source / "config.yaml", overrides)
+    requested = load_run_config(source / "config.yaml", overrides)
     if requested.name == stored.name:
         requested = dataclasses.replace(requested, name=None)  # the fork is named for itself, not its source
     changes = config_difference(stored, requested, ignore=("name",))
