@@ -216,3 +216,11 @@ def test_the_well_formed_dask_addresses_pass_the_form_check():
 @pytest.mark.parametrize("args", [["sweep", CONFIG, "--grid", "logging=1"], ["sweep", CONFIG, "--grid", "model=1"]])
 def test_a_section_where_a_key_is_wanted_gets_no_unrelated_hint(capsys, args):
     assert "did you mean" not in one_error_line(capsys, *args)
+
+
+@pytest.mark.parametrize("args, flag", [(["compare", "{tmp}", "--smooth", "abc"], "--smooth: got 'abc'"),
+                                        (["compare", "{tmp}", "--threshold", "nan"], "--threshold: got nan"),
+                                        (["bench", "--board-megabytes", "inf"], "--board-megabytes: got 'inf'")])
+def test_a_number_flag_that_reads_as_no_accepted_number_says_what_is_accepted(tmp_path, capsys, args, flag):
+    message = one_error_line(capsys, *[a.format(tmp=tmp_path) for a in args])
+    assert flag in message and "expected" in message  # the range: compare.check_options, once a number

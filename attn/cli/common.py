@@ -90,6 +90,20 @@ def is_interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
+def number_where(accepted, expected: str):
+    """An argparse type: a float for which accepted(value) holds, else one line saying what is `expected`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is None or not accepted(value):
+            raise argparse.ArgumentTypeError(f"got {cut(repr(text))}; expected {expected}")
+        return value
+
+    return parse
+
+
 def integer_at_least(minimum: int):
     def parse(text: str) -> int:
         if not (text.isascii() and text.isdigit()) or len(text) > 20 or integer_problem(int(text), ge=minimum):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least
+from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least, number_where
 from attn.store import runs
 from attn.text import format_value
 
@@ -200,9 +200,9 @@ def add_commands(sub) -> None:
     p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
                    "(default: eval_loss and eval_accuracy)")
     p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
-    p.add_argument("--smooth", type=float, default=0.0, metavar="BETA",
+    p.add_argument("--smooth", type=number_where(lambda v: True, "a number"), default=0.0, metavar="BETA",
                    help="bias-corrected EMA smoothing by step in [0, 1), the raw curve drawn faint behind (default: 0, none)")
-    p.add_argument("--threshold", type=float, default=outcomes.THRESHOLD,
+    p.add_argument("--threshold", type=number_where(lambda v: True, "a number"), default=outcomes.THRESHOLD,
                    help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})")
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
                    help="y axes; auto: log for metrics named *loss* and for positive values spanning "
@@ -251,7 +251,8 @@ def add_commands(sub) -> None:
     p.add_argument("--board", action="store_true", help="instead, the board at scale: /api/board with many runs "
                    "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)")
     p.add_argument("--board-runs", type=integer_at_least(1), default=1200, help="runs for --board (default: 1200)")
-    p.add_argument("--board-megabytes", type=float, default=200.0, help="size of --board's big metrics.jsonl "
+    p.add_argument("--board-megabytes", type=number_where(lambda v: 0 < v <= 1e5, "megabytes in (0, 100000]"),
+                   default=200.0, help="size of --board's big metrics.jsonl "
                    "in MB (default: 200)")
     p.add_argument("--board-code", metavar="DIR", help="measure the board of another checkout (e.g. a git archive "
                    "of an older commit) instead of this one")
