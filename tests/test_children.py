@@ -134,3 +134,36 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
         wait_for(lambda: not alive(pid), f"process {pid} to end", timeout=20)
     summaries = [json.loads(p.read_text()) for p in metrics.glob("*/summary.json")]
     assert [s["status"] for s in summaries] == ["interrupted"], "the sweep checkpointed its run as it stopped"
+
+
+@linux
+def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path):
+    """SIGKILL of `attn sweep`: its worker dies too (it trained on, then waited forever on a queue no one fed,
+    holding its runs, so the sweep again saw them 'running in another sweep'); the run is left stale, to resume."""
+    experiment = tmp_path / "tiny.yaml"
+    experiment.write_text(yaml.safe_dump({
+        "name": "tiny", "base": str(REPO / "configs" / "default.yaml"), "grid": {"optim.lr": [0.1]}, "seeds": [0],
+        "overrides": {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16,
+                      "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
+                      "logging.plots": False, "logging.attention_examples": 0}}))
+    sweep = subprocess.Popen([sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir",
+                              str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any((tmp_path / "runs" / "tiny").glob("*/checkpoint.npz")), "the run to train")
+    workers = [pid for pid, command in children_of(sweep.pid) if "resource_tracker" not in command]
+    assert workers, "the sweep's worker"
+    sweep.kill()
+    sweep.wait()
+    for pid in workers:
+        wait_for(lambda: not alive(pid), f"worker {pid} to end", timeout=20)
+
+
+def test_a_process_that_ended_but_was_not_yet_reaped_is_not_alive():
+    """A zombie (dead, its parent not yet waiting on it) holds no run: a killed run's writer in that state
+    must not keep --resume refusing it as 'still running'."""
+    from attn.store.processes import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    wait_for(lambda: not alive(child.pid), "the child to end")  # ended, not reaped: a zombie
+    assert Path(f"/proc/{child.pid}").exists() and not pid_alive(child.pid)
+    child.wait()

@@ -49,7 +49,7 @@ from attn.config.schema import to_dict
 from attn.config.yamlio import ArgumentError, ConfigError
 from attn.experiment import report_spec
 from attn.experiment.spec import Cell, Experiment, config_change, result_change
-from attn.store import locks, runs, runstate
+from attn.store import locks, processes, runs, runstate
 from attn.text import summary_figures
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
@@ -202,11 +202,16 @@ def _figures(summary: dict) -> str:
     return summary_figures(summary) + (f" ({summary['reason']})" if summary.get("reason") else "")
 
 
-def _init_worker(started=None) -> None:
-    """A local worker's first act: keep the sweep's queue of started cells;
-    SIGINT/SIGTERM set its stop flag; then the signals blocked since it was
-    spawned (see _stop_signals_blocked) arrive."""
+def _init_worker(started=None, parent: int | None = None) -> None:
+    """A local worker's first act: die with the sweep (`parent`) even when it is
+    killed outright (else the worker trains on, holding its runs, then waits
+    forever on a queue no one feeds: SIGKILL, so its runs are left as a killed
+    sweep leaves them, stale, for the sweep again to resume); keep the sweep's
+    queue of started cells; SIGINT/SIGTERM set its stop flag; then the signals
+    blocked since it was spawned (see _stop_signals_blocked) arrive."""
     global _started
+    if parent is not None:
+        processes.die_with(parent, signal.SIGKILL)
     _started = started
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda received, _frame: _worker_stop.request(signal.Signals(received).name))
@@ -238,7 +243,7 @@ class LocalPool(ProcessPoolExecutor):
         context = multiprocessing.get_context("spawn")
         self.started = context.Queue()
         super().__init__(max_workers=workers or os.cpu_count() or 1, mp_context=context, initializer=_init_worker,
-                         initargs=(self.started,))
+                         initargs=(self.started, os.getpid()))
 
 
 def default_executor(workers: int | None = None) -> Executor:

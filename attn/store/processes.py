@@ -39,6 +39,7 @@ def process_identity(pid: int) -> str | None:
 
 
 def pid_alive(pid) -> bool:
+    """Whether the process runs: it exists and, on Linux, is no zombie (dead, not yet reaped by its parent)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
     try:
@@ -46,8 +47,11 @@ def pid_alive(pid) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc to ask (not Linux): it exists
 
 
 # ---------------------------------------------------------------------------
@@ -68,10 +72,10 @@ class ChildStopped(RuntimeError):
         self.signal, self.returncode = signal_name, returncode
 
 
-def _die_with(parent: int, signum: int) -> None:
-    """In the child, before it runs the command: on Linux, ask the kernel
-    for signum when the parent dies (even by SIGKILL); if it already has,
-    end now."""
+def die_with(parent: int, signum: int) -> None:
+    """In a child (before it runs a command, or a worker as it starts): on
+    Linux, ask the kernel for signum when the parent dies (even by SIGKILL);
+    if it already has, end now."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     if os.getppid() != parent:
@@ -89,7 +93,7 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
     subprocess.run does."""
     parent = os.getpid()
     process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
-                               preexec_fn=functools.partial(_die_with, parent, on_death))
+                               preexec_fn=functools.partial(die_with, parent, on_death))
     received: list[int] = []
 
     def forward(signum, _frame):
