@@ -231,7 +231,7 @@ def phase_figure(by_key, best, layout, path):
                 ax.add_patch(_box(col, row, OUTCOME_COLORS[cell.dominant()], "white"))
                 ax.text(col, row, f"{cell.count(outcomes.LEARNED)}/{cell.n}", ha="center", va="center", fontsize=7)
                 if chosen is not None and canonical(cell.settings) == canonical(chosen.settings):  # chosen: a copy on its seeds
-                    ax.add_patch(_box(col, row, "none", "black", width=2.0))
+                    ax.add_patch(_box(col, row, "none", "black", width=2.0)).set_zorder(3)  # above the cells drawn after it
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_ylim(-0.5, len(rates) - 0.5)
         ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs], fontsize=7)
