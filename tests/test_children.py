@@ -97,16 +97,22 @@ def children_of(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-@linux
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
-def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
-    """`attn verify` stopped while its float64 re-run trains: the child `attn sweep` and its workers end too."""
+def long_tiny_experiment(tmp_path: Path) -> Path:
+    """tiny.yaml: one run of tiny shapes and a budget no test waits for (they stop it), checkpointing often."""
     experiment = tmp_path / "tiny.yaml"
     experiment.write_text(yaml.safe_dump({
         "name": "tiny", "base": str(REPO / "configs" / "default.yaml"), "grid": {"optim.lr": [0.1]}, "seeds": [0],
         "overrides": {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16,
                       "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
                       "logging.plots": False, "logging.attention_examples": 0}}))
+    return experiment
+
+
+@linux
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
+    """`attn verify` stopped while its float64 re-run trains: the child `attn sweep` and its workers end too."""
+    experiment = long_tiny_experiment(tmp_path)
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
     loaded = load_experiment(experiment, str(tmp_path / "runs"))
     digest = report_spec.claims_record(loaded.report, {c.seed for c in loaded.cells})["digest"]
@@ -140,12 +146,7 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
 def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path):
     """SIGKILL of `attn sweep`: its worker dies too (it trained on, then waited forever on a queue no one fed,
     holding its runs, so the sweep again saw them 'running in another sweep'); the run is left stale, to resume."""
-    experiment = tmp_path / "tiny.yaml"
-    experiment.write_text(yaml.safe_dump({
-        "name": "tiny", "base": str(REPO / "configs" / "default.yaml"), "grid": {"optim.lr": [0.1]}, "seeds": [0],
-        "overrides": {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16,
-                      "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
-                      "logging.plots": False, "logging.attention_examples": 0}}))
+    experiment = long_tiny_experiment(tmp_path)
     sweep = subprocess.Popen([sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir",
                               str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
