@@ -260,14 +260,9 @@ def load_run_config(path: str | os.PathLike, overrides: typing.Sequence[str] = (
 
 def without_unread_settings(config: Config, source: str) -> Config:
     """The config with every setting its task, score mode or optimiser does not read at its default."""
-    defaults = flatten_config(to_dict(Config()))
-    for _ in range(3):  # a setting put back can make another unread (momentum 0: nesterov); a few rounds settle it
-        flat = flatten_config(to_dict(config))
-        unread = {key: defaults[key] for key in unread_keys(flat) if flat[key] != defaults[key]}
-        if not unread:
-            break
-        config = with_values(config, unread, source, every_setting_read=False)
-    return config
+    defaults, flat = flatten_config(to_dict(Config())), flatten_config(to_dict(config))
+    unread = {key: defaults[key] for key in unread_keys(flat) if flat[key] != defaults[key]}
+    return with_values(config, unread, source, every_setting_read=False) if unread else config
 
 
 def build_task(config: Config) -> RetrievalTask | CopyTask:
