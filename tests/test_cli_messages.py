@@ -224,3 +224,15 @@ def test_a_section_where_a_key_is_wanted_gets_no_unrelated_hint(capsys, args):
 def test_a_number_flag_that_reads_as_no_accepted_number_says_what_is_accepted(tmp_path, capsys, args, flag):
     message = one_error_line(capsys, *[a.format(tmp=tmp_path) for a in args])
     assert flag in message and "expected" in message  # the range: compare.check_options, once a number
+
+
+def test_a_second_stop_while_figures_are_drawn_says_they_were_not_and_exits_as_stopped(tmp_path, capsys, monkeypatch):
+    """The run completed; the second Ctrl-C came while its figures were drawn: not exit 0 with no figures."""
+    def interrupted(run_dir, summary):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lifecycle, "draw_figures", interrupted)
+    code, out, err = call(capsys, "train", *[o for o in TINY if o != "logging.plots=false"], "train.steps=2",
+                          f"runs_dir={tmp_path}", "name=r")
+    assert code == 130 and "\ncompleted: step 2/2" in err and f"attn plot {tmp_path / 'r'} draws them" in err
+    assert out.strip() == str(tmp_path / "r")

@@ -152,12 +152,12 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
 def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state=None) -> int:
     """Run it (from `state` when given); one line on how it ended; the run
     directory as the last stdout line."""
-    summary = None
+    summary, stopped_at_once = None, False
     try:
         with _progress_printer(config.train.steps) as progress:
             summary = lifecycle.execute(config, run_dir, resume=resume, stop=stop, progress=progress, state=state)
     except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
-        summary = runs.read_summary(run_dir) or {"status": "interrupted"}
+        summary, stopped_at_once = runs.read_summary(run_dir) or {"status": "interrupted"}, True
     except runs.RunError as err:  # the disk or the run directory, mid-run
         print(f"error: run failed: {one_line(str(err))}", file=sys.stderr)
     except Exception as err:
@@ -175,8 +175,10 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
         print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
+    if stopped_at_once and status != "interrupted" and config.logging.plots:  # it ended, then the signal: no figures
+        print(f"figures: not drawn (stopped); attn plot {run_dir} draws them", file=sys.stderr)
     print(run_dir)
-    if status == "interrupted":
+    if status == "interrupted" or stopped_at_once:
         return EXIT_SIGNAL.get(stop.reason, 130)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
 
