@@ -590,3 +590,23 @@ def test_resuming_removes_temporaries_a_killed_writer_left(tmp_path):
     (tmp_path / "checkpoint.npz").write_bytes(b"intact")
     assert runs.remove_dead_temporaries(tmp_path) == [f".checkpoint.npz.{dead.pid}.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["checkpoint.npz", f".summary.json.{os.getpid()}.tmp"])
+
+
+def test_a_stop_during_a_checkpoint_write_names_the_checkpoint_it_left(tmp_path, monkeypatch, capsys):
+    """A second signal lands after checkpoint-30 is written and linked but before the write returns (pruning the
+    older ones): the summary names step 30, where --resume continues, not the checkpoint before it."""
+    overrides = ["train.steps=60", "logging.log_every=5", "logging.checkpoint_every=10"]
+    real_remove, calls = runstate.remove_checkpoints, itertools.count()
+
+    def interrupted_while_pruning(run_dir, keep):
+        if next(calls) == 2:  # the checkpoints at steps 10, 20, then 30
+            raise KeyboardInterrupt
+        return real_remove(run_dir, keep)
+
+    monkeypatch.setattr(runstate, "remove_checkpoints", interrupted_while_pruning)
+    outcome = main_in_process(capsys, "train", *TINY, f"runs_dir={tmp_path}", *overrides, "--name", "mid")
+    monkeypatch.undo()
+    summary = runs.read_summary(tmp_path / "mid")
+    assert outcome.code == common.EXIT_SIGNAL["SIGINT"] and summary["status"] == "interrupted"
+    assert summary["reason"].endswith("resume continues from step 30")
+    assert json.loads(str(arrayfiles.load_arrays(tmp_path / "mid" / "checkpoint.npz")["meta"]))["step"] == 30

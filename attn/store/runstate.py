@@ -43,6 +43,7 @@ weights, batches and eval set for the same seed: paired comparisons.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,18 @@ KEPT_CHECKPOINT = re.compile(r"^checkpoint-(\d+)\.npz$")
 def checkpoint_file(run_dir: Path, step: int | None = None) -> Path:
     """The run's last checkpoint, checkpoint.npz; with a step, the one kept at that step, checkpoint-<step>.npz."""
     return Path(run_dir) / ("checkpoint.npz" if step is None else f"checkpoint-{step}.npz")
+
+
+def linked_checkpoint_step(run_dir: Path) -> int | None:
+    """The step checkpoint.npz is at (the kept checkpoint it is a link to), None without one."""
+    last = checkpoint_file(run_dir)
+    for step in reversed(kept_checkpoint_steps(run_dir)):
+        try:
+            if os.path.samefile(last, checkpoint_file(run_dir, step)):
+                return step
+        except OSError:  # checkpoint.npz not there (yet), or the kept one just removed
+            continue
+    return None
 
 
 def kept_checkpoint_steps(run_dir: Path) -> list[int]:

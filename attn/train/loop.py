@@ -41,7 +41,7 @@ from attn.config.schema import Config
 from attn.model import fast, mechanism
 from attn.model.fast import Batch
 from attn.store import arrayfiles, runs
-from attn.store.runstate import RunState, prepare, save_checkpoint
+from attn.store.runstate import RunState, linked_checkpoint_step, prepare, save_checkpoint
 from attn.train.stack import Stack, member_batch, stack_batches, stack_key
 
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
@@ -87,7 +87,6 @@ class Member:
             "nonfinite_steps": state.nonfinite_steps, "stack_size": stack_size,
         }
         self.clock = _Clock(state.wall_time, state.step)
-        self.last_checkpoint = state.step if state.resumed else None
         self.final_record = None
 
     def lr(self, step: int) -> float:
@@ -137,8 +136,8 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
                     last_write = time.perf_counter()
     except KeyboardInterrupt:
         for member in (m for m in alive if m.summary["status"] == "running"):
-            resumable = (f"resume continues from step {member.last_checkpoint}" if member.last_checkpoint is not None
-                         else "no checkpoint yet")
+            last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
+            resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
             member.summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
                                   wall_time=member.clock.elapsed())
             _write_summary(member)
@@ -191,7 +190,6 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
             member.state.wall_time = member.clock.elapsed()
             save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k),
                             stack.member_buffers(k))
-            member.last_checkpoint = member.state.step
     if stop.reason:
         for k in going_on:
             finish_run(members[k], "interrupted", f"stopped by {stop.reason} at step {step + 1}; checkpoint saved",
