@@ -15,6 +15,7 @@ from attn.store import runs
 from attn.text import format_value
 
 # compare()'s arguments -> the flags of `attn compare` that give them
+A_NUMBER = number_where(lambda v: True, "a number")  # its range checked where the value is used
 COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
                  "yscale": "--yscale", "group_by": "--group-by", "facet": "--facet", "xlim": "--xlim", "where": "--where",
                  "all_y": "--all-y"}
@@ -200,9 +201,9 @@ def add_commands(sub) -> None:
     p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
                    "(default: eval_loss and eval_accuracy)")
     p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
-    p.add_argument("--smooth", type=number_where(lambda v: True, "a number"), default=0.0, metavar="BETA",
+    p.add_argument("--smooth", type=A_NUMBER, default=0.0, metavar="BETA",
                    help="bias-corrected EMA smoothing by step in [0, 1), the raw curve drawn faint behind (default: 0, none)")
-    p.add_argument("--threshold", type=number_where(lambda v: True, "a number"), default=outcomes.THRESHOLD,
+    p.add_argument("--threshold", type=A_NUMBER, default=outcomes.THRESHOLD,
                    help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})")
     p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
                    help="y axes; auto: log for metrics named *loss* and for positive values spanning "
