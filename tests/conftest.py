@@ -1,4 +1,5 @@
-"""Suite-wide settings: one BLAS thread, here and in the subprocesses tests start.
+"""Suite-wide settings: one BLAS thread, here and in the subprocesses tests start;
+subnormal floats kept at the start of every test.
 
 The models under test are small; multi-threaded BLAS only adds contention
 (several times slower on a loaded 2-core machine) and changes no result a
@@ -10,14 +11,32 @@ import os
 import pytest
 from threadpoolctl import threadpool_limits
 
+from attn.train import denormals
+
 for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[variable] = "1"
+
+import numpy as np  # noqa: E402  (after the thread variables, which BLAS reads as numpy loads it)
+
+# numpy's float limits computed now, with subnormals kept: a test module importing attn.cli flushes them
+# for the rest of the collection (attn.train.denormals), and np.finfo computed then warns.
+for dtype in (np.float32, np.float64):
+    np.finfo(dtype)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def one_blas_thread():
     with threadpool_limits(limits=1):
         yield
+
+
+@pytest.fixture(autouse=True)
+def subnormals_kept():
+    """IEEE gradual underflow at the start of every test: importing attn.cli flushes
+    subnormals for the whole process (attn.train.denormals), which would make a
+    test's arithmetic depend on which tests ran before it in its worker."""
+    denormals.set_flushing(False)
+    yield
 
 
 def pytest_configure(config):

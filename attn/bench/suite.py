@@ -116,6 +116,8 @@ def bench_markdown(result: dict) -> str:
     for t in result["timings"]:
         if "width" in t:
             lines += ["", f"At {t['threads']} thread(s): " + width_line(t["width"])]
+        if "subnormal" in t:
+            lines += ["", f"At {t['threads']} thread(s): " + subnormal_line(t["subnormal"])]
     for t in result["timings"]:
         losses = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
                            for s in t["sizes"])
@@ -152,6 +154,13 @@ def width_line(width: dict) -> str:
                       for d_k, side in width["sides"].items())
     return (f"step {sides}; ratio {width['ratio']:.2f} ({_met(width['ratio'] <= TARGET_WIDTH_RATIO)} at "
             f"≤ {TARGET_WIDTH_RATIO}).")
+
+
+def subnormal_line(subnormal: dict) -> str:
+    """The subnormal comparison: a step whose gradients are subnormal, with them kept and flushed to zero."""
+    return (f"forward and backward of the materialized head at d_k 4096 with gradients as small as a saturated "
+            f"run's, subnormals kept {_ms(subnormal['sides']['kept'])} ms, flushed to zero as training runs "
+            f"{_ms(subnormal['sides']['flushed'])} ms: {subnormal['ratio']:.1f}× (attn.train.denormals).")
 
 
 def summary_markdown(result: dict) -> str:

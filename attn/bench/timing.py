@@ -45,7 +45,7 @@ from attn.config.schema import Config
 from attn.model import fast, head
 from attn.model.fast import Batch, ModelSpec
 from attn.store import runstate
-from attn.train import allocator
+from attn.train import allocator, denormals
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "default.yaml"
@@ -216,6 +216,43 @@ def width_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dic
             "ratio": sides[str(WIDTHS[-1])]["median_ms"] / sides[str(WIDTHS[0])]["median_ms"]}
 
 
+# The subnormal comparison: the `wide` size's materialized head with W_out scaled by SUBNORMAL_SCALE, so that
+# every gradient behind the output layer is as small as a saturated run's W_q, W_k gradient (W_q's peaks near
+# 1e-35, as in long_budget's unscaled runs at d_k 4096 by their end). Forward and backward only: an update
+# would move W_out out of that range.
+SUBNORMAL_OVERRIDES = ("model.d_k=4096", "model.d_v=32", "model.scale=none", "model.width_free=false")
+SUBNORMAL_SCALE = 1e-34
+
+
+def subnormal_state() -> tuple[ModelSpec, dict, list[Batch]]:
+    """The subnormal comparison's model, weights and batches (above)."""
+    config = load_config(BASE_CONFIG, list(SUBNORMAL_OVERRIDES))
+    task, spec, params, _, gens = runstate.build(config)
+    params["W_out"] *= params["W_out"].dtype.type(SUBNORMAL_SCALE)
+    return spec, params, [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+
+
+def subnormal_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
+    """attn's forward and backward with subnormal gradients, subnormals kept
+    over flushed to zero (attn.train.denormals, as training runs), timed
+    side by side."""
+    spec, params, batches = subnormal_state()
+    pool = itertools.cycle(batches)
+
+    def step(flush: bool):
+        with denormals.flushing(flush):
+            fast.loss_and_grads(params, spec, next(pool))
+
+    steppers = {"kept": lambda: step(False), "flushed": lambda: step(True)}
+    for side in steppers.values():
+        for _ in range(warmup):
+            side()
+    progress(f"subnormals: timing kept and flushed in {ROUNDS} rounds")
+    times = time_interleaved({mode: (side, math.ceil(steps / ROUNDS)) for mode, side in steppers.items()}, ROUNDS)
+    sides = {mode: spread(times[mode]) for mode in steppers}
+    return {"sides": sides, "ratio": sides["kept"]["median_ms"] / sides["flushed"]["median_ms"]}
+
+
 def blas_info() -> list[dict]:
     from threadpoolctl import threadpool_info
 
@@ -242,7 +279,7 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
     allocator.keep_freed_memory()  # as attn.train.lifecycle.execute does for every run
     return {"threads": threads, "blas": blas_info(), "versions": versions(),
             "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes],
-            "width": width_ratio(warmup, steps, progress)}
+            "width": width_ratio(warmup, steps, progress), "subnormal": subnormal_ratio(warmup, steps, progress)}
 
 
 def child_environment(threads: int) -> dict:

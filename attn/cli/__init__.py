@@ -33,6 +33,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attn.train import denormals
+
+# Before numpy loads: BLAS starts its threads then, and each takes the mode of the thread that starts it.
+denormals.set_flushing(True)
+
 from attn.cli import sweeps, training, views
 from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line
 from attn.config.schema import all_keys, nearest_key
@@ -81,6 +86,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # As at import, now that numpy's float limits can be computed first; the caller's mode after.
+    with denormals.flushing():
+        return _run_command(argv)
+
+
+def _run_command(argv: list[str] | None) -> int:
     try:
         args = parse_arguments(list(sys.argv[1:] if argv is None else argv))
         return args.func(args)

@@ -215,8 +215,8 @@ def _fmt(value) -> str:
 # The platform the runs were made on
 # ---------------------------------------------------------------------------
 def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
-    """Each provenance fact (cpu, blas, openblas_coretype, dtype, attn_commit,
-    numpy; W_q, W_k: materialized or width-free, and how first drawn) -> its
+    """Each provenance fact (cpu, blas, openblas_coretype, denormals, dtype,
+    attn_commit, numpy; W_q, W_k: materialized or width-free, and how first drawn) -> its
     distinct values over the runs reported; and, where a cell holds runs
     carried both ways (attn verify's materialized re-run), those cells."""
     facts: dict[str, set] = {}
@@ -227,6 +227,8 @@ def platforms(cells: list[CellResult]) -> dict[str, list[str]]:
             provenance = seed.run.provenance
             for key in ("cpu", "blas", "openblas_coretype", "attn_commit", "numpy"):
                 facts.setdefault(key, set()).add(str(provenance.get(key)))
+            # runs made before attn flushed subnormals (attn.train.denormals) kept them
+            facts.setdefault("denormals", set()).add(provenance.get("denormals", "kept"))
             facts.setdefault("dtype", set()).add(str(seed.run.settings.get("dtype")))
             carried = re.sub(r" \((?:width )?\d+\)", "", str((provenance.get("head") or {}).get("W_q, W_k")))
             facts.setdefault("W_q, W_k", set()).add(carried)  # its widths left out: one value per way

@@ -46,7 +46,7 @@ from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
 from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
-from attn.train import allocator, loop
+from attn.train import allocator, denormals, loop
 from attn.train.loop import StopFlag
 
 
@@ -70,13 +70,14 @@ def provenance(config_path: str | None, overrides) -> dict:
 
 def platform_facts() -> dict:
     """The machine a run is made on, for reports to name: the CPU model, the
-    BLAS numpy uses (library, version, kernel) and OPENBLAS_CORETYPE."""
+    BLAS numpy uses (library, version, kernel), OPENBLAS_CORETYPE and what
+    training does with subnormal floats (attn.train.denormals)."""
     from threadpoolctl import threadpool_info
 
     blas = [f"{e.get('internal_api')} {e.get('version')} ({e.get('architecture')} kernel)"
             for e in threadpool_info() if e.get("user_api") == "blas"]
     return {"cpu": cpu_model(), "blas": ", ".join(blas) or "none found",
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "denormals": denormals.training_mode()}
 
 
 def cpu_model() -> str:
@@ -391,7 +392,8 @@ def execute_stack(states: list[runstate.RunState], *, stop: StopFlag | None = No
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
         allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
         try:
-            summaries = loop.run_stack(states, stop=stop, progress=progress)
+            with denormals.flushing():  # a saturated head's gradients are not computed in microcode
+                summaries = loop.run_stack(states, stop=stop, progress=progress)
         except Exception as err:
             for state in states:
                 if (runs.read_summary(state.run_dir) or {}).get("status") == "running":
