@@ -1,6 +1,7 @@
 """The command line's own messages (issue 14, items 7-9): one line each, with
 the fix in it; options and overrides in any order; one set of defaults."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,25 @@ def test_a_second_stop_while_figures_are_drawn_says_they_were_not_and_exits_as_s
                           f"runs_dir={tmp_path}", "name=r")
     assert code == 130 and "\ncompleted: step 2/2" in err and f"attn plot {tmp_path / 'r'} draws them" in err
     assert out.strip() == str(tmp_path / "r")
+
+
+def test_a_ctrl_c_while_the_command_line_loads_exits_130_in_one_line(tmp_path):
+    """KeyboardInterrupt raised where attn.cli's imports reach numpy (as a Ctrl-C
+    while it loads would), through the console script's entry point."""
+    import subprocess
+    import sys
+
+    interrupt_mid_import = (
+        "import builtins, sys\n"
+        "load = builtins.__import__\n"
+        "def interrupted(name, *args, **kwargs):\n"
+        "    if name == 'numpy':\n"
+        "        raise KeyboardInterrupt\n"
+        "    return load(name, *args, **kwargs)\n"
+        "builtins.__import__ = interrupted\n"
+        "from attn.__main__ import entry\n"
+        "sys.exit(entry())\n")
+    done = subprocess.run([sys.executable, "-c", interrupt_mid_import, "runs"], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == common.EXIT_SIGNAL["SIGINT"]
+    assert done.stderr.strip().splitlines() == ["error: interrupted"]

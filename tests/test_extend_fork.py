@@ -230,3 +230,19 @@ def test_a_fork_is_written_before_its_config_so_a_failed_fork_leaves_nothing(mad
     assert code == common.EXIT_BAD_INPUT and "no space left on device" in err, err
     assert list(tmp_path.iterdir()) == []
     assert yaml.safe_load((short_run / "config.yaml").read_text())["train"]["steps"] == SHORT
+
+
+def test_an_empty_last_checkpoint_is_named_with_the_kept_ones_to_fork_from(short, capsys):
+    """checkpoint.npz emptied (its link to the last kept one broken first): a
+    resume and a fork of the last checkpoint each refuse it in one line that
+    names the file and the steps still kept, and change nothing."""
+    (short / "checkpoint.npz").unlink()
+    (short / "checkpoint.npz").write_bytes(b"")
+    before = {p.name: p.read_bytes() for p in short.iterdir() if p.is_file()}
+    for args in (["--resume", short, f"train.steps={LONG}"], ["--fork", short]):
+        code, err = call(capsys, "train", *args)
+        assert code == common.EXIT_BAD_INPUT and len(err.strip().splitlines()) == 1, err
+        assert "checkpoint.npz" in err and ", ".join(map(str, KEPT)) in err, err
+    assert {p.name: p.read_bytes() for p in short.iterdir() if p.is_file()} == before
+    code, _ = call(capsys, "train", "--fork", f"{short}@{SHORT}", "--name", "from-the-kept-one")
+    assert code == common.EXIT_OK

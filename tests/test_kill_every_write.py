@@ -147,3 +147,16 @@ def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_poin
     resume_until_complete(root, list(run_dirs.values()))
     for run_dir in run_dirs.values():
         assert_equals_uninterrupted(run_dir, reference)
+
+
+def test_a_fork_killed_before_its_config_is_written_is_named_as_cut_short(kill_points):
+    """A fork writes its checkpoint and records before its config.yaml; killed
+    in between, its directory is no run, and every command says so in one line."""
+    root, reference, _ = kill_points
+    (code, stderr), = run_all(root, {0: ["train", "--fork", reference, "--name", "cut-short"]}, kill_after={0: 1}).values()
+    fork = reference.parent / "cut-short"  # beside its source: the fork keeps its runs_dir
+    assert code == -signal.SIGKILL and list(fork.glob("checkpoint*.npz")) and not (fork / "config.yaml").exists(), stderr
+    for command in (["train", "--resume", fork], ["plot", fork], ["train", "--fork", fork]):
+        (code, stderr), = run_all(root, {0: command}).values()
+        assert code == common.EXIT_BAD_INPUT and "Traceback" not in stderr, stderr
+        assert "config.yaml" in stderr and "checkpoint-" in stderr and len(stderr.strip().splitlines()) == 1

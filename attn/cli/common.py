@@ -15,6 +15,7 @@ from pathlib import Path
 from attn.config.loading import check_run_name, integer_problem
 from attn.config.schema import all_keys
 from attn.config.yamlio import ArgumentError, ConfigError, cut, show_value
+from attn.store import runs
 from attn.train.loop import StopFlag
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_DIVERGED = 0, 1, 2, 3
@@ -72,8 +73,10 @@ def run_dir_argument(text: str, what: str) -> Path:
     name = Path(os.path.abspath(text)).name if text else text  # `.` is the directory it stands for
     check_run_name(name, f"{what} {show_value(text)}: the run directory's name")
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{what} {show_value(text)}: not a run directory (no config.yaml); "
-                          "expected a directory such as runs/<name>")
+        reason = runs.not_a_run(run_dir) if run_dir.is_dir() else runs.NOT_A_RUN
+        if reason == runs.NOT_A_RUN:
+            reason += "; expected a directory such as runs/<name>"
+        raise ConfigError(f"{what} {show_value(text)}: {reason}")
     return run_dir
 
 

@@ -345,6 +345,22 @@ def write_config(run_dir: Path, config_dict: dict, provenance: dict) -> None:
     write_atomic(run_dir / "config.yaml", text.encode())
 
 
+NOT_A_RUN = "not a run directory (no config.yaml)"
+
+
+def not_a_run(run_dir: Path) -> str:
+    """Why `run_dir` is no run (it has no config.yaml), for an error line: a
+    directory holding a run's files without it is a run whose making was cut
+    short (attn.train.lifecycle.new_run writes config.yaml last)."""
+    held = sorted(p.name for p in Path(run_dir).iterdir()
+                  if p.name in ("metrics.jsonl", "summary.json") or p.suffix == ".npz")
+    if not held:
+        return NOT_A_RUN
+    return (f"not a run directory: no config.yaml, though it holds {', '.join(held[:3])}: its making was cut short "
+            "before config.yaml was written (a fork or run killed as it was made); nothing in it can be used, "
+            "remove it")
+
+
 def read_run_config(run_dir: Path, complete: bool = False) -> dict:
     """The run's config.yaml as written: the resolved config and its
     `provenance` (a mapping), read as any config file is (yamlio.read_yaml_file:
@@ -353,7 +369,7 @@ def read_run_config(run_dir: Path, complete: bool = False) -> dict:
     a run to be resumed must not take a default for one (a truncated file)."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
-        raise RunError(f"{run_dir}: not a run directory (no config.yaml)")
+        raise RunError(f"{run_dir}: {not_a_run(run_dir)}")
     repair = "move the run directory away"
     try:
         config = read_yaml_file(path)

@@ -194,7 +194,7 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
     run_dir = Path(run_dir)
     what = f"--resume {run_dir}"
     if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{what}: not a run directory (no config.yaml)")
+        raise ConfigError(f"{what}: {runs.not_a_run(run_dir)}")
     stored = config_of(run_dir)
     if overrides:
         requested = load_run_config(run_dir / "config.yaml", overrides)
@@ -256,7 +256,16 @@ def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     runs.read_summary(run_dir)
     if (run_dir / "attention.npz").exists():
         arrayfiles.load_arrays(run_dir / "attention.npz")
-    state = runstate.prepare(config, run_dir, resume=runstate.checkpoint_file(run_dir).exists())
+    last = runstate.checkpoint_file(run_dir)
+    try:
+        state = runstate.prepare(config, run_dir, resume=last.exists())
+    except runs.RunError as err:
+        kept = [step for step in runstate.kept_checkpoint_steps(run_dir)
+                if runstate.checkpoint_file(run_dir, step).stat().st_ino != last.stat().st_ino]
+        if not str(err).startswith(str(last)) or not kept:
+            raise
+        raise runs.RunError(f"{err}; the run keeps checkpoints at steps {', '.join(map(str, kept))} to fork from, "
+                            "or delete its checkpoint.npz to train it again from step 0") from None
     # Each record is fsynced before the next checkpoint: every step logged before it must be there.
     lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
     if lost:
@@ -318,9 +327,17 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
     if step is not None and step in kept:
         return runstate.checkpoint_file(source, step), step
     last = runstate.checkpoint_file(source)
-    last_step = _checkpoint_step(last) if last.exists() else None
+    last_step, unreadable = None, None
+    if last.exists():
+        try:
+            last_step = _checkpoint_step(last)
+        except runs.RunError as err:
+            unreadable = str(err)
     if last_step is not None and step in (None, last_step):
         return last, last_step
+    if unreadable and step is None:
+        raise ConfigError(f"{what}: its last checkpoint cannot be read: {unreadable}"
+                          + (f"; its checkpoints are at steps {', '.join(map(str, kept))}" if kept else ""))
     there = sorted(set(kept) | ({last_step} - {None}))
     retention = ""
     if there and step is not None and step < there[-1]:
@@ -334,11 +351,12 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
 
 
 def _checkpoint_step(path: Path) -> int | None:
-    """The step a checkpoint file holds (its metadata), None if that cannot be read."""
+    """The step a checkpoint file holds (its metadata), None if its metadata has
+    none; runs.RunError if the file is not a complete .npz."""
+    arrays = arrayfiles.load_arrays(path, arrayfiles.MAX_ARRAYS_BYTES, "checkpoint")
     try:
-        return int(json.loads(str(arrayfiles.load_arrays(path, arrayfiles.MAX_ARRAYS_BYTES,
-                                                         "checkpoint")["meta"]))["step"])
-    except (runs.RunError, KeyError, TypeError, ValueError):
+        return int(json.loads(str(arrays["meta"]))["step"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
