@@ -30,13 +30,13 @@ def one_blas_thread():
         yield
 
 
-@pytest.fixture(autouse=True)
-def subnormals_kept():
-    """IEEE gradual underflow at the start of every test: importing attn.cli flushes
-    subnormals for the whole process (attn.train.denormals), which would make a
-    test's arithmetic depend on which tests ran before it in its worker."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """IEEE gradual underflow at the start of every test, before its fixtures
+    (a module's too): importing attn.cli flushes subnormals on the importing
+    thread (attn.train.denormals), which would make a test's arithmetic depend
+    on which tests ran before it in its worker."""
     denormals.set_flushing(False)
-    yield
 
 
 def pytest_configure(config):

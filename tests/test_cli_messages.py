@@ -239,9 +239,10 @@ def test_a_second_stop_while_figures_are_drawn_says_they_were_not_and_exits_as_s
     assert out.strip() == str(tmp_path / "r")
 
 
-def test_a_ctrl_c_while_the_command_line_loads_exits_130_in_one_line(tmp_path):
+def test_a_ctrl_c_while_the_command_line_loads_stops_it_by_the_signal_without_a_traceback(tmp_path):
     """KeyboardInterrupt raised where attn.cli's imports reach numpy (as a Ctrl-C
     while it loads would), through the console script's entry point."""
+    import signal
     import subprocess
     import sys
 
@@ -257,5 +258,5 @@ def test_a_ctrl_c_while_the_command_line_loads_exits_130_in_one_line(tmp_path):
         "sys.exit(entry())\n")
     done = subprocess.run([sys.executable, "-c", interrupt_mid_import, "runs"], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert done.returncode == common.EXIT_SIGNAL["SIGINT"]
-    assert done.stderr.strip().splitlines() == ["error: interrupted"]
+    assert done.returncode == -signal.SIGINT  # a shell shows 128 + 2 = 130, as for a Ctrl-C during a command
+    assert done.stderr == ""

@@ -10,7 +10,7 @@ from attn.store import runstate
 from attn.train import denormals, lifecycle, loop
 
 TINY = np.finfo(np.float32).tiny  # the smallest normal float32
-pytestmark = pytest.mark.skipif(denormals.training_mode() == "kept",
+pytestmark = pytest.mark.skipif(not denormals.can_flush(),
                                 reason="subnormals cannot be flushed on this platform (x86-64 glibc only)")
 
 
@@ -68,5 +68,18 @@ def test_a_flushed_run_has_no_subnormal_gradients_and_the_same_weights():
         np.testing.assert_array_equal(after[True][name], after[False][name], err_msg=name)
 
 
-def test_provenance_names_the_mode():
-    assert lifecycle.platform_facts()["denormals"] == "flushed to zero"
+def test_provenance_names_the_mode_training_runs_in():
+    assert lifecycle.platform_facts()["denormals"] == "flushed to zero"  # one BLAS thread (tests/conftest.py)
+    assert denormals.training_mode(1) == "flushed to zero"
+    # numpy (so BLAS's threads) loaded before anything flushed, in this test process: a second thread keeps them
+    assert denormals.training_mode(2).startswith("flushed to zero on the training thread")
+
+
+def test_a_flushed_thread_is_restored_to_exactly_its_bits():
+    before = denormals._bits(0x8000)  # flush-to-zero alone, as some other library might leave it
+    try:
+        with denormals.flushing():
+            assert denormals._bits() == denormals.FTZ_DAZ
+        assert denormals._bits() == 0x8000
+    finally:
+        denormals._bits(before)

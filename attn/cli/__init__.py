@@ -86,8 +86,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # As at import, now that numpy's float limits can be computed first; the caller's mode after.
-    with denormals.flushing():
+    with denormals.flushing(False):  # only training flushes on this thread (BLAS's threads flush throughout)
         return _run_command(argv)
 
 

@@ -54,8 +54,8 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
     rows = batch.target_mask  # (B, T)
     share = spec.score_scale * int(rows.sum()) / n_total  # s, and the chunk's loss as a share of the batch's
     X, Q, K, A = cache["X"], cache["Q"], cache["K"], cache["A"]  # (B, T, D), (B, T, d_k), (B, T, d_k), (B, T, T)
-    grad_q = share * np.linalg.norm(X, axis=-1) * np.linalg.norm(dS @ K, axis=-1)  # (B, T)
-    grad_k = share * np.linalg.norm(dS @ X, axis=-1) * np.linalg.norm(Q, axis=-1)  # (B, T)
+    grad_q = share * _row_norms(X) * _row_norms(dS @ K)  # (B, T)
+    grad_k = share * _row_norms(dS @ X) * _row_norms(Q)  # (B, T)
     if spec.score == "qk_norm":  # q and k pass through a norm: no rank-one closed form
         grad_q = grad_k = np.full(rows.shape, np.nan)
     p = A[rows]  # (N, T)
@@ -66,6 +66,13 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
     max_p = p.max(axis=-1)
     return {"max_p": max_p, "saturated": max_p > SATURATED, "grad_W_q": grad_q[rows], "grad_W_k": grad_k[rows],
             "jacobian": jacobian, "bound": 2 * (1 - max_p)}
+
+
+def _row_norms(a: np.ndarray) -> np.ndarray:
+    """|row| over the last axis, summed in float64: a saturated row's gradient
+    has entries near 1e-20, whose float32 squares would be subnormal or 0."""
+    a64 = a.astype(np.float64)
+    return np.sqrt(np.einsum("...i,...i->...", a64, a64))
 
 
 def top_share(values: np.ndarray, fraction: float = TOP_FRACTION) -> float:

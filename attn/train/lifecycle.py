@@ -74,10 +74,11 @@ def platform_facts() -> dict:
     training does with subnormal floats (attn.train.denormals)."""
     from threadpoolctl import threadpool_info
 
-    blas = [f"{e.get('internal_api')} {e.get('version')} ({e.get('architecture')} kernel)"
-            for e in threadpool_info() if e.get("user_api") == "blas"]
+    libraries = [e for e in threadpool_info() if e.get("user_api") == "blas"]
+    blas = [f"{e.get('internal_api')} {e.get('version')} ({e.get('architecture')} kernel)" for e in libraries]
+    threads = max((e.get("num_threads") or 1 for e in libraries), default=1)
     return {"cpu": cpu_model(), "blas": ", ".join(blas) or "none found",
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "denormals": denormals.training_mode()}
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "denormals": denormals.training_mode(threads)}
 
 
 def cpu_model() -> str:
