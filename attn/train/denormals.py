@@ -54,7 +54,7 @@ def _libm():
 
 
 _LIBM = _libm()
-_before_numpy = []  # [True] once flushing was set before numpy loaded: BLAS's threads flush too
+_before_numpy = False  # flushing was set before numpy loaded: BLAS's threads flush too
 
 
 def _bits(new: int | None = None) -> int | None:
@@ -72,35 +72,34 @@ def _bits(new: int | None = None) -> int | None:
     return before
 
 
+def _set(flush: bool) -> int | None:
+    """This thread's mode set; the bits before. numpy computes a float type's
+    limits on first use (np.finfo) and keeps them; computed while flushing,
+    the smallest subnormal comes out 0, with a warning: so they are computed
+    first, with subnormals kept."""
+    global _before_numpy
+    if flush and "numpy" in sys.modules:
+        import numpy as np
+
+        kept = _bits(0)
+        for dtype in (np.float32, np.float64):
+            np.finfo(dtype)
+        _bits(kept)
+    elif flush:
+        _before_numpy = _bits() is not None
+    return _bits(FTZ_DAZ if flush else 0)
+
+
 def set_flushing(flush: bool) -> bool | None:
     """Set this thread's mode; returns whether it was flushing (None: cannot be set here)."""
-    if flush and "numpy" in sys.modules:
-        _keep_numpy_limits()
-    before = _bits(FTZ_DAZ if flush else 0)
-    if flush and before is not None and "numpy" not in sys.modules:
-        _before_numpy[:] = [True]
+    before = _set(flush)
     return None if before is None else before == FTZ_DAZ
-
-
-def _keep_numpy_limits() -> None:
-    """numpy computes a float type's limits on first use (np.finfo) and keeps
-    them; computed while flushing, the smallest subnormal comes out 0, with a
-    warning. So compute them first, with subnormals kept."""
-    import numpy as np
-
-    before = _bits(0)
-    for dtype in (np.float32, np.float64):
-        np.finfo(dtype)
-    if before:
-        _bits(before)
 
 
 @contextmanager
 def flushing(flush: bool = True):
     """This thread's mode set to `flush` inside, its bits as before after."""
-    if flush and "numpy" in sys.modules:
-        _keep_numpy_limits()
-    before = _bits(FTZ_DAZ if flush else 0)
+    before = _set(flush)
     try:
         yield
     finally:

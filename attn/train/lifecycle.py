@@ -261,9 +261,9 @@ def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     try:
         state = runstate.prepare(config, run_dir, resume=last.exists())
     except runs.RunError as err:
-        kept = [step for step in runstate.kept_checkpoint_steps(run_dir)
-                if runstate.checkpoint_file(run_dir, step).stat().st_ino != last.stat().st_ino]
-        if not str(err).startswith(str(last)) or not kept:
+        kept = [step for step in runstate.kept_checkpoint_steps(run_dir)  # not the damaged file under its other name
+                if not runstate.checkpoint_file(run_dir, step).samefile(last)] if str(err).startswith(str(last)) else []
+        if not kept:
             raise
         raise runs.RunError(f"{err}; the run keeps checkpoints at steps {', '.join(map(str, kept))} to fork from, "
                             "or delete its checkpoint.npz to train it again from step 0") from None
