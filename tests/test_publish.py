@@ -167,6 +167,16 @@ def test_verify_compares_every_verdict_and_names_the_flips():
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
 
 
+def test_verify_names_each_re_runs_code_and_what_it_did_with_subnormals():
+    reports = {"as run": report({"a": "confirmed"}), "materialized": report({"a": "confirmed"})}
+    reports["as run"]["platform"].update(attn_commit=["e3870a8"])  # made before attn flushed: no word of it
+    reports["materialized"]["platform"].update(attn_commit=["1458a17", "e3870a8"], denormals=["flushed to zero", "kept"])
+    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
+                                   "expectations": verify.compare_verdicts(reports), "agree": True})
+    assert "as run: " in text and "subnormals kept, attn e3870a8;" in text
+    assert "subnormals flushed to zero, kept, attn 1458a17, e3870a8." in text
+
+
 def cell(d_k: int, learned: int, n: int = 4, losses=(0.5, 0.25), paths=("p0", "p1")) -> dict:
     return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n},
             "seeds": [{"seed": seed, "final_loss": loss, "path": path}

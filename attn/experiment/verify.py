@@ -352,7 +352,8 @@ def verify_markdown(result: dict) -> str:
     header = ["expectation", *variants, "agree"]
     rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
     platforms = "; ".join(f"{v}: {', '.join(p.get('blas', []))}, {', '.join(p.get('dtype', []))}, "
-                          f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}"
+                          f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}, "
+                          f"subnormals {', '.join(p.get('denormals', ['kept']))}, attn {', '.join(p.get('attn_commit', []))}"
                           for v, p in result["platforms"].items())
     if not rows:
         verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
