@@ -154,6 +154,13 @@ def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path
         publish.verification_line("x")
 
 
+def test_an_experiment_not_yet_verified_says_so_and_how_to_verify_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "RESULTS", tmp_path)
+    (tmp_path / "x").mkdir()
+    line = publish.verification_line("x")
+    assert line.startswith("Not yet re-run") and "`attn verify experiments/x.yaml`" in line
+
+
 def test_verify_compares_every_verdict_and_names_the_flips():
     reports = {"as run": report({"a": "confirmed", "b": "inconclusive"}),
                "float64": report({"a": "confirmed", "b": "confirmed"}),
