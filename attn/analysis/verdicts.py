@@ -253,7 +253,8 @@ def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     """One point of a tested claim: the one-sided p of "mine is better" and of
     the opposite, the counts, and the effect size with its 95% interval
     (a rate: mine minus theirs, Newcombe; a time: the ratio of medians,
-    mine over theirs, its bounds from the two Brookmeyer–Crowley intervals)."""
+    mine over theirs, its bounds from the two Brookmeyer–Crowley intervals;
+    where one median is not reached, its point is a bound, marked `bound`)."""
     by_seed = {s.seed: s for s in theirs.seeds}
     pairs = [(s, by_seed[s.seed]) for s in mine.seeds if s.seed in by_seed]
     out: dict = {"pairs": len(pairs)}
@@ -286,6 +287,12 @@ def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
         with_inf = lambda a, b: math.nan if (math.isinf(a) and math.isinf(b)) or b == 0 else a / b  # noqa: E731
         out["effect"] = {"name": "ratio of medians", "value": with_inf(m, t), "low": with_inf(m_low, t_high),
                          "high": with_inf(m_high, t_low)}
+        # A median not reached is only known to lie past its lower bound (the budget at least): the ratio's
+        # point is then a bound, not 0 or inf.
+        if math.isinf(t) and not math.isinf(m):
+            out["effect"].update(value=with_inf(m, t_low), bound="at most")
+        elif math.isinf(m) and not math.isinf(t):
+            out["effect"].update(value=with_inf(m_low, t), bound="at least")
     return out  # its verdict comes from judge_all, at the claim's Holm-corrected level
 
 

@@ -197,6 +197,11 @@ def _number(value) -> str:
     return "—" if value is None or (isinstance(value, float) and value != value) else f"{value:.3g}"
 
 
+def effect_bound(effect: dict) -> str:
+    """'at most ' before an effect whose point is a bound (a median not reached), else ''."""
+    return f"{effect['bound']} " if effect.get("bound") else ""
+
+
 def _evidence(j: dict, layout: Layout) -> str:
     """The numbers a verdict rests on, at each x: the effect size with its interval and the test's p,
     or the two intervals."""
@@ -211,7 +216,8 @@ def _evidence(j: dict, layout: Layout) -> str:
             e = p["effect"]
             seeds = (f"{p['n']} and {p['other_n']} seeds" if j.get("test") == "fisher"
                      else f"{p['pairs']} paired seeds")
-            parts.append(f"{where}: {e['name']} {_number(e['value'])} [{_number(e['low'])}, {_number(e['high'])}] "
+            parts.append(f"{where}: {e['name']} {effect_bound(e)}{_number(e['value'])} "
+                         f"[{_number(e['low'])}, {_number(e['high'])}] "
                          f"over {seeds}, one-sided p {_number(p['p'])}")
         else:
             parts.append(f"{where}: {_number(p['value'])} [{_number(p['low'])}, {_number(p['high'])}]"

@@ -56,7 +56,7 @@ from attn.config.loading import config_from_mapping
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, result_change
 from attn.report import experiment_figures
-from attn.report.conclusion import arm_sentences, counts_summary, headline, scope
+from attn.report.conclusion import arm_sentences, counts_summary, effect_bound, headline, scope
 from attn.store import locks, runs
 from attn.text import format_value, json_number, markdown_table, settings_json, value_of
 
@@ -461,7 +461,8 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
         if "effect" in p:
             effect = p["effect"]
             counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
-            numbers += (f"; {effect['name']} {_fmt(effect['value'])} [{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
+            numbers += (f"; {effect['name']} {effect_bound(effect)}{_fmt(effect['value'])} "
+                        f"[{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
                         f"{p['pairs']} pairs ({counts}); one-sided p {_fmt(p['p'])}, opposite {_fmt(p['p_reverse'])}")
         setting = f", {layout.names[layout.best_of]} = {format_value(p['setting'])}" if "setting" in p else ""
         lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}{setting}: {numbers} → {p['verdict']}")
