@@ -73,10 +73,9 @@ def run_dir_argument(text: str, what: str) -> Path:
     name = Path(os.path.abspath(text)).name if text else text  # `.` is the directory it stands for
     check_run_name(name, f"{what} {show_value(text)}: the run directory's name")
     if not (run_dir / "config.yaml").is_file():
-        reason = runs.not_a_run(run_dir) if run_dir.is_dir() else runs.NOT_A_RUN
-        if reason == runs.NOT_A_RUN:
-            reason += "; expected a directory such as runs/<name>"
-        raise ConfigError(f"{what} {show_value(text)}: {reason}")
+        reason = runs.not_a_run(run_dir)
+        expected = "; expected a directory such as runs/<name>" if reason == runs.NOT_A_RUN else ""
+        raise ConfigError(f"{what} {show_value(text)}: {reason}{expected}")
     return run_dir
 
 

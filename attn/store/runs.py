@@ -353,7 +353,7 @@ def not_a_run(run_dir: Path) -> str:
     directory holding a run's files without it is a run whose making was cut
     short (attn.train.lifecycle.new_run writes config.yaml last)."""
     held = sorted(p.name for p in Path(run_dir).iterdir()
-                  if p.name in ("metrics.jsonl", "summary.json") or p.suffix == ".npz")
+                  if p.name in ("metrics.jsonl", "summary.json") or p.suffix == ".npz") if Path(run_dir).is_dir() else []
     if not held:
         return NOT_A_RUN
     return (f"not a run directory: no config.yaml, though it holds {', '.join(held[:3])}: its making was cut short "
