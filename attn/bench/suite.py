@@ -118,6 +118,8 @@ def bench_markdown(result: dict) -> str:
             lines += ["", f"At {t['threads']} thread(s): " + width_line(t["width"])]
         if "subnormal" in t:
             lines += ["", f"At {t['threads']} thread(s): " + subnormal_line(t["subnormal"])]
+        if t.get("lookup"):
+            lines += ["", f"At {t['threads']} thread(s): " + lookup_line(t["lookup"])]
     for t in result["timings"]:
         losses = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
                            for s in t["sizes"])
@@ -161,6 +163,14 @@ def subnormal_line(subnormal: dict) -> str:
     return (f"forward and backward of the materialized head at d_k 4096 with gradients as small as a saturated "
             f"run's, subnormals kept {_ms(subnormal['sides']['kept'])} ms, flushed to zero as training runs "
             f"{_ms(subnormal['sides']['flushed'])} ms: {subnormal['ratio']:.1f}× (attn.train.denormals).")
+
+
+def lookup_line(compared: list[dict]) -> str:
+    """X formed against its products looked up through the embedding tables, at each size where the head can."""
+    parts = [f"{c['size']} formed {_ms(c['sides']['formed'])} ms, looked up {_ms(c['sides']['looked up'])} ms, "
+             f"{c['ratio']:.2f}× (the rule: {c['rule']})" for c in compared]
+    return ("forward and backward with X formed and with its products taken through the embedding tables "
+            "(attn.model.pairs.Embedded): " + "; ".join(parts) + ".")
 
 
 def summary_markdown(result: dict) -> str:

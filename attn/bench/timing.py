@@ -9,6 +9,11 @@ At each size of SIZES, in one process with a fixed number of threads:
 - numpy's float32 product of two MATMUL_N squares, the machine's rate in
   the same rounds (a yardstick that moves with the load).
 
+Beside them, each timed side by side: attn's step at d_k 2^20 against d_k 64
+(width_ratio), its forward and backward with X formed against its products
+taken through the embedding tables (lookup_ratio), and, at one thread, with
+subnormal gradients kept against flushed (subnormal_ratio).
+
 Every side is warmed up (compiled) first; then the sides and the square
 product alternate in ROUNDS rounds, so a burst of load elsewhere hits all
 alike. The figure of merit is attn's median step over the fastest rival's:
@@ -42,7 +47,7 @@ import numpy as np
 from attn.bench import calls, rivals
 from attn.config.loading import load_config
 from attn.config.schema import Config
-from attn.model import fast, head
+from attn.model import fast, head, pairs
 from attn.model.fast import Batch, ModelSpec
 from attn.store import runstate
 from attn.train import allocator, denormals
@@ -253,6 +258,38 @@ def subnormal_ratio(warmup: int, steps: int, progress: Callable[[str], None]) ->
     return {"sides": sides, "ratio": sides["kept"]["median_ms"] / sides["flushed"]["median_ms"]}
 
 
+def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[str], None]) -> list[dict]:
+    """At each size whose head can take X's products through the embedding
+    tables (the bilinear association with fewer queries than positions), attn's
+    forward and backward with X formed over with the products looked up
+    (attn.model.pairs.Embedded), timed side by side; and which one the rule
+    (attn.model.pairs.lookup_is_cheaper) picks there."""
+    compared = []
+    for name in sizes:
+        config = size_config(name)
+        task, spec, params, _, gens = runstate.build(config)
+        batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+        P = int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
+        if P == spec.n_positions:
+            continue  # every position a query: X is formed either way
+        pool = itertools.cycle(batches)
+
+        def step(lookup: bool):
+            fast.backward(fast.forward(params, spec, next(pool), lookup=lookup)[1], spec)
+
+        steppers = {"formed": lambda: step(False), "looked up": lambda: step(True)}
+        for side in steppers.values():
+            for _ in range(warmup):
+                side()
+        progress(f"{name}: timing X formed and looked up in {ROUNDS} rounds")
+        times = time_interleaved({form: (side, math.ceil(steps / ROUNDS)) for form, side in steppers.items()}, ROUNDS)
+        sides = {form: spread(times[form]) for form in steppers}
+        chosen = fast.forward(params, spec, batches[0])[1]["attn"]["x"]  # as training runs it
+        compared.append({"size": name, "sides": sides, "ratio": sides["formed"]["median_ms"] / sides["looked up"]["median_ms"],
+                         "rule": "looked up" if isinstance(chosen, pairs.Embedded) else "formed"})
+    return compared
+
+
 def blas_info() -> list[dict]:
     from threadpoolctl import threadpool_info
 
@@ -280,6 +317,7 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
     return {"threads": threads, "blas": blas_info(), "versions": versions(),
             "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes],
             "width": width_ratio(warmup, steps, progress),
+            "lookup": lookup_ratio(sizes, warmup, steps, progress),
             # at one thread only: BLAS's other threads keep the mode they started with (attn.train.denormals)
             **({"subnormal": subnormal_ratio(warmup, steps, progress)} if threads == 1 else {})}
 

@@ -324,17 +324,21 @@ def target_positions(batch: Batch):
     return slice(None) if np.logical_and.reduce(with_target) else with_target.nonzero()[0]
 
 
-def embedding_tables(params: dict, spec: ModelSpec) -> list[np.ndarray]:
-    """The tables summed into X (spec.embedding_names), each (*M, V_s, D)."""
-    return [params[name] for name in spec.embedding_names]
+def embedding_tables(params: dict, spec: ModelSpec, T: int) -> list[np.ndarray]:
+    """The tables summed into X: spec.embedding_names', each (*M, V_s, D), then
+    the fixed sinusoidal positions (T, D), shared by every member, if any."""
+    tables = [params[name] for name in spec.embedding_names]
+    if spec.positional == "sinusoidal":
+        tables.append(sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype))
+    return tables
 
 
 def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """The row of each embedding table (spec.embedding_names) summed at each
-    position: (S, *M, B, T), the token ids of each field, then the position
-    itself (0..T-1) for learned positions."""
+    """The row of each table (embedding_tables) summed at each position:
+    (S, *M, B, T), the token ids of each field, then the position itself
+    (0..T-1) unless positional is none."""
     fields = tokens.transpose(tokens.ndim - 1, *range(tokens.ndim - 1))  # (F, *M, B, T)
-    if spec.positional != "learned":
+    if spec.positional == "none":
         return fields
     ids = np.empty((len(fields) + 1, *fields.shape[1:]), dtype=tokens.dtype)
     ids[:-1] = fields
@@ -343,7 +347,7 @@ def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
 
 
 def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
-            association: str | None = None, buffers: dict | None = None):
+            association: str | None = None, buffers: dict | None = None, lookup: bool | None = None):
     """Loss of the batch and the cache that `backward` and `diagnostics` read.
 
     Only positions with a target feed the loss (retrieval: the query, one
@@ -353,13 +357,12 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     `all_queries`, at every position: the attention map of every row (for
     figures), and the same loss. `scale` is the score scale, spec.score_scale
     by default, one per member for a stack; `association` forces the head's
-    (attn.model.head.attention_forward; default: the cheaper); `buffers`: the
-    score mode's state (init_buffers), for sigma_reparam.
+    (attn.model.head.attention_forward; default: the cheaper), and `lookup`
+    whether it takes X's products through the embedding tables (default: when
+    cheaper); `buffers`: the score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
-    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec))  # (*M, B, T, D)
-    if spec.positional == "sinusoidal":
-        x += sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
+    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec, T))  # (*M, B, T, D) Embedded
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
@@ -369,10 +372,10 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
         spectral = (query, key)
     out, attn, attn_cache = head.attention_forward(
         x, W_q, W_k, params["W_v"], params["W_o"], spec.score_scale if scale is None else scale, mask, positions,
-        association, head_score(params, spec))
+        association, head_score(params, spec), lookup)
     h = out  # (*M, B, P, D)
     if spec.residual:
-        h += x[..., positions, :]  # H = X + out, in place: out is the head's own fresh array
+        h += attn_cache["x_queries"]  # H = X + out, in place: out is the head's own fresh array
     logits, readout_cache = pairs.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = pairs.cross_entropy_forward(
         logits, batch.targets[..., positions], batch.target_mask[..., positions])
@@ -414,7 +417,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
         for w, spectral in zip("qk", cache["spectral"]):
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
     grads.update(head_grads)
-    grads.update(zip(spec.embedding_names, pairs.embedding_backward(dx, cache["embed"])))
+    grads.update(zip(spec.embedding_names, pairs.embedding_backward(dx, cache["embed"])))  # fixed positions' dropped
     return {name: grads[name] for name in spec.param_names}
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from attn.model import scores, widthfree
 from attn.model.pairs import (
+    Embedded,
     Factored,
     add_at_positions,
     as_rows,
@@ -32,10 +33,12 @@ from attn.model.pairs import (
     factorised_linear_forward,
     keep_factored,
     linear_backward,
+    lookup_is_cheaper,
     linear_forward,
     member_axes,
     move_axis,
     per_member_matrix,
+    rows_at,
     softmax_backward,
     softmax_forward,
     sum_of_outer_products,
@@ -68,18 +71,36 @@ def causal_mask(T: int) -> np.ndarray:
     return mask
 
 
-def _key_major_product(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """queries @ keys^T, (..., P, T) for keys (..., T, n) and queries (..., P, n),
-    in an array laid out with the keys outermost in memory.
+def _key_major_product(keys, queries: np.ndarray) -> np.ndarray:
+    """queries @ keys^T, (..., P, T) for keys (..., T, n) (an array or Embedded)
+    and queries (..., P, n), in an array laid out with the keys outermost in memory.
 
     The softmax reduces over keys, and numpy reduces an outer axis (across
     rows, vectorised) several times faster than an inner one (along rows of
     T, often ~10, entries)."""
+    if isinstance(keys, Embedded):
+        return keys.key_major_product(queries)
     *lead, T, _ = keys.shape
     P = queries.shape[-2]
     transposed = move_axis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
     np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
     return transposed.swapaxes(-1, -2)  # (..., P, T)
+
+
+def _weighted_sum(weights: np.ndarray, x) -> np.ndarray:
+    """weights @ x (..., P, n) for weights (..., P, T) and x (..., T, n), an array or Embedded."""
+    return x.weighted_sum(weights) if isinstance(x, Embedded) else weights @ x
+
+
+def _operand(x, association: str, P: int, lookup: bool | None):
+    """X as the association reads it: Embedded (its products taken through its
+    table) where the bilinear association's products with P queries cost less
+    so (attn.model.pairs.lookup_is_cheaper) or `lookup` asks; else formed."""
+    if not isinstance(x, Embedded):
+        return x
+    if lookup is None:
+        lookup = lookup_is_cheaper(len(x.ids), x.shape[-2], x.table.shape[-2], P)
+    return x if lookup and association != "projected" else x.dense()
 
 
 def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> dict[str, int]:
@@ -128,7 +149,8 @@ def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width
 
 
 def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),
-                      association: str | None = None, score: scores.HeadScore | None = None):
+                      association: str | None = None, score: scores.HeadScore | None = None,
+                      lookup: bool | None = None):
     """One attention head, as in "Attention Is All You Need", for the queries
     at `queries` (distinct positions: an index array or a slice along T;
     default all T):
@@ -156,16 +178,21 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     mask (softcap, a learned temperature or length scale), or a norm of q and
     k, which only the projected association can apply.
 
+    x may be an array or Embedded (attn.model.pairs): the bilinear association
+    then takes its products through the embedding tables when that is cheaper
+    (`lookup` None) or when `lookup` says so, else forms it.
+
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
     """
     norm = score.norm if score is not None else None
     if norm is not None:
         association = "projected"  # norm(q).norm(k) is no bilinear form in X
-    x_q = x[..., queries, :]  # (*M, B, P, D)
+    x_q = rows_at(x, queries)  # (*M, B, P, D)
     if association is None:
         *_, B, P, D = x_q.shape
         association = choose_association(B, P, x.shape[-2], D, W_k.shape[-1], W_v.shape[-1])
+    x = _operand(x, association, x_q.shape[-2], lookup)  # (*M, B, T, D): an array, or Embedded
     scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
         d_k = W_k.shape[-1]
@@ -185,14 +212,14 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     if mask is not None:
         logits[..., mask[queries]] = -np.inf
     attn, _ = softmax_forward(logits)  # (*M, B, P, T)
-    cache = dict(association=association, x=x, queries=queries, scale=scale, scores=logits, attn=attn,
-                 transform=transform)
+    cache = dict(association=association, x=x, x_queries=x_q, queries=queries, scale=scale, scores=logits,
+                 attn=attn, transform=transform)
     if association == "projected":
         out, output = linear_forward(attn @ v, W_o)  # C = A V: (*M, B, P, d_v);  C W_o: (*M, B, P, D)
         cache.update(k=k, v=v, q_scaled=q_scaled, kv_projection=kv_projection, q_projection=q_projection,
                      output=output, key_norm=key_norm, query_norm=query_norm)
     else:
-        attended = attn @ x  # A X: (*M, B, P, D)
+        attended = _weighted_sum(attn, x)  # A X: (*M, B, P, D)
         out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
         cache.update(q_circuit=q_circuit, query_map=query_map, attended=attended, value_map=value_map)
     return out, attn, cache
@@ -291,7 +318,7 @@ def _bilinear_backward(dout, cache, dx_queries):
     x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
     dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
-    dq_circuit = dscores @ x  # (*M, B, P, D)
+    dq_circuit = _weighted_sum(dscores, x)  # dS X: (*M, B, P, D)
     dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
     if dx_queries is not None:
         dx_q += dx_queries

@@ -23,7 +23,7 @@ builds the attention head from these.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -136,21 +136,124 @@ def per_member_matrix(value, like: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 # Embeddings: out = sum_s table_s[ids_s]
 # --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Embedded:
+    """X (*M, B, T, D), X[..., t, :] = sum_s table[ids[s, ..., t]], kept as
+    its stacked table (*M, V, D) and ids (S, *M, B, T): formed on demand
+    (`dense`), its rows at a few positions looked up alone (`rows`), and its
+    products with a few query rows y (*M, B, P, D) and weights a (*M, B, P, T)
+    taken through the table, which every example shares:
+
+        y X^T = (y table^T)[ids]   one matrix product (B P rows against V), then S T entries per row
+        a X   = bin(a) table       bin(a)[.., p, v] = sum of a[.., p, t] over the (s, t) with ids[s, .., t] = v
+
+    Formed, X is S B T D entries gathered and each product a matrix-vector
+    product per example over T D of them; through the table the products are
+    matrix-matrix, over the V rows alone (lookup_is_cheaper says when that
+    pays). Sums over the sources run in their order, as forming X sums them.
+    """
+
+    table: np.ndarray  # (*M, V, D): the sources' tables stacked
+    ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self.ids.shape[1:], self.table.shape[-1])
+
+    def dense(self) -> np.ndarray:
+        """X itself (*M, B, T, D)."""
+        rows, ids = self._flat
+        return np.add.reduce(rows.take(ids, axis=0), axis=0)
+
+    def rows(self, positions) -> np.ndarray:
+        """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
+        rows, ids = self._flat
+        return np.add.reduce(rows.take(ids[..., positions], axis=0), axis=0)
+
+    def key_major_product(self, y: np.ndarray) -> np.ndarray:
+        """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
+        (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
+        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
+        looked_up = products.take(self._entries(y.shape[-2]))  # (S, T, *M, B, P)
+        return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
+
+    def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
+        """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table
+        (the bins summed by np.bincount, in float64, then the weights' dtype)."""
+        *lead, V, D = self.table.shape
+        entries = self._entries(weights.shape[-2])  # (S, T, *M, B, P)
+        spread = move_axis(weights, -1, 0).reshape(1, -1).repeat(len(entries), axis=0)  # (S, T *M B P)
+        binned = np.bincount(entries.ravel(), spread.ravel(), entries[0, 0].size * V)  # (*M B P V,)
+        products = binned.astype(weights.dtype).reshape(*lead, -1, V) @ self.table  # (*M, B P, D)
+        return products.reshape(*weights.shape[:-1], D)
+
+    @cached_property
+    def _flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the table as rows (M V, D), the ids as rows of it (S, *M, B, T))."""
+        return _flat_lookup(self.ids, self.table)
+
+    @cached_property
+    def _table_transposed(self) -> np.ndarray:
+        return self.table.swapaxes(-1, -2)  # (*M, D, V)
+
+    def _entries(self, P: int) -> np.ndarray:
+        """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
+        query rows per example sits in their flat (*M, B P, V) array."""
+        keys = self._keys_first  # (S, T, *M, B, 1)
+        return keys + _row_starts(keys.shape[2:-1], P, self.table.shape[-2])
+
+    @cached_property
+    def _keys_first(self) -> np.ndarray:
+        return move_axis(self.ids, -1, 1)[..., None]  # (S, T, *M, B, 1)
+
+
+@lru_cache(maxsize=32)
+def _row_starts(lead: tuple[int, ...], P: int, V: int) -> np.ndarray:
+    """(*lead, P): the first entry of each row of a flat (*lead P, V) array (read-only)."""
+    starts = np.arange(int(np.prod(lead)) * P).reshape(*lead, P) * V
+    starts.flags.writeable = False
+    return starts
+
+
+def rows_at(x, positions) -> np.ndarray:
+    """x[..., positions, :] for an array or Embedded x (*M, B, T, n)."""
+    return x.rows(positions) if isinstance(x, Embedded) else x[..., positions, :]
+
+
+# What one entry gathered or streamed through a matrix-vector product costs,
+# in multiply-adds of a matrix-matrix product: a few. `attn bench` times both
+# forms of the products side by side at its sizes.
+MOVE_COST = 4
+
+
+@lru_cache(maxsize=64)
+def lookup_is_cheaper(S: int, T: int, V: int, P: int) -> bool:
+    """Whether Embedded's products with P query rows per example (y X^T and
+    a X, two of each in a step) cost less through the table than with X formed.
+    With few queries (keep_factored: P < T / 3) the products with X formed are
+    thin, a matrix-vector product per example, and per example
+
+        formed      S T D entries gathered, 4 P T D streamed through those products
+        looked up   4 P V D multiply-adds of matrix-matrix products (and S P T entries looked up)
+
+    an entry moved weighing MOVE_COST multiply-adds. With more queries X is formed."""
+    return keep_factored(T, P) and 4 * P * V <= MOVE_COST * (S + 4 * P) * T
+
+
 def embedding_forward(ids: np.ndarray, tables: list[np.ndarray]):
     """Look up and sum rows of several tables: out = sum_s tables[s][ids[s]],
-    for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D) ->
-    (*M, ..., D).
+    for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D):
+    X as Embedded (*M, ..., D), formed by its consumers as they need it.
 
     The tables are looked up as one, stacked (*M, V, D) with V = sum V_s, so
-    that the lookup is one take and the backward one product for them all."""
+    that the lookup is one take and the backward one product for them all. A
+    table may be shared by the members ((V_s, D) in a stack: fixed positions)."""
     sizes = tuple(table.shape[-2] for table in tables)
+    lead = tables[0].shape[:-2]  # (*M,): a field's table has the members'
+    tables = [table if table.ndim == len(lead) + 2 else np.broadcast_to(table, (*lead, *table.shape)) for table in tables]
     table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
     stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
-    looked_up = np.take(*_flat_lookup(stacked, table), axis=0)  # (S, *M, ..., D)
-    out = looked_up[0]  # a fresh array's view: the other sources are summed into it in place
-    for s in range(1, len(sizes)):
-        out += looked_up[s]
-    return out, (stacked, table.shape, sizes)
+    return Embedded(table, stacked), (stacked, table.shape, sizes)
 
 
 @lru_cache(maxsize=32)
