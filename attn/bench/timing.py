@@ -115,6 +115,18 @@ def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict
     return times
 
 
+def timed_side_by_side(steppers: dict, warmup: int, steps: int, what: str,
+                       progress: Callable[[str], None]) -> dict:
+    """name -> spread of each side's call times: `warmup` untimed calls each,
+    then every side in ROUNDS alternating rounds (time_interleaved)."""
+    for side in steppers.values():
+        for _ in range(warmup):
+            side()
+    progress(f"{what}: timing {' and '.join(map(str, steppers))} in {ROUNDS} rounds")
+    times = time_interleaved({name: (side, math.ceil(steps / ROUNDS)) for name, side in steppers.items()}, ROUNDS)
+    return {name: spread(times[name]) for name in steppers}
+
+
 def square_product(n: int = MATMUL_N) -> Callable[[], None]:
     """One float32 n x n @ n x n product (2 n^3 FLOPs) into a fixed buffer."""
     rng = np.random.default_rng(0)
@@ -205,18 +217,15 @@ def width_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dic
     """attn's step at d_k = WIDTHS[-1] over its step at d_k = WIDTHS[0] (same
     d_model; the wide one width-free, attn.model.widthfree), timed side by
     side in alternating rounds."""
-    steppers = {}
+    steppers, width_free = {}, {}
     for d_k in WIDTHS:
         config = load_config(BASE_CONFIG, [f"model.d_k={d_k}", *WIDTH_OVERRIDES])
         task, spec, params, optimizer, gens = runstate.build(config)
         batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
-        steppers[d_k] = (attn_stepper(config, spec, params, optimizer, batches), spec.width_free)
-    for step, _ in steppers.values():
-        for _ in range(warmup):
-            step()
-    progress(f"width: timing d_k {' and '.join(map(str, WIDTHS))} in {ROUNDS} rounds")
-    times = time_interleaved({d_k: (step, math.ceil(steps / ROUNDS)) for d_k, (step, _) in steppers.items()}, ROUNDS)
-    sides = {str(d_k): {**spread(times[d_k]), "width_free": steppers[d_k][1]} for d_k in WIDTHS}
+        steppers[f"d_k {d_k}"] = attn_stepper(config, spec, params, optimizer, batches)
+        width_free[str(d_k)] = spec.width_free
+    timed = timed_side_by_side(steppers, warmup, steps, "width", progress)
+    sides = {d_k: {**timed[f"d_k {d_k}"], "width_free": free} for d_k, free in width_free.items()}
     return {"sides": sides,
             "ratio": sides[str(WIDTHS[-1])]["median_ms"] / sides[str(WIDTHS[0])]["median_ms"]}
 
@@ -248,13 +257,8 @@ def subnormal_ratio(warmup: int, steps: int, progress: Callable[[str], None]) ->
         with denormals.flushing(flush):
             fast.loss_and_grads(params, spec, next(pool))
 
-    steppers = {"kept": lambda: step(False), "flushed": lambda: step(True)}
-    for side in steppers.values():
-        for _ in range(warmup):
-            side()
-    progress(f"subnormals: timing kept and flushed in {ROUNDS} rounds")
-    times = time_interleaved({mode: (side, math.ceil(steps / ROUNDS)) for mode, side in steppers.items()}, ROUNDS)
-    sides = {mode: spread(times[mode]) for mode in steppers}
+    sides = timed_side_by_side({"kept": lambda: step(False), "flushed": lambda: step(True)}, warmup, steps,
+                               "subnormals", progress)
     return {"sides": sides, "ratio": sides["kept"]["median_ms"] / sides["flushed"]["median_ms"]}
 
 
@@ -277,13 +281,8 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
         def step(lookup: bool):
             fast.backward(fast.forward(params, spec, next(pool), lookup=lookup)[1], spec)
 
-        steppers = {"formed": lambda: step(False), "looked up": lambda: step(True)}
-        for side in steppers.values():
-            for _ in range(warmup):
-                side()
-        progress(f"{name}: timing X formed and looked up in {ROUNDS} rounds")
-        times = time_interleaved({form: (side, math.ceil(steps / ROUNDS)) for form, side in steppers.items()}, ROUNDS)
-        sides = {form: spread(times[form]) for form in steppers}
+        sides = timed_side_by_side({"formed": lambda: step(False), "looked up": lambda: step(True)}, warmup, steps,
+                                   f"{name}: X", progress)
         chosen = fast.forward(params, spec, batches[0])[1]["attn"]["x"]  # as training runs it
         compared.append({"size": name, "sides": sides, "ratio": sides["formed"]["median_ms"] / sides["looked up"]["median_ms"],
                          "rule": "looked up" if isinstance(chosen, pairs.Embedded) else "formed"})
