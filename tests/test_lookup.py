@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from attn.model import fast, gradcheck, pairs
+from attn.model import fast, gradcheck, head, pairs
 from attn.model.fast import Batch, ModelSpec
 
 B, T, D = 4, 7, 6  # T != D; three sources: two fields and the positions
@@ -107,7 +107,7 @@ def test_gradients_through_the_tables_match_finite_differences(rng, variant):
 
 
 @pytest.mark.parametrize("change, looked_up", [
-    ({}, True),  # retrieval: 28 table rows for 7 positions, one query
+    ({}, True),  # retrieval: 18 table rows for 7 positions, one query
     ({"fields": (("key", 400), ("value", 6))}, False),  # a vocabulary far larger than the positions
     ({"score": "qk_norm"}, False),  # the projected association forms K from X
 ])
@@ -122,3 +122,49 @@ def test_a_query_at_every_position_forms_x(rng):
     batch = query_batch(rng, spec)
     _, cache = fast.forward(fast.init_params(spec, rng), spec, batch, all_queries=True)
     assert isinstance(cache["attn"]["x"], np.ndarray)
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
+def test_each_member_of_a_stack_is_its_model_alone_bit_for_bit_through_the_tables(rng, positional):
+    """float32, as training runs: the stack's sums over sources and bins keep each member's order."""
+    spec = retrieval_spec(dtype="float32", positional=positional)
+    members = [fast.init_params(spec, rng) for _ in range(3)]
+    stacked = {name: np.stack([m[name] for m in members]) for name in members[0]}
+    batch = query_batch(rng, spec, (3,))
+    loss, cache = fast.forward(stacked, spec, batch, association="bilinear")
+    assert isinstance(cache["attn"]["x"], pairs.Embedded)
+    grads = fast.backward(cache, spec)
+    for m, params in enumerate(members):
+        alone = Batch(*(getattr(batch, f)[m] for f in ("tokens", "targets", "target_mask", "target_key")))
+        loss_m, cache_m = fast.forward(params, spec, alone, association="bilinear")
+        assert loss_m.dtype == np.float32 and np.array_equal(loss[m], loss_m)
+        for name, grad in fast.backward(cache_m, spec).items():
+            assert grad.dtype == np.float32 and np.array_equal(grads[name][m], grad), name
+
+
+def test_queries_as_a_slice_of_some_positions_are_looked_up_alike(rng):
+    """The head's queries as a slice (not an index array) of fewer than T / 3 positions."""
+    spec = retrieval_spec(n_positions=12)
+    params = fast.init_params(spec, rng)
+    ids = np.stack([rng.integers(0, 5, (B, 12)), rng.integers(0, 6, (B, 12)), np.broadcast_to(np.arange(12), (B, 12))])
+    x, _ = pairs.embedding_forward(ids, [params["E_key"], params["E_value"], params["E_pos"]])
+    upstream = rng.standard_normal((B, 3, D))
+    outputs = {}
+    for lookup in (False, True):
+        out, attn, cache = head.attention_forward(x, params["W_q"], params["W_k"], params["W_v"], params["W_o"],
+                                                  spec.score_scale, queries=slice(9, 12), association="bilinear",
+                                                  lookup=lookup)
+        assert isinstance(cache["x"], pairs.Embedded) == lookup and out.shape == (B, 3, D)
+        outputs[lookup] = out, head.attention_backward(upstream, cache)
+    np.testing.assert_allclose(outputs[True][0], outputs[False][0], rtol=1e-12)
+    for name in ("W_q", "W_k", "W_v", "W_o"):
+        np.testing.assert_allclose(outputs[True][1][name], outputs[False][1][name], rtol=1e-12, err_msg=name)
+
+
+def test_the_rule_flips_where_its_count_does():
+    """lookup_is_cheaper against the counts it states, on both sides of the flip and at the keep_factored gate."""
+    S, T, P, D = 3, 9, 1, 64
+    flip = max(V for V in range(1, 1000) if pairs.lookup_is_cheaper(S, T, V, P, D))
+    assert 4 * P * flip * D + pairs.MOVE_COST * 4 * S * P * T <= pairs.MOVE_COST * (S + 4 * P) * T * D
+    assert 4 * P * (flip + 1) * D + pairs.MOVE_COST * 4 * S * P * T > pairs.MOVE_COST * (S + 4 * P) * T * D
+    assert pairs.lookup_is_cheaper(S, 7, 10, 2, D) and not pairs.lookup_is_cheaper(S, 6, 10, 2, D), "3 P < T"

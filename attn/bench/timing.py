@@ -274,8 +274,10 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
         task, spec, params, _, gens = runstate.build(config)
         batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
         P = int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
-        if P == spec.n_positions:
-            continue  # every position a query: X is formed either way
+        association = head.choose_association(config.train.batch_size, P, spec.n_positions, spec.d_model,
+                                              spec.d_k, spec.d_v, spec.width_free)
+        if P == spec.n_positions or association == "projected":
+            continue  # X is formed either way
         pool = itertools.cycle(batches)
 
         def step(lookup: bool):

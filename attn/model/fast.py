@@ -325,8 +325,8 @@ def target_positions(batch: Batch):
 
 
 def embedding_tables(params: dict, spec: ModelSpec, T: int) -> list[np.ndarray]:
-    """The tables summed into X: spec.embedding_names', each (*M, V_s, D), then
-    the fixed sinusoidal positions (T, D), shared by every member, if any."""
+    """The tables summed into X: those of spec.embedding_names, each (*M, V_s, D),
+    then the fixed sinusoidal positions (T, D), shared by every member, if any."""
     tables = [params[name] for name in spec.embedding_names]
     if spec.positional == "sinusoidal":
         tables.append(sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype))
@@ -417,7 +417,8 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
         for w, spectral in zip("qk", cache["spectral"]):
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
     grads.update(head_grads)
-    grads.update(zip(spec.embedding_names, pairs.embedding_backward(dx, cache["embed"])))  # fixed positions' dropped
+    tables = pairs.embedding_backward(dx, cache["embed"])  # the learned tables', then the fixed positions' if any
+    grads.update(zip(spec.embedding_names, tables[:len(spec.embedding_names)]))
     return {name: grads[name] for name in spec.param_names}
 
 

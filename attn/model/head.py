@@ -33,8 +33,8 @@ from attn.model.pairs import (
     factorised_linear_forward,
     keep_factored,
     linear_backward,
-    lookup_is_cheaper,
     linear_forward,
+    lookup_is_cheaper,
     member_axes,
     move_axis,
     per_member_matrix,
@@ -92,14 +92,14 @@ def _weighted_sum(weights: np.ndarray, x) -> np.ndarray:
     return x.weighted_sum(weights) if isinstance(x, Embedded) else weights @ x
 
 
-def _operand(x, association: str, P: int, lookup: bool | None):
+def _formed_or_looked_up(x, association: str, P: int, lookup: bool | None):
     """X as the association reads it: Embedded (its products taken through its
     table) where the bilinear association's products with P queries cost less
     so (attn.model.pairs.lookup_is_cheaper) or `lookup` asks; else formed."""
     if not isinstance(x, Embedded):
         return x
     if lookup is None:
-        lookup = lookup_is_cheaper(len(x.ids), x.shape[-2], x.table.shape[-2], P)
+        lookup = lookup_is_cheaper(len(x.ids), x.shape[-2], x.table.shape[-2], P, x.shape[-1])
     return x if lookup and association != "projected" else x.dense()
 
 
@@ -188,11 +188,12 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     norm = score.norm if score is not None else None
     if norm is not None:
         association = "projected"  # norm(q).norm(k) is no bilinear form in X
-    x_q = rows_at(x, queries)  # (*M, B, P, D)
+    *_, B, T, D = x.shape
+    P = len(range(T)[queries]) if isinstance(queries, slice) else len(queries)
     if association is None:
-        *_, B, P, D = x_q.shape
-        association = choose_association(B, P, x.shape[-2], D, W_k.shape[-1], W_v.shape[-1])
-    x = _operand(x, association, x_q.shape[-2], lookup)  # (*M, B, T, D): an array, or Embedded
+        association = choose_association(B, P, T, D, W_k.shape[-1], W_v.shape[-1])
+    x = _formed_or_looked_up(x, association, P, lookup)  # (*M, B, T, D): an array, or Embedded
+    x_q = rows_at(x, queries)  # (*M, B, P, D)
     scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
         d_k = W_k.shape[-1]

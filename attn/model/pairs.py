@@ -162,8 +162,7 @@ class Embedded:
 
     def dense(self) -> np.ndarray:
         """X itself (*M, B, T, D)."""
-        rows, ids = self._flat
-        return np.add.reduce(rows.take(ids, axis=0), axis=0)
+        return self.rows(slice(None))
 
     def rows(self, positions) -> np.ndarray:
         """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
@@ -173,7 +172,7 @@ class Embedded:
     def key_major_product(self, y: np.ndarray) -> np.ndarray:
         """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
         (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
-        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
+        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self.table.swapaxes(-1, -2)  # (*M, B P, V)
         looked_up = products.take(self._entries(y.shape[-2]))  # (S, T, *M, B, P)
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
@@ -192,27 +191,16 @@ class Embedded:
         """(the table as rows (M V, D), the ids as rows of it (S, *M, B, T))."""
         return _flat_lookup(self.ids, self.table)
 
-    @cached_property
-    def _table_transposed(self) -> np.ndarray:
-        return self.table.swapaxes(-1, -2)  # (*M, D, V)
-
     def _entries(self, P: int) -> np.ndarray:
         """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
         query rows per example sits in their flat (*M, B P, V) array."""
         keys = self._keys_first  # (S, T, *M, B, 1)
-        return keys + _row_starts(keys.shape[2:-1], P, self.table.shape[-2])
+        return keys + _row_bins(keys.shape[2:-1], P, self.table.shape[-2])[..., 0]  # + (*M, B, P)
 
     @cached_property
     def _keys_first(self) -> np.ndarray:
-        return move_axis(self.ids, -1, 1)[..., None]  # (S, T, *M, B, 1)
-
-
-@lru_cache(maxsize=32)
-def _row_starts(lead: tuple[int, ...], P: int, V: int) -> np.ndarray:
-    """(*lead, P): the first entry of each row of a flat (*lead P, V) array (read-only)."""
-    starts = np.arange(int(np.prod(lead)) * P).reshape(*lead, P) * V
-    starts.flags.writeable = False
-    return starts
+        """The ids with the positions first, (S, T, *M, B, 1): _entries' layout, keys outermost."""
+        return move_axis(self.ids, -1, 1)[..., None]
 
 
 def rows_at(x, positions) -> np.ndarray:
@@ -220,24 +208,28 @@ def rows_at(x, positions) -> np.ndarray:
     return x.rows(positions) if isinstance(x, Embedded) else x[..., positions, :]
 
 
-# What one entry gathered or streamed through a matrix-vector product costs,
-# in multiply-adds of a matrix-matrix product: a few. `attn bench` times both
-# forms of the products side by side at its sizes.
+# What one entry gathered, looked up, binned or streamed through a matrix-vector
+# product costs, in multiply-adds of a matrix-matrix product: a few. Where the
+# two forms cross at d_model 64 (T 9 and 33; one model, and stacks of 12)
+# puts it between 3 and 8; `attn bench` times both forms at its sizes.
 MOVE_COST = 4
 
 
 @lru_cache(maxsize=64)
-def lookup_is_cheaper(S: int, T: int, V: int, P: int) -> bool:
+def lookup_is_cheaper(S: int, T: int, V: int, P: int, D: int) -> bool:
     """Whether Embedded's products with P query rows per example (y X^T and
-    a X, two of each in a step) cost less through the table than with X formed.
-    With few queries (keep_factored: P < T / 3) the products with X formed are
-    thin, a matrix-vector product per example, and per example
+    a X, two of each in a step) cost less through the table than with X
+    formed. Only with few queries (P < T / 3, as keep_factored): then the
+    products with X formed are thin, a matrix-vector product per example, and
+    per example
 
         formed      S T D entries gathered, 4 P T D streamed through those products
-        looked up   4 P V D multiply-adds of matrix-matrix products (and S P T entries looked up)
+        looked up   4 P V D multiply-adds of matrix-matrix products, 4 S P T entries looked up or binned
 
-    an entry moved weighing MOVE_COST multiply-adds. With more queries X is formed."""
-    return keep_factored(T, P) and 4 * P * V <= MOVE_COST * (S + 4 * P) * T
+    an entry moved weighing MOVE_COST multiply-adds. With more queries the
+    products with X are matrix-matrix already, and X is formed."""
+    formed = MOVE_COST * (S + 4 * P) * T * D
+    return keep_factored(T, P) and 4 * P * V * D + MOVE_COST * 4 * S * P * T <= formed
 
 
 def embedding_forward(ids: np.ndarray, tables: list[np.ndarray]):
