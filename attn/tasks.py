@@ -31,8 +31,22 @@ import numpy as np
 from attn.model.fast import Batch
 
 
+class Task:
+    """What the tasks share: a batch is a task's random draws (`draws`, in its
+    generator's order), assembled (`assemble`, for any leading axes)."""
+
+    def sample(self, rng: np.random.Generator, batch_size: int) -> Batch:
+        """A batch of `batch_size` examples drawn from rng."""
+        return self.assemble(*self.draws(rng, batch_size))
+
+    def sample_stack(self, rngs: list[np.random.Generator], batch_size: int) -> Batch:
+        """One batch per generator, stacked (M, B, ...): member m's numbers are
+        those `sample` draws from rngs[m], assembled once for the stack."""
+        return self.assemble(*(np.stack(parts) for parts in zip(*(self.draws(rng, batch_size) for rng in rngs))))
+
+
 @dataclass(frozen=True)
-class RetrievalTask:
+class RetrievalTask(Task):
     n_keys: int
     n_values: int
     n_pairs: int
@@ -51,23 +65,29 @@ class RetrievalTask:
     def n_classes(self) -> int:
         return self.n_values
 
-    def sample(self, rng: np.random.Generator, batch_size: int) -> Batch:
+    def draws(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, ...]:
+        """One batch's random numbers, in the generator's order: a random
+        ranking of the keys per example (B, n_keys), the values (B, P), which
+        pair is asked for (B,)."""
         B, P = batch_size, self.n_pairs
-        keys = np.argsort(rng.random((B, self.n_keys)), axis=1)[:, :P]  # (B, P) distinct per row
-        values = rng.integers(0, self.n_values, size=(B, P))  # (B, P)
-        queried = rng.integers(0, P, size=B)  # (B,) which pair is asked for
-        rows = np.arange(B)
-        tokens = np.empty((B, P + 1, 2), dtype=np.int64)
-        tokens[:, :P, 0] = keys
-        tokens[:, :P, 1] = values
-        tokens[:, P, 0] = keys[rows, queried]
-        tokens[:, P, 1] = self.n_values  # query marker
-        targets = np.zeros((B, P + 1), dtype=np.int64)
-        targets[:, P] = values[rows, queried]
-        target_mask = np.zeros((B, P + 1), dtype=bool)
-        target_mask[:, P] = True
-        target_key = np.full((B, P + 1), -1, dtype=np.int64)
-        target_key[:, P] = queried
+        return rng.random((B, self.n_keys)), rng.integers(0, self.n_values, size=(B, P)), rng.integers(0, P, size=B)
+
+    def assemble(self, ranking: np.ndarray, values: np.ndarray, queried: np.ndarray) -> Batch:
+        """The batch of `draws`' numbers, for any leading axes (*M, B, ...)."""
+        P = self.n_pairs
+        keys = np.argsort(ranking, axis=-1)[..., :P]  # (*M, B, P) distinct per row
+        asked = np.take_along_axis(np.stack([keys, values]), queried[None, ..., None], axis=-1)[..., 0]  # (2, *M, B)
+        tokens = np.empty((*values.shape[:-1], P + 1, 2), dtype=np.int64)
+        tokens[..., :P, 0] = keys
+        tokens[..., :P, 1] = values
+        tokens[..., P, 0] = asked[0]
+        tokens[..., P, 1] = self.n_values  # query marker
+        targets = np.zeros(tokens.shape[:-1], dtype=np.int64)
+        targets[..., P] = asked[1]
+        target_mask = np.zeros(tokens.shape[:-1], dtype=bool)
+        target_mask[..., P] = True
+        target_key = np.full(tokens.shape[:-1], -1, dtype=np.int64)
+        target_key[..., P] = queried
         return Batch(tokens, targets, target_mask, target_key)
 
     def reference_losses(self) -> dict[str, float]:
@@ -80,7 +100,7 @@ class RetrievalTask:
 
 
 @dataclass(frozen=True)
-class CopyTask:
+class CopyTask(Task):
     vocab_size: int
     length: int
     mode: str = "reverse"  # reverse | shift
@@ -105,13 +125,16 @@ class CopyTask:
         i = np.arange(self.length)
         return self.length - 1 - i if self.mode == "reverse" else (i + self.shift) % self.length
 
-    def sample(self, rng: np.random.Generator, batch_size: int) -> Batch:
-        B, T = batch_size, self.length
-        tokens = rng.integers(0, self.vocab_size, size=(B, T, 1))
+    def draws(self, rng: np.random.Generator, batch_size: int) -> tuple[np.ndarray, ...]:
+        """One batch's random numbers: the tokens (B, T, 1)."""
+        return (rng.integers(0, self.vocab_size, size=(batch_size, self.length, 1)),)
+
+    def assemble(self, tokens: np.ndarray) -> Batch:
+        """The batch of `draws`' numbers, for any leading axes (*M, B, ...)."""
         perm = self.source_positions()
-        targets = tokens[:, perm, 0]
-        target_mask = np.ones((B, T), dtype=bool)
-        target_key = np.broadcast_to(perm, (B, T)).copy()
+        targets = tokens[..., perm, 0]
+        target_mask = np.ones(targets.shape, dtype=bool)
+        target_key = np.broadcast_to(perm, targets.shape).copy()
         return Batch(tokens, targets, target_mask, target_key)
 
     def reference_losses(self) -> dict[str, float]:

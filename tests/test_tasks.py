@@ -121,3 +121,15 @@ def test_same_seed_same_batch_different_seed_different_batch(task):
     for name in ("tokens", "targets", "target_mask", "target_key"):
         assert np.array_equal(getattr(first, name), getattr(again, name)), name
     assert not np.array_equal(first.tokens, other.tokens)
+
+
+@pytest.mark.parametrize("task", [RetrievalTask(16, 16, 8), RetrievalTask(40, 5, 12), CopyTask(10, 16),
+                                  CopyTask(7, 5, "shift", 2)], ids=lambda t: t.name)
+def test_a_stack_draws_each_members_batch_as_sample_does(task):
+    """sample_stack assembles once for the stack; member m's batch is sample's from its own generator."""
+    stacked = task.sample_stack([np.random.default_rng(seed) for seed in (4, 5, 6)], 32)
+    for m, seed in enumerate((4, 5, 6)):
+        alone = task.sample(np.random.default_rng(seed), 32)
+        for field in ("tokens", "targets", "target_mask", "target_key"):
+            assert np.array_equal(getattr(stacked, field)[m], getattr(alone, field)), field
+            assert getattr(stacked, field).dtype == getattr(alone, field).dtype

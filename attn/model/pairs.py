@@ -22,7 +22,7 @@ builds the attention head from these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -155,6 +155,7 @@ class Embedded:
 
     table: np.ndarray  # (*M, V, D): the sources' tables stacked
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
+    _entries_by_P: dict = field(default_factory=dict, compare=False, repr=False)  # P -> _entries(P)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -193,14 +194,12 @@ class Embedded:
 
     def _entries(self, P: int) -> np.ndarray:
         """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
-        query rows per example sits in their flat (*M, B P, V) array."""
-        keys = self._keys_first  # (S, T, *M, B, 1)
-        return keys + _row_bins(keys.shape[2:-1], P, self.table.shape[-2])[..., 0]  # + (*M, B, P)
-
-    @cached_property
-    def _keys_first(self) -> np.ndarray:
-        """The ids with the positions first, (S, T, *M, B, 1): _entries' layout, keys outermost."""
-        return move_axis(self.ids, -1, 1)[..., None]
+        query rows per example sits in their flat (*M, B P, V) array, ids laid
+        out keys outermost. Formed once per P (a step's four products share it)."""
+        if P not in self._entries_by_P:
+            keys = move_axis(self.ids, -1, 1)[..., None]  # (S, T, *M, B, 1)
+            self._entries_by_P[P] = keys + _row_bins(keys.shape[2:-1], P, self.table.shape[-2])[..., 0]  # + (*M, B, P)
+        return self._entries_by_P[P]
 
 
 def rows_at(x, positions) -> np.ndarray:

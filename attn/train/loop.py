@@ -42,7 +42,7 @@ from attn.model import fast, mechanism
 from attn.model.fast import Batch
 from attn.store import arrayfiles, runs
 from attn.store.runstate import RunState, linked_checkpoint_step, prepare, save_checkpoint
-from attn.train.stack import Stack, member_batch, stack_batches, stack_key
+from attn.train.stack import Stack, member_batch, stack_key
 
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
 
@@ -152,7 +152,7 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     that go on (unless their values are non-finite); their checkpoints. The
     members that end here leave the stack; returns those that go on."""
     # batch, forward, backward: one computation for the whole stack
-    batch = stack_batches([m.state.task.sample(m.state.gens.data, m.config.train.batch_size) for m in members])
+    batch = members[0].state.task.sample_stack([m.state.gens.data for m in members], members[0].config.train.batch_size)
     fast.advance_buffers(stack.params, stack.buffers, stack.spec)
     loss, grads, train_cache = fast.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
     faults = _faults(stack, loss, grads, len(members))
