@@ -69,10 +69,14 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
     assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(build_spec(config, build_task(config)),
                                                                    config.train.batch_size, 1)
     assert size["attn_calls"] == timing.attn_calls(config)
+    (lookup,) = timed["lookup"]  # default: the bilinear head with one query, so X formed against looked up
+    assert lookup["size"] == "default" and lookup["rule"] == "looked up" and lookup["sides"]["formed"]["n"] == 5
+    assert lookup["ratio"] == pytest.approx(lookup["sides"]["formed"]["median_ms"] / lookup["sides"]["looked up"]["median_ms"])
     table = md_path.read_text()
     row = next(line for line in table.splitlines() if line.startswith("| default |"))
     assert "attn / fastest |" in table and f"| {size['attn_calls']['numpy']:.0f}; " in row
     assert installed == [] or "at ≤ 1.0)" in row  # issue 21's target at the default size
+    assert f"{lookup['ratio']:.2f}× (the rule: looked up)" in table
     assert table in out.stdout
 
 
