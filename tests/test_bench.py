@@ -16,7 +16,7 @@ from attn.bench import rivals, timing
 from attn.config.loading import build_spec, build_task, load_config
 from attn.model import fast, head
 from attn.store import runstate
-from attn.train import denormals
+from attn.train import denormals, lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,6 +77,7 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
     assert "attn / fastest |" in table and f"| {size['attn_calls']['numpy']:.0f}; " in row
     assert installed == [] or "at ≤ 1.0)" in row  # issue 21's target at the default size
     assert f"{lookup['ratio']:.2f}× (the rule: looked up)" in table
+    assert result["attn_commit"] == lifecycle.source_revision() and f"attn {result['attn_commit']}" in table
     assert table in out.stdout
 
 

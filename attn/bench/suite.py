@@ -43,6 +43,7 @@ def run_suite(sizes: list[str], threads: list[int], warmup: int = 10, steps: int
         progress: Callable[[str], None] = lambda message: None) -> dict:
     """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
     result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "warmup": warmup, "steps": steps,
+              "attn_commit": lifecycle.source_revision(),
               "machine": {"cpu": lifecycle.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version(), **lifecycle.platform_facts()},
               "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
@@ -107,7 +108,8 @@ def _ms(stats: dict) -> str:
 
 def bench_markdown(result: dict) -> str:
     machine = result["machine"]
-    lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores", "",
+    lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores, attn "
+             f"{result.get('attn_commit') or 'of unknown commit'}", "",
              f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
              + ", ".join(f"{k} {v}" for k, v in result["rivals"].items()) + ".", "",
              f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
