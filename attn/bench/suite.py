@@ -182,7 +182,8 @@ def summary_markdown(result: dict) -> str:
     rows = [[s["size"], str(t["threads"]), _ms(s["sides"]["attn"]), s["fastest_rival"] or "none installed",
              _ms(s["sides"][s["fastest_rival"]]) if s["fastest_rival"] else "—", _ratio(s)]
             for t in result["timings"] for s in t["sizes"]]
-    lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), numpy on {machine['blas']}; "
+    lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), attn "
+             f"{result.get('attn_commit') or 'of unknown commit'}, numpy on {machine['blas']}; "
              "step times in ms, median (interquartile range):", "",
              markdown_table(["size", "threads", "attn", "fastest rival", "its time", "attn / fastest"], rows)]
     targets = []
