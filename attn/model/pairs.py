@@ -178,14 +178,10 @@ class Embedded:
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
-        """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table
-        (the bins summed by np.bincount, in float64, then the weights' dtype)."""
-        *lead, V, D = self.table.shape
-        entries = self._entries(weights.shape[-2])  # (S, T, *M, B, P)
-        spread = move_axis(weights, -1, 0).reshape(1, -1).repeat(len(entries), axis=0)  # (S, T *M B P)
-        binned = np.bincount(entries.ravel(), spread.ravel(), entries[0, 0].size * V)  # (*M B P V,)
-        products = binned.astype(weights.dtype).reshape(*lead, -1, V) @ self.table  # (*M, B P, D)
-        return products.reshape(*weights.shape[:-1], D)
+        """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
+        binned = _binned(weights, self._entries(weights.shape[-2]), self.table.shape[-2])  # (*M, B, P, V)
+        products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
+        return products.reshape(*weights.shape[:-1], self.table.shape[-1])
 
     @cached_property
     def _flat(self) -> tuple[np.ndarray, np.ndarray]:
@@ -193,13 +189,29 @@ class Embedded:
         return _flat_lookup(self.ids, self.table)
 
     def _entries(self, P: int) -> np.ndarray:
-        """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
-        query rows per example sits in their flat (*M, B P, V) array, ids laid
-        out keys outermost. Formed once per P (a step's four products share it)."""
+        """_slots for P query rows per example: where entry (s, t, .., b, p) of
+        the products sits in their flat (*M, B P, V) array. Formed once per P
+        (a step's four products share it)."""
         if P not in self._entries_by_P:
-            keys = move_axis(self.ids, -1, 1)[..., None]  # (S, T, *M, B, 1)
-            self._entries_by_P[P] = keys + _row_bins(keys.shape[2:-1], P, self.table.shape[-2])[..., 0]  # + (*M, B, P)
+            self._entries_by_P[P] = _slots(self.ids, P, self.table.shape[-2])
         return self._entries_by_P[P]
+
+
+def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
+    """(S, T, *M, B, R): the slot in a flat (*M, B R, V) array of each
+    (source, position, example, row), for ids (S, *M, B, T) laid out keys outermost."""
+    return move_axis(ids, -1, 1)[..., None] + _row_bins(ids.shape[1:-1], R, V)[..., 0]
+
+
+def _binned(weights: np.ndarray, slots: np.ndarray, V: int) -> np.ndarray:
+    """weights (*M, B, R, T) summed into the V rows of a table, (*M, B, R, V):
+    out[.., r, v] = sum of weights[.., r, t] over the (s, t) whose id is v, at
+    `slots` (_slots). One np.bincount over every (source, position, example,
+    row), accumulated in float64, then the weights' dtype: a batch of tiny
+    products would cost more."""
+    spread = move_axis(weights, -1, 0).reshape(1, -1).repeat(len(slots), axis=0)  # (S, T *M B R)
+    binned = np.bincount(slots.ravel(), spread.ravel(), slots[0, 0].size * V)  # (*M B R V,)
+    return binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
 
 
 def rows_at(x, positions) -> np.ndarray:
@@ -275,20 +287,13 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
 
     dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
-    the stacked table, (B, R, V), times R, and dout is never formed. The
-    binning is one np.bincount over every (source, example, row) (accumulated
-    in float64, then the gradient's dtype): a batch of tiny products would cost more.
+    the stacked table (_binned), (B, R, V), times R, and dout is never formed.
     """
     ids, shape, sizes = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
     V, lead = shape[-2], shape[:-2]
     if isinstance(dout, Factored):
-        *batch, R, T = dout.left.shape  # batch = (*M, B)
-        rows = _row_bins(tuple(batch), R, V)  # (*M, B, R, 1)
-        bins = rows + ids[..., None, :]  # (S, *M, B, R, T): bin of each entry
-        weights = dout.left[None].repeat(len(sizes), axis=0)  # (S, *M, B, R, T)
-        binned = np.bincount(bins.ravel(), weights=weights.ravel(), minlength=rows.size * V)
-        binned = binned.astype(dout.right.dtype).reshape(*lead, -1, V)  # (*M, B R, V)
-        dtable = binned.swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
+        binned = _binned(dout.left, _slots(ids, dout.left.shape[-2], V), V)  # (*M, B, R, V)
+        dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
         onehot = np.logical_or.reduce(np.arange(V)[:, None] == columns, axis=0).astype(dout.dtype)  # (*M, V, N)
