@@ -38,7 +38,6 @@ from attn.model.pairs import (
     member_axes,
     move_axis,
     per_member_matrix,
-    rows_at,
     softmax_backward,
     softmax_forward,
     sum_of_outer_products,
@@ -85,6 +84,11 @@ def _key_major_product(keys, queries: np.ndarray) -> np.ndarray:
     transposed = move_axis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
     np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
     return transposed.swapaxes(-1, -2)  # (..., P, T)
+
+
+def _rows_at(x, positions) -> np.ndarray:
+    """x[..., positions, :] for x (..., T, n), an array or Embedded."""
+    return x.rows(positions) if isinstance(x, Embedded) else x[..., positions, :]
 
 
 def _weighted_sum(weights: np.ndarray, x) -> np.ndarray:
@@ -193,7 +197,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     if association is None:
         association = choose_association(B, P, T, D, W_k.shape[-1], W_v.shape[-1])
     x = _formed_or_looked_up(x, association, P, lookup)  # (*M, B, T, D): an array, or Embedded
-    x_q = rows_at(x, queries)  # (*M, B, P, D)
+    x_q = _rows_at(x, queries)  # (*M, B, P, D)
     scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
         d_k = W_k.shape[-1]

@@ -214,11 +214,6 @@ def _binned(weights: np.ndarray, slots: np.ndarray, V: int) -> np.ndarray:
     return binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
 
 
-def rows_at(x, positions) -> np.ndarray:
-    """x[..., positions, :] for an array or Embedded x (*M, B, T, n)."""
-    return x.rows(positions) if isinstance(x, Embedded) else x[..., positions, :]
-
-
 # What one entry gathered, looked up, binned or streamed through a matrix-vector
 # product costs, in multiply-adds of a matrix-matrix product: a few. Where the
 # two forms cross at d_model 64 (T 9 and 33; one model, and stacks of 12)
