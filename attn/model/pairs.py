@@ -155,7 +155,7 @@ class Embedded:
 
     table: np.ndarray  # (*M, V, D): the sources' tables stacked
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
-    _entries_by_P: dict = field(default_factory=dict, compare=False, repr=False)  # P -> _entries(P)
+    _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (use, P) -> its slots, once per P
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -168,7 +168,11 @@ class Embedded:
     def rows(self, positions) -> np.ndarray:
         """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
         rows, ids = self._flat
-        return np.add.reduce(rows.take(ids[..., positions], axis=0), axis=0)
+        looked_up = rows.take(ids[..., positions], axis=0)  # (S, *M, B, P, D)
+        out = looked_up[0]  # a fresh array's view: the other sources are added in place (a reduce over
+        for s in range(1, len(looked_up)):  # the outer axis costs twice as much at X's size), in their order
+            out += looked_up[s]
+        return out
 
     def key_major_product(self, y: np.ndarray) -> np.ndarray:
         """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
@@ -179,7 +183,10 @@ class Embedded:
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
-        binned = _binned(weights, self._entries(weights.shape[-2]), self.table.shape[-2])  # (*M, B, P, V)
+        P, V = weights.shape[-2], self.table.shape[-2]
+        if ("bins", P) not in self._slots_of:
+            self._slots_of["bins", P] = _slots(self.ids, P, V)
+        binned = _binned(weights, self._slots_of["bins", P], V)  # (*M, B, P, V)
         products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
 
@@ -189,28 +196,28 @@ class Embedded:
         return _flat_lookup(self.ids, self.table)
 
     def _entries(self, P: int) -> np.ndarray:
-        """_slots for P query rows per example: where entry (s, t, .., b, p) of
-        the products sits in their flat (*M, B P, V) array. Formed once per P
-        (a step's four products share it)."""
-        if P not in self._entries_by_P:
-            self._entries_by_P[P] = _slots(self.ids, P, self.table.shape[-2])
-        return self._entries_by_P[P]
+        """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
+        query rows per example sits in their flat (*M, B P, V) array, laid out
+        keys outermost as the scores are. Formed once per P (a step's products share it)."""
+        if ("products", P) not in self._slots_of:
+            self._slots_of["products", P] = move_axis(_slots(self.ids, P, self.table.shape[-2]), -1, 1)  # a view
+        return self._slots_of["products", P]
 
 
 def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
-    """(S, T, *M, B, R): the slot in a flat (*M, B R, V) array of each
-    (source, position, example, row), for ids (S, *M, B, T) laid out keys outermost."""
-    return move_axis(ids, -1, 1)[..., None] + _row_bins(ids.shape[1:-1], R, V)[..., 0]
+    """(S, *M, B, R, T): the slot in a flat (*M, B R, V) array of each
+    (source, example, row, position), for ids (S, *M, B, T)."""
+    return ids[..., None, :] + _row_bins(ids.shape[1:-1], R, V)
 
 
 def _binned(weights: np.ndarray, slots: np.ndarray, V: int) -> np.ndarray:
     """weights (*M, B, R, T) summed into the V rows of a table, (*M, B, R, V):
     out[.., r, v] = sum of weights[.., r, t] over the (s, t) whose id is v, at
-    `slots` (_slots). One np.bincount over every (source, position, example,
-    row), accumulated in float64, then the weights' dtype: a batch of tiny
-    products would cost more."""
-    spread = move_axis(weights, -1, 0).reshape(1, -1).repeat(len(slots), axis=0)  # (S, T *M B R)
-    binned = np.bincount(slots.ravel(), spread.ravel(), slots[0, 0].size * V)  # (*M B R V,)
+    `slots` (_slots). One np.bincount over every (source, example, row,
+    position), accumulated in float64, then the weights' dtype: a batch of
+    tiny products would cost more."""
+    spread = weights[None].repeat(len(slots), axis=0)  # (S, *M, B, R, T)
+    binned = np.bincount(slots.ravel(), spread.ravel(), slots[0, ..., 0].size * V)  # (*M B R V,)
     return binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
 
 
