@@ -127,16 +127,3 @@ def test_only_runs_of_one_shape_and_step_stack():
     assert key(config("train.batch_size=8")) != key(config())
     with pytest.raises(ValueError, match="share their shapes"):
         loop.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])
-
-
-def test_a_stack_makes_room_for_one_initial_draw_not_one_per_member():
-    """Width-free members drawn in full (d_k 16384) are drawn one after another:
-    the stack counts their training memory each and the draw's once."""
-    from attn.config.loading import estimate_memory_bytes, initial_draw_bytes, training_memory_bytes
-    from attn.train.stack import STACK_MEMORY_BYTES, members_per_stack
-
-    config = load_config(None, ["model.d_k=16384", "task.eval_size=256"])
-    draw, training = initial_draw_bytes(config), training_memory_bytes(config)
-    assert draw > training > 0 and estimate_memory_bytes(config) == draw + training
-    assert members_per_stack(config) == (STACK_MEMORY_BYTES - draw) // training > STACK_MEMORY_BYTES // (draw + training)
-    assert initial_draw_bytes(load_config(None, ["model.d_k=1048576"])) == 0  # bartlett: no d_k-wide draw

@@ -305,16 +305,9 @@ def runs_width_free(config: Config, task) -> bool:
 
 
 def estimate_memory_bytes(config: Config) -> int:
-    """A generous estimate of a run's peak memory from its sizes: what it
-    holds while it trains (training_memory_bytes), or that and its initial
-    draw (initial_draw_bytes), whichever is more."""
-    return training_memory_bytes(config) + initial_draw_bytes(config)
-
-
-def training_memory_bytes(config: Config) -> int:
-    """What a run holds while it trains: the head's weights, activations and
-    gradients at the widths it is carried at (2 d_model for a width-free
-    circuit wider than that, whatever d_k), and its batches."""
+    """A generous estimate of a run's peak memory from its sizes: the head's
+    weights, activations and gradients at the widths it is carried at
+    (2 d_model for a width-free circuit wider than that, whatever d_k)."""
     m, t, task = config.model, config.task, build_task(config)
     spec = build_spec(config, task)
     D, dk, dv = m.d_model, spec.k_width, spec.v_width
@@ -324,16 +317,8 @@ def training_memory_bytes(config: Config) -> int:
     largest_batch = max(config.train.batch_size, t.eval_size)
     itemsize = 4 if config.dtype == "float32" else 8
     sampling = 16 * largest_batch * t.n_keys if t.name == "retrieval" else 0  # float64 draws + int64 argsort
-    return itemsize * (5 * n_params + largest_batch * per_example) + sampling
-
-
-def initial_draw_bytes(config: Config) -> int:
-    """What a width-free run's initial weights take while they are drawn in
-    full and orthonormalised (B, 2 d_model x d_k, and its QR in float64), then
-    free: nothing when they are not (narrower circuits, or bartlett)."""
-    task = build_task(config)
-    spec, D, d_k = build_spec(config, task), config.model.d_model, config.model.d_k
-    return 3 * 8 * 2 * D * d_k if spec.width_free and widthfree.sampled_directly(D, d_k) else 0
+    drawn = 2 * D * m.d_k if spec.width_free and widthfree.sampled_directly(D, m.d_k) else 0  # B at init
+    return itemsize * (5 * n_params + largest_batch * per_example) + sampling + 3 * 8 * drawn  # B, its QR in float64
 
 
 def memory_limit_bytes() -> int:

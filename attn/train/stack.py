@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attn.config.loading import build_spec, build_task, flatten_config, initial_draw_bytes, training_memory_bytes
+from attn.config.loading import build_spec, build_task, estimate_memory_bytes, flatten_config
 from attn.config.schema import Config, per_member_keys, to_dict
 from attn.model import head
 from attn.model.fast import Batch
@@ -37,11 +37,9 @@ def stack_key(config: Config) -> tuple:
 
 def members_per_stack(config: Config) -> int:
     """How many runs of this config's shape to stack: as many as fit
-    STACK_MEMORY_BYTES by their training memory, beside one initial draw (the
-    members are drawn one after another: attn.config.loading's estimates), at
-    most MAX_STACK_MEMBERS (a stack's arrays then still fit the caches), at least one."""
-    room = STACK_MEMORY_BYTES - initial_draw_bytes(config)
-    return max(1, min(MAX_STACK_MEMBERS, room // training_memory_bytes(config)))
+    STACK_MEMORY_BYTES by config.estimate_memory_bytes, at most
+    MAX_STACK_MEMBERS (a stack's arrays then still fit the caches), at least one."""
+    return max(1, min(MAX_STACK_MEMBERS, STACK_MEMORY_BYTES // estimate_memory_bytes(config)))
 
 
 def head_step_cost(config: Config) -> int:
