@@ -155,7 +155,7 @@ class Embedded:
 
     table: np.ndarray  # (*M, V, D): the sources' tables stacked
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
-    _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (use, P) -> its slots, once per P
+    _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (P, keys_first) -> _slots_for
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -169,8 +169,10 @@ class Embedded:
         """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
         rows, ids = self._flat
         looked_up = rows.take(ids[..., positions], axis=0)  # (S, *M, B, P, D)
-        out = looked_up[0]  # a fresh array's view: the other sources are added in place (a reduce over
-        for s in range(1, len(looked_up)):  # the outer axis costs twice as much at X's size), in their order
+        # the sources summed in their order, in place into a fresh array: at X's size np.add.reduce over
+        # the sources' axis takes about twice as long
+        out = looked_up[0]
+        for s in range(1, len(looked_up)):
             out += looked_up[s]
         return out
 
@@ -178,15 +180,12 @@ class Embedded:
         """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
         (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
         products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self.table.swapaxes(-1, -2)  # (*M, B P, V)
-        looked_up = products.take(self._entries(y.shape[-2]))  # (S, T, *M, B, P)
+        looked_up = products.take(self._slots_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
-        P, V = weights.shape[-2], self.table.shape[-2]
-        if ("bins", P) not in self._slots_of:
-            self._slots_of["bins", P] = _slots(self.ids, P, V)
-        binned = _binned(weights, self._slots_of["bins", P], V)  # (*M, B, P, V)
+        binned = _binned(weights, self._slots_for(weights.shape[-2], keys_first=False), self.table.shape[-2])
         products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
 
@@ -195,13 +194,14 @@ class Embedded:
         """(the table as rows (M V, D), the ids as rows of it (S, *M, B, T))."""
         return _flat_lookup(self.ids, self.table)
 
-    def _entries(self, P: int) -> np.ndarray:
-        """(S, T, *M, B, P): where entry (s, t, .., b, p) of the products with P
-        query rows per example sits in their flat (*M, B P, V) array, laid out
-        keys outermost as the scores are. Formed once per P (a step's products share it)."""
-        if ("products", P) not in self._slots_of:
-            self._slots_of["products", P] = move_axis(_slots(self.ids, P, self.table.shape[-2]), -1, 1)  # a view
-        return self._slots_of["products", P]
+    def _slots_for(self, P: int, keys_first: bool) -> np.ndarray:
+        """_slots for P query rows per example, formed once per P and layout
+        (a step's products share them): as the weights are laid out, for the
+        bins; keys first (S, T, *M, B, P), as the scores are, for the lookups."""
+        if (P, keys_first) not in self._slots_of:
+            slots = _slots(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
+            self._slots_of[P, keys_first] = move_axis(slots, -1, 1) if keys_first else slots
+        return self._slots_of[P, keys_first]
 
 
 def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
