@@ -106,10 +106,14 @@ def _ms(stats: dict) -> str:
     return f"{stats['median_ms']:.3g} ({stats['p25_ms']:.3g}–{stats['p75_ms']:.3g})"
 
 
+def _commit(result: dict) -> str:
+    return result.get("attn_commit") or "of unknown commit"
+
+
 def bench_markdown(result: dict) -> str:
     machine = result["machine"]
     lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores, attn "
-             f"{result.get('attn_commit') or 'of unknown commit'}", "",
+             f"{_commit(result)}", "",
              f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
              + ", ".join(f"{k} {v}" for k, v in result["rivals"].items()) + ".", "",
              f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
@@ -183,7 +187,7 @@ def summary_markdown(result: dict) -> str:
              _ms(s["sides"][s["fastest_rival"]]) if s["fastest_rival"] else "—", _ratio(s)]
             for t in result["timings"] for s in t["sizes"]]
     lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), attn "
-             f"{result.get('attn_commit') or 'of unknown commit'}, numpy on {machine['blas']}; "
+             f"{_commit(result)}, numpy on {machine['blas']}; "
              "step times in ms, median (interquartile range):", "",
              markdown_table(["size", "threads", "attn", "fastest rival", "its time", "attn / fastest"], rows)]
     targets = []

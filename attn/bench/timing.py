@@ -77,6 +77,16 @@ def size_config(name: str) -> Config:
     return load_config(BASE_CONFIG, SIZES[name])
 
 
+def batch_pool(task, gens, config: Config) -> list[Batch]:
+    """The BATCH_POOL batches a timed side cycles through, drawn from the run's data generator."""
+    return [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+
+
+def query_positions(spec: ModelSpec, batches: list[Batch]) -> int:
+    """How many positions carry a target in some batch of the pool: the head's queries."""
+    return int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
+
+
 def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
     """Matrix-multiply FLOPs of attn's step with its query side at
     `positions` of the T positions: twice the multiply-adds of the head's
@@ -152,7 +162,7 @@ def attn_calls(config: Config, steps: int = 3) -> dict:
     run of its own after one step (which fills the caches): numpy calls, and
     function calls of any kind. Counts, not times: the same on every machine."""
     task, spec, params, optimizer, gens = runstate.build(config)
-    batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+    batches = batch_pool(task, gens, config)
     step = attn_stepper(config, spec, params, optimizer, batches)
     step()
     functions = calls.function_calls(step, steps)
@@ -167,7 +177,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
     """Time attn and every installed rival of `frameworks` at one size (module docstring)."""
     config = size_config(name)
     task, spec, params, optimizer, gens = runstate.build(config)
-    batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+    batches = batch_pool(task, gens, config)
     steppers, skipped = {}, {}
     # The rivals run the textbook algorithm on the d_k-wide weights, also when attn carries them width-free.
     rival_spec, rival_params = spec, params
@@ -191,7 +201,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
     progress(f"{name}: timing {len(steppers)} sides in {ROUNDS} rounds")
     times = time_interleaved(work, ROUNDS)
     matmul_seconds = times.pop("matmul")
-    positions = int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
+    positions = query_positions(spec, batches)
     flops = step_flops(spec, config.train.batch_size, positions)
     sides = {side: {**spread(seconds), "loss_after": steppers[side]()} for side, seconds in times.items()}
     fastest = min((s for s in sides if s != "attn"), key=lambda s: sides[s]["median_ms"], default=None)
@@ -221,7 +231,7 @@ def width_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dic
     for d_k in WIDTHS:
         config = load_config(BASE_CONFIG, [f"model.d_k={d_k}", *WIDTH_OVERRIDES])
         task, spec, params, optimizer, gens = runstate.build(config)
-        batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+        batches = batch_pool(task, gens, config)
         steppers[f"d_k {d_k}"] = attn_stepper(config, spec, params, optimizer, batches)
         width_free[str(d_k)] = spec.width_free
     timed = timed_side_by_side(steppers, warmup, steps, "width", progress)
@@ -243,7 +253,7 @@ def subnormal_state() -> tuple[ModelSpec, dict, list[Batch]]:
     config = load_config(BASE_CONFIG, list(SUBNORMAL_OVERRIDES))
     task, spec, params, _, gens = runstate.build(config)
     params["W_out"] *= params["W_out"].dtype.type(SUBNORMAL_SCALE)
-    return spec, params, [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
+    return spec, params, batch_pool(task, gens, config)
 
 
 def subnormal_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dict:
@@ -272,8 +282,8 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
     for name in sizes:
         config = size_config(name)
         task, spec, params, _, gens = runstate.build(config)
-        batches = [task.sample(gens.data, config.train.batch_size) for _ in range(BATCH_POOL)]
-        P = int(np.arange(spec.n_positions)[rivals.pooled_target_positions(batches)].size)
+        batches = batch_pool(task, gens, config)
+        P = query_positions(spec, batches)
         association = head.choose_association(config.train.batch_size, P, spec.n_positions, spec.d_model,
                                               spec.d_k, spec.d_v, spec.width_free)
         if P == spec.n_positions or association == "projected":
