@@ -73,6 +73,8 @@ def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm, stacked: bool = 
 def per_member(value, w: np.ndarray) -> np.ndarray:
     """A scalar, or one value per member (M,), as w's dtype, shaped to
     broadcast over w (M, ...): the factor an update multiplies w's entries by."""
+    if isinstance(value, float):  # one model's: a scalar of w's dtype, rounded as the array's would be
+        return w.dtype.type(value)
     value = np.asarray(value, dtype=np.float64).astype(w.dtype)
     if value.ndim == 0:
         return value  # a 0-d array: numpy broadcasts it as a scalar, faster than a (1, 1) array
@@ -112,7 +114,7 @@ class SGD:
                 g = g + w.dtype.type(self.weight_decay) * w
             shared = (name if name in self.lr_mult else None, w.ndim, w.dtype)
             if shared not in rates:
-                rates[shared] = per_member(np.multiply(lr, self.lr_mult.get(name, 1.0)), w)
+                rates[shared] = per_member(lr * self.lr_mult.get(name, 1.0), w)  # a float, or (M,) for a stack
             step_lr = rates[shared]
             if self.momentum:
                 buf = self.state[f"momentum/{name}"]

@@ -168,3 +168,24 @@ def test_the_rule_flips_where_its_count_does():
     assert 4 * P * flip * D + pairs.MOVE_COST * 4 * S * P * T <= pairs.MOVE_COST * (S + 4 * P) * T * D
     assert 4 * P * (flip + 1) * D + pairs.MOVE_COST * 4 * S * P * T > pairs.MOVE_COST * (S + 4 * P) * T * D
     assert pairs.lookup_is_cheaper(S, 7, 10, 2, D) and not pairs.lookup_is_cheaper(S, 6, 10, 2, D), "3 P < T"
+
+
+@pytest.mark.parametrize("members", [(), (3,)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_positional_source_is_binned_as_the_weights_themselves(rng, members, dtype):
+    """The positions' bins are not counted but copied (pairs._binned's
+    positions_from): bit for bit the bins counted over every source, in the
+    products and in the embeddings' gradient, with the positions' table larger than T too."""
+    sizes = (5, 6, T + 2)
+    tables = [rng.standard_normal((*members, V, D)).astype(dtype) for V in sizes]
+    ids = np.stack([rng.integers(0, 5, (*members, B, T)), rng.integers(0, 6, (*members, B, T)),
+                    np.broadcast_to(np.arange(T), (*members, B, T))])
+    counted, counted_cache = pairs.embedding_forward(ids, tables)
+    copied, copied_cache = pairs.embedding_forward(ids, tables, positional=True)
+    assert counted.positions_from is None and copied.positions_from == 11
+    weights = rng.standard_normal((*members, B, 2, T)).astype(dtype)
+    np.testing.assert_array_equal(copied.weighted_sum(weights), counted.weighted_sum(weights))
+    dx = pairs.Factored(rng.standard_normal((*members, B, 3, T)).astype(dtype),
+                        rng.standard_normal((*members, B, 3, D)).astype(dtype))
+    for by_copy, by_count in zip(pairs.embedding_backward(dx, copied_cache), pairs.embedding_backward(dx, counted_cache)):
+        np.testing.assert_array_equal(by_copy, by_count)

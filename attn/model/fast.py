@@ -362,7 +362,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     cheaper); `buffers`: the score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
-    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec, T))  # (*M, B, T, D) Embedded
+    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec, T),
+                                             positional=spec.positional != "none")  # (*M, B, T, D) Embedded
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None

@@ -155,6 +155,7 @@ class Embedded:
 
     table: np.ndarray  # (*M, V, D): the sources' tables stacked
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
+    positions_from: int | None = None  # the last source is the position itself, from this row (embedding_forward)
     _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (P, keys_first) -> _slots_for
 
     @property
@@ -185,7 +186,8 @@ class Embedded:
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
-        binned = _binned(weights, self._slots_for(weights.shape[-2], keys_first=False), self.table.shape[-2])
+        binned = _binned(weights, self._slots_for(weights.shape[-2], keys_first=False), self.table.shape[-2],
+                         self.positions_from)
         products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
 
@@ -198,9 +200,10 @@ class Embedded:
         """_slots for P query rows per example, formed once per P and layout
         (a step's products share them): as the weights are laid out, for the
         bins; keys first (S, T, *M, B, P), as the scores are, for the lookups."""
-        if (P, keys_first) not in self._slots_of:
-            slots = _slots(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
-            self._slots_of[P, keys_first] = move_axis(slots, -1, 1) if keys_first else slots
+        if (P, False) not in self._slots_of:
+            self._slots_of[P, False] = _slots(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
+        if keys_first and (P, True) not in self._slots_of:
+            self._slots_of[P, True] = move_axis(self._slots_of[P, False], -1, 1)  # (S, T, *M, B, P)
         return self._slots_of[P, keys_first]
 
 
@@ -210,15 +213,23 @@ def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
     return ids[..., None, :] + _row_bins(ids.shape[1:-1], R, V)
 
 
-def _binned(weights: np.ndarray, slots: np.ndarray, V: int) -> np.ndarray:
+def _binned(weights: np.ndarray, slots: np.ndarray, V: int, positions_from: int | None = None) -> np.ndarray:
     """weights (*M, B, R, T) summed into the V rows of a table, (*M, B, R, V):
     out[.., r, v] = sum of weights[.., r, t] over the (s, t) whose id is v, at
     `slots` (_slots). One np.bincount over every (source, example, row,
     position), accumulated in float64, then the weights' dtype: a batch of
-    tiny products would cost more."""
-    spread = weights[None].repeat(len(slots), axis=0)  # (S, *M, B, R, T)
-    binned = np.bincount(slots.ravel(), spread.ravel(), slots[0, ..., 0].size * V)  # (*M B R V,)
-    return binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
+    tiny products would cost more. A positional last source (`positions_from`:
+    its first row) is not binned: position t adds weights[.., r, t] to row
+    positions_from + t alone, so its T columns are the weights themselves,
+    as the bincount would have made them."""
+    if positions_from is not None:
+        slots = slots[:-1]  # (S - 1, *M, B, R, T): the other sources
+    spread = weights if len(slots) == 1 else weights[None].repeat(len(slots), axis=0)  # (S, *M, B, R, T)
+    binned = np.bincount(slots.ravel(), spread.ravel(), weights[..., 0].size * V)  # (*M B R V,)
+    binned = binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
+    if positions_from is not None:
+        binned[..., positions_from:positions_from + weights.shape[-1]] = weights
+    return binned
 
 
 # What one entry gathered, looked up, binned or streamed through a matrix-vector
@@ -245,20 +256,23 @@ def lookup_is_cheaper(S: int, T: int, V: int, P: int, D: int) -> bool:
     return keep_factored(T, P) and 4 * P * V * D + MOVE_COST * 4 * S * P * T <= formed
 
 
-def embedding_forward(ids: np.ndarray, tables: list[np.ndarray]):
+def embedding_forward(ids: np.ndarray, tables: list[np.ndarray], positional: bool = False):
     """Look up and sum rows of several tables: out = sum_s tables[s][ids[s]],
     for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D):
     X as Embedded (*M, ..., D), formed by its consumers as they need it.
 
     The tables are looked up as one, stacked (*M, V, D) with V = sum V_s, so
     that the lookup is one take and the backward one product for them all. A
-    table may be shared by the members ((V_s, D) in a stack: fixed positions)."""
+    table may be shared by the members ((V_s, D) in a stack: fixed positions).
+    `positional`: the last source's ids are each position's own index
+    (0..T-1, ids (S, *M, B, T)), which the binnings need not count (_binned)."""
     sizes = tuple(table.shape[-2] for table in tables)
     lead = tables[0].shape[:-2]  # (*M,): a field's table has the members'
     tables = [table if table.ndim == len(lead) + 2 else np.broadcast_to(table, (*lead, *table.shape)) for table in tables]
     table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
     stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
-    return Embedded(table, stacked), (stacked, table.shape, sizes)
+    positions_from = sum(sizes[:-1]) if positional else None
+    return Embedded(table, stacked, positions_from), (stacked, table.shape, sizes, positions_from)
 
 
 @lru_cache(maxsize=32)
@@ -291,10 +305,10 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
     the stacked table (_binned), (B, R, V), times R, and dout is never formed.
     """
-    ids, shape, sizes = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
+    ids, shape, sizes, positions_from = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
     V, lead = shape[-2], shape[:-2]
     if isinstance(dout, Factored):
-        binned = _binned(dout.left, _slots(ids, dout.left.shape[-2], V), V)  # (*M, B, R, V)
+        binned = _binned(dout.left, _slots(ids, dout.left.shape[-2], V), V, positions_from)  # (*M, B, R, V)
         dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
