@@ -50,7 +50,7 @@ def row_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | 
 
 def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None, n_total: int) -> dict:
     _, cache = reference.forward(params, spec, batch, buffers)
-    *_, dS = reference.backward_to_scores(cache, spec)  # (B, T, T): each row's score gradient
+    dS = reference.backward_to_scores(cache, spec)[3]  # (B, T, T): each row's score gradient
     rows = batch.target_mask  # (B, T)
     share = spec.score_scale * int(rows.sum()) / n_total  # s, and the chunk's loss as a share of the batch's
     X, Q, K, A = cache["X"], cache["Q"], cache["K"], cache["A"]  # (B, T, D), (B, T, d_k), (B, T, d_k), (B, T, T)

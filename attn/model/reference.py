@@ -82,24 +82,22 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     return loss, cache
 
 
-def backward_to_scores(cache, spec: ModelSpec) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+def backward_to_scores(cache, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
     """The chain rule from the loss down to the scores (the first half of
-    `backward`): (the gradients reached so far, of W_out, b_out, W_o and a
-    score mode's own parameters; dH; dV; dS, the gradient of S = s Q K^T
-    before the mode's map of it)."""
+    `backward`), with no weight's gradient on the way (attn.model.mechanism
+    needs none): (dlogits; dH; dV; dS, the gradient of S = s Q K^T before the
+    mode's map of it; the gradients of a score mode's own parameters)."""
     p, batch = cache["params"], cache["batch"]
     onehot = np.eye(spec.n_classes)[np.where(batch.target_mask, batch.targets, 0)]  # (B, T, C); see forward
     dlogits = (cache["probs"] - onehot) * batch.target_mask[..., None] / cache["n_targets"]
-    grads = {"W_out": np.einsum("btd,btc->dc", cache["H"], dlogits), "b_out": dlogits.sum(axis=(0, 1))}
     dH = dlogits @ p["W_out"].T
-    grads["W_o"] = np.einsum("btv,btd->vd", cache["C"], dH)
     dC = dH @ p["W_o"].T
     A = cache["A"]
     dA = dC @ cache["V"].transpose(0, 2, 1)
     dV = A.transpose(0, 2, 1) @ dC
     dS = A * (dA - (dA * A).sum(axis=-1, keepdims=True))
     dS, mode_grads = scores.transform_backward(dS, cache["transform"])  # the gradient of S = s Q K^T
-    return {**grads, **mode_grads}, dH, dV, dS
+    return dlogits, dH, dV, dS, mode_grads
 
 
 def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
@@ -117,12 +115,14 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
 
     with a score mode's map of S, norm of Q and K, or reparametrisation of
     W_q and W_k undone at its place in that chain (attn.model.scores' backwards).
-    The first five lines are backward_to_scores.
+    The first five lines are backward_to_scores, but for the weights' gradients.
     """
     p, batch = cache["params"], cache["batch"]
     X, Q, K = cache["X"], cache["Q"], cache["K"]
     s = spec.score_scale
-    grads, dH, dV, dS = backward_to_scores(cache, spec)
+    dlogits, dH, dV, dS, grads = backward_to_scores(cache, spec)
+    grads.update(W_out=np.einsum("btd,btc->dc", cache["H"], dlogits), b_out=dlogits.sum(axis=(0, 1)),
+                 W_o=np.einsum("btv,btd->vd", cache["C"], dH))
     dQ = s * dS @ K
     dK = s * dS.transpose(0, 2, 1) @ Q
     if cache["norms"] is not None:
