@@ -36,8 +36,9 @@ def squared_norm(a: np.ndarray) -> float:
     """sum(a**2) accumulated in float64 by numpy's pairwise summation: float32
     arrays neither overflow nor lose precision, and unlike np.vdot (a BLAS dot)
     the result does not depend on the number of BLAS threads."""
-    a64 = a.astype(np.float64, copy=False)
-    return float(np.sum(a64 * a64))
+    a64 = np.asarray(a, dtype=np.float64)  # a copy unless a is float64 already (an array or a scalar)
+    squares = np.multiply(a64, a64, out=a64 if a64 is not a else None)  # in place when asarray copied
+    return float(np.add.reduce(squares, axis=None))  # np.sum's own reduction, without its wrapper
 
 
 def squared_norms(a: np.ndarray) -> np.ndarray:
