@@ -1,6 +1,7 @@
 """Results for people, generated: every number comes from a report.json.
 
     attn publish [NAME ...]        (make publish)
+    attn publish --text-only       (the text alone, from what is published)
 
 For each experiment with a report in runs/<name>/ (default: every
 experiments/*.yaml that has one): its report, CSV, JSON and figures are
@@ -36,10 +37,12 @@ import json
 import os
 import re
 import shutil
+from functools import lru_cache
 from pathlib import Path
 
 from attn.bench.suite import summary_markdown
-from attn.experiment import verify
+from attn.experiment import report_spec, verify
+from attn.experiment.spec import load_experiment
 from attn.report import experiment_report
 from attn.store import runs
 from attn.text import and_list
@@ -106,19 +109,45 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
         for suffix in (".json", ".md"):
             _copy(benches[-1].with_suffix(suffix), staged / f"bench{suffix}")
             written.append(RESULTS / f"bench{suffix}")
-    reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(staged.glob("*/report.json"))}
-    experiments_text = experiments_readme(reports, staged)
-    readme = REPO / "README.md"
-    text = readme.read_text()
-    if HEADLINE in reports:
-        text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports, staged))
-    if benches:
-        text = with_block(text, BENCH_BEGIN, BENCH_END, summary_markdown(json.loads(benches[-1].read_text())))
+    reports = _reports(staged)
+    experiments_text, text = _texts(reports, staged, json.loads(benches[-1].read_text()) if benches else None)
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
+    return written + _write_texts(experiments_text, text)
+
+
+def publish_text() -> list[Path]:
+    """experiments/README.md and README.md's generated blocks written afresh from the results already
+    published (experiments/results/), copying nothing: after a change to how the text is generated, or
+    to an experiment file's design, which the text compares its results with. The paths written."""
+    _recover(RESULTS)
+    reports = _reports(RESULTS)
+    if not reports:
+        raise runs.RunError(f"{RESULTS}: no published report to write the text from")
+    bench = RESULTS / "bench.json"
+    return _write_texts(*_texts(reports, RESULTS, json.loads(bench.read_text()) if bench.exists() else None))
+
+
+def _reports(results: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+
+
+def _texts(reports: dict[str, dict], results: Path, bench: dict | None) -> tuple[str, str]:
+    """(experiments/README.md, README.md) as generated from these reports, their verifications and the bench."""
+    text = (REPO / "README.md").read_text()
+    if HEADLINE in reports:
+        text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports, results))
+    if bench is not None:
+        text = with_block(text, BENCH_BEGIN, BENCH_END, summary_markdown(bench))
+    return experiments_readme(reports, results), text
+
+
+def _write_texts(experiments_text: str, readme_text: str) -> list[Path]:
+    """Each written atomically, README.md only if it changed; the paths written."""
+    readme = REPO / "README.md"
     runs.write_atomic(REPO / "experiments" / "README.md", experiments_text.encode())
-    written.append(REPO / "experiments" / "README.md")
-    if text != readme.read_text():
-        runs.write_atomic(readme, text.encode())
+    written = [REPO / "experiments" / "README.md"]
+    if readme_text != readme.read_text():
+        runs.write_atomic(readme, readme_text.encode())
         written.append(readme)
     return written
 
@@ -197,7 +226,10 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def verdict_lines(report: dict) -> list[str]:
-    return [f"- **{e['verdict']}** — {e['claim']} ({_claim_id(e)})" for e in report["expectations"]]
+    return [f"- **{e['verdict']}** — {e['claim']} "
+            + (f"(`{e['id']}`; edited after runs of its seeds had been seen, so not an independent test: "
+               f"{e['edited_after_runs']})" if e.get("edited_after_runs") else f"({_claim_id(e)})")
+            for e in report["expectations"]]
 
 
 def verdict_summary(report: dict) -> str:
@@ -209,9 +241,24 @@ def verdict_summary(report: dict) -> str:
 
 
 def _claim_id(expectation: dict) -> str:
-    """`id`, and how it stands to the claims frozen before the runs unless as frozen (changed, added after the runs began)."""
+    """`id`, and how it stands to the claims frozen before the runs unless as frozen (changed, added after the
+    runs began), or that it was edited after runs of its seeds had been seen (its file's edited_after_runs)."""
     frozen = expectation.get("frozen")
-    return f"`{expectation['id']}`" + ("" if frozen in (None, "as frozen") else f" ({frozen})")
+    said = ("edited after its runs" if expectation.get("edited_after_runs")
+            else "" if frozen in (None, "as frozen") else frozen)
+    return f"`{expectation['id']}`" + (f" ({said})" if said else "")
+
+
+def with_claim_history(reports: dict[str, dict], changes: dict[str, str]) -> dict[str, dict]:
+    """The reports, each claim of a report of its file's current design given the edited_after_runs its file
+    declares for it now (a history the report, made before it was written down, may lack)."""
+    annotated = {}
+    for name, report in reports.items():
+        path = REPO / "experiments" / f"{name}.yaml"
+        edited = {} if name in changes or not path.exists() else dict(_file_design(path, path.stat().st_mtime_ns)[2])
+        annotated[name] = {**report, "expectations": [{**e, "edited_after_runs": edited[e["id"]]} if e["id"] in edited
+                                                      else e for e in report["expectations"]]}
+    return annotated
 
 
 def code_states_said(report: dict) -> str:
@@ -225,6 +272,44 @@ def code_states_said(report: dict) -> str:
     if len(states) <= 1:
         return "runs from uncommitted or unrecorded code" if unclean else ""
     return f"runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded" if unclean else "")
+
+
+def design_changes(reports: dict[str, dict]) -> dict[str, str]:
+    """Each published experiment whose file now asks for other runs than its report is of (another count),
+    or judges them by other claims or seeds (another digest of its claims record, where the report has
+    one): what differs, in words. The published text then says its results are of an earlier design."""
+    changed = {}
+    for name, report in reports.items():
+        path = REPO / "experiments" / f"{name}.yaml"
+        if not path.exists():
+            changed[name] = f"experiments/{name}.yaml is gone"
+            continue
+        runs_now, digest_now, _ = _file_design(path, path.stat().st_mtime_ns)
+        differs = [f"{runs_now} runs, not {report['runs']}"] if runs_now != report["runs"] else []
+        digest = (report.get("claims") or {}).get("digest")
+        if digest is not None and digest != digest_now:
+            differs.append("other claims or seeds")
+        if differs:
+            changed[name] = f"experiments/{name}.yaml now asks for {', and '.join(differs)}"
+    return changed
+
+
+@lru_cache(maxsize=64)
+def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, tuple[tuple[str, str], ...]]:
+    """(the file's run count, its claims record's digest, each claim's edited_after_runs where it has one),
+    read once per version of the file."""
+    experiment = load_experiment(path, runs_dir=str(path.parent / "runs"))
+    record = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
+    edited = tuple((e.id, e.edited_after_runs) for e in experiment.report.expect if e.edited_after_runs)
+    return len(experiment.cells), record["digest"], edited
+
+
+def design_said(name: str, changes: dict[str, str]) -> str:
+    """'' for a report of the file's design; else a sentence saying it is of an earlier one."""
+    if name not in changes:
+        return ""
+    return (f"These are the runs of an earlier design of the file ({changes[name]}); the results of its "
+            f"design now wait for a re-run (`attn sweep experiments/{name}.yaml`).")
 
 
 def _verification(name: str, results: Path | None = None) -> dict | None:
@@ -263,8 +348,11 @@ def verification_line(name: str, results: Path | None = None) -> str:
             f"{unchanged} ([verify.md](results/{name}/verify.md)).")
 
 
-def experiments_readme(reports: dict[str, dict], results: Path | None = None) -> str:
-    """experiments/README.md: every experiment's findings, from its report.json."""
+def experiments_readme(reports: dict[str, dict], results: Path | None = None, changes: dict[str, str] | None = None) -> str:
+    """experiments/README.md: every experiment's findings, from its report.json; where its file's design
+    has changed since (`changes`, design_changes by default), it says so."""
+    changes = design_changes(reports) if changes is None else changes
+    reports = with_claim_history(reports, changes)
     order = [HEADLINE, *sorted(n for n in reports if n != HEADLINE)]
     text = ["# Experiment results", "",
             "Generated by `make publish` from each experiment's `report.json` (in `results/<name>/`, with its full "
@@ -277,7 +365,10 @@ def experiments_readme(reports: dict[str, dict], results: Path | None = None) ->
         text += [f"## {name}", "", report["description"], "",
                  f"{report['runs']} runs; made with attn {', '.join(platform.get('attn_commit', []))} on "
                  f"{', '.join(platform.get('cpu', []))}, {', '.join(platform.get('blas', []))}, "
-                 f"{', '.join(platform.get('dtype', []))}.", "", report["headline"], ""]
+                 f"{', '.join(platform.get('dtype', []))}.", ""]
+        if name in changes:
+            text += [design_said(name, changes), ""]
+        text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
         text += [verification_line(name, results), ""]
         figures = sorted(p.name for p in ((results or RESULTS) / name).glob("*.png"))
@@ -288,28 +379,40 @@ def experiments_readme(reports: dict[str, dict], results: Path | None = None) ->
     return "\n".join(text)
 
 
-def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
+def results_block(reports: dict[str, dict], results: Path | None = None, changes: dict[str, str] | None = None) -> str:
     """README's results block, inside its markers: the headline's figure,
     paragraph, verdicts and verification; then, when it has a report, the
     comparison of the score modes: its paragraph, figure and verification
     (its sensitivity table is in experiments/README.md), and the verdicts of
     the same modes at width; then one line of verdicts for each boundary
-    experiment published."""
+    experiment published. A report of an earlier design of its file (`changes`, design_changes by
+    default) says so."""
+    changes = design_changes(reports) if changes is None else changes
+    reports = with_claim_history(reports, changes)
+
+    def provenance(name: str) -> str:
+        return "; ".join(filter(None, [code_states_said(reports[name]),
+                                       "an earlier design of the file, re-run pending" if name in changes else ""]))
+
     headline = reports[HEADLINE]
     lines = ["", f"![the headline](experiments/results/{HEADLINE}/headline.png)", "", headline["headline"], ""]
     lines += verdict_lines(headline) + [""]
     lines += [verification_line(HEADLINE, results).replace("(results/", "(experiments/results/"), ""]
+    if HEADLINE in changes:
+        lines += [design_said(HEADLINE, changes), ""]
     if COMPARISON in reports:
         comparison = reports[COMPARISON]
-        said = code_states_said(comparison)
+        said = provenance(COMPARISON)
         lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{'; ' + said if said else ''}). "
                   f"{comparison['headline']}", "",
                   f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
                   ""]
         lines += [verification_line(COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
     if WIDE_COMPARISON in reports:
+        said = provenance(WIDE_COMPARISON)
         lines += [f"**The fixes at width** ([`{WIDE_COMPARISON}`](experiments/results/{WIDE_COMPARISON}/report.md), "
-                  f"the modes that run width-free, to d_k 2^20): {verdict_summary(reports[WIDE_COMPARISON])}", ""]
+                  f"the modes that run width-free, to d_k 2^20{'; ' + said if said else ''}): "
+                  f"{verdict_summary(reports[WIDE_COMPARISON])}", ""]
         lines += [verification_line(WIDE_COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
     numbered = {name: BOUNDARY.match(report.get("description", "").strip()) for name, report in reports.items()}
     published = sorted((name for name, found in numbered.items() if found), key=lambda n: int(numbered[n].group(1)))
@@ -317,7 +420,7 @@ def results_block(reports: dict[str, dict], results: Path | None = None) -> str:
         lines += ["**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in "
                   "its report):", ""]
         for name in published:
-            said = code_states_said(reports[name])
+            said = provenance(name)
             result = _verification(name, results)
             flips = ("; not yet verified" if result is None else
                      f"; re-runs differ: {flips_said(result)}" if not result["agree"] else "")

@@ -19,6 +19,16 @@ def facts_in(line: str, *facts: str) -> bool:
     return True
 
 
+def write_experiment_file(repo, name: str, runs: int = 4) -> None:
+    """repo/experiments/<name>.yaml: an experiment of `runs` runs (seeds) on a tiny base config, and no claims,
+    the design a published report of that many runs without a claims record is compared with."""
+    (repo / "configs").mkdir(parents=True, exist_ok=True)
+    (repo / "configs" / "tiny.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    (repo / "experiments").mkdir(parents=True, exist_ok=True)
+    (repo / "experiments" / f"{name}.yaml").write_text(
+        f"name: {name}\nbase: ../configs/tiny.yaml\ngrid: {{optim.lr: [0.1]}}\nseeds: {list(range(runs))}\n")
+
+
 def billion_laughs(levels: int = 9) -> str:
     """A YAML alias bomb: `seed` expands to 9**(levels + 1) strings."""
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']

@@ -7,6 +7,7 @@ told."""
 import json
 
 import pytest
+from helpers import write_experiment_file
 from test_publish import report as fake_report
 from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan
 
@@ -94,7 +95,7 @@ def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted
 
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
-    (repo / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
+    write_experiment_file(repo, "sqrt_dk")
     (repo / "README.md").write_text(f"{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n")
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")

@@ -171,3 +171,28 @@ def test_sensitivity_without_a_best_of_says_what_is_missing(tmp_path):
                                     "report": {"x": "model.d_k", "sensitivity": True}}))
     with pytest.raises(ConfigError, match="sensitivity: got true without a best_of; expected a best_of"):
         experiments.load_experiment(path, str(tmp_path / "runs"))
+
+
+CLAIM = {"id": "sgd-learns", "claim": "SGD learns", "stat": "success_rate", "arm": SQRT_SGD, "above": 0.5}
+
+
+def test_a_claims_history_is_read_beside_it_and_leaves_its_rule_and_digest_as_they_were(tmp_path):
+    from attn.experiment import report_spec
+
+    def loaded(claim):
+        experiment = experiments.load_experiment(write(tmp_path, report={**LAYOUT, "expect": [claim]}), runs_dir=str(tmp_path))
+        return experiment, report_spec.claims_record(experiment.report, set(SEEDS))["digest"]
+
+    plain, digest = loaded(CLAIM)
+    edited, edited_digest = loaded({**CLAIM, "edited_after_runs": "weakened from 0.7 after the runs of abc1234"})
+    assert plain.report.expect[0].edited_after_runs == ""
+    assert edited.report.expect[0].edited_after_runs == "weakened from 0.7 after the runs of abc1234"
+    assert edited_digest == digest  # the history is not the rule: no claim changed, nothing re-frozen
+
+
+@pytest.mark.parametrize("value", ["", "  ", ["a list"], 3, "two\nlines"])
+def test_a_claims_history_that_is_not_one_line_is_refused_naming_the_field(tmp_path, value):
+    path = write(tmp_path, report={**LAYOUT, "expect": [{**CLAIM, "edited_after_runs": value}]})
+    with pytest.raises(ConfigError) as caught:
+        experiments.load_experiment(path, runs_dir=str(tmp_path))
+    assert facts_in(str(caught.value), "expect[0]", "edited_after_runs", "one line")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import write_experiment_file
 
 from attn import publish
 from attn.store import runs
@@ -73,7 +74,7 @@ def published(tmp_path_factory):
     old_repo = root / "old"
     (old_repo / "experiments").mkdir(parents=True)
     for name in ("sqrt_dk", "scores"):
-        (old_repo / "experiments" / f"{name}.yaml").write_text(f"name: {name}\n")
+        write_experiment_file(old_repo, name)
     (old_repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n"
                                         f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n")
     (old_repo / "experiments" / "results").mkdir()

@@ -7,7 +7,7 @@ import re
 import subprocess
 
 import pytest
-from helpers import facts_in
+from helpers import facts_in, write_experiment_file
 
 from attn import publish
 from attn.config.yamlio import ConfigError
@@ -35,7 +35,7 @@ def verifiable(experiment, verdicts: dict) -> dict:
 def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
-    (repo / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
+    write_experiment_file(repo, "sqrt_dk")
     readme = f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n"
     (repo / "README.md").write_text(readme)
     monkeypatch.setattr(publish, "REPO", repo)
@@ -71,7 +71,7 @@ def test_publish_refuses_a_verification_without_its_json(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "REPO", tmp_path / "repo")
     monkeypatch.setattr(publish, "RESULTS", tmp_path / "repo" / "experiments" / "results")
     (tmp_path / "repo" / "experiments").mkdir(parents=True)
-    (tmp_path / "repo" / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
+    write_experiment_file(tmp_path / "repo", "sqrt_dk")
     (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({"a": "confirmed"}))
     (tmp_path / "runs" / "verify").mkdir()
@@ -99,7 +99,7 @@ def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anythi
     monkeypatch.setattr(publish, "REPO", tmp_path)
     monkeypatch.setattr(publish, "RESULTS", tmp_path / "experiments" / "results")
     (tmp_path / "experiments").mkdir()
-    (tmp_path / "experiments" / "real.yaml").write_text("name: real\n")
+    write_experiment_file(tmp_path, "real")
     for name in ("../outside", "stray"):
         (tmp_path / "runs" / name).mkdir(parents=True, exist_ok=True)
         (tmp_path / "runs" / name / "report.json").write_text(json.dumps(report({})))
@@ -127,7 +127,7 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     (repo / "README.md").write_text(readme)
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
-    (repo / "experiments" / "sqrt_dk.yaml").write_text("name: sqrt_dk\n")
+    write_experiment_file(repo, "sqrt_dk")
     (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
     bench = tmp_path / "runs" / "bench"
@@ -239,21 +239,21 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
 
 def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
     headline = report({"a": "confirmed"}, headline="The headline paragraph.")
-    alone = publish.results_block({"sqrt_dk": headline})
+    alone = publish.results_block({"sqrt_dk": headline}, changes={})
     assert "The headline paragraph." in alone and "Which fix does what" not in alone
     scores = {**report({}, headline="Which mode learned where."), "sensitivity_table": "| arm | d_k = 16 |\n|---|---|"}
-    both = publish.results_block({"sqrt_dk": headline, "scores": scores})
+    both = publish.results_block({"sqrt_dk": headline, "scores": scores}, changes={})
     assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
     assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
     wide = publish.results_block({"sqrt_dk": headline, "scores": scores,
-                                  "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})})
+                                  "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})}, changes={})
     assert wide.index("Which mode learned where.") < wide.index("**The fixes at width**")
     assert "confirmed: `w-a`; not confirmed: `w-b`" in wide
     boundary = {**report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
                 "description": "Where the claim stops holding, 7: the query's own position."}
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
     with_boundary = publish.results_block({"sqrt_dk": headline, "mask_self": boundary, "width": earlier,
-                                           "lengths": report({"l": "confirmed"})})
+                                           "lengths": report({"l": "confirmed"})}, changes={})
     lines = [x for x in with_boundary.splitlines() if x.startswith("- [`")]
     assert [x.split("`")[1] for x in lines] == ["width", "mask_self"]  # by their number; lengths is none
     assert lines[1].endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
@@ -492,7 +492,7 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     assert publish.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}}) == \
         "runs from uncommitted or unrecorded code"
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
-    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed})
+    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, changes={})
     assert "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or " \
            "unrecorded): confirmed: `a`" in block
 
@@ -509,5 +509,63 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
     assert f"some verdicts differ ({flips})" in publish.verification_line("edge", tmp_path)
     edge = {**report({"a": "confirmed", "b": "inconclusive"}),
             "description": "Where the claim stops holding, 1: what it tests", "code_states": {"abc1234": 4}}
-    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path)
+    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path, changes={})
     assert f"confirmed: `a`; inconclusive: `b`; re-runs differ: {flips}" in block
+
+
+def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design_now_does_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "REPO", tmp_path)
+    write_experiment_file(tmp_path, "sqrt_dk", runs=4)
+    write_experiment_file(tmp_path, "edge", runs=6)
+    edge = {**report({"e": "confirmed"}), "description": "Where the claim stops holding, 1: an edge."}
+    reports = {"sqrt_dk": report({"h": "confirmed"}), "edge": edge, "gone": report({"g": "confirmed"})}
+    changes = publish.design_changes(reports)
+    assert set(changes) == {"edge", "gone"} and facts_in(changes["edge"], "edge.yaml", "6 runs, not 4")
+    digested = {**report({"h": "confirmed"}), "claims": {"digest": "0" * 64}}  # claims other than the file's now
+    assert facts_in(publish.design_changes({"sqrt_dk": digested})["sqrt_dk"], "other claims or seeds")
+    block, text = publish.results_block(reports, tmp_path), publish.experiments_readme(reports, tmp_path)
+    edge_line = next(line for line in block.splitlines() if line.startswith("- [`edge`]"))
+    assert "an earlier design of the file, re-run pending" in edge_line
+    assert facts_in(text.split("## edge")[1], "earlier design", "6 runs, not 4", "attn sweep experiments/edge.yaml")
+    assert "earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
+
+
+def test_a_claim_its_file_says_was_edited_after_its_runs_is_marked_wherever_its_verdict_is_published(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "REPO", tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    (tmp_path / "experiments").mkdir()
+    claim = {"id": "a", "claim": "claim a", "stat": "success_rate", "arm": {"model.scale": "sqrt"}, "above": 0.5,
+             "edited_after_runs": "weakened from 0.9 after the runs of abc1234"}
+    (tmp_path / "experiments" / "sqrt_dk.yaml").write_text(json.dumps(
+        {"name": "sqrt_dk", "base": "../configs/tiny.yaml", "grid": {"model.d_k": [8], "model.scale": ["sqrt"]},
+         "seeds": [0, 1, 2, 3], "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}}))
+    reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
+    assert publish.design_changes(reports) == {}
+    block = publish.results_block(reports, tmp_path)
+    assert facts_in(block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234")
+    assert "- **inconclusive** — claim b (`b`)" in block
+    annotated = publish.with_claim_history(reports, {})["sqrt_dk"]
+    assert publish.verdict_summary(annotated) == "confirmed: `a` (edited after its runs); inconclusive: `b`"
+    assert "edited after" not in publish.verdict_summary(publish.with_claim_history(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"])
+
+
+def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
+    from attn import cli
+
+    repo = tmp_path / "repo"
+    write_experiment_file(repo, "sqrt_dk")
+    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\nold\n{publish.RESULTS_END}\n")
+    monkeypatch.setattr(publish, "REPO", repo)
+    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    (repo / "experiments" / "results" / "sqrt_dk").mkdir(parents=True)
+    runs.write_json(repo / "experiments" / "results" / "sqrt_dk" / "report.json",
+                    report({"a": "confirmed"}, headline="The published paragraph."))
+    before = sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*"))
+    assert cli.main(["publish", "--text-only"]) == 0
+    assert sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*")) == before
+    assert "The published paragraph." in (repo / "README.md").read_text()
+    assert "The published paragraph." in (repo / "experiments" / "README.md").read_text()
+    capsys.readouterr()
+    assert cli.main(["publish", "--text-only", "sqrt_dk"]) == 2
+    assert facts_in(capsys.readouterr().err, "--text-only", "sqrt_dk", "NAME")

@@ -8,6 +8,7 @@ from fractions import Fraction
 from itertools import combinations
 
 import pytest
+from helpers import facts_in
 from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan, write_run
 
 from attn.analysis import stats
@@ -175,7 +176,8 @@ CLAIMS = [
     {"id": "faster-64", "stat": "median_time", "arm": SQRT, "better_than": NONE, "where": {"model.d_k": [64]}},
     {"id": "faster-64-interval", "stat": "median_time", "arm": SQRT, "better_than": NONE,
      "where": {"model.d_k": [64]}, "test": "interval"},
-    {"id": "wrong-way-64", "stat": "success_rate", "arm": NONE, "better_than": SQRT, "where": {"model.d_k": [64]}},
+    {"id": "wrong-way-64", "stat": "success_rate", "arm": NONE, "better_than": SQRT, "where": {"model.d_k": [64]},
+     "edited_after_runs": "turned around after the runs of abc1234"},
 ]
 
 
@@ -213,6 +215,16 @@ def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(teste
     assert point["other_low"] == 100 and point["effect"]["value"] == pytest.approx(20 / 100)  # the budget
     line = next(x for x in tested.md.splitlines() if x.startswith("- **stalls-less-64**"))
     assert "exact McNemar test on the seeds both arms ran, one-sided, Holm-corrected" in line
+
+
+def test_a_claim_edited_after_its_runs_says_so_in_the_report_and_its_paragraph(tested):
+    assert tested.expectation("wrong-way-64")["edited_after_runs"] == "turned around after the runs of abc1234"
+    assert "edited_after_runs" not in tested.expectation("faster-64")
+    lines = tested.md.splitlines()
+    i = next(n for n, x in enumerate(lines) if x.startswith("- **wrong-way-64**"))
+    assert any(facts_in(x, "edited after runs", "not an independent test", "turned around after the runs of abc1234")
+               for x in lines[i + 1:i + 4] if "edited" in x)
+    assert "(`wrong-way-64`, not frozen, edited after its runs)" in tested.data["headline"]
 
 
 def test_a_median_not_reached_is_above_the_budget_and_loses_to_one_reached(tested):

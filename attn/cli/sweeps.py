@@ -303,7 +303,12 @@ def variant_list(text: str) -> tuple[str, ...]:
 def cmd_publish(args) -> int:
     from attn import publish
 
-    for path in publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed):
+    if args.text_only and args.names:
+        raise UsageError(f"publish: --text-only: got the experiments {', '.join(args.names)}; it writes the text of "
+                         "every published one and copies none, so it takes no NAME")
+    written = (publish.publish_text() if args.text_only else
+               publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed))
+    for path in written:
         print(path)
     return EXIT_OK
 
@@ -363,4 +368,7 @@ def add_commands(sub) -> None:
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
     p.add_argument("--allow-mixed", action="store_true",
                    help="publish reports whose runs come from several code states or uncommitted code (they say so)")
+    p.add_argument("--text-only", action="store_true",
+                   help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
+                        "results already published (after a change to an experiment file or to how the text is made)")
     p.set_defaults(func=cmd_publish)

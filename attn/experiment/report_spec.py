@@ -38,7 +38,8 @@ DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
 # stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.analysis.results)
 STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
          "final_loss": False, "lr_sensitivity": False}
-EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at", "test")
+EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at", "test",
+                    "edited_after_runs")
 RATES = ("success_rate", "stall_rate", "divergence_rate")
 # test -> the stats it can judge a better_than claim on; `interval` judges every claim
 TESTS = {"mcnemar": RATES, "fisher": RATES, "sign": ("median_time",), "interval": tuple(STATS)}
@@ -59,6 +60,10 @@ class Expectation:
     above: float | None = None
     below: float | None = None
     test: str = "interval"  # a key of TESTS: mcnemar, fisher, sign (better_than only) or interval
+    # what was edited after runs of its seeds had been seen, and where: a claim's history, which a re-run that
+    # freezes the edited claim anew would otherwise hide; the reports and the published text mark it. Not part
+    # of the claim's rule (expectation_text), so declaring it changes no verdict and no digest
+    edited_after_runs: str = ""
 
 
 @dataclass(frozen=True)
@@ -397,8 +402,12 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
     if test not in accepted:
         raise ConfigError(f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
                           f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}")
+    edited = entry.get("edited_after_runs", "")
+    if "edited_after_runs" in entry and (not isinstance(edited, str) or not edited.strip() or "\n" in edited.strip()):
+        raise ConfigError(f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
+                          "edited after which runs")
     return Expectation(entry["id"], str(entry["claim"]), entry["stat"], arm, at, tuple(checked_where), better_than,
-                       bound.get("above"), bound.get("below"), test)
+                       bound.get("above"), bound.get("below"), test, edited.strip())
 
 
 def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> tuple:

@@ -240,7 +240,8 @@ def headline(judged: list[dict], layout: Layout, scope_text: str) -> str:
         how = ("by 95% intervals" if test == "interval"
                else f"by {'an exact McNemar' if test == 'mcnemar' else 'a sign' if test == 'sign' else 'Fisher' + chr(39) + 's exact'} "
                     f"test, Holm-adjusted p {_number(j.get('p_holm'))} at level {_number(j.get('alpha'))}")
-        frozen = "" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}"
+        frozen = ("" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}") \
+            + (", edited after its runs" if j.get("edited_after_runs") else "")
         text.append(f"{j['claim'][:1].upper() + j['claim'][1:]} (`{j['id']}`{frozen}): {j['verdict']} {how} "
                     f"({_evidence(j, layout)}).")
     counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}

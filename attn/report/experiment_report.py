@@ -364,6 +364,10 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
                        else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
+    edited = {e.id: e.edited_after_runs for e in experiment.report.expect if e.edited_after_runs}
+    for j in judged:
+        if j["id"] in edited:
+            j["edited_after_runs"] = edited[j["id"]]
     stalls = {key: stall_mechanism([s for c in group for s in c.seeds]) for key, group in groups(cells, layout).items()}
     steps = sorted({int(step) for c in cells for s in c.seeds for step in s.mechanism})
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
@@ -454,6 +458,8 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
         lines.append(f"  - changed after the runs began; as frozen: {j['frozen_text']}")
     elif j.get("frozen") == "added after the runs began":
         lines.append("  - added after the runs began: not among the claims frozen when the sweep first started")
+    if j.get("edited_after_runs"):
+        lines.append(f"  - edited after runs of its seeds had been seen, so not an independent test: {j['edited_after_runs']}")
     for p in j["points"]:
         numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
                                     + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
