@@ -527,10 +527,10 @@ def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design
     edge_line = next(line for line in block.splitlines() if line.startswith("- [`edge`]"))
     assert "an earlier design of the file, re-run pending" in edge_line
     assert facts_in(text.split("## edge")[1], "earlier design", "6 runs, not 4", "attn sweep experiments/edge.yaml")
-    assert "earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
+    assert "runs of an earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
 
 
-def test_a_claim_its_file_says_was_edited_after_its_runs_is_marked_wherever_its_verdict_is_published(tmp_path, monkeypatch):
+def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_used_where_the_design_is_the_same(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "REPO", tmp_path)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "tiny.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
@@ -538,16 +538,19 @@ def test_a_claim_its_file_says_was_edited_after_its_runs_is_marked_wherever_its_
     claim = {"id": "a", "claim": "claim a", "stat": "success_rate", "arm": {"model.scale": "sqrt"}, "above": 0.5,
              "edited_after_runs": "weakened from 0.9 after the runs of abc1234"}
     (tmp_path / "experiments" / "sqrt_dk.yaml").write_text(json.dumps(
-        {"name": "sqrt_dk", "base": "../configs/tiny.yaml", "grid": {"model.d_k": [8], "model.scale": ["sqrt"]},
+        {"name": "sqrt_dk", "description": "The design, its words corrected since.", "base": "../configs/tiny.yaml",
+         "grid": {"model.d_k": [8], "model.scale": ["sqrt"]},
          "seeds": [0, 1, 2, 3], "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}}))
     reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
     assert publish.design_changes(reports) == {}
     block = publish.results_block(reports, tmp_path)
     assert facts_in(block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234")
     assert "- **inconclusive** — claim b (`b`)" in block
-    annotated = publish.with_claim_history(reports, {})["sqrt_dk"]
+    text = publish.experiments_readme(reports, tmp_path)
+    assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
+    annotated = publish.as_their_files_say(reports, {})["sqrt_dk"]
     assert publish.verdict_summary(annotated) == "confirmed: `a` (edited after its runs); inconclusive: `b`"
-    assert "edited after" not in publish.verdict_summary(publish.with_claim_history(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"])
+    assert "edited after" not in publish.verdict_summary(publish.as_their_files_say(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"])
 
 
 def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
