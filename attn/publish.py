@@ -10,7 +10,10 @@ copied to experiments/results/<name>/ (committed), with its verification
 experiments/README.md is written afresh from those report.json files
 (each experiment's description, its generated paragraph, its verdicts, its
 figures), and README.md's block between RESULTS_BEGIN and RESULTS_END is
-replaced by the headline's figure, paragraph and verdicts. The newest
+replaced by the headline's figure, paragraph and verdicts. Each report is
+held against its experiment file as it is now (design_changes): results of
+an earlier design say so; those of its design take the file's description
+and each claim's edited_after_runs. The newest
 benchmark (runs/bench/bench-<time>.json, from `attn bench`) is copied to
 experiments/results/bench.json and .md, and its short form
 (attn.bench.suite.summary_markdown) fills README's block between
@@ -311,9 +314,7 @@ def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, str, tuple[tuple[
 
 
 def design_said(name: str, changes: dict[str, str]) -> str:
-    """'' for a report of the file's design; else a sentence saying it is of an earlier one."""
-    if name not in changes:
-        return ""
+    """The sentence for a report of an earlier design of its file (one of `changes`)."""
     return (f"These are the runs of an earlier design of the file ({changes[name]}); the results of its "
             f"design now wait for a re-run (`attn sweep experiments/{name}.yaml`).")
 
