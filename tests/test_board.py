@@ -556,8 +556,10 @@ def test_draw_figures_button_asks_the_server_to_draw_them(browser, served):
     open_page(browser, url + f"?open={run['id']}", len(snapshot["runs"]))
     click(browser, "#draw-figures")
     # a poll may show the first figure while the server still draws the rest: wait for the plot's answer
+    # (matplotlib drawing every figure: seconds on a loaded machine, hence the longer wait)
     wait_for(browser, lambda: browser.execute_script(
-        "return performance.getEntriesByType('resource').some(e => e.name.includes('api/plot') && e.responseEnd > 0)"))
+        "return performance.getEntriesByType('resource').some(e => e.name.includes('api/plot') && e.responseEnd > 0)"),
+        timeout=30.0)
     drawn = sorted(p.name for p in Path(run["path"]).glob("*.png"))
     assert "loss.png" in drawn
     wait_for(browser, lambda: [image.get_attribute("alt") for image in
