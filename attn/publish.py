@@ -230,8 +230,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def verdict_lines(report: dict) -> list[str]:
     return [f"- **{e['verdict']}** — {e['claim']} "
-            + (f"(`{e['id']}`; edited after runs of its seeds had been seen, so not an independent test: "
-               f"{e['edited_after_runs']})" if e.get("edited_after_runs") else f"({_claim_id(e)})")
+            + (f"(`{e['id']}`; {report_spec.EDITED_SAID}: {e['edited_after_runs']})" if e.get("edited_after_runs")
+               else f"({_claim_id(e)})")
             for e in report["expectations"]]
 
 

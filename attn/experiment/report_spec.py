@@ -44,6 +44,7 @@ RATES = ("success_rate", "stall_rate", "divergence_rate")
 # test -> the stats it can judge a better_than claim on; `interval` judges every claim
 TESTS = {"mcnemar": RATES, "fisher": RATES, "sign": ("median_time",), "interval": tuple(STATS)}
 DEFAULT_ALPHA = 0.05
+EDITED_SAID = "edited after runs of its seeds had been seen, so not an independent test"  # beside such a claim
 
 
 @dataclass(frozen=True)

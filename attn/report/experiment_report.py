@@ -459,7 +459,7 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
     elif j.get("frozen") == "added after the runs began":
         lines.append("  - added after the runs began: not among the claims frozen when the sweep first started")
     if j.get("edited_after_runs"):
-        lines.append(f"  - edited after runs of its seeds had been seen, so not an independent test: {j['edited_after_runs']}")
+        lines.append(f"  - {report_spec.EDITED_SAID}: {j['edited_after_runs']}")
     for p in j["points"]:
         numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
                                     + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
