@@ -7,7 +7,9 @@ uninterrupted one bit for bit: metrics.jsonl (less the timing fields), the
 final checkpoint's arrays and metadata (less wall time), the attention
 snapshots and the summary's figures. The resume of one of them is killed at
 each of its own writes too, and resumed again. A run killed before its first
-checkpoint resumes from step 0 in place.
+checkpoint resumes from step 0 in place. `make test` kills at a sample of
+the writes (the first, those around the first checkpoint, the last);
+`make test-faults` at every one.
 """
 
 import json
@@ -117,27 +119,24 @@ def kill_points(tmp_path_factory):
     return root, reference, written
 
 
-def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
+def killed_runs_resume_exactly(kill_points, boundaries, tag: str) -> None:
+    """A run killed right after write n, for each n of `boundaries`, resumes to the uninterrupted run (runs named by `tag`)."""
     root, reference, written = kill_points
-    boundaries = range(1, len(written) + 1)
-    killed = run_all(root, {n: ["train", *RUN, "--name", f"killed-{n}"] for n in boundaries},
+    killed = run_all(root, {n: ["train", *RUN, "--name", f"{tag}-killed-{n}"] for n in boundaries},
                      kill_after={n: n for n in boundaries})
     assert {n: code for n, (code, _) in killed.items()} == {n: -signal.SIGKILL for n in boundaries}, killed
-    run_dirs = [root / "runs" / f"killed-{n}" for n in boundaries]
+    run_dirs = [root / "runs" / f"{tag}-killed-{n}" for n in boundaries]
     resume_until_complete(root, run_dirs)
     for run_dir in run_dirs:
         assert_equals_uninterrupted(run_dir, reference)
-    assert "mechanism.npz" in written and "attention.npz" in written
 
 
-def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
+def killed_resumes_resume_exactly(kill_points, boundaries, tag: str) -> None:
     """The run is killed right after its first checkpoint; its resume is
-    killed after each of its writes in turn; a last resume finishes it."""
+    killed after write m, for each m of `boundaries`; a last resume finishes it."""
     root, reference, written = kill_points
     first_checkpoint = written.index("checkpoint.npz") + 1
-    resume_writes = len(written) - first_checkpoint + 2  # what is left, and the resume's own summary and truncation
-    boundaries = range(1, resume_writes + 1)
-    run_dirs = {m: root / "runs" / f"twice-{m}" for m in boundaries}
+    run_dirs = {m: root / "runs" / f"{tag}-twice-{m}" for m in boundaries}
     killed = run_all(root, {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
                      kill_after=dict.fromkeys(boundaries, first_checkpoint))
     assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
@@ -147,6 +146,34 @@ def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_poin
     resume_until_complete(root, list(run_dirs.values()))
     for run_dir in run_dirs.values():
         assert_equals_uninterrupted(run_dir, reference)
+
+
+def resume_writes(written: list[str]) -> int:
+    """How many writes a resume from the first checkpoint makes: what is left, its own summary and truncation."""
+    return len(written) - (written.index("checkpoint.npz") + 1) + 2
+
+
+def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_run(kill_points):
+    """The first write, the first checkpoint and the writes on either side of it, the last (every one: make test-faults)."""
+    written = kill_points[2]
+    checkpoint = written.index("checkpoint.npz") + 1
+    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, len(written)})
+    killed_runs_resume_exactly(kill_points, boundaries, "sample")
+    assert "mechanism.npz" in written and "attention.npz" in written
+
+
+def test_a_resume_killed_after_a_sample_of_its_writes_resumes_again_exactly(kill_points):
+    killed_resumes_resume_exactly(kill_points, sorted({1, 2, resume_writes(kill_points[2])}), "sample")
+
+
+@pytest.mark.faults
+def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_points):
+    killed_runs_resume_exactly(kill_points, range(1, len(kill_points[2]) + 1), "every")
+
+
+@pytest.mark.faults
+def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
+    killed_resumes_resume_exactly(kill_points, range(1, resume_writes(kill_points[2]) + 1), "every")
 
 
 def test_a_fork_killed_before_its_config_is_written_is_named_as_cut_short(kill_points):
