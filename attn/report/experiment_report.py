@@ -358,14 +358,13 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
                       for key, group in groups(cells, layout).items()} if experiment.report.sensitivity else {})
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     claims = frozen_claims(experiment)
+    edited = {e.id: e.edited_after_runs for e in experiment.report.expect if e.edited_after_runs}
     for j in judged:
         changes = claims.get("changes") or {}
         j["frozen"] = ("not frozen" if not claims["frozen"] or claims.get("runs_before") else "changed" if j["id"] in changes["changed"]
                        else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
-    edited = {e.id: e.edited_after_runs for e in experiment.report.expect if e.edited_after_runs}
-    for j in judged:
         if j["id"] in edited:
             j["edited_after_runs"] = edited[j["id"]]
     stalls = {key: stall_mechanism([s for c in group for s in c.seeds]) for key, group in groups(cells, layout).items()}
