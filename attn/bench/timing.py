@@ -93,7 +93,8 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
     association (attn.model.head.head_costs) and the readout's three products.
     The embeddings' one-hot products are not counted."""
     B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
-    head_cost = min(head.head_costs(B, positions, T, D, spec.k_width, spec.v_width).values())  # as carried
+    head_cost = min(head.head_costs(B, positions, T, D, spec.k_width, spec.v_width,  # as carried
+                                    normed=spec.normed).values())
     return 2 * head_cost + 3 * 2 * B * positions * D * C
 
 
@@ -210,7 +211,7 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
         "shape": {"task": config.task.name, "B": config.train.batch_size, "T": spec.n_positions, "P": positions,
                   "d_model": spec.d_model, "d_k": spec.d_k, "d_v": spec.d_v, "classes": spec.n_classes},
         "association": head.choose_association(config.train.batch_size, positions, spec.n_positions,
-                                                 spec.d_model, spec.d_k, spec.d_v, spec.width_free),
+                                                 spec.d_model, spec.d_k, spec.d_v, spec.width_free, spec.normed),
         "attn_gflop_per_step": flops / 1e9,
         "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
         "sides": sides, "skipped": skipped, "fastest_rival": fastest, "attn_calls": attn_calls(config),
@@ -285,7 +286,7 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
         batches = batch_pool(task, gens, config)
         P = query_positions(spec, batches)
         association = head.choose_association(config.train.batch_size, P, spec.n_positions, spec.d_model,
-                                              spec.d_k, spec.d_v, spec.width_free)
+                                              spec.d_k, spec.d_v, spec.width_free, spec.normed)
         if P == spec.n_positions or association == "projected":
             continue  # X is formed either way
         pool = itertools.cycle(batches)

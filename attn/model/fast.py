@@ -90,6 +90,11 @@ class ModelSpec:
         return head.score_scale("sqrt" if self.score == "log_length" else self.scale, self.d_k)
 
     @property
+    def normed(self) -> bool:
+        """Whether q and k pass through a norm (qk_norm): the head's bilinear form is then its Gram form."""
+        return self.score == "qk_norm"
+
+    @property
     def k_width(self) -> int:
         """The width W_q, W_k are carried at: d_k, or 2 d_model when width-free and d_k is wider."""
         return widthfree.carried_width(self.d_model, self.d_k) if self.width_free else self.d_k

@@ -107,7 +107,8 @@ def _formed_or_looked_up(x, association: str, P: int, lookup: bool | None):
     return x if lookup and association != "projected" else x.dense()
 
 
-def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> dict[str, int]:
+def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False,
+               normed: bool = False) -> dict[str, int]:
     """Multiply-adds of one forward and backward of the head for each
     association (N_q = B P query rows, N_k = B T key rows, d = d_k + d_v):
 
@@ -119,12 +120,16 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     bilinear    S = X_Q W_QK X^T, out = (A X) W_OV, never forming K or V:
         the two maps (factorised_linear, each chained or merged, the cheaper)
         + 4 N_q T D (S, A X and their backward) + 2 N_q T D if dX is formed.
+        With a norm of q and k (`normed`, qk_norm: attn.model.scores.gram_forward),
+        the query map is the Gram form: 7 D^2 d_k for M, G_q, G_k and their
+        backward, 2 N_k D^2 + 5 N_q D^2 for the rows' products with them, and
+        dX formed; the projected association's keys are formed.
     widthfree   (only when `width_free`: the optimiser and score mode keep
         the weights in their initial span, attn.model.widthfree) the
         cheaper of the two above with d_k, d_v wider than 2D carried at 2D.
     """
     Nq, Nk, d = B * P, B * T, d_k + d_v
-    factored = keep_factored(T, P)
+    factored = keep_factored(T, P) and not normed
     projected = (Nk * D * d + Nq * D * d_k + Nq * T * d + Nq * d_v * D
                  + 2 * Nq * d_v * D + Nq * T * d + 2 * Nq * D * d_k
                  + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d))
@@ -132,7 +137,8 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     def map_cost(rank: int) -> int:
         return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
 
-    bilinear = map_cost(d_k) + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
+    query_map = 7 * D * D * d_k + 2 * Nk * D * D + 5 * Nq * D * D if normed else map_cost(d_k)
+    bilinear = query_map + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
     costs = {"projected": projected, "bilinear": bilinear}
     if width_free:
         carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v))
@@ -141,14 +147,15 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
 
 
 @lru_cache(maxsize=64)
-def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False) -> str:
+def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False,
+                       normed: bool = False) -> str:
     """The rule: the association of head_costs with fewer multiply-adds
     (ties: projected, then bilinear). Bilinear wins with few query rows
     (retrieval's one) or d_k, d_v wider than d_model; projected with a query
     at every position and narrow heads (copy at d_k = d_v < 2 D / 3);
     widthfree, where `width_free` allows it, once d_k or d_v is wider than 2D
     by enough to pay for nothing: its head is the others' at width 2D."""
-    costs = head_costs(B, P, T, D, d_k, d_v, width_free)
+    costs = head_costs(B, P, T, D, d_k, d_v, width_free, normed)
     return min(costs, key=lambda name: (costs[name], list(costs).index(name)))
 
 
@@ -176,11 +183,12 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         bilinear    S = X_Q W_QK X^T,   out = (A X) W_OV,
                     W_QK = s W_q W_k^T (D x D),  W_OV = W_v W_o (D x D),
                     each applied as a product of its two factors or formed,
-                    whichever is cheaper (factorised_linear_forward)
+                    whichever is cheaper (factorised_linear_forward);
+                    with a norm of q and k, S = s r_q r_k X_Q M X^T and
+                    the rows' inverse norms r from G_q, G_k (_normed_forward)
 
     `score`: a score mode beyond s q.k (attn.model.scores): a map of S before the
-    mask (softcap, a learned temperature or length scale), or a norm of q and
-    k, which only the projected association can apply.
+    mask (softcap, a learned temperature or length scale), or a norm of q and k.
 
     x may be an array or Embedded (attn.model.pairs): the bilinear association
     then takes its products through the embedding tables when that is cheaper
@@ -190,13 +198,11 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     and what backward needs (including the scores, for diagnostics).
     """
     norm = score.norm if score is not None else None
-    if norm is not None:
-        association = "projected"  # norm(q).norm(k) is no bilinear form in X
     *_, B, T, D = x.shape
     P = len(range(T)[queries]) if isinstance(queries, slice) else len(queries)
     if association is None:
-        association = choose_association(B, P, T, D, W_k.shape[-1], W_v.shape[-1])
-    x = _formed_or_looked_up(x, association, P, lookup)  # (*M, B, T, D): an array, or Embedded
+        association = choose_association(B, P, T, D, W_k.shape[-1], W_v.shape[-1], normed=norm is not None)
+    x = _formed_or_looked_up(x, association, P, False if norm is not None else lookup)  # (*M, B, T, D)
     x_q = _rows_at(x, queries)  # (*M, B, P, D)
     scale = per_member_matrix(scale, W_q)  # s, or s per member (M, 1, 1)
     if association == "projected":
@@ -210,6 +216,8 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
             q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm)
         q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
         logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
+    elif norm is not None:
+        logits, q_circuit, normed = _normed_forward(x, x_q, W_q, W_k, scale, score)  # (*M, B, P, T), (*M, B, P, D)
     else:
         q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
         logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
@@ -226,8 +234,47 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     else:
         attended = _weighted_sum(attn, x)  # A X: (*M, B, P, D)
         out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
-        cache.update(q_circuit=q_circuit, query_map=query_map, attended=attended, value_map=value_map)
+        cache.update(q_circuit=q_circuit, attended=attended, value_map=value_map,
+                     **(dict(normed=normed) if norm is not None else dict(query_map=query_map)))
     return out, attn, cache
+
+
+def _normed_forward(x: np.ndarray, x_q: np.ndarray, W_q, W_k, scale, score: scores.HeadScore):
+    """S = s norm(q).norm(k) = r_k o (s r_q X_Q M) X^T with q, k never formed
+    (attn.model.scores.gram_forward: M, G_q, G_k are D x D, and r the rows'
+    inverse norms from them); (S, the query circuit s r_q X_Q M, cache)."""
+    d_k = W_q.shape[-1]
+    (M, G_q, G_k), gram = scores.gram_forward(W_q, W_k, score.g_q, score.g_k, score.norm)  # (*M, D, D) each
+    key_inverse, key_norm = scores.row_norm_forward(x, G_k, d_k)  # r_k: (*M, B, T)
+    query_inverse, query_norm = scores.row_norm_forward(x_q, G_q, d_k)  # r_q: (*M, B, P)
+    unnormed, query_map = linear_forward(x_q, M)  # X_Q M: (*M, B, P, D)
+    factor = query_inverse[..., None] * scale[..., None]  # s r_q: (*M, B, P, 1)
+    q_circuit = unnormed * factor  # (*M, B, P, D)
+    raw = _key_major_product(x, q_circuit)  # s r_q X_Q M X^T: (*M, B, P, T), keys outermost
+    logits = raw * key_inverse[..., None, :]  # the same layout (an elementwise product keeps it)
+    return logits, q_circuit, dict(gram=gram, key_norm=key_norm, query_norm=query_norm, query_map=query_map,
+                                   unnormed=unnormed, factor=factor, raw=raw, key_inverse=key_inverse)
+
+
+def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, normed: dict):
+    """Through S = r_k o (s r_q X_Q M) X^T back to the weights and the gains:
+    (dS' = dS r_k, the gradient of the unnormed product; dX at the queries;
+    dX at every key through r_k; {W_q, W_k, g_q, g_k}).
+
+        dr_k = sum over queries of dS o raw,   d(query circuit) = dS' X,
+        d(X_Q M) = s r_q d(query circuit),     dr_q = s sum over D of d(query circuit) o X_Q M,
+    then M's, G_q's and G_k's gradients to the weights (scores.gram_backward)."""
+    dscores_unnormed = dscores * normed["key_inverse"][..., None, :]  # (*M, B, P, T)
+    dkey_inverse = (dscores * normed["raw"]).sum(axis=-2)  # (*M, B, T)
+    dq_circuit = dscores_unnormed @ x  # (*M, B, P, D)
+    dquery_inverse = (dq_circuit * normed["unnormed"]).sum(axis=-1) * scale  # (*M, B, P)
+    dx_q, dM, _ = linear_backward(dq_circuit * normed["factor"], normed["query_map"])  # (*M, B, P, D), (*M, D, D)
+    dG_q, dx_query_norm = scores.row_norm_backward(dquery_inverse, normed["query_norm"])
+    dx_q += dx_query_norm
+    dG_k, dx_keys = scores.row_norm_backward(dkey_inverse, normed["key_norm"])  # (*M, D, D), (*M, B, T, D)
+    dW_q, dW_k, dg_q, dg_k = scores.gram_backward(dM, dG_q, dG_k, normed["gram"])
+    grads = {"W_q": dW_q, "W_k": dW_k, **({"g_q": dg_q, "g_k": dg_k} if dg_q is not None else {})}
+    return dscores_unnormed, dx_q, dx_keys, grads
 
 
 def attention_backward(dout, cache, dx_queries=None):
@@ -318,18 +365,29 @@ def _bilinear_backward(dout, cache, dx_queries):
         dX = dS^T (X_Q W_QK) + A^T d(A X) + the query rows' own gradient,
     the first two as Factored([dS; A], [X_Q W_QK; d(A X)]) (formed when
     keep_factored says so), and the weights' through the two maps:
-    dW_q = dU, dW_k = dV^T for the query map's U = W_q, V = W_k^T, scale s.
+    dW_q = dU, dW_k = dV^T for the query map's U = W_q, V = W_k^T, scale s;
+    with a norm of q and k, through its Gram form instead (_normed_backward),
+    and dX formed, since the keys' norms reach every key row.
     """
     x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
     dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
-    dq_circuit = _weighted_sum(dscores, x)  # dS X: (*M, B, P, D)
-    dx_q, dW_q, dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
+    dx_keys = None
+    if "normed" in cache:  # with a norm of q and k: dS becomes dS', the unnormed product's
+        dscores, dx_q, dx_keys, query_grads = _normed_backward(dscores, x, cache["scale"], cache["normed"])
+        grads.update(query_grads)
+    else:
+        dq_circuit = _weighted_sum(dscores, x)  # dS X: (*M, B, P, D)
+        dx_q, grads["W_q"], dW_kT = factorised_linear_backward(dq_circuit, cache["query_map"])
+        grads["W_k"] = dW_kT.swapaxes(-1, -2)
     if dx_queries is not None:
         dx_q += dx_queries
-    if keep_factored(x.shape[-2], attn.shape[-2]):
+    if dx_keys is None and keep_factored(x.shape[-2], attn.shape[-2]):
         dx = factored_with_rows([dscores, attn], [q_circuit, dattended], cache["queries"], dx_q)
     else:
         dx = Factored(np.concatenate([dscores, attn], axis=-2), np.concatenate([q_circuit, dattended], axis=-2))
-        dx = add_at_positions(dx.dense(), cache["queries"], dx_q)  # (*M, B, T, D)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_kT.swapaxes(-1, -2), "W_v": dW_v, "W_o": dW_o, **grads}
+        dx = dx.dense()  # (*M, B, T, D)
+        if dx_keys is not None:
+            dx += dx_keys  # through the keys' norms
+        dx = add_at_positions(dx, cache["queries"], dx_q)
+    return {"x": dx, "W_q": grads.pop("W_q"), "W_k": grads.pop("W_k"), "W_v": dW_v, "W_o": dW_o, **grads}

@@ -49,7 +49,7 @@ def head_step_cost(config: Config) -> int:
     spec = build_spec(config, task)
     positions = 1 if task.name == "retrieval" else task.seq_len
     return min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.k_width,
-                               spec.v_width).values())
+                               spec.v_width, normed=spec.normed).values())
 
 
 def stack_cost(configs: list[Config]) -> int:
