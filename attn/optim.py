@@ -98,6 +98,23 @@ def learning_rate(step: int, base_lr: float, schedule: str, warmup_steps: int,
     return base_lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+class Temporaries:
+    """Arrays an update writes its intermediate results into, kept across
+    steps (not optimiser state: nothing in them outlives a step). At d_k 4096
+    a fresh temporary per operation cost as much again as the arithmetic."""
+
+    def __init__(self, count: int):
+        self.count, self.arrays = count, {}
+
+    def like(self, name: str, w: np.ndarray) -> tuple[np.ndarray, ...]:
+        """`count` arrays of w's shape and dtype for `name`, made again only
+        when that changes (a stack whose members finished)."""
+        arrays = self.arrays.get(name)
+        if arrays is None or arrays[0].shape != w.shape or arrays[0].dtype != w.dtype:
+            arrays = self.arrays[name] = tuple(np.empty_like(w) for _ in range(self.count))
+        return arrays
+
+
 class SGD:
     """SGD with optional heavy-ball or Nesterov momentum and L2 weight decay."""
 
@@ -106,6 +123,7 @@ class SGD:
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
         self.lr_mult = dict(lr_mult or {})
         self.state = {f"momentum/{n}": np.zeros_like(p) for n, p in params.items()} if momentum else {}
+        self.scratch = Temporaries(1)
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
         rates = {}  # the rate per_member makes for a weight, formed once for all the weights that share it
@@ -122,7 +140,7 @@ class SGD:
                 buf *= w.dtype.type(self.momentum)
                 buf += g
                 g = g + w.dtype.type(self.momentum) * buf if self.nesterov else buf
-            w -= step_lr * g
+            w -= np.multiply(step_lr, g, out=self.scratch.like(name, w)[0])
 
 
 class Adam:
@@ -137,6 +155,7 @@ class Adam:
         for n, p in params.items():
             self.state[f"m/{n}"] = np.zeros_like(p)
             self.state[f"v/{n}"] = np.zeros_like(p)
+        self.scratch = Temporaries(2)
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
         self.state["t"] += 1
@@ -151,8 +170,17 @@ class Adam:
             elif self.weight_decay:
                 g = g + dt(self.weight_decay) * w
             m, v = self.state[f"m/{name}"], self.state[f"v/{name}"]
+            scratch, update = self.scratch.like(name, w)
+            # the textbook's operations in its order, each into a buffer kept across steps (Temporaries)
             m *= dt(self.beta1)
-            m += dt(1 - self.beta1) * g
+            m += np.multiply(dt(1 - self.beta1), g, out=scratch)  # m = b1 m + (1 - b1) g
             v *= dt(self.beta2)
-            v += dt(1 - self.beta2) * (g * g)
-            w -= per_member(step_lr / bias1, w) * m / (np.sqrt(v / per_member(bias2, w)) + dt(self.eps))
+            np.multiply(g, g, out=scratch)
+            scratch *= dt(1 - self.beta2)
+            v += scratch  # v = b2 v + (1 - b2) g^2
+            np.divide(v, per_member(bias2, w), out=scratch)
+            np.sqrt(scratch, out=scratch)
+            scratch += dt(self.eps)  # sqrt(v / (1 - b2^t)) + eps
+            np.multiply(per_member(step_lr / bias1, w), m, out=update)
+            update /= scratch
+            w -= update  # w -= lr / (1 - b1^t) m / (sqrt(v / (1 - b2^t)) + eps)

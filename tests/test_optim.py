@@ -101,6 +101,32 @@ def test_step_updates_params_in_place_and_leaves_grads_alone(case):
         assert np.array_equal(grads[0][name], grads_before[name])
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_a_stack_that_loses_a_member_steps_each_as_alone(case):
+    """The update's temporaries follow the weights' shape: three members
+    stepped as a stack, then two of them after the third left (as
+    attn.train.stack.Stack keeps its members' rows), equal each stepped alone."""
+    cls, _, hyper = CASES[case]
+    members = [random_problem(np.float32, seed) for seed in range(3)]
+    alone = []
+    for params, grads in members:
+        params = {n: w.copy() for n, w in params.items()}
+        optimizer = cls(params, **hyper)
+        for step_grads, lr in zip(grads, LRS):
+            optimizer.step(params, step_grads, lr)
+        alone.append(params)
+    stacked = {n: np.stack([params[n] for params, _ in members]) for n in SHAPES}
+    optimizer = cls(stacked, **hyper)
+    for step, lr in enumerate(LRS):
+        if step == 2:  # the third member leaves
+            stacked = {n: w[:2].copy() for n, w in stacked.items()}
+            optimizer.state = {k: v[:2] if v.ndim else v for k, v in optimizer.state.items()}
+        kept = 3 if step < 2 else 2
+        optimizer.step(stacked, {n: np.stack([grads[step][n] for _, grads in members[:kept]]) for n in SHAPES}, lr)
+    for m in range(2):
+        assert all(np.array_equal(stacked[n][m], alone[m][n]) for n in SHAPES), m
+
+
 def test_lr_mult_scales_the_step_of_its_parameter_only():
     params, grads = random_problem(np.float64)
     start = {n: p.copy() for n, p in params.items()}
