@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from math import prod
 
 import numpy as np
 
@@ -180,16 +181,20 @@ class Embedded:
     def key_major_product(self, y: np.ndarray) -> np.ndarray:
         """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
         (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
-        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self.table.swapaxes(-1, -2)  # (*M, B P, V)
+        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
         looked_up = products.take(self._slots_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
-        binned = _binned(weights, self._slots_for(weights.shape[-2], keys_first=False), self.table.shape[-2],
-                         self.positions_from)
+        binned = _binned(weights, self._bin_slots_for(weights.shape[-2]), self.table.shape[-2], self.positions_from)
         products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
+
+    @cached_property
+    def _table_transposed(self) -> np.ndarray:
+        """table^T (*M, D, V), a view: the scores' two products with the table share it."""
+        return self.table.swapaxes(-1, -2)
 
     @cached_property
     def _flat(self) -> tuple[np.ndarray, np.ndarray]:
@@ -206,6 +211,12 @@ class Embedded:
             self._slots_of[P, True] = move_axis(self._slots_of[P, False], -1, 1)  # (S, T, *M, B, P)
         return self._slots_of[P, keys_first]
 
+    def _bin_slots_for(self, P: int) -> np.ndarray:
+        """_bin_slots of the P-row slots, formed once per P (the forward's A X and the backward's dS X share them)."""
+        if (P, "binned") not in self._slots_of:
+            self._slots_of[P, "binned"] = _bin_slots(self._slots_for(P, keys_first=False), self.positions_from)
+        return self._slots_of[P, "binned"]
+
 
 def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
     """(S, *M, B, R, T): the slot in a flat (*M, B R, V) array of each
@@ -213,19 +224,23 @@ def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
     return ids[..., None, :] + _row_bins(ids.shape[1:-1], R, V)
 
 
-def _binned(weights: np.ndarray, slots: np.ndarray, V: int, positions_from: int | None = None) -> np.ndarray:
+def _bin_slots(slots: np.ndarray, positions_from: int | None) -> np.ndarray:
+    """The slots (_slots) _binned counts into, flat: every source's but a positional last one's (see _binned)."""
+    return (slots if positions_from is None else slots[:-1]).ravel()  # (S' *M B R T,)
+
+
+def _binned(weights: np.ndarray, bin_slots: np.ndarray, V: int, positions_from: int | None = None) -> np.ndarray:
     """weights (*M, B, R, T) summed into the V rows of a table, (*M, B, R, V):
     out[.., r, v] = sum of weights[.., r, t] over the (s, t) whose id is v, at
-    `slots` (_slots). One np.bincount over every (source, example, row,
+    `bin_slots` (_bin_slots). One np.bincount over every (source, example, row,
     position), accumulated in float64, then the weights' dtype: a batch of
     tiny products would cost more. A positional last source (`positions_from`:
     its first row) is not binned: position t adds weights[.., r, t] to row
     positions_from + t alone, so its T columns are the weights themselves,
     as the bincount would have made them."""
-    if positions_from is not None:
-        slots = slots[:-1]  # (S - 1, *M, B, R, T): the other sources
-    spread = weights if len(slots) == 1 else weights[None].repeat(len(slots), axis=0)  # (S, *M, B, R, T)
-    binned = np.bincount(slots.ravel(), spread.ravel(), weights[..., 0].size * V)  # (*M B R V,)
+    sources = bin_slots.size // weights.size
+    spread = weights if sources == 1 else weights[None].repeat(sources, axis=0)  # (S', *M, B, R, T)
+    binned = np.bincount(bin_slots, spread.ravel(), prod(weights.shape[:-1]) * V)  # (*M B R V,)
     binned = binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
     if positions_from is not None:
         binned[..., positions_from:positions_from + weights.shape[-1]] = weights
@@ -308,7 +323,8 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
     ids, shape, sizes, positions_from = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
     V, lead = shape[-2], shape[:-2]
     if isinstance(dout, Factored):
-        binned = _binned(dout.left, _slots(ids, dout.left.shape[-2], V), V, positions_from)  # (*M, B, R, V)
+        binned = _binned(dout.left, _bin_slots(_slots(ids, dout.left.shape[-2], V), positions_from), V,
+                         positions_from)  # (*M, B, R, V)
         dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
@@ -505,10 +521,10 @@ def _classes(C: int, ndim: int) -> np.ndarray:
     return classes
 
 
-def cross_entropy_backward(dloss, cache) -> np.ndarray:
+def cross_entropy_backward(dloss: float, cache) -> np.ndarray:
     """dlogits = dloss * weight * (softmax(logits) - onehot(target)); dloss a
-    scalar or one per member."""
+    scalar (a stack's members each have their own loss, each of gradient dloss)."""
     probs, onehot, weight = cache
     dlogits = probs - onehot  # (*M, B, T, C)
-    dlogits *= (weight * np.asarray(dloss, dtype=probs.dtype)[..., None, None])[..., None]
+    dlogits *= weight[..., None] * probs.dtype.type(dloss)
     return dlogits
