@@ -123,7 +123,7 @@ class SGD:
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
         self.lr_mult = dict(lr_mult or {})
         self.state = {f"momentum/{n}": np.zeros_like(p) for n, p in params.items()} if momentum else {}
-        self.scratch = Temporaries(1)
+        self.temporaries = Temporaries(1)
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
         rates = {}  # the rate per_member makes for a weight, formed once for all the weights that share it
@@ -140,7 +140,7 @@ class SGD:
                 buf *= w.dtype.type(self.momentum)
                 buf += g
                 g = g + w.dtype.type(self.momentum) * buf if self.nesterov else buf
-            w -= np.multiply(step_lr, g, out=self.scratch.like(name, w)[0])
+            w -= np.multiply(step_lr, g, out=self.temporaries.like(name, w)[0])
 
 
 class Adam:
@@ -155,7 +155,7 @@ class Adam:
         for n, p in params.items():
             self.state[f"m/{n}"] = np.zeros_like(p)
             self.state[f"v/{n}"] = np.zeros_like(p)
-        self.scratch = Temporaries(2)
+        self.temporaries = Temporaries(2)
 
     def step(self, params: dict, grads: dict, lr: float) -> None:
         self.state["t"] += 1
@@ -170,7 +170,7 @@ class Adam:
             elif self.weight_decay:
                 g = g + dt(self.weight_decay) * w
             m, v = self.state[f"m/{name}"], self.state[f"v/{name}"]
-            scratch, update = self.scratch.like(name, w)
+            scratch, update = self.temporaries.like(name, w)
             # the textbook's operations in its order, each into a buffer kept across steps (Temporaries)
             m *= dt(self.beta1)
             m += np.multiply(dt(1 - self.beta1), g, out=scratch)  # m = b1 m + (1 - b1) g

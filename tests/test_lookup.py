@@ -109,7 +109,7 @@ def test_gradients_through_the_tables_match_finite_differences(rng, variant):
 @pytest.mark.parametrize("change, looked_up", [
     ({}, True),  # retrieval: 18 table rows for 7 positions, one query
     ({"fields": (("key", 400), ("value", 6))}, False),  # a vocabulary far larger than the positions
-    ({"score": "qk_norm"}, False),  # the projected association forms K from X
+    ({"score": "qk_norm"}, False),  # a norm of q and k forms X: every key's own norm is needed
 ])
 def test_the_rule_takes_the_tables_when_cheaper(rng, change, looked_up):
     spec = retrieval_spec(**change)

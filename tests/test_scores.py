@@ -178,6 +178,34 @@ def test_each_mode_in_the_fast_model_equals_the_textbook(rng, mode, association,
         assert np.abs(grads[name] - ref_grads[name]).max() <= 1e-11 * max(scale, 1e-300), name
 
 
+@pytest.mark.parametrize("kind,gain", [("rms", "vector"), ("layer", "scalar"), ("rms", "none")])
+@pytest.mark.parametrize("queries", ["last", "every"])
+def test_the_gram_form_stacked_gives_each_member_its_own_numbers(rng, kind, gain, queries):
+    """qk_norm's bilinear (Gram) form in float32, three members with their own
+    weights, gains and scales: each member's loss and gradients bit for bit
+    those of its model alone."""
+    spec = ModelSpec(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=9, d_v=DV,
+                     score="qk_norm", qk_norm=kind, qk_norm_gain=gain)
+    members = [params_of(rng, spec)[0] for _ in range(3)]
+    members = [{name: w.astype(np.float32) for name, w in m.items()} for m in members]
+    stacked = {name: np.stack([m[name] for m in members]) for name in members[0]}
+    tokens = np.stack([rng.integers(0, v, (3, B, T)) for _, v in spec.fields], axis=-1)
+    mask = np.zeros((3, B, T), bool)
+    mask[..., -1] = True
+    if queries == "every":
+        mask[:] = True
+    batch = Batch(tokens, rng.integers(0, spec.n_classes, (3, B, T)), mask, np.where(mask, 0, -1))
+    scales = np.array([0.3, 0.5, 0.9], dtype=np.float32)
+    loss, cache = fast.forward(stacked, spec, batch, scale=scales, association="bilinear")
+    grads = fast.backward(cache, spec)
+    for m, params in enumerate(members):
+        alone = Batch(*(field[m] for field in (batch.tokens, batch.targets, batch.target_mask, batch.target_key)))
+        loss_m, cache_m = fast.forward(params, spec, alone, scale=scales[m], association="bilinear")
+        grads_m = fast.backward(cache_m, spec)
+        assert loss[m] == loss_m
+        assert all(np.array_equal(grads[name][m], grads_m[name]) for name in grads_m), m
+
+
 def test_modes_start_from_the_same_weights_and_mup_zeroes_w_q(rng):
     """Every mode draws the same initial weights for a seed (its own parameters
     take no draw), so modes compare paired; mup zeroes W_q, and a temperature

@@ -318,7 +318,8 @@ def estimate_memory_bytes(config: Config) -> int:
     itemsize = 4 if config.dtype == "float32" else 8
     sampling = 16 * largest_batch * t.n_keys if t.name == "retrieval" else 0  # float64 draws + int64 argsort
     drawn = 2 * D * m.d_k if spec.width_free and widthfree.sampled_directly(D, m.d_k) else 0  # B at init
-    return itemsize * (5 * n_params + largest_batch * per_example) + sampling + 3 * 8 * drawn  # B, its QR in float64
+    # weights, gradients, Adam's two moments and its update's two temporaries (attn.optim.Temporaries)
+    return itemsize * (6 * n_params + largest_batch * per_example) + sampling + 3 * 8 * drawn  # B, its QR in float64
 
 
 def memory_limit_bytes() -> int:

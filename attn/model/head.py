@@ -123,7 +123,8 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
         With a norm of q and k (`normed`, qk_norm: attn.model.scores.gram_forward),
         the query map is the Gram form: 7 D^2 d_k for M, G_q, G_k and their
         backward, 2 N_k D^2 + 5 N_q D^2 for the rows' products with them, and
-        dX formed; the projected association's keys are formed.
+        dX formed; the projected association's keys are formed. Only where
+        d_k >= D: a narrower W has a singular Gram, where float32 cancels.
     widthfree   (only when `width_free`: the optimiser and score mode keep
         the weights in their initial span, attn.model.widthfree) the
         cheaper of the two above with d_k, d_v wider than 2D carried at 2D.
@@ -140,6 +141,8 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     query_map = 7 * D * D * d_k + 2 * Nk * D * D + 5 * Nq * D * D if normed else map_cost(d_k)
     bilinear = query_map + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
     costs = {"projected": projected, "bilinear": bilinear}
+    if normed and d_k < D:  # G = W W^T of rank d_k < D: its rows' norms cancel in float32 (scores.row_norm_forward)
+        del costs["bilinear"]
     if width_free:
         carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v))
         costs["widthfree"] = min(carried.values())
@@ -192,7 +195,8 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
 
     x may be an array or Embedded (attn.model.pairs): the bilinear association
     then takes its products through the embedding tables when that is cheaper
-    (`lookup` None) or when `lookup` says so, else forms it.
+    (`lookup` None) or when `lookup` says so, else forms it; with a norm of q
+    and k it forms it (every key's x G_k is needed).
 
     Returns (out, attn, cache): the head's output, the attention weights A,
     and what backward needs (including the scores, for diagnostics).
@@ -217,7 +221,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
         logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
     elif norm is not None:
-        logits, q_circuit, normed = _normed_forward(x, x_q, W_q, W_k, scale, score)  # (*M, B, P, T), (*M, B, P, D)
+        logits, q_circuit, norm_cache = _normed_forward(x, x_q, W_q, W_k, scale, score)  # (*M, B, P, T), (*M, B, P, D)
     else:
         q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
         logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
@@ -235,7 +239,7 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         attended = _weighted_sum(attn, x)  # A X: (*M, B, P, D)
         out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
         cache.update(q_circuit=q_circuit, attended=attended, value_map=value_map,
-                     **(dict(normed=normed) if norm is not None else dict(query_map=query_map)))
+                     **(dict(norm_cache=norm_cache) if norm is not None else dict(query_map=query_map)))
     return out, attn, cache
 
 
@@ -256,7 +260,7 @@ def _normed_forward(x: np.ndarray, x_q: np.ndarray, W_q, W_k, scale, score: scor
                                    unnormed=unnormed, factor=factor, raw=raw, key_inverse=key_inverse)
 
 
-def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, normed: dict):
+def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, norm_cache: dict):
     """Through S = r_k o (s r_q X_Q M) X^T back to the weights and the gains:
     (dS' = dS r_k, the gradient of the unnormed product; dX at the queries;
     dX at every key through r_k; {W_q, W_k, g_q, g_k}).
@@ -264,15 +268,15 @@ def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, normed: dict):
         dr_k = sum over queries of dS o raw,   d(query circuit) = dS' X,
         d(X_Q M) = s r_q d(query circuit),     dr_q = s sum over D of d(query circuit) o X_Q M,
     then M's, G_q's and G_k's gradients to the weights (scores.gram_backward)."""
-    dscores_unnormed = dscores * normed["key_inverse"][..., None, :]  # (*M, B, P, T)
-    dkey_inverse = (dscores * normed["raw"]).sum(axis=-2)  # (*M, B, T)
+    dscores_unnormed = dscores * norm_cache["key_inverse"][..., None, :]  # (*M, B, P, T)
+    dkey_inverse = (dscores * norm_cache["raw"]).sum(axis=-2)  # (*M, B, T)
     dq_circuit = dscores_unnormed @ x  # (*M, B, P, D)
-    dquery_inverse = (dq_circuit * normed["unnormed"]).sum(axis=-1) * scale  # (*M, B, P)
-    dx_q, dM, _ = linear_backward(dq_circuit * normed["factor"], normed["query_map"])  # (*M, B, P, D), (*M, D, D)
-    dG_q, dx_query_norm = scores.row_norm_backward(dquery_inverse, normed["query_norm"])
+    dquery_inverse = (dq_circuit * norm_cache["unnormed"]).sum(axis=-1) * scale  # (*M, B, P)
+    dx_q, dM, _ = linear_backward(dq_circuit * norm_cache["factor"], norm_cache["query_map"])  # (*M, B, P, D), (*M, D, D)
+    dG_q, dx_query_norm = scores.row_norm_backward(dquery_inverse, norm_cache["query_norm"])
     dx_q += dx_query_norm
-    dG_k, dx_keys = scores.row_norm_backward(dkey_inverse, normed["key_norm"])  # (*M, D, D), (*M, B, T, D)
-    dW_q, dW_k, dg_q, dg_k = scores.gram_backward(dM, dG_q, dG_k, normed["gram"])
+    dG_k, dx_keys = scores.row_norm_backward(dkey_inverse, norm_cache["key_norm"])  # (*M, D, D), (*M, B, T, D)
+    dW_q, dW_k, dg_q, dg_k = scores.gram_backward(dM, dG_q, dG_k, norm_cache["gram"])
     grads = {"W_q": dW_q, "W_k": dW_k, **({"g_q": dg_q, "g_k": dg_k} if dg_q is not None else {})}
     return dscores_unnormed, dx_q, dx_keys, grads
 
@@ -373,8 +377,8 @@ def _bilinear_backward(dout, cache, dx_queries):
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
     dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
     dx_keys = None
-    if "normed" in cache:  # with a norm of q and k: dS becomes dS', the unnormed product's
-        dscores, dx_q, dx_keys, query_grads = _normed_backward(dscores, x, cache["scale"], cache["normed"])
+    if "norm_cache" in cache:  # with a norm of q and k: dS becomes dS', the unnormed product's
+        dscores, dx_q, dx_keys, query_grads = _normed_backward(dscores, x, cache["scale"], cache["norm_cache"])
         grads.update(query_grads)
     else:
         dq_circuit = _weighted_sum(dscores, x)  # dS X: (*M, B, P, D)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attn.model.pairs import as_rows, linear_forward, member_axes
+
 SCORE_MODES = ("dot", "qk_norm", "softcap", "temperature", "mup", "sigma_reparam", "log_length")
 NORM_EPS = 1e-6  # added to the mean square (or variance) before the square root
 
@@ -166,13 +168,14 @@ def gram_forward(W_q: np.ndarray, W_k: np.ndarray, g_q: np.ndarray | None, g_k: 
     for rms; for layer the same with each W's rows centred first (the mean over
     d_k of q = x W_q is x W_q 1 / d_k, so q - mean(q) = x (W_q P), P = I - 1 1^T / d_k).
     Returns ((M, G_q, G_k), cache): three (*M, D, D) matrices."""
-    centred_q, centred_k = (W - W.mean(axis=-1, keepdims=True) if kind == "layer" else W for W in (W_q, W_k))
+    # the weights as the norm sees them: W itself (rms), its rows centred (layer)
+    seen_q, seen_k = (W - W.mean(axis=-1, keepdims=True) if kind == "layer" else W for W in (W_q, W_k))
     gains = None if g_q is None else g_q * g_k  # h = g_q g_k: (*M, d_k) or (*M, 1)
-    weighted_q = centred_q if gains is None else centred_q * gains[..., None, :]  # W_q diag(h): (*M, D, d_k)
-    M = weighted_q @ centred_k.swapaxes(-1, -2)  # (*M, D, D)
-    G_q = centred_q @ centred_q.swapaxes(-1, -2)  # (*M, D, D)
-    G_k = centred_k @ centred_k.swapaxes(-1, -2)  # (*M, D, D)
-    return (M, G_q, G_k), (centred_q, centred_k, weighted_q, gains, g_q, g_k, kind)
+    weighted_q = seen_q if gains is None else seen_q * gains[..., None, :]  # W_q diag(h): (*M, D, d_k)
+    M = weighted_q @ seen_k.swapaxes(-1, -2)  # (*M, D, D)
+    G_q = seen_q @ seen_q.swapaxes(-1, -2)  # (*M, D, D)
+    G_k = seen_k @ seen_k.swapaxes(-1, -2)  # (*M, D, D)
+    return (M, G_q, G_k), (seen_q, seen_k, weighted_q, gains, g_q, g_k, kind)
 
 
 def gram_backward(dM: np.ndarray, dG_q: np.ndarray, dG_k: np.ndarray, cache):
@@ -182,18 +185,18 @@ def gram_backward(dM: np.ndarray, dG_q: np.ndarray, dG_k: np.ndarray, cache):
         dh = sum over rows of W_q o (dM W_k),          dg_q = dh g_k,  dg_k = dh g_q,
 
     and for layer each dW minus its row mean (P is symmetric and idempotent)."""
-    centred_q, centred_k, weighted_q, gains, g_q, g_k, kind = cache
-    through_keys = dM @ centred_k  # dM W_k: (*M, D, d_k)
+    seen_q, seen_k, weighted_q, gains, g_q, g_k, kind = cache
+    through_keys = dM @ seen_k  # dM W_k: (*M, D, d_k)
     dW_q = through_keys if gains is None else through_keys * gains[..., None, :]
-    dW_q += (dG_q + dG_q.swapaxes(-1, -2)) @ centred_q
+    dW_q += (dG_q + dG_q.swapaxes(-1, -2)) @ seen_q
     dW_k = dM.swapaxes(-1, -2) @ weighted_q  # (*M, D, d_k)
-    dW_k += (dG_k + dG_k.swapaxes(-1, -2)) @ centred_k
+    dW_k += (dG_k + dG_k.swapaxes(-1, -2)) @ seen_k
     if kind == "layer":
         dW_q -= dW_q.mean(axis=-1, keepdims=True)
         dW_k -= dW_k.mean(axis=-1, keepdims=True)
     if gains is None:
         return dW_q, dW_k, None, None
-    dgains = np.add.reduce(centred_q * through_keys, axis=-2)  # (*M, d_k): each column summed over the D rows
+    dgains = np.add.reduce(seen_q * through_keys, axis=-2)  # (*M, d_k): each column summed over the D rows
     if gains.shape[-1] == 1:
         dgains = dgains.sum(axis=-1, keepdims=True)  # (*M, 1)
     return dW_q, dW_k, dgains * g_k, dgains * g_q
@@ -201,13 +204,19 @@ def gram_backward(dM: np.ndarray, dG_q: np.ndarray, dG_k: np.ndarray, cache):
 
 def row_norm_forward(x: np.ndarray, G: np.ndarray, d_k: int):
     """r = 1 / sqrt(x G x^T / d_k + eps) for each row of x (*M, ..., D): the
-    inverse RMS over d_k of the row's x W, for G = W W^T (*M, D, D); (r (*M, ...), cache)."""
-    xG = (x.reshape(*G.shape[:-2], -1, x.shape[-1]) @ G).reshape(x.shape)  # x G: (*M, ..., D), one product per member
+    inverse RMS over d_k of the row's x W, for G = W W^T (*M, D, D); (r (*M, ...), cache).
+
+    x G x^T is |x W|^2 summed with terms of both signs: in float32 it loses
+    about eps cond(G) of |x|^2 |G| and can fall below 0 where x is near W's
+    null directions (always there when d_k < D). It is clamped at 0, and the
+    cost rule takes this form only where d_k >= D (attn.model.head.head_costs)."""
+    xG, _ = linear_forward(x, G)  # x G: (*M, ..., D)
     mean_square = np.einsum("...i,...i->...", xG, x)
     mean_square /= x.dtype.type(d_k)
+    np.maximum(mean_square, 0, out=mean_square)
     mean_square += x.dtype.type(NORM_EPS)
     inverse = 1.0 / np.sqrt(mean_square)
-    return inverse, (x, xG, inverse, d_k, G.ndim - 2)
+    return inverse, (x, xG, inverse, d_k, member_axes(G))
 
 
 def row_norm_backward(dinverse: np.ndarray, cache):
@@ -216,9 +225,7 @@ def row_norm_backward(dinverse: np.ndarray, cache):
     x, xG, inverse, d_k, members = cache
     c = dinverse * inverse**3
     c *= x.dtype.type(-0.5 / d_k)
-    rows = x.reshape(*x.shape[:members], -1, x.shape[-1])  # (*M, N, D)
-    scaled = (x * c[..., None]).reshape(rows.shape)  # diag(c) x
-    dG = rows.swapaxes(-1, -2) @ scaled  # (*M, D, D)
+    dG = as_rows(x, members).swapaxes(-1, -2) @ as_rows(x * c[..., None], members)  # x^T diag(c) x: (*M, D, D)
     return dG, 2 * c[..., None] * xG
 
 
