@@ -26,7 +26,10 @@ from attn.train import loop
 
 D, DK, DV = 6, 17, 13  # both circuits wider than 2 D = 12: carried at 12
 MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True),
-                                                                        dict(score="sigma_reparam", causal=True)]
+                                                                        dict(score="sigma_reparam", causal=True),
+                                                                        dict(score="qk_norm", qk_norm_gain="scalar"),
+                                                                        dict(score="qk_norm", qk_norm_gain="none",
+                                                                             causal=True)]
 
 
 def mode_id(mode: dict) -> str:
@@ -99,6 +102,25 @@ def test_loss_and_every_gradient_equal_the_textbook_models(mode, where):
         assert np.isclose(optim.squared_norm(grads[name]), optim.squared_norm(textbook_grads[name]), rtol=1e-12)
 
 
+@pytest.mark.parametrize("association", ["projected", "bilinear"])
+@pytest.mark.parametrize("gain", ["scalar", "none"])
+def test_qk_norms_mean_runs_over_the_true_d_k_in_either_association(association, gain):
+    """RMSNorm of q, k carried at 2 D: rms over the d_k-wide row, formed
+    (projected) or from the Gram matrices (bilinear), equals the textbook's."""
+    rng = np.random.default_rng(4)
+    spec = spec_of(score="qk_norm", qk_norm_gain=gain)
+    carried = fast.init_params(spec, np.random.default_rng(6))
+    q_qk, q_ov = bases(spec, 6)
+    batch = batch_of(rng, spec, "some")
+    loss, cache = fast.forward(carried, spec, batch, association=association)
+    grads = formed(fast.backward(cache, spec), q_qk, q_ov)
+    textbook_loss, textbook_grads = reference.loss_and_grads(formed(carried, q_qk, q_ov),
+                                                             dataclasses.replace(spec, width_free=False), batch)[:2]
+    assert cache["attn"]["association"] == association and close(loss, textbook_loss)
+    for name, value in textbook_grads.items():
+        assert close(grads[name], value), name
+
+
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_every_width_free_mode_passes_the_gradient_check(mode):
     rng = np.random.default_rng(7)
@@ -114,9 +136,10 @@ WIDE = ["model.d_model=16", "model.d_k=40", "task.n_keys=8", "task.n_values=8", 
         "train.batch_size=16", "task.eval_size=64", "dtype=float64"]
 
 
-@pytest.mark.parametrize("score", ["dot", "sigma_reparam"])
+@pytest.mark.parametrize("score", ["dot", "sigma_reparam", "qk_norm"])
 def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialized_run(score):
-    c = load_config(None, [*WIDE, f"model.score={score}", "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=0.01",
+    gain = ["model.qk_norm_gain=scalar"] if score == "qk_norm" else []
+    c = load_config(None, [*WIDE, f"model.score={score}", *gain, "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=0.01",
                            "optim.clip_norm=0.5", "optim.schedule=cosine", "optim.warmup_steps=10",
                            "train.steps=200"])
     runs = {}
@@ -142,8 +165,9 @@ def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialize
 
 
 @pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true"),
-                                    ("model.d_k=40", "model.score=sigma_reparam")],
-                         ids=["sgd", "nesterov", "sigma_reparam"])  # sigma_reparam: its buffers v_c checkpointed too
+                                    ("model.d_k=40", "model.score=sigma_reparam"),
+                                    ("model.d_k=40", "model.score=qk_norm", "model.qk_norm_gain=scalar")],
+                         ids=["sgd", "nesterov", "sigma_reparam", "qk_norm"])  # sigma_reparam: its buffers v_c checkpointed too
 def test_a_width_free_stack_and_its_resume_are_each_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *MEMBERS[i]) for i in (0, 2, 3, 4)]  # (1 diverges at d_k 40)
     assert all(build_spec(c, build_task(c)).width_free for c in configs)
@@ -159,10 +183,12 @@ def test_the_cost_rule_chooses_width_free_only_when_valid_and_cheaper():
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20, width_free=True) == "widthfree"
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20) != "widthfree"
     assert head.choose_association(64, 1, 9, 64, 32, 32, width_free=True) != "widthfree"  # d_k < 2D: no gain
-    for overrides in (["optim.name=adam", "optim.lr=0.01"], ["model.score=qk_norm"], ["model.width_free=false"]):
+    for overrides in (["optim.name=adam", "optim.lr=0.01"], ["model.score=qk_norm"], ["model.width_free=false"],
+                      ["model.score=qk_norm", "model.qk_norm=layer", "model.qk_norm_gain=scalar"]):
         c = load_config(None, ["model.d_k=4096", *overrides])
         assert not build_spec(c, build_task(c)).width_free, overrides
-    for overrides in ([], ["model.score=sigma_reparam"]):
+    for overrides in ([], ["model.score=sigma_reparam"], ["model.score=qk_norm", "model.qk_norm_gain=scalar"],
+                      ["model.score=qk_norm", "model.qk_norm_gain=none"]):
         c = load_config(None, ["model.d_k=4096", *overrides])
         assert build_spec(c, build_task(c)).width_free, overrides
 

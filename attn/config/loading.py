@@ -290,7 +290,7 @@ def width_free_allowed(config: Config) -> bool:
     """Whether the config's optimiser and score mode keep W_q, W_k (W_v, W_o)
     in the span of their initial rows (attn.model.widthfree), and model.width_free lets them be carried so."""
     return (config.model.width_free and config.optim.name in optim.SUBSPACE_OPTIMIZERS
-            and config.model.score in widthfree.WIDTH_FREE_SCORES)
+            and widthfree.keeps_span(config.model.score, config.model.qk_norm, config.model.qk_norm_gain))
 
 
 def runs_width_free(config: Config, task) -> bool:
@@ -301,7 +301,7 @@ def runs_width_free(config: Config, task) -> bool:
     m = config.model
     positions = 1 if task.name == "retrieval" else task.seq_len
     return head.choose_association(config.train.batch_size, positions, task.seq_len, m.d_model, m.d_k,
-                                   m.d_v or m.d_k, width_free=True) == "widthfree"
+                                   m.d_v or m.d_k, width_free=True, normed=m.score == "qk_norm") == "widthfree"
 
 
 def estimate_memory_bytes(config: Config) -> int:

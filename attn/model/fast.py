@@ -394,7 +394,8 @@ def head_score(params: dict, spec: ModelSpec) -> scores.HeadScore | None:
     """What the head's score mode needs besides s q.k (None for dot, mup and sigma_reparam)."""
     if spec.score == "qk_norm":
         gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
-        return scores.HeadScore(norm=spec.qk_norm, g_q=gains[0], g_k=gains[1])
+        norm_width = spec.d_k if spec.k_width != spec.d_k else None  # q, k carried narrower: the mean over d_k
+        return scores.HeadScore(norm=spec.qk_norm, g_q=gains[0], g_k=gains[1], norm_width=norm_width)
     if spec.score == "softcap":
         return scores.HeadScore(cap=spec.softcap)
     if spec.score == "temperature":

@@ -144,7 +144,8 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     if normed and d_k < D:  # G = W W^T of rank d_k < D: its rows' norms cancel in float32 (scores.row_norm_forward)
         del costs["bilinear"]
     if width_free:
-        carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v))
+        carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v),
+                             normed=normed)
         costs["widthfree"] = min(carried.values())
     return costs
 
@@ -216,8 +217,8 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
         q_scaled, q_projection = linear_forward(x_q, W_q)  # Q = X_Q W_q: (*M, B, P, d_k)
         key_norm = query_norm = None
         if norm is not None:  # q, k <- g norm(q), g norm(k) over d_k
-            k, key_norm = scores.norm_forward(k, score.g_k, norm)
-            q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm)
+            k, key_norm = scores.norm_forward(k, score.g_k, norm, score.norm_width)
+            q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm, score.norm_width)
         q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
         logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
     elif norm is not None:
@@ -247,7 +248,7 @@ def _normed_forward(x: np.ndarray, x_q: np.ndarray, W_q, W_k, scale, score: scor
     """S = s norm(q).norm(k) = r_k o (s r_q X_Q M) X^T with q, k never formed
     (attn.model.scores.gram_forward: M, G_q, G_k are D x D, and r the rows'
     inverse norms from them); (S, the query circuit s r_q X_Q M, cache)."""
-    d_k = W_q.shape[-1]
+    d_k = score.norm_width or W_q.shape[-1]  # the true d_k, also where W_q is carried narrower (width-free)
     (M, G_q, G_k), gram = scores.gram_forward(W_q, W_k, score.g_q, score.g_k, score.norm)  # (*M, D, D) each
     key_inverse, key_norm = scores.row_norm_forward(x, G_k, d_k)  # r_k: (*M, B, T)
     query_inverse, query_norm = scores.row_norm_forward(x_q, G_q, d_k)  # r_q: (*M, B, P)

@@ -38,6 +38,7 @@ class HeadScore:
     temperature: np.ndarray | None = None  # theta (*M,): S = exp(theta) q.k
     length_scale: np.ndarray | None = None  # s_len (*M,): S = s_len ln(n) s q.k
     norm: str | None = None  # qk_norm: rms | layer
+    norm_width: int | None = None  # the d_k a norm's mean runs over, when q, k are carried narrower (width-free)
     g_q: np.ndarray | None = None  # qk_norm's gains (*M, d_k) or (*M, 1), or None
     g_k: np.ndarray | None = None
 
@@ -122,15 +123,24 @@ def softcap_backward(dout: np.ndarray, capped: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 # q' = g norm(q) over the last axis: RMSNorm or LayerNorm
 # --------------------------------------------------------------------------
-def norm_forward(x: np.ndarray, gain: np.ndarray | None, kind: str):
+def norm_forward(x: np.ndarray, gain: np.ndarray | None, kind: str, width: int | None = None):
     """rms:   x' = g x / sqrt(mean(x^2) + eps)
     layer: x' = g (x - mean(x)) / sqrt(var(x) + eps)
-    over the last axis (d_k); g (*M, d_k) or (*M, 1) broadcast over the rows, or None (no gain)."""
+    over the last axis (d_k); g (*M, d_k) or (*M, 1) broadcast over the rows, or None (no gain).
+    `width`: the mean of rms over that many entries, the last axis's and zeros
+    beyond it (x the coordinates of a d_k-wide row, attn.model.widthfree)."""
     centred = x - x.mean(axis=-1, keepdims=True) if kind == "layer" else x
-    inverse = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + x.dtype.type(NORM_EPS))
+    inverse = 1.0 / np.sqrt(_mean(centred * centred, width) + x.dtype.type(NORM_EPS))
     normed = centred * inverse  # a fresh array, the caller's to scale in place: the cache keeps its factors
     g = None if gain is None else gain.reshape(gain.shape[:-1] + (1,) * (x.ndim - gain.ndim) + gain.shape[-1:])
-    return (normed if g is None else normed * g), (centred, inverse, g, kind, gain is not None and gain.shape)
+    return (normed if g is None else normed * g), (centred, inverse, g, kind, gain is not None and gain.shape, width)
+
+
+def _mean(x: np.ndarray, width: int | None) -> np.ndarray:
+    """The mean over the last axis (keepdims), or its sum over `width`."""
+    if width is None:
+        return x.mean(axis=-1, keepdims=True)
+    return np.add.reduce(x, axis=-1, keepdims=True) / x.dtype.type(width)
 
 
 def norm_backward(dout: np.ndarray, cache):
@@ -138,10 +148,10 @@ def norm_backward(dout: np.ndarray, cache):
         dn = dout g,   dx = r (dn - mean(dn) - n mean(dn n))   (layer)
                        dx = r (dn - n mean(dn n))              (rms)
         dg = sum of dout n over every row (to g's shape)."""
-    centred, inverse, g, kind, gain_shape = cache
+    centred, inverse, g, kind, gain_shape, width = cache
     normed = centred * inverse
     dnormed = dout if g is None else dout * g
-    dx = dnormed - normed * (dnormed * normed).mean(axis=-1, keepdims=True)
+    dx = dnormed - normed * _mean(dnormed * normed, width)
     if kind == "layer":
         dx -= dnormed.mean(axis=-1, keepdims=True)
     dx *= inverse

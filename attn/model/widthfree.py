@@ -53,10 +53,16 @@ and d sigma / dW = u v^T = (u v_c^T) Q, so W' = C' Q and its gradient are
 coordinates too; v is carried as v_c (attn.model.fast.init_buffers: the
 same run as the materialized model's while B is drawn in full).
 
+qk_norm's RMSNorm with one gain (or none) stays in it too: q = x W_q =
+(x C_q) Q, so |q| = |x C_q|, and the gradient reaching q through
+q' = g q / rms(q) is a combination of q and of the keys' k', rows in the
+span. The norm's mean is over the true d_k: rms(q)^2 = |x C_q|^2 / d_k
+(attn.model.scores.HeadScore.norm_width).
+
 What leaves the subspace (and so keeps the materialized weights): Adam and
-AdamW (elementwise over d_k) and qk_norm (a norm and a gain per dimension
-of q, k). WIDTH_FREE_SCORES lists the modes that act on the scores alone
-or, sigma_reparam, on W_q, W_k within their span.
+AdamW (elementwise over d_k), qk_norm's LayerNorm (its centring subtracts
+the mean along the all-ones direction of R^{d_k}) and a gain per dimension.
+keeps_span says which score modes stay.
 """
 
 from __future__ import annotations
@@ -64,7 +70,15 @@ from __future__ import annotations
 import numpy as np
 
 WIDTH_FREE_SCORES = ("dot", "softcap", "temperature", "mup", "log_length", "sigma_reparam")  # keep W_q, W_k in span
+WIDTH_FREE_QK_NORM = ("rms", ("scalar", "none"))  # qk_norm's norm and gains that keep them in span too
 SAMPLE_LIMIT = 1 << 22  # entries of B (2D x width) drawn as the materialized model draws them; beyond: bartlett
+
+
+def keeps_span(score: str, qk_norm: str, qk_norm_gain: str) -> bool:
+    """Whether a score mode keeps W_q, W_k in the span of their initial rows (module docstring)."""
+    if score == "qk_norm":
+        return qk_norm == WIDTH_FREE_QK_NORM[0] and qk_norm_gain in WIDTH_FREE_QK_NORM[1]
+    return score in WIDTH_FREE_SCORES
 
 
 def carried_width(d_model: int, width: int) -> int:
