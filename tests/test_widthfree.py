@@ -233,14 +233,15 @@ def test_bartlett_draws_the_gram_matrix_of_gaussian_rows():
     assert np.abs(np.mean(grams, axis=0) - expected).max() < 0.05 * expected.max()
 
 
-def test_the_mechanism_rows_of_a_width_free_head_are_the_materialized_heads():
+@pytest.mark.parametrize("mode", [{}, dict(score="qk_norm", qk_norm_gain="scalar")], ids=mode_id)
+def test_the_mechanism_rows_of_a_width_free_head_are_the_materialized_heads(mode):
     """Per-row gradient norms and saturation from the coordinates: |grad W| = |grad C| row by row."""
     rng = np.random.default_rng(13)
-    spec = spec_of()
+    spec = spec_of(**mode)
     carried = fast.init_params(spec, np.random.default_rng(5))
     q_qk, q_ov = bases(spec, 5)
     batch = batch_of(rng, spec, "some")
     width_free = mechanism.row_statistics(carried, spec, batch)
     full = mechanism.row_statistics(formed(carried, q_qk, q_ov), dataclasses.replace(spec, width_free=False), batch)
     for name, values in full.items():
-        assert np.allclose(width_free[name], values, rtol=1e-12, atol=0), name
+        assert np.allclose(width_free[name], values, rtol=1e-12, atol=0, equal_nan=True), name  # qk_norm: NaN norms

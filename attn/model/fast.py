@@ -95,6 +95,11 @@ class ModelSpec:
         return self.score == "qk_norm"
 
     @property
+    def norm_width(self) -> int | None:
+        """The d_k a qk_norm's mean runs over when q, k are carried narrower (width-free), else None."""
+        return self.d_k if self.k_width != self.d_k else None
+
+    @property
     def k_width(self) -> int:
         """The width W_q, W_k are carried at: d_k, or 2 d_model when width-free and d_k is wider."""
         return widthfree.carried_width(self.d_model, self.d_k) if self.width_free else self.d_k
@@ -394,8 +399,7 @@ def head_score(params: dict, spec: ModelSpec) -> scores.HeadScore | None:
     """What the head's score mode needs besides s q.k (None for dot, mup and sigma_reparam)."""
     if spec.score == "qk_norm":
         gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
-        norm_width = spec.d_k if spec.k_width != spec.d_k else None  # q, k carried narrower: the mean over d_k
-        return scores.HeadScore(norm=spec.qk_norm, g_q=gains[0], g_k=gains[1], norm_width=norm_width)
+        return scores.HeadScore(norm=spec.qk_norm, g_q=gains[0], g_k=gains[1], norm_width=spec.norm_width)
     if spec.score == "softcap":
         return scores.HeadScore(cap=spec.softcap)
     if spec.score == "temperature":

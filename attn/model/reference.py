@@ -54,7 +54,8 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     norms = None
     if spec.score == "qk_norm":
         gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
-        (Q, query_norm), (K, key_norm) = (scores.norm_forward(Z, g, spec.qk_norm) for Z, g in zip((Q, K), gains))
+        (Q, query_norm), (K, key_norm) = (scores.norm_forward(Z, g, spec.qk_norm, spec.norm_width)
+                                              for Z, g in zip((Q, K), gains))
         norms = (query_norm, key_norm)
     masked = np.zeros((T, T), dtype=bool)  # True where query i may not look at key j
     if spec.causal:
