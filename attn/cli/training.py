@@ -22,7 +22,7 @@ from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_pro
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml, show_value
 from attn.model.fast import carried_as
-from attn.model.widthfree import WIDTH_FREE_QK_NORM, WIDTH_FREE_SCORES
+from attn.model.widthfree import WIDTH_FREE_QK_NORM, WIDTH_FREE_QK_NORM_GAINS, WIDTH_FREE_SCORES
 from attn.optim import SUBSPACE_OPTIMIZERS
 from attn.store import locks, runs
 from attn.text import format_number, summary_figures
@@ -193,7 +193,7 @@ def cmd_config(args) -> int:
             print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
         print(f"width-free head (model.width_free; attn.model.widthfree): optim.name {', '.join(SUBSPACE_OPTIMIZERS)}"
               f" with model.score {', '.join(WIDTH_FREE_SCORES)}, or qk_norm with model.qk_norm "
-              f"{WIDTH_FREE_QK_NORM[0]} and model.qk_norm_gain {' or '.join(WIDTH_FREE_QK_NORM[1])}; every other "
+              f"{WIDTH_FREE_QK_NORM} and model.qk_norm_gain {' or '.join(WIDTH_FREE_QK_NORM_GAINS)}; every other "
               "optimiser and mode keeps the d_k-wide weights")
         return EXIT_OK
     config = _load_run_config(config_path, overrides)

@@ -70,14 +70,15 @@ from __future__ import annotations
 import numpy as np
 
 WIDTH_FREE_SCORES = ("dot", "softcap", "temperature", "mup", "log_length", "sigma_reparam")  # keep W_q, W_k in span
-WIDTH_FREE_QK_NORM = ("rms", ("scalar", "none"))  # qk_norm's norm and gains that keep them in span too
+WIDTH_FREE_QK_NORM = "rms"  # qk_norm's norm that keeps them in span too, with these gains:
+WIDTH_FREE_QK_NORM_GAINS = ("scalar", "none")
 SAMPLE_LIMIT = 1 << 22  # entries of B (2D x width) drawn as the materialized model draws them; beyond: bartlett
 
 
 def keeps_span(score: str, qk_norm: str, qk_norm_gain: str) -> bool:
     """Whether a score mode keeps W_q, W_k in the span of their initial rows (module docstring)."""
     if score == "qk_norm":
-        return qk_norm == WIDTH_FREE_QK_NORM[0] and qk_norm_gain in WIDTH_FREE_QK_NORM[1]
+        return qk_norm == WIDTH_FREE_QK_NORM and qk_norm_gain in WIDTH_FREE_QK_NORM_GAINS
     return score in WIDTH_FREE_SCORES
 
 
