@@ -37,7 +37,7 @@ from attn.config.schema import (
     unread_keys,
 )
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
-from attn.model import head, widthfree
+from attn.model import head, scores, widthfree
 from attn.model.fast import ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
 
@@ -301,7 +301,7 @@ def runs_width_free(config: Config, task) -> bool:
     m = config.model
     positions = 1 if task.name == "retrieval" else task.seq_len
     return head.choose_association(config.train.batch_size, positions, task.seq_len, m.d_model, m.d_k,
-                                   m.d_v or m.d_k, width_free=True, normed=m.score == "qk_norm") == "widthfree"
+                                   m.d_v or m.d_k, width_free=True, normed=m.score in scores.NORMED_MODES) == "widthfree"
 
 
 def estimate_memory_bytes(config: Config) -> int:

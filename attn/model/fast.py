@@ -92,7 +92,7 @@ class ModelSpec:
     @property
     def normed(self) -> bool:
         """Whether q and k pass through a norm (qk_norm): the head's bilinear form is then its Gram form."""
-        return self.score == "qk_norm"
+        return self.score in scores.NORMED_MODES
 
     @property
     def norm_width(self) -> int | None:

@@ -26,6 +26,7 @@ import numpy as np
 from attn.model.pairs import as_rows, linear_forward, member_axes
 
 SCORE_MODES = ("dot", "qk_norm", "softcap", "temperature", "mup", "sigma_reparam", "log_length")
+NORMED_MODES = ("qk_norm",)  # the modes whose q and k pass through a norm (their head's Gram form)
 NORM_EPS = 1e-6  # added to the mean square (or variance) before the square root
 
 
