@@ -64,30 +64,44 @@ BENCH_END = "<!-- /bench -->"
 COPIED = ("report.md", runs.REPORT_FILE, runs.SEEDS_FILE, "report.csv", "*.png")
 
 
-def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allow_mixed: bool = False) -> list[Path]:
+def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allow_mixed: bool = False,
+            verification_only: bool = False) -> list[Path]:
     """Copy each experiment's report into experiments/results/ and regenerate
     experiments/README.md and README.md's results block; the paths written.
     Refused (RunError, one line) for a report whose runs come from several
     code states or from uncommitted code (its code_state_note), unless
-    allow_mixed; the report itself says so either way."""
+    allow_mixed; the report itself says so either way; and for a verification
+    of another report than the one it would be published beside.
+    `verification_only`: copy each one's verification alone, beside the
+    report already published, which it must have verified (attn verify --as-run)."""
     runs_dir = Path(runs_dir)
     experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
     unknown = [name for name in names or () if name not in experiments]
     if unknown:  # a name is a directory of the results: only an experiment's, never a path
         raise runs.RunError(f"publish: NAME {unknown[0]!r}: not an experiment; expected one of {', '.join(experiments)}")
-    names = names or [name for name in experiments if (runs_dir / name / "report.json").exists()]
-    if not names:
-        raise runs.RunError(f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first")
     verifications = {name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")}
-                     for name in names}
+                     for name in experiments}
+    reports = {name: (RESULTS if verification_only else runs_dir) / name / runs.REPORT_FILE for name in experiments}
+    names = names or [name for name in experiments if reports[name].exists()
+                      and (not verification_only or verifications[name][".json"].exists())]
+    if not names:
+        raise runs.RunError(f"{runs_dir}: no verification of a published report yet; run `attn verify "
+                            "experiments/<name>.yaml` with the published report as run first" if verification_only else
+                            f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first")
     for name in names:  # every source checked before any result is replaced
-        if not (runs_dir / name / "report.json").exists():
-            raise runs.RunError(f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first")
+        if not reports[name].exists():
+            raise runs.RunError(f"{reports[name]}: not published yet; publish its report first" if verification_only
+                                else f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first")
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
             raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
                                 f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
-        if not allow_mixed:
-            note = json.loads((runs_dir / name / "report.json").read_text()).get("code_state_note")
+        if verification_only and not verifications[name][".json"].exists():
+            raise runs.RunError(f"{verifications[name]['.json']}: no verification of {name}; run `attn verify "
+                                f"experiments/{name}.yaml` with its published report as run first")
+        if verifications[name][".json"].exists():
+            _check_verified(verifications[name][".json"], reports[name])
+        if not allow_mixed and not verification_only:
+            note = json.loads(reports[name].read_text()).get("code_state_note")
             if note:
                 raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
                                     "commit (re-run them), or pass --allow-mixed to publish them as they are")
@@ -97,25 +111,35 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     written = []
     for name in names:
         target = staged / name
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-        for pattern in COPIED:
-            for path in sorted((runs_dir / name).glob(pattern)):
-                _copy(path, target / path.name)
+        if not verification_only:
+            if target.exists():
+                shutil.rmtree(target)
+            target.mkdir(parents=True)
+            for pattern in COPIED:
+                for path in sorted((runs_dir / name).glob(pattern)):
+                    _copy(path, target / path.name)
         for suffix, path in verifications[name].items():
             if path.exists():
                 _copy(path, target / f"verify{suffix}")
         written.append(RESULTS / name)
-    benches = sorted((runs_dir / "bench").glob("bench-*.json"))  # named by their time: the last is the newest
+    benches = [] if verification_only else sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
     if benches:
         for suffix in (".json", ".md"):
             _copy(benches[-1].with_suffix(suffix), staged / f"bench{suffix}")
             written.append(RESULTS / f"bench{suffix}")
-    reports = _reports(staged)
-    experiments_text, text = _texts(reports, staged, json.loads(benches[-1].read_text()) if benches else None)
+    experiments_text, text = _texts(_reports(staged), staged, json.loads(benches[-1].read_text()) if benches else None)
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
     return written + _write_texts(experiments_text, text)
+
+
+def _check_verified(verification: Path, report: Path) -> None:
+    """RunError unless the verification took this report as run (its bytes' digest); one written before
+    verify recorded the digest cannot say, and is refused too."""
+    as_run = json.loads(verification.read_text()).get("as_run") or {}
+    if as_run.get("sha256") != verify.as_run_record(report, False)["sha256"]:
+        said = (f"verified another report than {report}" if as_run else
+                f"does not say which report it verified (an older attn verify wrote it), so not {report}")
+        raise runs.RunError(f"{verification}: {said}; run `attn verify` of it again (finished re-runs are kept)")
 
 
 def publish_text() -> list[Path]:

@@ -20,6 +20,7 @@ import pytest
 from helpers import write_experiment_file
 
 from attn import publish
+from attn.experiment import verify
 from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,9 @@ def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
     (root / "verify").mkdir()
     (root / "verify" / "sqrt_dk.md").write_text(f"verified {version}\n")
     runs.write_json(root / "verify" / "sqrt_dk.json", {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
-                                                         "expectations": [{"id": "a"}], "agree": True, "cells": []})
+                                                         "expectations": [{"id": "a"}], "agree": True, "cells": [],
+                                                         "as_run": verify.as_run_record(root / "sqrt_dk" / "report.json",
+                                                                                        False)})
     return root
 
 

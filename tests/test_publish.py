@@ -52,7 +52,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
                     {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
                      "expectations": [{"id": "a"}], "agree": True,
                      "cells": [{"same": True}, {"same": False}, {"same": True}],
-                     "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}}})
+                     "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}},
+                     "as_run": verify.as_run_record(run_dir / "report.json", False)})
     written = publish.publish(None, tmp_path / "runs")
     results = repo / "experiments" / "results" / "sqrt_dk"
     assert {p.name for p in results.iterdir()} == {"report.json", "report.md", "headline.png", "verify.md",
@@ -376,11 +377,12 @@ def test_the_materialized_re_run_links_the_finished_runs_it_does_not_re_run(tmp_
         (experiment.directory / cell.name).mkdir(parents=True)
         runs.write_json(experiment.directory / cell.name / "summary.json", {"status": status})
     target = tmp_path / "verify" / "w"
-    assert verify.link_finished_runs(experiment, target, frozenset(c.name for c in experiment.cells)) == 1
     finished, unfinished = (c.name for c in experiment.cells)
+    assert verify.link_finished_runs(experiment, target, frozenset(c.name for c in experiment.cells)) == {finished}
     assert (target / finished / "summary.json").stat().st_ino == \
         (experiment.directory / finished / "summary.json").stat().st_ino  # a hard link, not a copy
     assert not (target / unfinished).exists()  # left for the re-run's sweep to train
+    assert verify.link_finished_runs(experiment, target, frozenset({finished})) == {finished}, "linked before: still"
 
 
 def test_a_materialized_re_runs_unchanged_count_is_over_the_runs_it_re_ran():
@@ -460,8 +462,8 @@ def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
     linked = {"materialized": {json.dumps([cell(16, 4)["settings"]], sort_keys=True)}}
     rows = verify.compare_cells(reports, linked)
     assert [r["learned"]["materialized"] for r in rows] == ["linked", "2/4"] and all(r["same"] for r in rows)
-    assert verify.cells_agreement(rows, 3) == ("the same count in all three in 2 of 2 cells (1 of them compared "
-                                               "without the materialized re-run, which linked their runs as run)")
+    said = verify.cells_agreement(rows, 3)
+    assert said.startswith("the same count in all three in 2 of 2 cells") and "(1 of them compared without" in said
 
 
 def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
@@ -572,3 +574,85 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
     capsys.readouterr()
     assert cli.main(["publish", "--text-only", "sqrt_dk"]) == 2
     assert facts_in(capsys.readouterr().err, "--text-only", "sqrt_dk", "NAME")
+    assert cli.main(["publish", "--text-only", "--verification-only"]) == 2
+    assert facts_in(capsys.readouterr().err, "--text-only", "--verification-only")
+
+
+def as_run_setup(tmp_path, monkeypatch):
+    """An experiment of a width-free cell that can be materialized and one too wide to be, whose report is
+    published alone, its runs gone; and a verify whose re-runs each write a report that agrees, made by
+    other code; the passes each re-run was given, by variant."""
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256, 2 * verify.MATERIALIZED_WIDTH]},
+            "seeds": [0]}
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    published = tmp_path / "results" / "w"
+    published.mkdir(parents=True)
+    runs.write_report_json(published, verifiable(experiment, {"a": "confirmed"}))
+    passes = {}
+
+    def rerun(experiment, variant, variant_passes, env, workers, progress):
+        passes[variant] = variant_passes
+        directory = tmp_path / variant
+        directory.mkdir(exist_ok=True)
+        made = verifiable(experiment, {"a": "confirmed"})
+        made["platform"] = {**made["platform"], "attn_commit": ["def5678"]}
+        runs.write_report_json(directory, made)
+        return directory
+
+    monkeypatch.setattr(verify, "rerun", rerun)
+    monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")
+    return experiment, published, passes
+
+
+def test_verify_takes_a_published_report_as_run_and_makes_the_runs_it_cannot_link(tmp_path, monkeypatch):
+    """With --as-run a published report is the reference, its runs not here: the materialized re-run
+    makes as they ran the cells it would have linked (their pass has no width_free=false), and says so."""
+    experiment, published, passes = as_run_setup(tmp_path, monkeypatch)
+    with pytest.raises(runs.RunError, match="no report yet"):
+        verify.verify(experiment, None, 1)  # the experiment's own report: none, its runs are gone
+    result = verify.verify(experiment, None, 1, as_run=published)
+    assert result["as_run"]["given"] and result["as_run"]["report"] == str(published / "report.json")
+    assert result["as_run"] == verify.as_run_record(published / "report.json", True)
+    materialized = [" ".join(p) for p in passes["materialized"]]
+    assert len(materialized) == 2 and sum("model.width_free=false" in p for p in materialized) == 1
+    assert "1 of them are not here as run" in result["materialized"] and "as they ran" in result["materialized"]
+    assert result["remade"] == {"same": 0, "runs": 0}  # the fake reports hold no seeds
+    text = verify.verify_markdown(result)
+    assert f"As run: {published / 'report.json'}" in text
+    assert "The re-runs ran attn def5678" in text and "(abc1234)" in text
+
+
+def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path, monkeypatch):
+    """publish refuses a verification of another report (before touching anything); --verification-only
+    copies a published report's verification alone, its report and figures kept."""
+    repo = tmp_path / "repo"
+    (repo / "experiments").mkdir(parents=True)
+    write_experiment_file(repo, "sqrt_dk")
+    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n")
+    monkeypatch.setattr(publish, "REPO", repo)
+    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    published = repo / "experiments" / "results" / "sqrt_dk"
+    published.mkdir(parents=True)
+    runs.write_json(published / "report.json", report({"a": "confirmed"}))
+    (published / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "verify").mkdir(parents=True)
+    (runs_dir / "verify" / "sqrt_dk.md").write_text("Every verdict agrees.\n")
+    other = tmp_path / "other.json"
+    runs.write_json(other, report({"a": "inconclusive"}))
+    for as_run, refused in ((other, True), (published / "report.json", False)):
+        runs.write_json(runs_dir / "verify" / "sqrt_dk.json",
+                        {"platforms": {"as run": {}, "float64": {}}, "expectations": [{"id": "a"}], "agree": True,
+                         "as_run": verify.as_run_record(as_run, True)})
+        if refused:
+            with pytest.raises(runs.RunError) as info:
+                publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+            assert facts_in(str(info.value), "sqrt_dk.json:", "another report", str(published / "report.json"))
+            assert not (published / "verify.json").exists()
+        else:
+            publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+    assert {p.name for p in published.iterdir()} == {"report.json", "headline.png", "verify.md", "verify.json"}
+    assert json.loads((published / "verify.json").read_text())["as_run"]["given"] is True

@@ -279,7 +279,7 @@ def cmd_verify(args) -> int:
     try:
         result = verify.verify(experiment, args.kernel, args.workers,
                                progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True),
-                               variants=args.variants)
+                               variants=args.variants, as_run=args.as_run and Path(args.as_run))
     except ChildStopped as stopped:
         print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
               f"checkpointed; run the same command again to resume", file=sys.stderr)
@@ -306,8 +306,12 @@ def cmd_publish(args) -> int:
     if args.text_only and args.names:
         raise UsageError(f"publish: --text-only: got the experiments {', '.join(args.names)}; it writes the text of "
                          "every published one and copies none, so it takes no NAME")
+    if args.text_only and args.verification_only:
+        raise UsageError("publish: --text-only with --verification-only: the first copies nothing, the second the "
+                         "verifications; expected one of them")
     written = (publish.publish_text() if args.text_only else
-               publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed))
+               publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed,
+                               verification_only=args.verification_only))
     for path in written:
         print(path)
     return EXIT_OK
@@ -361,6 +365,10 @@ def add_commands(sub) -> None:
     p.add_argument("--variants", type=variant_list, default=VARIANTS,
                    help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    p.add_argument("--as-run", metavar="DIR",
+                   help="the report to verify, in DIR (default: the experiment's own, from its sweep); e.g. "
+                        "experiments/results/<name>, as published, whose runs need not be here: re-run it from the "
+                        "commit it names")
     _add_max_cells(p)
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("publish", help="publish reports and their generated results text")
@@ -368,6 +376,9 @@ def add_commands(sub) -> None:
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
     p.add_argument("--allow-mixed", action="store_true",
                    help="publish reports whose runs come from several code states or uncommitted code (they say so)")
+    p.add_argument("--verification-only", action="store_true",
+                   help="copy each experiment's verification (runs/verify/<name>.md, .json) alone, beside its published "
+                        "report, which it must have verified (attn verify --as-run experiments/results/<name>)")
     p.add_argument("--text-only", action="store_true",
                    help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
                         "results already published (after a change to an experiment file or to how the text is made)")

@@ -4,8 +4,11 @@ its floating point differs, and its verdicts compared one by one.
     attn verify experiments/sqrt_dk.yaml [--kernel Sandybridge] [--workers N]
 
 The experiment's own report (runs/<name>/report.json, from `attn sweep`)
-is the reference. It is re-run twice, each time through `attn sweep` in a
-child process, into runs/verify/<variant>/<name>:
+is the reference, or with --as-run DIR the report in DIR: a published one
+(experiments/results/<name>), whose runs need not be here, so that anyone can
+re-run a published result on their own machine from the commit it names.
+It is re-run, each time through `attn sweep` in a child process, into
+runs/verify/<variant>/<name>:
 
     float64   every cell in float64 (dtype=float64), on the same BLAS kernel
     <kernel>  float32 again, with OPENBLAS_CORETYPE=<kernel> set for that
@@ -20,7 +23,9 @@ child process, into runs/verify/<variant>/<name>:
               algorithm for the same maths, whose float32 rounding differs;
               where both fit: a cell wider than MATERIALIZED_WIDTH cannot be
               re-run so (its step's cost grows with d_k); it and the cells
-              that are not width-free are the runs as run, hard-linked in,
+              that are not width-free are the runs as run, hard-linked in
+              (re-run as they ran where those runs are not here, which
+              tells whether they took the same path bit for bit),
               so the report is whole (`attn sweep --only` passes, one per
               block of the grid, into one directory, then `attn report` of
               all; a report counts either algorithm's run as the cell's,
@@ -47,6 +52,7 @@ runs/verify/<name>.md and .json, and verify exits 1 if any verdict differs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -157,18 +163,19 @@ def materialized_plan(experiment: Experiment) -> MaterializedPlan:
     return MaterializedPlan(passes, fits, reused, said)
 
 
-def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> int:
+def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
     """Hard-link the finished runs of these cells from the experiment's directory into `target` (a finished
-    run is never written again, so the links share nothing that changes); how many. A run not finished
-    there is left for the re-run's sweep to train."""
-    linked = 0
+    run is never written again, so the links share nothing that changes); the names of those finished there,
+    linked now or by an earlier verify. A run not finished there is left for the re-run's sweep to train."""
+    linked = set()
     for name in sorted(names):
         source, destination = experiment.directory / name, target / name
-        if destination.exists() or (runs.read_summary(source) or {}).get("status") not in runs.FINISHED:
+        if (runs.read_summary(source) or {}).get("status") not in runs.FINISHED:
             continue
-        shutil.copytree(source, destination, copy_function=os.link)
-        linked += 1
-    return linked
+        if not destination.exists():
+            shutil.copytree(source, destination, copy_function=os.link)
+        linked.add(name)
+    return frozenset(linked)
 
 
 def _blocks(cells: list, keys: list[str], fits: set, only: tuple) -> list[tuple[tuple, bool]]:
@@ -239,8 +246,8 @@ def cells_agreement(cells: list[dict], variants: int) -> str:
     same = [c for c in cells if c["same"]]
     linked = sum(LINKED in c.get("learned", {}).values() for c in same)
     return (f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells"
-            + (f" ({linked} of them compared without the materialized re-run, which linked their runs as run)"
-               if linked else ""))
+            + (f" ({linked} of them compared without the materialized re-run, which has them as run: the same "
+               "algorithm)" if linked else ""))
 
 
 def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None) -> dict[str, dict]:
@@ -270,13 +277,17 @@ NOT_ASKED = "not made (attn verify --variants)"  # the materialized re-run, when
 
 
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
-           progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS) -> dict:
+           progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS,
+           as_run: Path | None = None) -> dict:
     """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
-    materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring)."""
-    main = experiment.directory / runs.REPORT_FILE
+    materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring).
+    `as_run`: the directory of the report to verify (default: the experiment's own)."""
+    reference = Path(as_run) if as_run is not None else experiment.directory
+    main = reference / runs.REPORT_FILE
     if not main.exists():
-        raise runs.RunError(f"verify: {main}: no report yet; run `attn sweep {experiment.path}` first")
-    reports = {"as run": checked_report(experiment, main.parent, "as run")}
+        raise runs.RunError(f"verify: {main}: no report" + ("" if as_run is not None else
+                            f" yet; run `attn sweep {experiment.path}` first"))
+    reports = {"as run": checked_report(experiment, reference, "as run")}
     kernel = second_kernel(kernel) if "kernel" in variants else None  # refused before any re-run, not after one
     directories = {}
     if "float64" in variants:
@@ -287,25 +298,43 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     plan = materialized_plan(experiment)
     if "materialized" not in variants:
         plan = MaterializedPlan([], frozenset(), frozenset(), NOT_ASKED)
+    linked, said = frozenset(), plan.said
     if plan.passes:
         target = variant_directory(experiment, "materialized") / experiment.name
         target.mkdir(parents=True, exist_ok=True)
-        link_finished_runs(experiment, target, plan.reused)
+        linked = link_finished_runs(experiment, target, plan.reused)
+        if plan.reused - linked:
+            said += (f"; {len(plan.reused - linked)} of them are not here as run ({reference} holds their report "
+                     "alone), so the re-run made them as they ran")
         directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
     reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)
-    rerun_keys = {_key(settings_json(c.settings), c.seed) for c in experiment.cells if c.name in plan.rerun}
-    linked_cells = {_key(settings_json(c.settings)) for c in experiment.cells if c.name in plan.reused}
-    result = {"experiment": experiment.name, "platforms": {v: r["platform"] for v, r in reports.items()},
+
+    def keys(names: frozenset, with_seed: bool) -> set[str]:
+        return {_key(settings_json(c.settings), *([c.seed] if with_seed else [])) for c in experiment.cells
+                if c.name in names}
+
+    result = {"experiment": experiment.name, "as_run": as_run_record(main, as_run is not None),
+              "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows),
-              "cells": compare_cells(reports, {"materialized": linked_cells}),
-              "unchanged": unchanged_runs(reports, {"materialized": rerun_keys}), "materialized": plan.said}
+              "cells": compare_cells(reports, {"materialized": keys(plan.reused, with_seed=False)}),
+              "unchanged": unchanged_runs(reports, {"materialized": keys(plan.rerun, with_seed=True)}), "materialized": said}
+    if plan.passes and plan.reused - linked:
+        result["remade"] = unchanged_runs({v: reports[v] for v in ("as run", "materialized")},
+                                          {"materialized": keys(plan.reused - linked, with_seed=True)})["materialized"]
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
     runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
     result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
     return result
+
+
+def as_run_record(report: Path, given: bool) -> dict:
+    """Which report a verification took as run: its path, whether it was given (--as-run) rather than the
+    experiment's own, and the digest of its bytes, by which `attn publish` tells that it verified the
+    report it publishes beside."""
+    return {"report": str(report), "given": given, "sha256": hashlib.sha256(report.read_bytes()).hexdigest()}
 
 
 def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
@@ -351,7 +380,8 @@ def verify_markdown(result: dict) -> str:
     variants = list(result["platforms"])
     header = ["expectation", *variants, "agree"]
     rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
-    platforms = "; ".join(f"{v}: {', '.join(p.get('blas', []))}, {', '.join(p.get('dtype', []))}, "
+    platforms = "; ".join(f"{v}: {', '.join(p.get('cpu', []))}, {', '.join(p.get('blas', []))}, "
+                          f"{', '.join(p.get('dtype', []))}, "
                           f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}, "
                           f"subnormals {', '.join(p.get('denormals', ['kept']))}, attn {', '.join(p.get('attn_commit', []))}"
                           for v, p in result["platforms"].items())
@@ -362,11 +392,28 @@ def verify_markdown(result: dict) -> str:
                     "Every verdict agrees." if result["agree"] else
                     "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
     return "\n".join([f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})", "",
-                      f"Platforms: {platforms}.", "",
+                      *_as_run_markdown(result), f"Platforms: {platforms}.", "",
                       f"Re-run {reruns_said(result)}.", "",
                       *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
+                      *([f"Of those made as they ran, {result['remade']['same']} of {result['remade']['runs']} "
+                         "took bit for bit the path they took as run (finite in both).", ""]
+                        if result.get("remade") else []),
                       *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
                       *_unchanged_markdown(result.get("unchanged", {}))])
+
+
+def _as_run_markdown(result: dict) -> list[str]:
+    """The report taken as run when it was given, and a word where the re-runs ran other code than it."""
+    lines = []
+    if (result.get("as_run") or {}).get("given"):
+        lines += [f"As run: {result['as_run']['report']} (its runs are not needed here).", ""]
+    commits = {v: tuple(p.get("attn_commit", [])) for v, p in result["platforms"].items()}
+    other = sorted({c for v, cs in commits.items() if v != "as run" for c in cs} - set(commits.get("as run", ())))
+    if other:
+        lines += [f"The re-runs ran attn {', '.join(other)}, not the code the runs as run came from "
+                  f"({', '.join(commits.get('as run', ())) or 'unknown'}): a verdict that differs may come from the "
+                  "code as well as from rounding.", ""]
+    return lines
 
 
 def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
