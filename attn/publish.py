@@ -29,6 +29,12 @@ README.md are written last, each atomically. A kill at any moment leaves
 the old published set or the new one, never a directory of both, a torn
 file or a file deleted before its replacement is in place; the next
 publish removes what a killed one left beside them.
+
+A verification goes only beside the report it verified (the digest its
+record keeps, attn.experiment.verify.report_digest): publish refuses, before
+it touches anything, one of another report. `--verification-only` copies
+the verifications alone beside the reports already published, for a
+published report verified without its runs (attn verify --as-run).
 """
 
 from __future__ import annotations
@@ -95,8 +101,9 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
             raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
                                 f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
-        if verification_only and not verifications[name][".json"].exists():
-            raise runs.RunError(f"{verifications[name]['.json']}: no verification of {name}; run `attn verify "
+        if verification_only and not all(path.exists() for path in verifications[name].values()):
+            missing = next(path for path in verifications[name].values() if not path.exists())
+            raise runs.RunError(f"{missing}: no verification of {name} there; run `attn verify "
                                 f"experiments/{name}.yaml` with its published report as run first")
         if verifications[name][".json"].exists():
             _check_verified(verifications[name][".json"], reports[name])
@@ -133,13 +140,13 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
 
 
 def _check_verified(verification: Path, report: Path) -> None:
-    """RunError unless the verification took this report as run (its bytes' digest); one written before
-    verify recorded the digest cannot say, and is refused too."""
+    """RunError unless the verification took this report as run (verify.report_digest); one written before
+    verify recorded which cannot say, and is refused too."""
     as_run = json.loads(verification.read_text()).get("as_run") or {}
-    if as_run.get("sha256") != verify.as_run_record(report, False)["sha256"]:
-        said = (f"verified another report than {report}" if as_run else
+    if as_run.get("sha256") != verify.report_digest(report):
+        said = (f"verified {as_run.get('report')}, not {report}" if as_run else
                 f"does not say which report it verified (an older attn verify wrote it), so not {report}")
-        raise runs.RunError(f"{verification}: {said}; run `attn verify` of it again (finished re-runs are kept)")
+        raise runs.RunError(f"{verification}: {said}; verify {report} itself (finished re-runs are kept)")
 
 
 def publish_text() -> list[Path]:

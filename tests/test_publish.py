@@ -579,18 +579,29 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
 
 
 def as_run_setup(tmp_path, monkeypatch):
-    """An experiment of a width-free cell that can be materialized and one too wide to be, whose report is
-    published alone, its runs gone; and a verify whose re-runs each write a report that agrees, made by
-    other code; the passes each re-run was given, by variant."""
+    """An experiment of a width-free cell that can be materialized and one too wide to be, two seeds each,
+    whose report is published alone, its runs gone; and a verify whose re-runs each write a report that
+    agrees, made by other code, where the materialized re-run left one run of the wide cell on its
+    published path; the passes each re-run was given, by variant."""
     from attn.experiment.spec import build_experiment
+    from attn.text import settings_json
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
     data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256, 2 * verify.MATERIALIZED_WIDTH]},
-            "seeds": [0]}
+            "seeds": [0, 1]}
     experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+
+    def with_seeds(made: dict, paths: dict) -> dict:  # paths: d_k -> each seed's path digest
+        cells = [{**made["cells"][0], "settings": settings_json(c.settings), "n": 2,
+                  "seeds": [{"seed": seed, "final_loss": 0.1, "path": path}
+                            for seed, path in enumerate(paths[c.config.model.d_k])]}
+                 for c in experiment.cells if c.seed == 0]
+        return {**made, "cells": cells}
+
+    as_run_paths = {256: ["a", "b"], 2 * verify.MATERIALIZED_WIDTH: ["c", "d"]}
     published = tmp_path / "results" / "w"
     published.mkdir(parents=True)
-    runs.write_report_json(published, verifiable(experiment, {"a": "confirmed"}))
+    runs.write_report_json(published, with_seeds(verifiable(experiment, {"a": "confirmed"}), as_run_paths))
     passes = {}
 
     def rerun(experiment, variant, variant_passes, env, workers, progress):
@@ -599,7 +610,8 @@ def as_run_setup(tmp_path, monkeypatch):
         directory.mkdir(exist_ok=True)
         made = verifiable(experiment, {"a": "confirmed"})
         made["platform"] = {**made["platform"], "attn_commit": ["def5678"]}
-        runs.write_report_json(directory, made)
+        paths = {256: ["e", "f"], 2 * verify.MATERIALIZED_WIDTH: ["c", "g"]}  # seed 0 of the wide cell: as run
+        runs.write_report_json(directory, with_seeds(made, paths))
         return directory
 
     monkeypatch.setattr(verify, "rerun", rerun)
@@ -609,25 +621,56 @@ def as_run_setup(tmp_path, monkeypatch):
 
 def test_verify_takes_a_published_report_as_run_and_makes_the_runs_it_cannot_link(tmp_path, monkeypatch):
     """With --as-run a published report is the reference, its runs not here: the materialized re-run
-    makes as they ran the cells it would have linked (their pass has no width_free=false), and says so."""
+    makes as they ran the cells it would have linked (their pass has no width_free=false), compares
+    them, counts those that took the published path, and says so."""
     experiment, published, passes = as_run_setup(tmp_path, monkeypatch)
     with pytest.raises(runs.RunError, match="no report yet"):
         verify.verify(experiment, None, 1)  # the experiment's own report: none, its runs are gone
+    with pytest.raises(runs.RunError, match="expected a directory holding a report.json"):
+        verify.verify(experiment, None, 1, as_run=tmp_path)
     result = verify.verify(experiment, None, 1, as_run=published)
-    assert result["as_run"]["given"] and result["as_run"]["report"] == str(published / "report.json")
     assert result["as_run"] == verify.as_run_record(published / "report.json", True)
     materialized = [" ".join(p) for p in passes["materialized"]]
     assert len(materialized) == 2 and sum("model.width_free=false" in p for p in materialized) == 1
-    assert "1 of them are not here as run" in result["materialized"] and "as they ran" in result["materialized"]
-    assert result["remade"] == {"same": 0, "runs": 0}  # the fake reports hold no seeds
+    assert "2 of them are not here as run" in result["materialized"] and "as they ran" in result["materialized"]
+    assert result["remade"] == {"same": 1, "runs": 2}, "over the wide cell's two runs, remade, alone"
+    assert result["unchanged"]["materialized"] == {"same": 0, "runs": 2}, "over the materialized cell's alone"
+    assert all(verify.LINKED not in c["learned"].values() for c in result["cells"]), "remade cells are compared"
     text = verify.verify_markdown(result)
-    assert f"As run: {published / 'report.json'}" in text
+    assert f"As run: {result['as_run']['report']}" in text and "1 of 2 took bit for bit" in text
     assert "The re-runs ran attn def5678" in text and "(abc1234)" in text
 
 
+def test_verify_of_a_published_report_refuses_runs_linked_from_another_sweep(tmp_path, monkeypatch):
+    """Runs an earlier verify of the experiment's own sweep linked in are not the published report's."""
+    experiment, published, _ = as_run_setup(tmp_path, monkeypatch)
+    wide = next(c for c in experiment.cells if c.config.model.d_k > verify.MATERIALIZED_WIDTH)
+    (experiment.directory / wide.name).mkdir(parents=True)
+    runs.write_json(experiment.directory / wide.name / "summary.json", {"status": "completed"})
+    target = verify.variant_directory(experiment, "materialized") / experiment.name
+    assert verify.link_finished_runs(experiment, target, frozenset({wide.name})) == {wide.name}
+    with pytest.raises(runs.RunError) as info:
+        verify.verify(experiment, None, 1, as_run=published)
+    assert facts_in(str(info.value), str(target), "1 runs linked from", str(published / "report.json"))
+
+
+def test_a_run_remade_where_one_was_linked_is_not_counted_linked(tmp_path):
+    from attn.experiment.spec import build_experiment
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0]},
+                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
+    name = experiment.cells[0].name
+    target = tmp_path / "verify" / "w"
+    for directory in (experiment.directory / name, target / name):  # the same files, not links of each other
+        directory.mkdir(parents=True)
+        runs.write_json(directory / "summary.json", {"status": "completed"})
+    assert verify.link_finished_runs(experiment, target, frozenset({name})) == frozenset()
+
+
 def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path, monkeypatch):
-    """publish refuses a verification of another report (before touching anything); --verification-only
-    copies a published report's verification alone, its report and figures kept."""
+    """publish refuses a verification of another report before touching anything, in either flow;
+    --verification-only copies a published report's verification alone, its report and figures kept."""
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
     write_experiment_file(repo, "sqrt_dk")
@@ -639,20 +682,35 @@ def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path
     runs.write_json(published / "report.json", report({"a": "confirmed"}))
     (published / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     runs_dir = tmp_path / "runs"
+    (runs_dir / "sqrt_dk").mkdir(parents=True)
+    runs.write_json(runs_dir / "sqrt_dk" / "report.json", report({"a": "inconclusive"}))  # a newer sweep's
     (runs_dir / "verify").mkdir(parents=True)
     (runs_dir / "verify" / "sqrt_dk.md").write_text("Every verdict agrees.\n")
-    other = tmp_path / "other.json"
-    runs.write_json(other, report({"a": "inconclusive"}))
-    for as_run, refused in ((other, True), (published / "report.json", False)):
+    before = {p.name: p.read_bytes() for p in published.iterdir()}, (repo / "README.md").read_text()
+    for as_run, refused in ((runs_dir / "sqrt_dk" / "report.json", True), (published / "report.json", False)):
         runs.write_json(runs_dir / "verify" / "sqrt_dk.json",
                         {"platforms": {"as run": {}, "float64": {}}, "expectations": [{"id": "a"}], "agree": True,
                          "as_run": verify.as_run_record(as_run, True)})
         if refused:
             with pytest.raises(runs.RunError) as info:
                 publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
-            assert facts_in(str(info.value), "sqrt_dk.json:", "another report", str(published / "report.json"))
-            assert not (published / "verify.json").exists()
+            assert facts_in(str(info.value), "sqrt_dk.json:", str(published / "report.json"))
+            assert ({p.name: p.read_bytes() for p in published.iterdir()}, (repo / "README.md").read_text()) == before
         else:
+            with pytest.raises(runs.RunError, match="verified .*, not .*runs/sqrt_dk/report.json"):
+                publish.publish(["sqrt_dk"], runs_dir)  # the normal flow: beside the sweep's report, refused
+            assert ({p.name: p.read_bytes() for p in published.iterdir()}, (repo / "README.md").read_text()) == before
             publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     assert {p.name for p in published.iterdir()} == {"report.json", "headline.png", "verify.md", "verify.json"}
     assert json.loads((published / "verify.json").read_text())["as_run"]["given"] is True
+    (runs_dir / "verify" / "sqrt_dk.md").unlink()
+    with pytest.raises(runs.RunError, match="sqrt_dk.md: no verification of sqrt_dk"):
+        publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+
+
+def test_a_reports_digest_leaves_out_the_experiment_files_path_as_typed(tmp_path):
+    a, b, c = (tmp_path / f"{x}.json" for x in "abc")
+    runs.write_json(a, {**report({"a": "confirmed"}), "file": "experiments/w.yaml"})
+    runs.write_json(b, {**report({"a": "confirmed"}), "file": "../attn/experiments/w.yaml"})
+    runs.write_json(c, {**report({"a": "inconclusive"}), "file": "experiments/w.yaml"})
+    assert verify.report_digest(a) == verify.report_digest(b) != verify.report_digest(c)

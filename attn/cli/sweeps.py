@@ -279,7 +279,7 @@ def cmd_verify(args) -> int:
     try:
         result = verify.verify(experiment, args.kernel, args.workers,
                                progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True),
-                               variants=args.variants, as_run=args.as_run and Path(args.as_run))
+                               variants=args.variants, as_run=None if args.as_run is None else Path(args.as_run))
     except ChildStopped as stopped:
         print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
               f"checkpointed; run the same command again to resume", file=sys.stderr)

@@ -165,17 +165,22 @@ def materialized_plan(experiment: Experiment) -> MaterializedPlan:
 
 def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
     """Hard-link the finished runs of these cells from the experiment's directory into `target` (a finished
-    run is never written again, so the links share nothing that changes); the names of those finished there,
-    linked now or by an earlier verify. A run not finished there is left for the re-run's sweep to train."""
-    linked = set()
+    run is never written again, so the links share nothing that changes); the names whose runs in `target`
+    are such links, made now or by an earlier verify. A run not finished there is left for the re-run's
+    sweep to train."""
     for name in sorted(names):
         source, destination = experiment.directory / name, target / name
-        if (runs.read_summary(source) or {}).get("status") not in runs.FINISHED:
-            continue
-        if not destination.exists():
+        if not destination.exists() and (runs.read_summary(source) or {}).get("status") in runs.FINISHED:
             shutil.copytree(source, destination, copy_function=os.link)
-        linked.add(name)
-    return frozenset(linked)
+    return linked_runs(experiment, target, names)
+
+
+def linked_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
+    """The names whose run in `target` is a hard link of the experiment's own run."""
+    def same(name: str) -> bool:
+        source, destination = (d / name / "summary.json" for d in (experiment.directory, target))
+        return source.exists() and destination.exists() and os.path.samefile(source, destination)
+    return frozenset(name for name in names if same(name))
 
 
 def _blocks(cells: list, keys: list[str], fits: set, only: tuple) -> list[tuple[tuple, bool]]:
@@ -285,8 +290,9 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     reference = Path(as_run) if as_run is not None else experiment.directory
     main = reference / runs.REPORT_FILE
     if not main.exists():
-        raise runs.RunError(f"verify: {main}: no report" + ("" if as_run is not None else
-                            f" yet; run `attn sweep {experiment.path}` first"))
+        raise runs.RunError(f"verify: {main}: no report" + (
+            "; expected a directory holding a report.json and its seeds file, e.g. experiments/results/<name>"
+            if as_run is not None else f" yet; run `attn sweep {experiment.path}` first"))
     reports = {"as run": checked_report(experiment, reference, "as run")}
     kernel = second_kernel(kernel) if "kernel" in variants else None  # refused before any re-run, not after one
     directories = {}
@@ -302,10 +308,15 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     if plan.passes:
         target = variant_directory(experiment, "materialized") / experiment.name
         target.mkdir(parents=True, exist_ok=True)
-        linked = link_finished_runs(experiment, target, plan.reused)
+        if as_run is None:
+            linked = link_finished_runs(experiment, target, plan.reused)
+        elif stale := linked_runs(experiment, target, plan.reused):  # another sweep's runs, not the report's
+            raise runs.RunError(f"verify: {target}: holds {len(stale)} runs linked from {experiment.directory}, "
+                                f"not the runs of {main}; remove them, or verify the experiment's own report")
         if plan.reused - linked:
-            said += (f"; {len(plan.reused - linked)} of them are not here as run ({reference} holds their report "
-                     "alone), so the re-run made them as they ran")
+            said += (f"; {len(plan.reused - linked)} of them are not here as run"
+                     + (f" ({reference} holds their report alone)" if as_run is not None else "")
+                     + ", so the re-run made them as they ran")
         directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
     reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)
@@ -317,7 +328,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     result = {"experiment": experiment.name, "as_run": as_run_record(main, as_run is not None),
               "platforms": {v: r["platform"] for v, r in reports.items()},
               "expectations": rows, "agree": all(r["agree"] for r in rows),
-              "cells": compare_cells(reports, {"materialized": keys(plan.reused, with_seed=False)}),
+              "cells": compare_cells(reports, {"materialized": keys(linked, with_seed=False)}),
               "unchanged": unchanged_runs(reports, {"materialized": keys(plan.rerun, with_seed=True)}), "materialized": said}
     if plan.passes and plan.reused - linked:
         result["remade"] = unchanged_runs({v: reports[v] for v in ("as run", "materialized")},
@@ -331,10 +342,20 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
 
 
 def as_run_record(report: Path, given: bool) -> dict:
-    """Which report a verification took as run: its path, whether it was given (--as-run) rather than the
-    experiment's own, and the digest of its bytes, by which `attn publish` tells that it verified the
-    report it publishes beside."""
-    return {"report": str(report), "given": given, "sha256": hashlib.sha256(report.read_bytes()).hexdigest()}
+    """Which report a verification took as run: its path (from here, where it is below here), whether it
+    was given rather than the experiment's own, and report_digest, by which `attn publish` tells that it
+    verified the report it publishes beside."""
+    resolved = Path(report).resolve()
+    shown = resolved.relative_to(Path.cwd().resolve()) if resolved.is_relative_to(Path.cwd().resolve()) else resolved
+    return {"report": str(shown), "given": given, "sha256": report_digest(resolved)}
+
+
+def report_digest(report: Path) -> str:
+    """SHA-256 of a report.json's content, but the experiment file's path as typed (`attn report` from
+    another directory writes the same report)."""
+    content = json.loads(Path(report).read_text())
+    content.pop("file", None)
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
@@ -406,7 +427,7 @@ def _as_run_markdown(result: dict) -> list[str]:
     """The report taken as run when it was given, and a word where the re-runs ran other code than it."""
     lines = []
     if (result.get("as_run") or {}).get("given"):
-        lines += [f"As run: {result['as_run']['report']} (its runs are not needed here).", ""]
+        lines += [f"As run: {result['as_run']['report']}.", ""]
     commits = {v: tuple(p.get("attn_commit", [])) for v, p in result["platforms"].items()}
     other = sorted({c for v, cs in commits.items() if v != "as run" for c in cs} - set(commits.get("as run", ())))
     if other:
