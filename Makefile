@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -88,6 +88,11 @@ verify-ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \
 	for name in $(ABLATIONS); do $(PY) -m attn verify experiments/$$name.yaml $(ARGS) || status=$$?; done; \
 	echo "make verify-ablations: $$(( $$(date +%s) - start )) s wall time for $(ABLATIONS)" >&2; exit $$status
+
+## make verify-published EXP=experiments/<name>.yaml: its published result re-run here, without its runs, by the commit
+## its report names (a git worktree under runs/published/); then attn publish <name> --verification-only
+verify-published: $(VENV)/.runtime
+	$(PY) -m attn verify $(EXP) --published $(ARGS)
 
 ## make publish: copy the experiments' reports into experiments/results/ and regenerate experiments/README.md
 ## and README's results block from their report.json

@@ -275,11 +275,21 @@ def cmd_verify(args) -> int:
     from attn.experiment import verify
     from attn.store.processes import ChildStopped
 
+    if args.published and args.as_run is not None:
+        raise UsageError(f"verify: --published with --as-run {args.as_run}: the first takes the published report as "
+                         "run, the second the report in DIR; expected one of them")
     experiment = _load_experiment_file(args.experiment, "verify", args.runs_dir, args.max_cells)
+    progress = lambda message: print(f"verify: {message}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        result = verify.verify(experiment, args.kernel, args.workers,
-                               progress=lambda message: print(f"verify: {message}", file=sys.stderr, flush=True),
-                               variants=args.variants, as_run=None if args.as_run is None else Path(args.as_run))
+        if args.published:
+            from attn import publish
+            from attn.report.published import verify_published
+
+            result = verify_published(experiment, publish.RESULTS, publish.REPO, args.kernel, args.workers, progress,
+                                      args.variants)
+        else:
+            result = verify.verify(experiment, args.kernel, args.workers, progress, args.variants,
+                                   as_run=None if args.as_run is None else Path(args.as_run))
     except ChildStopped as stopped:
         print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
               f"checkpointed; run the same command again to resume", file=sys.stderr)
@@ -365,6 +375,9 @@ def add_commands(sub) -> None:
     p.add_argument("--variants", type=variant_list, default=VARIANTS,
                    help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)")
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
+    p.add_argument("--published", action="store_true",
+                   help="verify the published report (experiments/results/<name>), whose runs need not be here, "
+                        "re-run by the commit it names (a git worktree under runs/published/ with its own .venv)")
     p.add_argument("--as-run", metavar="DIR",
                    help="the report to verify, in DIR (default: the experiment's own, from its sweep); e.g. "
                         "experiments/results/<name>, as published, whose runs need not be here: re-run it from the "

@@ -83,7 +83,7 @@ def die_with(parent: int, signum: int) -> None:
 
 
 def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=None, text: bool = True,
-              on_death: int = signal.SIGTERM) -> subprocess.CompletedProcess:
+              on_death: int = signal.SIGTERM, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run command as a child in its own process group (a terminal's Ctrl-C
     reaches this process alone) that ends with this one: SIGINT/SIGTERM
     received meanwhile are passed on to the child's group and waited for
@@ -93,7 +93,7 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
     subprocess.run does."""
     parent = os.getpid()
     process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
-                               preexec_fn=functools.partial(die_with, parent, on_death))
+                               preexec_fn=functools.partial(die_with, parent, on_death), cwd=cwd)
     received: list[int] = []
 
     def forward(signum, _frame):

@@ -1,0 +1,81 @@
+"""A published result re-run on this machine, without its runs, from the commit its report names.
+
+    attn verify experiments/<name>.yaml --published      (make verify-published EXP=<name>)
+
+A published report (experiments/results/<name>/report.json) comes from one
+clean commit, which it records (attn publish refuses others). Its re-runs
+must be made by that code, or a verdict that flips could come from a change
+to the code as much as from rounding. So, unless this checkout is that
+commit, clean: a git worktree of it under runs/published/<commit>/, with its
+own .venv from its own pinned requirements (`make .venv/.runtime` there),
+the published report copied in as its experiment's own (runs/<name>/: the
+report and its seeds file, no runs), and that commit's `attn verify` of it,
+in a child process; its materialized re-run, finding no runs to link, makes
+them as they ran. Then this checkout compares (attn.experiment.verify with
+the published report as run; every re-run's sweep finds its runs finished)
+and writes runs/verify/<name>.md and .json here, which `attn publish <name>
+--verification-only` puts beside the report. Stopped, it resumes: the
+worktree, its venv and every finished re-run are kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable
+
+from attn.experiment import verify
+from attn.experiment.spec import Experiment, load_experiment
+from attn.report.experiment_report import is_clean_state
+from attn.store import processes, runs
+from attn.train.lifecycle import source_revision
+
+
+def published_commit(report: dict, path: Path) -> str:
+    """The one clean commit a published report's runs came from; RunError when there is not one."""
+    states = list(report.get("code_states") or {})
+    if len(states) != 1 or not is_clean_state(states[0]):
+        raise runs.RunError(f"{path}: its runs come from {', '.join(states) or 'no recorded code'}; only a report of "
+                            "one clean commit can be re-run from the commit it names")
+    return states[0]
+
+
+def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: str | None, workers: int | None,
+                     progress: Callable[[str], None], variants: tuple[str, ...] = verify.VARIANTS) -> dict:
+    """Verify the report published in results/<name> from the commit it names (module docstring); the
+    comparison, as attn.experiment.verify.verify returns it, its files written under this checkout's runs/."""
+    published = Path(results) / experiment.name
+    commit = published_commit(runs.read_report_json(published), published / runs.REPORT_FILE)
+    if source_revision() == commit:  # this checkout is that commit, clean
+        return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
+    runs_dir = Path(experiment.cells[0].config.runs_dir)
+    tree = runs_dir / "published" / commit
+    if not (tree / ".git").exists():
+        _run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree.resolve()), commit], progress)
+    _run(["make", "-C", str(tree), ".venv/.runtime"], progress)
+    copied = tree / "runs" / experiment.name
+    copied.mkdir(parents=True, exist_ok=True)
+    for name in (runs.REPORT_FILE, runs.SEEDS_FILE):
+        if (published / name).exists():
+            shutil.copyfile(published / name, copied / name)
+    options = ([f"--kernel={kernel}"] if kernel else []) + ([f"--workers={workers}"] if workers else []) \
+        + ([f"--variants={','.join(variants)}"] if tuple(variants) != verify.VARIANTS else [])
+    _run([str(tree / ".venv" / "bin" / "python"), "-m", "attn", "verify", f"experiments/{experiment.name}.yaml",
+          "--runs-dir", "runs", *options], progress, cwd=tree, differ_ok=True)
+    there = load_experiment(experiment.path, runs_dir=str(tree / "runs"))
+    result = verify.verify(there, kernel, workers, progress, variants, as_run=published)
+    here = runs_dir / "verify"
+    here.mkdir(parents=True, exist_ok=True)
+    result["files"] = [str(shutil.copyfile(path, here / Path(path).name)) for path in result["files"]]
+    return result
+
+
+def _run(command: list[str], progress: Callable[[str], None], cwd: Path | None = None, differ_ok: bool = False) -> None:
+    """A step of verify_published, in a child process stopped with this one, its messages on this one's
+    stderr; RunError on failure (for that commit's verify, exit 1 says a verdict differs, which the
+    comparison here reports)."""
+    progress(" ".join(command) + (f"  (in {cwd})" if cwd else ""))
+    done = processes.run_child(command, cwd=cwd, stdout=sys.stderr)
+    if done.returncode != 0 and not (differ_ok and done.returncode == 1):
+        raise runs.RunError(f"verify: `{' '.join(command)}` failed (exit {done.returncode}); its messages are above")
