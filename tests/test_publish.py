@@ -632,7 +632,8 @@ def test_verify_takes_a_published_report_as_run_and_makes_the_runs_it_cannot_lin
     assert result["as_run"] == verify.as_run_record(published / "report.json", True)
     materialized = [" ".join(p) for p in passes["materialized"]]
     assert len(materialized) == 2 and sum("model.width_free=false" in p for p in materialized) == 1
-    assert "2 of them are not here as run" in result["materialized"] and "as they ran" in result["materialized"]
+    assert facts_in(result["materialized"], "the other 2 runs", "2 not here as run, so made again as they ran")
+    assert "linked" not in result["materialized"]
     assert result["remade"] == {"same": 1, "runs": 2}, "over the wide cell's two runs, remade, alone"
     assert result["unchanged"]["materialized"] == {"same": 0, "runs": 2}, "over the materialized cell's alone"
     assert all(verify.LINKED not in c["learned"].values() for c in result["cells"]), "remade cells are compared"
@@ -652,6 +653,12 @@ def test_verify_of_a_published_report_refuses_runs_linked_from_another_sweep(tmp
     with pytest.raises(runs.RunError) as info:
         verify.verify(experiment, None, 1, as_run=published)
     assert facts_in(str(info.value), str(target), "1 runs linked from", str(published / "report.json"))
+
+
+def test_the_runs_the_materialized_re_run_keeps_are_said_linked_or_made_again():
+    assert verify.reused_said(frozenset(), frozenset()) == ""
+    mixed = verify.reused_said(frozenset({"a", "b", "c"}), frozenset({"a"}))
+    assert facts_in(mixed, "the other 3 runs", "1 linked as they ran", "2 not here as run, so made again")
 
 
 def test_a_run_remade_where_one_was_linked_is_not_counted_linked(tmp_path):

@@ -156,11 +156,18 @@ def materialized_plan(experiment: Experiment) -> MaterializedPlan:
               for only, fit in blocks]
     said = "; ".join(" ".join(f"{key} {', '.join(map(yaml_line, values))}" for key, values in only) or "every cell"
                      for only, fit in blocks if fit) + " re-run with model.width_free=false"
-    reused = frozenset(c.name for c in experiment.cells) - fits
-    if reused:
-        said += (f"; the other {len(reused)} runs (not width-free, or wider than {MATERIALIZED_WIDTH}) are the "
-                 "runs as run, linked: the same algorithm, not re-run")
-    return MaterializedPlan(passes, fits, reused, said)
+    return MaterializedPlan(passes, fits, frozenset(c.name for c in experiment.cells) - fits, said)
+
+
+def reused_said(reused: frozenset, linked: frozenset) -> str:
+    """What the materialized re-run did with the runs it does not make with the other algorithm."""
+    if not reused:
+        return ""
+    kept = [f"{len(linked)} linked as they ran: not re-run"] if linked else []
+    if reused - linked:
+        kept.append(f"{len(reused - linked)} not here as run, so made again as they ran")
+    return (f"; the other {len(reused)} runs (not width-free, or wider than {MATERIALIZED_WIDTH}) keep the "
+            f"algorithm they ran with: {', '.join(kept)}")
 
 
 def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
@@ -313,10 +320,7 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
         elif stale := linked_runs(experiment, target, plan.reused):  # another sweep's runs, not the report's
             raise runs.RunError(f"verify: {target}: holds {len(stale)} runs linked from {experiment.directory}, "
                                 f"not the runs of {main}; remove them, or verify the experiment's own report")
-        if plan.reused - linked:
-            said += (f"; {len(plan.reused - linked)} of them are not here as run"
-                     + (f" ({reference} holds their report alone)" if as_run is not None else "")
-                     + ", so the re-run made them as they ran")
+        said += reused_said(plan.reused, linked)
         directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
     reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)

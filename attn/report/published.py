@@ -50,9 +50,9 @@ def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: 
     if source_revision() == commit:  # this checkout is that commit, clean
         return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
     runs_dir = Path(experiment.cells[0].config.runs_dir)
-    tree = runs_dir / "published" / commit
+    tree = (runs_dir / "published" / commit).resolve()  # absolute: its children run there
     if not (tree / ".git").exists():
-        _run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree.resolve()), commit], progress)
+        _run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), commit], progress)
     _run(["make", "-C", str(tree), ".venv/.runtime"], progress)
     copied = tree / "runs" / experiment.name
     copied.mkdir(parents=True, exist_ok=True)
