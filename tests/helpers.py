@@ -35,3 +35,16 @@ def billion_laughs(levels: int = 9) -> str:
     for i in range(1, levels + 1):
         lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
     return "\n".join(lines) + f"\nseed: *a{levels}\n"
+
+
+def publish_into(repo, monkeypatch, readme: str | None = None):
+    """attn.publish pointed at `repo` (its REPO and RESULTS), with repo/experiments/sqrt_dk.yaml
+    (write_experiment_file) and a README.md of `readme` (default: the results block alone); repo/experiments/results."""
+    from attn import publish
+
+    write_experiment_file(repo, "sqrt_dk")
+    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n" if readme is None else readme)
+    monkeypatch.setattr(publish, "REPO", repo)
+    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    return repo / "experiments" / "results"
+

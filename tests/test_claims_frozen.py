@@ -7,7 +7,7 @@ told."""
 import json
 
 import pytest
-from helpers import write_experiment_file
+from helpers import publish_into
 from test_publish import report as fake_report
 from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, report_of, write_plan
 
@@ -94,11 +94,7 @@ def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted
     assert note in result.md
 
     repo = tmp_path / "repo"
-    (repo / "experiments").mkdir(parents=True)
-    write_experiment_file(repo, "sqrt_dk")
-    (repo / "README.md").write_text(f"{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n")
-    monkeypatch.setattr(publish, "REPO", repo)
-    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    publish_into(repo, monkeypatch)
     run_dir = tmp_path / "pub" / "sqrt_dk"
     run_dir.mkdir(parents=True)
     runs.write_json(run_dir / "report.json", {**fake_report({"a": "confirmed"}), "code_state_note": note})

@@ -7,7 +7,7 @@ import re
 import subprocess
 
 import pytest
-from helpers import facts_in, write_experiment_file
+from helpers import facts_in, publish_into, write_experiment_file
 
 from attn import publish
 from attn.config.yamlio import ConfigError
@@ -34,12 +34,7 @@ def verifiable(experiment, verdicts: dict) -> dict:
 
 def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
-    (repo / "experiments").mkdir(parents=True)
-    write_experiment_file(repo, "sqrt_dk")
-    readme = f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n"
-    (repo / "README.md").write_text(readme)
-    monkeypatch.setattr(publish, "REPO", repo)
-    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    publish_into(repo, monkeypatch, f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n")
     run_dir = tmp_path / "runs" / "sqrt_dk"
     run_dir.mkdir(parents=True)
     data = report({"a": "confirmed", "b": "inconclusive"}, headline="The generated paragraph, 7/10 seeds.")
@@ -559,10 +554,7 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
     from attn import cli
 
     repo = tmp_path / "repo"
-    write_experiment_file(repo, "sqrt_dk")
-    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\nold\n{publish.RESULTS_END}\n")
-    monkeypatch.setattr(publish, "REPO", repo)
-    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
+    publish_into(repo, monkeypatch, f"# attn\n\n{publish.RESULTS_BEGIN}\nold\n{publish.RESULTS_END}\n")
     (repo / "experiments" / "results" / "sqrt_dk").mkdir(parents=True)
     runs.write_json(repo / "experiments" / "results" / "sqrt_dk" / "report.json",
                     report({"a": "confirmed"}, headline="The published paragraph."))
@@ -679,12 +671,7 @@ def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path
     """publish refuses a verification of another report before touching anything, in either flow;
     --verification-only copies a published report's verification alone, its report and figures kept."""
     repo = tmp_path / "repo"
-    (repo / "experiments").mkdir(parents=True)
-    write_experiment_file(repo, "sqrt_dk")
-    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n")
-    monkeypatch.setattr(publish, "REPO", repo)
-    monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
-    published = repo / "experiments" / "results" / "sqrt_dk"
+    published = publish_into(repo, monkeypatch) / "sqrt_dk"
     published.mkdir(parents=True)
     runs.write_json(published / "report.json", report({"a": "confirmed"}))
     (published / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
