@@ -32,9 +32,11 @@ publish removes what a killed one left beside them.
 
 A verification goes only beside the report it verified (the digest its
 record keeps, attn.experiment.verify.report_digest): publish refuses, before
-it touches anything, one of another report. `--verification-only` copies
+it touches anything, one of another report. `--verification-only` writes
 the verifications alone beside the reports already published, for a
-published report verified without its runs (attn verify --as-run).
+published report verified without its runs (attn verify --as-run or
+--published), each with the re-runs of the one published before that it
+did not make, where that one verified the same report.
 """
 
 from __future__ import annotations
@@ -125,9 +127,12 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
             for pattern in COPIED:
                 for path in sorted((runs_dir / name).glob(pattern)):
                     _copy(path, target / path.name)
-        for suffix, path in verifications[name].items():
-            if path.exists():
-                _copy(path, target / f"verify{suffix}")
+        if verification_only:
+            _write_verification(verifications[name][".json"], target)
+        else:
+            for suffix, path in verifications[name].items():
+                if path.exists():
+                    _copy(path, target / f"verify{suffix}")
         written.append(RESULTS / name)
     benches = [] if verification_only else sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
     if benches:
@@ -137,6 +142,20 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     experiments_text, text = _texts(_reports(staged), staged, json.loads(benches[-1].read_text()) if benches else None)
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
     return written + _write_texts(experiments_text, text)
+
+
+def _write_verification(verification: Path, target: Path) -> None:
+    """A verification of the report published in `target`, as verify.json and .md there, together with
+    the re-runs of the one published there before that it did not make, if that one verified the same
+    report (attn.experiment.verify.merge): a large experiment is so verified a re-run at a time."""
+    result = json.loads(verification.read_text())
+    published = target / "verify.json"
+    if published.exists():
+        before = json.loads(published.read_text())
+        if (before.get("as_run") or {}).get("sha256") == result["as_run"]["sha256"]:
+            result = verify.merge(before, result)
+    runs.write_json(target / "verify.json", result)
+    runs.write_atomic(target / "verify.md", verify.verify_markdown(result).encode())
 
 
 def _check_verified(verification: Path, report: Path) -> None:

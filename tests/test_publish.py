@@ -682,9 +682,8 @@ def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path
     (runs_dir / "verify" / "sqrt_dk.md").write_text("Every verdict agrees.\n")
     before = {p.name: p.read_bytes() for p in published.iterdir()}, (repo / "README.md").read_text()
     for as_run, refused in ((runs_dir / "sqrt_dk" / "report.json", True), (published / "report.json", False)):
-        runs.write_json(runs_dir / "verify" / "sqrt_dk.json",
-                        {"platforms": {"as run": {}, "float64": {}}, "expectations": [{"id": "a"}], "agree": True,
-                         "as_run": verify.as_run_record(as_run, True)})
+        runs.write_json(runs_dir / "verify" / "sqrt_dk.json", {**verification({"float64": "confirmed"}, experiment="sqrt_dk"),
+                                                               "as_run": verify.as_run_record(as_run, True)})
         if refused:
             with pytest.raises(runs.RunError) as info:
                 publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
@@ -708,3 +707,56 @@ def test_a_reports_digest_leaves_out_the_experiment_files_path_as_typed(tmp_path
     runs.write_json(b, {**report({"a": "confirmed"}), "file": "../attn/experiments/w.yaml"})
     runs.write_json(c, {**report({"a": "inconclusive"}), "file": "experiments/w.yaml"})
     assert verify.report_digest(a) == verify.report_digest(b) != verify.report_digest(c)
+
+
+def verification(variants: dict, digest: str = "d1", cells: dict | None = None, experiment: str = "w") -> dict:
+    """A verify.json of these re-runs (variant -> the verdict of claim a), cells: settings' d_k -> variant -> count."""
+    platforms = {"as run": {}, **{v: {"attn_commit": [f"{v}-commit"]} for v in variants}}
+    verdicts = {"as run": "confirmed", **variants}
+    learned = {d_k: {"as run": "4/4", **counts} for d_k, counts in (cells or {}).items()}
+    return {"experiment": experiment, "as_run": {"report": "r.json", "given": True, "sha256": digest},
+            "platforms": platforms,
+            "expectations": [{"id": "a", "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1}],
+            "agree": len(set(verdicts.values())) == 1, "materialized": "not made (attn verify --variants)",
+            "cells": [{"settings": {"model.d_k": d}, "learned": c, "same": len(set(c.values())) == 1}
+                      for d, c in learned.items()],
+            "unchanged": {v: {"same": 0, "runs": 4} for v in variants}}
+
+
+def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_made():
+    earlier = verification({"float64": "confirmed", "Sandybridge": "confirmed"},
+                           cells={16: {"float64": "4/4", "Sandybridge": "4/4"}})
+    later = {**verification({"materialized": "inconclusive"}, cells={16: {"materialized": "3/4"}}),
+             "materialized": "model.d_k 16 re-run with model.width_free=false", "remade": {"same": 2, "runs": 2}}
+    merged = verify.merge(earlier, later)
+    assert list(merged["platforms"]) == ["as run", "float64", "Sandybridge", "materialized"]
+    assert merged["expectations"][0]["verdicts"] == {"as run": "confirmed", "float64": "confirmed",
+                                                     "Sandybridge": "confirmed", "materialized": "inconclusive"}
+    assert merged["agree"] is False and merged["cells"][0]["same"] is False
+    assert merged["cells"][0]["learned"]["materialized"] == "3/4" and set(merged["unchanged"]) == {
+        "float64", "Sandybridge", "materialized"}
+    assert merged["materialized"].startswith("model.d_k 16") and merged["remade"] == {"same": 2, "runs": 2}
+    again = verify.merge(later, verification({"float64": "confirmed"}))  # a later float64 replaces nothing else
+    assert again["materialized"].startswith("model.d_k 16") and "remade" in again
+    assert "re-run in float64" in verify.verify_markdown(merged).lower()
+    for other in (verification({"float64": "confirmed"}, digest="d2"), verification({}, experiment="v")):
+        with pytest.raises(runs.RunError, match="different reports as run"):
+            verify.merge(earlier, other)
+
+
+def test_a_verification_published_alone_keeps_the_re_runs_published_before_of_the_same_report(tmp_path, monkeypatch):
+    results = publish_into(tmp_path / "repo", monkeypatch)
+    published = results / "sqrt_dk"
+    published.mkdir(parents=True)
+    runs.write_json(published / "report.json", report({"a": "confirmed"}))
+    digest = verify.report_digest(published / "report.json")
+    runs.write_json(published / "verify.json", verification({"float64": "confirmed"}, digest, experiment="sqrt_dk"))
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "verify").mkdir(parents=True)
+    (runs_dir / "verify" / "sqrt_dk.md").write_text("made by verify\n")
+    runs.write_json(runs_dir / "verify" / "sqrt_dk.json",
+                    verification({"Sandybridge": "confirmed"}, digest, experiment="sqrt_dk"))
+    publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+    kept = json.loads((published / "verify.json").read_text())
+    assert set(kept["platforms"]) == {"as run", "float64", "Sandybridge"} and kept["agree"]
+    assert "| expectation | as run | float64 | Sandybridge | agree |" in (published / "verify.md").read_text()

@@ -345,6 +345,42 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     return result
 
 
+def merge(earlier: dict, later: dict) -> dict:
+    """Two verifications of one report (the same as_run digest) as one: each re-run the later made, and
+    those the earlier made that the later did not; every agreement taken afresh over them all. A large
+    experiment is so verified a re-run at a time (each its own platform and commit, as each says)."""
+    digests = [(v.get("as_run") or {}).get("sha256") for v in (earlier, later)]
+    if None in digests or digests[0] != digests[1] or earlier["experiment"] != later["experiment"]:
+        raise runs.RunError(f"verify: the verifications of {earlier['experiment']} and {later['experiment']} took "
+                            "different reports as run; only re-runs of one report can be set side by side")
+    platforms = {**earlier["platforms"], **later["platforms"]}
+    order = ["as run", "float64", *(v for v in platforms if v not in ("as run", *VARIANTS)), "materialized"]
+    platforms = {v: platforms[v] for v in order if v in platforms}
+    expectations = []
+    for eid in dict.fromkeys(r["id"] for v in (earlier, later) for r in v["expectations"]):
+        verdicts = {k: x for v in (earlier, later) for r in v["expectations"] if r["id"] == eid
+                    for k, x in r["verdicts"].items()}
+        verdicts = {v: verdicts.get(v, "absent") for v in platforms}
+        expectations.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
+    cells = {}
+    for row in (*earlier.get("cells", []), *later.get("cells", [])):
+        key = _key(row["settings"])
+        learned = {**cells.get(key, {}).get("learned", {}), **row["learned"]}
+        compared = {count for count in learned.values() if count != LINKED}
+        cells[key] = {"settings": row["settings"], "learned": {v: learned.get(v, "absent") for v in platforms},
+                      "same": len(compared) == 1}
+    made_materialized = later if "materialized" in later["platforms"] else earlier
+    merged = {**earlier, **later, "platforms": platforms, "expectations": expectations,
+              "agree": all(r["agree"] for r in expectations), "cells": list(cells.values()),
+              "unchanged": {**earlier.get("unchanged", {}), **later.get("unchanged", {})},
+              "materialized": made_materialized.get("materialized")}
+    merged.pop("remade", None)
+    if "remade" in made_materialized:
+        merged["remade"] = made_materialized["remade"]
+    merged.pop("files", None)
+    return merged
+
+
 def as_run_record(report: Path, given: bool) -> dict:
     """Which report a verification took as run: its path (from here, where it is below here), whether it
     was given rather than the experiment's own, and report_digest, by which `attn publish` tells that it
