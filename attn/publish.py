@@ -103,9 +103,8 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
             raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
                                 f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
-        if verification_only and not all(path.exists() for path in verifications[name].values()):
-            missing = next(path for path in verifications[name].values() if not path.exists())
-            raise runs.RunError(f"{missing}: no verification of {name} there; run `attn verify "
+        if verification_only and not verifications[name][".json"].exists():  # its .md is written afresh from it
+            raise runs.RunError(f"{verifications[name]['.json']}: no verification of {name} there; run `attn verify "
                                 f"experiments/{name}.yaml` with its published report as run first")
         if verifications[name][".json"].exists():
             _check_verified(verifications[name][".json"], reports[name])

@@ -696,8 +696,9 @@ def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path
             publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     assert {p.name for p in published.iterdir()} == {"report.json", "headline.png", "verify.md", "verify.json"}
     assert json.loads((published / "verify.json").read_text())["as_run"]["given"] is True
-    (runs_dir / "verify" / "sqrt_dk.md").unlink()
-    with pytest.raises(runs.RunError, match="sqrt_dk.md: no verification of sqrt_dk"):
+    for made in (runs_dir / "verify").iterdir():
+        made.unlink()
+    with pytest.raises(runs.RunError, match="sqrt_dk.json: no verification of sqrt_dk"):
         publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
 
 
