@@ -108,12 +108,16 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
                                 f"experiments/{name}.yaml` with its published report as run first")
         if verifications[name][".json"].exists():
             _check_verified(verifications[name][".json"], reports[name])
+            if verification_only:
+                _check_replaces_nothing(verifications[name][".json"], RESULTS / name / "verify.json")
         if not allow_mixed and not verification_only:
             note = json.loads(reports[name].read_text()).get("code_state_note")
             if note:
                 raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
                                     "commit (re-run them), or pass --allow-mixed to publish them as they are")
     _recover(RESULTS)
+    before = {name: json.loads((RESULTS / name / "verify.json").read_text()) for name in names
+              if (RESULTS / name / "verify.json").exists()}  # read before a new report's copy replaces them
     staged = RESULTS.with_name(".results.new")
     _stage(RESULTS, staged)
     written = []
@@ -126,12 +130,8 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
             for pattern in COPIED:
                 for path in sorted((runs_dir / name).glob(pattern)):
                     _copy(path, target / path.name)
-        if verification_only:
-            _write_verification(verifications[name][".json"], target)
-        else:
-            for suffix, path in verifications[name].items():
-                if path.exists():
-                    _copy(path, target / f"verify{suffix}")
+        if verifications[name][".json"].exists():
+            _write_verification(verifications[name][".json"], target, before.get(name))
         written.append(RESULTS / name)
     benches = [] if verification_only else sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
     if benches:
@@ -143,18 +143,28 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     return written + _write_texts(experiments_text, text)
 
 
-def _write_verification(verification: Path, target: Path) -> None:
+def _write_verification(verification: Path, target: Path, before: dict | None) -> None:
     """A verification of the report published in `target`, as verify.json and .md there, together with
-    the re-runs of the one published there before that it did not make, if that one verified the same
+    the re-runs of the one published there `before` that it did not make, if that one verified the same
     report (attn.experiment.verify.merge): a large experiment is so verified a re-run at a time."""
     result = json.loads(verification.read_text())
-    published = target / "verify.json"
-    if published.exists():
-        before = json.loads(published.read_text())
-        if (before.get("as_run") or {}).get("sha256") == result["as_run"]["sha256"]:
-            result = verify.merge(before, result)
+    if before is not None and (before.get("as_run") or {}).get("sha256") == result["as_run"]["sha256"]:
+        result = verify.merge(before, result)
     runs.write_json(target / "verify.json", result)
     runs.write_atomic(target / "verify.md", verify.verify_markdown(result).encode())
+
+
+def _check_replaces_nothing(verification: Path, published: Path) -> None:
+    """RunError where a verification published alone would replace one it cannot be merged with (of
+    another report, or one that does not say which) that made re-runs it did not."""
+    if not published.exists():
+        return
+    before, after = (json.loads(path.read_text()) for path in (published, verification))
+    lost = set(before["platforms"]) - set(after["platforms"])
+    if (before.get("as_run") or {}).get("sha256") != after["as_run"]["sha256"] and lost:
+        raise runs.RunError(f"{published}: made the {', '.join(verify.reruns_in_order(lost))} re-runs that {verification} "
+                            "did not, and cannot be merged with it (it does not say it verified the same report); "
+                            "verify with every re-run it made (finished re-runs are kept)")
 
 
 def _check_verified(verification: Path, report: Path) -> None:

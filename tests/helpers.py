@@ -48,3 +48,16 @@ def publish_into(repo, monkeypatch, readme: str | None = None):
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
     return repo / "experiments" / "results"
 
+
+def verification(variants: dict, digest: str = "d1", cells: dict | None = None, experiment: str = "w") -> dict:
+    """A verify.json of these re-runs (variant -> the verdict of claim a), cells: settings' d_k -> variant -> count."""
+    platforms = {"as run": {}, **{v: {"attn_commit": [f"{v}-commit"]} for v in variants}}
+    verdicts = {"as run": "confirmed", **variants}
+    learned = {d_k: {"as run": "4/4", **counts} for d_k, counts in (cells or {}).items()}
+    return {"experiment": experiment, "as_run": {"report": "r.json", "given": True, "sha256": digest},
+            "platforms": platforms,
+            "expectations": [{"id": "a", "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1}],
+            "agree": len(set(verdicts.values())) == 1, "materialized": "not made (attn verify --variants)",
+            "cells": [{"settings": {"model.d_k": d}, "learned": c, "same": len(set(c.values())) == 1}
+                      for d, c in learned.items()],
+            "unchanged": {v: {"same": 0, "runs": 4} for v in variants}}

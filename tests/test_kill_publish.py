@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import write_experiment_file
+from helpers import verification, write_experiment_file
 
 from attn import publish
 from attn.experiment import verify
@@ -49,10 +49,9 @@ def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
             (run_dir / f"{figure}.png").write_bytes(b"\x89PNG " + version.encode() * 1000)
     (root / "verify").mkdir()
     (root / "verify" / "sqrt_dk.md").write_text(f"verified {version}\n")
-    runs.write_json(root / "verify" / "sqrt_dk.json", {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
-                                                         "expectations": [{"id": "a"}], "agree": True, "cells": [],
-                                                         "as_run": verify.as_run_record(root / "sqrt_dk" / "report.json",
-                                                                                        False)})
+    runs.write_json(root / "verify" / "sqrt_dk.json",
+                    {**verification({"float64": "confirmed", "Sandybridge": version}, experiment="sqrt_dk"),
+                     "as_run": verify.as_run_record(root / "sqrt_dk" / "report.json", False)})
     return root
 
 

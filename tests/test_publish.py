@@ -7,7 +7,7 @@ import re
 import subprocess
 
 import pytest
-from helpers import facts_in, publish_into, write_experiment_file
+from helpers import facts_in, publish_into, verification, write_experiment_file
 
 from attn import publish
 from attn.config.yamlio import ConfigError
@@ -43,11 +43,11 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     (run_dir / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     (tmp_path / "runs" / "verify").mkdir()
     (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("table\n\nEvery verdict agrees.\n")
+    made = verification({"float64": "confirmed", "Sandybridge": "confirmed"}, experiment="sqrt_dk",
+                        cells={16: {"float64": "4/4", "Sandybridge": "4/4"}, 64: {"float64": "3/4", "Sandybridge": "4/4"},
+                               256: {"float64": "4/4", "Sandybridge": "4/4"}})
     runs.write_json(tmp_path / "runs" / "verify" / "sqrt_dk.json",
-                    {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
-                     "expectations": [{"id": "a"}], "agree": True,
-                     "cells": [{"same": True}, {"same": False}, {"same": True}],
-                     "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}},
+                    {**made, "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}},
                      "as_run": verify.as_run_record(run_dir / "report.json", False)})
     written = publish.publish(None, tmp_path / "runs")
     results = repo / "experiments" / "results" / "sqrt_dk"
@@ -710,20 +710,6 @@ def test_a_reports_digest_leaves_out_the_experiment_files_path_as_typed(tmp_path
     assert verify.report_digest(a) == verify.report_digest(b) != verify.report_digest(c)
 
 
-def verification(variants: dict, digest: str = "d1", cells: dict | None = None, experiment: str = "w") -> dict:
-    """A verify.json of these re-runs (variant -> the verdict of claim a), cells: settings' d_k -> variant -> count."""
-    platforms = {"as run": {}, **{v: {"attn_commit": [f"{v}-commit"]} for v in variants}}
-    verdicts = {"as run": "confirmed", **variants}
-    learned = {d_k: {"as run": "4/4", **counts} for d_k, counts in (cells or {}).items()}
-    return {"experiment": experiment, "as_run": {"report": "r.json", "given": True, "sha256": digest},
-            "platforms": platforms,
-            "expectations": [{"id": "a", "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1}],
-            "agree": len(set(verdicts.values())) == 1, "materialized": "not made (attn verify --variants)",
-            "cells": [{"settings": {"model.d_k": d}, "learned": c, "same": len(set(c.values())) == 1}
-                      for d, c in learned.items()],
-            "unchanged": {v: {"same": 0, "runs": 4} for v in variants}}
-
-
 def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_made():
     earlier = verification({"float64": "confirmed", "Sandybridge": "confirmed"},
                            cells={16: {"float64": "4/4", "Sandybridge": "4/4"}})
@@ -743,6 +729,29 @@ def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_m
     for other in (verification({"float64": "confirmed"}, digest="d2"), verification({}, experiment="v")):
         with pytest.raises(runs.RunError, match="different reports as run"):
             verify.merge(earlier, other)
+    with pytest.raises(runs.RunError, match="later verification of w does not say which report"):
+        verify.merge(earlier, {**later, "as_run": None})
+
+
+def test_a_merge_takes_the_later_of_a_re_run_both_made_and_leaves_linked_cells_out():
+    earlier = verification({"float64": "confirmed", "materialized": "confirmed"},
+                           cells={16: {"float64": "3/4", "materialized": verify.LINKED}})
+    redone = {**verification({"float64": "refuted"}, cells={16: {"float64": "4/4"}}),
+              "unchanged": {"float64": {"same": 1, "runs": 4}}}
+    merged = verify.merge(earlier, redone)
+    assert merged["expectations"][0]["verdicts"]["float64"] == "refuted" and merged["unchanged"]["float64"]["same"] == 1
+    assert merged["cells"][0]["same"] is True, "a linked count is no test: as run and float64 both 4/4"
+    not_asked = verify.merge(verification({}, cells={}), {**verification({}), "materialized": "no cell runs width-free"})
+    assert not_asked["materialized"] == "no cell runs width-free"
+    assert "remade" not in verify.merge({**earlier, "remade": {"same": 1, "runs": 1}},
+                                        verification({"materialized": "confirmed"}))
+
+
+def test_a_verification_read_back_from_json_is_written_in_its_order():
+    made = verification({"float64": "confirmed", "Sandybridge": "confirmed", "materialized": "confirmed"})
+    text = verify.verify_markdown(json.loads(json.dumps(made, sort_keys=True)))
+    assert "re-run (float64, Sandybridge, materialized)" in text.splitlines()[0]
+    assert "| expectation | as run | float64 | Sandybridge | materialized | agree |" in text
 
 
 def test_a_verification_published_alone_keeps_the_re_runs_published_before_of_the_same_report(tmp_path, monkeypatch):
@@ -761,3 +770,25 @@ def test_a_verification_published_alone_keeps_the_re_runs_published_before_of_th
     kept = json.loads((published / "verify.json").read_text())
     assert set(kept["platforms"]) == {"as run", "float64", "Sandybridge"} and kept["agree"]
     assert "| expectation | as run | float64 | Sandybridge | agree |" in (published / "verify.md").read_text()
+
+
+def test_a_verification_published_alone_never_drops_re_runs_it_cannot_be_merged_with(tmp_path, monkeypatch):
+    """The verifications published before as_run was recorded say no report: one made of fewer re-runs
+    may not replace them; one of them all may."""
+    results = publish_into(tmp_path / "repo", monkeypatch)
+    published = results / "sqrt_dk"
+    published.mkdir(parents=True)
+    runs.write_json(published / "report.json", report({"a": "confirmed"}))
+    older = verification({"float64": "confirmed", "Sandybridge": "confirmed"}, experiment="sqrt_dk")
+    runs.write_json(published / "verify.json", {**older, "as_run": None})
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "verify").mkdir(parents=True)
+    digest = verify.report_digest(published / "report.json")
+    runs.write_json(runs_dir / "verify" / "sqrt_dk.json", verification({"float64": "confirmed"}, digest, experiment="sqrt_dk"))
+    with pytest.raises(runs.RunError) as info:
+        publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+    assert facts_in(str(info.value), "verify.json:", "Sandybridge re-runs", "cannot be merged")
+    assert json.loads((published / "verify.json").read_text())["as_run"] is None, "left as it was"
+    runs.write_json(runs_dir / "verify" / "sqrt_dk.json", {**older, "as_run": {"report": "r.json", "sha256": digest, "given": True}})
+    publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+    assert json.loads((published / "verify.json").read_text())["as_run"]["sha256"] == digest

@@ -291,8 +291,8 @@ def cmd_verify(args) -> int:
             result = verify.verify(experiment, args.kernel, args.workers, progress, args.variants,
                                    as_run=None if args.as_run is None else Path(args.as_run))
     except ChildStopped as stopped:
-        print(f"stopped by {stopped.signal}: the re-run's sweep was stopped with it and its interrupted runs are "
-              f"checkpointed; run the same command again to resume", file=sys.stderr)
+        print(f"stopped by {stopped.signal}: the step it was running was stopped with it (a re-run's sweep "
+              f"checkpoints its interrupted runs); run the same command again to resume", file=sys.stderr)
         return EXIT_SIGNAL.get(stopped.signal, 130)
     print(verify.verify_markdown(result))
     for path in result["files"]:

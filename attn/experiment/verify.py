@@ -290,10 +290,12 @@ NOT_ASKED = "not made (attn verify --variants)"  # the materialized re-run, when
 
 def verify(experiment: Experiment, kernel: str | None, workers: int | None,
            progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS,
-           as_run: Path | None = None) -> dict:
+           as_run: Path | None = None, made: bool = False) -> dict:
     """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
     materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring).
-    `as_run`: the directory of the report to verify (default: the experiment's own)."""
+    `as_run`: the directory of the report to verify (default: the experiment's own). `made`: the re-runs
+    are in place already, with their reports (made by other code: attn.report.published), compared as
+    they are."""
     reference = Path(as_run) if as_run is not None else experiment.directory
     main = reference / runs.REPORT_FILE
     if not main.exists():
@@ -302,26 +304,31 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
             if as_run is not None else f" yet; run `attn sweep {experiment.path}` first"))
     reports = {"as run": checked_report(experiment, reference, "as run")}
     kernel = second_kernel(kernel) if "kernel" in variants else None  # refused before any re-run, not after one
+
+    def remade(variant: str, passes: list[list[str]], env: dict) -> Path:
+        if made:
+            return variant_directory(experiment, variant) / experiment.name
+        return rerun(experiment, variant, passes, env, workers, progress)
+
     directories = {}
     if "float64" in variants:
-        directories["float64"] = rerun(experiment, "float64", [["dtype=float64"]], dict(os.environ), workers, progress)
+        directories["float64"] = remade("float64", [["dtype=float64"]], dict(os.environ))
     if kernel is not None:
-        directories[kernel] = rerun(experiment, kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel}, workers,
-                                     progress)
+        directories[kernel] = remade(kernel.lower(), [[]], {**os.environ, "OPENBLAS_CORETYPE": kernel})
     plan = materialized_plan(experiment)
     if "materialized" not in variants:
         plan = MaterializedPlan([], frozenset(), frozenset(), NOT_ASKED)
     linked, said = frozenset(), plan.said
     if plan.passes:
         target = variant_directory(experiment, "materialized") / experiment.name
-        target.mkdir(parents=True, exist_ok=True)
         if as_run is None:
+            target.mkdir(parents=True, exist_ok=True)
             linked = link_finished_runs(experiment, target, plan.reused)
-        elif stale := linked_runs(experiment, target, plan.reused):  # another sweep's runs, not the report's
+        elif not made and (stale := linked_runs(experiment, target, plan.reused)):  # another sweep's, not the report's
             raise runs.RunError(f"verify: {target}: holds {len(stale)} runs linked from {experiment.directory}, "
                                 f"not the runs of {main}; remove them, or verify the experiment's own report")
         said += reused_said(plan.reused, linked)
-        directories["materialized"] = rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress)
+        directories["materialized"] = remade("materialized", plan.passes, dict(os.environ))
     reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
     rows = compare_verdicts(reports)
 
@@ -349,13 +356,15 @@ def merge(earlier: dict, later: dict) -> dict:
     """Two verifications of one report (the same as_run digest) as one: each re-run the later made, and
     those the earlier made that the later did not; every agreement taken afresh over them all. A large
     experiment is so verified a re-run at a time (each its own platform and commit, as each says)."""
-    digests = [(v.get("as_run") or {}).get("sha256") for v in (earlier, later)]
-    if None in digests or digests[0] != digests[1] or earlier["experiment"] != later["experiment"]:
+    for which, verification in (("earlier", earlier), ("later", later)):
+        if not (verification.get("as_run") or {}).get("sha256"):
+            raise runs.RunError(f"verify: the {which} verification of {verification['experiment']} does not say "
+                                "which report it took as run (an older attn verify made it), so it cannot be merged")
+    if earlier["as_run"]["sha256"] != later["as_run"]["sha256"] or earlier["experiment"] != later["experiment"]:
         raise runs.RunError(f"verify: the verifications of {earlier['experiment']} and {later['experiment']} took "
                             "different reports as run; only re-runs of one report can be set side by side")
     platforms = {**earlier["platforms"], **later["platforms"]}
-    order = ["as run", "float64", *(v for v in platforms if v not in ("as run", *VARIANTS)), "materialized"]
-    platforms = {v: platforms[v] for v in order if v in platforms}
+    platforms = {v: platforms[v] for v in reruns_in_order(platforms)}
     expectations = []
     for eid in dict.fromkeys(r["id"] for v in (earlier, later) for r in v["expectations"]):
         verdicts = {k: x for v in (earlier, later) for r in v["expectations"] if r["id"] == eid
@@ -369,7 +378,8 @@ def merge(earlier: dict, later: dict) -> dict:
         compared = {count for count in learned.values() if count != LINKED}
         cells[key] = {"settings": row["settings"], "learned": {v: learned.get(v, "absent") for v in platforms},
                       "same": len(compared) == 1}
-    made_materialized = later if "materialized" in later["platforms"] else earlier
+    made_materialized = (later if "materialized" in later["platforms"] else earlier if "materialized" in earlier["platforms"]
+                         else later if later.get("materialized") != NOT_ASKED else earlier)
     merged = {**earlier, **later, "platforms": platforms, "expectations": expectations,
               "agree": all(r["agree"] for r in expectations), "cells": list(cells.values()),
               "unchanged": {**earlier.get("unchanged", {}), **later.get("unchanged", {})},
@@ -437,15 +447,22 @@ def in_all(n_reports: int) -> str:
     return "both" if n_reports == 2 else "all " + {3: "three", 4: "four"}.get(n_reports, str(n_reports))
 
 
+def reruns_in_order(platforms) -> list[str]:
+    """The re-runs' names as run first, then VARIANTS' order (the kernel's by its own name): a verification
+    read back from JSON has them sorted."""
+    rank = {"as run": 0, "float64": 1, "materialized": 3}
+    return sorted(platforms, key=lambda variant: rank.get(variant, 2))
+
+
 def verify_markdown(result: dict) -> str:
-    variants = list(result["platforms"])
+    variants = reruns_in_order(result["platforms"])
     header = ["expectation", *variants, "agree"]
     rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
     platforms = "; ".join(f"{v}: {', '.join(p.get('cpu', []))}, {', '.join(p.get('blas', []))}, "
                           f"{', '.join(p.get('dtype', []))}, "
                           f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}, "
                           f"subnormals {', '.join(p.get('denormals', ['kept']))}, attn {', '.join(p.get('attn_commit', []))}"
-                          for v, p in result["platforms"].items())
+                          for v, p in ((v, result["platforms"][v]) for v in variants))
     if not rows:
         verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
     else:

@@ -11,17 +11,17 @@ own .venv from its own pinned requirements (`make .venv/.runtime` there),
 the published report copied in as its experiment's own (runs/<name>/: the
 report and its seeds file, no runs), and that commit's `attn verify` of it,
 in a child process; its materialized re-run, finding no runs to link, makes
-them as they ran. Then this checkout compares (attn.experiment.verify with
-the published report as run; every re-run's sweep finds its runs finished)
-and writes runs/verify/<name>.md and .json here, which `attn publish <name>
---verification-only` puts beside the report. Stopped, it resumes: the
-worktree, its venv and every finished re-run are kept.
+them as they ran. Then this checkout sets that commit's re-runs, as its
+reports have them, beside the published report (attn.experiment.verify,
+`made`) and writes runs/verify/<name>.md and .json here, which `attn
+publish <name> --verification-only` puts beside the report. Stopped, it
+resumes: the worktree, its venv and every finished re-run are kept.
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +29,6 @@ from attn.experiment import verify
 from attn.experiment.spec import Experiment, load_experiment
 from attn.report.experiment_report import is_clean_state
 from attn.store import processes, runs
-from attn.train.lifecycle import source_revision
 
 
 def published_commit(report: dict, path: Path) -> str:
@@ -47,35 +46,59 @@ def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: 
     comparison, as attn.experiment.verify.verify returns it, its files written under this checkout's runs/."""
     published = Path(results) / experiment.name
     commit = published_commit(runs.read_report_json(published), published / runs.REPORT_FILE)
-    if source_revision() == commit:  # this checkout is that commit, clean
+    verify.checked_report(experiment, published, "as published")  # its claims this file's, before hours of work
+    if _at(repo, commit) and _git_ok(["diff", "--quiet", "HEAD", "--"], repo):  # that commit, clean
         return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
+    if not _git_ok(["cat-file", "-e", f"{commit}^{{commit}}"], repo):
+        raise runs.RunError(f"{repo}: has no commit {commit}, which {published / runs.REPORT_FILE} names (a shallow "
+                            "clone?); fetch it first")
     runs_dir = Path(experiment.cells[0].config.runs_dir)
     tree = (runs_dir / "published" / commit).resolve()  # absolute: its children run there
-    if not (tree / ".git").exists():
-        _run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), commit], progress)
-    _run(["make", "-C", str(tree), ".venv/.runtime"], progress)
+    if not tree.exists():
+        _run("its worktree", ["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), commit], progress)
+    elif not _at(tree, commit):
+        raise runs.RunError(f"{tree}: exists but is not a checkout of {commit}; remove it (git worktree remove)")
+    _run("its .venv", ["make", "-C", str(tree), ".venv/.runtime"], progress)
     copied = tree / "runs" / experiment.name
     copied.mkdir(parents=True, exist_ok=True)
     for name in (runs.REPORT_FILE, runs.SEEDS_FILE):
         if (published / name).exists():
             shutil.copyfile(published / name, copied / name)
+    its_verification = tree / "runs" / "verify" / f"{experiment.name}.json"
+    its_verification.unlink(missing_ok=True)  # written anew by its verify, which exits 1 when a verdict differs
     options = ([f"--kernel={kernel}"] if kernel else []) + ([f"--workers={workers}"] if workers else []) \
         + ([f"--variants={','.join(variants)}"] if tuple(variants) != verify.VARIANTS else [])
-    _run([str(tree / ".venv" / "bin" / "python"), "-m", "attn", "verify", f"experiments/{experiment.name}.yaml",
-          "--runs-dir", "runs", *options], progress, cwd=tree, differ_ok=True)
+    _run(f"its attn verify (at {commit})", [str(tree / ".venv" / "bin" / "python"), "-m", "attn", "verify",
+                                            f"experiments/{experiment.name}.yaml", "--runs-dir", "runs", *options],
+         progress, cwd=tree, verdicts_differ=its_verification)
     there = load_experiment(experiment.path, runs_dir=str(tree / "runs"))
-    result = verify.verify(there, kernel, workers, progress, variants, as_run=published)
+    result = verify.verify(there, kernel, workers, progress, variants, as_run=published, made=True)
     here = runs_dir / "verify"
     here.mkdir(parents=True, exist_ok=True)
     result["files"] = [str(shutil.copyfile(path, here / Path(path).name)) for path in result["files"]]
     return result
 
 
-def _run(command: list[str], progress: Callable[[str], None], cwd: Path | None = None, differ_ok: bool = False) -> None:
+def _git_ok(arguments: list[str], where: Path) -> bool:
+    """Whether git, run in `where`, exits 0."""
+    return subprocess.run(["git", "-C", str(where), *arguments], capture_output=True, timeout=60).returncode == 0
+
+
+def _at(where: Path, commit: str) -> bool:
+    """Whether the checkout at `where` has `commit` checked out."""
+    head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD", f"{commit}^{{commit}}"], capture_output=True,
+                          text=True, timeout=60)
+    lines = head.stdout.split()
+    return head.returncode == 0 and len(lines) == 2 and lines[0] == lines[1]
+
+
+def _run(step: str, command: list[str], progress: Callable[[str], None], cwd: Path | None = None,
+         verdicts_differ: Path | None = None) -> None:
     """A step of verify_published, in a child process stopped with this one, its messages on this one's
-    stderr; RunError on failure (for that commit's verify, exit 1 says a verdict differs, which the
-    comparison here reports)."""
+    stderr; RunError naming the step on failure. Exit 1 of that commit's verify says a verdict differs
+    (`verdicts_differ`: the comparison it then wrote; without it, exit 1 is a failure too)."""
     progress(" ".join(command) + (f"  (in {cwd})" if cwd else ""))
-    done = processes.run_child(command, cwd=cwd, stdout=sys.stderr)
-    if done.returncode != 0 and not (differ_ok and done.returncode == 1):
-        raise runs.RunError(f"verify: `{' '.join(command)}` failed (exit {done.returncode}); its messages are above")
+    done = processes.run_child(command, cwd=cwd, stdout=2)
+    if done.returncode != 0 and not (done.returncode == 1 and verdicts_differ is not None and verdicts_differ.exists()):
+        raise runs.RunError(f"verify: {step} failed: `{' '.join(command)}` exited {done.returncode} (its messages "
+                            "are above); run the same command again to resume")
