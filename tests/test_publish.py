@@ -792,3 +792,13 @@ def test_a_verification_published_alone_never_drops_re_runs_it_cannot_be_merged_
     runs.write_json(runs_dir / "verify" / "sqrt_dk.json", {**older, "as_run": {"report": "r.json", "sha256": digest, "given": True}})
     publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     assert json.loads((published / "verify.json").read_text())["as_run"]["sha256"] == digest
+
+
+def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lacks(tmp_path, monkeypatch):
+    monkeypatch.setattr(publish, "RESULTS", tmp_path)
+    (tmp_path / "mask_self").mkdir()
+    runs.write_json(tmp_path / "mask_self" / "verify.json", verification({"float64": "confirmed"}, experiment="mask_self"))
+    boundary = {**report({"masked-a": "confirmed"}), "description": "Where the claim stops holding, 7: the query's own position."}
+    block = publish.results_block({"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary}, tmp_path, changes={})
+    line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
+    assert line.endswith("confirmed: `masked-a`; not yet re-run on a second BLAS kernel or with the materialized head")

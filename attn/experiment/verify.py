@@ -434,12 +434,20 @@ def reruns_said(result: dict) -> str:
              "materialized": "with the materialized head"}
     said = [words[v] for v in VARIANTS if made[v]]
     text = and_list(said) or "nowhere"
-    by_option = result.get("materialized") == NOT_ASKED
-    if not made["materialized"] and result.get("materialized") and not by_option:
+    if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
-    missing = [v for v in VARIANTS if not made[v] and (v != "materialized" or by_option)]
+    missing = reruns_missing(result)
     return text + (f"; the {' and '.join(missing)} re-run{'s' if len(missing) > 1 else ''} not made this time "
                    "(attn verify --variants)" if missing else "")
+
+
+def reruns_missing(result: dict) -> list[str]:
+    """The re-runs of VARIANTS a verification was asked not to make (those that apply: a materialized
+    re-run where no cell runs width-free is not missing)."""
+    made = {"float64": "float64" in result["platforms"],
+            "kernel": any(v not in ("as run", *VARIANTS) for v in result["platforms"]),
+            "materialized": "materialized" in result["platforms"] or result.get("materialized") != NOT_ASKED}
+    return [v for v in VARIANTS if not made[v]]
 
 
 def in_all(n_reports: int) -> str:
