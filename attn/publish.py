@@ -79,9 +79,10 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     Refused (RunError, one line) for a report whose runs come from several
     code states or from uncommitted code (its code_state_note), unless
     allow_mixed; the report itself says so either way; and for a verification
-    of another report than the one it would be published beside.
-    `verification_only`: copy each one's verification alone, beside the
-    report already published, which it must have verified (attn verify --as-run)."""
+    of another report than the one it would be published beside. A
+    verification is written through merge with the one published before
+    (_write_verification). `verification_only`: each one's verification alone,
+    beside the report already published, which it must have verified."""
     runs_dir = Path(runs_dir)
     experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
     unknown = [name for name in names or () if name not in experiments]
