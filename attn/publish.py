@@ -390,9 +390,6 @@ def _verification(name: str, results: Path | None = None) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-RERUN_WORDS = {"float64": "in float64", "kernel": "on a second BLAS kernel", "materialized": "with the materialized head"}
-
-
 def flips_said(result: dict) -> str:
     """'`b`: inconclusive as run and in Sandybridge, confirmed in float64':
     each claim whose verdict a re-run changed, with where each verdict came."""
@@ -500,7 +497,7 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
             missing = verify.reruns_missing(result) if result is not None else None
             flips = ("; not yet verified" if result is None else
                      f"; re-runs differ: {flips_said(result)}" if not result["agree"] else
-                     f"; not yet re-run {' or '.join(RERUN_WORDS[v] for v in missing)}" if missing else "")
+                     f"; not yet re-run {' or '.join(verify.RERUN_WORDS[v] for v in missing)}" if missing else "")
             lines.append(f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
                          f"{verdict_summary(reports[name])}{flips}")
         lines.append("")

@@ -425,15 +425,22 @@ def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
     return report
 
 
+RERUN_WORDS = {"float64": "in float64", "kernel": "on a second BLAS kernel", "materialized": "with the materialized head"}
+
+
+def reruns_made(result: dict) -> dict[str, bool]:
+    """Which of VARIANTS' re-runs a verification made (the kernel's is named after its kernel)."""
+    platforms = result["platforms"]
+    return {"float64": "float64" in platforms, "kernel": any(v not in ("as run", *VARIANTS) for v in platforms),
+            "materialized": "materialized" in platforms}
+
+
 def reruns_said(result: dict) -> str:
     """The re-runs a verification made, in VARIANTS' order, in words, and those it did not make."""
     kernels = [v for v in result["platforms"] if v not in ("as run", *VARIANTS)]
-    made = {"float64": "float64" in result["platforms"], "kernel": bool(kernels),
-            "materialized": "materialized" in result["platforms"]}
-    words = {"float64": "in float64", "kernel": f"on a second BLAS kernel ({', '.join(kernels)})",
-             "materialized": "with the materialized head"}
-    said = [words[v] for v in VARIANTS if made[v]]
-    text = and_list(said) or "nowhere"
+    made = reruns_made(result)
+    words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernels)})"}
+    text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
     missing = reruns_missing(result)
@@ -444,9 +451,8 @@ def reruns_said(result: dict) -> str:
 def reruns_missing(result: dict) -> list[str]:
     """The re-runs of VARIANTS a verification was asked not to make (those that apply: a materialized
     re-run where no cell runs width-free is not missing)."""
-    made = {"float64": "float64" in result["platforms"],
-            "kernel": any(v not in ("as run", *VARIANTS) for v in result["platforms"]),
-            "materialized": "materialized" in result["platforms"] or result.get("materialized") != NOT_ASKED}
+    made = reruns_made(result)
+    made["materialized"] = made["materialized"] or result.get("materialized") != NOT_ASKED
     return [v for v in VARIANTS if not made[v]]
 
 
