@@ -413,8 +413,9 @@ def verification_line(name: str, results: Path | None = None) -> str:
     cells = result.get("cells", [])
     counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
-    unchanged = "".join(f"; {variant} left {u['same']} of the {u['runs']} runs finite in both bit for bit as they were"
-                        for variant, u in by_variant.items() if u["same"])
+    unchanged = "".join(f"; {variant} left {by_variant[variant]['same']} of the {by_variant[variant]['runs']} runs "
+                        "finite in both bit for bit as they were"
+                        for variant in verify.reruns_in_order(by_variant) if by_variant[variant]["same"])
     if by_variant and not unchanged:
         unchanged = "; each re-run changed the path of every run that stayed finite"
     return (f"Re-run {verify.reruns_said(result)} (`attn verify experiments/{name}.yaml`): {said}{counts}"

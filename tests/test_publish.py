@@ -468,7 +468,7 @@ def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
     partial = {"platforms": {"as run": {}, "Sandybridge": {}}, "materialized": "no cell runs width-free"}
     said = verify.reruns_said(partial)
     assert said.startswith("on a second BLAS kernel (Sandybridge) (the materialized re-run: no cell runs width-free)")
-    assert "the float64 re-run not made" in said and "kernel re-run" not in said
+    assert said.endswith(", not yet in float64") and "kernel" not in said.split("not yet")[1]
 
 
 def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
@@ -748,10 +748,13 @@ def test_a_merge_takes_the_later_of_a_re_run_both_made_and_leaves_linked_cells_o
 
 
 def test_a_verification_read_back_from_json_is_written_in_its_order():
-    made = verification({"float64": "confirmed", "Sandybridge": "confirmed", "materialized": "confirmed"})
-    text = verify.verify_markdown(json.loads(json.dumps(made, sort_keys=True)))
+    made = {**verification({"float64": "confirmed", "Sandybridge": "confirmed", "materialized": "confirmed"}),
+            "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 1, "runs": 4}}}
+    read_back = json.loads(json.dumps(made, sort_keys=True))
+    text = verify.verify_markdown(read_back)
     assert "re-run (float64, Sandybridge, materialized)" in text.splitlines()[0]
     assert "| expectation | as run | float64 | Sandybridge | materialized | agree |" in text
+    assert "float64 0 of 4, Sandybridge 1 of 4" in text
 
 
 def test_a_verification_published_alone_keeps_the_re_runs_published_before_of_the_same_report(tmp_path, monkeypatch):

@@ -436,7 +436,8 @@ def reruns_made(result: dict) -> dict[str, bool]:
 
 
 def reruns_said(result: dict) -> str:
-    """The re-runs a verification made, in VARIANTS' order, in words, and those it did not make."""
+    """The re-runs a verification made, in VARIANTS' order, in words, and those it did not make (attn verify
+    --variants left them out): 'in float64, not yet with the materialized head'."""
     kernels = [v for v in result["platforms"] if v not in ("as run", *VARIANTS)]
     made = reruns_made(result)
     words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernels)})"}
@@ -444,8 +445,7 @@ def reruns_said(result: dict) -> str:
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
     missing = reruns_missing(result)
-    return text + (f"; the {' and '.join(missing)} re-run{'s' if len(missing) > 1 else ''} not made this time "
-                   "(attn verify --variants)" if missing else "")
+    return text + (f", not yet {' or '.join(RERUN_WORDS[v] for v in missing)}" if missing else "")
 
 
 def reruns_missing(result: dict) -> list[str]:
@@ -528,5 +528,6 @@ def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
         return []
     return ["Runs that took bit for bit the path they took as run (the same train loss at every logged step; of "
             "those finite in both): "
-            + ", ".join(f"{variant} {u['same']} of {u['runs']}" for variant, u in unchanged.items())
+            + ", ".join(f"{variant} {unchanged[variant]['same']} of {unchanged[variant]['runs']}"
+                        for variant in reruns_in_order(unchanged))
             + " (where a re-run changed no run, it tested nothing there).", ""]
