@@ -553,6 +553,31 @@ def test_the_mechanism_is_reported_from_mechanism_npz(classes):
         assert row[f"top-10% share of ‖∇W_q‖² @{step}"] == f"{top_share:.3g}"
 
 
+class MechanismOnly:
+    """A judged cell's mechanism medians and nothing else: `finite` keys have a value, the rest are NaN
+    (as qk_norm's per-row gradient norms are)."""
+    n, seeds, theory_score_std = 1, (), 1.0
+
+    def __init__(self, finite: set):
+        self.finite = finite
+
+    def at_init(self, key):
+        return [1.0]
+
+    def mechanism(self, step, key):
+        return [0.5 if key in self.finite else math.nan]
+
+
+def test_a_mechanism_panel_with_no_finite_value_says_why_and_a_drawn_one_says_nothing(classes, monkeypatch):
+    figures_made = []
+    monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, tight=True: figures_made.append(fig))
+    best = {((64,), ("none",)): MechanismOnly({"saturated_frac"})}
+    experiment_figures.mechanism_figure(best, Layout(classes.experiment), {("none",): "C3"}, MECHANISM_STEPS,
+                                        Path("mechanism.png"))
+    said = [" ".join(t.get_text() for t in ax.texts) for ax in figures_made[0].axes[:5]]
+    assert ["no finite value measured" in text for text in said] == [False, False, True, True, True]
+
+
 # ---------------------------------------------------------------------------
 # 7. A grid over a mapping field (here best_of: the phase diagram's rows, the edge notes)
 # ---------------------------------------------------------------------------

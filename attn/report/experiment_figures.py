@@ -331,6 +331,7 @@ def mechanism_figure(best, layout, colors, steps, path):
     ]
     for ax, (title, key, yscale) in zip(axes, panel_specs):
         position = x_axis(ax, xs, layout)
+        drawn = []
         for arm in arms:
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
             px = [p for p, _ in cells]
@@ -338,14 +339,20 @@ def mechanism_figure(best, layout, colors, steps, path):
                 handles[layout.arm_label(arm)] = ax.plot(px, [median(c.at_init("score_std")) for _, c in cells], "o-",
                                                          color=colors[arm])[0]
                 ax.plot(px, [c.theory_score_std for _, c in cells], "--", color=colors[arm], linewidth=1)
-            elif key in ("grad_W_q", "grad_W_k"):
-                ax.plot(px, [median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", color=colors[arm])
-                ax.plot(px, [median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--",
-                        color=colors[arm])
+                continue
+            if key in ("grad_W_q", "grad_W_k"):
+                lines = [([median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", {}),
+                         ([median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--", {})]
             else:
-                ax.plot(px, [median(c.mechanism(first, key)) for _, c in cells], "o-", color=colors[arm])
-                ax.plot(px, [median(c.mechanism(later, key)) for _, c in cells], "o--", color=colors[arm],
-                        markerfacecolor="none")
+                lines = [([median(c.mechanism(first, key)) for _, c in cells], "o-", {}),
+                         ([median(c.mechanism(later, key)) for _, c in cells], "o--", {"markerfacecolor": "none"})]
+            for values, style, extra in lines:
+                ax.plot(px, values, style, color=colors[arm], **extra)
+                drawn += [v for v in values if np.isfinite(v)]
+        if key is not None and not drawn:  # an empty panel says why
+            ax.text(0.5, 0.5, "no finite value measured\n(NaN where q and k pass\nthrough a norm: qk_norm)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.4")
+            yscale = "linear"
         ax.set_yscale(yscale)
         ax.set_title(title, fontsize=7.5)
         ax.set_xlabel(layout.x_name, fontsize=8)
