@@ -349,11 +349,12 @@ def mechanism_figure(best, layout, colors, steps, path):
             for values, style, extra in lines:
                 ax.plot(px, values, style, color=colors[arm], **extra)
                 drawn += [v for v in values if np.isfinite(v)]
-        if key is not None and not drawn:  # an empty panel says why
+        empty = key is not None and not drawn
+        ax.set_yscale("linear" if empty else yscale)
+        if empty:  # an empty panel says why, with no y values to read
             ax.text(0.5, 0.5, "no finite value measured\n(NaN where q and k pass\nthrough a norm: qk_norm)",
                     transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.4")
-            yscale = "linear"
-        ax.set_yscale(yscale)
+            ax.set_yticks([])
         ax.set_title(title, fontsize=7.5)
         ax.set_xlabel(layout.x_name, fontsize=8)
         ax.grid(True, which="major", alpha=0.25)
