@@ -495,10 +495,10 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
         for name in published:
             said = provenance(name)
             result = _verification(name, results)
-            missing = verify.reruns_missing(result) if result is not None else None
+            missing = verify.reruns_missing_said(result) if result is not None else ""
             flips = ("; not yet verified" if result is None else
                      f"; re-runs differ: {flips_said(result)}" if not result["agree"] else
-                     f"; not yet re-run {' or '.join(verify.RERUN_WORDS[v] for v in missing)}" if missing else "")
+                     f"; not yet re-run {missing}" if missing else "")
             lines.append(f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
                          f"{verdict_summary(reports[name])}{flips}")
         lines.append("")

@@ -428,32 +428,37 @@ def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
 RERUN_WORDS = {"float64": "in float64", "kernel": "on a second BLAS kernel", "materialized": "with the materialized head"}
 
 
+def kernel_reruns(platforms) -> list[str]:
+    """The re-runs of a verification made on a second kernel (each named after its kernel)."""
+    return [v for v in platforms if v not in ("as run", *VARIANTS)]
+
+
 def reruns_made(result: dict) -> dict[str, bool]:
-    """Which of VARIANTS' re-runs a verification made (the kernel's is named after its kernel)."""
+    """Which of VARIANTS' re-runs a verification made."""
     platforms = result["platforms"]
-    return {"float64": "float64" in platforms, "kernel": any(v not in ("as run", *VARIANTS) for v in platforms),
+    return {"float64": "float64" in platforms, "kernel": bool(kernel_reruns(platforms)),
             "materialized": "materialized" in platforms}
 
 
 def reruns_said(result: dict) -> str:
     """The re-runs a verification made, in VARIANTS' order, in words, and those it did not make (attn verify
     --variants left them out): 'in float64, not yet with the materialized head'."""
-    kernels = [v for v in result["platforms"] if v not in ("as run", *VARIANTS)]
     made = reruns_made(result)
-    words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernels)})"}
+    words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernel_reruns(result['platforms']))})"}
     text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
-    missing = reruns_missing(result)
-    return text + (f", not yet {' or '.join(RERUN_WORDS[v] for v in missing)}" if missing else "")
+    missing = reruns_missing_said(result)
+    return text + (f", not yet {missing}" if missing else "")
 
 
-def reruns_missing(result: dict) -> list[str]:
-    """The re-runs of VARIANTS a verification was asked not to make (those that apply: a materialized
-    re-run where no cell runs width-free is not missing)."""
+def reruns_missing_said(result: dict) -> str:
+    """The re-runs of VARIANTS a verification was asked not to make, in words, 'in float64 or with the
+    materialized head' (those that apply: a materialized re-run where no cell runs width-free is not
+    missing); empty when none is."""
     made = reruns_made(result)
     made["materialized"] = made["materialized"] or result.get("materialized") != NOT_ASKED
-    return [v for v in VARIANTS if not made[v]]
+    return " or ".join(RERUN_WORDS[v] for v in VARIANTS if not made[v])
 
 
 def in_all(n_reports: int) -> str:
