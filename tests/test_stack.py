@@ -127,3 +127,42 @@ def test_only_runs_of_one_shape_and_step_stack():
     assert key(config("train.batch_size=8")) != key(config())
     with pytest.raises(ValueError, match="share their shapes"):
         loop.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])
+
+
+def test_the_members_writes_of_one_moment_run_at_once_and_a_stack_of_one_in_the_loops_thread():
+    import threading
+
+    members = 4
+    together = threading.Barrier(members, timeout=10)  # broken (an error) unless all four wait at once
+    threads = []
+
+    def write(_):
+        together.wait()
+        threads.append(threading.current_thread())
+
+    writes = loop.Writes(members)
+    writes.each(write, list(range(members)))
+    writes.finish()
+    assert len(set(threads)) == members and threading.current_thread() not in threads
+
+    alone = []
+    loop.Writes(1).each(lambda _: alone.append(threading.current_thread()), [0])
+    assert alone == [threading.current_thread()]
+
+
+def test_a_failed_write_is_raised_once_the_others_are_done_and_jobs_keep_the_loops_overflow_handling():
+    done = []
+
+    def write(k):
+        if k == 0:
+            raise OSError("disk full")
+        np.float32(3e38) * np.float32(10)  # overflow: an error where it is not ignored
+        done.append(k)
+
+    writes = loop.Writes(3)
+    with np.errstate(over="ignore"), pytest.raises(OSError, match="disk full"):
+        writes.each(write, [0, 1, 2])
+    assert sorted(done) == [1, 2]
+    with np.errstate(over="raise"), pytest.raises(FloatingPointError):
+        writes.each(write, [1, 2])
+    writes.finish()

@@ -56,6 +56,7 @@ import math
 import os
 import re
 import signal
+import threading
 import time
 import typing
 from pathlib import Path
@@ -168,6 +169,7 @@ def _discard(tmp: Path, path: Path, err: BaseException) -> typing.NoReturn:
 
 
 _writes_done = 0
+_writes_counted = threading.Lock()  # writes may come from several threads at once
 
 
 def durable_write_done() -> None:
@@ -181,8 +183,10 @@ def _count_durable_write() -> None:
     limit = os.environ.get(KILL_AFTER_WRITES)
     if limit is None:
         return
-    _writes_done += 1
-    if _writes_done >= int(limit):
+    with _writes_counted:
+        _writes_done += 1
+        reached = _writes_done >= int(limit)
+    if reached:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

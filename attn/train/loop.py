@@ -23,6 +23,12 @@ KeyboardInterrupt ends them at once, without a checkpoint (the parameters
 may be half-updated): status `interrupted`, and resuming continues from
 the last checkpoint written.
 
+Disk: a stack's members write at the same moments (checkpoints, summaries,
+snapshots), and each durable write waits on fsync. Those waits are made at
+once, one thread per member (Writes), so a stack of M waits about as long
+as one run does; a member's own writes keep their order, and the
+iteration goes on once all are on disk.
+
 This module never prints; `progress(step, record)` is called after every
 iteration (record is None except on logged steps).
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -117,24 +124,21 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
     members = [Member(state, i, len(states)) for i, state in enumerate(states)]
-    for member in members:
-        if member.state.resumed:  # take the directory back from the process that stopped
-            runs.truncate_metrics(member.run_dir, member.state.step)
-            runs.remove_dead_temporaries(member.run_dir)
-        _write_summary(member)
+    writes = Writes(len(members))
+    writes.each(_take_over, members)
     stack, alive = Stack(states), members  # alive: the members still training, in stack order
     step, last_write = steps_at.pop(), time.perf_counter()
     try:
         # Overflow to inf/NaN is detected and handled here, not warned about.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             while alive:
-                alive = _iterate(stack, alive, step, stop, progress)
+                alive = _iterate(stack, alive, step, stop, progress, writes)
                 step += 1
                 if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                    for member in alive:
-                        _write_summary(member)
+                    writes.each(_write_summary, alive)
                     last_write = time.perf_counter()
     except KeyboardInterrupt:
+        writes.finish()  # the writes under way reach the disk before the summaries say what is there
         for member in (m for m in alive if m.summary["status"] == "running"):
             last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
             resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
@@ -142,10 +146,44 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
                                   wall_time=member.clock.elapsed())
             _write_summary(member)
         raise
+    finally:
+        writes.finish()
     return [member.summary for member in members]
 
 
-def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress) -> list[Member]:
+class Writes:
+    """The members' disk writes of one moment, made at once, a thread each:
+    while one waits on fsync the others go on, so a stack of M members waits
+    about as long as one run. A stack of one writes in the loop's thread."""
+
+    def __init__(self, n_members: int):
+        self.pool = ThreadPoolExecutor(max_workers=n_members) if n_members > 1 else None
+
+    def each(self, write: Callable, items: list) -> None:
+        """write(item) for every item, returning when all are done; the first
+        error any raised is raised here, once the others have finished."""
+        if self.pool is None or len(items) < 2:
+            for item in items:
+                write(item)
+            return
+        handling = np.geterr()  # np.errstate is per thread: the jobs treat overflow as the loop does
+
+        def job(item):
+            with np.errstate(**handling):
+                write(item)
+
+        errors = [future.exception() for future in [self.pool.submit(job, item) for item in items]]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def finish(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+
+
+def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress,
+             writes: Writes) -> list[Member]:
     """Iteration `step` of the stack (attn.train.reference_loop.train is the
     same iteration for one run, written plainly): every member's batch, loss
     and gradients; a record for those that log; update step + 1 for those
@@ -158,13 +196,14 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     faults = _faults(stack, loss, grads, len(members))
 
     # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
-    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults)
+    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, writes)
     endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
     going_on = [k for k, ending in enumerate(endings) if ending is None]
+    writes.each(lambda k: save_mechanism(members[k].run_dir, stack.member_params(k), members[k].state.spec,
+                                         member_batch(stack.eval_batch, k), stack.member_buffers(k), step),
+                [k for k, m in enumerate(members) if m.config.logging.mechanism_step is not None
+                 and step in (0, m.config.logging.mechanism_step)])
     for k, member in enumerate(members):
-        if member.config.logging.mechanism_step is not None and step in (0, member.config.logging.mechanism_step):
-            save_mechanism(member.run_dir, stack.member_params(k), member.state.spec,
-                           member_batch(stack.eval_batch, k), stack.member_buffers(k), step)
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
             member.state.nonfinite_steps += 1
@@ -175,25 +214,26 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     _apply_update(stack, members, grads, step, records, measured, held)
     for k, member in enumerate(members):
         log_record(member, records[k], step)
-        if endings[k] is not None:
-            finish_run(member, *endings[k], step)
-        else:
+        if endings[k] is None:
             member.state.step = step + 1
+    writes.each(lambda k: finish_run(members[k], *endings[k], step), [k for k in range(len(members)) if endings[k]])
     if progress is not None:
         for k, member in enumerate(members):
             progress(member.index, step, records[k])
 
     # checkpoint, stop, and the members that ended leave the stack
-    for k in going_on:
-        member = members[k]
-        if member.checkpoints(member.state.step) or stop.reason:
-            member.state.wall_time = member.clock.elapsed()
-            save_checkpoint(member.state, stack.member_params(k), stack.member_optimizer_state(k),
-                            stack.member_buffers(k))
-    if stop.reason:
-        for k in going_on:
-            finish_run(members[k], "interrupted", f"stopped by {stop.reason} at step {step + 1}; checkpoint saved",
-                   step + 1)
+    stopping = stop.reason  # read once: a signal may set it while the checkpoints are written
+
+    def checkpoint(k: int) -> None:
+        members[k].state.wall_time = members[k].clock.elapsed()
+        save_checkpoint(members[k].state, stack.member_params(k), stack.member_optimizer_state(k),
+                        stack.member_buffers(k))
+        if stopping:
+            finish_run(members[k], "interrupted", f"stopped by {stopping} at step {step + 1}; checkpoint saved",
+                       step + 1)
+
+    writes.each(checkpoint, [k for k in going_on if members[k].checkpoints(members[k].state.step) or stopping])
+    if stopping:
         return []
     if len(going_on) < len(members):
         stack.keep(going_on)
@@ -244,6 +284,16 @@ class _Clock:
         return (step - self.first_step) / seconds if seconds > 0 else None
 
 
+def _take_over(member: Member) -> None:
+    """The member's directory at its start: a resumed run's taken back from
+    the process that stopped (records past its checkpoint and dead
+    temporaries removed); its summary says it is running."""
+    if member.state.resumed:
+        runs.truncate_metrics(member.run_dir, member.state.step)
+        runs.remove_dead_temporaries(member.run_dir)
+    _write_summary(member)
+
+
 def _write_summary(member: Member) -> None:
     member.summary.update(runs.heartbeat_fields())
     runs.write_json(member.run_dir / "summary.json", member.summary)
@@ -285,7 +335,7 @@ def _all_finite(a: np.ndarray) -> bool:
 
 
 def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, train_cache, batch: Batch,
-             faults: list) -> list[dict | None]:
+             faults: list, writes: Writes) -> list[dict | None]:
     """A metrics record (without update ratios) for each member that logs
     this step or has non-finite values, None for the others: it evaluates
     the stack on its fixed eval sets, and snapshots a member's attention at
@@ -306,12 +356,20 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
         records.append(metrics_record(member, step, loss[k], train_accuracy[k], eval_loss[k],
                                       {name: values[k] for name, values in stats.items()},
                                       {n: square[k] for n, square in squares.items()}))
-        n_examples = min(member.config.logging.attention_examples, member.config.task.eval_size)
-        if n_examples and step in (0, member.config.train.steps):
-            save_attention(member.run_dir, stack.member_params(k), stack.spec,
-                           member_batch(stack.eval_batch, k, n_examples), stack.member_buffers(k),
-                           "init" if step == 0 else "final", scale=stack.scales[k])
+
+    def snapshot(k: int) -> None:
+        save_attention(members[k].run_dir, stack.member_params(k), stack.spec,
+                       member_batch(stack.eval_batch, k, attention_examples(members[k].config)),
+                       stack.member_buffers(k), "init" if step == 0 else "final", scale=stack.scales[k])
+
+    writes.each(snapshot, [k for k, m in enumerate(members) if logged[k] and attention_examples(m.config)
+                           and step in (0, m.config.train.steps)])
     return records
+
+
+def attention_examples(config: Config) -> int:
+    """How many eval examples the run's attention snapshots show."""
+    return min(config.logging.attention_examples, config.task.eval_size)
 
 
 def metrics_record(member: Member, step: int, train_loss, train_accuracy, eval_loss, stats: dict,

@@ -24,6 +24,7 @@ from attn.store.runstate import RunState, build_optimizer, save_checkpoint
 from attn.train.loop import (
     Member,
     StopFlag,
+    attention_examples,
     find_nonfinite,
     finish_run,
     log_record,
@@ -95,7 +96,7 @@ def _measure(run: Member, step: int, loss: float, grads: dict, cache, batch: fas
     record = metrics_record(run, step, loss, fast.accuracy(cache, batch), eval_loss,
                             fast.diagnostics(eval_cache, state.eval_batch),
                             {n: optim.squared_norm(g) for n, g in grads.items()})
-    n = min(state.config.logging.attention_examples, state.config.task.eval_size)
+    n = attention_examples(state.config)
     if n and step in (0, state.config.train.steps):
         shown = fast.Batch(**{field: values[:n] for field, values in vars(state.eval_batch).items()})
         save_attention(state.run_dir, state.params, state.spec, shown, state.buffers,
