@@ -83,6 +83,24 @@ def test_a_stop_signal_to_the_parent_is_passed_on_and_waited_for(tmp_path, signu
     assert (tmp_path / "child.pid.signal").read_text() == str(int(signum)) and not alive(child)
 
 
+def test_a_stop_signal_that_comes_while_the_child_starts_is_passed_on_once_it_has(tmp_path):
+    """The parent asks itself to stop just before it starts the child (as a
+    SIGTERM under load can arrive): the child, once started, is told too."""
+    stopped_at_start = PARENT.replace("from attn.store import processes", """from attn.store import processes
+import os, signal, subprocess
+start = subprocess.Popen
+def stop_then_start(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start(*args, **kwargs)
+processes.subprocess.Popen = stop_then_start""")
+    parent = subprocess.Popen([sys.executable, "-c", stopped_at_start, str(tmp_path / "child.pid")], env=ENV,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = parent.communicate(timeout=30)
+    assert parent.returncode == 7 and err == "", err  # it waited for the child, which ended
+    name, child_returncode = out.split()
+    assert name == "SIGTERM" and int(child_returncode) in (-signal.SIGTERM, 3)  # before or after its handler
+
+
 def children_of(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every live process whose parent is pid."""
     found = []

@@ -92,25 +92,34 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
     dies without a word (SIGKILL). Returns the finished process, as
     subprocess.run does."""
     parent = os.getpid()
-    process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
-                               preexec_fn=functools.partial(die_with, parent, on_death), cwd=cwd)
     received: list[int] = []
+    started: list[subprocess.Popen] = []  # the child, once Popen returns: a stop before that is passed on then
+
+    def pass_on(signum):
+        for process in started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signum)
 
     def forward(signum, _frame):
         received.append(signum)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signum)
+        pass_on(signum)
 
     previous = {}
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():  # before the child starts: no stop goes unseen
         previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
     try:
-        out, err = process.communicate()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
+        process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
+                                   preexec_fn=functools.partial(die_with, parent, on_death), cwd=cwd)
+        started.append(process)
+        if received:
+            pass_on(received[0])
+        try:
+            out, err = process.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is None else handler)
