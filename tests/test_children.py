@@ -101,6 +101,18 @@ processes.subprocess.Popen = stop_then_start""")
     assert name == "SIGTERM" and int(child_returncode) in (-signal.SIGTERM, 3)  # before or after its handler
 
 
+@linux
+def test_a_child_whose_parent_died_as_it_started_ends_before_running_its_command(monkeypatch):
+    """die_with's own signal, sent in the child before its exec, ends it (the
+    parent's stop handler, inherited across the fork, does not catch it)."""
+    from attn.store import processes
+
+    told_dead = processes.die_with
+    monkeypatch.setattr(processes, "die_with", lambda parent, signum: told_dead(-1, signum))  # -1: not its parent
+    finished = processes.run_child([sys.executable, "-c", "pass"])
+    assert finished.returncode == -signal.SIGTERM
+
+
 def children_of(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every live process whose parent is pid."""
     found = []

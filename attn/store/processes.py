@@ -93,7 +93,8 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
     subprocess.run does."""
     parent = os.getpid()
     received: list[int] = []
-    started: list[subprocess.Popen] = []  # the child, once Popen returns: a stop before that is passed on then
+    started: list[subprocess.Popen] = []  # the child, once Popen has returned
+    unsent: list[int] = []  # stops that came before: passed on once it has
 
     def pass_on(signum):
         for process in started:
@@ -101,8 +102,15 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
                 os.killpg(process.pid, signum)
 
     def forward(signum, _frame):
+        if os.getpid() != parent:  # the forked child before its exec (die_with): the signal is its own, to end it
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         received.append(signum)
-        pass_on(signum)
+        if started:
+            pass_on(signum)
+        else:
+            unsent.append(signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():  # before the child starts: no stop goes unseen
@@ -111,8 +119,8 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
         process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
                                    preexec_fn=functools.partial(die_with, parent, on_death), cwd=cwd)
         started.append(process)
-        if received:
-            pass_on(received[0])
+        if unsent:
+            pass_on(unsent[0])
         try:
             out, err = process.communicate()
         except BaseException:

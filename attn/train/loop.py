@@ -124,60 +124,63 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
     members = [Member(state, i, len(states)) for i, state in enumerate(states)]
-    writes = Writes(len(members))
-    writes.each(_take_over, members)
-    stack, alive = Stack(states), members  # alive: the members still training, in stack order
-    step, last_write = steps_at.pop(), time.perf_counter()
-    try:
-        # Overflow to inf/NaN is detected and handled here, not warned about.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            while alive:
-                alive = _iterate(stack, alive, step, stop, progress, writes)
-                step += 1
-                if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                    writes.each(_write_summary, alive)
-                    last_write = time.perf_counter()
-    except KeyboardInterrupt:
-        writes.finish()  # the writes under way reach the disk before the summaries say what is there
-        for member in (m for m in alive if m.summary["status"] == "running"):
-            last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
-            resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
-            member.summary.update(status="interrupted", reason=f"stopped immediately during step {step}; {resumable}",
-                                  wall_time=member.clock.elapsed())
-            _write_summary(member)
-        raise
-    finally:
-        writes.finish()
+    with Writes(len(members)) as writes:
+        writes.each(_take_over, members)
+        stack, alive = Stack(states), members  # alive: the members still training, in stack order
+        step, last_write = steps_at.pop(), time.perf_counter()
+        try:
+            # Overflow to inf/NaN is detected and handled here, not warned about.
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                while alive:
+                    alive = _iterate(stack, alive, step, stop, progress, writes)
+                    step += 1
+                    if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
+                        writes.each(_write_summary, alive)
+                        last_write = time.perf_counter()
+        except KeyboardInterrupt:
+            writes.finish()  # the writes under way reach the disk before the summaries say what is there
+            for member in (m for m in alive if m.summary["status"] == "running"):
+                last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
+                resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
+                member.summary.update(status="interrupted",
+                                      reason=f"stopped immediately during step {step}; {resumable}",
+                                      wall_time=member.clock.elapsed())
+                _write_summary(member)
+            raise
     return [member.summary for member in members]
 
 
 class Writes:
     """The members' disk writes of one moment, made at once, a thread each:
     while one waits on fsync the others go on, so a stack of M members waits
-    about as long as one run. A stack of one writes in the loop's thread."""
+    about as long as one run. They only write: what they write is computed
+    in the loop's thread, whose floating-point state (flush to zero,
+    np.errstate) is its own, on the worker's one core. A stack of one
+    writes in the loop's thread."""
 
     def __init__(self, n_members: int):
         self.pool = ThreadPoolExecutor(max_workers=n_members) if n_members > 1 else None
 
+    def __enter__(self) -> Writes:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.finish()
+
     def each(self, write: Callable, items: list) -> None:
-        """write(item) for every item, returning when all are done; the first
-        error any raised is raised here, once the others have finished."""
+        """write(item) for every item, returning when all are done; an error
+        is raised once every write has ended (the first item's that failed)."""
         if self.pool is None or len(items) < 2:
             for item in items:
                 write(item)
             return
-        handling = np.geterr()  # np.errstate is per thread: the jobs treat overflow as the loop does
-
-        def job(item):
-            with np.errstate(**handling):
-                write(item)
-
-        errors = [future.exception() for future in [self.pool.submit(job, item) for item in items]]
+        errors = [future.exception() for future in [self.pool.submit(write, item) for item in items]]
         for error in errors:
             if error is not None:
                 raise error
 
     def finish(self) -> None:
+        """Wait for the writes under way; no more are taken."""
         if self.pool is not None:
             self.pool.shutdown(wait=True)
 
@@ -199,10 +202,11 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, writes)
     endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
     going_on = [k for k, ending in enumerate(endings) if ending is None]
-    writes.each(lambda k: save_mechanism(members[k].run_dir, stack.member_params(k), members[k].state.spec,
-                                         member_batch(stack.eval_batch, k), stack.member_buffers(k), step),
-                [k for k, m in enumerate(members) if m.config.logging.mechanism_step is not None
-                 and step in (0, m.config.logging.mechanism_step)])
+    mechanisms = {k: mechanism_snapshot(stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k),
+                                      stack.member_buffers(k), step)
+                  for k, m in enumerate(members)
+                  if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)}
+    writes.each(lambda k: add_arrays(members[k].run_dir / "mechanism.npz", mechanisms[k], keep=step > 0), list(mechanisms))
     for k, member in enumerate(members):
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
@@ -357,13 +361,12 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
                                       {name: values[k] for name, values in stats.items()},
                                       {n: square[k] for n, square in squares.items()}))
 
-    def snapshot(k: int) -> None:
-        save_attention(members[k].run_dir, stack.member_params(k), stack.spec,
-                       member_batch(stack.eval_batch, k, attention_examples(members[k].config)),
-                       stack.member_buffers(k), "init" if step == 0 else "final", scale=stack.scales[k])
-
-    writes.each(snapshot, [k for k, m in enumerate(members) if logged[k] and attention_examples(m.config)
-                           and step in (0, m.config.train.steps)])
+    snapshots = {k: attention_snapshot(stack.member_params(k), stack.spec,
+                                     member_batch(stack.eval_batch, k, attention_examples(m.config)),
+                                     stack.member_buffers(k), "init" if step == 0 else "final", scale=stack.scales[k])
+                 for k, m in enumerate(members)
+                 if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)}
+    writes.each(lambda k: add_arrays(members[k].run_dir / "attention.npz", snapshots[k], keep=step > 0), list(snapshots))
     return records
 
 
@@ -396,12 +399,21 @@ def metrics_record(member: Member, step: int, train_loss, train_accuracy, eval_l
 
 
 def save_mechanism(run_dir: Path, params: dict, spec, eval_batch: Batch, buffers: dict, step: int) -> None:
-    """mechanism.npz: attn.model.mechanism.row_statistics of the eval set's query
-    rows at `step`, as arrays named '<step>/<statistic>' (added to the file)."""
+    """mechanism.npz: the eval set's row statistics at `step` (mechanism_snapshot), beside those of earlier steps."""
+    add_arrays(run_dir / "mechanism.npz", mechanism_snapshot(params, spec, eval_batch, buffers, step), keep=step > 0)
+
+
+def mechanism_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, step: int) -> dict:
+    """attn.model.mechanism.row_statistics of the eval set's query rows at
+    `step`, named '<step>/<statistic>' for mechanism.npz."""
     rows = mechanism.row_statistics(params, spec, eval_batch, buffers)
-    path = run_dir / "mechanism.npz"
-    arrays = arrayfiles.load_arrays(path) if step and path.exists() else {}
-    arrays.update({f"{step}/{name}": values for name, values in rows.items()})
+    return {f"{step}/{name}": values for name, values in rows.items()}
+
+
+def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
+    """Write arrays to path; with keep, beside (and over) those already in it."""
+    if keep and path.exists():
+        arrays = {**arrayfiles.load_arrays(path), **arrays}
     arrayfiles.save_arrays(path, arrays)
 
 
@@ -451,14 +463,15 @@ def _final_figures(record: dict | None) -> dict:
 
 
 def save_attention(run_dir: Path, params: dict, spec, shown: Batch, buffers: dict, when: str, scale=None) -> None:
-    """attention.npz: weights of the `shown` eval examples at init and at the
-    end (the end's snapshot is added beside the init one already on disk).
-    Every row of the map, not only the rows with a target that training computes."""
+    """attention.npz: the `shown` eval examples' attention at init, and at the end beside it (attention_snapshot)."""
+    add_arrays(run_dir / "attention.npz", attention_snapshot(params, spec, shown, buffers, when, scale),
+               keep=when == "final")
+
+
+def attention_snapshot(params: dict, spec, shown: Batch, buffers: dict, when: str, scale=None) -> dict:
+    """The attention weights of the `shown` eval examples ('attn_init' or
+    'attn_final') with the examples themselves: every row of the map, not
+    only the rows with a target that training computes."""
     _, cache = fast.forward(params, spec, shown, all_queries=True, scale=scale, buffers=buffers)
-    path = run_dir / "attention.npz"
-    arrays = {}
-    if when == "final" and path.exists():
-        arrays = arrayfiles.load_arrays(path)
-    arrays.update({f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
-                   "target_key": shown.target_key, "target_mask": shown.target_mask})
-    arrayfiles.save_arrays(path, arrays)
+    return {f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
+            "target_key": shown.target_key, "target_mask": shown.target_mask}
