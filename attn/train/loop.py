@@ -206,7 +206,7 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
                                       stack.member_buffers(k), step)
                   for k, m in enumerate(members)
                   if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)}
-    writes.each(lambda k: add_arrays(members[k].run_dir / "mechanism.npz", mechanisms[k], keep=step > 0), list(mechanisms))
+    _add_each(writes, members, "mechanism.npz", mechanisms, step)
     for k, member in enumerate(members):
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
@@ -366,7 +366,7 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
                                      stack.member_buffers(k), "init" if step == 0 else "final", scale=stack.scales[k])
                  for k, m in enumerate(members)
                  if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)}
-    writes.each(lambda k: add_arrays(members[k].run_dir / "attention.npz", snapshots[k], keep=step > 0), list(snapshots))
+    _add_each(writes, members, "attention.npz", snapshots, step)
     return records
 
 
@@ -408,6 +408,12 @@ def mechanism_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, ste
     `step`, named '<step>/<statistic>' for mechanism.npz."""
     rows = mechanism.row_statistics(params, spec, eval_batch, buffers)
     return {f"{step}/{name}": values for name, values in rows.items()}
+
+
+def _add_each(writes: Writes, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
+    """Each member's arrays of this step (member index -> arrays) into its run's file `name`, beside
+    those of earlier steps, the members' writes at once."""
+    writes.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
 
 
 def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
