@@ -17,7 +17,11 @@ and each claim's edited_after_runs. The newest
 benchmark (runs/bench/bench-<time>.json, from `attn bench`) is copied to
 experiments/results/bench.json and .md, and its short form
 (attn.bench.suite.summary_markdown) fills README's block between
-BENCH_BEGIN and BENCH_END. Nothing in any of them is typed by hand.
+BENCH_BEGIN and BENCH_END; `bench_only` publishes that benchmark alone, with
+the experiments' results as they are. A benchmark, like a report, is
+published from one clean commit: one of uncommitted code (`attn bench`
+records `git describe --dirty`) or of no known commit is refused unless
+allow_mixed. Nothing in any of them is typed by hand.
 
 Atomic: the new experiments/results/ is built beside the old one
 (experiments/.results.new: every file it keeps hard-linked, every file it
@@ -73,7 +77,7 @@ COPIED = ("report.md", runs.REPORT_FILE, runs.SEEDS_FILE, "report.csv", "*.png")
 
 
 def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allow_mixed: bool = False,
-            verification_only: bool = False) -> list[Path]:
+            verification_only: bool = False, bench_only: bool = False) -> list[Path]:
     """Copy each experiment's report into experiments/results/ and regenerate
     experiments/README.md and README.md's results block; the paths written.
     Refused (RunError, one line) for a report whose runs come from several
@@ -82,8 +86,14 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     of another report than the one it would be published beside. A
     verification is written through merge with the one published before
     (_write_verification). `verification_only`: each one's verification alone,
-    beside the report already published, which it must have verified."""
+    beside the report already published, which it must have verified.
+    `bench_only`: the newest benchmark alone (module docstring)."""
     runs_dir = Path(runs_dir)
+    if bench_only:
+        bench = _newest_bench(runs_dir, allow_mixed)
+        if bench is None:
+            raise runs.RunError(f"{runs_dir / 'bench'}: no benchmark yet; run `attn bench` first")
+        return _publish_staged({}, runs_dir, bench, copy_reports=False)
     experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
     unknown = [name for name in names or () if name not in experiments]
     if unknown:  # a name is a directory of the results: only an experiment's, never a path
@@ -116,6 +126,18 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
             if note:
                 raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
                                     "commit (re-run them), or pass --allow-mixed to publish them as they are")
+    bench = None if verification_only else _newest_bench(runs_dir, allow_mixed)
+    return _publish_staged({name: verifications[name][".json"] for name in names}, runs_dir, bench,
+                           copy_reports=not verification_only)
+
+
+def _publish_staged(verifications: dict[str, Path], runs_dir: Path, bench: Path | None,
+                    copy_reports: bool) -> list[Path]:
+    """Stage the results with, for each experiment named in `verifications` (name -> its
+    verification's JSON, there or not), its report (if copy_reports) and its verification, and
+    the benchmark `bench` (runs/bench/bench-<time>.json, or None); swap them in, write the text;
+    the paths written. Every source has been checked."""
+    names = list(verifications)
     _recover(RESULTS)
     before = {name: json.loads((RESULTS / name / "verify.json").read_text()) for name in names
               if (RESULTS / name / "verify.json").exists()}  # read before a new report's copy replaces them
@@ -124,24 +146,37 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     written = []
     for name in names:
         target = staged / name
-        if not verification_only:
+        if copy_reports:
             if target.exists():
                 shutil.rmtree(target)
             target.mkdir(parents=True)
             for pattern in COPIED:
                 for path in sorted((runs_dir / name).glob(pattern)):
                     _copy(path, target / path.name)
-        if verifications[name][".json"].exists():
-            _write_verification(verifications[name][".json"], target, before.get(name))
+        if verifications[name].exists():
+            _write_verification(verifications[name], target, before.get(name))
         written.append(RESULTS / name)
-    benches = [] if verification_only else sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
-    if benches:
+    if bench is not None:
         for suffix in (".json", ".md"):
-            _copy(benches[-1].with_suffix(suffix), staged / f"bench{suffix}")
+            _copy(bench.with_suffix(suffix), staged / f"bench{suffix}")
             written.append(RESULTS / f"bench{suffix}")
-    experiments_text, text = _texts(_reports(staged), staged, json.loads(benches[-1].read_text()) if benches else None)
+    experiments_text, text = _texts(_reports(staged), staged, json.loads(bench.read_text()) if bench else None)
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
     return written + _write_texts(experiments_text, text)
+
+
+def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
+    """The newest runs/bench/bench-<time>.json (None if none), refused (RunError) unless it timed one
+    clean commit or allow_mixed."""
+    benches = sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
+    if not benches:
+        return None
+    commit = json.loads(benches[-1].read_text()).get("attn_commit")
+    if not allow_mixed and (commit is None or commit.endswith("-dirty")):
+        said = f"timed uncommitted code ({commit})" if commit else "does not say which commit it timed"
+        raise runs.RunError(f"{benches[-1]}: {said}; publish a benchmark of one clean commit (run `attn bench` "
+                            "from it), or pass --allow-mixed to publish it as it is")
+    return benches[-1]
 
 
 def _write_verification(verification: Path, target: Path, before: dict | None) -> None:

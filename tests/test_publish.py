@@ -106,7 +106,8 @@ def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anythi
 
 def bench_result(attn_ms: float, jax_ms: float) -> dict:
     spread = lambda ms: {"median_ms": ms, "p25_ms": ms * 0.9, "p75_ms": ms * 1.1}  # noqa: E731
-    return {"date": "2026-12-01 10:00 UTC", "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
+    return {"date": "2026-12-01 10:00 UTC", "attn_commit": "abc1234",
+            "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
             "timings": [{"threads": 1, "sizes": [{"size": "default", "sides": {"attn": spread(attn_ms),
                                                                                "jax bilinear": spread(jax_ms)},
                                                   "fastest_rival": "jax bilinear",
@@ -138,6 +139,59 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     assert "sweep efficiency 90% with 1 worker(s), 85% with 2 worker(s) (met at ≥ 80%)" in text
     assert "2 workers 1.90× faster than 1 (met at ≥ 1.8×)" in text
     assert (repo / "experiments" / "results" / "bench.md").read_text() == "# bench-20261201-100000\n"
+
+
+def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_are(tmp_path, monkeypatch, capsys):
+    from attn import cli
+
+    repo = tmp_path / "repo"
+    results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
+                                              f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n")
+    (results / "sqrt_dk").mkdir(parents=True)
+    runs.write_json(results / "sqrt_dk" / "report.json", report({"a": "confirmed"}, headline="The published paragraph."))
+    (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)  # a newer report in runs/ that --bench must not publish
+    runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({"a": "refuted"}, headline="Unpublished."))
+    bench = tmp_path / "runs" / "bench"
+    bench.mkdir()
+    runs.write_json(bench / "bench-20261201-100000.json", bench_result(0.6, 1.0))
+    (bench / "bench-20261201-100000.md").write_text("# the newest\n")
+    assert cli.main(["publish", "--bench", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert (results / "bench.md").read_text() == "# the newest\n"
+    assert json.loads((results / "sqrt_dk" / "report.json").read_text())["headline"] == "The published paragraph."
+    text = (repo / "README.md").read_text()
+    assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear |" in text
+    assert "The published paragraph." in text and "Unpublished." not in text
+    capsys.readouterr()
+    assert cli.main(["publish", "--bench", "sqrt_dk"]) == 2
+    assert facts_in(capsys.readouterr().err, "--bench", "sqrt_dk")
+    assert cli.main(["publish", "--bench", "--text-only"]) == 2
+    assert facts_in(capsys.readouterr().err, "--bench", "--text-only")
+
+
+@pytest.mark.parametrize("commit", ["abc1234-dirty", None])
+def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tmp_path, monkeypatch, commit):
+    repo = tmp_path / "repo"
+    results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.BENCH_BEGIN}\nold\n{publish.BENCH_END}\n")
+    bench = tmp_path / "runs" / "bench"
+    bench.mkdir(parents=True)
+    runs.write_json(bench / "bench-20261201-100000.json", {**bench_result(0.6, 1.0), "attn_commit": commit})
+    (bench / "bench-20261201-100000.md").write_text("# dirty\n")
+    (tmp_path / "runs" / "sqrt_dk").mkdir()
+    runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
+    for bench_only in (True, False):
+        with pytest.raises(runs.RunError) as info:
+            publish.publish(None, tmp_path / "runs", bench_only=bench_only)
+        assert facts_in(str(info.value), "bench-20261201-100000.json", "--allow-mixed",
+                        *(["abc1234-dirty"] if commit else []))
+        assert not results.exists() and "old" in (repo / "README.md").read_text(), "nothing is touched"
+    publish.publish(None, tmp_path / "runs", allow_mixed=True, bench_only=True)
+    assert (results / "bench.md").read_text() == "# dirty\n"
+
+
+def test_publishing_a_benchmark_alone_needs_one(tmp_path, monkeypatch):
+    publish_into(tmp_path / "repo", monkeypatch)
+    with pytest.raises(runs.RunError, match="no benchmark yet"):
+        publish.publish(None, tmp_path / "runs", bench_only=True)
 
 
 def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):

@@ -319,9 +319,13 @@ def cmd_publish(args) -> int:
     if args.text_only and args.verification_only:
         raise UsageError("publish: --text-only with --verification-only: the first copies nothing, the second the "
                          "verifications; expected one of them")
+    if args.bench and (args.names or args.text_only or args.verification_only):
+        given = ", ".join(args.names) if args.names else "--text-only" if args.text_only else "--verification-only"
+        raise UsageError(f"publish: --bench with {given}: it publishes the newest benchmark alone; expected it "
+                         "without experiments or other modes")
     written = (publish.publish_text() if args.text_only else
                publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed,
-                               verification_only=args.verification_only))
+                               verification_only=args.verification_only, bench_only=args.bench))
     for path in written:
         print(path)
     return EXIT_OK
@@ -395,4 +399,7 @@ def add_commands(sub) -> None:
     p.add_argument("--text-only", action="store_true",
                    help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
                         "results already published (after a change to an experiment file or to how the text is made)")
+    p.add_argument("--bench", action="store_true",
+                   help="copy the newest benchmark (runs/bench/bench-*.json, .md: attn bench) alone into "
+                        "experiments/results and README's block, with no experiment's report")
     p.set_defaults(func=cmd_publish)
