@@ -42,11 +42,24 @@ class Factored:
     products. When few query positions carry the loss, the gradient reaching
     X is of low rank R (a few per query), and its consumers, the embeddings,
     need it only through onehot^T value (see embedding_backward): kept as
-    factors, it is never formed.
+    factors, it is never formed. Each side is kept as the pieces it is
+    stacked from along R (lefts[i] (*M, B, R_i, T) with rights[i]): the
+    embeddings bin each left piece, and the pieces the head's products
+    binned already (A, dS) are not binned again (Embedded.binned).
     """
 
-    left: np.ndarray  # (*M, B, R, T)
-    right: np.ndarray  # (*M, B, R, n)
+    lefts: tuple[np.ndarray, ...]  # each (*M, B, R_i, T)
+    rights: tuple[np.ndarray, ...]  # each (*M, B, R_i, n)
+
+    @cached_property
+    def left(self) -> np.ndarray:
+        """The left pieces stacked, (*M, B, R, T)."""
+        return _stacked_rows(self.lefts)
+
+    @cached_property
+    def right(self) -> np.ndarray:
+        """The right pieces stacked, (*M, B, R, n)."""
+        return _stacked_rows(self.rights)
 
     def dense(self) -> np.ndarray:
         """The (*M, B, T, n) array itself."""
@@ -54,6 +67,11 @@ class Factored:
         out = np.empty(shape, dtype=self.right.dtype)
         sum_of_outer_products(self.left, self.right, out=out)
         return out
+
+
+def _stacked_rows(pieces: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The pieces (..., R_i, n) stacked along R: (..., R, n)."""
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-2)
 
 
 def keep_factored(T: int, P: int) -> bool:
@@ -86,18 +104,17 @@ def add_at_positions(grad, positions, values: np.ndarray):
     indicator e_p on the left, the values on the right).
     """
     if isinstance(grad, Factored):
-        return factored_with_rows([grad.left], [grad.right], positions, values)
+        return factored_with_rows(list(grad.lefts), list(grad.rights), positions, values)
     grad[..., positions, :] += values
     return grad
 
 
 def factored_with_rows(lefts: list[np.ndarray], rights: list[np.ndarray], positions, values: np.ndarray) -> Factored:
     """Factored([*lefts; E], [*rights; values]), E the indicator rows e_p of
-    the `positions`: the factors' pieces stacked (lefts (*M, B, R_i, T),
-    rights (*M, B, R_i, n)), and `values` (*M, B, P, n) added at those
-    positions, in one concatenation per side."""
+    the `positions`: the factors' pieces (lefts (*M, B, R_i, T), rights
+    (*M, B, R_i, n)), and `values` (*M, B, P, n) added at those positions."""
     indicator = _position_indicator(values.shape[:-2], lefts[0].shape[-1], positions, values.dtype)  # (*M, B, P, T)
-    return Factored(np.concatenate([*lefts, indicator], axis=-2), np.concatenate([*rights, values], axis=-2))
+    return Factored((*lefts, indicator), (*rights, values))
 
 
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -158,6 +175,7 @@ class Embedded:
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
     positions_from: int | None = None  # the last source is the position itself, from this row (embedding_forward)
     _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (P, keys_first) -> _slots_for
+    _binned_of: dict = field(default_factory=dict, compare=False, repr=False)  # id(weights) -> (weights, bins)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -186,10 +204,20 @@ class Embedded:
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
-        """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (_binned)."""
-        binned = _binned(weights, self._bin_slots_for(weights.shape[-2]), self.table.shape[-2], self.positions_from)
-        products = as_rows(binned, self.table.ndim - 2) @ self.table  # (*M, B P, D)
+        """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (binned)."""
+        products = as_rows(self.binned(weights), self.table.ndim - 2) @ self.table  # (*M, B P, D)
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
+
+    def binned(self, weights: np.ndarray) -> np.ndarray:
+        """bin(weights) (*M, B, R, V) for weights (*M, B, R, T) (_binned), binned
+        once per array: the embeddings' gradient (embedding_backward) bins
+        the attention A and the score gradient dS, which the head's A X and
+        dS X binned already. The step never changes either in place; the
+        entry holds the array, so its id is not another's while X lives."""
+        if id(weights) not in self._binned_of:
+            self._binned_of[id(weights)] = weights, _binned(weights, self._bin_slots_for(weights.shape[-2]),
+                                                            self.table.shape[-2], self.positions_from)
+        return self._binned_of[id(weights)][1]
 
     @cached_property
     def _table_transposed(self) -> np.ndarray:
@@ -287,7 +315,8 @@ def embedding_forward(ids: np.ndarray, tables: list[np.ndarray], positional: boo
     table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
     stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
     positions_from = sum(sizes[:-1]) if positional else None
-    return Embedded(table, stacked, positions_from), (stacked, table.shape, sizes, positions_from)
+    x = Embedded(table, stacked, positions_from)
+    return x, (x, sizes)
 
 
 @lru_cache(maxsize=32)
@@ -318,13 +347,14 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
 
     dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
-    the stacked table (_binned), (B, R, V), times R, and dout is never formed.
+    the stacked table (Embedded.binned, a piece of L at a time: each bin sums
+    its entries in the order one binning of all of L would), (B, R, V), times
+    R, and dout is never formed.
     """
-    ids, shape, sizes, positions_from = cache  # ids (S, *M, ..., T) into the stacked table (*M, V, D)
-    V, lead = shape[-2], shape[:-2]
+    x, sizes = cache  # x: the Embedded X, its ids (S, *M, ..., T) into its stacked table (*M, V, D)
+    ids, V, lead = x.ids, x.table.shape[-2], x.table.shape[:-2]
     if isinstance(dout, Factored):
-        binned = _binned(dout.left, _bin_slots(_slots(ids, dout.left.shape[-2], V), positions_from), V,
-                         positions_from)  # (*M, B, R, V)
+        binned = _stacked_rows(tuple(x.binned(left) for left in dout.lefts))  # (*M, B, R, V)
         dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
