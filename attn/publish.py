@@ -2,6 +2,7 @@
 
     attn publish [NAME ...]        (make publish)
     attn publish --text-only       (the text alone, from what is published)
+    attn publish --bench           (the newest benchmark, and the text)
 
 For each experiment with a report in runs/<name>/ (default: every
 experiments/*.yaml that has one): its report, CSV, JSON and figures are
@@ -17,8 +18,9 @@ and each claim's edited_after_runs. The newest
 benchmark (runs/bench/bench-<time>.json, from `attn bench`) is copied to
 experiments/results/bench.json and .md, and its short form
 (attn.bench.suite.summary_markdown) fills README's block between
-BENCH_BEGIN and BENCH_END; `bench_only` publishes that benchmark alone, with
-the experiments' results as they are. A benchmark, like a report, is
+BENCH_BEGIN and BENCH_END; `bench_only` publishes that benchmark with no
+report, the text written afresh from the results already published (as
+publish_text writes it). A benchmark, like a report, is
 published from one clean commit: one of uncommitted code (`attn bench`
 records `git describe --dirty`) or of no known commit is refused unless
 allow_mixed. Nothing in any of them is typed by hand.
@@ -172,10 +174,11 @@ def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
     if not benches:
         return None
     commit = json.loads(benches[-1].read_text()).get("attn_commit")
-    if not allow_mixed and (commit is None or commit.endswith("-dirty")):
-        said = f"timed uncommitted code ({commit})" if commit else "does not say which commit it timed"
+    if not allow_mixed and (not isinstance(commit, str) or not commit or commit.endswith("-dirty")):
+        said = f"timed uncommitted code ({commit})" if isinstance(commit, str) and commit else \
+            f"does not say which commit it timed (attn_commit: {commit!r})"
         raise runs.RunError(f"{benches[-1]}: {said}; publish a benchmark of one clean commit (run `attn bench` "
-                            "from it), or pass --allow-mixed to publish it as it is")
+                            "from it, or move this one out of the way), or pass --allow-mixed to publish it as it is")
     return benches[-1]
 
 

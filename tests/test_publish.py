@@ -164,11 +164,12 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
     capsys.readouterr()
     assert cli.main(["publish", "--bench", "sqrt_dk"]) == 2
     assert facts_in(capsys.readouterr().err, "--bench", "sqrt_dk")
-    assert cli.main(["publish", "--bench", "--text-only"]) == 2
-    assert facts_in(capsys.readouterr().err, "--bench", "--text-only")
+    for other in ("--text-only", "--verification-only"):
+        assert cli.main(["publish", "--bench", other]) == 2
+        assert facts_in(capsys.readouterr().err, "--bench", other)
 
 
-@pytest.mark.parametrize("commit", ["abc1234-dirty", None])
+@pytest.mark.parametrize("commit", ["abc1234-dirty", None, ""])
 def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tmp_path, monkeypatch, commit):
     repo = tmp_path / "repo"
     results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.BENCH_BEGIN}\nold\n{publish.BENCH_END}\n")
@@ -183,15 +184,17 @@ def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tm
             publish.publish(None, tmp_path / "runs", bench_only=bench_only)
         assert facts_in(str(info.value), "bench-20261201-100000.json", "--allow-mixed",
                         *(["abc1234-dirty"] if commit else []))
-        assert not results.exists() and "old" in (repo / "README.md").read_text(), "nothing is touched"
+        assert not results.exists() and not results.with_name(".results.new").exists()
+        assert "old" in (repo / "README.md").read_text(), "nothing is touched"
     publish.publish(None, tmp_path / "runs", allow_mixed=True, bench_only=True)
     assert (results / "bench.md").read_text() == "# dirty\n"
 
 
 def test_publishing_a_benchmark_alone_needs_one(tmp_path, monkeypatch):
     publish_into(tmp_path / "repo", monkeypatch)
-    with pytest.raises(runs.RunError, match="no benchmark yet"):
+    with pytest.raises(runs.RunError) as info:
         publish.publish(None, tmp_path / "runs", bench_only=True)
+    assert facts_in(str(info.value), str(tmp_path / "runs" / "bench"), "attn bench")
 
 
 def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):

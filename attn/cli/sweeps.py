@@ -392,7 +392,8 @@ def add_commands(sub) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
     p.add_argument("--allow-mixed", action="store_true",
-                   help="publish reports whose runs come from several code states or uncommitted code (they say so)")
+                   help="publish reports whose runs come from several code states or uncommitted code (they say "
+                        "so), and a benchmark of uncommitted or unknown code (it names its commit)")
     p.add_argument("--verification-only", action="store_true",
                    help="copy each experiment's verification (runs/verify/<name>.md, .json) alone, beside its published "
                         "report, which it must have verified (attn verify --as-run experiments/results/<name>)")
@@ -400,6 +401,7 @@ def add_commands(sub) -> None:
                    help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
                         "results already published (after a change to an experiment file or to how the text is made)")
     p.add_argument("--bench", action="store_true",
-                   help="copy the newest benchmark (runs/bench/bench-*.json, .md: attn bench) alone into "
-                        "experiments/results and README's block, with no experiment's report")
+                   help="copy the newest benchmark (runs/bench/bench-*.json, .md: attn bench) into "
+                        "experiments/results and README's block, with no experiment's report; the rest of the "
+                        "text is written afresh from what is published, as with --text-only")
     p.set_defaults(func=cmd_publish)
