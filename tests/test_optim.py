@@ -217,3 +217,18 @@ def test_cosine_is_symmetric_about_its_midpoint():
     floor, quarter = 0.1 * BASE_LR, TOTAL // 4
     assert schedule_lrs[quarter] - (BASE_LR + floor) / 2 == pytest.approx((BASE_LR + floor) / 2 - schedule_lrs[3 * quarter])
     assert schedule_lrs[quarter] == pytest.approx(floor + (BASE_LR - floor) * (1 + math.cos(math.pi / 4)) / 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_stacks_squared_norms_are_each_members_own_bit_for_bit(dtype):
+    """Each member's figure is squared_norm of its slice alone, for a stack
+    laid out as its members' weights are (C order, or transposed as W_k^T)."""
+    rng = np.random.default_rng(3)
+    stack = (rng.standard_normal((5, 37, 29)) * 10.0 ** rng.integers(-3, 4, (5, 1, 1))).astype(dtype)
+    for a in (stack, stack.swapaxes(-1, -2)):
+        before = a.copy()
+        together = optim.squared_norms(a)
+        alone = np.array([optim.squared_norm(np.ascontiguousarray(member)) for member in a])
+        assert together.dtype == np.float64 and together.shape == (5,)
+        np.testing.assert_array_equal(together, alone)
+        np.testing.assert_array_equal(a, before)
