@@ -51,12 +51,12 @@ class Factored:
     lefts: tuple[np.ndarray, ...]  # each (*M, B, R_i, T)
     rights: tuple[np.ndarray, ...]  # each (*M, B, R_i, n)
 
-    @cached_property
+    @property
     def left(self) -> np.ndarray:
         """The left pieces stacked, (*M, B, R, T)."""
         return _stacked_rows(self.lefts)
 
-    @cached_property
+    @property
     def right(self) -> np.ndarray:
         """The right pieces stacked, (*M, B, R, n)."""
         return _stacked_rows(self.rights)
@@ -214,10 +214,11 @@ class Embedded:
         the attention A and the score gradient dS, which the head's A X and
         dS X binned already. The step never changes either in place; the
         entry holds the array, so its id is not another's while X lives."""
-        if id(weights) not in self._binned_of:
-            self._binned_of[id(weights)] = weights, _binned(weights, self._bin_slots_for(weights.shape[-2]),
-                                                            self.table.shape[-2], self.positions_from)
-        return self._binned_of[id(weights)][1]
+        kept = self._binned_of.get(id(weights))
+        if kept is None:
+            kept = self._binned_of[id(weights)] = weights, _binned(weights, self._bin_slots_for(weights.shape[-2]),
+                                                                   self.table.shape[-2], self.positions_from)
+        return kept[1]
 
     @cached_property
     def _table_transposed(self) -> np.ndarray:
@@ -354,7 +355,7 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
     x, sizes = cache  # x: the Embedded X, its ids (S, *M, ..., T) into its stacked table (*M, V, D)
     ids, V, lead = x.ids, x.table.shape[-2], x.table.shape[:-2]
     if isinstance(dout, Factored):
-        binned = _stacked_rows(tuple(x.binned(left) for left in dout.lefts))  # (*M, B, R, V)
+        binned = _stacked_rows(tuple(map(x.binned, dout.lefts)))  # (*M, B, R, V)
         dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
