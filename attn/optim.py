@@ -43,10 +43,11 @@ def squared_norm(a: np.ndarray) -> float:
 
 def squared_norms(a: np.ndarray) -> np.ndarray:
     """squared_norm of each member's slice a[m], (M,): the squares formed for
-    the whole stack at once, in float64 and C order (exact, entry by entry),
-    then summed one reduction per member over its contiguous slice, as
-    squared_norm sums a model's own, so a member's figure does not depend
-    on the others (numpy orders a reduction over a stack by its shape)."""
+    the whole stack at once, in float64 and C order (each entry's square the
+    one squared_norm forms), then summed one reduction per member over its
+    contiguous slice, as squared_norm sums a model's own, so a member's
+    figure does not depend on the others (numpy orders a reduction over a
+    stack by its shape)."""
     squares = np.array(a, dtype=np.float64, order="C")  # a copy: (M, ...), each member's slice contiguous
     np.multiply(squares, squares, out=squares)
     return np.array([np.add.reduce(member, axis=None) for member in squares])
