@@ -198,8 +198,8 @@ def test_the_embeddings_gradient_bins_each_piece_once_and_as_binning_them_all_at
     tables = [rng.standard_normal((*members, V, D)).astype(np.float32) for V in (5, 6, T)]
     ids = np.stack([rng.integers(0, 5, (*members, B, T)), rng.integers(0, 6, (*members, B, T)),
                     np.broadcast_to(np.arange(T), (*members, B, T))])
-    lefts = tuple(rng.standard_normal((*members, B, 1, T)).astype(np.float32) for _ in range(3))
-    rights = tuple(rng.standard_normal((*members, B, 1, D)).astype(np.float32) for _ in range(3))
+    lefts = tuple(rng.standard_normal((*members, B, R, T)).astype(np.float32) for R in (1, 2, 1))
+    rights = tuple(rng.standard_normal((*members, B, R, D)).astype(np.float32) for R in (1, 2, 1))
     x, cache = pairs.embedding_forward(ids, tables, positional=True)
     for left in lefts[:2]:
         x.weighted_sum(left)  # the head's products bin A and dS

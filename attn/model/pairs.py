@@ -63,9 +63,9 @@ class Factored:
 
     def dense(self) -> np.ndarray:
         """The (*M, B, T, n) array itself."""
-        shape = (*self.left.shape[:-2], self.left.shape[-1], self.right.shape[-1])
-        out = np.empty(shape, dtype=self.right.dtype)
-        sum_of_outer_products(self.left, self.right, out=out)
+        left, right = self.left, self.right  # each side stacked once
+        out = np.empty((*left.shape[:-2], left.shape[-1], right.shape[-1]), dtype=right.dtype)
+        sum_of_outer_products(left, right, out=out)
         return out
 
 
