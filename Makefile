@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 $(VENV)/.runtime: requirements.txt pyproject.toml
@@ -130,8 +130,13 @@ browser:
 	  echo "error: could not install chromium and chromium-driver ($(CHROMIUM), $(CHROMEDRIVER) still missing); run: $(BROWSER_INSTALL)" >&2; \
 	  exit 2; }
 
-## make test: the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first
-test: browser $(VENV)/.dev
+## make lint: ruff's lint and format check of attn/ and tests/ (pyproject.toml); `.venv/bin/ruff format attn tests` formats
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check --quiet attn tests
+	$(VENV)/bin/ruff format --check --quiet attn tests
+
+## make test: lint, then the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first
+test: browser $(VENV)/.dev lint
 	$(PY) -m pytest -q -n 2 -m "not faults" $(ARGS)
 
 ## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the

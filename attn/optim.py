@@ -87,8 +87,9 @@ def per_member(value, w: np.ndarray) -> np.ndarray:
     return value.reshape(value.shape + (1,) * (w.ndim - value.ndim))
 
 
-def learning_rate(step: int, base_lr: float, schedule: str, warmup_steps: int,
-                  total_steps: int, min_lr_ratio: float) -> float:
+def learning_rate(
+    step: int, base_lr: float, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> float:
     """lr for update number `step` (0-based).
 
     constant: base_lr after a linear warm-up over warmup_steps.
@@ -123,8 +124,14 @@ class Temporaries:
 class SGD:
     """SGD with optional heavy-ball or Nesterov momentum and L2 weight decay."""
 
-    def __init__(self, params: dict, momentum: float = 0.0, nesterov: bool = False,
-                 weight_decay: float = 0.0, lr_mult: dict | None = None):
+    def __init__(
+        self,
+        params: dict,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        weight_decay: float = 0.0,
+        lr_mult: dict | None = None,
+    ):
         self.momentum, self.nesterov, self.weight_decay = momentum, nesterov, weight_decay
         self.lr_mult = dict(lr_mult or {})
         self.state = {f"momentum/{n}": np.zeros_like(p) for n, p in params.items()} if momentum else {}
@@ -151,8 +158,16 @@ class SGD:
 class Adam:
     """Adam, or AdamW with decoupled weight decay when `decoupled`."""
 
-    def __init__(self, params: dict, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                 weight_decay: float = 0.0, decoupled: bool = False, lr_mult: dict | None = None):
+    def __init__(
+        self,
+        params: dict,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled: bool = False,
+        lr_mult: dict | None = None,
+    ):
         self.beta1, self.beta2, self.eps = beta1, beta2, eps
         self.weight_decay, self.decoupled = weight_decay, decoupled
         self.lr_mult = dict(lr_mult or {})

@@ -78,8 +78,13 @@ BENCH_END = "<!-- /bench -->"
 COPIED = ("report.md", runs.REPORT_FILE, runs.SEEDS_FILE, "report.csv", "*.png")
 
 
-def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allow_mixed: bool = False,
-            verification_only: bool = False, bench_only: bool = False) -> list[Path]:
+def publish(
+    names: list[str] | None = None,
+    runs_dir: Path = REPO / "runs",
+    allow_mixed: bool = False,
+    verification_only: bool = False,
+    bench_only: bool = False,
+) -> list[Path]:
     """Copy each experiment's report into experiments/results/ and regenerate
     experiments/README.md and README.md's results block; the paths written.
     Refused (RunError, one line) for a report whose runs come from several
@@ -99,26 +104,42 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
     experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
     unknown = [name for name in names or () if name not in experiments]
     if unknown:  # a name is a directory of the results: only an experiment's, never a path
-        raise runs.RunError(f"publish: NAME {unknown[0]!r}: not an experiment; expected one of {', '.join(experiments)}")
-    verifications = {name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")}
-                     for name in experiments}
+        raise runs.RunError(
+            f"publish: NAME {unknown[0]!r}: not an experiment; expected one of {', '.join(experiments)}"
+        )
+    verifications = {
+        name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")} for name in experiments
+    }
     reports = {name: (RESULTS if verification_only else runs_dir) / name / runs.REPORT_FILE for name in experiments}
-    names = names or [name for name in experiments if reports[name].exists()
-                      and (not verification_only or verifications[name][".json"].exists())]
+    names = names or [
+        name
+        for name in experiments
+        if reports[name].exists() and (not verification_only or verifications[name][".json"].exists())
+    ]
     if not names:
-        raise runs.RunError(f"{runs_dir}: no verification of a published report yet; run `attn verify "
-                            "experiments/<name>.yaml` with the published report as run first" if verification_only else
-                            f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first")
+        raise runs.RunError(
+            f"{runs_dir}: no verification of a published report yet; run `attn verify "
+            "experiments/<name>.yaml` with the published report as run first"
+            if verification_only
+            else f"{runs_dir}: no experiment has a report yet; run `attn sweep experiments/<name>.yaml` first"
+        )
     for name in names:  # every source checked before any result is replaced
         if not reports[name].exists():
-            raise runs.RunError(f"{reports[name]}: not published yet; publish its report first" if verification_only
-                                else f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first")
+            raise runs.RunError(
+                f"{reports[name]}: not published yet; publish its report first"
+                if verification_only
+                else f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first"
+            )
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
-            raise runs.RunError(f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
-                                f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)")
+            raise runs.RunError(
+                f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
+                f"wrote it); run `attn verify experiments/{name}.yaml` again (finished runs are kept)"
+            )
         if verification_only and not verifications[name][".json"].exists():  # its .md is written afresh from it
-            raise runs.RunError(f"{verifications[name]['.json']}: no verification of {name} there; run `attn verify "
-                                f"experiments/{name}.yaml` with its published report as run first")
+            raise runs.RunError(
+                f"{verifications[name]['.json']}: no verification of {name} there; run `attn verify "
+                f"experiments/{name}.yaml` with its published report as run first"
+            )
         if verifications[name][".json"].exists():
             _check_verified(verifications[name][".json"], reports[name])
             if verification_only:
@@ -126,23 +147,30 @@ def publish(names: list[str] | None = None, runs_dir: Path = REPO / "runs", allo
         if not allow_mixed and not verification_only:
             note = json.loads(reports[name].read_text()).get("code_state_note")
             if note:
-                raise runs.RunError(f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
-                                    "commit (re-run them), or pass --allow-mixed to publish them as they are")
+                raise runs.RunError(
+                    f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
+                    "commit (re-run them), or pass --allow-mixed to publish them as they are"
+                )
     bench = None if verification_only else _newest_bench(runs_dir, allow_mixed)
-    return _publish_staged({name: verifications[name][".json"] for name in names}, runs_dir, bench,
-                           copy_reports=not verification_only)
+    return _publish_staged(
+        {name: verifications[name][".json"] for name in names}, runs_dir, bench, copy_reports=not verification_only
+    )
 
 
-def _publish_staged(verifications: dict[str, Path], runs_dir: Path, bench: Path | None,
-                    copy_reports: bool) -> list[Path]:
+def _publish_staged(
+    verifications: dict[str, Path], runs_dir: Path, bench: Path | None, copy_reports: bool
+) -> list[Path]:
     """Stage the results with, for each experiment named in `verifications` (name -> its
     verification's JSON, there or not), its report (if copy_reports) and its verification, and
     the benchmark `bench` (runs/bench/bench-<time>.json, or None); swap them in, write the text;
     the paths written. Every source has been checked."""
     names = list(verifications)
     _recover(RESULTS)
-    before = {name: json.loads((RESULTS / name / "verify.json").read_text()) for name in names
-              if (RESULTS / name / "verify.json").exists()}  # read before a new report's copy replaces them
+    before = {
+        name: json.loads((RESULTS / name / "verify.json").read_text())
+        for name in names
+        if (RESULTS / name / "verify.json").exists()
+    }  # read before a new report's copy replaces them
     staged = RESULTS.with_name(".results.new")
     _stage(RESULTS, staged)
     written = []
@@ -175,10 +203,15 @@ def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
         return None
     commit = json.loads(benches[-1].read_text()).get("attn_commit")
     if not allow_mixed and (not isinstance(commit, str) or not commit or commit.endswith("-dirty")):
-        said = f"timed uncommitted code ({commit})" if isinstance(commit, str) and commit else \
-            f"does not say which commit it timed (attn_commit: {commit!r})"
-        raise runs.RunError(f"{benches[-1]}: {said}; publish a benchmark of one clean commit (run `attn bench` "
-                            "from it, or move this one out of the way), or pass --allow-mixed to publish it as it is")
+        said = (
+            f"timed uncommitted code ({commit})"
+            if isinstance(commit, str) and commit
+            else f"does not say which commit it timed (attn_commit: {commit!r})"
+        )
+        raise runs.RunError(
+            f"{benches[-1]}: {said}; publish a benchmark of one clean commit (run `attn bench` "
+            "from it, or move this one out of the way), or pass --allow-mixed to publish it as it is"
+        )
     return benches[-1]
 
 
@@ -201,9 +234,11 @@ def _check_replaces_nothing(verification: Path, published: Path) -> None:
     before, after = (json.loads(path.read_text()) for path in (published, verification))
     lost = set(before["platforms"]) - set(after["platforms"])
     if (before.get("as_run") or {}).get("sha256") != after["as_run"]["sha256"] and lost:
-        raise runs.RunError(f"{published}: made the {', '.join(verify.reruns_in_order(lost))} re-runs that {verification} "
-                            "did not, and cannot be merged with it (it does not say it verified the same report); "
-                            "verify with every re-run it made (finished re-runs are kept)")
+        raise runs.RunError(
+            f"{published}: made the {', '.join(verify.reruns_in_order(lost))} re-runs that {verification} "
+            "did not, and cannot be merged with it (it does not say it verified the same report); "
+            "verify with every re-run it made (finished re-runs are kept)"
+        )
 
 
 def _check_verified(verification: Path, report: Path) -> None:
@@ -211,8 +246,11 @@ def _check_verified(verification: Path, report: Path) -> None:
     verify recorded which cannot say, and is refused too."""
     as_run = json.loads(verification.read_text()).get("as_run") or {}
     if as_run.get("sha256") != verify.report_digest(report):
-        said = (f"verified {as_run.get('report')}, not {report}" if as_run else
-                f"does not say which report it verified (an older attn verify wrote it), so not {report}")
+        said = (
+            f"verified {as_run.get('report')}, not {report}"
+            if as_run
+            else f"does not say which report it verified (an older attn verify wrote it), so not {report}"
+        )
         raise runs.RunError(f"{verification}: {said}; verify {report} itself (finished re-runs are kept)")
 
 
@@ -322,15 +360,21 @@ def _exchange(a: Path, b: Path) -> bool:
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
         return False
-    raise runs.RunError(f"{b}: cannot swap in the new results: {os.strerror(err)} (the old results are left as they "
-                        f"were)")
+    raise runs.RunError(
+        f"{b}: cannot swap in the new results: {os.strerror(err)} (the old results are left as they were)"
+    )
 
 
 def verdict_lines(report: dict) -> list[str]:
-    return [f"- **{e['verdict']}** — {e['claim']} "
-            + (f"(`{e['id']}`; {report_spec.EDITED_SAID}: {e['edited_after_runs']})" if e.get("edited_after_runs")
-               else f"({_claim_id(e)})")
-            for e in report["expectations"]]
+    return [
+        f"- **{e['verdict']}** — {e['claim']} "
+        + (
+            f"(`{e['id']}`; {report_spec.EDITED_SAID}: {e['edited_after_runs']})"
+            if e.get("edited_after_runs")
+            else f"({_claim_id(e)})"
+        )
+        for e in report["expectations"]
+    ]
 
 
 def verdict_summary(report: dict) -> str:
@@ -345,8 +389,13 @@ def _claim_id(expectation: dict) -> str:
     """`id`, and how it stands to the claims frozen before the runs unless as frozen (changed, added after the
     runs began), or that it was edited after runs of its seeds had been seen (its file's edited_after_runs)."""
     frozen = expectation.get("frozen")
-    said = ("edited after its runs" if expectation.get("edited_after_runs")
-            else "" if frozen in (None, "as frozen") else frozen)
+    said = (
+        "edited after its runs"
+        if expectation.get("edited_after_runs")
+        else ""
+        if frozen in (None, "as frozen")
+        else frozen
+    )
     return f"`{expectation['id']}`" + (f" ({said})" if said else "")
 
 
@@ -362,9 +411,13 @@ def as_their_files_say(reports: dict[str, dict], changes: dict[str, str]) -> dic
             continue
         _, _, description, edited = _file_design(path, path.stat().st_mtime_ns)
         edited = dict(edited)
-        annotated[name] = {**report, "description": description or report.get("description", ""),
-                           "expectations": [{**e, "edited_after_runs": edited[e["id"]]} if e["id"] in edited else e
-                                            for e in report["expectations"]]}
+        annotated[name] = {
+            **report,
+            "description": description or report.get("description", ""),
+            "expectations": [
+                {**e, "edited_after_runs": edited[e["id"]]} if e["id"] in edited else e for e in report["expectations"]
+            ],
+        }
     return annotated
 
 
@@ -373,12 +426,15 @@ def code_states_said(report: dict) -> str:
     a report whose runs do not come from one clean commit (published with
     --allow-mixed), else ''. A report made before reports counted their code
     states has only its platform's list of commits."""
-    states = report.get("code_states") or {"unknown" if c in (None, "None") else c: 0
-                                           for c in report["platform"].get("attn_commit", [])}
+    states = report.get("code_states") or {
+        "unknown" if c in (None, "None") else c: 0 for c in report["platform"].get("attn_commit", [])
+    }
     unclean = sum(not experiment_report.is_clean_state(s) for s in states)
     if len(states) <= 1:
         return "runs from uncommitted or unrecorded code" if unclean else ""
-    return f"runs from {len(states)} code states" + (f", {unclean} of them uncommitted or unrecorded" if unclean else "")
+    return f"runs from {len(states)} code states" + (
+        f", {unclean} of them uncommitted or unrecorded" if unclean else ""
+    )
 
 
 def _held_against_files(reports: dict[str, dict], changes: dict[str, str] | None) -> tuple[dict, dict[str, str]]:
@@ -419,8 +475,10 @@ def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, str, tuple[tuple[
 
 def design_said(name: str, changes: dict[str, str]) -> str:
     """The sentence for a report of an earlier design of its file (one of `changes`)."""
-    return (f"These are the runs of an earlier design of the file ({changes[name]}); the results of its "
-            f"design now wait for a re-run (`attn sweep experiments/{name}.yaml`).")
+    return (
+        f"These are the runs of an earlier design of the file ({changes[name]}); the results of its "
+        f"design now wait for a re-run (`attn sweep experiments/{name}.yaml`)."
+    )
 
 
 def _verification(name: str, results: Path | None = None) -> dict | None:
@@ -436,56 +494,84 @@ def flips_said(result: dict) -> str:
         where: dict[str, list[str]] = {}
         for variant in sorted(row["verdicts"], key=lambda v: v != "as run"):  # the file's keys are sorted
             where.setdefault(row["verdicts"][variant], []).append(variant if variant == "as run" else f"in {variant}")
-        said.append(f"`{row['id']}`: " + ", ".join(f"{verdict} {and_list(places)}"
-                                                   for verdict, places in where.items()))
+        said.append(
+            f"`{row['id']}`: " + ", ".join(f"{verdict} {and_list(places)}" for verdict, places in where.items())
+        )
     return "; ".join(said)
 
 
 def verification_line(name: str, results: Path | None = None) -> str:
     result = _verification(name, results)
     if result is None:
-        return (f"Not yet re-run in float64, on a second BLAS kernel or with the materialized head "
-                f"(`attn verify experiments/{name}.yaml`): its verdicts are as run only.")
-    said = ("it declares no expectations" if not result["expectations"] else
-            "every verdict agrees" if result["agree"] else f"some verdicts differ ({flips_said(result)})")
+        return (
+            f"Not yet re-run in float64, on a second BLAS kernel or with the materialized head "
+            f"(`attn verify experiments/{name}.yaml`): its verdicts are as run only."
+        )
+    said = (
+        "it declares no expectations"
+        if not result["expectations"]
+        else "every verdict agrees"
+        if result["agree"]
+        else f"some verdicts differ ({flips_said(result)})"
+    )
     cells = result.get("cells", [])
     counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
-    unchanged = "".join(f"; {variant} left {by_variant[variant]['same']} of the {by_variant[variant]['runs']} runs "
-                        "finite in both bit for bit as they were"
-                        for variant in verify.reruns_in_order(by_variant) if by_variant[variant]["same"])
+    unchanged = "".join(
+        f"; {variant} left {by_variant[variant]['same']} of the {by_variant[variant]['runs']} runs "
+        "finite in both bit for bit as they were"
+        for variant in verify.reruns_in_order(by_variant)
+        if by_variant[variant]["same"]
+    )
     if by_variant and not unchanged:
         unchanged = "; each re-run changed the path of every run that stayed finite"
-    return (f"Re-run {verify.reruns_said(result)} (`attn verify experiments/{name}.yaml`): {said}{counts}"
-            f"{unchanged} ([verify.md](results/{name}/verify.md)).")
+    return (
+        f"Re-run {verify.reruns_said(result)} (`attn verify experiments/{name}.yaml`): {said}{counts}"
+        f"{unchanged} ([verify.md](results/{name}/verify.md))."
+    )
 
 
-def experiments_readme(reports: dict[str, dict], results: Path | None = None, changes: dict[str, str] | None = None) -> str:
+def experiments_readme(
+    reports: dict[str, dict], results: Path | None = None, changes: dict[str, str] | None = None
+) -> str:
     """experiments/README.md: every experiment's findings, from its report.json; where its file's design
     has changed since (`changes`, design_changes by default), it says so."""
     reports, changes = _held_against_files(reports, changes)
     order = [HEADLINE, *sorted(n for n in reports if n != HEADLINE)]
-    text = ["# Experiment results", "",
-            "Generated by `make publish` from each experiment's `report.json` (in `results/<name>/`, with its full "
-            "report, table and figures); nothing here is typed by hand. Every experiment file in this folder "
-            "declares its rate-selection rule and its expectations before its runs; a claim edited after runs of "
-            "its seeds had been seen says so beside its verdict, and results of an earlier design of their file "
-            "say that. `report.md` defines the outcome classes and the statistics.", ""]
+    text = [
+        "# Experiment results",
+        "",
+        "Generated by `make publish` from each experiment's `report.json` (in `results/<name>/`, with its full "
+        "report, table and figures); nothing here is typed by hand. Every experiment file in this folder "
+        "declares its rate-selection rule and its expectations before its runs; a claim edited after runs of "
+        "its seeds had been seen says so beside its verdict, and results of an earlier design of their file "
+        "say that. `report.md` defines the outcome classes and the statistics.",
+        "",
+    ]
     for name in (n for n in order if n in reports):
         report = reports[name]
         platform = report["platform"]
-        text += [f"## {name}", "", report["description"], "",
-                 f"{report['runs']} runs; made with attn {', '.join(platform.get('attn_commit', []))} on "
-                 f"{', '.join(platform.get('cpu', []))}, {', '.join(platform.get('blas', []))}, "
-                 f"{', '.join(platform.get('dtype', []))}.", ""]
+        text += [
+            f"## {name}",
+            "",
+            report["description"],
+            "",
+            f"{report['runs']} runs; made with attn {', '.join(platform.get('attn_commit', []))} on "
+            f"{', '.join(platform.get('cpu', []))}, {', '.join(platform.get('blas', []))}, "
+            f"{', '.join(platform.get('dtype', []))}.",
+            "",
+        ]
         if name in changes:
             text += [design_said(name, changes), ""]
         text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
         text += [verification_line(name, results), ""]
         figures = sorted(p.name for p in ((results or RESULTS) / name).glob("*.png"))
-        text += [f"[report](results/{name}/report.md) · " + " · ".join(f"[{f.removesuffix('.png')}](results/{name}/{f})"
-                                                                        for f in figures), ""]
+        text += [
+            f"[report](results/{name}/report.md) · "
+            + " · ".join(f"[{f.removesuffix('.png')}](results/{name}/{f})" for f in figures),
+            "",
+        ]
         if "headline.png" in figures:
             text += [f"![{name}](results/{name}/headline.png)", ""]
     return "\n".join(text)
@@ -502,8 +588,15 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
     reports, changes = _held_against_files(reports, changes)
 
     def provenance(name: str) -> str:
-        return "; ".join(filter(None, [code_states_said(reports[name]),
-                                       "an earlier design of the file, re-run pending" if name in changes else ""]))
+        return "; ".join(
+            filter(
+                None,
+                [
+                    code_states_said(reports[name]),
+                    "an earlier design of the file, re-run pending" if name in changes else "",
+                ],
+            )
+        )
 
     headline = reports[HEADLINE]
     lines = ["", f"![the headline](experiments/results/{HEADLINE}/headline.png)", "", headline["headline"], ""]
@@ -514,31 +607,47 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
     if COMPARISON in reports:
         comparison = reports[COMPARISON]
         said = provenance(COMPARISON)
-        lines += [f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{'; ' + said if said else ''}). "
-                  f"{comparison['headline']}", "",
-                  f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
-                  ""]
+        lines += [
+            f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{'; ' + said if said else ''}). "
+            f"{comparison['headline']}",
+            "",
+            f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
+            "",
+        ]
         lines += [verification_line(COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
     if WIDE_COMPARISON in reports:
         said = provenance(WIDE_COMPARISON)
-        lines += [f"**The fixes at width** ([`{WIDE_COMPARISON}`](experiments/results/{WIDE_COMPARISON}/report.md), "
-                  f"the modes that run width-free, to d_k 2^20{'; ' + said if said else ''}): "
-                  f"{verdict_summary(reports[WIDE_COMPARISON])}", ""]
+        lines += [
+            f"**The fixes at width** ([`{WIDE_COMPARISON}`](experiments/results/{WIDE_COMPARISON}/report.md), "
+            f"the modes that run width-free, to d_k 2^20{'; ' + said if said else ''}): "
+            f"{verdict_summary(reports[WIDE_COMPARISON])}",
+            "",
+        ]
         lines += [verification_line(WIDE_COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
     numbered = {name: BOUNDARY.match(report.get("description", "").strip()) for name, report in reports.items()}
     published = sorted((name for name, found in numbered.items() if found), key=lambda n: int(numbered[n].group(1)))
     if published:
-        lines += ["**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in "
-                  "its report):", ""]
+        lines += [
+            "**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in its report):",
+            "",
+        ]
         for name in published:
             said = provenance(name)
             result = _verification(name, results)
             missing = verify.reruns_missing_said(result) if result is not None else ""
-            flips = ("; not yet verified" if result is None else
-                     f"; re-runs differ: {flips_said(result)}" if not result["agree"] else
-                     f"; not yet re-run {missing}" if missing else "")
-            lines.append(f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
-                         f"{verdict_summary(reports[name])}{flips}")
+            flips = (
+                "; not yet verified"
+                if result is None
+                else f"; re-runs differ: {flips_said(result)}"
+                if not result["agree"]
+                else f"; not yet re-run {missing}"
+                if missing
+                else ""
+            )
+            lines.append(
+                f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
+                f"{verdict_summary(reports[name])}{flips}"
+            )
         lines.append("")
     lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)

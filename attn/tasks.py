@@ -93,8 +93,7 @@ class RetrievalTask(Task):
     def reference_losses(self) -> dict[str, float]:
         P, p = self.n_pairs, 1.0 / self.n_values
         no_retrieval = sum(
-            math.comb(P - 1, j) * p**j * (1 - p) ** (P - 1 - j) * -math.log((j + 1) / P)
-            for j in range(P)
+            math.comb(P - 1, j) * p**j * (1 - p) ** (P - 1 - j) * -math.log((j + 1) / P) for j in range(P)
         )
         return {"chance": math.log(self.n_values), "no_retrieval": no_retrieval}
 

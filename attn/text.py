@@ -33,9 +33,11 @@ def summary_figures(summary: dict) -> str:
     """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
     (NaN) or read back from disk (null)."""
     final, best = summary.get("final") or {}, summary.get("best") or {}
-    return (f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
-            f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
-            f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}")
+    return (
+        f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
+        f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
+        f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}"
+    )
 
 
 def format_value(value) -> str:

@@ -25,14 +25,23 @@ def record(step: int, scale: str, seed: int, wall_per_step: float = 0.01) -> dic
     rng = np.random.default_rng([seed, step])
     tau = 40.0 if scale == "sqrt" else 160.0
     eval_loss = 2.5 * math.exp(-step / tau) * (1 + 0.1 * rng.random()) + 1e-3
-    return {"step": step, "eval_loss": eval_loss, "train_loss": eval_loss * 1.1,
-            "eval_accuracy": min(1.0, 1.05 - eval_loss / 2.5), "score_std": 1.0 + step / (tau * 10),
-            "attn_entropy": eval_loss, "saturated_frac": 0.0, "grad_norm/W_q": eval_loss, "grad_norm/W_k": eval_loss,
-            "wall_time": step * wall_per_step * (1 + 0.2 * seed)}
+    return {
+        "step": step,
+        "eval_loss": eval_loss,
+        "train_loss": eval_loss * 1.1,
+        "eval_accuracy": min(1.0, 1.05 - eval_loss / 2.5),
+        "score_std": 1.0 + step / (tau * 10),
+        "attn_entropy": eval_loss,
+        "saturated_frac": 0.0,
+        "grad_norm/W_q": eval_loss,
+        "grad_norm/W_k": eval_loss,
+        "wall_time": step * wall_per_step * (1 + 0.2 * seed),
+    }
 
 
-def write_run(directory: Path, *overrides: str, status: str = "completed", steps: int = 200,
-              logged_until: int | None = None) -> Path:
+def write_run(
+    directory: Path, *overrides: str, status: str = "completed", steps: int = 200, logged_until: int | None = None
+) -> Path:
     """A run directory with records every LOG_EVERY steps up to logged_until (default: steps).
     status running: this process is its writer (effective status running); stale: a writer
     on another host whose heartbeat stopped long ago."""
@@ -48,7 +57,8 @@ def write_run(directory: Path, *overrides: str, status: str = "completed", steps
 def write_summary(directory: Path, status: str) -> None:
     stale = {"updated_at": time.time() - 2 * locks.STALE_AFTER_SECONDS, "pid": 1, "host": "not-" + socket.gethostname()}
     writer = {"running": runs.heartbeat_fields(), "stale": stale}.get(
-        status, {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()})
+        status, {"updated_at": time.time(), "pid": os.getpid(), "host": socket.gethostname()}
+    )
     runs.write_json(directory / "summary.json", {"status": "running" if status == "stale" else status, **writer})
 
 

@@ -1,7 +1,14 @@
 """Helpers shared by the test modules (tests/ is on sys.path under pytest)."""
 
-SIZES = ["model.d_model=16", "model.d_k=8", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
-         "train.batch_size=16", "task.eval_size=64"]
+SIZES = [
+    "model.d_model=16",
+    "model.d_k=8",
+    "task.n_keys=8",
+    "task.n_values=8",
+    "task.n_pairs=4",
+    "train.batch_size=16",
+    "task.eval_size=64",
+]
 TINY = [*SIZES, "optim.lr=0.2", "logging.plots=false"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the metric record fields (attn.train.loop) that vary run to run
@@ -23,10 +30,13 @@ def write_experiment_file(repo, name: str, runs: int = 4) -> None:
     """repo/experiments/<name>.yaml: an experiment of `runs` runs (seeds) on a tiny base config, and no claims,
     the design a published report of that many runs without a claims record is compared with."""
     (repo / "configs").mkdir(parents=True, exist_ok=True)
-    (repo / "configs" / "tiny.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    (repo / "configs" / "tiny.yaml").write_text(
+        "task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n"
+    )
     (repo / "experiments").mkdir(parents=True, exist_ok=True)
     (repo / "experiments" / f"{name}.yaml").write_text(
-        f"name: {name}\nbase: ../configs/tiny.yaml\ngrid: {{optim.lr: [0.1]}}\nseeds: {list(range(runs))}\n")
+        f"name: {name}\nbase: ../configs/tiny.yaml\ngrid: {{optim.lr: [0.1]}}\nseeds: {list(range(runs))}\n"
+    )
 
 
 def billion_laughs(levels: int = 9) -> str:
@@ -43,7 +53,9 @@ def publish_into(repo, monkeypatch, readme: str | None = None):
     from attn import publish
 
     write_experiment_file(repo, "sqrt_dk")
-    (repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n" if readme is None else readme)
+    (repo / "README.md").write_text(
+        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n" if readme is None else readme
+    )
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
     return repo / "experiments" / "results"
@@ -54,10 +66,15 @@ def verification(variants: dict, digest: str = "d1", cells: dict | None = None, 
     platforms = {"as run": {}, **{v: {"attn_commit": [f"{v}-commit"]} for v in variants}}
     verdicts = {"as run": "confirmed", **variants}
     learned = {d_k: {"as run": "4/4", **counts} for d_k, counts in (cells or {}).items()}
-    return {"experiment": experiment, "as_run": {"report": "r.json", "given": True, "sha256": digest},
-            "platforms": platforms,
-            "expectations": [{"id": "a", "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1}],
-            "agree": len(set(verdicts.values())) == 1, "materialized": "not made (attn verify --variants)",
-            "cells": [{"settings": {"model.d_k": d}, "learned": c, "same": len(set(c.values())) == 1}
-                      for d, c in learned.items()],
-            "unchanged": {v: {"same": 0, "runs": 4} for v in variants}}
+    return {
+        "experiment": experiment,
+        "as_run": {"report": "r.json", "given": True, "sha256": digest},
+        "platforms": platforms,
+        "expectations": [{"id": "a", "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1}],
+        "agree": len(set(verdicts.values())) == 1,
+        "materialized": "not made (attn verify --variants)",
+        "cells": [
+            {"settings": {"model.d_k": d}, "learned": c, "same": len(set(c.values())) == 1} for d, c in learned.items()
+        ],
+        "unchanged": {v: {"same": 0, "runs": 4} for v in variants},
+    }

@@ -28,8 +28,9 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def minor_faults(mode: str) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", FAULTS_OF_TEN_STEPS, mode], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS_OF_TEN_STEPS, mode], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split()
     return out[0], int(out[1])
 
 

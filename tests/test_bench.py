@@ -21,11 +21,19 @@ from attn.train import denormals, lifecycle
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("formulation,overrides", [
-    ("projected", ("task.name=copy", "model.causal=true")), ("bilinear", ("task.name=copy",)),
-    ("bilinear", ("task.name=copy", "model.d_k=512", "model.width_free=false")),  # d_k-wide W_q, W_k, as the rival's
-    ("projected", ("task.name=copy", "model.d_k=48", "model.d_v=24")),
-], ids=["projected-causal", "bilinear-chained", "bilinear-merged", "projected-dk-dv"])
+@pytest.mark.parametrize(
+    "formulation,overrides",
+    [
+        ("projected", ("task.name=copy", "model.causal=true")),
+        ("bilinear", ("task.name=copy",)),
+        (
+            "bilinear",
+            ("task.name=copy", "model.d_k=512", "model.width_free=false"),
+        ),  # d_k-wide W_q, W_k, as the rival's
+        ("projected", ("task.name=copy", "model.d_k=48", "model.d_v=24")),
+    ],
+    ids=["projected-causal", "bilinear-chained", "bilinear-merged", "projected-dk-dv"],
+)
 def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     """With a query at every position (no factored gradient), autograd does
     every product the cost model counts: 2 x head_costs + the readout's three."""
@@ -47,10 +55,28 @@ def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
 
 
 def test_a_short_bench_writes_its_json_and_table(tmp_path):
-    command = [sys.executable, "-m", "attn", "bench", "--sizes", "default", "--steps", "5", "--warmup", "1",
-               "--threads", "1", "--rivals", "torch,jax", "--no-processes", "--out", str(tmp_path)]
-    out = subprocess.run(command, cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True,
-                         timeout=300)
+    command = [
+        sys.executable,
+        "-m",
+        "attn",
+        "bench",
+        "--sizes",
+        "default",
+        "--steps",
+        "5",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+        "--rivals",
+        "torch,jax",
+        "--no-processes",
+        "--out",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, "CI": "true"}, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     (json_path,) = tmp_path.glob("bench-*.json")
     (md_path,) = tmp_path.glob("bench-*.md")
@@ -64,14 +90,19 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
     assert installed == sorted(f"{f} {p}" for f in ("torch", "jax") if rivals.available(f) for p in rivals.FORMULATIONS)
     if installed:
         assert size["fastest_rival"] in installed
-        assert size["ratio_to_fastest"] == pytest.approx(attn["median_ms"] / size["sides"][size["fastest_rival"]]["median_ms"])
+        assert size["ratio_to_fastest"] == pytest.approx(
+            attn["median_ms"] / size["sides"][size["fastest_rival"]]["median_ms"]
+        )
     config = timing.size_config("default")
-    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(build_spec(config, build_task(config)),
-                                                                   config.train.batch_size, 1)
+    assert size["attn_gflop_per_step"] * 1e9 == timing.step_flops(
+        build_spec(config, build_task(config)), config.train.batch_size, 1
+    )
     assert size["attn_calls"] == timing.attn_calls(config)
     (lookup,) = timed["lookup"]  # default: the bilinear head with one query, so X formed against looked up
     assert lookup["size"] == "default" and lookup["rule"] == "looked up" and lookup["sides"]["formed"]["n"] == 5
-    assert lookup["ratio"] == pytest.approx(lookup["sides"]["formed"]["median_ms"] / lookup["sides"]["looked up"]["median_ms"])
+    assert lookup["ratio"] == pytest.approx(
+        lookup["sides"]["formed"]["median_ms"] / lookup["sides"]["looked up"]["median_ms"]
+    )
     table = md_path.read_text()
     row = next(line for line in table.splitlines() if line.startswith("| default |"))
     assert "attn / fastest |" in table and f"| {size['attn_calls']['numpy']:.0f}; " in row
@@ -112,8 +143,9 @@ def test_the_headline_work_is_counted_per_run_and_a_wide_width_free_run_costs_wh
     by_width = {c.config.model.d_k: head_step_cost(c.config) for c in experiment.cells}
     assert by_width[1 << 20] == by_width[4096] < by_width[64] * 4096 // 64, "width-free: no growth with d_k"
     assert work["runs"] == len(experiment.cells)
-    assert work["head_multiply_adds"] == sum(c.config.train.steps * by_width[c.config.model.d_k]
-                                             for c in experiment.cells)
+    assert work["head_multiply_adds"] == sum(
+        c.config.train.steps * by_width[c.config.model.d_k] for c in experiment.cells
+    )
     assert work["least_seconds"] == work["head_multiply_adds"] / (1e10 * work["cores"])
     assert f"{work['least_seconds']:.0f} s" in suite.work_line(work)
 

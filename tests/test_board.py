@@ -38,13 +38,22 @@ from attn.train import figures
 
 SCALES = ("sqrt", "none")
 SEEDS = (0, 1)
-REPORT = ("# exp\n\nMade by hand.\n\n| d_k | scale |\n|---|---|\n| 32 | a \\| b |\n\n"
-          "- **bold** item\n  - nested `code`\n")
+REPORT = (
+    "# exp\n\nMade by hand.\n\n| d_k | scale |\n|---|---|\n| 32 | a \\| b |\n\n- **bold** item\n  - nested `code`\n"
+)
 SECRET = b"the content of a file outside the served roots"
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,900")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+)
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +97,10 @@ def test_snapshot_shows_every_run_with_its_status_settings_and_figures(root):
     snapshot = data.Board([root]).snapshot()
     by_name = {run["name"]: run for run in snapshot["runs"]}
     assert sorted(by_name) == sorted(["dead", "live"] + [f"exp/{s}-s{seed}" for s in SCALES for seed in SEEDS])
-    assert {name: run["status"] for name, run in by_name.items() if not name.startswith("exp/")} == \
-        {"live": "running", "dead": "stale"}
+    assert {name: run["status"] for name, run in by_name.items() if not name.startswith("exp/")} == {
+        "live": "running",
+        "dead": "stale",
+    }
     assert {run["status"] for name, run in by_name.items() if name.startswith("exp/")} == {"completed"}
     assert [c["name"] for c in snapshot["columns"]] == ["d_k", "scale", "steps", "seed"]
     for run in snapshot["runs"]:
@@ -110,8 +121,9 @@ def test_groups_are_compares_and_experiments_hold_their_reports(root):
     snapshot = data.Board([root]).snapshot()
     names = {run["id"]: run["name"] for run in snapshot["runs"]}
     groups = grouping.group_runs(loaded_runs(root))
-    assert [(g["label"], [names[i] for i in g["runs"]]) for g in snapshot["groups"]] == \
-        [(g.label, [str(r.path.relative_to(root)) for r in g.runs]) for g in groups]
+    assert [(g["label"], [names[i] for i in g["runs"]]) for g in snapshot["groups"]] == [
+        (g.label, [str(r.path.relative_to(root)) for r in g.runs]) for g in groups
+    ]
     [experiment] = snapshot["experiments"]  # runs/ itself holds runs but no report: no experiment
     assert experiment["name"] == "exp" and experiment["report"] == REPORT
     assert sorted(names[i] for i in experiment["runs"]) == sorted(f"exp/{s}-s{seed}" for s in SCALES for seed in SEEDS)
@@ -122,9 +134,16 @@ def test_a_running_run_turns_stale_when_its_process_dies_without_a_file_changing
     writer = subprocess.Popen(["sleep", "60"])
     try:
         run_dir = write_run(tmp_path / "runs" / "r", logged_until=20)
-        runs.write_json(run_dir / "summary.json", {"status": "running", "updated_at": time.time(), "pid": writer.pid,
-                                                   "host": socket.gethostname(),
-                                                   "process": processes.process_identity(writer.pid)})
+        runs.write_json(
+            run_dir / "summary.json",
+            {
+                "status": "running",
+                "updated_at": time.time(),
+                "pid": writer.pid,
+                "host": socket.gethostname(),
+                "process": processes.process_identity(writer.pid),
+            },
+        )
         board = data.Board([tmp_path / "runs"])
         assert [run["status"] for run in board.snapshot()["runs"]] == ["running"]
     finally:
@@ -184,9 +203,22 @@ def guarded_board(tmp_path: Path) -> tuple[data.Board, Path]:
     return data.Board([tmp_path / "runs"]), secret
 
 
-REFUSED_PATHS = ["0/../secret.png", "0/r/../../secret.png", "0/r/out.png", "0/r/outdir/secret.png", "0//r/config.yaml",
-                 "0/./r/config.yaml", "0/r/.lock", "0/r/page.html", "1/r/config.yaml", "x/r/config.yaml",
-                 "0", "/etc/passwd", "0/r/nope.png", "²/r/config.yaml"]
+REFUSED_PATHS = [
+    "0/../secret.png",
+    "0/r/../../secret.png",
+    "0/r/out.png",
+    "0/r/outdir/secret.png",
+    "0//r/config.yaml",
+    "0/./r/config.yaml",
+    "0/r/.lock",
+    "0/r/page.html",
+    "1/r/config.yaml",
+    "x/r/config.yaml",
+    "0",
+    "/etc/passwd",
+    "0/r/nope.png",
+    "²/r/config.yaml",
+]
 
 
 def test_only_files_under_the_roots_are_served(tmp_path):
@@ -202,8 +234,9 @@ def test_only_files_under_the_roots_are_served(tmp_path):
 # ---------------------------------------------------------------------------
 # The server
 # ---------------------------------------------------------------------------
-def request(url: str, path: str, method: str = "GET", headers: dict | None = None,
-            timeout: float | None = 10) -> tuple[int, dict, bytes]:
+def request(
+    url: str, path: str, method: str = "GET", headers: dict | None = None, timeout: float | None = 10
+) -> tuple[int, dict, bytes]:
     """(status, headers, body) of one request sent as is: no client-side clean-up of the path.
     timeout None: wait however long the server takes (drawing figures on a loaded machine)."""
     host, port = url.removeprefix("http://").rstrip("/").split(":")
@@ -240,16 +273,19 @@ def test_endpoints_serve_the_page_the_snapshot_records_and_files(served, root):
     assert request(url, "/" + figure)[2] == (root / "exp" / "loss_curves.png").read_bytes()
 
 
-@pytest.mark.parametrize("path, method, headers, status", [
-    ("/api/records", "GET", {}, 400),
-    ("/api/records?run=0/live&since=-1", "GET", {}, 400),
-    ("/api/records?run=0/live&since=abc", "GET", {}, 400),
-    ("/api/records?run=0/nope", "GET", {}, 404),
-    ("/nope", "GET", {}, 404),
-    ("/api/plot?run=0/live", "POST", {}, 403),
-    ("/api/board", "POST", {"X-Attn-Board": "1"}, 404),
-    ("/api/board", "GET", {"Host": "attacker.example:80"}, 403),
-])
+@pytest.mark.parametrize(
+    "path, method, headers, status",
+    [
+        ("/api/records", "GET", {}, 400),
+        ("/api/records?run=0/live&since=-1", "GET", {}, 400),
+        ("/api/records?run=0/live&since=abc", "GET", {}, 400),
+        ("/api/records?run=0/nope", "GET", {}, 404),
+        ("/nope", "GET", {}, 404),
+        ("/api/plot?run=0/live", "POST", {}, 403),
+        ("/api/board", "POST", {"X-Attn-Board": "1"}, 404),
+        ("/api/board", "GET", {"Host": "attacker.example:80"}, 403),
+    ],
+)
 def test_bad_requests_get_one_line_json_errors(served, path, method, headers, status):
     got, response_headers, body = request(served[1], path, method, headers)
     assert got == status and response_headers["Content-Type"] == "application/json"
@@ -259,9 +295,16 @@ def test_bad_requests_get_one_line_json_errors(served, path, method, headers, st
 def test_the_server_refuses_every_way_out_of_the_roots(tmp_path):
     with serving(guarded_board(tmp_path)[0]) as httpd:
         paths = ["/files/" + quote(p, safe="/") for p in REFUSED_PATHS] + [
-            "/files/0/%2e%2e/secret.png", "/files/0/r%2f..%2f..%2fsecret.png", "/files/0/r/%2e%2e/%2e%2e/secret.png",
-            "/static/../data.py", "/static/%2e%2e/data.py", "/static/..%2fdata.py", "/static/", "//etc/passwd",
-            "/files/0/r/config.yaml%00.png"]
+            "/files/0/%2e%2e/secret.png",
+            "/files/0/r%2f..%2f..%2fsecret.png",
+            "/files/0/r/%2e%2e/%2e%2e/secret.png",
+            "/static/../data.py",
+            "/static/%2e%2e/data.py",
+            "/static/..%2fdata.py",
+            "/static/",
+            "//etc/passwd",
+            "/files/0/r/config.yaml%00.png",
+        ]
         for path in paths:
             status, _, body = request(httpd.url, path)
             assert status == 404 and SECRET not in body, path
@@ -302,8 +345,13 @@ def test_board_command_serves_until_ctrl_c_and_exits_cleanly(root):
     def restore_sigint():  # a shell's background job ignores SIGINT; so would its children
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    process = subprocess.Popen([sys.executable, "-m", "attn", "board", "--port", "0", str(root)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore_sigint)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attn", "board", "--port", "0", str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=restore_sigint,
+    )
     try:
         url = process.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
@@ -318,8 +366,11 @@ def test_board_command_serves_until_ctrl_c_and_exits_cleanly(root):
 def test_board_command_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "mine.txt").write_text("keep")
-    for argv in (["board", str(tmp_path / "nope")], ["board", "--port", "70000", str(tmp_path)],
-                 ["board", "--static", str(tmp_path / "other"), str(tmp_path)]):
+    for argv in (
+        ["board", str(tmp_path / "nope")],
+        ["board", "--port", "70000", str(tmp_path)],
+        ["board", "--static", str(tmp_path / "other"), str(tmp_path)],
+    ):
         assert cli.main(argv) == common.EXIT_BAD_INPUT
         error = capsys.readouterr().err
         assert error.startswith("error: ") and error.count("\n") == 1
@@ -344,7 +395,7 @@ def embedded_data(page: Path) -> dict:
     text = page.read_text()
     opening = '<script id="board-data" type="application/json">'
     start = text.index(opening) + len(opening)
-    return json.loads(text[start:text.index("</script>", start)])
+    return json.loads(text[start : text.index("</script>", start)])
 
 
 def test_static_export_embeds_the_data_and_copies_the_page_and_figures(root, tmp_path, capsys):
@@ -355,8 +406,9 @@ def test_static_export_embeds_the_data_and_copies_the_page_and_figures(root, tmp
     embedded = embedded_data(page)
     snapshot = data.Board([root]).snapshot()
     assert [run["id"] for run in embedded["runs"]] == [run["id"] for run in snapshot["runs"]]
-    assert {run_id: len(records) for run_id, records in embedded["records"].items()} == \
-        {run["id"]: run["n_records"] for run in snapshot["runs"]}
+    assert {run_id: len(records) for run_id, records in embedded["records"].items()} == {
+        run["id"]: run["n_records"] for run in snapshot["runs"]
+    }
     for name in (p.name for p in STATIC_DIR.iterdir() if p.name != "index.html"):
         assert (out / "static" / name).read_bytes() == (STATIC_DIR / name).read_bytes()
     for entry in embedded["runs"] + embedded["experiments"]:
@@ -431,8 +483,9 @@ def row_ids(driver, table: str = "runs") -> list[str]:
 
 
 def set_filter(driver, text: str) -> None:
-    driver.execute_script("const f = document.getElementById('filter'); f.value = arguments[0];"
-                          "f.dispatchEvent(new Event('input'));", text)
+    driver.execute_script(
+        "const f = document.getElementById('filter'); f.value = arguments[0];f.dispatchEvent(new Event('input'));", text
+    )
 
 
 def errors_logged(driver) -> list[str]:
@@ -444,8 +497,12 @@ def images_shown(driver, section: str) -> list[str]:
     images = driver.find_elements("css selector", f"{section} img")
     for image in images:
         driver.execute_script("arguments[0].scrollIntoView()", image)
-        wait_for(driver, lambda image=image: driver.execute_script(
-            "return arguments[0].complete && arguments[0].naturalWidth > 0", image))
+        wait_for(
+            driver,
+            lambda image=image: driver.execute_script(
+                "return arguments[0].complete && arguments[0].naturalWidth > 0", image
+            ),
+        )
     return [image.get_attribute("alt") for image in images]
 
 
@@ -468,8 +525,10 @@ def test_static_export_opens_from_disk_with_curves_figures_and_reports(browser, 
     assert report.find_element("css selector", "ul ul code").text == "code"
     dead = next(run for run in snapshot["runs"] if run["name"] == "dead")
     click(browser, f"#runs tr[data-id='{dead['id']}'] .run-link")
-    assert browser.find_element("css selector", "#run-details .no-figures").text == \
-        f"no figures drawn for this run (attn plot {dead['path']} draws them)"
+    assert (
+        browser.find_element("css selector", "#run-details .no-figures").text
+        == f"no figures drawn for this run (attn plot {dead['path']} draws them)"
+    )
     assert errors_logged(browser) == []
 
 
@@ -477,8 +536,10 @@ def test_served_page_lists_every_run_with_its_status(browser, served):
     httpd, url = served
     snapshot = httpd.board.snapshot()
     open_page(browser, url, len(snapshot["runs"]))
-    shown = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('#runs tbody tr')]"
-                                   ".map(tr => [tr.dataset.id, tr.querySelector('.status').textContent]))")
+    shown = browser.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#runs tbody tr')]"
+        ".map(tr => [tr.dataset.id, tr.querySelector('.status').textContent]))"
+    )
     assert shown == {run["id"]: run["status"] for run in snapshot["runs"]}
     assert {"running", "stale", "completed"} <= set(shown.values())
     assert row_ids(browser, "groups") == [g["id"] for g in snapshot["groups"]]
@@ -493,8 +554,9 @@ def test_table_filters_by_settings_metrics_and_status_and_sorts_by_any_column(br
     cut = (losses[2] + losses[3]) / 2
     cases = {
         "d_k=256": [r["id"] for r in snapshot["runs"] if r["values"]["model.d_k"] == 256],
-        f"scale=sqrt eval_loss<{cut}": [r["id"] for r in snapshot["runs"]
-                                        if r["values"]["model.scale"] == "sqrt" and r["final_eval_loss"] < cut],
+        f"scale=sqrt eval_loss<{cut}": [
+            r["id"] for r in snapshot["runs"] if r["values"]["model.scale"] == "sqrt" and r["final_eval_loss"] < cut
+        ],
         "status=running": [r["id"] for r in snapshot["runs"] if r["status"] == "running"],
         "exp seed!=0": [r["id"] for r in snapshot["runs"] if "exp" in r["name"] and r["values"]["seed"] != 0],
     }
@@ -535,8 +597,11 @@ def test_ticking_runs_and_groups_draws_their_curves(browser, served, root):
     paths = {run["path"] for run in snapshot["runs"] if run["id"] in group["runs"]}
     members = [run for run in loaded_runs(root) if str(run.path) in paths]
     xs, band = curves.group_curve(grouping.Group("", {}, members), "eval_loss", "wall_time", 0.6)
-    page = browser.execute_script("const s = AttnBoard.page.state; return AttnBoard.groupCurve(arguments[0]"
-                                  ".map(id => s.records.get(id)), 'eval_loss', 'wall_time', 0.6)", group["runs"])
+    page = browser.execute_script(
+        "const s = AttnBoard.page.state; return AttnBoard.groupCurve(arguments[0]"
+        ".map(id => s.records.get(id)), 'eval_loss', 'wall_time', 0.6)",
+        group["runs"],
+    )
     assert np.allclose(page["xs"], xs)
     for field in ("steps", "mean", "low", "high", "count"):
         assert np.allclose(page["band"][field], getattr(band, field)), field
@@ -557,13 +622,22 @@ def test_draw_figures_button_asks_the_server_to_draw_them(browser, served):
     click(browser, "#draw-figures")
     # a poll may show the first figure while the server still draws the rest: wait for the plot's answer
     # (matplotlib drawing every figure: seconds on a loaded machine, hence the longer wait)
-    wait_for(browser, lambda: browser.execute_script(
-        "return performance.getEntriesByType('resource').some(e => e.name.includes('api/plot') && e.responseEnd > 0)"),
-        timeout=30.0)
+    wait_for(
+        browser,
+        lambda: browser.execute_script(
+            "return performance.getEntriesByType('resource')"
+            ".some(e => e.name.includes('api/plot') && e.responseEnd > 0)"
+        ),
+        timeout=30.0,
+    )
     drawn = sorted(p.name for p in Path(run["path"]).glob("*.png"))
     assert "loss.png" in drawn
-    wait_for(browser, lambda: [image.get_attribute("alt") for image in
-                               browser.find_elements("css selector", "#run-details img")] == drawn)
+    wait_for(
+        browser,
+        lambda: (
+            [image.get_attribute("alt") for image in browser.find_elements("css selector", "#run-details img")] == drawn
+        ),
+    )
     assert images_shown(browser, "#run-details") == drawn
     assert errors_logged(browser) == []
 
@@ -585,7 +659,8 @@ def test_a_live_runs_new_records_and_status_appear_without_a_reload(browser, ser
     status = f"#runs tr[data-id='{live['id']}'] .status"
     wait_for(browser, lambda: text_of(browser, status) == "completed")
     assert browser.execute_script("return window.sameDocument") is True
-    fetched = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)"
-                                     ".filter(n => n.includes('api/records'))")
+    fetched = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('api/records'))"
+    )
     assert any(f"since={len(held)}" in name for name in fetched)  # only the new records were asked for
     assert errors_logged(browser) == []

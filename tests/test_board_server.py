@@ -46,10 +46,14 @@ def board(tmp_path) -> data.Board:
 def test_a_request_hidden_in_a_refused_posts_body_is_never_answered(board, tmp_path):
     with serving(board) as httpd:
         host = f"127.0.0.1:{httpd.server_address[1]}"
-        inner = (f"POST /api/plot?run=0/r HTTP/1.1\r\nHost: {host}\r\nX-Attn-Board: 1\r\nContent-Type: application/json"
-                 f"\r\nOrigin: http://{host}\r\nContent-Length: 0\r\n\r\n").encode()
-        outer = (f"POST /api/plot?run=0/r HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n"
-                 f"Content-Length: {len(inner)}\r\n\r\n").encode() + inner
+        inner = (
+            f"POST /api/plot?run=0/r HTTP/1.1\r\nHost: {host}\r\nX-Attn-Board: 1\r\nContent-Type: application/json"
+            f"\r\nOrigin: http://{host}\r\nContent-Length: 0\r\n\r\n"
+        ).encode()
+        outer = (
+            f"POST /api/plot?run=0/r HTTP/1.1\r\nHost: {host}\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(inner)}\r\n\r\n"
+        ).encode() + inner
         answer = raw(httpd, outer, timeout=2)
     assert statuses(answer) == [403], answer
     assert not list((tmp_path / "runs" / "r").glob("*.png")), "the hidden request drew the figures"
@@ -64,12 +68,15 @@ def test_a_get_with_a_body_has_it_read_and_the_next_request_is_answered_after_it
         assert statuses(raw(httpd, first + second)) == [200, 200]
 
 
-@pytest.mark.parametrize("headers, status", [
-    ("Transfer-Encoding: chunked\r\n", 411),
-    (f"Content-Length: {server.MAX_BODY_BYTES + 1}\r\n", 413),
-    ("Content-Length: 5\r\nContent-Length: 6\r\n", 400),
-    ("Content-Length: -1\r\n", 400),
-])
+@pytest.mark.parametrize(
+    "headers, status",
+    [
+        ("Transfer-Encoding: chunked\r\n", 411),
+        (f"Content-Length: {server.MAX_BODY_BYTES + 1}\r\n", 413),
+        ("Content-Length: 5\r\nContent-Length: 6\r\n", 400),
+        ("Content-Length: -1\r\n", 400),
+    ],
+)
 def test_bodies_it_cannot_measure_are_refused_and_the_connection_closed(board, headers, status):
     with serving(board) as httpd:
         host = f"127.0.0.1:{httpd.server_address[1]}"
@@ -91,14 +98,16 @@ def test_a_post_needs_json_the_boards_own_origin_and_the_header(board, monkeypat
     with serving(board) as httpd:
         own = f"http://127.0.0.1:{httpd.server_address[1]}"
         good = {"Content-Type": "application/json", "Origin": own, "X-Attn-Board": "1"}
-        refused = [{k: v for k, v in good.items() if k != "Content-Type"},
-                   {**good, "Content-Type": "text/plain"},
-                   {**good, "Origin": "http://127.0.0.2:8000"},
-                   {**good, "Origin": "null"},
-                   {k: v for k, v in good.items() if k != "Origin"},
-                   {**good, "Sec-Fetch-Site": "cross-site"},
-                   {**good, "Sec-Fetch-Site": "same-site"},
-                   {k: v for k, v in good.items() if k != "X-Attn-Board"}]
+        refused = [
+            {k: v for k, v in good.items() if k != "Content-Type"},
+            {**good, "Content-Type": "text/plain"},
+            {**good, "Origin": "http://127.0.0.2:8000"},
+            {**good, "Origin": "null"},
+            {k: v for k, v in good.items() if k != "Origin"},
+            {**good, "Sec-Fetch-Site": "cross-site"},
+            {**good, "Sec-Fetch-Site": "same-site"},
+            {k: v for k, v in good.items() if k != "X-Attn-Board"},
+        ]
         assert [post(httpd, headers) for headers in refused] == [403] * len(refused) and not drawn
         assert post(httpd, {**good, "Sec-Fetch-Site": "same-origin"}) == 200
         no_origin = {k: v for k, v in good.items() if k != "Origin"}
@@ -138,8 +147,9 @@ def test_a_file_over_the_size_cap_is_refused_and_one_under_it_streamed(board, tm
 def test_huge_numeric_parameters_are_a_400(board, query):
     with serving(board) as httpd:
         host = f"127.0.0.1:{httpd.server_address[1]}"
-        answer = raw(httpd, f"GET /api/records?run=0/r&{query} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-                     .encode())
+        answer = raw(
+            httpd, f"GET /api/records?run=0/r&{query} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
+        )
     assert statuses(answer) == [400] and b"expected an integer from 0 to 2^53" in answer
 
 
@@ -153,8 +163,9 @@ def test_idle_sockets_are_closed_and_do_not_hold_the_board(board):
             sock.close()
         assert time.monotonic() - started < 4
         host = f"127.0.0.1:{httpd.server_address[1]}"
-        assert statuses(raw(httpd, f"GET /api/board HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())) \
-            == [200]
+        assert statuses(
+            raw(httpd, f"GET /api/board HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        ) == [200]
 
 
 def test_the_listen_backlog_holds_many_clients_at_once(board):
@@ -212,7 +223,11 @@ def test_a_huge_metrics_file_is_served_downsampled_with_its_figures_exact(tmp_pa
     assert len(steps) <= 2 * 50 + 1 and steps[0] == 0 and steps[-1] == 1000 and steps == sorted(steps)
     assert answer["downsampled"] and answer["n_logged"] == 1001 and entry["n_records"] == 1001
     assert entry["best_eval_loss"] == 0.5 and entry["step"] == 1000
-    assert entry["ends"]["eval_loss"] == {"final": 1001.0, "step": 1000, "best": 0.5}  # the hyperparameter views' values
+    assert entry["ends"]["eval_loss"] == {
+        "final": 1001.0,
+        "step": 1000,
+        "best": 0.5,
+    }  # the hyperparameter views' values
     # unchanged: the page's incremental ask gets nothing new; a grown file is read on from where it was
     again = board.records("0/r", len(steps), steps[-1])
     assert not again["reset"] and again["records"] == []
@@ -266,8 +281,13 @@ def chromium():
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     profile = tempfile.mkdtemp(prefix="attn-board-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     yield driver
@@ -316,8 +336,10 @@ def test_another_origins_page_cannot_post_even_hiding_a_request_in_its_body(chro
     threading.Thread(target=other.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     with serving(data.Board([tmp_path / "runs"])) as httpd:
         board_host = f"127.0.0.1:{httpd.server_address[1]}"
-        hidden = (f"POST /api/plot?run=0/r HTTP/1.1\\r\\nHost: {board_host}\\r\\nX-Attn-Board: 1\\r\\n"
-                  f"Content-Type: application/json\\r\\nOrigin: http://{board_host}\\r\\nContent-Length: 0\\r\\n\\r\\n")
+        hidden = (
+            f"POST /api/plot?run=0/r HTTP/1.1\\r\\nHost: {board_host}\\r\\nX-Attn-Board: 1\\r\\n"
+            f"Content-Type: application/json\\r\\nOrigin: http://{board_host}\\r\\nContent-Length: 0\\r\\n\\r\\n"
+        )
         chromium.get(f"http://localhost:{other.server_address[1]}/")  # another origin, with no policy of its own
         chromium.execute_script(f"""
             return Promise.all(['{{}}', "{hidden}"].map(body =>

@@ -25,9 +25,13 @@ def write_diverged_run(directory, *overrides):
     (directory / "metrics.jsonl").unlink()
     for step, loss in enumerate(EXPLODING):
         runs.append_metrics(directory, {"step": step, "eval_loss": loss, "train_loss": loss, "eval_accuracy": 0.06})
-    runs.append_metrics(directory, {"step": 5, "eval_loss": math.nan, "train_loss": math.nan, "eval_accuracy": math.nan})
+    runs.append_metrics(
+        directory, {"step": 5, "eval_loss": math.nan, "train_loss": math.nan, "eval_accuracy": math.nan}
+    )
     summary = runs.read_summary(directory)
-    runs.write_json(directory / "summary.json", {**summary, "status": "diverged", "reason": "non-finite loss at step 5"})
+    runs.write_json(
+        directory / "summary.json", {**summary, "status": "diverged", "reason": "non-finite loss at step 5"}
+    )
     return directory
 
 
@@ -77,7 +81,8 @@ def test_a_diverged_run_does_not_set_the_boards_y_axis(browser, diverged_root): 
         labels, width, widest = browser.execute_script(
             "const s = AttnBoard.page.state, u = s.plot, labels = s.yAxis.labels;"
             "u.ctx.font = '12px system-ui, sans-serif';"
-            "return [labels, u.axes[1]._size || s.yAxis.size, Math.max(...labels.map(v => u.ctx.measureText(v).width))]")
+            "return [labels, u.axes[1]._size || s.yAxis.size, Math.max(...labels.map(v => u.ctx.measureText(v).width))]"
+        )
         assert any("e+" in label for label in labels) and not any(len(label) > 8 for label in labels), labels
         assert width >= widest + 14, (width, widest)
         assert errors_logged(browser) == []
@@ -86,8 +91,9 @@ def test_a_diverged_run_does_not_set_the_boards_y_axis(browser, diverged_root): 
 def test_numbers_read_by_their_size(browser, diverged_root):  # noqa: F811
     with serving(data.Board([diverged_root])) as httpd:
         open_page(browser, httpd.url, 3)
-        shown = browser.execute_script("return [1.1e-4, 0.012, 3.456, 3200, 4.4e20, 0, -2.5e-5, null]"
-                                       ".map(AttnBoard.formatNumber)")
+        shown = browser.execute_script(
+            "return [1.1e-4, 0.012, 3.456, 3200, 4.4e20, 0, -2.5e-5, null].map(AttnBoard.formatNumber)"
+        )
     assert shown == ["1.1e-4", "0.012", "3.46", "3.2k", "4.4e+20", "0", "-2.5e-5", "—"]
 
 
@@ -105,7 +111,8 @@ def test_smoothing_on_the_board_is_by_step_with_the_raw_curve_behind(browser, di
         # the hover shows both: the legend's live values for the smoothed and the raw curve
         browser.execute_script("const u = AttnBoard.page.state.plot; u.setCursor({left: u.valToPos(50, 'x'), top: 10})")
         values_shown = browser.execute_script(
-            "return [...document.querySelectorAll('.u-legend .u-series')].map(e => e.textContent)")
+            "return [...document.querySelectorAll('.u-legend .u-series')].map(e => e.textContent)"
+        )
         assert any("(raw)" in v and "—" not in v.split(":")[-1] for v in values_shown), values_shown
         assert errors_logged(browser) == []
 
@@ -147,9 +154,13 @@ def test_the_filter_drives_the_chart_and_guesses_a_mistyped_key(browser, diverge
         open_page(browser, httpd.url + "?runs=all&groups=all&metric=eval_loss", 3)
         wait_for(browser, lambda: chart(browser)["series"] == "5")  # 3 runs, 2 groups
         set_filter(browser, "scale=none")
-        wait_for(browser, lambda: chart(browser)["series"] == "2")  # the diverged run and its group, nothing hidden drawn
+        wait_for(
+            browser, lambda: chart(browser)["series"] == "2"
+        )  # the diverged run and its group, nothing hidden drawn
         set_filter(browser, "sclae=none")
-        errors = browser.execute_script("return [...document.querySelectorAll('#filter-errors li')].map(l => l.textContent)")
+        errors = browser.execute_script(
+            "return [...document.querySelectorAll('#filter-errors li')].map(l => l.textContent)"
+        )
         assert any("did you mean scale?" in e for e in errors), errors
         assert errors_logged(browser) == []
 
@@ -167,8 +178,12 @@ def test_natural_order_reads_decimals_as_numbers(tmp_path, capsys):
         write_run(tmp_path / "runs" / name, f"optim.lr={lr}", f"seed={name[-1]}")
     assert cli.main(["runs", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
-    order = [name for line in out.splitlines() for name in ("lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0")
-             if line.split() and line.split()[0].endswith(name)]
+    order = [
+        name
+        for line in out.splitlines()
+        for name in ("lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0")
+        if line.split() and line.split()[0].endswith(name)
+    ]
     assert order == ["lr0.01-s0", "lr0.01-s1", "lr0.03-s0", "lr0.1-s0"], out
 
 
@@ -202,6 +217,11 @@ def test_group_by_any_setting_draws_a_curve_per_value_over_the_runs_shown(browse
         assert "scale=none (n=1)" in labels and "scale=sqrt (n=2)" in labels, labels
         assert chart(browser)["bands"] == "1" and chart(browser)["crosses"] == "1"
         set_filter(browser, "seed=0")  # the filter still decides which runs are pooled
-        wait_for(browser, lambda: "scale=sqrt (n=1)" in browser.execute_script(
-            "return AttnBoard.page.state.plot.series.map(s => s.label)"))
+        wait_for(
+            browser,
+            lambda: (
+                "scale=sqrt (n=1)"
+                in browser.execute_script("return AttnBoard.page.state.plot.series.map(s => s.label)")
+            ),
+        )
         assert errors_logged(browser) == []

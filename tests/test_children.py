@@ -30,7 +30,8 @@ from attn.store import processes
 child = ("import os, signal, sys, time;"
          "stop = lambda s, f: (open(sys.argv[1] + '.signal', 'w').write(str(s)), sys.exit(3));"
          "signal.signal(signal.SIGTERM, stop); signal.signal(signal.SIGINT, stop);"
-         "open(sys.argv[1], 'w').write(str(os.getpid()));"  # its pid once it handles the signals: the test may send them
+         # its pid once it handles the signals: the test may send them
+         "open(sys.argv[1], 'w').write(str(os.getpid()));"
          "time.sleep(120)")
 try:
     processes.run_child([sys.executable, "-c", child, sys.argv[1]])
@@ -58,8 +59,13 @@ def alive(pid: int) -> bool:
 
 def start_parent(tmp_path: Path) -> tuple[subprocess.Popen, int]:
     pid_file = tmp_path / "child.pid"
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file)], env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(pid_file)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), "the child to start"))
     return parent, child
 
@@ -86,15 +92,23 @@ def test_a_stop_signal_to_the_parent_is_passed_on_and_waited_for(tmp_path, signu
 def test_a_stop_signal_that_comes_while_the_child_starts_is_passed_on_once_it_has(tmp_path):
     """The parent asks itself to stop just before it starts the child (as a
     SIGTERM under load can arrive): the child, once started, is told too."""
-    stopped_at_start = PARENT.replace("from attn.store import processes", """from attn.store import processes
+    stopped_at_start = PARENT.replace(
+        "from attn.store import processes",
+        """from attn.store import processes
 import os, signal, subprocess
 start = subprocess.Popen
 def stop_then_start(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGTERM)
     return start(*args, **kwargs)
-processes.subprocess.Popen = stop_then_start""")
-    parent = subprocess.Popen([sys.executable, "-c", stopped_at_start, str(tmp_path / "child.pid")], env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+processes.subprocess.Popen = stop_then_start""",
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", stopped_at_start, str(tmp_path / "child.pid")],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = parent.communicate(timeout=30)
     assert parent.returncode == 7 and err == "", err  # it waited for the child, which ended
     name, child_returncode = out.split()
@@ -130,11 +144,27 @@ def children_of(pid: int) -> list[tuple[int, str]]:
 def long_tiny_experiment(tmp_path: Path) -> Path:
     """tiny.yaml: one run of tiny shapes and a budget no test waits for (they stop it), checkpointing often."""
     experiment = tmp_path / "tiny.yaml"
-    experiment.write_text(yaml.safe_dump({
-        "name": "tiny", "base": str(REPO / "configs" / "default.yaml"), "grid": {"optim.lr": [0.1]}, "seeds": [0],
-        "overrides": {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16,
-                      "train.steps": 200000, "logging.log_every": 1000, "logging.checkpoint_every": 1000,
-                      "logging.plots": False, "logging.attention_examples": 0}}))
+    experiment.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "base": str(REPO / "configs" / "default.yaml"),
+                "grid": {"optim.lr": [0.1]},
+                "seeds": [0],
+                "overrides": {
+                    "model.d_model": 16,
+                    "model.d_k": 8,
+                    "task.eval_size": 64,
+                    "train.batch_size": 16,
+                    "train.steps": 200000,
+                    "logging.log_every": 1000,
+                    "logging.checkpoint_every": 1000,
+                    "logging.plots": False,
+                    "logging.attention_examples": 0,
+                },
+            }
+        )
+    )
     return experiment
 
 
@@ -146,13 +176,32 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
     (tmp_path / "runs" / "tiny").mkdir(parents=True)
     loaded = load_experiment(experiment, str(tmp_path / "runs"))
     digest = report_spec.claims_record(loaded.report, {c.seed for c in loaded.cells})["digest"]
-    (tmp_path / "runs" / "tiny" / "report.json").write_text(json.dumps(  # as if swept: its one run finished
-        {"expectations": [], "claims": {"digest": digest}, "cells": [{"n": 1, "unfinished": {}}]}))
-    verify = subprocess.Popen([sys.executable, "-m", "attn", "verify", str(experiment), "--runs-dir",
-                               str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    sweep = wait_for(lambda: next((pid for pid, command in children_of(verify.pid) if " sweep " in command), None),
-                     "verify's sweep")
+    (tmp_path / "runs" / "tiny" / "report.json").write_text(
+        json.dumps(  # as if swept: its one run finished
+            {"expectations": [], "claims": {"digest": digest}, "cells": [{"n": 1, "unfinished": {}}]}
+        )
+    )
+    verify = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attn",
+            "verify",
+            str(experiment),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    sweep = wait_for(
+        lambda: next((pid for pid, command in children_of(verify.pid) if " sweep " in command), None), "verify's sweep"
+    )
     metrics = tmp_path / "runs" / "verify" / "float64" / "tiny"
     wait_for(lambda: any(metrics.glob("*/checkpoint.npz")), "the re-run to train")
     workers = [pid for pid, _ in children_of(sweep)]
@@ -177,9 +226,24 @@ def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path):
     """SIGKILL of `attn sweep`: its worker dies too (it trained on, then waited forever on a queue no one fed,
     holding its runs, so the sweep again saw them 'running in another sweep'); the run is left stale, to resume."""
     experiment = long_tiny_experiment(tmp_path)
-    sweep = subprocess.Popen([sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir",
-                              str(tmp_path / "runs"), "--workers", "1"], cwd=tmp_path, env=ENV,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attn",
+            "sweep",
+            str(experiment),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(lambda: any((tmp_path / "runs" / "tiny").glob("*/checkpoint.npz")), "the run to train")
     workers = [pid for pid, command in children_of(sweep.pid) if "resource_tracker" not in command]
     assert workers, "the sweep's worker"

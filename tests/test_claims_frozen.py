@@ -23,8 +23,13 @@ PLAN = {(16, "sqrt"): [curve(LEARNED)] * 10, (16, "none"): [curve(STALLED)] * 10
 
 
 def experiment_with(tmp_path, expect):
-    return load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-                {"x": "model.d_k", "arm": "model.scale", "expect": expect}, "frozen")
+    return load(
+        tmp_path,
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+        range(10),
+        {"x": "model.d_k", "arm": "model.scale", "expect": expect},
+        "frozen",
+    )
 
 
 def test_the_first_sweep_records_the_claims_and_later_ones_keep_them(tmp_path):
@@ -89,8 +94,10 @@ def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted
     result = report_of(experiment, figures=False)
     assert result.data["code_states"] == {"abc1234": 10, "def5678-dirty": 10}
     note = result.data["code_state_note"]
-    assert note == ("Not one clean commit: the runs come from 2 code states (abc1234: 10, def5678-dirty: 10); "
-                    "10 from uncommitted or unrecorded code (def5678-dirty).")
+    assert note == (
+        "Not one clean commit: the runs come from 2 code states (abc1234: 10, def5678-dirty: 10); "
+        "10 from uncommitted or unrecorded code (def5678-dirty)."
+    )
     assert note in result.md
 
     repo = tmp_path / "repo"
@@ -100,9 +107,11 @@ def test_a_report_names_its_code_states_and_publish_refuses_mixed_or_uncommitted
     runs.write_json(run_dir / "report.json", {**fake_report({"a": "confirmed"}), "code_state_note": note})
     with pytest.raises(runs.RunError) as caught:
         publish.publish(["sqrt_dk"], tmp_path / "pub")
-    assert str(caught.value) == (f"{run_dir}: not one clean commit: the runs come from 2 code states (abc1234: 10, "
-                                 "def5678-dirty: 10); 10 from uncommitted or unrecorded code (def5678-dirty); publish "
-                                 "runs of one clean commit (re-run them), or pass --allow-mixed to publish them as "
-                                 "they are")
+    assert str(caught.value) == (
+        f"{run_dir}: not one clean commit: the runs come from 2 code states (abc1234: 10, "
+        "def5678-dirty: 10); 10 from uncommitted or unrecorded code (def5678-dirty); publish "
+        "runs of one clean commit (re-run them), or pass --allow-mixed to publish them as "
+        "they are"
+    )
     assert not (repo / "experiments" / "results").exists(), "nothing replaced"
     assert publish.publish(["sqrt_dk"], tmp_path / "pub", allow_mixed=True)

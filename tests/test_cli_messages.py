@@ -39,19 +39,28 @@ def test_the_schema_defaults_are_configs_default_yaml():
 
 def test_an_experiment_file_given_to_train_says_to_sweep_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert facts_in(one_error_line(capsys, "train", EXPERIMENT), f"{EXPERIMENT}:", "experiment file",
-                    f"attn sweep {EXPERIMENT}")
+    assert facts_in(
+        one_error_line(capsys, "train", EXPERIMENT), f"{EXPERIMENT}:", "experiment file", f"attn sweep {EXPERIMENT}"
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_config_given_to_sweep_shows_the_grid_form(tmp_path, capsys):
-    assert facts_in(one_error_line(capsys, "sweep", CONFIG), f"{CONFIG}:", "run config",
-                    f"attn sweep {CONFIG} --grid model.d_k=16,64,256 --seeds 0-4")
+    assert facts_in(
+        one_error_line(capsys, "sweep", CONFIG),
+        f"{CONFIG}:",
+        "run config",
+        f"attn sweep {CONFIG} --grid model.d_k=16,64,256 --seeds 0-4",
+    )
     assert "did you mean --seeds 0-4?" in one_error_line(capsys, "sweep", CONFIG, "seeds=0-4")
     assert "did you mean --grid model.d_k=16,64?" in one_error_line(capsys, "sweep", CONFIG, "grid=model.d_k=16,64")
     assert "did you mean --seeds 3?" in one_error_line(capsys, "sweep", EXPERIMENT, "seed=3")
-    assert facts_in(one_error_line(capsys, "sweep", EXPERIMENT, "--grid", "model.d_k=16", "--seeds", "0-1"),
-                    str(EXPERIMENT), "experiment file", "drop --grid, --seeds")
+    assert facts_in(
+        one_error_line(capsys, "sweep", EXPERIMENT, "--grid", "model.d_k=16", "--seeds", "0-1"),
+        str(EXPERIMENT),
+        "experiment file",
+        "drop --grid, --seeds",
+    )
     broken = tmp_path / "broken.yaml"
     broken.write_text("optim: {lrr: 0.1}\n")
     assert facts_in(one_error_line(capsys, "sweep", broken), "unknown key", "`optim.lrr`", "`optim.lr`")
@@ -80,10 +89,14 @@ def test_options_and_overrides_mix_in_any_order(tmp_path, monkeypatch, capsys):
 def test_a_runs_dir_that_is_a_file_is_named_as_one(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.md").write_text("a file")
-    assert facts_in(one_error_line(capsys, "train", *TINY, "runs_dir=README.md"), "runs_dir 'README.md'",
-                    "not a directory")
-    assert facts_in(one_error_line(capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", "README.md"),
-                    "--runs-dir 'README.md'", "not a directory")
+    assert facts_in(
+        one_error_line(capsys, "train", *TINY, "runs_dir=README.md"), "runs_dir 'README.md'", "not a directory"
+    )
+    assert facts_in(
+        one_error_line(capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", "README.md"),
+        "--runs-dir 'README.md'",
+        "not a directory",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md"]
 
 
@@ -108,11 +121,14 @@ def test_a_mistyped_metric_is_answered_with_the_nearest_not_every_one(tmp_path, 
 
 
 def test_resume_says_where_it_resumes_from(tmp_path, capsys):
-    config = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=8", "logging.log_every=2",
-                                "logging.checkpoint_every=2"])
+    config = load_config(
+        None, [*TINY, f"runs_dir={tmp_path}", "train.steps=8", "logging.log_every=2", "logging.checkpoint_every=2"]
+    )
     run_dir = lifecycle.create(config, name="stopped")
     stop = lifecycle.StopFlag()
-    lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None)
+    lifecycle.execute(
+        config, run_dir, stop=stop, progress=lambda step, _: stop.request("SIGINT") if step == 2 else None
+    )
     code, _, err = call(capsys, "train", "--resume", run_dir)
     assert code == common.EXIT_OK, err
     assert err.splitlines()[0] == f"resuming {run_dir} from step 3/8"
@@ -124,25 +140,39 @@ def test_help_names_the_new_options(argv, capsys):
         cli.main(argv)
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    expected = {"train": ["--fork RUN_DIR[@STEP]", "train.steps=N larger than its budget"],
-                "sweep": ["--grid KEY=V1,V2,...", "--seeds SEEDS", "--name NAME"],
-                "compare": ["--where KEY=VALUE", "--group-by KEY", "--facet KEY", "--xlim LOW,HIGH",
-                            "runs of very different lengths on one x axis", "--include-unfinished"]}[argv[0]]
+    expected = {
+        "train": ["--fork RUN_DIR[@STEP]", "train.steps=N larger than its budget"],
+        "sweep": ["--grid KEY=V1,V2,...", "--seeds SEEDS", "--name NAME"],
+        "compare": [
+            "--where KEY=VALUE",
+            "--group-by KEY",
+            "--facet KEY",
+            "--xlim LOW,HIGH",
+            "runs of very different lengths on one x axis",
+            "--include-unfinished",
+        ],
+    }[argv[0]]
     for fragment in expected:
         assert fragment in text, fragment
 
 
-@pytest.mark.parametrize("args, field", [
-    (["sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", ""], "--runs-dir ''"),
-    (["sweep", EXPERIMENT, "--runs-dir", "{tmp}/file"], "--runs-dir '{tmp}/file'"),
-    (["compare", "{tmp}", "--out", ""], "--out ''"),
-    (["export", "{tmp}", "--tensorboard", ""], "--tensorboard ''"),
-    (["compare", "{tmp}", "--threshold", "2"], "--threshold: got 2.0"),
-    (["sweep", CONFIG, "--grid", "model.d_k=8", "--executor", "dask://host:99999", "--runs-dir", "{tmp}/runs"],
-     "--executor: got 'dask://host:99999'"),
-])
-def test_a_path_or_option_that_cannot_be_meant_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys,
-                                                                                      args, field):
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["sweep", CONFIG, "--grid", "model.d_k=8", "--runs-dir", ""], "--runs-dir ''"),
+        (["sweep", EXPERIMENT, "--runs-dir", "{tmp}/file"], "--runs-dir '{tmp}/file'"),
+        (["compare", "{tmp}", "--out", ""], "--out ''"),
+        (["export", "{tmp}", "--tensorboard", ""], "--tensorboard ''"),
+        (["compare", "{tmp}", "--threshold", "2"], "--threshold: got 2.0"),
+        (
+            ["sweep", CONFIG, "--grid", "model.d_k=8", "--executor", "dask://host:99999", "--runs-dir", "{tmp}/runs"],
+            "--executor: got 'dask://host:99999'",
+        ),
+    ],
+)
+def test_a_path_or_option_that_cannot_be_meant_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, args, field
+):
     """An empty path is not the current directory; a file is no --runs-dir; a threshold is an accuracy;
     a Dask port is a port, checked before the sweep writes its experiment file."""
     monkeypatch.chdir(tmp_path)
@@ -161,11 +191,14 @@ def test_an_export_that_wrote_no_run_fails_naming_why(tmp_path, capsys):
     assert "no run exported" in message and "metrics.jsonl" in message
 
 
-@pytest.mark.parametrize("override, accepted", [
-    ("optim.qk_lr_exponent=1e308", ">= -2 and <= 2"),
-    ("model.qk_gain=1e200", "<= 1000.0"),
-    ("model.readout_gain=1e40", "<= 1000.0"),
-])
+@pytest.mark.parametrize(
+    "override, accepted",
+    [
+        ("optim.qk_lr_exponent=1e308", ">= -2 and <= 2"),
+        ("model.qk_gain=1e200", "<= 1000.0"),
+        ("model.readout_gain=1e40", "<= 1000.0"),
+    ],
+)
 def test_a_value_that_would_overflow_the_first_step_is_bad_input_not_a_failed_run(tmp_path, capsys, override, accepted):
     """d_k ** 1e308 overflowed building the optimiser (a traceback, a run directory left stale); a gain of 1e200
     overflowed float32 at init (numpy's warnings, then 'diverged at step 0')."""
@@ -174,12 +207,15 @@ def test_a_value_that_would_overflow_the_first_step_is_bad_input_not_a_failed_ru
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args, says", [
-    (["config", EXPERIMENT], "is an experiment file"),
-    (["report", CONFIG], "is a run config, not an experiment file"),
-    (["verify", CONFIG], "is a run config, not an experiment file"),
-    (["sweep", CONFIG, "--grid", "runs_dir=a"], "not a config field that a grid can vary"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["config", EXPERIMENT], "is an experiment file"),
+        (["report", CONFIG], "is a run config, not an experiment file"),
+        (["verify", CONFIG], "is a run config, not an experiment file"),
+        (["sweep", CONFIG, "--grid", "runs_dir=a"], "not a config field that a grid can vary"),
+    ],
+)
 def test_a_file_or_key_of_the_wrong_kind_is_named_as_such(capsys, args, says):
     message = one_error_line(capsys, *args)
     assert says in message and "did you mean `runs_dir`" not in message  # no hint that repeats the key
@@ -202,8 +238,9 @@ def test_plot_checks_every_run_before_drawing_any(tmp_path, capsys):
 
 @pytest.mark.parametrize("address", ["dask://host:²", "dask://host:８７８６", "dask://::1:8786", "dask://host:0"])
 def test_a_dask_address_that_is_no_host_and_port_is_refused_before_anything_is_written(tmp_path, capsys, address):
-    message = one_error_line(capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--executor", address,
-                             "--runs-dir", tmp_path / "runs")
+    message = one_error_line(
+        capsys, "sweep", CONFIG, "--grid", "model.d_k=8", "--executor", address, "--runs-dir", tmp_path / "runs"
+    )
     assert f"--executor: got {address!r}" in message and not (tmp_path / "runs").exists()
 
 
@@ -219,9 +256,14 @@ def test_a_section_where_a_key_is_wanted_gets_no_unrelated_hint(capsys, args):
     assert "did you mean" not in one_error_line(capsys, *args)
 
 
-@pytest.mark.parametrize("args, flag", [(["compare", "{tmp}", "--smooth", "abc"], "--smooth: got 'abc'"),
-                                        (["compare", "{tmp}", "--threshold", "nan"], "--threshold: got nan"),
-                                        (["bench", "--board-megabytes", "inf"], "--board-megabytes: got 'inf'")])
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["compare", "{tmp}", "--smooth", "abc"], "--smooth: got 'abc'"),
+        (["compare", "{tmp}", "--threshold", "nan"], "--threshold: got nan"),
+        (["bench", "--board-megabytes", "inf"], "--board-megabytes: got 'inf'"),
+    ],
+)
 def test_a_number_flag_that_reads_as_no_accepted_number_says_what_is_accepted(tmp_path, capsys, args, flag):
     message = one_error_line(capsys, *[a.format(tmp=tmp_path) for a in args])
     assert flag in message and "expected" in message  # the range: compare.check_options, once a number
@@ -229,12 +271,19 @@ def test_a_number_flag_that_reads_as_no_accepted_number_says_what_is_accepted(tm
 
 def test_a_second_stop_while_figures_are_drawn_says_they_were_not_and_exits_as_stopped(tmp_path, capsys, monkeypatch):
     """The run completed; the second Ctrl-C came while its figures were drawn: not exit 0 with no figures."""
+
     def interrupted(run_dir, summary):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(lifecycle, "draw_figures", interrupted)
-    code, out, err = call(capsys, "train", *[o for o in TINY if o != "logging.plots=false"], "train.steps=2",
-                          f"runs_dir={tmp_path}", "name=r")
+    code, out, err = call(
+        capsys,
+        "train",
+        *[o for o in TINY if o != "logging.plots=false"],
+        "train.steps=2",
+        f"runs_dir={tmp_path}",
+        "name=r",
+    )
     assert code == 130 and "\ncompleted: step 2/2" in err and f"attn plot {tmp_path / 'r'} draws them" in err
     assert out.strip() == str(tmp_path / "r")
 
@@ -255,8 +304,14 @@ def test_a_ctrl_c_while_the_command_line_loads_stops_it_by_the_signal_without_a_
         "    return load(name, *args, **kwargs)\n"
         "builtins.__import__ = interrupted\n"
         "from attn.__main__ import entry\n"
-        "sys.exit(entry())\n")
-    done = subprocess.run([sys.executable, "-c", interrupt_mid_import, "runs"], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        "sys.exit(entry())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", interrupt_mid_import, "runs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert done.returncode == -signal.SIGINT  # a shell shows 128 + 2 = 130, as for a Ctrl-C during a command
     assert done.stderr == ""

@@ -3,7 +3,6 @@ and the sweep's progress: starts, outcomes, skips, a bar only over the runs
 to train, the one-line summary (issue 14, items 5 and 7)."""
 
 import io
-import json
 import queue
 import shutil
 import types
@@ -26,8 +25,15 @@ from attn.store import runs
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "default.yaml"
-TINY = ["model.d_model=16", "task.eval_size=32", "train.batch_size=16", "train.steps=10", "logging.log_every=5",
-        "logging.plots=false", "logging.attention_examples=0"]
+TINY = [
+    "model.d_model=16",
+    "task.eval_size=32",
+    "train.batch_size=16",
+    "train.steps=10",
+    "logging.log_every=5",
+    "logging.plots=false",
+    "logging.attention_examples=0",
+]
 
 
 def call(capsys, *args) -> tuple[int, str, str]:
@@ -36,15 +42,23 @@ def call(capsys, *args) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("text, seeds", [("0-4", [0, 1, 2, 3, 4]), ("0,2,5", [0, 2, 5]), ("0-2,7", [0, 1, 2, 7]),
-                                         ("3", [3])])
+@pytest.mark.parametrize(
+    "text, seeds", [("0-4", [0, 1, 2, 3, 4]), ("0,2,5", [0, 2, 5]), ("0-2,7", [0, 1, 2, 7]), ("3", [3])]
+)
 def test_seeds_are_ranges_and_lists(text, seeds):
     assert experiments.parse_seeds(text) == seeds
 
 
-@pytest.mark.parametrize("text, message", [("4-0", "a range goes from low to high"), ("a", "expected integers >= 0"),
-                                           ("0,0", "seed 0 is given twice"), ("-1", "expected integers >= 0"),
-                                           ("0-99999999", "more seeds than the limit")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("4-0", "a range goes from low to high"),
+        ("a", "expected integers >= 0"),
+        ("0,0", "seed 0 is given twice"),
+        ("-1", "expected integers >= 0"),
+        ("0-99999999", "more seeds than the limit"),
+    ],
+)
 def test_bad_seeds_are_one_line(text, message):
     with pytest.raises(ConfigError, match=message) as err:
         experiments.parse_seeds(text)
@@ -55,9 +69,15 @@ def test_grid_values_are_typed_as_overrides_are():
     assert experiments.parse_grid_argument("model.d_k=16,64,256") == ("model.d_k", [16, 64, 256])
     assert experiments.parse_grid_argument("optim.lr=1e-3,0.1") == ("optim.lr", [0.001, 0.1])
     assert experiments.parse_grid_argument("optim.lr_mult={W_q: 0.1},{W_k: 2}") == (
-        "optim.lr_mult", [{"W_q": 0.1}, {"W_k": 2}])
-    for text, message in (("model.dk=16", "did you mean `model.d_k`?"), ("seed=0,1", "set with --seeds"),
-                          ("model.d_k", "expected KEY=VALUE,VALUE"), ("model.d_k=[1", "not valid YAML")):
+        "optim.lr_mult",
+        [{"W_q": 0.1}, {"W_k": 2}],
+    )
+    for text, message in (
+        ("model.dk=16", "did you mean `model.d_k`?"),
+        ("seed=0,1", "set with --seeds"),
+        ("model.d_k", "expected KEY=VALUE,VALUE"),
+        ("model.d_k=[1", "not valid YAML"),
+    ):
         with pytest.raises(ConfigError, match=message):
             experiments.parse_grid_argument(text)
 
@@ -66,8 +86,21 @@ def test_grid_values_are_typed_as_overrides_are():
 def grid_sweep(tmp_path_factory):
     """attn sweep CONFIG --grid ... --grid ... --seeds 0-1 through cli.main, one worker process."""
     root = tmp_path_factory.mktemp("cli_sweep")
-    argv = ["sweep", CONFIG, "--grid", "model.d_k=4,8", "--grid", "model.scale=sqrt", "--seeds", "0-1", *TINY,
-            "--runs-dir", root / "runs", "--workers", "1"]
+    argv = [
+        "sweep",
+        CONFIG,
+        "--grid",
+        "model.d_k=4,8",
+        "--grid",
+        "model.scale=sqrt",
+        "--seeds",
+        "0-1",
+        *TINY,
+        "--runs-dir",
+        root / "runs",
+        "--workers",
+        "1",
+    ]
     with pytest.MonkeyPatch.context() as monkeypatch:
         err = io.StringIO()
         monkeypatch.setattr("sys.stderr", err)
@@ -156,11 +189,22 @@ def test_an_all_skipped_sweep_draws_no_bar(capsys):
     progress.close()
     assert progress.bar is None and capsys.readouterr().err == ""
     experiment = types.SimpleNamespace(name="exp")
-    assert cli_sweeps.sweep_summary(experiment, [outcome(n, "skipped-finished", "completed") for n in "ab"]) == \
-        "sweep exp: nothing to run: all 2 runs had finished (2 completed)"
-    assert cli_sweeps.sweep_summary(experiment, [outcome("a", "skipped-finished", "completed"),
-                                           outcome("b", "ran", "diverged"), outcome("c", "skipped-locked", "running")]) \
-        == "sweep exp: 3 runs: 1 completed, 1 diverged, 1 running in another sweep; 1 of them had finished before (skipped)"
+    assert (
+        cli_sweeps.sweep_summary(experiment, [outcome(n, "skipped-finished", "completed") for n in "ab"])
+        == "sweep exp: nothing to run: all 2 runs had finished (2 completed)"
+    )
+    assert (
+        cli_sweeps.sweep_summary(
+            experiment,
+            [
+                outcome("a", "skipped-finished", "completed"),
+                outcome("b", "ran", "diverged"),
+                outcome("c", "skipped-locked", "running"),
+            ],
+        )
+        == "sweep exp: 3 runs: 1 completed, 1 diverged, 1 running in another sweep; "
+        "1 of them had finished before (skipped)"
+    )
 
 
 def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypatch):
@@ -187,47 +231,64 @@ def test_a_start_that_comes_after_its_cells_ended_is_dropped(tmp_path, monkeypat
     cells = [types.SimpleNamespace(name=name, seed=0) for name in "ab"]
     monkeypatch.setattr(sweep, "plan_stacks", lambda cells: [[cell] for cell in cells])
     starts, ends = [], []
-    sweep.run_experiment(types.SimpleNamespace(cells=cells, directory=tmp_path, path=tmp_path / "x.yaml",
-                                               report=ReportSpec((), ())), executor,
-                         ends.append, on_start=starts.append)
+    sweep.run_experiment(
+        types.SimpleNamespace(cells=cells, directory=tmp_path, path=tmp_path / "x.yaml", report=ReportSpec((), ())),
+        executor,
+        ends.append,
+        on_start=starts.append,
+    )
     assert [o.cell for o in ends] == ["a", "b"] and starts == [["b"]]
 
 
 def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypatch, capsys):
     from attn.report import experiment_report
 
-    judged = [{"id": "scaled-wins", "claim": "the scaled arm wins", "verdict": "confirmed"},
-              {"id": "fast", "claim": "it is fast\nat d_k 16", "verdict": "not confirmed"}]
+    judged = [
+        {"id": "scaled-wins", "claim": "the scaled arm wins", "verdict": "confirmed"},
+        {"id": "fast", "claim": "it is fast\nat d_k 16", "verdict": "not confirmed"},
+    ]
     runs.write_json(tmp_path / "report.json", {"expectations": judged})
-    monkeypatch.setattr(experiment_report, "write_report", lambda experiment: {"json": tmp_path / "report.json",
-                                                                    "md": tmp_path / "report.md"})
+    monkeypatch.setattr(
+        experiment_report,
+        "write_report",
+        lambda experiment: {"json": tmp_path / "report.json", "md": tmp_path / "report.md"},
+    )
     cli_sweeps.print_report(None)
     assert capsys.readouterr().err.splitlines() == [
-        "    confirmed  scaled-wins: the scaled arm wins", "not confirmed  fast: it is fast\\nat d_k 16",
-        f"report: {tmp_path / 'report.md'} (2 expectations judged)"]
+        "    confirmed  scaled-wins: the scaled arm wins",
+        "not confirmed  fast: it is fast\\nat d_k 16",
+        f"report: {tmp_path / 'report.md'} (2 expectations judged)",
+    ]
 
 
-def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(tmp_path, capsys,
-                                                                                               monkeypatch):
+def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_run_as_the_cells(
+    tmp_path, capsys, monkeypatch
+):
     """--only runs the cells of some grid values; the report covers the whole experiment. Runs of one cell made
     width-free and materialized (model.width_free, an `algorithm` field) are both the cell's runs, and the
     report says which way each was carried. Its reports draw no figures (most of a report's time; read here
     is report.json)."""
     monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
     base = tmp_path / "base.yaml"
-    base.write_text("task: {name: retrieval, n_pairs: 4, eval_size: 32}\nmodel: {d_model: 8}\n"
-                    "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
-    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"name": "e", "base": "base.yaml",
-                                                     "grid": {"model.d_k": [64, 256]}, "seeds": [0, 1]}))
+    base.write_text(
+        "task: {name: retrieval, n_pairs: 4, eval_size: 32}\nmodel: {d_model: 8}\n"
+        "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n"
+    )
+    (tmp_path / "e.yaml").write_text(
+        yaml.safe_dump({"name": "e", "base": "base.yaml", "grid": {"model.d_k": [64, 256]}, "seeds": [0, 1]})
+    )
     common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
     code, _, err = call(capsys, *common_args, "--only", "model.d_k=64", "model.width_free=false")
     assert code == 0 and "2 runs" in err
-    assert sorted(p.name for p in (tmp_path / "runs" / "e").iterdir() if p.is_dir()) == \
-        ["d_k-64_seed-0", "d_k-64_seed-1"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "e").iterdir() if p.is_dir()) == [
+        "d_k-64_seed-0",
+        "d_k-64_seed-1",
+    ]
     code, _, err = call(capsys, *common_args, "--only", "model.d_k=256", "--no-report")  # a part: no report
     assert code == 0 and "--no-report" in err
-    assert [c["settings"]["model.d_k"] for c in runs.read_report_json(tmp_path / "runs" / "e")["cells"]] == [64], \
+    assert [c["settings"]["model.d_k"] for c in runs.read_report_json(tmp_path / "runs" / "e")["cells"]] == [64], (
         "the report is the first pass's still"
+    )
     assert call(capsys, "report", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs")[0] == 0  # every cell
     report = runs.read_report_json(tmp_path / "runs" / "e")
     assert sum(len(c["seeds"]) for c in report["cells"]) == 4
@@ -247,10 +308,19 @@ def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(t
     its checkpoint by its own config, not the cell's (width-free coordinates)."""
     (tmp_path / "base.yaml").write_text(
         "task: {name: retrieval, n_pairs: 4, n_keys: 128, eval_size: 32}\nmodel: {d_model: 8, positional: none}\n"
-        "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n")
-    (tmp_path / "e.yaml").write_text(yaml.safe_dump({
-        "name": "e", "base": "base.yaml", "grid": {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
-        "seeds": [0], "report": {"x": "model.d_k", "arm": "model.scale", "lengths": [4, 8]}}))
+        "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n"
+    )
+    (tmp_path / "e.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "e",
+                "base": "base.yaml",
+                "grid": {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
+                "seeds": [0],
+                "report": {"x": "model.d_k", "arm": "model.scale", "lengths": [4, 8]},
+            }
+        )
+    )
     common_args = ["sweep", tmp_path / "e.yaml", "--runs-dir", tmp_path / "runs", "--workers", "1"]
     assert call(capsys, *common_args, "--only", "model.scale=sqrt", "model.width_free=false", "--no-report")[0] == 0
     code, _, err = call(capsys, *common_args, "--only", "model.scale=none", "--no-report")
@@ -259,4 +329,6 @@ def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(t
     report = runs.read_report_json(tmp_path / "runs" / "e")
     assert report["platform"]["W_q, W_k"] == ["materialized", "width-free: coordinates of the drawn weights"]
     assert sorted((row["arm"], sorted(row["pairs"])) for row in report["lengths"]) == [
-        (["none"], ["4", "8"]), (["sqrt"], ["4", "8"])]
+        (["none"], ["4", "8"]),
+        (["sqrt"], ["4", "8"]),
+    ]

@@ -37,9 +37,16 @@ def root(tmp_path_factory) -> Path:
     """A runs root holding one experiment, exp/, of real runs named <scale>-s<seed>."""
     root = tmp_path_factory.mktemp("runs")
     for scale, seed in ((scale, seed) for scale in SCALES for seed in SEEDS):
-        overrides = ["train.steps=20", "logging.log_every=5", "logging.plots=false",
-                     "logging.attention_examples=0", "task.eval_size=128", f"runs_dir={root / 'exp'}",
-                     f"model.scale={scale}", f"seed={seed}"]
+        overrides = [
+            "train.steps=20",
+            "logging.log_every=5",
+            "logging.plots=false",
+            "logging.attention_examples=0",
+            "task.eval_size=128",
+            f"runs_dir={root / 'exp'}",
+            f"model.scale={scale}",
+            f"seed={seed}",
+        ]
         config = load_config(None, overrides)
         lifecycle.execute(config, lifecycle.create(config, None, overrides, name=f"{scale}-s{seed}"))
     return root
@@ -61,8 +68,15 @@ def config_run(directory: str, *overrides: str) -> grouping.Run:
 
 
 def fake_run(directory: str, **changes) -> grouping.Run:
-    settings = {"name": None, "seed": 0, "runs_dir": "runs", "model.d_k": 32, "model.scale": "sqrt",
-                "optim.lr": 0.5, "task.name": "retrieval"}
+    settings = {
+        "name": None,
+        "seed": 0,
+        "runs_dir": "runs",
+        "model.d_k": 32,
+        "model.scale": "sqrt",
+        "optim.lr": 0.5,
+        "task.name": "retrieval",
+    }
     settings.update({key.replace("__", "."): value for key, value in changes.items()})
     return grouping.Run(Path(directory), settings, [], {}, "completed")
 
@@ -81,25 +95,40 @@ def test_real_runs_group_by_config_minus_seed(root):
 
 
 def test_only_seed_and_bookkeeping_keys_are_ignored_when_grouping():
-    same = [fake_run("a", seed=0, name="a", runs_dir="x", logging__plots=False),
-            fake_run("b", seed=1, name="b", runs_dir="y", logging__plots=True)]
+    same = [
+        fake_run("a", seed=0, name="a", runs_dir="x", logging__plots=False),
+        fake_run("b", seed=1, name="b", runs_dir="y", logging__plots=True),
+    ]
     other = fake_run("c", optim__lr=0.1)
     groups = grouping.group_runs(same + [other])
     assert [(g.label, [r.path.name for r in g.runs]) for g in groups] == [("lr=0.1", ["c"]), ("lr=0.5", ["a", "b"])]
 
 
 def test_labels_name_the_differing_keys_in_config_order_and_sort_by_value():
-    grid = [fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
-            for d_k in (256, 64) for scale in ("sqrt", "none")]
+    grid = [
+        fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
+        for d_k in (256, 64)
+        for scale in ("sqrt", "none")
+    ]
     assert [g.label for g in grouping.group_runs(grid)] == [
-        "d_k=64, scale=none", "d_k=64, scale=sqrt", "d_k=256, scale=none", "d_k=256, scale=sqrt"]
+        "d_k=64, scale=none",
+        "d_k=64, scale=sqrt",
+        "d_k=256, scale=none",
+        "d_k=256, scale=sqrt",
+    ]
     assert [g.label for g in grouping.group_runs([fake_run("a"), fake_run("b", seed=3)])] == [
-        "task.name=retrieval, scale=sqrt, d_k=32"]  # one group: what it is; `name` alone would be ambiguous
+        "task.name=retrieval, scale=sqrt, d_k=32"
+    ]  # one group: what it is; `name` alone would be ambiguous
 
 
 def test_two_differing_keys_are_drawn_as_colour_and_dash():
-    groups = grouping.group_runs([fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
-                                 for d_k in (16, 64, 256) for scale in ("sqrt", "none")])
+    groups = grouping.group_runs(
+        [
+            fake_run(f"r{d_k}{scale}", model__d_k=d_k, model__scale=scale)
+            for d_k in (16, 64, 256)
+            for scale in ("sqrt", "none")
+        ]
+    )
     styles = compare_figure.group_styles(groups)
     colour = {g.settings["model.d_k"]: set() for g in groups}
     dash = {g.settings["model.scale"]: set() for g in groups}
@@ -113,28 +142,58 @@ def test_two_differing_keys_are_drawn_as_colour_and_dash():
 def test_short_names_are_the_shortest_unambiguous_suffix():
     assert grouping.short_names(["model.d_k", "model.scale"]) == {"model.d_k": "d_k", "model.scale": "scale"}
     assert grouping.short_names(["model.lr", "optim.lr", "optim.eps"]) == {
-        "model.lr": "model.lr", "optim.lr": "optim.lr", "optim.eps": "eps"}
+        "model.lr": "model.lr",
+        "optim.lr": "optim.lr",
+        "optim.eps": "eps",
+    }
     assert grouping.short_names(["a.b.c", "d.b.c"]) == {"a.b.c": "a.b.c", "d.b.c": "d.b.c"}
     assert grouping.short_names(["task.name"], among=["name", "task.name"]) == {"task.name": "task.name"}
 
 
 def test_task_fields_the_task_does_not_read_neither_group_nor_label():
-    loaded = [config_run(f"{task}-{scale}-s{seed}", f"task.name={task}", f"model.scale={scale}", f"seed={seed}",
-                         "task.length=12" if task == "copy" else "task.n_pairs=6")
-              for task in ("retrieval", "copy") for scale in ("sqrt", "none") for seed in (0, 1)]
-    loaded.append(config_run("retrieval-odd-length", "task.name=retrieval", "model.scale=sqrt", "task.n_pairs=6",
-                             "task.length=5", "task.mode=shift", "seed=2"))  # copy's fields: no new setting
+    loaded = [
+        config_run(
+            f"{task}-{scale}-s{seed}",
+            f"task.name={task}",
+            f"model.scale={scale}",
+            f"seed={seed}",
+            "task.length=12" if task == "copy" else "task.n_pairs=6",
+        )
+        for task in ("retrieval", "copy")
+        for scale in ("sqrt", "none")
+        for seed in (0, 1)
+    ]
+    loaded.append(
+        config_run(
+            "retrieval-odd-length",
+            "task.name=retrieval",
+            "model.scale=sqrt",
+            "task.n_pairs=6",
+            "task.length=5",
+            "task.mode=shift",
+            "seed=2",
+        )
+    )  # copy's fields: no new setting
     groups = grouping.group_runs(loaded)
     assert [(g.label, len(g.runs)) for g in groups] == [
-        ("scale=none, task.name=copy", 2), ("scale=none, task.name=retrieval", 2),
-        ("scale=sqrt, task.name=copy", 2), ("scale=sqrt, task.name=retrieval", 3)]
+        ("scale=none, task.name=copy", 2),
+        ("scale=none, task.name=retrieval", 2),
+        ("scale=sqrt, task.name=copy", 2),
+        ("scale=sqrt, task.name=retrieval", 3),
+    ]
     rows = compare.group_rows(groups, 0.99)
-    assert [row.settings for row in rows] == [{"model.scale": s, "task.name": t}
-                                              for s in ("none", "sqrt") for t in ("copy", "retrieval")]
-    modes = [config_run(f"copy-{mode}-{shift}", "task.name=copy", f"task.mode={mode}", f"task.shift={shift}")
-             for mode, shift in (("reverse", 1), ("reverse", 2), ("shift", 1), ("shift", 3))]
-    assert [g.label for g in grouping.group_runs(modes)] == ["mode=reverse", "mode=shift, shift=1",
-                                                             "mode=shift, shift=3"]
+    assert [row.settings for row in rows] == [
+        {"model.scale": s, "task.name": t} for s in ("none", "sqrt") for t in ("copy", "retrieval")
+    ]
+    modes = [
+        config_run(f"copy-{mode}-{shift}", "task.name=copy", f"task.mode={mode}", f"task.shift={shift}")
+        for mode, shift in (("reverse", 1), ("reverse", 2), ("shift", 1), ("shift", 3))
+    ]
+    assert [g.label for g in grouping.group_runs(modes)] == [
+        "mode=reverse",
+        "mode=shift, shift=1",
+        "mode=shift, shift=3",
+    ]
     listing_keys = grouping.varying_keys([run.settings for run in loaded])
     assert "task.length" not in listing_keys and "task.n_pairs" not in listing_keys  # each read by one task only
 
@@ -174,9 +233,11 @@ def test_values_are_written_as_yaml_would():
 # ---------------------------------------------------------------------------
 def test_band_statistics_match_numpy_on_the_union_of_steps():
     rng = np.random.default_rng(7)
-    run_curves = [(np.arange(0, 35, 5), rng.random(7)),
-                  (np.arange(0, 20, 5), rng.random(4)),  # stopped early
-                  (np.array([0, 2, 5, 30]), np.array([0.3, np.nan, 0.1, 0.9]))]  # off-grid steps, a NaN
+    run_curves = [
+        (np.arange(0, 35, 5), rng.random(7)),
+        (np.arange(0, 20, 5), rng.random(4)),  # stopped early
+        (np.array([0, 2, 5, 30]), np.array([0.3, np.nan, 0.1, 0.9])),
+    ]  # off-grid steps, a NaN
     band = curves.band_stats(run_curves)
     union = sorted(set().union(*(s.tolist() for s, _ in run_curves)))
     matrix = np.full((len(run_curves), len(union)), np.nan)
@@ -196,8 +257,13 @@ def test_band_statistics_match_numpy_on_the_union_of_steps():
 
 
 def test_drawn_band_stays_within_the_runs_values():
-    skewed = curves.band_stats([(np.array([0, 1]), np.array([1.0, 0.5])), (np.array([0, 1]), np.array([0.01, 0.4])),
-                                 (np.array([0, 1]), np.array([0.02, 0.45]))])
+    skewed = curves.band_stats(
+        [
+            (np.array([0, 1]), np.array([1.0, 0.5])),
+            (np.array([0, 1]), np.array([0.01, 0.4])),
+            (np.array([0, 1]), np.array([0.02, 0.45])),
+        ]
+    )
     lower, upper = skewed.edges()
     assert skewed.mean[0] - skewed.std[0] < 0 and lower[0] == 0.01  # clipped to the lowest run: a log axis can draw it
     assert upper[0] == pytest.approx(skewed.mean[0] + skewed.std[0]) and upper[0] < skewed.high[0]
@@ -221,8 +287,10 @@ def test_group_curves_of_real_runs_are_the_seed_mean_and_std(root):
 def test_smoothing_is_the_bias_corrected_moving_average():
     values = np.random.default_rng(3).normal(size=40)
     beta = 0.8
-    direct = [sum(beta ** (t - i) * values[i] for i in range(t + 1)) / sum(beta ** (t - i) for i in range(t + 1))
-              for t in range(len(values))]
+    direct = [
+        sum(beta ** (t - i) * values[i] for i in range(t + 1)) / sum(beta ** (t - i) for i in range(t + 1))
+        for t in range(len(values))
+    ]
     np.testing.assert_allclose(curves.ema(values, beta), direct, rtol=1e-12)
     np.testing.assert_allclose(curves.ema(np.full(10, 3.0), 0.95), 3.0, rtol=1e-12)  # no pull toward 0
     np.testing.assert_array_equal(curves.ema(values, 0.0), values)
@@ -243,14 +311,17 @@ def test_table_rows_are_computed_from_the_metrics(root):
         assert row.stats["final_eval_loss"].std == pytest.approx(finals.std(ddof=1), rel=1e-12)
         bests = [min(r["eval_loss"] for r in run.records) for run in group.runs]
         assert row.stats["best_eval_loss"].mean == pytest.approx(np.mean(bests), rel=1e-12)
-        reached = [next((r["step"] for r in run.records if r["eval_accuracy"] >= threshold), None)
-                   for run in group.runs]
+        reached = [
+            next((r["step"] for r in run.records if r["eval_accuracy"] >= threshold), None) for run in group.runs
+        ]
         stat = row.stats["steps_to_threshold"]
         assert stat.n == sum(s is not None for s in reached) and stat.total == len(SEEDS)
         if stat.n:
             assert stat.mean == pytest.approx(np.mean([s for s in reached if s is not None]))
     never = compare.group_rows(groups, 1.5)
-    assert [compare.format_steps(r.stats["steps_to_threshold"]) for r in never] == [f"never ({len(SEEDS)}/{len(SEEDS)})"] * 2
+    assert [compare.format_steps(r.stats["steps_to_threshold"]) for r in never] == [
+        f"never ({len(SEEDS)}/{len(SEEDS)})"
+    ] * 2
 
 
 def test_final_figures_are_the_last_record_and_none_after_a_divergence():
@@ -290,19 +361,29 @@ def zoo(root, tmp_path) -> Path:
     """Copies of the real runs, each broken or unfinished in its own way."""
     zoo = tmp_path / "zoo"
     exp = root / "exp"
-    for name, source in (("diverged", "none-s0"), ("stale", "none-s1"), ("torn", "sqrt-s0"),
-                         ("running", "sqrt-s1"), ("no_metrics", "sqrt-s0"), ("bad_config", "sqrt-s1"),
-                         ("bad_line", "none-s0")):
+    for name, source in (
+        ("diverged", "none-s0"),
+        ("stale", "none-s1"),
+        ("torn", "sqrt-s0"),
+        ("running", "sqrt-s1"),
+        ("no_metrics", "sqrt-s0"),
+        ("bad_config", "sqrt-s1"),
+        ("bad_line", "none-s0"),
+    ):
         shutil.copytree(exp / source, zoo / name)
     records = runs.read_metrics(exp / "none-s0")
     write_metrics(zoo / "diverged", records[:3] + [{**records[3], "eval_loss": None, "train_loss": None}])
     edit_summary(zoo / "diverged", status="diverged", reason="non-finite loss at step 15")
-    edit_summary(zoo / "stale", status="running", host="elsewhere", updated_at=time.time() - 10 * locks.STALE_AFTER_SECONDS)
+    edit_summary(
+        zoo / "stale", status="running", host="elsewhere", updated_at=time.time() - 10 * locks.STALE_AFTER_SECONDS
+    )
     write_metrics(zoo / "torn", runs.read_metrics(exp / "sqrt-s0"), tail='{"step": 25, "eval_lo')
     write_metrics(zoo / "running", runs.read_metrics(exp / "sqrt-s1")[:2])
     edit_summary(zoo / "running", status="running", host=socket.gethostname(), pid=os.getpid(), updated_at=time.time())
     (zoo / "no_metrics" / "metrics.jsonl").unlink()
-    edit_summary(zoo / "no_metrics", status="running", host=socket.gethostname(), pid=os.getpid(), updated_at=time.time())
+    edit_summary(
+        zoo / "no_metrics", status="running", host=socket.gethostname(), pid=os.getpid(), updated_at=time.time()
+    )
     (zoo / "bad_config" / "config.yaml").write_text("model: [unclosed\n")
     write_metrics(zoo / "bad_line", records[:1], tail="not json\n" + json.dumps(records[1]) + "\n")
     return zoo
@@ -316,8 +397,14 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
     assert reasons["bad_config"].startswith("config.yaml: unreadable")
     assert reasons["bad_line"].startswith("metrics.jsonl: line 2 is not JSON; ")  # then what to do about it
     by_label = {g.label: g for g in result.groups}
-    assert [(r.path.name, r.status) for r in by_label["scale=none"].runs] == [("diverged", "diverged"), ("stale", "stale")]
-    assert [(r.path.name, r.status) for r in by_label["scale=sqrt"].runs] == [("torn", "completed"), ("running", "running")]
+    assert [(r.path.name, r.status) for r in by_label["scale=none"].runs] == [
+        ("diverged", "diverged"),
+        ("stale", "stale"),
+    ]
+    assert [(r.path.name, r.status) for r in by_label["scale=sqrt"].runs] == [
+        ("torn", "completed"),
+        ("running", "running"),
+    ]
     torn = by_label["scale=sqrt"].runs[0]
     assert [r["step"] for r in torn.records] == [0, 5, 10, 15, 20]  # the torn line is dropped
     rows = {row.label: row for row in result.rows}
@@ -338,8 +425,12 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
 
 def test_axes_ignore_non_finite_values_and_mark_where_a_run_diverged(zoo):
     loaded, _ = grouping.load_runs([zoo / "diverged", zoo / "stale", zoo / "torn", zoo / "running"])
-    fig = compare_figure.draw_comparison(grouping.group_runs(loaded), ["eval_loss", "eval_accuracy"],
-                                  references=compare_figure.shared_references(loaded), threshold=0.99)
+    fig = compare_figure.draw_comparison(
+        grouping.group_runs(loaded),
+        ["eval_loss", "eval_accuracy"],
+        references=compare_figure.shared_references(loaded),
+        threshold=0.99,
+    )
     loss_ax, acc_ax = fig.axes
     low, high = loss_ax.get_ylim()
     finite_losses = [r["eval_loss"] for run in loaded for r in run.records if r["eval_loss"] is not None]
@@ -388,12 +479,16 @@ def test_compare_writes_figures_and_tables_into_the_experiment(root, monkeypatch
     assert (result.out_dir / "table.md").read_text() == result.table
     rows = list(csv.DictReader((result.out_dir / "table.csv").open()))
     assert [(r["group"], r["model.scale"], r["n_runs"], r["seeds"]) for r in rows] == [
-        ("scale=none", "none", "2", "0 1"), ("scale=sqrt", "sqrt", "2", "0 1")]
+        ("scale=none", "none", "2", "0 1"),
+        ("scale=sqrt", "sqrt", "2", "0 1"),
+    ]
     for row, group_row in zip(rows, result.rows):
         assert float(row["final_eval_loss_mean"]) == pytest.approx(group_row.stats["final_eval_loss"].mean)
     run_dirs, not_runs = grouping.find_run_dirs([root / "exp" / "*"])
-    assert (run_dirs, not_runs) == (grouping.find_run_dirs([root / "exp"])[0], [grouping.Skipped(
-        root / "exp" / "compare", grouping.NOT_A_RUN)])  # compare/ is no run
+    assert (run_dirs, not_runs) == (
+        grouping.find_run_dirs([root / "exp"])[0],
+        [grouping.Skipped(root / "exp" / "compare", grouping.NOT_A_RUN)],
+    )  # compare/ is no run
 
 
 @pytest.fixture
@@ -438,7 +533,9 @@ def test_default_output_directory_follows_the_runs_not_the_working_directory(fin
     assert out.parent == nested and out.name.startswith("compare-") and (out / "table.csv").is_file()
     assert compare.compare([nested]).out_dir != out  # never overwritten
     assert list(elsewhere.iterdir()) == []
-    assert compare.compare([one_run], out="mine").out_dir == Path("mine") and (elsewhere / "mine" / "table.md").is_file()
+    assert (
+        compare.compare([one_run], out="mine").out_dir == Path("mine") and (elsewhere / "mine" / "table.md").is_file()
+    )
     (nested / "a" / "compare").write_text("a file where the output directory would go")
     with pytest.raises(runs.RunError) as info:
         compare.compare([nested / "a"])
@@ -449,24 +546,41 @@ def test_default_output_directory_follows_the_runs_not_the_working_directory(fin
 # The commands
 # ---------------------------------------------------------------------------
 def test_compare_command(root, tmp_path, capsys):
-    code = cli.main(["compare", str(root / "exp" / "*"), "--out", str(tmp_path / "o"), "--metric", "eval_loss",
-                     "--metric", "score_std", "--smooth", "0.5", "--x", "wall_time"])
+    code = cli.main(
+        [
+            "compare",
+            str(root / "exp" / "*"),
+            "--out",
+            str(tmp_path / "o"),
+            "--metric",
+            "eval_loss",
+            "--metric",
+            "score_std",
+            "--smooth",
+            "0.5",
+            "--x",
+            "wall_time",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == 0
     assert any(line.startswith("| scale=none | 2 | completed 2 |") for line in out)
     assert out[-4:] == [str(tmp_path / "o" / n) for n in ("compare.png", "compare.svg", "table.md", "table.csv")]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["compare", "{tmp}/missing"], "missing: no such file or directory"),
-    (["compare", "{tmp}/missing/*"], "no such file or directory"),
-    (["compare", "{exp}", "--metric", "nope"], "--metric: got 'nope'; expected a logged metric"),
-    (["compare", "{exp}", "--smooth", "1"], "--smooth: got 1.0; expected a number in [0, 1)"),
-    (["compare", "{exp}", "--x", "epoch"], "argument --x: invalid choice"),
-    (["runs", "{tmp}/missing"], "missing: no such directory"),
-    (["runs", "{root}", "--experiment", "nope"], "--experiment: got 'nope'; expected a directory of runs under"),
-    (["runs", "{root}", "--status", "done"], "--status: got 'done'; expected one of running"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["compare", "{tmp}/missing"], "missing: no such file or directory"),
+        (["compare", "{tmp}/missing/*"], "no such file or directory"),
+        (["compare", "{exp}", "--metric", "nope"], "--metric: got 'nope'; expected a logged metric"),
+        (["compare", "{exp}", "--smooth", "1"], "--smooth: got 1.0; expected a number in [0, 1)"),
+        (["compare", "{exp}", "--x", "epoch"], "argument --x: invalid choice"),
+        (["runs", "{tmp}/missing"], "missing: no such directory"),
+        (["runs", "{root}", "--experiment", "nope"], "--experiment: got 'nope'; expected a directory of runs under"),
+        (["runs", "{root}", "--status", "done"], "--status: got 'done'; expected one of running"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_exit_2(root, tmp_path, capsys, args, message):
     argv = [a.format(tmp=tmp_path, exp=root / "exp", root=root) for a in args]
     assert cli.main(argv) == 2
@@ -484,7 +598,9 @@ def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys
     assert header.split() == ["name", "status", "task", "scale", "seed", "eval_loss", "eval_acc", "age", "disk"]
     assert [line.split()[:5] for line in lines] == [
         [f"exp/{scale}-s{seed}", "completed", "retrieval", scale, str(seed)]
-        for scale in sorted(SCALES) for seed in SEEDS]
+        for scale in sorted(SCALES)
+        for seed in SEEDS
+    ]
     assert cli.main(["runs", str(root), "--experiment", "exp", "--status", "diverged"]) == 0
     captured = capsys.readouterr()
     assert captured.out == "" and "no runs" in captured.err
@@ -492,7 +608,12 @@ def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys
     captured = capsys.readouterr()
     listed = {line.split()[0]: line.split() for line in captured.out.splitlines()[1:]}
     assert {name: cells[1] for name, cells in listed.items()} == {
-        "diverged": "diverged", "no_metrics": "running", "running": "running", "stale": "stale", "torn": "completed"}
+        "diverged": "diverged",
+        "no_metrics": "running",
+        "running": "running",
+        "stale": "stale",
+        "torn": "completed",
+    }
     assert listed["diverged"][5:7] == ["—", "—"]  # no final figures after a divergence
     assert listed["torn"][5] == f"{runs.read_metrics(zoo / 'torn')[-1]['eval_loss']:.4g}"
     assert "skipped" in captured.err and "bad_config" in captured.err and "bad_line" in captured.err

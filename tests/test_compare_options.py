@@ -24,16 +24,24 @@ from attn.report import compare, compare_figure
 from attn.store import runs
 
 
-def make_run(directory: Path, *overrides: str, steps: int = 20, status: str = "completed", level: float = 1.0,
-             loss=None) -> Path:
+def make_run(
+    directory: Path, *overrides: str, steps: int = 20, status: str = "completed", level: float = 1.0, loss=None
+) -> Path:
     """A run directory whose eval loss is loss(step), by default falling from
     `level`, logged every 5 steps up to `steps`."""
     config = load_config(None, ["logging.plots=false", *overrides])
     directory.mkdir(parents=True)
     runs.write_config(directory, to_dict(config), {})
     for step in range(0, steps + 1, 5):
-        runs.append_metrics(directory, {"step": step, "eval_loss": (loss or (lambda s: level / (1 + s)))(step),
-                                        "eval_accuracy": step / 100, "wall_time": step / 10})
+        runs.append_metrics(
+            directory,
+            {
+                "step": step,
+                "eval_loss": (loss or (lambda s: level / (1 + s)))(step),
+                "eval_accuracy": step / 100,
+                "wall_time": step / 10,
+            },
+        )
     runs.write_json(directory / "summary.json", {"status": status, "step": steps})
     return directory
 
@@ -79,10 +87,12 @@ def test_a_seed_made_twice_in_a_group_is_named_in_one_warning_line(tmp_path, cap
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert code == 0 and warnings == [
         f"warning: group lr=0.5: seed 0 is there 2 times with the same settings: {twice[0]}, {twice[1]} "
-        "(each is averaged as a run of its own)"]
+        "(each is averaged as a run of its own)"
+    ]
     pooled = grouping.group_runs(loaded(tmp_path / "exp"), by=["task.name"])
     assert ["warning: " + line for line in grouping.duplicate_seeds(pooled)] == [  # pooled: only the true twins
-        warnings[0].replace("group lr=0.5", "group task.name=retrieval")]
+        warnings[0].replace("group lr=0.5", "group task.name=retrieval")
+    ]
 
 
 def test_where_keeps_the_runs_with_that_value_typed_as_an_override(tmp_path, capsys):
@@ -90,16 +100,27 @@ def test_where_keeps_the_runs_with_that_value_typed_as_an_override(tmp_path, cap
         for seed in (0, 1):
             make_run(tmp_path / "exp" / f"lr{lr}-s{seed}", f"optim.lr={lr}", f"seed={seed}")
     make_run(tmp_path / "exp" / "copy", "task.name=copy", "optim.lr=0.1")
-    code, _, _ = call(capsys, "compare", tmp_path / "exp", "--where", "optim.lr=1e-1", "--where",
-                      "task.name=retrieval", "--out", tmp_path / "out")
+    code, _, _ = call(
+        capsys,
+        "compare",
+        tmp_path / "exp",
+        "--where",
+        "optim.lr=1e-1",
+        "--where",
+        "task.name=retrieval",
+        "--out",
+        tmp_path / "out",
+    )
     assert code == 0
     (row,) = rows_by_group(tmp_path / "out").values()
     assert (row["n_runs"], row["seeds"]) == ("2", "0 1")
     only_copy_reads_it = grouping.parse_where(["task.length=8"])
     assert [run.path.name for run in loaded(tmp_path / "exp") if grouping.matches(run, only_copy_reads_it)] == ["copy"]
-    for where, facts in (("optim.lr=0.2", ["--where optim.lr=0.2:", "no run matches", "optim.lr is 0.1, 0.3"]),
-                         ("optim.lrr=0.1", ["--where", "optim.lrr=0.1", "`optim.lrr`", "`optim.lr`"]),
-                         ("model.d_k=wide", ["--where", "model.d_k=wide", "model.d_k: got 'wide'", "an integer"])):
+    for where, facts in (
+        ("optim.lr=0.2", ["--where optim.lr=0.2:", "no run matches", "optim.lr is 0.1, 0.3"]),
+        ("optim.lrr=0.1", ["--where", "optim.lrr=0.1", "`optim.lrr`", "`optim.lr`"]),
+        ("model.d_k=wide", ["--where", "model.d_k=wide", "model.d_k: got 'wide'", "an integer"]),
+    ):
         code, _, err = call(capsys, "compare", tmp_path / "exp", "--where", where)
         assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1, err
         assert all(fact in err for fact in facts), err
@@ -112,10 +133,14 @@ def test_group_by_pools_every_other_setting_and_the_title_says_so(tmp_path, caps
     made = loaded(tmp_path / "exp")
     groups = grouping.group_runs(made, by=["model.scale"])
     assert [(g.label, sorted(r.path.name for r in g.runs)) for g in groups] == [
-        ("scale=none", ["none-0.1", "none-0.3"]), ("scale=sqrt", ["sqrt-0.1", "sqrt-0.3"])]
+        ("scale=none", ["none-0.1", "none-0.3"]),
+        ("scale=sqrt", ["sqrt-0.1", "sqrt-0.3"]),
+    ]
     title = compare.comparison_title([r.path for r in made], made, groups, [], ["model.scale"], None)
-    assert title == ("exp: 4 runs in 2 groups; grouped by scale only: seeds and every other setting pooled; "
-                     "line: mean over a group's runs, band: ± std")
+    assert title == (
+        "exp: 4 runs in 2 groups; grouped by scale only: seeds and every other setting pooled; "
+        "line: mean over a group's runs, band: ± std"
+    )
     with pytest.raises(ArgumentError) as info:  # named by compare's argument; the CLI names it by its flag
         compare.compare([tmp_path / "exp"], group_by=["model.scal"])
     assert info.value.argument == "group_by" and "'model.scal'" in info.value.problem
@@ -130,7 +155,11 @@ def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labe
             make_run(tmp_path / "exp" / f"{d_k}-{scale}", f"model.d_k={d_k}", f"model.scale={scale}")
     groups = grouping.group_runs(loaded(tmp_path / "exp"), facet="model.d_k")
     assert [(g.label, g.facet) for g in groups] == [
-        ("scale=none", "d_k=16"), ("scale=sqrt", "d_k=16"), ("scale=none", "d_k=64"), ("scale=sqrt", "d_k=64")]
+        ("scale=none", "d_k=16"),
+        ("scale=sqrt", "d_k=16"),
+        ("scale=none", "d_k=64"),
+        ("scale=sqrt", "d_k=64"),
+    ]
     fig = compare_figure.draw_comparison(groups, ["eval_loss", "eval_accuracy"], facet="model.d_k")
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == [f"{metric}  —  d_k={d_k}" for d_k in (16, 64) for metric in ("eval_loss", "eval_accuracy")]
@@ -140,8 +169,12 @@ def test_facet_draws_a_row_of_panels_per_value_and_keeps_its_key_out_of_the_labe
             colours.setdefault(line.get_label(), set()).add(line.get_color())
     assert all(len(c) == 1 for text, c in colours.items() if text.startswith("scale="))  # one colour per label
     rows = compare.group_rows(groups, 0.99)
-    assert [row.label for row in rows] == ["scale=none, d_k=16", "scale=sqrt, d_k=16", "scale=none, d_k=64",
-                                           "scale=sqrt, d_k=64"]  # the table tells the facets apart
+    assert [row.label for row in rows] == [
+        "scale=none, d_k=16",
+        "scale=sqrt, d_k=16",
+        "scale=none, d_k=64",
+        "scale=sqrt, d_k=64",
+    ]  # the table tells the facets apart
 
 
 def test_xlim_fixes_every_panel_and_the_legend_counts_the_runs_at_its_last_step(tmp_path):
@@ -159,10 +192,22 @@ def test_xlim_fixes_every_panel_and_the_legend_counts_the_runs_at_its_last_step(
 
 
 def test_a_long_legend_stays_on_the_figure_below_the_panels(tmp_path):
-    groups = [grouping.Group(f"lr_mult={{W_q: {w}, W_k: {w}, W_v: {w}, W_o: {w}}}, qk_lr_exponent=-0.5, scale=none",
-                            {"optim.lr": w}, [grouping.Run(Path(f"r{w}"), {"seed": 0}, [
-                                {"step": s, "eval_loss": w / (1 + s), "eval_accuracy": 0.5} for s in range(5)],
-                                {}, "completed")]) for w in np.linspace(0.1, 2.4, 24)]
+    groups = [
+        grouping.Group(
+            f"lr_mult={{W_q: {w}, W_k: {w}, W_v: {w}, W_o: {w}}}, qk_lr_exponent=-0.5, scale=none",
+            {"optim.lr": w},
+            [
+                grouping.Run(
+                    Path(f"r{w}"),
+                    {"seed": 0},
+                    [{"step": s, "eval_loss": w / (1 + s), "eval_accuracy": 0.5} for s in range(5)],
+                    {},
+                    "completed",
+                )
+            ],
+        )
+        for w in np.linspace(0.1, 2.4, 24)
+    ]
     for metrics in (["eval_loss"], ["eval_loss", "eval_accuracy"]):
         fig = compare_figure.draw_comparison(groups, metrics)
         FigureCanvasAgg(fig).draw()
@@ -176,9 +221,9 @@ def test_a_long_legend_stays_on_the_figure_below_the_panels(tmp_path):
 
 def test_the_legend_wraps_a_label_longer_than_the_figure():
     texts, columns, lines = compare_figure.legend_layout(["x" * 400, "short"], width=5.6)
-    assert columns == 1 and all(max(map(len, t.split("\n"))) * compare_figure.CHAR_INCHES
-                                + compare_figure.HANDLE_INCHES <= 5.6
-                                for t in texts)
+    assert columns == 1 and all(
+        max(map(len, t.split("\n"))) * compare_figure.CHAR_INCHES + compare_figure.HANDLE_INCHES <= 5.6 for t in texts
+    )
     assert lines == math.ceil(400 / max(map(len, texts[0].split("\n")))) + 1
 
 
@@ -196,7 +241,9 @@ def test_all_y_makes_compare_png_hold_every_finite_value(tmp_path, capsys, monke
 
     monkeypatch.setattr(compare, "draw_comparison", keep)
     assert call(capsys, "compare", tmp_path / "exp", "--metric", "eval_loss", "--out", tmp_path / "bulk")[0] == 0
-    assert call(capsys, "compare", tmp_path / "exp", "--metric", "eval_loss", "--all-y", "--out", tmp_path / "all")[0] == 0
+    assert (
+        call(capsys, "compare", tmp_path / "exp", "--metric", "eval_loss", "--all-y", "--out", tmp_path / "all")[0] == 0
+    )
     (bulk_low, bulk_high), (all_low, all_high) = drawn
     assert bulk_high < 4e20 <= all_high  # by default the diverged tail is off the axis; with --all-y it is on it
     assert all_low <= 1.0 / 21  # the steady run's smallest loss still shown

@@ -70,19 +70,22 @@ def test_unreadable_file_is_refused(tmp_path):
         path.chmod(0o600)
 
 
-@pytest.mark.parametrize("text, phrase", [
-    ("", "is empty"),
-    ("# only a comment\n\n", "is empty"),
-    ("optim: [\n", "not valid YAML: line 2"),
-    ("optim: {lr: 0.1\n", "not valid YAML"),
-    ("a: b: c\n", "not valid YAML: line 1"),
-    ("\tseed: 1\n", "not valid YAML"),
-    ("seed: 1\n---\nseed: 2\n", "not valid YAML"),
-    ("- seed\n- 1\n", "must be a YAML mapping of sections, got a list"),
-    ("just words\n", "must be a YAML mapping of sections, got a str"),
-    ("3\n", "must be a YAML mapping of sections, got a int"),
-    ("? [a, b]\n: 1\n", "unhashable key"),
-])
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        ("", "is empty"),
+        ("# only a comment\n\n", "is empty"),
+        ("optim: [\n", "not valid YAML: line 2"),
+        ("optim: {lr: 0.1\n", "not valid YAML"),
+        ("a: b: c\n", "not valid YAML: line 1"),
+        ("\tseed: 1\n", "not valid YAML"),
+        ("seed: 1\n---\nseed: 2\n", "not valid YAML"),
+        ("- seed\n- 1\n", "must be a YAML mapping of sections, got a list"),
+        ("just words\n", "must be a YAML mapping of sections, got a str"),
+        ("3\n", "must be a YAML mapping of sections, got a int"),
+        ("? [a, b]\n: 1\n", "unhashable key"),
+    ],
+)
 def test_file_that_is_not_a_config_mapping(tmp_path, text, phrase):
     assert phrase in file_error(tmp_path, text)
 
@@ -95,10 +98,13 @@ def test_binary_and_oversized_files_are_refused(tmp_path):
     assert "too large for a config file" in config_error(huge)
 
 
-@pytest.mark.parametrize("text, key, line", [
-    ("seed: 1\nseed: 2\n", "seed", 2),
-    ("optim:\n  lr: 0.1\n  momentum: 0.9\n  lr: 0.2\n", "lr", 4),
-])
+@pytest.mark.parametrize(
+    "text, key, line",
+    [
+        ("seed: 1\nseed: 2\n", "seed", 2),
+        ("optim:\n  lr: 0.1\n  momentum: 0.9\n  lr: 0.2\n", "lr", 4),
+    ],
+)
 def test_duplicate_keys_are_refused_with_their_line(tmp_path, text, key, line):
     message = file_error(tmp_path, text)
     assert f"line {line}" in message and f"duplicate key {key!r}" in message
@@ -112,15 +118,18 @@ def test_merge_keys_are_not_duplicates(tmp_path):
 # ---------------------------------------------------------------------------
 # Keys and values
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("text, unknown, suggestion", [
-    ("optim: {lrr: 0.1}\n", "optim.lrr", "optim.lr"),
-    ("lr: 0.1\n", "lr", "optim.lr"),  # a leaf at the wrong level
-    ("steps: 10\n", "steps", "train.steps"),
-    ("model: {dk: 8}\n", "model.dk", "model.d_k"),
-    ("trian: {steps: 10}\n", "trian", "train"),  # a misspelt section
-    ("optim: {wieght_decay: 0.1}\n", "optim.wieght_decay", "optim.weight_decay"),
-    ("task: {lr: 0.1}\n", "task.lr", "optim.lr"),  # a leaf in the wrong section
-])
+@pytest.mark.parametrize(
+    "text, unknown, suggestion",
+    [
+        ("optim: {lrr: 0.1}\n", "optim.lrr", "optim.lr"),
+        ("lr: 0.1\n", "lr", "optim.lr"),  # a leaf at the wrong level
+        ("steps: 10\n", "steps", "train.steps"),
+        ("model: {dk: 8}\n", "model.dk", "model.d_k"),
+        ("trian: {steps: 10}\n", "trian", "train"),  # a misspelt section
+        ("optim: {wieght_decay: 0.1}\n", "optim.wieght_decay", "optim.weight_decay"),
+        ("task: {lr: 0.1}\n", "task.lr", "optim.lr"),  # a leaf in the wrong section
+    ],
+)
 def test_unknown_key_suggests_the_nearest_valid_key(tmp_path, text, unknown, suggestion):
     assert file_error(tmp_path, text).endswith(f"unknown key `{unknown}`; did you mean `{suggestion}`?")
 
@@ -170,22 +179,28 @@ def test_bad_value_names_field_value_and_what_is_accepted(tmp_path, text, key, s
     assert config_error(path) == f"{path}: {key}: got {shown}; expected {ACCEPTED[key]}"
 
 
-@pytest.mark.parametrize("text, key, shown", [
-    ("optim: [1, 2]", "optim", "[1, 2]"),
-    ("model: 3", "model", "3"),
-    ("train:", "train", "null"),
-])
+@pytest.mark.parametrize(
+    "text, key, shown",
+    [
+        ("optim: [1, 2]", "optim", "[1, 2]"),
+        ("model: 3", "model", "3"),
+        ("train:", "train", "null"),
+    ],
+)
 def test_a_section_must_be_a_mapping(tmp_path, text, key, shown):
     path = write(tmp_path, text + "\n")
     assert facts_in(config_error(path), f"{path}: {key}: got {shown}", "a mapping", f"{key}.*")
 
 
-@pytest.mark.parametrize("text, phrase", [
-    ("optim: {lr_mult: {W_q: 0}}", "optim.lr_mult.W_q: got 0; expected a float > 0"),
-    ("optim: {lr_mult: {W_q: abc}}", "optim.lr_mult.W_q: got 'abc'; expected a float > 0"),
-    ("optim: {lr_mult: {1: 2}}", "optim.lr_mult: got key 1; expected parameter names"),
-    ("optim: {lr_mult: {W_q:0.1}}", "optim.lr_mult: got {W_q:0.1}; YAML needs a space after the colon: {W_q: 0.1}"),
-])
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        ("optim: {lr_mult: {W_q: 0}}", "optim.lr_mult.W_q: got 0; expected a float > 0"),
+        ("optim: {lr_mult: {W_q: abc}}", "optim.lr_mult.W_q: got 'abc'; expected a float > 0"),
+        ("optim: {lr_mult: {1: 2}}", "optim.lr_mult: got key 1; expected parameter names"),
+        ("optim: {lr_mult: {W_q:0.1}}", "optim.lr_mult: got {W_q:0.1}; YAML needs a space after the colon: {W_q: 0.1}"),
+    ],
+)
 def test_bad_lr_mult_entries(tmp_path, text, phrase):
     assert phrase in file_error(tmp_path, text + "\n")
 
@@ -195,12 +210,15 @@ def test_a_long_bad_value_stays_on_one_short_line(tmp_path):
     assert len(message) < 300 and "..." in message
 
 
-@pytest.mark.parametrize("section, key, text, value", [
-    ("optim", "lr", "1e-3", 0.001),  # PyYAML reads 1e-3 as a string
-    ("optim", "lr", "2", 2.0),
-    ("train", "steps", "1e3", 1000),
-    ("train", "steps", "10.0", 10),
-])
+@pytest.mark.parametrize(
+    "section, key, text, value",
+    [
+        ("optim", "lr", "1e-3", 0.001),  # PyYAML reads 1e-3 as a string
+        ("optim", "lr", "2", 2.0),
+        ("train", "steps", "1e3", 1000),
+        ("train", "steps", "10.0", 10),
+    ],
+)
 def test_numbers_are_read_by_the_field_type(tmp_path, section, key, text, value):
     config = load_config(write(tmp_path, f"{section}:\n  {key}: {text}\n"))
     got = getattr(getattr(config, section), key)
@@ -210,22 +228,26 @@ def test_numbers_are_read_by_the_field_type(tmp_path, section, key, text, value)
 # ---------------------------------------------------------------------------
 # Combinations, sizes, names
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("text, phrase", [
-    ("task: {n_keys: 4, n_pairs: 5}", "task.n_pairs: got 5; expected at most task.n_keys (4)"),
-    ("task: {name: copy, length: 8, mode: shift, shift: 16}", "task.shift: got 16; expected a shift that is not"),
-    ("task: {name: copy, length: 5, mode: shift, shift: 5}", "task.shift: got 5;"),
-    ("optim: {lr_mult: {W_z: 0.1}}", "optim.lr_mult.W_z: not a parameter of this model"),
-    ("optim: {lr_mult: {E_token: 0.1}}", "did you mean `E_key`?"),  # a copy parameter, in a retrieval run
-    ("model: {positional: sinusoidal}\noptim: {lr_mult: {E_pos: 0.1}}", "optim.lr_mult.E_pos: not a parameter"),
-])
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        ("task: {n_keys: 4, n_pairs: 5}", "task.n_pairs: got 5; expected at most task.n_keys (4)"),
+        ("task: {name: copy, length: 8, mode: shift, shift: 16}", "task.shift: got 16; expected a shift that is not"),
+        ("task: {name: copy, length: 5, mode: shift, shift: 5}", "task.shift: got 5;"),
+        ("optim: {lr_mult: {W_z: 0.1}}", "optim.lr_mult.W_z: not a parameter of this model"),
+        ("optim: {lr_mult: {E_token: 0.1}}", "did you mean `E_key`?"),  # a copy parameter, in a retrieval run
+        ("model: {positional: sinusoidal}\noptim: {lr_mult: {E_pos: 0.1}}", "optim.lr_mult.E_pos: not a parameter"),
+    ],
+)
 def test_impossible_combinations_are_refused(tmp_path, text, phrase):
     assert phrase in file_error(tmp_path, text + "\n")
 
 
 def test_edge_combinations_are_accepted(tmp_path):
     assert load_config(None, ["task.n_pairs=5", "task.n_keys=5"]).task.n_pairs == 5
-    copy = load_config(None, ["task.name=copy", "task.mode=shift", "task.shift=9", "task.length=8",
-                              "optim.lr_mult={E_token: 0.5}"])
+    copy = load_config(
+        None, ["task.name=copy", "task.mode=shift", "task.shift=9", "task.length=8", "optim.lr_mult={E_token: 0.5}"]
+    )
     assert copy.optim.lr_mult == {"E_token": 0.5}
 
 
@@ -253,8 +275,9 @@ def test_memory_estimate_covers_the_parameters_and_their_optimiser_state():
     task = build_task(config)
     params = fast.init_params(build_spec(config, task), np.random.default_rng(0))
     weights, grads, adam_moments, update_temporaries = 1, 1, 2, 2
-    assert estimate_memory_bytes(config) >= ((weights + grads + adam_moments + update_temporaries)
-                                             * sum(p.nbytes for p in params.values()))
+    assert estimate_memory_bytes(config) >= (
+        (weights + grads + adam_moments + update_temporaries) * sum(p.nbytes for p in params.values())
+    )
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", ".", "/abs/run", ".hidden", "", "x\\y", "n" * 201])
@@ -268,12 +291,15 @@ def test_empty_runs_dir_is_refused(tmp_path):
     assert facts_in(config_error(path), f"{path}: runs_dir: got ' '", "a directory path")
 
 
-@pytest.mark.parametrize("text", [
-    "seed: !!python/object/apply:os.system ['touch {pwned}']",
-    "!!python/object/apply:os.system ['touch {pwned}']",
-    "optim: {{lr: !!python/name:os.system }}",
-    "seed: !custom 3",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seed: !!python/object/apply:os.system ['touch {pwned}']",
+        "!!python/object/apply:os.system ['touch {pwned}']",
+        "optim: {{lr: !!python/name:os.system }}",
+        "seed: !custom 3",
+    ],
+)
 def test_object_building_tags_are_refused(tmp_path, text):
     pwned = tmp_path / "pwned"
     message = file_error(tmp_path, text.format(pwned=pwned) + "\n")
@@ -281,12 +307,16 @@ def test_object_building_tags_are_refused(tmp_path, text):
     assert not pwned.exists()
 
 
-@pytest.mark.parametrize("text, phrase", [
-    (billion_laughs(), "alias bomb"),
-    ("seed: &loop [*loop]\n", "recursive alias"),
-    ("optim: &loop {lr: *loop}\n", "recursive alias"),
-    ("seed: " + "[" * 2000 + "]" * 2000 + "\n", "nested deeper than"),
-], ids=["billion-laughs", "recursive-list", "recursive-mapping", "2000-deep"])
+@pytest.mark.parametrize(
+    "text, phrase",
+    [
+        (billion_laughs(), "alias bomb"),
+        ("seed: &loop [*loop]\n", "recursive alias"),
+        ("optim: &loop {lr: *loop}\n", "recursive alias"),
+        ("seed: " + "[" * 2000 + "]" * 2000 + "\n", "nested deeper than"),
+    ],
+    ids=["billion-laughs", "recursive-list", "recursive-mapping", "2000-deep"],
+)
 def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, text, phrase):
     tracemalloc.start()
     try:
@@ -302,8 +332,17 @@ def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, t
 # Overrides
 # ---------------------------------------------------------------------------
 def test_overrides_are_typed_like_the_file():
-    config = load_config(None, ["optim.lr=1e-3", "train.steps=1e3", "model.causal=true", "name=null",
-                                "model.d_v=12", "optim.lr_mult={W_q: 0.1, W_k: 0.2}"])
+    config = load_config(
+        None,
+        [
+            "optim.lr=1e-3",
+            "train.steps=1e3",
+            "model.causal=true",
+            "name=null",
+            "model.d_v=12",
+            "optim.lr_mult={W_q: 0.1, W_k: 0.2}",
+        ],
+    )
     assert config.optim.lr == 0.001 and isinstance(config.optim.lr, float)
     assert config.train.steps == 1000 and isinstance(config.train.steps, int)
     assert config.model.causal is True and config.name is None and config.model.d_v == 12
@@ -321,29 +360,35 @@ def test_malformed_override_is_refused(override):
     assert facts_in(config_error(None, [override]), f"override {override!r}:", "key=value")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.lrr=0.1", "unknown key `optim.lrr`; did you mean `optim.lr`?"),
-    ("lr=0.1", "unknown key `lr`; did you mean `optim.lr`?"),
-    ("optim.lr_mult.W_q=0.1", "unknown key `optim.lr_mult.W_q`; did you mean `optim.lr_mult`?"),
-    ("optim=3", "`optim` is a section; override one field, e.g. optim.<field>=value"),
-    ("model.d_k=0", f"model.d_k: got 0; expected {ACCEPTED['model.d_k']}"),
-    ("optim.lr=abc", f"optim.lr: got 'abc'; expected {ACCEPTED['optim.lr']}"),
-    ("optim.lr=", f"optim.lr: got ''; expected {ACCEPTED['optim.lr']}"),
-    ("train.steps=1.5", f"train.steps: got 1.5; expected {ACCEPTED['train.steps']}"),
-    ("train.steps=1e308", f"train.steps: got 1.0e+308; expected an integer of at most {2**53:,} (2^53)"),
-    ("seed=[", "not valid YAML"),
-    ("seed=!!python/object/apply:os.getcwd []", "tags that build objects are not allowed"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lrr=0.1", "unknown key `optim.lrr`; did you mean `optim.lr`?"),
+        ("lr=0.1", "unknown key `lr`; did you mean `optim.lr`?"),
+        ("optim.lr_mult.W_q=0.1", "unknown key `optim.lr_mult.W_q`; did you mean `optim.lr_mult`?"),
+        ("optim=3", "`optim` is a section; override one field, e.g. optim.<field>=value"),
+        ("model.d_k=0", f"model.d_k: got 0; expected {ACCEPTED['model.d_k']}"),
+        ("optim.lr=abc", f"optim.lr: got 'abc'; expected {ACCEPTED['optim.lr']}"),
+        ("optim.lr=", f"optim.lr: got ''; expected {ACCEPTED['optim.lr']}"),
+        ("train.steps=1.5", f"train.steps: got 1.5; expected {ACCEPTED['train.steps']}"),
+        ("train.steps=1e308", f"train.steps: got 1.0e+308; expected an integer of at most {2**53:,} (2^53)"),
+        ("seed=[", "not valid YAML"),
+        ("seed=!!python/object/apply:os.getcwd []", "tags that build objects are not allowed"),
+    ],
+)
 def test_bad_override_names_itself_and_the_problem(override, message):
     error = config_error(None, [override])
     assert error.startswith(f"override {override!r}: ") and message in error
 
 
-@pytest.mark.parametrize("override, message", [
-    ("task.n_pairs=17", "task.n_pairs: got 17; expected at most task.n_keys (16)"),
-    ("optim.lr_mult={W_z: 1}", "optim.lr_mult.W_z: not a parameter of this model"),
-    ("name=../up", "name: got '../up'; expected a plain directory name"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("task.n_pairs=17", "task.n_pairs: got 17; expected at most task.n_keys (16)"),
+        ("optim.lr_mult={W_z: 1}", "optim.lr_mult.W_z: not a parameter of this model"),
+        ("name=../up", "name: got '../up'; expected a plain directory name"),
+    ],
+)
 def test_override_making_an_impossible_config_is_named(tmp_path, override, message):
     path = write(tmp_path, "seed: 1\n")
     assert config_error(path, ["seed=2", override]).startswith(f"{path} with overrides seed=2 {override}: {message}")
@@ -415,14 +460,17 @@ def test_replace_validates_and_leaves_the_original_alone():
 # ---------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("argv", [
-    ["train", "{bad}"],
-    ["train", "optim.lrr=0.1"],
-    ["train", "model.d_k=0"],
-    ["train", "--name", "../escape"],
-    ["train", "{missing}"],
-    ["config", "{bad}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "{bad}"],
+        ["train", "optim.lrr=0.1"],
+        ["train", "model.d_k=0"],
+        ["train", "--name", "../escape"],
+        ["train", "{missing}"],
+        ["config", "{bad}"],
+    ],
+)
 def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, argv):
     bad = write(tmp_path, "optim:\n  lr: 0.1\n  lr: 0.2\n")
     runs_dir = tmp_path / "runs"
@@ -438,8 +486,13 @@ def test_cli_process_refuses_an_object_tag_with_exit_2(tmp_path):
     pwned = tmp_path / "pwned"
     path = write(tmp_path, f"seed: !!python/object/apply:os.system ['touch {pwned}']\n")
     runs_dir = tmp_path / "runs"
-    result = subprocess.run([sys.executable, "-m", "attn", "train", str(path), f"runs_dir={runs_dir}"],
-                            cwd=REPO, capture_output=True, text=True, env={**os.environ, "CI": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "attn", "train", str(path), f"runs_dir={runs_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "1"},
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert not pwned.exists() and not runs_dir.exists()
@@ -454,14 +507,30 @@ def test_no_float_field_accepts_inf_or_nan(key):
 BIG = 10**60 - 1  # 60 digits
 
 
-@pytest.mark.parametrize("where", ["config", "override", "experiment_seeds", "experiment_override", "report_lengths",
-                                   "seeds_flag", "fork_step", "integer_flag"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "config",
+        "override",
+        "experiment_seeds",
+        "experiment_override",
+        "report_lengths",
+        "seeds_flag",
+        "fork_step",
+        "integer_flag",
+    ],
+)
 def test_one_integer_rule_for_every_integer_a_user_writes(where, tmp_path, capsys):
     """Configs, experiment files (seeds included) and the command line: beyond 2^53 is refused, in one line naming
     the field and the value, exit 2, before any run starts (nothing is created)."""
     base = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
-    experiment = {"name": "e", "base": str(base), "overrides": {"train.steps": 2}, "grid": {"optim.lr": [0.1]},
-                  "seeds": [0]}
+    experiment = {
+        "name": "e",
+        "base": str(base),
+        "overrides": {"train.steps": 2},
+        "grid": {"optim.lr": [0.1]},
+        "seeds": [0],
+    }
     if where == "experiment_seeds":
         experiment["seeds"] = [BIG]
     if where == "experiment_override":
@@ -471,14 +540,16 @@ def test_one_integer_rule_for_every_integer_a_user_writes(where, tmp_path, capsy
     (tmp_path / "e.yaml").write_text(yaml.safe_dump(experiment))
     (tmp_path / "c.yaml").write_text(f"seed: {BIG}\n")
     runs_dir = f"--runs-dir={tmp_path / 'runs'}"
-    args = {"config": ["train", tmp_path / "c.yaml", f"runs_dir={tmp_path / 'runs'}"],
-            "override": ["train", base, f"seed={BIG}", f"runs_dir={tmp_path / 'runs'}"],
-            "experiment_seeds": ["sweep", tmp_path / "e.yaml", runs_dir],
-            "experiment_override": ["sweep", tmp_path / "e.yaml", runs_dir],
-            "report_lengths": ["sweep", tmp_path / "e.yaml", runs_dir],
-            "seeds_flag": ["sweep", base, "--grid", "optim.lr=0.1", f"--seeds=0-{BIG}", runs_dir],
-            "fork_step": ["train", "--fork", f"{tmp_path}@{BIG}"],
-            "integer_flag": ["sweep", tmp_path / "e.yaml", runs_dir, f"--max-cells={BIG}"]}[where]
+    args = {
+        "config": ["train", tmp_path / "c.yaml", f"runs_dir={tmp_path / 'runs'}"],
+        "override": ["train", base, f"seed={BIG}", f"runs_dir={tmp_path / 'runs'}"],
+        "experiment_seeds": ["sweep", tmp_path / "e.yaml", runs_dir],
+        "experiment_override": ["sweep", tmp_path / "e.yaml", runs_dir],
+        "report_lengths": ["sweep", tmp_path / "e.yaml", runs_dir],
+        "seeds_flag": ["sweep", base, "--grid", "optim.lr=0.1", f"--seeds=0-{BIG}", runs_dir],
+        "fork_step": ["train", "--fork", f"{tmp_path}@{BIG}"],
+        "integer_flag": ["sweep", tmp_path / "e.yaml", runs_dir, f"--max-cells={BIG}"],
+    }[where]
     code = cli.main([str(a) for a in args])
     err = capsys.readouterr().err
     assert code == common.EXIT_BAD_INPUT, err
@@ -511,21 +582,25 @@ def test_the_experiment_file_example_in_the_docstring_loads(tmp_path):
     assert len(experiment.cells) == 3 * 2 * 3 * 10 and experiment.report.judge_on == (4, 5, 6, 7, 8, 9)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["optim.name=adam", "optim.momentum=0.9"], "optim.momentum"),
-    (["optim.nesterov=true"], "optim.nesterov"),  # with momentum 0: no momentum to be Nesterov's
-    (["optim.beta1=0.5"], "optim.beta1"),
-    (["optim.eps=1.0"], "optim.eps"),
-    (["optim.min_lr_ratio=0.5"], "optim.min_lr_ratio"),  # with the constant schedule
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["optim.name=adam", "optim.momentum=0.9"], "optim.momentum"),
+        (["optim.nesterov=true"], "optim.nesterov"),  # with momentum 0: no momentum to be Nesterov's
+        (["optim.beta1=0.5"], "optim.beta1"),
+        (["optim.eps=1.0"], "optim.eps"),
+        (["optim.min_lr_ratio=0.5"], "optim.min_lr_ratio"),  # with the constant schedule
+    ],
+)
 def test_an_optimiser_setting_the_chosen_optimiser_never_reads_is_refused(overrides, key):
     with pytest.raises(ConfigError, match=rf"{key}: got .*; not read with"):
         load_config(None, overrides)
 
 
 def test_the_same_settings_are_read_where_their_optimiser_is_chosen():
-    config = load_config(None, ["optim.momentum=0.9", "optim.nesterov=true", "optim.schedule=cosine",
-                                "optim.min_lr_ratio=0.1"])
+    config = load_config(
+        None, ["optim.momentum=0.9", "optim.nesterov=true", "optim.schedule=cosine", "optim.min_lr_ratio=0.1"]
+    )
     assert (config.optim.nesterov, config.optim.min_lr_ratio) == (True, 0.1)
     assert load_config(None, ["optim.name=adamw", "optim.beta1=0.5", "optim.eps=1e-6"]).optim.beta1 == 0.5
 
@@ -535,13 +610,19 @@ def test_a_sweep_base_may_set_what_its_grid_chooses_the_optimiser_to_read(tmp_pa
     grid makes Adam or AdamW, and refused only in a cell that is SGD."""
     from attn.experiment import spec as experiments
 
-    data = {"name": "g", "base": str(Path(__file__).resolve().parents[1] / "configs" / "default.yaml"),
-            "overrides": {"optim.beta2": 0.99}, "grid": {"optim.name": ["adam", "adamw"]}, "seeds": [0]}
+    data = {
+        "name": "g",
+        "base": str(Path(__file__).resolve().parents[1] / "configs" / "default.yaml"),
+        "overrides": {"optim.beta2": 0.99},
+        "grid": {"optim.name": ["adam", "adamw"]},
+        "seeds": [0],
+    }
     experiment = experiments.build_experiment(data, tmp_path / "g.yaml", str(tmp_path / "runs"))
     assert {c.config.optim.beta2 for c in experiment.cells} == {0.99}
     with pytest.raises(ConfigError, match=r"grid cell \{optim.name: sgd\}: optim.beta2: got 0.99; not read"):
-        experiments.build_experiment({**data, "grid": {"optim.name": ["adam", "sgd"]}}, tmp_path / "g.yaml",
-                                     str(tmp_path / "runs"))
+        experiments.build_experiment(
+            {**data, "grid": {"optim.name": ["adam", "sgd"]}}, tmp_path / "g.yaml", str(tmp_path / "runs")
+        )
 
 
 def test_a_stored_run_config_with_a_setting_nothing_read_reads_with_it_at_its_default(tmp_path):

@@ -10,8 +10,9 @@ from attn.store import runstate
 from attn.train import denormals, lifecycle, loop
 
 TINY = np.finfo(np.float32).tiny  # the smallest normal float32
-pytestmark = pytest.mark.skipif(not denormals.can_flush(),
-                                reason="subnormals cannot be flushed on this platform (x86-64 glibc only)")
+pytestmark = pytest.mark.skipif(
+    not denormals.can_flush(), reason="subnormals cannot be flushed on this platform (x86-64 glibc only)"
+)
 
 
 def subnormal_product() -> float:
@@ -48,8 +49,9 @@ def test_a_flushed_run_has_no_subnormal_gradients_and_the_same_weights():
     """W_out of ~1e-36 makes every gradient behind it subnormal: W_q's, W_k's,
     the embeddings'. Flushed, they are 0; the weights they would have moved
     (by ~1e-37) are the same bit for bit after five steps."""
-    config = load_config(None, ["model.d_k=48", "model.scale=none", "model.width_free=false", "train.batch_size=8",
-                                "optim.momentum=0.9"])
+    config = load_config(
+        None, ["model.d_k=48", "model.scale=none", "model.width_free=false", "train.batch_size=8", "optim.momentum=0.9"]
+    )
     after, first_grads = {}, {}
     for flush in (False, True):
         task, spec, params, optimizer, gens = runstate.build(config)

@@ -22,16 +22,24 @@ TINY = {"train.steps": 5, "logging.log_every": 1}
 SEEDS = list(range(6))
 # two grid blocks: arm [model.scale, optim.name] is (sqrt, sgd) at d_k 8 and 16, (none, adam) at d_k 8 only,
 # and only (sqrt, sgd) has the shared rate 0.1
-BLOCKS = [{"model.d_k": [8, 16], "model.scale": ["sqrt"], "optim.name": ["sgd"], "optim.lr": [0.1, 0.3]},
-          {"model.d_k": [8], "model.scale": ["none"], "optim.name": ["adam"], "optim.lr": [0.3]}]
+BLOCKS = [
+    {"model.d_k": [8, 16], "model.scale": ["sqrt"], "optim.name": ["sgd"], "optim.lr": [0.1, 0.3]},
+    {"model.d_k": [8], "model.scale": ["none"], "optim.name": ["adam"], "optim.lr": [0.3]},
+]
 LAYOUT = {"x": "model.d_k", "arm": ["model.scale", "optim.name"], "best_of": "optim.lr", "shared": 0.1}
 SQRT_SGD = {"model.scale": "sqrt", "optim.name": "sgd"}
 NONE_ADAM = {"model.scale": "none", "optim.name": "adam"}
 
 
 def write(tmp_path, grid=BLOCKS, report=None, overrides=None, name="exp") -> Path:
-    data = {"name": name, "base": str(CONFIG), "overrides": {**TINY, **(overrides or {})}, "grid": grid,
-            "seeds": SEEDS, "report": report or {}}
+    data = {
+        "name": name,
+        "base": str(CONFIG),
+        "overrides": {**TINY, **(overrides or {})},
+        "grid": grid,
+        "seeds": SEEDS,
+        "report": report or {},
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -64,8 +72,21 @@ def test_a_file_override_of_a_grid_key_is_refused(tmp_path, overrides):
 
 def test_a_command_line_override_of_a_grid_key_is_refused_and_nothing_is_written(tmp_path, capsys):
     runs_dir = tmp_path / "runs"
-    code, out, err = call(capsys, "sweep", CONFIG, "--grid", "model.d_k=8,16", "--name", "x", "--runs-dir", runs_dir,
-                          "--workers", "1", "train.steps=5", "model.d_k=16")
+    code, out, err = call(
+        capsys,
+        "sweep",
+        CONFIG,
+        "--grid",
+        "model.d_k=8,16",
+        "--name",
+        "x",
+        "--runs-dir",
+        runs_dir,
+        "--workers",
+        "1",
+        "train.steps=5",
+        "model.d_k=16",
+    )
     assert code == common.EXIT_BAD_INPUT == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
     assert facts_in(err, "model.d_k=16", "--grid")
     assert not runs_dir.exists()
@@ -82,57 +103,87 @@ def test_an_experiment_file_with_a_grid_key_in_its_overrides_exits_2_and_runs_no
 
 
 # --- 2. a claim with no cell of the grid to judge -----------------------------------------------------------------
-@pytest.mark.parametrize("rule, facts", [
-    # an arm each of whose values is in the grid, but not together
-    ({"arm": {"model.scale": "sqrt", "optim.name": "adam"}},
-     ["arm", "{model.scale: sqrt, optim.name: adam}", "{model.scale: sqrt, optim.name: sgd}",
-      "{model.scale: none, optim.name: adam}"]),
-    ({"better_than": {"model.scale": "none", "optim.name": "sgd"}},
-     ["better_than", "{model.scale: none, optim.name: sgd}", "{model.scale: none, optim.name: adam}"]),
-    # the arm has no cell at the shared rate
-    ({"arm": NONE_ADAM, "at": "shared"}, ["at", "shared", "{model.scale: none, optim.name: adam}", "optim.lr = 0.1"]),
-    # the arm has no cell at the x named by where; the grid offers it at d_k 8
-    ({"arm": NONE_ADAM, "where": {"model.d_k": [16]}},
-     ["where", "{model.d_k: 16}", "{model.scale: none, optim.name: adam}", "{model.d_k: 8}"]),
-    # the other arm has no cell at the x named by where
-    ({"better_than": NONE_ADAM, "where": {"model.d_k": [16]}},
-     ["where", "better_than", "{model.d_k: 16}", "{model.d_k: 8}"]),
-    # no where: every x is a point, and the arm lacks one of them (it could never be confirmed)
-    ({"arm": NONE_ADAM}, ["where", "{model.d_k: 16}", "{model.d_k: 8}"]),
-])
+@pytest.mark.parametrize(
+    "rule, facts",
+    [
+        # an arm each of whose values is in the grid, but not together
+        (
+            {"arm": {"model.scale": "sqrt", "optim.name": "adam"}},
+            [
+                "arm",
+                "{model.scale: sqrt, optim.name: adam}",
+                "{model.scale: sqrt, optim.name: sgd}",
+                "{model.scale: none, optim.name: adam}",
+            ],
+        ),
+        (
+            {"better_than": {"model.scale": "none", "optim.name": "sgd"}},
+            ["better_than", "{model.scale: none, optim.name: sgd}", "{model.scale: none, optim.name: adam}"],
+        ),
+        # the arm has no cell at the shared rate
+        (
+            {"arm": NONE_ADAM, "at": "shared"},
+            ["at", "shared", "{model.scale: none, optim.name: adam}", "optim.lr = 0.1"],
+        ),
+        # the arm has no cell at the x named by where; the grid offers it at d_k 8
+        (
+            {"arm": NONE_ADAM, "where": {"model.d_k": [16]}},
+            ["where", "{model.d_k: 16}", "{model.scale: none, optim.name: adam}", "{model.d_k: 8}"],
+        ),
+        # the other arm has no cell at the x named by where
+        (
+            {"better_than": NONE_ADAM, "where": {"model.d_k": [16]}},
+            ["where", "better_than", "{model.d_k: 16}", "{model.d_k: 8}"],
+        ),
+        # no where: every x is a point, and the arm lacks one of them (it could never be confirmed)
+        ({"arm": NONE_ADAM}, ["where", "{model.d_k: 16}", "{model.d_k: 8}"]),
+    ],
+)
 def test_a_claim_on_no_cell_of_the_grid_is_refused_naming_its_id_and_field(tmp_path, rule, facts):
     path = write(tmp_path, report={**LAYOUT, "expect": [claim(**rule)]})
     assert facts_in(refusal(path), str(path), "expect[0] (c1)", *facts)
 
 
 def test_a_claim_at_shared_where_no_cell_has_the_shared_value_is_refused(tmp_path):
-    grid = [{"model.d_k": [8], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]},
-            {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.3]}]
-    report = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "shared": 0.1,
-              "expect": [claim(arm={"model.scale": "sqrt"}, at="shared", where={"model.d_k": [16]})]}
-    assert facts_in(refusal(write(tmp_path, grid=grid, report=report)), "expect[0] (c1)", "at", "shared",
-                    "optim.lr = 0.1")
+    grid = [
+        {"model.d_k": [8], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]},
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.3]},
+    ]
+    report = {
+        "x": "model.d_k",
+        "arm": "model.scale",
+        "best_of": "optim.lr",
+        "shared": 0.1,
+        "expect": [claim(arm={"model.scale": "sqrt"}, at="shared", where={"model.d_k": [16]})],
+    }
+    assert facts_in(
+        refusal(write(tmp_path, grid=grid, report=report)), "expect[0] (c1)", "at", "shared", "optim.lr = 0.1"
+    )
 
 
 def test_of_four_claims_the_three_on_no_cell_are_refused_and_the_fourth_loads(tmp_path):
     """The fuzz's nomatch-run file: its four claims, one file each."""
-    claims = {"e1": claim(id="e1", arm={"model.scale": "sqrt", "optim.name": "adam"}, stat="success_rate", above=0.5),
-              "e2": claim(id="e2", better_than={"model.scale": "none", "optim.name": "sgd"}),
-              "e3": claim(id="e3", arm=NONE_ADAM, at="shared"),
-              "e4": claim(id="e4")}
+    claims = {
+        "e1": claim(id="e1", arm={"model.scale": "sqrt", "optim.name": "adam"}, stat="success_rate", above=0.5),
+        "e2": claim(id="e2", better_than={"model.scale": "none", "optim.name": "sgd"}),
+        "e3": claim(id="e3", arm=NONE_ADAM, at="shared"),
+        "e4": claim(id="e4"),
+    }
     for key in ("e1", "e2", "e3"):
         assert facts_in(refusal(write(tmp_path, report={**LAYOUT, "expect": [claims[key]]}, name=key)), f"({key})")
-    experiment = experiments.load_experiment(write(tmp_path, report={**LAYOUT, "expect": [claims["e4"]]}),
-                                             str(tmp_path / "runs"))
+    experiment = experiments.load_experiment(
+        write(tmp_path, report={**LAYOUT, "expect": [claims["e4"]]}), str(tmp_path / "runs")
+    )
     assert [e.id for e in experiment.report.expect] == ["e4"]
 
 
 def test_a_claim_on_an_arm_a_block_leaves_unset_is_still_accepted(tmp_path):
     """An arm key some block does not set may be left out of the claim (None): its cells match."""
-    grid = [{"model.d_k": [8, 16], "model.scale": ["sqrt", "none"], "optim.name": ["adam"]},
-            {"model.d_k": [8, 16], "model.scale": ["sqrt"]}]
-    report = {"x": "model.d_k", "arm": ["model.scale", "optim.name"],
-              "expect": [claim(arm={"model.scale": "sqrt"})]}
+    grid = [
+        {"model.d_k": [8, 16], "model.scale": ["sqrt", "none"], "optim.name": ["adam"]},
+        {"model.d_k": [8, 16], "model.scale": ["sqrt"]},
+    ]
+    report = {"x": "model.d_k", "arm": ["model.scale", "optim.name"], "expect": [claim(arm={"model.scale": "sqrt"})]}
     assert experiments.load_experiment(write(tmp_path, grid=grid, report=report), str(tmp_path / "runs"))
 
 
@@ -142,33 +193,56 @@ def test_every_experiment_file_of_the_repository_still_loads(path, tmp_path):
 
 
 # --- 3. an lr_sensitivity bound that cannot fail ------------------------------------------------------------------
-@pytest.mark.parametrize("rule, verdict", [({"above": -5.0}, "not confirmed"), ({"above": 0.0}, "not confirmed"),
-                                           ({"below": 0.0}, "confirmed"), ({"below": -1.0}, "confirmed")])
+@pytest.mark.parametrize(
+    "rule, verdict",
+    [
+        ({"above": -5.0}, "not confirmed"),
+        ({"above": 0.0}, "not confirmed"),
+        ({"below": 0.0}, "confirmed"),
+        ({"below": -1.0}, "confirmed"),
+    ],
+)
 def test_an_lr_sensitivity_bound_at_or_below_0_cannot_fail(rule, verdict):
     e = Expectation("s", "c", "lr_sensitivity", (("model.scale", "sqrt"),), "best", **rule)
-    assert facts_in(cannot_fail(e, 10, 1000, 0.05), f"it can never be {verdict}:", "sensitivity",
-                    f"{next(iter(rule.values())):g}")
+    assert facts_in(
+        cannot_fail(e, 10, 1000, 0.05), f"it can never be {verdict}:", "sensitivity", f"{next(iter(rule.values())):g}"
+    )
 
 
 @pytest.mark.parametrize("rule", [{"above": 0.1}, {"below": 0.1}])
 def test_an_lr_sensitivity_bound_above_0_can_go_either_way(rule):
-    assert cannot_fail(Expectation("s", "c", "lr_sensitivity", (("model.scale", "sqrt"),), "best", **rule),
-                       10, 1000, 0.05) == ""
+    assert (
+        cannot_fail(Expectation("s", "c", "lr_sensitivity", (("model.scale", "sqrt"),), "best", **rule), 10, 1000, 0.05)
+        == ""
+    )
 
 
 @pytest.mark.parametrize("rule, value", [({"above": -5}, "-5"), ({"below": 0}, "0")])
 def test_a_file_with_an_lr_sensitivity_claim_that_cannot_fail_is_refused(tmp_path, rule, value):
-    report = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "sensitivity": True,
-              "expect": [{"id": "flat", "claim": "c", "stat": "lr_sensitivity", "arm": {"model.scale": "sqrt"}, **rule}]}
+    report = {
+        "x": "model.d_k",
+        "arm": "model.scale",
+        "best_of": "optim.lr",
+        "sensitivity": True,
+        "expect": [{"id": "flat", "claim": "c", "stat": "lr_sensitivity", "arm": {"model.scale": "sqrt"}, **rule}],
+    }
     grid = {"model.d_k": [8], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]}
     assert facts_in(refusal(write(tmp_path, grid=grid, report=report)), "expect[0] (flat)", "never", value)
 
 
 def test_sensitivity_without_a_best_of_says_what_is_missing(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"name": "s", "base": str(REPO / "configs" / "default.yaml"),
-                                    "grid": {"model.d_k": [8, 16]}, "seeds": [0],
-                                    "report": {"x": "model.d_k", "sensitivity": True}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "s",
+                "base": str(REPO / "configs" / "default.yaml"),
+                "grid": {"model.d_k": [8, 16]},
+                "seeds": [0],
+                "report": {"x": "model.d_k", "sensitivity": True},
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="sensitivity: got true without a best_of; expected a best_of"):
         experiments.load_experiment(path, str(tmp_path / "runs"))
 
@@ -180,7 +254,9 @@ def test_a_claims_history_is_read_beside_it_and_leaves_its_rule_and_digest_as_th
     from attn.experiment import report_spec
 
     def loaded(claim):
-        experiment = experiments.load_experiment(write(tmp_path, report={**LAYOUT, "expect": [claim]}), runs_dir=str(tmp_path))
+        experiment = experiments.load_experiment(
+            write(tmp_path, report={**LAYOUT, "expect": [claim]}), runs_dir=str(tmp_path)
+        )
         return experiment, report_spec.claims_record(experiment.report, set(SEEDS))["digest"]
 
     plain, digest = loaded(CLAIM)

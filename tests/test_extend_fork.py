@@ -27,9 +27,17 @@ from attn.train import lifecycle
 # Adam (a step count and moments to carry on), warm-up, a budget that is no multiple of log_every or
 # checkpoint_every, and both snapshots (attention at the end, mechanism at a step before the extension);
 # every checkpoint kept (logging.keep_checkpoints null), to fork from any (retention: tests/test_retention.py).
-RUN = [*TINY, "optim.name=adam", "optim.lr=0.01", "optim.warmup_steps=4", "logging.log_every=5",
-       "logging.checkpoint_every=10", "logging.attention_examples=2", "logging.mechanism_step=3",
-       "logging.keep_checkpoints=null"]
+RUN = [
+    *TINY,
+    "optim.name=adam",
+    "optim.lr=0.01",
+    "optim.warmup_steps=4",
+    "logging.log_every=5",
+    "logging.checkpoint_every=10",
+    "logging.attention_examples=2",
+    "logging.mechanism_step=3",
+    "logging.keep_checkpoints=null",
+]
 SHORT, LONG = 22, 40
 KEPT = [*range(10, SHORT, 10), SHORT]  # the steps of the short run's checkpoints: every 10th, and the last
 
@@ -62,21 +70,33 @@ def assert_same_arrays(a: dict, b: dict) -> None:
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     """The same numbers: records (less timing), last checkpoint (less wall time), snapshots, final figures."""
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))
-    (ours, our_meta), (theirs, their_meta) = checkpoint(run_dir / "checkpoint.npz"), checkpoint(reference / "checkpoint.npz")
+    (ours, our_meta), (theirs, their_meta) = (
+        checkpoint(run_dir / "checkpoint.npz"),
+        checkpoint(reference / "checkpoint.npz"),
+    )
     assert our_meta == their_meta
     assert_same_arrays(ours, theirs)
     for snapshot in ("attention.npz", "mechanism.npz"):
         assert_same_arrays(arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot))
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
-    assert (summary["status"], summary["step"], summary["steps"], summary["final"], summary["best"]) == \
-        (expected["status"], expected["step"], expected["steps"], expected["final"], expected["best"])
+    assert (summary["status"], summary["step"], summary["steps"], summary["final"], summary["best"]) == (
+        expected["status"],
+        expected["step"],
+        expected["steps"],
+        expected["final"],
+        expected["best"],
+    )
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
     """A completed short run and the long reference, trained once for the module."""
     root = tmp_path_factory.mktemp("extend")
-    return root, trained(root / "runs", "short", f"train.steps={SHORT}"), trained(root / "runs", "long", f"train.steps={LONG}")
+    return (
+        root,
+        trained(root / "runs", "short", f"train.steps={SHORT}"),
+        trained(root / "runs", "long", f"train.steps={LONG}"),
+    )
 
 
 @pytest.fixture
@@ -91,8 +111,9 @@ def test_every_checkpoint_is_kept_by_its_step_and_the_last_is_checkpoint_npz(mad
     for step in KEPT:
         assert checkpoint(runstate.checkpoint_file(short_run, step))[1]["step"] == step
     assert (short_run / "checkpoint.npz").read_bytes() == runstate.checkpoint_file(short_run, SHORT).read_bytes()
-    assert (short_run / "checkpoint.npz").samefile(runstate.checkpoint_file(short_run, SHORT)), \
+    assert (short_run / "checkpoint.npz").samefile(runstate.checkpoint_file(short_run, SHORT)), (
         "the last checkpoint is a second name of the kept one, not a second copy of its bytes"
+    )
 
 
 def test_where_there_are_no_hard_links_the_last_checkpoint_is_a_copy(tmp_path, monkeypatch):
@@ -102,6 +123,7 @@ def test_where_there_are_no_hard_links_the_last_checkpoint_is_a_copy(tmp_path, m
 
     def no_links(*_):
         raise OSError(1, "Operation not permitted")
+
     monkeypatch.setattr(os, "link", no_links)
     runs.link_atomic(kept, last)
     assert last.read_bytes() == b"five" and not last.samefile(kept)
@@ -135,13 +157,21 @@ def test_an_extension_stopped_before_it_trained_resumes_without_being_asked_agai
     assert_same_run(short, long_run)
 
 
-@pytest.mark.parametrize("overrides, fragments", [
-    ([], ["the run already completed", f"extend it: attn train --resume {{run}} train.steps=N with N > {SHORT}"]),
-    ([f"train.steps={SHORT - 2}"], [f"train.steps: {SHORT} -> {SHORT - 2}: a resume can only extend a run",
-                                    "attn train --fork {run}@STEP"]),
-    ([f"train.steps={LONG}", "optim.lr=0.1"], ["the config differs from the run's (optim.lr: 0.01 -> 0.1",
-                                              "attn train --fork {run} key=value"]),
-], ids=["no-change", "fewer-steps", "other-change"])
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        ([], ["the run already completed", f"extend it: attn train --resume {{run}} train.steps=N with N > {SHORT}"]),
+        (
+            [f"train.steps={SHORT - 2}"],
+            [f"train.steps: {SHORT} -> {SHORT - 2}: a resume can only extend a run", "attn train --fork {run}@STEP"],
+        ),
+        (
+            [f"train.steps={LONG}", "optim.lr=0.1"],
+            ["the config differs from the run's (optim.lr: 0.01 -> 0.1", "attn train --fork {run} key=value"],
+        ),
+    ],
+    ids=["no-change", "fewer-steps", "other-change"],
+)
 def test_resume_refuses_what_is_no_extension_in_one_line(short, capsys, overrides, fragments):
     before = {p.name: p.read_bytes() for p in short.iterdir()}
     code, err = call(capsys, "train", "--resume", short, *overrides)
@@ -173,8 +203,9 @@ def test_a_fork_without_changes_continues_as_its_source_did(made, capsys):
 
 def test_a_fork_of_the_last_checkpoint_with_a_larger_budget_is_the_longer_run(made, tmp_path, capsys):
     root, short_run, long_run = made
-    code, err = call(capsys, "train", "--fork", short_run, f"train.steps={LONG}", "--name", "longer",
-                     f"runs_dir={tmp_path}")
+    code, err = call(
+        capsys, "train", "--fork", short_run, f"train.steps={LONG}", "--name", "longer", f"runs_dir={tmp_path}"
+    )
     assert code == common.EXIT_OK, err
     assert_same_run(tmp_path / "longer", long_run)
     assert runs.read_config_dict(tmp_path / "longer")["name"] is None  # not its source's name
@@ -190,19 +221,25 @@ def test_a_fork_takes_its_new_rate_from_its_step_on_and_keeps_the_records_before
     assert ours[2]["step"] == 10 and ours[2]["eval_loss"] == theirs[2]["eval_loss"]  # the same parameters at step 10
     assert ours[2]["lr"] == 0.05 and ours[-1]["eval_loss"] != theirs[-1]["eval_loss"]
     attention = arrayfiles.load_arrays(tmp_path / "short-fork-10" / "attention.npz")
-    np.testing.assert_array_equal(attention["attn_init"],
-                                  arrayfiles.load_arrays(short_run / "attention.npz")["attn_init"])
+    np.testing.assert_array_equal(
+        attention["attn_init"], arrayfiles.load_arrays(short_run / "attention.npz")["attn_init"]
+    )
 
 
-@pytest.mark.parametrize("target, overrides, fragments", [
-    ("@7", [], ["{run}@7", "step 7", ", ".join(map(str, KEPT))]),
-    ("@10", ["model.d_k=16"], ["model.d_k: 8 -> 16", "shapes", ", ".join(schema.fork_keys())]),
-    ("", ["seed=3"], ["seed: 0 -> 3", schema.SEED_FIXES_DATA]),
-    ("", ["model.qk_gain=2"], ["model.qk_gain: 1.0 -> 2.0", schema.INIT_ONLY]),
-    ("@10", ["train.steps=8"], ["train.steps: got 8", "step 10", ">= 10"]),
-], ids=["no-checkpoint", "shape", "seed", "init-only", "short-budget"])
-def test_a_fork_that_cannot_be_is_refused_in_one_line_before_anything_is_made(made, tmp_path, capsys, target,
-                                                                              overrides, fragments):
+@pytest.mark.parametrize(
+    "target, overrides, fragments",
+    [
+        ("@7", [], ["{run}@7", "step 7", ", ".join(map(str, KEPT))]),
+        ("@10", ["model.d_k=16"], ["model.d_k: 8 -> 16", "shapes", ", ".join(schema.fork_keys())]),
+        ("", ["seed=3"], ["seed: 0 -> 3", schema.SEED_FIXES_DATA]),
+        ("", ["model.qk_gain=2"], ["model.qk_gain: 1.0 -> 2.0", schema.INIT_ONLY]),
+        ("@10", ["train.steps=8"], ["train.steps: got 8", "step 10", ">= 10"]),
+    ],
+    ids=["no-checkpoint", "shape", "seed", "init-only", "short-budget"],
+)
+def test_a_fork_that_cannot_be_is_refused_in_one_line_before_anything_is_made(
+    made, tmp_path, capsys, target, overrides, fragments
+):
     _, short_run, _ = made
     code, err = call(capsys, "train", "--fork", f"{short_run}{target}", *overrides, f"runs_dir={tmp_path}")
     assert code == common.EXIT_BAD_INPUT and err.count("\n") == 1 and err.startswith("error: "), err
@@ -213,8 +250,10 @@ def test_a_fork_that_cannot_be_is_refused_in_one_line_before_anything_is_made(ma
 
 def test_a_fork_refuses_a_config_file_and_resume_together(made, capsys):
     _, short_run, _ = made
-    for args, fragment in ((["--fork", short_run, "--resume", short_run], "--resume and --fork cannot be given"),
-                           (["cfg.yaml", "--fork", short_run], "give changes as key=value, not the config file")):
+    for args, fragment in (
+        (["--fork", short_run, "--resume", short_run], "--resume and --fork cannot be given"),
+        (["cfg.yaml", "--fork", short_run], "give changes as key=value, not the config file"),
+    ):
         code, err = call(capsys, "train", *args)
         assert code == common.EXIT_BAD_INPUT and fragment in err, err
 

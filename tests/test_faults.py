@@ -41,17 +41,33 @@ distributed = pytest.importorskip("distributed")
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
 STEPS, LOG_EVERY, CHECKPOINT_EVERY = 1500, 100, 100  # a run lasts about a second: long enough to be caught mid-run
-OVERRIDES = {"model.d_model": 16, "model.d_k": 8, "task.eval_size": 64, "train.batch_size": 16, "train.steps": STEPS,
-             "logging.log_every": LOG_EVERY, "logging.checkpoint_every": CHECKPOINT_EVERY, "logging.plots": False,
-             "logging.attention_examples": 0}
+OVERRIDES = {
+    "model.d_model": 16,
+    "model.d_k": 8,
+    "task.eval_size": 64,
+    "train.batch_size": 16,
+    "train.steps": STEPS,
+    "logging.log_every": LOG_EVERY,
+    "logging.checkpoint_every": CHECKPOINT_EVERY,
+    "logging.plots": False,
+    "logging.attention_examples": 0,
+}
 TIMEOUT = 120  # seconds; only a hung cluster or sweep gets near it
 
 
 def write_experiment(directory: Path, name: str, grid: dict, seeds: list) -> Path:
     path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "base": str(REPO / "configs" / "default.yaml"),
-                                    "overrides": {k: v for k, v in OVERRIDES.items() if k not in grid},
-                                    "grid": grid, "seeds": seeds}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "base": str(REPO / "configs" / "default.yaml"),
+                "overrides": {k: v for k, v in OVERRIDES.items() if k not in grid},
+                "grid": grid,
+                "seeds": seeds,
+            }
+        )
+    )
     return path
 
 
@@ -85,19 +101,40 @@ class Cluster:
     def __init__(self, root: Path, n_workers: int, port: int = 0):
         self.root = root
         scheduler_file = root / f"scheduler-{time.monotonic_ns()}.json"
-        self.scheduler = self._start("scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard",
-                                     "--scheduler-file", scheduler_file)
-        self.address = wait_for(lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}")
-                                .get("address"), "the scheduler")
-        self.workers = [self._start("worker", self.address, "--host", "127.0.0.1", "--nthreads", "1",
-                                    "--no-nanny", "--no-dashboard", "--name", f"worker-{i}") for i in range(n_workers)]
+        self.scheduler = self._start(
+            "scheduler", "--host", "127.0.0.1", "--port", port, "--no-dashboard", "--scheduler-file", scheduler_file
+        )
+        self.address = wait_for(
+            lambda: scheduler_file.exists() and json.loads(scheduler_file.read_text() or "{}").get("address"),
+            "the scheduler",
+        )
+        self.workers = [
+            self._start(
+                "worker",
+                self.address,
+                "--host",
+                "127.0.0.1",
+                "--nthreads",
+                "1",
+                "--no-nanny",
+                "--no-dashboard",
+                "--name",
+                f"worker-{i}",
+            )
+            for i in range(n_workers)
+        ]
         with distributed.Client(self.address, timeout="30s") as client:
             client.wait_for_workers(n_workers, timeout=TIMEOUT)
 
     def _start(self, role: str, *args) -> subprocess.Popen:
         log = open(self.root / f"{role}-{time.monotonic_ns()}.log", "w")
-        return subprocess.Popen([sys.executable, "-m", "dask", role, *map(str, args)], cwd=self.root, env=ENV,
-                                stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dask", role, *map(str, args)],
+            cwd=self.root,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
     def stop(self) -> None:
         for process in [*self.workers, self.scheduler]:
@@ -134,8 +171,13 @@ def test_a_killed_dask_worker_s_runs_resume_from_their_checkpoints_and_finish_on
                 summary = runs.read_summary(run_dir)
             except runs.RunError:
                 continue  # being replaced as we read it is not possible (atomic), but be safe
-            if summary and summary["status"] == "running" and summary.get("pid") in worker_pids \
-                    and (run_dir / "checkpoint.npz").exists() and locks.is_locked(run_dir):
+            if (
+                summary
+                and summary["status"] == "running"
+                and summary.get("pid") in worker_pids
+                and (run_dir / "checkpoint.npz").exists()
+                and locks.is_locked(run_dir)
+            ):
                 return cell.name, worker_pids[summary["pid"]]
         return None
 
@@ -162,13 +204,23 @@ def test_two_sweeps_and_a_cli_resume_at_once_run_each_cell_once(tmp_path):
     run_dir.mkdir(parents=True)
     runs.write_config(run_dir, yaml.safe_load(yaml.safe_dump(lifecycle.to_dict(contested.config))), {})
     stop = lifecycle.StopFlag()
-    lifecycle.execute(contested.config, run_dir, stop=stop,
-                 progress=lambda step, _: stop.request("SIGINT") if step == 2 * CHECKPOINT_EVERY else None)
+    lifecycle.execute(
+        contested.config,
+        run_dir,
+        stop=stop,
+        progress=lambda step, _: stop.request("SIGINT") if step == 2 * CHECKPOINT_EVERY else None,
+    )
     assert runs.read_summary(run_dir)["status"] == "interrupted"
 
     def start(*args):
-        return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=tmp_path, env=ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "attn", *map(str, args)],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     processes = [start("sweep", path, "--runs-dir", tmp_path / "runs", "--workers", "1") for _ in range(2)]
     processes.append(start("train", "--resume", run_dir))
@@ -197,11 +249,21 @@ def test_a_lost_dask_scheduler_is_one_line_and_the_same_command_finishes_the_res
     experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
     cluster = Cluster(tmp_path, n_workers=1)
     address = f"dask://{cluster.address.removeprefix('tcp://')}"
-    command = [sys.executable, "-m", "attn", "sweep", str(path), "--runs-dir", str(tmp_path / "runs"),
-               "--executor", address]
+    command = [
+        sys.executable,
+        "-m",
+        "attn",
+        "sweep",
+        str(path),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--executor",
+        address,
+    ]
     try:
-        sweeping = subprocess.Popen(command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+        sweeping = subprocess.Popen(
+            command, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         wait_for(lambda: any(experiment.directory.glob("*/checkpoint.npz")), "a run past its first checkpoint")
         cluster.scheduler.kill()
         cluster.scheduler.wait()
@@ -213,9 +275,11 @@ def test_a_lost_dask_scheduler_is_one_line_and_the_same_command_finishes_the_res
     assert sweeping.returncode == common.EXIT_FAILED, err
     assert "Traceback" not in err and "distributed" not in err, err
     lines = err.splitlines()
-    assert lines[-1] == (f"error: the Dask scheduler at {address} was lost mid-sweep: what became of 4 of 4 runs is "
-                         f"unknown (a worker may still be training them), so no report is written; run the same "
-                         f"command again to finish the rest: attn {' '.join(command[3:])}"), err
+    assert lines[-1] == (
+        f"error: the Dask scheduler at {address} was lost mid-sweep: what became of 4 of 4 runs is "
+        f"unknown (a worker may still be training them), so no report is written; run the same "
+        f"command again to finish the rest: attn {' '.join(command[3:])}"
+    ), err
     ended = [line for line in lines if line.startswith("[")]
     assert len(ended) == 4 and all(line.endswith(": unknown (the scheduler was lost)") for line in ended), err
     assert lines[-2] == "sweep orphaned: 4 runs: 4 unknown (the scheduler was lost)", err

@@ -16,11 +16,15 @@ from attn.train import lifecycle, stack
 def add_field(monkeypatch, **facts) -> type:
     """The schema with one more optimiser field, optim.extra, declaring `facts`; returns its Config."""
     extra = schema.F(1.0, "a field this test adds", gt=0, **facts)
-    optim = dataclasses.make_dataclass("OptimConfig", [("extra", float, extra)], bases=(schema.OptimConfig,),
-                                       frozen=True)
+    optim = dataclasses.make_dataclass(
+        "OptimConfig", [("extra", float, extra)], bases=(schema.OptimConfig,), frozen=True
+    )
     config = dataclasses.make_dataclass(
-        "Config", [("optim", optim, dataclasses.field(default_factory=optim, metadata=dict(help="the optimiser")))],
-        bases=(schema.Config,), frozen=True)
+        "Config",
+        [("optim", optim, dataclasses.field(default_factory=optim, metadata=dict(help="the optimiser")))],
+        bases=(schema.Config,),
+        frozen=True,
+    )
     for module in (schema, loading, lifecycle):
         monkeypatch.setattr(module, "Config", config)
     return config
@@ -56,8 +60,11 @@ def test_forking_follows_a_new_fields_forkable(monkeypatch, tmp_path, forkable):
 def test_grouping_follows_a_new_fields_neutral_and_replicate(monkeypatch, fact):
     add_field(monkeypatch, **({fact: True} if fact else {}))
     settings = loading.flatten_config(schema.to_dict(with_extra(1.0)))
-    loaded = [grouping.Run(Path(f"runs/{value}"), {**settings, "optim.extra": value, "seed": seed}, [], {}, "completed")
-              for seed in (0, 1) for value in (1.0, 2.0)]
+    loaded = [
+        grouping.Run(Path(f"runs/{value}"), {**settings, "optim.extra": value, "seed": seed}, [], {}, "completed")
+        for seed in (0, 1)
+        for value in (1.0, 2.0)
+    ]
     groups = grouping.group_runs(loaded)
     assert len(groups) == (1 if fact else 2)
     assert [g.label for g in groups] == (["extra=1", "extra=2"] if fact is None else [groups[0].label])

@@ -26,8 +26,11 @@ def test_a_figure_title_is_wrapped_to_fit_inside_the_figure():
 
     fig = Figure(figsize=(6.8, 3.5))
     fig.add_subplot()
-    suptitle(fig, "eval loss (nats) at each arm's best setting: every seed (thin) and the median (thick); "
-                  "y range from the bulk of the values")
+    suptitle(
+        fig,
+        "eval loss (nats) at each arm's best setting: every seed (thin) and the median (thick); "
+        "y range from the bulk of the values",
+    )
     fig.canvas.draw()
     box = fig._suptitle.get_window_extent()
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox)

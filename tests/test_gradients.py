@@ -52,7 +52,9 @@ def test_cross_entropy_backward_matches_finite_differences(rng):
     analytic = pairs.cross_entropy_backward(upstream, cache)
     report = gradcheck.check_gradients(
         lambda: upstream * float(pairs.cross_entropy_forward(logits, targets, mask)[0]),
-        {"logits": logits}, {"logits": analytic})
+        {"logits": logits},
+        {"logits": analytic},
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
     assert np.all(analytic[~mask] == 0), "positions without a target get exactly zero gradient"
 
@@ -70,13 +72,18 @@ def test_cross_entropy_is_log_softmax_of_the_target(rng):
 def test_embedding_backward_accumulates_repeated_ids(rng):
     """Two tables looked up and summed at once: each table's gradient, repeated ids adding up."""
     tables = {"first": rng.standard_normal((5, D)), "second": rng.standard_normal((3, D))}
-    ids = np.array([[[0, 1, 1, 4], [4, 4, 2, 0], [3, 3, 3, 3]],   # repeats on purpose
-                    [[0, 1, 2, 0], [2, 2, 2, 2], [1, 0, 1, 0]]])  # (S, B, T): row s into table s
+    ids = np.array(
+        [
+            [[0, 1, 1, 4], [4, 4, 2, 0], [3, 3, 3, 3]],  # repeats on purpose
+            [[0, 1, 2, 0], [2, 2, 2, 2], [1, 0, 1, 0]],
+        ]
+    )  # (S, B, T): row s into table s
     dout = rng.standard_normal(ids.shape[1:] + (D,))
     _, cache = pairs.embedding_forward(ids, list(tables.values()))
     analytic = dict(zip(tables, pairs.embedding_backward(dout, cache)))
     report = gradcheck.check_gradients(
-        lambda: float((pairs.embedding_forward(ids, list(tables.values()))[0].dense() * dout).sum()), tables, analytic)
+        lambda: float((pairs.embedding_forward(ids, list(tables.values()))[0].dense() * dout).sum()), tables, analytic
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -89,15 +96,21 @@ def test_linear_backward_matches_finite_differences(rng):
     dx, dW, db = pairs.linear_backward(dout, cache)
     report = gradcheck.check_gradients(
         lambda: float((pairs.linear_forward(x, W, b)[0] * dout).sum()),
-        {"x": x, "W": W, "b": b}, {"x": dx, "W": dW, "b": db})
+        {"x": x, "W": W, "b": b},
+        {"x": dx, "W": dW, "b": db},
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
 @pytest.mark.parametrize("scale,causal", list(itertools.product(sorted(head.SCORE_SCALES), (False, True))))
 def test_attention_backward_matches_finite_differences(rng, scale, causal):
     x = rng.standard_normal((B, T, D))
-    weights = {"W_q": rng.standard_normal((D, DK)) * 0.7, "W_k": rng.standard_normal((D, DK)) * 0.7,
-               "W_v": rng.standard_normal((D, DV)), "W_o": rng.standard_normal((DV, D))}
+    weights = {
+        "W_q": rng.standard_normal((D, DK)) * 0.7,
+        "W_k": rng.standard_normal((D, DK)) * 0.7,
+        "W_v": rng.standard_normal((D, DV)),
+        "W_o": rng.standard_normal((DV, D)),
+    }
     s = head.score_scale(scale, DK)
     mask = head.causal_mask(T) if causal else None
     dout = rng.standard_normal((B, T, D))
@@ -114,8 +127,10 @@ def test_attention_backward_matches_finite_differences(rng, scale, causal):
 def test_attention_output_shape_and_rows_sum_to_one(rng):
     """The original design's two tests, in float32."""
     x = rng.standard_normal((B, T, D), dtype=np.float32)
-    W = {n: rng.standard_normal(s, dtype=np.float32) for n, s in
-         (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))}
+    W = {
+        n: rng.standard_normal(s, dtype=np.float32)
+        for n, s in (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))
+    }
     out, attn, _ = head.attention_forward(x, **W, scale=head.score_scale("sqrt", DK))
     assert out.shape == (B, T, D)
     assert attn.shape == (B, T, T)
@@ -124,8 +139,7 @@ def test_attention_output_shape_and_rows_sum_to_one(rng):
 
 def test_masked_positions_get_exactly_zero_weight_and_gradient(rng):
     x = rng.standard_normal((B, T, D))
-    W = {n: rng.standard_normal(s) for n, s in
-         (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))}
+    W = {n: rng.standard_normal(s) for n, s in (("W_q", (D, DK)), ("W_k", (D, DK)), ("W_v", (D, DV)), ("W_o", (DV, D)))}
     mask = head.causal_mask(T)
     _, attn, cache = head.attention_forward(x, **W, scale=1.0, mask=mask)
     assert np.all(attn[:, mask] == 0.0)
@@ -145,8 +159,9 @@ def test_softmax_of_huge_scores_stays_finite():
 
 
 def small_spec(**kw):
-    base = dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=DK, d_v=DV,
-                dtype="float64")
+    base = dict(
+        fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=DK, d_v=DV, dtype="float64"
+    )
     base.update(kw)
     return ModelSpec(**base)
 
@@ -182,9 +197,16 @@ def test_whole_model_gradients_match_finite_differences(rng, variant):
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
-@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False),
-                                     dict(scale="none", mask_self=True)],
-                         ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(scale="sqrt"),
+        dict(scale="none", causal=True),
+        dict(scale="linear", residual=False),
+        dict(scale="none", mask_self=True),
+    ],
+    ids=lambda v: ",".join(f"{k}={v[k]}" for k in v),
+)
 def test_whole_model_gradients_with_targets_only_at_the_last_position(rng, variant):
     """Retrieval's shape: one query per sequence carries the loss, so the
     backward's target-rows-only path (and its factored key/value gradient) runs."""
@@ -214,8 +236,17 @@ def test_float32_in_gives_float32_out_everywhere(rng):
 def test_initial_scores_have_the_variance_of_footnote_4(rng):
     """Unit-variance X and q, k components => std(q.k) ~ sqrt(d_k) * s * gain^2."""
     for d_k, scale, gain in ((64, "none", 1.0), (256, "none", 1.0), (256, "sqrt", 1.0), (64, "sqrt", 2.0)):
-        spec = ModelSpec(fields=(("token", 64),), n_positions=16, n_classes=8, d_model=128, d_k=d_k, d_v=8,
-                         scale=scale, qk_gain=gain, positional="sinusoidal")
+        spec = ModelSpec(
+            fields=(("token", 64),),
+            n_positions=16,
+            n_classes=8,
+            d_model=128,
+            d_k=d_k,
+            d_v=8,
+            scale=scale,
+            qk_gain=gain,
+            positional="sinusoidal",
+        )
         params = fast.init_params(spec, rng)
         tokens = rng.integers(0, 64, (64, 16, 1))
         batch = Batch(tokens, tokens[..., 0] % 8, np.ones((64, 16), bool), -np.ones((64, 16), int))
@@ -262,17 +293,28 @@ def test_self_attention_is_the_weight_on_the_query_position_and_zero_under_mask_
             assert stats["self_attn"] > 0
 
 
-@pytest.mark.parametrize("queries,causal,factored", [(np.array([T - 1]), False, True), (np.array([0]), True, True),
-                                                     (np.array([1, 3]), True, False), (slice(2, 4), False, False)],
-                         ids=["last", "first-causal", "two-causal", "slice"])
+@pytest.mark.parametrize(
+    "queries,causal,factored",
+    [
+        (np.array([T - 1]), False, True),
+        (np.array([0]), True, True),
+        (np.array([1, 3]), True, False),
+        (slice(2, 4), False, False),
+    ],
+    ids=["last", "first-causal", "two-causal", "slice"],
+)
 def test_attention_at_some_queries_matches_finite_differences(rng, queries, causal, factored):
     """The head computed at a subset of query positions: out is those rows
     of the full head's, and the gradient of x, as factors (Factored, one
     query) or formed (two: at this size forming it costs less), equals
     finite differences."""
     x = rng.standard_normal((B, T, D))
-    weights = {"W_q": rng.standard_normal((D, DK)) * 0.7, "W_k": rng.standard_normal((D, DK)) * 0.7,
-               "W_v": rng.standard_normal((D, DV)), "W_o": rng.standard_normal((DV, D))}
+    weights = {
+        "W_q": rng.standard_normal((D, DK)) * 0.7,
+        "W_k": rng.standard_normal((D, DK)) * 0.7,
+        "W_v": rng.standard_normal((D, DV)),
+        "W_o": rng.standard_normal((DV, D)),
+    }
     s = head.score_scale("sqrt", DK)
     mask = head.causal_mask(T) if causal else None
     out, attn, cache = head.attention_forward(x, **weights, scale=s, mask=mask, queries=queries)
@@ -306,11 +348,9 @@ def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
     np.testing.assert_allclose(factored.dense(), dense, rtol=1e-12)
     ids = np.stack([rng.integers(0, 4, (B, T)), np.broadcast_to(np.arange(T), (B, T))])  # a field (repeats), positions
     _, cache = pairs.embedding_forward(ids, [rng.standard_normal((4, D)), rng.standard_normal((T, D))])
-    for from_factored, from_dense, expected in zip(pairs.embedding_backward(factored, cache),
-                                                   pairs.embedding_backward(dense, cache),
-                                                   (None, dense.sum(axis=0))):
+    for from_factored, from_dense, expected in zip(
+        pairs.embedding_backward(factored, cache), pairs.embedding_backward(dense, cache), (None, dense.sum(axis=0))
+    ):
         np.testing.assert_allclose(from_factored, from_dense, rtol=1e-12, atol=1e-14)
         if expected is not None:  # the positions' table: every example's gradient summed
             np.testing.assert_allclose(from_factored, expected, rtol=1e-12, atol=1e-14)
-
-

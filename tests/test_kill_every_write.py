@@ -32,15 +32,29 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
 ENV.pop(runs.KILL_AFTER_WRITES, None)
 # Adam (moments and a step count to restore), a checkpoint and a record every other step.
-RUN = [*TINY, "train.steps=6", "logging.log_every=2", "logging.checkpoint_every=2", "optim.name=adam",
-       "optim.lr=0.01", "logging.attention_examples=2", "logging.mechanism_step=2"]
+RUN = [
+    *TINY,
+    "train.steps=6",
+    "logging.log_every=2",
+    "logging.checkpoint_every=2",
+    "optim.name=adam",
+    "optim.lr=0.01",
+    "logging.attention_examples=2",
+    "logging.mechanism_step=2",
+]
 
 
 def start(root: Path, *args, kill_after: int | None = None) -> subprocess.Popen:
     """`python -m attn ARGS` in root; with kill_after, SIGKILLed after that many durable writes."""
     env = ENV if kill_after is None else {**ENV, runs.KILL_AFTER_WRITES: str(kill_after)}
-    return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "attn", *map(str, args)],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
@@ -56,6 +70,7 @@ def durable_writes(run_dir: Path, monkeypatch) -> list[str]:
         def wrapper(*args, **kwargs):
             function(*args, **kwargs)
             written.append(name_of(*args))
+
         return wrapper
 
     monkeypatch.setattr(runs, "write_atomic", counted(runs.write_atomic, lambda path, _: Path(path).name))
@@ -88,8 +103,12 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
         ours, theirs = arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot)
         assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in ours)
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
-    assert (summary["status"], summary["step"], summary["final"], summary["best"]) == \
-        (expected["status"], expected["step"], expected["final"], expected["best"])
+    assert (summary["status"], summary["step"], summary["final"], summary["best"]) == (
+        expected["status"],
+        expected["step"],
+        expected["final"],
+        expected["best"],
+    )
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -101,9 +120,13 @@ def run_all(root: Path, commands: dict, kill_after: dict | None = None) -> dict:
 
 def resume_until_complete(root: Path, run_dirs: list[Path]) -> None:
     """Resume each run (all at once); one killed after its final summary is already complete."""
-    done = {run_dir: runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed"
-            for run_dir in run_dirs}
-    for run_dir, (code, stderr) in run_all(root, {run_dir: ["train", "--resume", run_dir] for run_dir in run_dirs}).items():
+    done = {
+        run_dir: runs.read_summary(run_dir) and runs.read_summary(run_dir)["status"] == "completed"
+        for run_dir in run_dirs
+    }
+    for run_dir, (code, stderr) in run_all(
+        root, {run_dir: ["train", "--resume", run_dir] for run_dir in run_dirs}
+    ).items():
         if done[run_dir]:
             assert code == common.EXIT_BAD_INPUT and "already completed" in stderr, stderr
         else:
@@ -120,10 +143,14 @@ def kill_points(tmp_path_factory):
 
 
 def killed_runs_resume_exactly(kill_points, boundaries, tag: str) -> None:
-    """A run killed right after write n, for each n of `boundaries`, resumes to the uninterrupted run (runs named by `tag`)."""
+    """A run killed right after write n, for each n of `boundaries`, resumes to the uninterrupted run (runs
+    named by `tag`)."""
     root, reference, written = kill_points
-    killed = run_all(root, {n: ["train", *RUN, "--name", f"{tag}-killed-{n}"] for n in boundaries},
-                     kill_after={n: n for n in boundaries})
+    killed = run_all(
+        root,
+        {n: ["train", *RUN, "--name", f"{tag}-killed-{n}"] for n in boundaries},
+        kill_after={n: n for n in boundaries},
+    )
     assert {n: code for n, (code, _) in killed.items()} == {n: -signal.SIGKILL for n in boundaries}, killed
     run_dirs = [root / "runs" / f"{tag}-killed-{n}" for n in boundaries]
     resume_until_complete(root, run_dirs)
@@ -137,11 +164,15 @@ def killed_resumes_resume_exactly(kill_points, boundaries, tag: str) -> None:
     root, reference, written = kill_points
     first_checkpoint = written.index("checkpoint.npz") + 1
     run_dirs = {m: root / "runs" / f"{tag}-twice-{m}" for m in boundaries}
-    killed = run_all(root, {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
-                     kill_after=dict.fromkeys(boundaries, first_checkpoint))
+    killed = run_all(
+        root,
+        {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
+        kill_after=dict.fromkeys(boundaries, first_checkpoint),
+    )
     assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
-    resumed = run_all(root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries},
-                      kill_after={m: m for m in boundaries})
+    resumed = run_all(
+        root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries}, kill_after={m: m for m in boundaries}
+    )
     assert all(code in (-signal.SIGKILL, common.EXIT_OK) for code, _ in resumed.values()), resumed
     resume_until_complete(root, list(run_dirs.values()))
     for run_dir in run_dirs.values():
@@ -154,7 +185,8 @@ def resume_writes(written: list[str]) -> int:
 
 
 def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_run(kill_points):
-    """The first write, the first checkpoint and the writes on either side of it, the last (every one: make test-faults)."""
+    """The first write, the first checkpoint and the writes on either side of it, the last (every one:
+    make test-faults)."""
     written = kill_points[2]
     checkpoint = written.index("checkpoint.npz") + 1
     boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, len(written)})
@@ -180,10 +212,14 @@ def test_a_fork_killed_before_its_config_is_written_is_named_as_cut_short(kill_p
     """A fork writes its checkpoint and records before its config.yaml; killed
     in between, its directory is no run, and every command says so in one line."""
     root, reference, _ = kill_points
-    (code, stderr), = run_all(root, {0: ["train", "--fork", reference, "--name", "cut-short"]}, kill_after={0: 1}).values()
+    ((code, stderr),) = run_all(
+        root, {0: ["train", "--fork", reference, "--name", "cut-short"]}, kill_after={0: 1}
+    ).values()
     fork = reference.parent / "cut-short"  # beside its source: the fork keeps its runs_dir
-    assert code == -signal.SIGKILL and list(fork.glob("checkpoint*.npz")) and not (fork / "config.yaml").exists(), stderr
+    assert code == -signal.SIGKILL and list(fork.glob("checkpoint*.npz")) and not (fork / "config.yaml").exists(), (
+        stderr
+    )
     for command in (["train", "--resume", fork], ["plot", fork], ["train", "--fork", fork]):
-        (code, stderr), = run_all(root, {0: command}).values()
+        ((code, stderr),) = run_all(root, {0: command}).values()
         assert code == common.EXIT_BAD_INPUT and "Traceback" not in stderr, stderr
         assert "config.yaml" in stderr and "checkpoint-" in stderr and len(stderr.strip().splitlines()) == 1

@@ -26,15 +26,21 @@ from attn.store import runs
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 ENV.pop(runs.KILL_AFTER_WRITES, None)
-PUBLISH = ("import sys; from pathlib import Path; from attn import publish; repo = Path(sys.argv[1]); "
-           "publish.REPO, publish.RESULTS = repo, repo / 'experiments' / 'results'; "
-           "publish.publish(None, Path(sys.argv[2]))")
+PUBLISH = (
+    "import sys; from pathlib import Path; from attn import publish; repo = Path(sys.argv[1]); "
+    "publish.REPO, publish.RESULTS = repo, repo / 'experiments' / 'results'; "
+    "publish.publish(None, Path(sys.argv[2]))"
+)
 
 
 def report(headline: str, verdict: str) -> dict:
-    return {"description": "what it tests", "runs": 4, "headline": headline,
-            "platform": {"attn_commit": ["abc1234"], "cpu": ["a CPU"], "blas": ["openblas"], "dtype": ["float32"]},
-            "expectations": [{"id": "a", "claim": "claim a", "verdict": verdict}]}
+    return {
+        "description": "what it tests",
+        "runs": 4,
+        "headline": headline,
+        "platform": {"attn_commit": ["abc1234"], "cpu": ["a CPU"], "blas": ["openblas"], "dtype": ["float32"]},
+        "expectations": [{"id": "a", "claim": "claim a", "verdict": verdict}],
+    }
 
 
 def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
@@ -49,24 +55,35 @@ def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
             (run_dir / f"{figure}.png").write_bytes(b"\x89PNG " + version.encode() * 1000)
     (root / "verify").mkdir()
     (root / "verify" / "sqrt_dk.md").write_text(f"verified {version}\n")
-    runs.write_json(root / "verify" / "sqrt_dk.json",
-                    {**verification({"float64": "confirmed", "Sandybridge": version}, experiment="sqrt_dk"),
-                     "as_run": verify.as_run_record(root / "sqrt_dk" / "report.json", False)})
+    runs.write_json(
+        root / "verify" / "sqrt_dk.json",
+        {
+            **verification({"float64": "confirmed", "Sandybridge": version}, experiment="sqrt_dk"),
+            "as_run": verify.as_run_record(root / "sqrt_dk" / "report.json", False),
+        },
+    )
     return root
 
 
 def tree(repo: Path) -> dict[str, dict[str, bytes]]:
     """What is published: experiments/results/ as a whole, and each README (hidden staging left out)."""
     results = repo / "experiments" / "results"
-    return {"results": {str(p.relative_to(results)): p.read_bytes() for p in sorted(results.rglob("*")) if p.is_file()},
-            "experiments/README.md": (repo / "experiments" / "README.md").read_bytes(),
-            "README.md": (repo / "README.md").read_bytes()}
+    return {
+        "results": {str(p.relative_to(results)): p.read_bytes() for p in sorted(results.rglob("*")) if p.is_file()},
+        "experiments/README.md": (repo / "experiments" / "README.md").read_bytes(),
+        "README.md": (repo / "README.md").read_bytes(),
+    }
 
 
 def run_publish(repo: Path, runs_dir: Path, kill_after: int | None = None) -> subprocess.Popen:
     env = ENV if kill_after is None else {**ENV, runs.KILL_AFTER_WRITES: str(kill_after)}
-    return subprocess.Popen([sys.executable, "-c", PUBLISH, str(repo), str(runs_dir)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PUBLISH, str(repo), str(runs_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +94,10 @@ def published(tmp_path_factory):
     (old_repo / "experiments").mkdir(parents=True)
     for name in ("sqrt_dk", "scores"):
         write_experiment_file(old_repo, name)
-    (old_repo / "README.md").write_text(f"# attn\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n"
-                                        f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n")
+    (old_repo / "README.md").write_text(
+        f"# attn\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n"
+        f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n"
+    )
     (old_repo / "experiments" / "results").mkdir()
     (old_repo / "experiments" / "results" / "board.png").write_bytes(b"kept as it is")
     old_runs = make_runs(root / "runs-old", "old", ("headline", "lr_sensitivity", "dropped"))
@@ -86,6 +105,7 @@ def published(tmp_path_factory):
     new_runs = make_runs(root / "runs-new", "new", ("headline", "lr_sensitivity", "added"))
     new_runs.joinpath("bench").mkdir()
     from test_publish import bench_result  # noqa: PLC0415
+
     runs.write_json(new_runs / "bench" / "bench-20261201-100000.json", bench_result(0.6, 1.0))
     (new_runs / "bench" / "bench-20261201-100000.md").write_text("# bench\n")
     new_repo = root / "new"

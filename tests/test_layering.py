@@ -39,8 +39,9 @@ def imported(tree: ast.AST) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                     for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            ]
         else:
             continue
         found += [(name, node.lineno) for name in names if name in MODULES]
@@ -80,11 +81,13 @@ def test_every_folder_of_attn_is_a_package():
 # Names a module defines on purpose as another does: the textbook model is the fast model's twin, held to it
 # function by function, and the one-run loop the stacked loop's; each command module adds its own commands
 # to the one parser.
-SAME_ON_PURPOSE = {"forward": {"attn.model.fast", "attn.model.reference"},
-                   "backward": {"attn.model.fast", "attn.model.reference"},
-                   "loss_and_grads": {"attn.model.fast", "attn.model.reference"},
-                   "train": {"attn.train.loop", "attn.train.reference_loop"},
-                   "add_commands": {"attn.cli.training", "attn.cli.sweeps", "attn.cli.views"}}
+SAME_ON_PURPOSE = {
+    "forward": {"attn.model.fast", "attn.model.reference"},
+    "backward": {"attn.model.fast", "attn.model.reference"},
+    "loss_and_grads": {"attn.model.fast", "attn.model.reference"},
+    "train": {"attn.train.loop", "attn.train.reference_loop"},
+    "add_commands": {"attn.cli.training", "attn.cli.sweeps", "attn.cli.views"},
+}
 
 
 def public_names() -> dict[str, set[str]]:
@@ -92,14 +95,18 @@ def public_names() -> dict[str, set[str]]:
     defined: dict[str, set[str]] = {}
     for module, path in MODULES.items():
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                    and not node.name.startswith("_"):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
+                "_"
+            ):
                 defined.setdefault(node.name, set()).add(module)
     return defined
 
 
 def test_no_public_name_is_defined_in_two_modules():
-    twice = {name: modules for name, modules in public_names().items()
-             if len(modules) > 1 and modules != SAME_ON_PURPOSE.get(name)}
+    twice = {
+        name: modules
+        for name, modules in public_names().items()
+        if len(modules) > 1 and modules != SAME_ON_PURPOSE.get(name)
+    }
     assert twice == {}
     assert all(public_names()[name] == modules for name, modules in SAME_ON_PURPOSE.items())

@@ -17,14 +17,27 @@ def rng():
 def embedded(rng, members=(), shared_positions=False):
     """An Embedded X (*members, B, T, D) of two fields (5 and 6 ids, repeats
     likely) and positions, float64; the positions' table shared by the members when asked."""
-    tables = [rng.standard_normal((*members, 5, D)), rng.standard_normal((*members, 6, D)),
-              rng.standard_normal((T, D) if shared_positions else (*members, T, D))]
-    ids = np.stack([rng.integers(0, 5, (*members, B, T)), rng.integers(0, 6, (*members, B, T)),
-                    np.broadcast_to(np.arange(T), (*members, B, T))])
+    tables = [
+        rng.standard_normal((*members, 5, D)),
+        rng.standard_normal((*members, 6, D)),
+        rng.standard_normal((T, D) if shared_positions else (*members, T, D)),
+    ]
+    ids = np.stack(
+        [
+            rng.integers(0, 5, (*members, B, T)),
+            rng.integers(0, 6, (*members, B, T)),
+            np.broadcast_to(np.arange(T), (*members, B, T)),
+        ]
+    )
     x, _ = pairs.embedding_forward(ids, tables)
-    formed = sum(np.take_along_axis(table if table.ndim == len(members) + 2 else np.broadcast_to(table, (*members, *table.shape)),
-                                    i.reshape(*members, B * T, 1), axis=-2).reshape(*members, B, T, D)
-                 for table, i in zip(tables, ids))
+    formed = sum(
+        np.take_along_axis(
+            table if table.ndim == len(members) + 2 else np.broadcast_to(table, (*members, *table.shape)),
+            i.reshape(*members, B * T, 1),
+            axis=-2,
+        ).reshape(*members, B, T, D)
+        for table, i in zip(tables, ids)
+    )
     return x, formed
 
 
@@ -53,8 +66,7 @@ def test_float32_products_stay_float32(rng):
 
 
 def retrieval_spec(**kw) -> ModelSpec:
-    base = dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=9, d_v=4,
-                dtype="float64")
+    base = dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=9, d_v=4, dtype="float64")
     return ModelSpec(**{**base, **kw})
 
 
@@ -64,12 +76,19 @@ def query_batch(rng, spec, members=()) -> Batch:
     tokens = np.stack([rng.integers(0, v, shape) for _, v in spec.fields], axis=-1)
     mask = np.zeros(shape, bool)
     mask[..., -1] = True
-    return Batch(tokens, rng.integers(0, spec.n_classes, shape), mask, np.where(mask, rng.integers(0, T - 1, shape), -1))
+    return Batch(
+        tokens, rng.integers(0, spec.n_classes, shape), mask, np.where(mask, rng.integers(0, T - 1, shape), -1)
+    )
 
 
-VARIANTS = [dict(scale="sqrt"), dict(scale="none", mask_self=True), dict(scale="sqrt", causal=True),
-            dict(scale="sqrt", positional="sinusoidal"), dict(scale="sqrt", positional="none", residual=False),
-            dict(score="softcap", scale="none")]
+VARIANTS = [
+    dict(scale="sqrt"),
+    dict(scale="none", mask_self=True),
+    dict(scale="sqrt", causal=True),
+    dict(scale="sqrt", positional="sinusoidal"),
+    dict(scale="sqrt", positional="none", residual=False),
+    dict(score="softcap", scale="none"),
+]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(f"{k}={v[k]}" for k in v))
@@ -106,11 +125,14 @@ def test_gradients_through_the_tables_match_finite_differences(rng, variant):
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
 
 
-@pytest.mark.parametrize("change, looked_up", [
-    ({}, True),  # retrieval: 18 table rows for 7 positions, one query
-    ({"fields": (("key", 400), ("value", 6))}, False),  # a vocabulary far larger than the positions
-    ({"score": "qk_norm"}, False),  # a norm of q and k forms X: every key's own norm is needed
-])
+@pytest.mark.parametrize(
+    "change, looked_up",
+    [
+        ({}, True),  # retrieval: 18 table rows for 7 positions, one query
+        ({"fields": (("key", 400), ("value", 6))}, False),  # a vocabulary far larger than the positions
+        ({"score": "qk_norm"}, False),  # a norm of q and k forms X: every key's own norm is needed
+    ],
+)
 def test_the_rule_takes_the_tables_when_cheaper(rng, change, looked_up):
     spec = retrieval_spec(**change)
     _, cache = fast.forward(fast.init_params(spec, rng), spec, query_batch(rng, spec))
@@ -151,9 +173,17 @@ def test_queries_as_a_slice_of_some_positions_are_looked_up_alike(rng):
     upstream = rng.standard_normal((B, 3, D))
     outputs = {}
     for lookup in (False, True):
-        out, attn, cache = head.attention_forward(x, params["W_q"], params["W_k"], params["W_v"], params["W_o"],
-                                                  spec.score_scale, queries=slice(9, 12), association="bilinear",
-                                                  lookup=lookup)
+        out, attn, cache = head.attention_forward(
+            x,
+            params["W_q"],
+            params["W_k"],
+            params["W_v"],
+            params["W_o"],
+            spec.score_scale,
+            queries=slice(9, 12),
+            association="bilinear",
+            lookup=lookup,
+        )
         assert isinstance(cache["x"], pairs.Embedded) == lookup and out.shape == (B, 3, D)
         outputs[lookup] = out, head.attention_backward(upstream, cache)
     np.testing.assert_allclose(outputs[True][0], outputs[False][0], rtol=1e-12)
@@ -178,16 +208,25 @@ def test_a_positional_source_is_binned_as_the_weights_themselves(rng, members, d
     products and in the embeddings' gradient, with the positions' table larger than T too."""
     sizes = (5, 6, T + 2)
     tables = [rng.standard_normal((*members, V, D)).astype(dtype) for V in sizes]
-    ids = np.stack([rng.integers(0, 5, (*members, B, T)), rng.integers(0, 6, (*members, B, T)),
-                    np.broadcast_to(np.arange(T), (*members, B, T))])
+    ids = np.stack(
+        [
+            rng.integers(0, 5, (*members, B, T)),
+            rng.integers(0, 6, (*members, B, T)),
+            np.broadcast_to(np.arange(T), (*members, B, T)),
+        ]
+    )
     counted, counted_cache = pairs.embedding_forward(ids, tables)
     copied, copied_cache = pairs.embedding_forward(ids, tables, positional=True)
     assert counted.positions_from is None and copied.positions_from == 11
     weights = rng.standard_normal((*members, B, 2, T)).astype(dtype)
     np.testing.assert_array_equal(copied.weighted_sum(weights), counted.weighted_sum(weights))
-    dx = pairs.Factored((rng.standard_normal((*members, B, 3, T)).astype(dtype),),
-                        (rng.standard_normal((*members, B, 3, D)).astype(dtype),))
-    for by_copy, by_count in zip(pairs.embedding_backward(dx, copied_cache), pairs.embedding_backward(dx, counted_cache)):
+    dx = pairs.Factored(
+        (rng.standard_normal((*members, B, 3, T)).astype(dtype),),
+        (rng.standard_normal((*members, B, 3, D)).astype(dtype),),
+    )
+    for by_copy, by_count in zip(
+        pairs.embedding_backward(dx, copied_cache), pairs.embedding_backward(dx, counted_cache)
+    ):
         np.testing.assert_array_equal(by_copy, by_count)
 
 
@@ -196,8 +235,13 @@ def test_the_embeddings_gradient_bins_each_piece_once_and_as_binning_them_all_at
     """Factored pieces binned already (A X, dS X) are not binned again, and the
     gradient is bit for bit the one of binning the stacked pieces in one go."""
     tables = [rng.standard_normal((*members, V, D)).astype(np.float32) for V in (5, 6, T)]
-    ids = np.stack([rng.integers(0, 5, (*members, B, T)), rng.integers(0, 6, (*members, B, T)),
-                    np.broadcast_to(np.arange(T), (*members, B, T))])
+    ids = np.stack(
+        [
+            rng.integers(0, 5, (*members, B, T)),
+            rng.integers(0, 6, (*members, B, T)),
+            np.broadcast_to(np.arange(T), (*members, B, T)),
+        ]
+    )
     lefts = tuple(rng.standard_normal((*members, B, R, T)).astype(np.float32) for R in (1, 2, 1))
     rights = tuple(rng.standard_normal((*members, B, R, D)).astype(np.float32) for R in (1, 2, 1))
     x, cache = pairs.embedding_forward(ids, tables, positional=True)
@@ -210,7 +254,8 @@ def test_the_embeddings_gradient_bins_each_piece_once_and_as_binning_them_all_at
         pieces = pairs.embedding_backward(pairs.Factored(lefts, rights), cache)
     assert [id(w) for w in binned] == [id(lefts[2])], "only the piece not binned before"
     _, fresh_cache = pairs.embedding_forward(ids, tables, positional=True)
-    at_once = pairs.embedding_backward(pairs.Factored((np.concatenate(lefts, axis=-2),),
-                                                      (np.concatenate(rights, axis=-2),)), fresh_cache)
+    at_once = pairs.embedding_backward(
+        pairs.Factored((np.concatenate(lefts, axis=-2),), (np.concatenate(rights, axis=-2),)), fresh_cache
+    )
     for by_piece, whole in zip(pieces, at_once):
         np.testing.assert_array_equal(by_piece, whole)

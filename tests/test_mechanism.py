@@ -12,13 +12,26 @@ B, T = 4, 5
 
 
 def spec_of(**kw):
-    return ModelSpec(**{**dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=6, d_k=7,
-                               d_v=3, dtype="float64"), **kw})
+    return ModelSpec(
+        **{
+            **dict(
+                fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=6, d_k=7, d_v=3, dtype="float64"
+            ),
+            **kw,
+        }
+    )
 
 
-@pytest.mark.parametrize("variant", [dict(scale="sqrt"), dict(scale="none", qk_gain=3.0), dict(scale="sqrt", causal=True),
-                                     dict(scale="none", mask_self=True)],
-                         ids=["sqrt", "none-saturating", "causal", "mask-self"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(scale="sqrt"),
+        dict(scale="none", qk_gain=3.0),
+        dict(scale="sqrt", causal=True),
+        dict(scale="none", mask_self=True),
+    ],
+    ids=["sqrt", "none-saturating", "causal", "mask-self"],
+)
 @pytest.mark.parametrize("chunk", [mechanism.CHUNK_EXAMPLES, 3, 1], ids=lambda c: f"chunks-of-{c}")
 def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(variant, chunk, monkeypatch):
     """Also when the batch goes through in chunks of examples (of 3: uneven; of 1: one per example)."""
@@ -44,9 +57,14 @@ def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(varian
 
 
 def test_summary_splits_saturated_rows_and_measures_concentration():
-    rows = {"saturated": np.array([True, True, False, False]), "max_p": np.array([1.0, 0.999, 0.5, 0.3]),
-            "grad_W_q": np.array([1e-9, 3e-9, 2.0, 4.0]), "grad_W_k": np.array([0.0, 0.0, 1.0, 1.0]),
-            "jacobian": np.array([0.0, 0.001, 0.4, 0.5]), "bound": np.array([0.0, 0.002, 1.0, 1.4])}
+    rows = {
+        "saturated": np.array([True, True, False, False]),
+        "max_p": np.array([1.0, 0.999, 0.5, 0.3]),
+        "grad_W_q": np.array([1e-9, 3e-9, 2.0, 4.0]),
+        "grad_W_k": np.array([0.0, 0.0, 1.0, 1.0]),
+        "jacobian": np.array([0.0, 0.001, 0.4, 0.5]),
+        "bound": np.array([0.0, 0.002, 1.0, 1.4]),
+    }
     out = mechanism.summary(rows)
     assert out["saturated_frac"] == 0.5
     assert out["grad_W_q_median_saturated"] == pytest.approx(2e-9) and out["grad_W_q_median_other"] == 3.0
@@ -57,12 +75,17 @@ def test_summary_splits_saturated_rows_and_measures_concentration():
 
 def _seed(outcome, initial_target, final_self):
     from types import SimpleNamespace
-    return SimpleNamespace(outcome=SimpleNamespace(outcome=outcome), at_init={"target_attn": initial_target},
-                           at_end={"self_attn": final_self})
+
+    return SimpleNamespace(
+        outcome=SimpleNamespace(outcome=outcome),
+        at_init={"target_attn": initial_target},
+        at_end={"self_attn": final_self},
+    )
 
 
 def test_rank_auc_counts_pairs_and_ties():
     from attn.analysis.results import rank_auc
+
     assert rank_auc([0.01, 0.02], [0.1, 0.2, 0.3]) == 1.0
     assert rank_auc([0.5], [0.1, 0.9]) == 0.5
     assert rank_auc([0.1], [0.1]) == 0.5
@@ -74,14 +97,23 @@ def test_stall_mechanism_counts_self_attending_ends_and_initial_target_attention
     the initial attention on the right key of each class, with its AUC."""
     from attn.analysis import outcomes, stats
     from attn.analysis.results import SELF_ATTENDING, stall_mechanism
-    seeds = [_seed(outcomes.STALLED, 0.03, 0.97), _seed(outcomes.STALLED, 0.09, 0.95), _seed(outcomes.STALLED, 0.12, 0.5),
-             _seed(outcomes.LEARNED, 0.11, 0.01), _seed(outcomes.LEARNED, 0.14, 0.02),
-             _seed(outcomes.LEARNED, 0.13, None), _seed(outcomes.SLOW, 0.01, 0.99)]
+
+    seeds = [
+        _seed(outcomes.STALLED, 0.03, 0.97),
+        _seed(outcomes.STALLED, 0.09, 0.95),
+        _seed(outcomes.STALLED, 0.12, 0.5),
+        _seed(outcomes.LEARNED, 0.11, 0.01),
+        _seed(outcomes.LEARNED, 0.14, 0.02),
+        _seed(outcomes.LEARNED, 0.13, None),
+        _seed(outcomes.SLOW, 0.01, 0.99),
+    ]
     out = stall_mechanism(seeds)
     assert out["stalled"]["n"] == 3 and out["learned"]["n"] == 3
     ends = out["stalled"]["self_attending"]
     assert (ends["k"], ends["n"]) == (2, 3) and (ends["low"], ends["high"]) == stats.wilson_interval(2, 3)
-    assert out["learned"]["self_attending"]["k"] == 0 and out["learned"]["self_attending"]["n"] == 2  # one without a value
+    assert (
+        out["learned"]["self_attending"]["k"] == 0 and out["learned"]["self_attending"]["n"] == 2
+    )  # one without a value
     initial = out["stalled"]["initial_target_attn"]
     assert (initial["median"], initial["min"], initial["max"]) == (0.09, 0.03, 0.12)
     assert out["auc"] == (3 + 3 + 2) / 9  # 0.12 is above 0.11 alone

@@ -63,8 +63,15 @@ def run_optimizer(case: str, dtype):
     """(parameters after len(LRS) steps, their float64 reference, the optimiser, its gradients)."""
     cls, reference, hyper = CASES[case]
     params, grads = random_problem(dtype)
-    expected = {n: reference(params[n].astype(np.float64), [g[n].astype(np.float64) for g in grads],
-                             [lr * LR_MULT.get(n, 1.0) for lr in LRS], **hyper) for n in params}
+    expected = {
+        n: reference(
+            params[n].astype(np.float64),
+            [g[n].astype(np.float64) for g in grads],
+            [lr * LR_MULT.get(n, 1.0) for lr in LRS],
+            **hyper,
+        )
+        for n in params
+    }
     optimizer = cls(params, lr_mult=LR_MULT, **hyper)
     for step_grads, lr in zip(grads, LRS):
         optimizer.step(params, step_grads, lr)
@@ -181,8 +188,9 @@ BASE_LR, TOTAL = 0.4, 100
 
 
 def lrs(schedule: str, warmup: int, min_lr_ratio: float = 0.0, total: int = TOTAL) -> np.ndarray:
-    return np.array([optim.learning_rate(step, BASE_LR, schedule, warmup, total, min_lr_ratio)
-                     for step in range(total + 1)])
+    return np.array(
+        [optim.learning_rate(step, BASE_LR, schedule, warmup, total, min_lr_ratio) for step in range(total + 1)]
+    )
 
 
 def test_constant_schedule_is_the_base_lr():
@@ -215,7 +223,9 @@ def test_cosine_endpoints_and_midpoint(warmup, min_lr_ratio):
 def test_cosine_is_symmetric_about_its_midpoint():
     schedule_lrs = lrs("cosine", 0, 0.1)
     floor, quarter = 0.1 * BASE_LR, TOTAL // 4
-    assert schedule_lrs[quarter] - (BASE_LR + floor) / 2 == pytest.approx((BASE_LR + floor) / 2 - schedule_lrs[3 * quarter])
+    assert schedule_lrs[quarter] - (BASE_LR + floor) / 2 == pytest.approx(
+        (BASE_LR + floor) / 2 - schedule_lrs[3 * quarter]
+    )
     assert schedule_lrs[quarter] == pytest.approx(floor + (BASE_LR - floor) * (1 + math.cos(math.pi / 4)) / 2)
 
 

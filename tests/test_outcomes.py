@@ -150,11 +150,13 @@ def test_without_a_finite_loss_leaving_is_judged_by_accuracy():
 
 
 def test_every_class_is_reachable_and_listed_once():
-    seen = {run(REACHING_ACCURACY, LEARNING_LOSS).outcome,
-            run(np.where(STEPS >= 400, 0.5, REACHING_ACCURACY), LEARNING_LOSS).outcome,
-            run(ramp(CHANCE, 0.5, 100, 400), np.full(len(STEPS), 2.5)).outcome,
-            run(np.full(len(STEPS), CHANCE), np.full(len(STEPS), 2.7)).outcome,
-            run(REACHING_ACCURACY, LEARNING_LOSS, diverged=True).outcome}
+    seen = {
+        run(REACHING_ACCURACY, LEARNING_LOSS).outcome,
+        run(np.where(STEPS >= 400, 0.5, REACHING_ACCURACY), LEARNING_LOSS).outcome,
+        run(ramp(CHANCE, 0.5, 100, 400), np.full(len(STEPS), 2.5)).outcome,
+        run(np.full(len(STEPS), CHANCE), np.full(len(STEPS), 2.7)).outcome,
+        run(REACHING_ACCURACY, LEARNING_LOSS, diverged=True).outcome,
+    }
     assert seen == set(OUTCOMES) and len(OUTCOMES) == len(set(OUTCOMES)) == 5
 
 
@@ -167,10 +169,14 @@ def test_the_threshold_and_bars_are_parameters():
     assert run(flat_accuracy, loss, accuracy_bar_factor=4, plateau_fraction=1.0).outcome == SLOW
 
 
-@pytest.mark.parametrize("steps, accuracy, loss, field", [
-    (STEPS[:-1], REACHING_ACCURACY, LEARNING_LOSS, "lengths"),
-    (STEPS[::-1], REACHING_ACCURACY, LEARNING_LOSS, "increasing"),
-    (STEPS, REACHING_ACCURACY, LEARNING_LOSS[:-1], "lengths")])
+@pytest.mark.parametrize(
+    "steps, accuracy, loss, field",
+    [
+        (STEPS[:-1], REACHING_ACCURACY, LEARNING_LOSS, "lengths"),
+        (STEPS[::-1], REACHING_ACCURACY, LEARNING_LOSS, "increasing"),
+        (STEPS, REACHING_ACCURACY, LEARNING_LOSS[:-1], "lengths"),
+    ],
+)
 def test_inconsistent_curves_are_refused(steps, accuracy, loss, field):
     with pytest.raises(ValueError, match=field):
         run(accuracy, loss, steps=steps)
@@ -199,8 +205,13 @@ CHANCE_LOSS = math.log(CLASSES)  # 2.77 nats: the level reports judge a stall ag
 
 
 def at_chance_level(**overrides):
-    return run(accuracy=np.full(len(STEPS), CHANCE), loss=np.full(len(STEPS), CHANCE_LOSS),
-               plateau_loss=CHANCE_LOSS, no_retrieval_loss=PLATEAU, **overrides)
+    return run(
+        accuracy=np.full(len(STEPS), CHANCE),
+        loss=np.full(len(STEPS), CHANCE_LOSS),
+        plateau_loss=CHANCE_LOSS,
+        no_retrieval_loss=PLATEAU,
+        **overrides,
+    )
 
 
 def test_a_seed_that_never_left_chance_is_stalled_at_the_chance_level():
@@ -220,16 +231,20 @@ def test_a_seed_at_the_no_retrieval_level_has_left_chance_and_says_where_it_sat(
     loss = ramp(CHANCE_LOSS, PLATEAU, 0, 100)
     outcome = run(np.full(len(STEPS), 0.257), loss, plateau_loss=CHANCE_LOSS, no_retrieval_loss=PLATEAU)
     assert (outcome.outcome, outcome.sat_at, outcome.slow_kind) == (SLOW, "no-retrieval", "far")
-    below = run(np.full(len(STEPS), 0.5), ramp(CHANCE_LOSS, 1.0, 0, 100), plateau_loss=CHANCE_LOSS,
-                no_retrieval_loss=PLATEAU)
+    below = run(
+        np.full(len(STEPS), 0.5), ramp(CHANCE_LOSS, 1.0, 0, 100), plateau_loss=CHANCE_LOSS, no_retrieval_loss=PLATEAU
+    )
     assert (below.outcome, below.sat_at) == (SLOW, None), "went below 0.9 L_nr: retrieving something"
 
 
-@pytest.mark.parametrize("best_accuracy, final_loss, kind", [
-    (0.988, 0.05, "near"),  # 253 of 256: near, whatever its loss did
-    (0.7, 0.9, "unstable"),  # best loss 0.3, then rose to 3x it (> UNSTABLE_FACTOR)
-    (0.7, 0.5, "far"),  # rose less than the factor
-])
+@pytest.mark.parametrize(
+    "best_accuracy, final_loss, kind",
+    [
+        (0.988, 0.05, "near"),  # 253 of 256: near, whatever its loss did
+        (0.7, 0.9, "unstable"),  # best loss 0.3, then rose to 3x it (> UNSTABLE_FACTOR)
+        (0.7, 0.5, "far"),  # rose less than the factor
+    ],
+)
 def test_a_slow_seed_is_near_unstable_or_far(best_accuracy, final_loss, kind):
     accuracy = np.where(STEPS == 250, best_accuracy, 0.5)
     loss = np.where(STEPS < 250, 1.0, np.where(STEPS == 250, 0.3, final_loss))

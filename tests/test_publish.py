@@ -16,10 +16,18 @@ from attn.store import runs
 
 
 def report(verdicts: dict, headline="At each arm's own best lr, ...") -> dict:
-    return {"description": "what it tests", "runs": 4, "headline": headline,
-            "platform": {"attn_commit": ["abc1234"], "cpu": ["a CPU"], "blas": ["openblas (Haswell kernel)"],
-                         "dtype": ["float32"]},
-            "expectations": [{"id": i, "claim": f"claim {i}", "verdict": v} for i, v in verdicts.items()]}
+    return {
+        "description": "what it tests",
+        "runs": 4,
+        "headline": headline,
+        "platform": {
+            "attn_commit": ["abc1234"],
+            "cpu": ["a CPU"],
+            "blas": ["openblas (Haswell kernel)"],
+            "dtype": ["float32"],
+        },
+        "expectations": [{"id": i, "claim": f"claim {i}", "verdict": v} for i, v in verdicts.items()],
+    }
 
 
 def verifiable(experiment, verdicts: dict) -> dict:
@@ -27,14 +35,26 @@ def verifiable(experiment, verdicts: dict) -> dict:
     from attn.experiment import report_spec
 
     digest = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})["digest"]
-    return {**report(verdicts), "claims": {"digest": digest},
-            "cells": [{"settings": {}, "n": len(experiment.cells), "unfinished": {}, "success_rate": {"k": 0, "n": 1},
-                       "seeds": []}]}
+    return {
+        **report(verdicts),
+        "claims": {"digest": digest},
+        "cells": [
+            {
+                "settings": {},
+                "n": len(experiment.cells),
+                "unfinished": {},
+                "success_rate": {"k": 0, "n": 1},
+                "seeds": [],
+            }
+        ],
+    }
 
 
 def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
-    publish_into(repo, monkeypatch, f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n")
+    publish_into(
+        repo, monkeypatch, f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n"
+    )
     run_dir = tmp_path / "runs" / "sqrt_dk"
     run_dir.mkdir(parents=True)
     data = report({"a": "confirmed", "b": "inconclusive"}, headline="The generated paragraph, 7/10 seeds.")
@@ -43,22 +63,40 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     (run_dir / "headline.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     (tmp_path / "runs" / "verify").mkdir()
     (tmp_path / "runs" / "verify" / "sqrt_dk.md").write_text("table\n\nEvery verdict agrees.\n")
-    made = verification({"float64": "confirmed", "Sandybridge": "confirmed"}, experiment="sqrt_dk",
-                        cells={16: {"float64": "4/4", "Sandybridge": "4/4"}, 64: {"float64": "3/4", "Sandybridge": "4/4"},
-                               256: {"float64": "4/4", "Sandybridge": "4/4"}})
-    runs.write_json(tmp_path / "runs" / "verify" / "sqrt_dk.json",
-                    {**made, "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}},
-                     "as_run": verify.as_run_record(run_dir / "report.json", False)})
+    made = verification(
+        {"float64": "confirmed", "Sandybridge": "confirmed"},
+        experiment="sqrt_dk",
+        cells={
+            16: {"float64": "4/4", "Sandybridge": "4/4"},
+            64: {"float64": "3/4", "Sandybridge": "4/4"},
+            256: {"float64": "4/4", "Sandybridge": "4/4"},
+        },
+    )
+    runs.write_json(
+        tmp_path / "runs" / "verify" / "sqrt_dk.json",
+        {
+            **made,
+            "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 3, "runs": 4}},
+            "as_run": verify.as_run_record(run_dir / "report.json", False),
+        },
+    )
     written = publish.publish(None, tmp_path / "runs")
     results = repo / "experiments" / "results" / "sqrt_dk"
-    assert {p.name for p in results.iterdir()} == {"report.json", "report.md", "headline.png", "verify.md",
-                                                   "verify.json"}
+    assert {p.name for p in results.iterdir()} == {
+        "report.json",
+        "report.md",
+        "headline.png",
+        "verify.md",
+        "verify.json",
+    }
     assert json.loads((results / "report.json").read_text()) == data
     text = (repo / "README.md").read_text()
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
     assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
-    assert ("every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
-            "left 3 of the 4 runs finite in both bit for bit as they were (") in text
+    assert (
+        "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
+        "left 3 of the 4 runs finite in both bit for bit as they were ("
+    ) in text
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
 
@@ -77,8 +115,9 @@ def test_publish_refuses_a_verification_without_its_json(tmp_path, monkeypatch):
     with pytest.raises(runs.RunError) as info:
         publish.publish(None, tmp_path / "runs")
     assert facts_in(str(info.value), "sqrt_dk.md:", "sqrt_dk.json", "attn verify experiments/sqrt_dk.yaml")
-    assert (tmp_path / "repo" / "experiments" / "results" / "sqrt_dk" / "report.json").read_text() == "{}", \
+    assert (tmp_path / "repo" / "experiments" / "results" / "sqrt_dk" / "report.json").read_text() == "{}", (
         "the published results are left as they were"
+    )
 
 
 def test_publish_without_reports_or_a_results_block_says_so(tmp_path, monkeypatch):
@@ -106,21 +145,40 @@ def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anythi
 
 def bench_result(attn_ms: float, jax_ms: float) -> dict:
     spread = lambda ms: {"median_ms": ms, "p25_ms": ms * 0.9, "p75_ms": ms * 1.1}  # noqa: E731
-    return {"date": "2026-12-01 10:00 UTC", "attn_commit": "abc1234",
-            "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
-            "timings": [{"threads": 1, "sizes": [{"size": "default", "sides": {"attn": spread(attn_ms),
-                                                                               "jax bilinear": spread(jax_ms)},
-                                                  "fastest_rival": "jax bilinear",
-                                                  "ratio_to_fastest": attn_ms / jax_ms}]}],
-            "sweep": {"results": [{"workers": 1, "efficiency": 0.9, "wall_s": 40.0},
-                                  {"workers": 2, "efficiency": 0.85, "wall_s": 21.0}], "speedup": 1.9}}
+    return {
+        "date": "2026-12-01 10:00 UTC",
+        "attn_commit": "abc1234",
+        "machine": {"cpu": "a CPU", "cores": 2, "blas": "openblas (Haswell)"},
+        "timings": [
+            {
+                "threads": 1,
+                "sizes": [
+                    {
+                        "size": "default",
+                        "sides": {"attn": spread(attn_ms), "jax bilinear": spread(jax_ms)},
+                        "fastest_rival": "jax bilinear",
+                        "ratio_to_fastest": attn_ms / jax_ms,
+                    }
+                ],
+            }
+        ],
+        "sweep": {
+            "results": [
+                {"workers": 1, "efficiency": 0.9, "wall_s": 40.0},
+                {"workers": 2, "efficiency": 0.85, "wall_s": 21.0},
+            ],
+            "speedup": 1.9,
+        },
+    }
 
 
 def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
-    readme = (f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
-              f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n")
+    readme = (
+        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
+        f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n"
+    )
     (repo / "README.md").write_text(readme)
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
@@ -129,13 +187,18 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
     bench = tmp_path / "runs" / "bench"
     bench.mkdir()
-    for stem, result in (("bench-20261201-090000", bench_result(2.0, 1.0)), ("bench-20261201-100000",
-                                                                             bench_result(0.6, 1.0))):
+    for stem, result in (
+        ("bench-20261201-090000", bench_result(2.0, 1.0)),
+        ("bench-20261201-100000", bench_result(0.6, 1.0)),
+    ):
         runs.write_json(bench / f"{stem}.json", result)
         (bench / f"{stem}.md").write_text(f"# {stem}\n")
     publish.publish(["sqrt_dk"], tmp_path / "runs")
     text = (repo / "README.md").read_text()
-    assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear | 1 (0.9–1.1) | 0.60 (met at ≤ 1.0) |" in text
+    assert (
+        "stale text" not in text
+        and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear | 1 (0.9–1.1) | 0.60 (met at ≤ 1.0) |" in text
+    )
     assert "sweep efficiency 90% with 1 worker(s), 85% with 2 worker(s) (met at ≥ 80%)" in text
     assert "2 workers 1.90× faster than 1 (met at ≥ 1.8×)" in text
     assert (repo / "experiments" / "results" / "bench.md").read_text() == "# bench-20261201-100000\n"
@@ -145,10 +208,16 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
     from attn import cli
 
     repo = tmp_path / "repo"
-    results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
-                                              f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n")
+    results = publish_into(
+        repo,
+        monkeypatch,
+        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
+        f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n",
+    )
     (results / "sqrt_dk").mkdir(parents=True)
-    runs.write_json(results / "sqrt_dk" / "report.json", report({"a": "confirmed"}, headline="The published paragraph."))
+    runs.write_json(
+        results / "sqrt_dk" / "report.json", report({"a": "confirmed"}, headline="The published paragraph.")
+    )
     (tmp_path / "runs" / "sqrt_dk").mkdir(parents=True)  # a newer report in runs/ that --bench must not publish
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({"a": "refuted"}, headline="Unpublished."))
     bench = tmp_path / "runs" / "bench"
@@ -182,8 +251,9 @@ def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tm
     for bench_only in (True, False):
         with pytest.raises(runs.RunError) as info:
             publish.publish(None, tmp_path / "runs", bench_only=bench_only)
-        assert facts_in(str(info.value), "bench-20261201-100000.json", "--allow-mixed",
-                        *(["abc1234-dirty"] if commit else []))
+        assert facts_in(
+            str(info.value), "bench-20261201-100000.json", "--allow-mixed", *(["abc1234-dirty"] if commit else [])
+        )
         assert not results.exists() and not results.with_name(".results.new").exists()
         assert "old" in (repo / "README.md").read_text(), "nothing is touched"
     publish.publish(None, tmp_path / "runs", allow_mixed=True, bench_only=True)
@@ -200,11 +270,20 @@ def test_publishing_a_benchmark_alone_needs_one(tmp_path, monkeypatch):
 def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "RESULTS", tmp_path)
     (tmp_path / "x").mkdir()
-    runs.write_json(tmp_path / "x" / "verify.json", {"platforms": {"as run": {}, "float64": {}, "Sandybridge": {}}, "expectations": [{"id": "a"}], "agree": True, "cells": [],
-                                                      "unchanged": {"float64": {"same": 0, "runs": 4},
-                                                                    "Sandybridge": {"same": 0, "runs": 3}}})
-    assert "every verdict agrees; each re-run changed the path of every run that stayed finite (" in \
-        publish.verification_line("x")
+    runs.write_json(
+        tmp_path / "x" / "verify.json",
+        {
+            "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
+            "expectations": [{"id": "a"}],
+            "agree": True,
+            "cells": [],
+            "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 0, "runs": 3}},
+        },
+    )
+    assert (
+        "every verdict agrees; each re-run changed the path of every run that stayed finite ("
+        in publish.verification_line("x")
+    )
 
 
 def test_an_experiment_not_yet_verified_says_so_and_how_to_verify_it(tmp_path, monkeypatch):
@@ -215,77 +294,145 @@ def test_an_experiment_not_yet_verified_says_so_and_how_to_verify_it(tmp_path, m
 
 
 def test_verify_compares_every_verdict_and_names_the_flips():
-    reports = {"as run": report({"a": "confirmed", "b": "inconclusive"}),
-               "float64": report({"a": "confirmed", "b": "confirmed"}),
-               "Sandybridge": report({"a": "confirmed", "b": "inconclusive"})}
+    reports = {
+        "as run": report({"a": "confirmed", "b": "inconclusive"}),
+        "float64": report({"a": "confirmed", "b": "confirmed"}),
+        "Sandybridge": report({"a": "confirmed", "b": "inconclusive"}),
+    }
     rows = verify.compare_verdicts(reports)
-    assert rows == [{"id": "a", "verdicts": {v: "confirmed" for v in reports}, "agree": True},
-                    {"id": "b", "verdicts": {"as run": "inconclusive", "float64": "confirmed",
-                                             "Sandybridge": "inconclusive"}, "agree": False}]
-    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
-                            "expectations": rows, "agree": False})
+    assert rows == [
+        {"id": "a", "verdicts": {v: "confirmed" for v in reports}, "agree": True},
+        {
+            "id": "b",
+            "verdicts": {"as run": "inconclusive", "float64": "confirmed", "Sandybridge": "inconclusive"},
+            "agree": False,
+        },
+    ]
+    text = verify.verify_markdown(
+        {
+            "experiment": "x",
+            "platforms": {v: r["platform"] for v, r in reports.items()},
+            "expectations": rows,
+            "agree": False,
+        }
+    )
     assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
 
 
 def test_verify_names_each_re_runs_code_and_what_it_did_with_subnormals():
     reports = {"as run": report({"a": "confirmed"}), "materialized": report({"a": "confirmed"})}
     reports["as run"]["platform"].update(attn_commit=["e3870a8"])  # made before attn flushed: no word of it
-    reports["materialized"]["platform"].update(attn_commit=["1458a17", "e3870a8"], denormals=["flushed to zero", "kept"])
-    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
-                                   "expectations": verify.compare_verdicts(reports), "agree": True})
+    reports["materialized"]["platform"].update(
+        attn_commit=["1458a17", "e3870a8"], denormals=["flushed to zero", "kept"]
+    )
+    text = verify.verify_markdown(
+        {
+            "experiment": "x",
+            "platforms": {v: r["platform"] for v, r in reports.items()},
+            "expectations": verify.compare_verdicts(reports),
+            "agree": True,
+        }
+    )
     assert "as run: " in text and "subnormals kept, attn e3870a8;" in text
     assert "subnormals flushed to zero, kept, attn 1458a17, e3870a8." in text
 
 
 def cell(d_k: int, learned: int, n: int = 4, losses=(0.5, 0.25), paths=("p0", "p1")) -> dict:
-    return {"settings": {"model.d_k": d_k, "model.scale": "none"}, "success_rate": {"k": learned, "n": n},
-            "seeds": [{"seed": seed, "final_loss": loss, "path": path}
-                      for seed, (loss, path) in enumerate(zip(losses, paths))]}
+    return {
+        "settings": {"model.d_k": d_k, "model.scale": "none"},
+        "success_rate": {"k": learned, "n": n},
+        "seeds": [
+            {"seed": seed, "final_loss": loss, "path": path} for seed, (loss, path) in enumerate(zip(losses, paths))
+        ],
+    }
 
 
 def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_that_differ():
-    reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
-               "float64": {**report({}), "cells": [cell(16, 4), cell(64, 3)]},
-               "Sandybridge": {**report({}), "cells": [cell(16, 4)]}}
+    reports = {
+        "as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
+        "float64": {**report({}), "cells": [cell(16, 4), cell(64, 3)]},
+        "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
+    }
     cells = verify.compare_cells(reports)
     assert [c["same"] for c in cells] == [True, False]
     assert cells[1]["learned"] == {"as run": "2/4", "float64": "3/4", "Sandybridge": "absent"}
-    only_rerun = verify.compare_cells({"as run": {"cells": [cell(16, 4)]}, "float64": {"cells": [cell(16, 4), cell(64, 1)]}})
-    assert only_rerun[1] == {"settings": cell(64, 1)["settings"], "learned": {"as run": "absent", "float64": "1/4"},
-                             "same": False}, "a cell only a re-run has is listed, as differing"
-    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
-                            "expectations": verify.compare_verdicts(reports), "agree": True, "cells": cells})
+    only_rerun = verify.compare_cells(
+        {"as run": {"cells": [cell(16, 4)]}, "float64": {"cells": [cell(16, 4), cell(64, 1)]}}
+    )
+    assert only_rerun[1] == {
+        "settings": cell(64, 1)["settings"],
+        "learned": {"as run": "absent", "float64": "1/4"},
+        "same": False,
+    }, "a cell only a re-run has is listed, as differing"
+    text = verify.verify_markdown(
+        {
+            "experiment": "x",
+            "platforms": {v: r["platform"] for v, r in reports.items()},
+            "expectations": verify.compare_verdicts(reports),
+            "agree": True,
+            "cells": cells,
+        }
+    )
     assert "declares no expectations" in text and "Every verdict agrees" not in text
     assert "the same count in all three in 1 of 2 cells; where it differs:" in text
     assert "| 64 | none | 2/4 | 3/4 | absent |" in text and "| 16 | none |" not in text
 
 
 def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
-    reports = {"as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
-               "float64": {**report({}), "cells": [cell(16, 4, paths=("p0", "other")),
-                                                   cell(64, 2, paths=("another", "yet another"))]},
-               "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
-               "diverged": {**report({}), "cells": [cell(16, 0, losses=("inf", 0.25)), cell(64, 0, losses=(None,))]}}
+    reports = {
+        "as run": {**report({}), "cells": [cell(16, 4), cell(64, 2)]},
+        "float64": {
+            **report({}),
+            "cells": [cell(16, 4, paths=("p0", "other")), cell(64, 2, paths=("another", "yet another"))],
+        },
+        "Sandybridge": {**report({}), "cells": [cell(16, 4)]},
+        "diverged": {**report({}), "cells": [cell(16, 0, losses=("inf", 0.25)), cell(64, 0, losses=(None,))]},
+    }
     unchanged = verify.unchanged_runs(reports)
-    assert unchanged == {"float64": {"same": 1, "runs": 4}, "Sandybridge": {"same": 2, "runs": 2},
-                         "diverged": {"same": 1, "runs": 1}}, "a run diverged in a re-run is not counted"
-    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
-                            "expectations": [], "agree": True, "cells": verify.compare_cells(reports),
-                            "unchanged": unchanged})
+    assert unchanged == {
+        "float64": {"same": 1, "runs": 4},
+        "Sandybridge": {"same": 2, "runs": 2},
+        "diverged": {"same": 1, "runs": 1},
+    }, "a run diverged in a re-run is not counted"
+    text = verify.verify_markdown(
+        {
+            "experiment": "x",
+            "platforms": {v: r["platform"] for v, r in reports.items()},
+            "expectations": [],
+            "agree": True,
+            "cells": verify.compare_cells(reports),
+            "unchanged": unchanged,
+        }
+    )
     assert "of those finite in both): float64 1 of 4, Sandybridge 2 of 2, diverged 1 of 1 (where" in text
-    converged = {"as run": {"cells": [cell(16, 4, losses=(1e-4, 1e-4))]},
-                 "Sandybridge": {"cells": [cell(16, 4, losses=(1e-4, 1e-4), paths=("q0", "q1"))]}}
-    assert verify.unchanged_runs(converged) == {"Sandybridge": {"same": 0, "runs": 2}}, \
+    converged = {
+        "as run": {"cells": [cell(16, 4, losses=(1e-4, 1e-4))]},
+        "Sandybridge": {"cells": [cell(16, 4, losses=(1e-4, 1e-4), paths=("q0", "q1"))]},
+    }
+    assert verify.unchanged_runs(converged) == {"Sandybridge": {"same": 0, "runs": 2}}, (
         "runs that end at the same loss by another path were changed"
+    )
 
 
 def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
-    wide = {"settings": {"model.d_k": 16, "model.scale": "none", "optim.qk_lr_exponent": 1},
-            "success_rate": {"k": 1, "n": 4}, "seeds": []}
-    reports = {"as run": {**report({}), "cells": [cell(16, 2), wide]},
-               "float64": {**report({}), "cells": [cell(16, 3), {**wide, "success_rate": {"k": 2, "n": 4}}]}}
-    text = verify.verify_markdown({"experiment": "x", "platforms": {v: r["platform"] for v, r in reports.items()},
-                            "expectations": [], "agree": True, "cells": verify.compare_cells(reports)})
+    wide = {
+        "settings": {"model.d_k": 16, "model.scale": "none", "optim.qk_lr_exponent": 1},
+        "success_rate": {"k": 1, "n": 4},
+        "seeds": [],
+    }
+    reports = {
+        "as run": {**report({}), "cells": [cell(16, 2), wide]},
+        "float64": {**report({}), "cells": [cell(16, 3), {**wide, "success_rate": {"k": 2, "n": 4}}]},
+    }
+    text = verify.verify_markdown(
+        {
+            "experiment": "x",
+            "platforms": {v: r["platform"] for v, r in reports.items()},
+            "expectations": [],
+            "agree": True,
+            "cells": verify.compare_cells(reports),
+        }
+    )
     assert "| model.d_k | model.scale | optim.qk_lr_exponent | learned as run | learned float64 |" in text
     assert "| 16 | none | — | 2/4 | 3/4 |" in text and "| 16 | none | 1 | 1/4 | 2/4 |" in text
 
@@ -298,15 +445,21 @@ def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report(
     both = publish.results_block({"sqrt_dk": headline, "scores": scores}, changes={})
     assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
     assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
-    wide = publish.results_block({"sqrt_dk": headline, "scores": scores,
-                                  "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})}, changes={})
+    wide = publish.results_block(
+        {"sqrt_dk": headline, "scores": scores, "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})},
+        changes={},
+    )
     assert wide.index("Which mode learned where.") < wide.index("**The fixes at width**")
     assert "confirmed: `w-a`; not confirmed: `w-b`" in wide
-    boundary = {**report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
-                "description": "Where the claim stops holding, 7: the query's own position."}
+    boundary = {
+        **report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
+        "description": "Where the claim stops holding, 7: the query's own position.",
+    }
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
-    with_boundary = publish.results_block({"sqrt_dk": headline, "mask_self": boundary, "width": earlier,
-                                           "lengths": report({"l": "confirmed"})}, changes={})
+    with_boundary = publish.results_block(
+        {"sqrt_dk": headline, "mask_self": boundary, "width": earlier, "lengths": report({"l": "confirmed"})},
+        changes={},
+    )
     lines = [x for x in with_boundary.splitlines() if x.startswith("- [`")]
     assert [x.split("`")[1] for x in lines] == ["width", "mask_self"]  # by their number; lengths is none
     assert lines[1].endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
@@ -358,8 +511,12 @@ def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only
         def cells_of(arguments):  # the cells an `attn sweep` pass with these arguments builds and runs
             only = [arguments[i + 1] for i, a in enumerate(arguments) if a == "--only"]
             overrides = [a for a in arguments if "=" in a and a not in only]
-            return [c.name for c in build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"),
-                                                     overrides=overrides, only=only).cells]
+            return [
+                c.name
+                for c in build_experiment(
+                    data, tmp_path / "w.yaml", str(tmp_path / "runs"), overrides=overrides, only=only
+                ).cells
+            ]
 
         covered = [name for p in made.passes for name in cells_of(p)]
         if made.passes:
@@ -372,10 +529,17 @@ def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only
     assert made.passes == [["model.width_free=false", "--only", "model.d_k=256"], ["--only", f"model.d_k=8, {wide}"]]
     assert made.rerun == {"d_k-256_seed-0", "d_k-256_seed-1"} and "model.d_k 256" in made.said
     made = plan({"optim.name": ["sgd", "adam"], "model.d_k": [8, 256]})  # adam is never width-free
-    assert made.passes == [["model.width_free=false", "--only", "optim.name=sgd", "--only", "model.d_k=256"],
-                           ["--only", "optim.name=sgd", "--only", "model.d_k=8"], ["--only", "optim.name=adam"]]
-    plan([{"model.scale": ["sqrt", "none"], "model.d_k": [8, 256]},  # the second block sets no scale
-          {"model.score": ["mup"], "model.d_k": [256], "optim.lr_mult": [{"W_q": 0.5}, {}]}])
+    assert made.passes == [
+        ["model.width_free=false", "--only", "optim.name=sgd", "--only", "model.d_k=256"],
+        ["--only", "optim.name=sgd", "--only", "model.d_k=8"],
+        ["--only", "optim.name=adam"],
+    ]
+    plan(
+        [
+            {"model.scale": ["sqrt", "none"], "model.d_k": [8, 256]},  # the second block sets no scale
+            {"model.score": ["mup"], "model.d_k": [256], "optim.lr_mult": [{"W_q": 0.5}, {}]},
+        ]
+    )
     assert plan({"model.d_k": [8, wide]}).passes == []
 
 
@@ -384,16 +548,19 @@ def test_only_reads_back_every_grid_value_as_only_argument_writes_it(tmp_path):
     from attn.experiment.spec import build_experiment, only_argument
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
-    grid = [{"model.scale": ["none"], "model.d_k": [8]},
-            {"model.score": ["mup"], "model.d_k": [8], "optim.lr_mult": [{"W_q": 0.5}, {}]}]
+    grid = [
+        {"model.scale": ["none"], "model.d_k": [8]},
+        {"model.score": ["mup"], "model.d_k": [8], "optim.lr_mult": [{"W_q": 0.5}, {}]},
+    ]
     data = {"name": "w", "base": "base.yaml", "grid": grid, "seeds": [0]}
 
     def restricted(*only):
         return build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"), only=only).cells
 
     every = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs")).cells
-    assert [c.name for c in restricted(only_argument("model.scale", [None]))] == \
-        [c.name for c in every if "model.scale" not in dict(c.settings)]
+    assert [c.name for c in restricted(only_argument("model.scale", [None]))] == [
+        c.name for c in every if "model.scale" not in dict(c.settings)
+    ]
     [one] = restricted(only_argument("optim.lr_mult", [{"W_q": 0.5}]))
     assert dict(one.settings)["optim.lr_mult"] == {"W_q": 0.5}
     assert only_argument("k", [None, "yes", 0.001, {"W_q": 0.5}]) == "k=null, 'yes', 0.001, {W_q: 0.5}"
@@ -406,15 +573,29 @@ def test_only_builds_and_checks_only_its_cells_so_an_override_need_hold_for_them
     cell too wide for memory is left out by --only, and the claims are still checked against the whole grid."""
     from attn.experiment.spec import build_experiment
 
-    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 64}\ntrain: {steps: 2}\n")
-    claim = {"id": "c", "claim": "c", "stat": "success_rate", "arm": {"model.scale": "sqrt"}, "above": 0.5,
-             "where": {"model.d_k": [1048576]}}
-    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256, 1048576], "model.scale": ["sqrt"]},
-            "seeds": list(range(10)), "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}}
+    (tmp_path / "base.yaml").write_text(
+        "task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 64}\ntrain: {steps: 2}\n"
+    )
+    claim = {
+        "id": "c",
+        "claim": "c",
+        "stat": "success_rate",
+        "arm": {"model.scale": "sqrt"},
+        "above": 0.5,
+        "where": {"model.d_k": [1048576]},
+    }
+    data = {
+        "name": "w",
+        "base": "base.yaml",
+        "grid": {"model.d_k": [256, 1048576], "model.scale": ["sqrt"]},
+        "seeds": list(range(10)),
+        "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]},
+    }
     with pytest.raises(ConfigError, match=r"memory"):
         build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"), overrides=["model.width_free=false"])
-    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"),
-                                  overrides=["model.width_free=false"], only=["model.d_k=256"])
+    experiment = build_experiment(
+        data, tmp_path / "w.yaml", str(tmp_path / "runs"), overrides=["model.width_free=false"], only=["model.d_k=256"]
+    )
     assert {dict(c.settings)["model.d_k"] for c in experiment.cells} == {256}
     assert [e.id for e in experiment.report.expect] == ["c"]
 
@@ -423,24 +604,33 @@ def test_the_materialized_re_run_links_the_finished_runs_it_does_not_re_run(tmp_
     from attn.experiment.spec import build_experiment
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
-    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0, 1]},
-                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
+    experiment = build_experiment(
+        {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0, 1]},
+        tmp_path / "w.yaml",
+        str(tmp_path / "runs"),
+    )
     for cell, status in zip(experiment.cells, ("completed", "interrupted")):
         (experiment.directory / cell.name).mkdir(parents=True)
         runs.write_json(experiment.directory / cell.name / "summary.json", {"status": status})
     target = tmp_path / "verify" / "w"
     finished, unfinished = (c.name for c in experiment.cells)
     assert verify.link_finished_runs(experiment, target, frozenset(c.name for c in experiment.cells)) == {finished}
-    assert (target / finished / "summary.json").stat().st_ino == \
-        (experiment.directory / finished / "summary.json").stat().st_ino  # a hard link, not a copy
+    assert (target / finished / "summary.json").stat().st_ino == (
+        experiment.directory / finished / "summary.json"
+    ).stat().st_ino  # a hard link, not a copy
     assert not (target / unfinished).exists()  # left for the re-run's sweep to train
     assert verify.link_finished_runs(experiment, target, frozenset({finished})) == {finished}, "linked before: still"
 
 
 def test_a_materialized_re_runs_unchanged_count_is_over_the_runs_it_re_ran():
     def with_paths(paths):
-        return {"cells": [{"settings": {"model.d_k": d}, "seeds": [{"seed": 0, "final_loss": 0.1, "path": p}]}
-                          for d, p in paths.items()]}
+        return {
+            "cells": [
+                {"settings": {"model.d_k": d}, "seeds": [{"seed": 0, "final_loss": 0.1, "path": p}]}
+                for d, p in paths.items()
+            ]
+        }
+
     reports = {"as run": with_paths({16: "a", 256: "b"}), "materialized": with_paths({16: "a", 256: "c"})}
     rerun = {json.dumps(({"model.d_k": 256}, 0), sort_keys=True)}
     assert verify.unchanged_runs(reports) == {"materialized": {"same": 1, "runs": 2}}
@@ -509,8 +699,11 @@ def test_verify_compares_only_reports_of_every_run_under_the_claims_the_file_has
 
 
 def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
-    reports = {"as run": {"cells": [cell(16, 4), cell(256, 2)]}, "float64": {"cells": [cell(16, 4), cell(256, 2)]},
-               "materialized": {"cells": [cell(16, 4), cell(256, 2)]}}
+    reports = {
+        "as run": {"cells": [cell(16, 4), cell(256, 2)]},
+        "float64": {"cells": [cell(16, 4), cell(256, 2)]},
+        "materialized": {"cells": [cell(16, 4), cell(256, 2)]},
+    }
     linked = {"materialized": {json.dumps([cell(16, 4)["settings"]], sort_keys=True)}}
     rows = verify.compare_cells(reports, linked)
     assert [r["learned"]["materialized"] for r in rows] == ["linked", "2/4"] and all(r["same"] for r in rows)
@@ -520,8 +713,9 @@ def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
 
 def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
     platforms = {"as run": {}, "float64": {}, "Sandybridge": {}, "materialized": {}}
-    assert verify.reruns_said({"platforms": platforms}) == ("in float64, on a second BLAS kernel (Sandybridge) and "
-                                                            "with the materialized head")
+    assert verify.reruns_said({"platforms": platforms}) == (
+        "in float64, on a second BLAS kernel (Sandybridge) and with the materialized head"
+    )
     partial = {"platforms": {"as run": {}, "Sandybridge": {}}, "materialized": "no cell runs width-free"}
     said = verify.reruns_said(partial)
     assert said.startswith("on a second BLAS kernel (Sandybridge) (the materialized re-run: no cell runs width-free)")
@@ -533,7 +727,10 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
     frozen = {"a": "as frozen", "b": "changed", "c": "added after the runs began"}
     for e in changed["expectations"]:
         e["frozen"] = frozen[e["id"]]
-    assert publish.verdict_summary(changed) == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
+    assert (
+        publish.verdict_summary(changed)
+        == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
+    )
     assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
 
 
@@ -543,26 +740,48 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     mixed["platform"]["attn_commit"] = ["abc1234", "def5678-dirty", "None"]  # an older report: its commits alone
     assert publish.code_states_said(mixed) == "runs from 3 code states, 2 of them uncommitted or unrecorded"
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 3, "0123abc": 1}}) == "runs from 2 code states"
-    assert publish.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}}) == \
-        "runs from uncommitted or unrecorded code"
+    assert (
+        publish.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}})
+        == "runs from uncommitted or unrecorded code"
+    )
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, changes={})
-    assert "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or " \
-           "unrecorded): confirmed: `a`" in block
+    assert (
+        "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or "
+        "unrecorded): confirmed: `a`" in block
+    )
 
 
 def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(tmp_path):
     (tmp_path / "edge").mkdir()
-    runs.write_json(tmp_path / "edge" / "verify.json", {
-        "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}}, "agree": False, "cells": [], "unchanged": {},
-        "expectations": [{"id": "a", "agree": True, "verdicts": {"as run": "confirmed", "float64": "confirmed",
-                                                                 "Sandybridge": "confirmed"}},
-                         {"id": "b", "agree": False, "verdicts": {"as run": "inconclusive", "float64": "confirmed",
-                                                                  "Sandybridge": "inconclusive"}}]})
+    runs.write_json(
+        tmp_path / "edge" / "verify.json",
+        {
+            "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
+            "agree": False,
+            "cells": [],
+            "unchanged": {},
+            "expectations": [
+                {
+                    "id": "a",
+                    "agree": True,
+                    "verdicts": {"as run": "confirmed", "float64": "confirmed", "Sandybridge": "confirmed"},
+                },
+                {
+                    "id": "b",
+                    "agree": False,
+                    "verdicts": {"as run": "inconclusive", "float64": "confirmed", "Sandybridge": "inconclusive"},
+                },
+            ],
+        },
+    )
     flips = "`b`: inconclusive as run and in Sandybridge, confirmed in float64"
     assert f"some verdicts differ ({flips})" in publish.verification_line("edge", tmp_path)
-    edge = {**report({"a": "confirmed", "b": "inconclusive"}),
-            "description": "Where the claim stops holding, 1: what it tests", "code_states": {"abc1234": 4}}
+    edge = {
+        **report({"a": "confirmed", "b": "inconclusive"}),
+        "description": "Where the claim stops holding, 1: what it tests",
+        "code_states": {"abc1234": 4},
+    }
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path, changes={})
     assert f"confirmed: `a`; inconclusive: `b`; re-runs differ: {flips}" in block
 
@@ -584,27 +803,49 @@ def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design
     assert "runs of an earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
 
 
-def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_used_where_the_design_is_the_same(tmp_path, monkeypatch):
+def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_used_where_the_design_is_the_same(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(publish, "REPO", tmp_path)
     (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "tiny.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    (tmp_path / "configs" / "tiny.yaml").write_text(
+        "task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n"
+    )
     (tmp_path / "experiments").mkdir()
-    claim = {"id": "a", "claim": "claim a", "stat": "success_rate", "arm": {"model.scale": "sqrt"}, "above": 0.5,
-             "edited_after_runs": "weakened from 0.9 after the runs of abc1234"}
-    (tmp_path / "experiments" / "sqrt_dk.yaml").write_text(json.dumps(
-        {"name": "sqrt_dk", "description": "The design, its words corrected since.", "base": "../configs/tiny.yaml",
-         "grid": {"model.d_k": [8], "model.scale": ["sqrt"]},
-         "seeds": [0, 1, 2, 3], "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}}))
+    claim = {
+        "id": "a",
+        "claim": "claim a",
+        "stat": "success_rate",
+        "arm": {"model.scale": "sqrt"},
+        "above": 0.5,
+        "edited_after_runs": "weakened from 0.9 after the runs of abc1234",
+    }
+    (tmp_path / "experiments" / "sqrt_dk.yaml").write_text(
+        json.dumps(
+            {
+                "name": "sqrt_dk",
+                "description": "The design, its words corrected since.",
+                "base": "../configs/tiny.yaml",
+                "grid": {"model.d_k": [8], "model.scale": ["sqrt"]},
+                "seeds": [0, 1, 2, 3],
+                "report": {"x": "model.d_k", "arm": "model.scale", "expect": [claim]},
+            }
+        )
+    )
     reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
     assert publish.design_changes(reports) == {}
     block = publish.results_block(reports, tmp_path)
-    assert facts_in(block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234")
+    assert facts_in(
+        block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
+    )
     assert "- **inconclusive** — claim b (`b`)" in block
     text = publish.experiments_readme(reports, tmp_path)
     assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
     annotated = publish.as_their_files_say(reports, {})["sqrt_dk"]
     assert publish.verdict_summary(annotated) == "confirmed: `a` (edited after its runs); inconclusive: `b`"
-    assert "edited after" not in publish.verdict_summary(publish.as_their_files_say(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"])
+    assert "edited after" not in publish.verdict_summary(
+        publish.as_their_files_say(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"]
+    )
 
 
 def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
@@ -613,8 +854,10 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
     repo = tmp_path / "repo"
     publish_into(repo, monkeypatch, f"# attn\n\n{publish.RESULTS_BEGIN}\nold\n{publish.RESULTS_END}\n")
     (repo / "experiments" / "results" / "sqrt_dk").mkdir(parents=True)
-    runs.write_json(repo / "experiments" / "results" / "sqrt_dk" / "report.json",
-                    report({"a": "confirmed"}, headline="The published paragraph."))
+    runs.write_json(
+        repo / "experiments" / "results" / "sqrt_dk" / "report.json",
+        report({"a": "confirmed"}, headline="The published paragraph."),
+    )
     before = sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*"))
     assert cli.main(["publish", "--text-only"]) == 0
     assert sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*")) == before
@@ -636,15 +879,28 @@ def as_run_setup(tmp_path, monkeypatch):
     from attn.text import settings_json
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
-    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [256, 2 * verify.MATERIALIZED_WIDTH]},
-            "seeds": [0, 1]}
+    data = {
+        "name": "w",
+        "base": "base.yaml",
+        "grid": {"model.d_k": [256, 2 * verify.MATERIALIZED_WIDTH]},
+        "seeds": [0, 1],
+    }
     experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
 
     def with_seeds(made: dict, paths: dict) -> dict:  # paths: d_k -> each seed's path digest
-        cells = [{**made["cells"][0], "settings": settings_json(c.settings), "n": 2,
-                  "seeds": [{"seed": seed, "final_loss": 0.1, "path": path}
-                            for seed, path in enumerate(paths[c.config.model.d_k])]}
-                 for c in experiment.cells if c.seed == 0]
+        cells = [
+            {
+                **made["cells"][0],
+                "settings": settings_json(c.settings),
+                "n": 2,
+                "seeds": [
+                    {"seed": seed, "final_loss": 0.1, "path": path}
+                    for seed, path in enumerate(paths[c.config.model.d_k])
+                ],
+            }
+            for c in experiment.cells
+            if c.seed == 0
+        ]
         return {**made, "cells": cells}
 
     as_run_paths = {256: ["a", "b"], 2 * verify.MATERIALIZED_WIDTH: ["c", "d"]}
@@ -714,8 +970,11 @@ def test_a_run_remade_where_one_was_linked_is_not_counted_linked(tmp_path):
     from attn.experiment.spec import build_experiment
 
     (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
-    experiment = build_experiment({"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0]},
-                                  tmp_path / "w.yaml", str(tmp_path / "runs"))
+    experiment = build_experiment(
+        {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [8]}, "seeds": [0]},
+        tmp_path / "w.yaml",
+        str(tmp_path / "runs"),
+    )
     name = experiment.cells[0].name
     target = tmp_path / "verify" / "w"
     for directory in (experiment.directory / name, target / name):  # the same files, not links of each other
@@ -739,8 +998,13 @@ def test_a_verification_is_published_only_beside_the_report_it_verified(tmp_path
     (runs_dir / "verify" / "sqrt_dk.md").write_text("Every verdict agrees.\n")
     before = {p.name: p.read_bytes() for p in published.iterdir()}, (repo / "README.md").read_text()
     for as_run, refused in ((runs_dir / "sqrt_dk" / "report.json", True), (published / "report.json", False)):
-        runs.write_json(runs_dir / "verify" / "sqrt_dk.json", {**verification({"float64": "confirmed"}, experiment="sqrt_dk"),
-                                                               "as_run": verify.as_run_record(as_run, True)})
+        runs.write_json(
+            runs_dir / "verify" / "sqrt_dk.json",
+            {
+                **verification({"float64": "confirmed"}, experiment="sqrt_dk"),
+                "as_run": verify.as_run_record(as_run, True),
+            },
+        )
         if refused:
             with pytest.raises(runs.RunError) as info:
                 publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
@@ -768,17 +1032,28 @@ def test_a_reports_digest_leaves_out_the_experiment_files_path_as_typed(tmp_path
 
 
 def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_made():
-    earlier = verification({"float64": "confirmed", "Sandybridge": "confirmed"},
-                           cells={16: {"float64": "4/4", "Sandybridge": "4/4"}})
-    later = {**verification({"materialized": "inconclusive"}, cells={16: {"materialized": "3/4"}}),
-             "materialized": "model.d_k 16 re-run with model.width_free=false", "remade": {"same": 2, "runs": 2}}
+    earlier = verification(
+        {"float64": "confirmed", "Sandybridge": "confirmed"}, cells={16: {"float64": "4/4", "Sandybridge": "4/4"}}
+    )
+    later = {
+        **verification({"materialized": "inconclusive"}, cells={16: {"materialized": "3/4"}}),
+        "materialized": "model.d_k 16 re-run with model.width_free=false",
+        "remade": {"same": 2, "runs": 2},
+    }
     merged = verify.merge(earlier, later)
     assert list(merged["platforms"]) == ["as run", "float64", "Sandybridge", "materialized"]
-    assert merged["expectations"][0]["verdicts"] == {"as run": "confirmed", "float64": "confirmed",
-                                                     "Sandybridge": "confirmed", "materialized": "inconclusive"}
+    assert merged["expectations"][0]["verdicts"] == {
+        "as run": "confirmed",
+        "float64": "confirmed",
+        "Sandybridge": "confirmed",
+        "materialized": "inconclusive",
+    }
     assert merged["agree"] is False and merged["cells"][0]["same"] is False
     assert merged["cells"][0]["learned"]["materialized"] == "3/4" and set(merged["unchanged"]) == {
-        "float64", "Sandybridge", "materialized"}
+        "float64",
+        "Sandybridge",
+        "materialized",
+    }
     assert merged["materialized"].startswith("model.d_k 16") and merged["remade"] == {"same": 2, "runs": 2}
     again = verify.merge(later, verification({"float64": "confirmed"}))  # a later float64 replaces nothing else
     assert again["materialized"].startswith("model.d_k 16") and "remade" in again
@@ -791,22 +1066,31 @@ def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_m
 
 
 def test_a_merge_takes_the_later_of_a_re_run_both_made_and_leaves_linked_cells_out():
-    earlier = verification({"float64": "confirmed", "materialized": "confirmed"},
-                           cells={16: {"float64": "3/4", "materialized": verify.LINKED}})
-    redone = {**verification({"float64": "refuted"}, cells={16: {"float64": "4/4"}}),
-              "unchanged": {"float64": {"same": 1, "runs": 4}}}
+    earlier = verification(
+        {"float64": "confirmed", "materialized": "confirmed"},
+        cells={16: {"float64": "3/4", "materialized": verify.LINKED}},
+    )
+    redone = {
+        **verification({"float64": "refuted"}, cells={16: {"float64": "4/4"}}),
+        "unchanged": {"float64": {"same": 1, "runs": 4}},
+    }
     merged = verify.merge(earlier, redone)
     assert merged["expectations"][0]["verdicts"]["float64"] == "refuted" and merged["unchanged"]["float64"]["same"] == 1
     assert merged["cells"][0]["same"] is True, "a linked count is no test: as run and float64 both 4/4"
-    not_asked = verify.merge(verification({}, cells={}), {**verification({}), "materialized": "no cell runs width-free"})
+    not_asked = verify.merge(
+        verification({}, cells={}), {**verification({}), "materialized": "no cell runs width-free"}
+    )
     assert not_asked["materialized"] == "no cell runs width-free"
-    assert "remade" not in verify.merge({**earlier, "remade": {"same": 1, "runs": 1}},
-                                        verification({"materialized": "confirmed"}))
+    assert "remade" not in verify.merge(
+        {**earlier, "remade": {"same": 1, "runs": 1}}, verification({"materialized": "confirmed"})
+    )
 
 
 def test_a_verification_read_back_from_json_is_written_in_its_order():
-    made = {**verification({"float64": "confirmed", "Sandybridge": "confirmed", "materialized": "confirmed"}),
-            "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 1, "runs": 4}}}
+    made = {
+        **verification({"float64": "confirmed", "Sandybridge": "confirmed", "materialized": "confirmed"}),
+        "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 1, "runs": 4}},
+    }
     read_back = json.loads(json.dumps(made, sort_keys=True))
     text = verify.verify_markdown(read_back)
     assert "re-run (float64, Sandybridge, materialized)" in text.splitlines()[0]
@@ -824,8 +1108,9 @@ def test_a_verification_published_alone_keeps_the_re_runs_published_before_of_th
     runs_dir = tmp_path / "runs"
     (runs_dir / "verify").mkdir(parents=True)
     (runs_dir / "verify" / "sqrt_dk.md").write_text("made by verify\n")
-    runs.write_json(runs_dir / "verify" / "sqrt_dk.json",
-                    verification({"Sandybridge": "confirmed"}, digest, experiment="sqrt_dk"))
+    runs.write_json(
+        runs_dir / "verify" / "sqrt_dk.json", verification({"Sandybridge": "confirmed"}, digest, experiment="sqrt_dk")
+    )
     publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     kept = json.loads((published / "verify.json").read_text())
     assert set(kept["platforms"]) == {"as run", "float64", "Sandybridge"} and kept["agree"]
@@ -844,12 +1129,16 @@ def test_a_verification_published_alone_never_drops_re_runs_it_cannot_be_merged_
     runs_dir = tmp_path / "runs"
     (runs_dir / "verify").mkdir(parents=True)
     digest = verify.report_digest(published / "report.json")
-    runs.write_json(runs_dir / "verify" / "sqrt_dk.json", verification({"float64": "confirmed"}, digest, experiment="sqrt_dk"))
+    runs.write_json(
+        runs_dir / "verify" / "sqrt_dk.json", verification({"float64": "confirmed"}, digest, experiment="sqrt_dk")
+    )
     with pytest.raises(runs.RunError) as info:
         publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     assert facts_in(str(info.value), "verify.json:", "Sandybridge re-runs", "cannot be merged")
     assert json.loads((published / "verify.json").read_text())["as_run"] is None, "left as it was"
-    runs.write_json(runs_dir / "verify" / "sqrt_dk.json", {**older, "as_run": {"report": "r.json", "sha256": digest, "given": True}})
+    runs.write_json(
+        runs_dir / "verify" / "sqrt_dk.json", {**older, "as_run": {"report": "r.json", "sha256": digest, "given": True}}
+    )
     publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
     assert json.loads((published / "verify.json").read_text())["as_run"]["sha256"] == digest
 
@@ -857,8 +1146,13 @@ def test_a_verification_published_alone_never_drops_re_runs_it_cannot_be_merged_
 def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lacks(tmp_path, monkeypatch):
     monkeypatch.setattr(publish, "RESULTS", tmp_path)
     (tmp_path / "mask_self").mkdir()
-    runs.write_json(tmp_path / "mask_self" / "verify.json", verification({"float64": "confirmed"}, experiment="mask_self"))
-    boundary = {**report({"masked-a": "confirmed"}), "description": "Where the claim stops holding, 7: the query's own position."}
+    runs.write_json(
+        tmp_path / "mask_self" / "verify.json", verification({"float64": "confirmed"}, experiment="mask_self")
+    )
+    boundary = {
+        **report({"masked-a": "confirmed"}),
+        "description": "Where the claim stops holding, 7: the query's own position.",
+    }
     block = publish.results_block({"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary}, tmp_path, changes={})
     line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
     assert line.endswith("confirmed: `masked-a`; not yet re-run on a second BLAS kernel or with the materialized head")

@@ -16,8 +16,11 @@ from attn.store import runs
 
 def test_only_a_report_of_one_clean_commit_names_a_commit_to_re_run():
     assert published.published_commit({"code_states": {"176b2c4": 1320}}, "r.json") == "176b2c4"
-    for states, named in (({"176b2c4": 10, "ee88d54": 2}, ("176b2c4", "ee88d54")), ({"176b2c4-dirty": 3}, ("176b2c4-dirty",)),
-                          ({}, ("no recorded code",))):
+    for states, named in (
+        ({"176b2c4": 10, "ee88d54": 2}, ("176b2c4", "ee88d54")),
+        ({"176b2c4-dirty": 3}, ("176b2c4-dirty",)),
+        ({}, ("no recorded code",)),
+    ):
         with pytest.raises(runs.RunError) as info:
             published.published_commit({"code_states": states}, "r.json")
         assert facts_in(str(info.value), "r.json:", *named, "one clean commit")
@@ -69,15 +72,24 @@ def test_at_the_commit_the_report_names_it_is_verified_here_with_the_published_r
 def test_elsewhere_that_commit_re_runs_it_in_a_worktree_and_this_checkout_compares(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     experiment, results, children, verified = setup(tmp_path, monkeypatch, at_commit=False, runs_dir="runs")
-    result = published.verify_published(experiment, results, tmp_path / "repo", "Sandybridge", 2, lambda message: None,
-                                        ("float64", "kernel"))
+    result = published.verify_published(
+        experiment, results, tmp_path / "repo", "Sandybridge", 2, lambda message: None, ("float64", "kernel")
+    )
     tree = (tmp_path / "runs" / "published" / "176b2c4").resolve()
     (command, _), (make, _), (old_verify, cwd) = children
     assert command == ["git", "-C", str(tmp_path / "repo"), "worktree", "add", "--detach", str(tree), "176b2c4"]
     assert make == ["make", "-C", str(tree), ".venv/.runtime"]
     assert Path(old_verify[0]).is_absolute() and old_verify[0] == str(tree / ".venv" / "bin" / "python") and cwd == tree
-    assert old_verify[2:] == ["attn", "verify", "experiments/w.yaml", "--runs-dir", "runs", "--kernel=Sandybridge",
-                              "--workers=2", "--variants=float64,kernel"]
+    assert old_verify[2:] == [
+        "attn",
+        "verify",
+        "experiments/w.yaml",
+        "--runs-dir",
+        "runs",
+        "--kernel=Sandybridge",
+        "--workers=2",
+        "--variants=float64,kernel",
+    ]
     assert sorted(p.name for p in (tree / "runs" / "w").iterdir()) == [runs.REPORT_FILE, runs.SEEDS_FILE]
     assert verified == [(tree / "runs" / "w", results / "w", True)], "its re-runs compared here as they are"
     assert result["files"] == [str(Path("runs") / "verify" / "w.md"), str(Path("runs") / "verify" / "w.json")]
@@ -90,8 +102,11 @@ def test_elsewhere_that_commit_re_runs_it_in_a_worktree_and_this_checkout_compar
 def test_a_step_that_fails_stops_it_with_the_step_named(tmp_path, monkeypatch):
     experiment, results, children, _ = setup(tmp_path, monkeypatch, at_commit=False)
     for code, step in ((2, "its worktree"), (1, "its worktree")):  # exit 1 is a failure but for its verify's
-        monkeypatch.setattr(published.processes, "run_child",
-                            lambda command, cwd=None, stdout=None: subprocess.CompletedProcess(command, code))
+        monkeypatch.setattr(
+            published.processes,
+            "run_child",
+            lambda command, cwd=None, stdout=None: subprocess.CompletedProcess(command, code),
+        )
         with pytest.raises(runs.RunError) as info:
             published.verify_published(experiment, results, tmp_path, None, None, lambda message: None)
         assert facts_in(str(info.value), step, "worktree add", f"exited {code}")
@@ -103,8 +118,11 @@ def test_its_verify_exiting_1_without_a_comparison_failed(tmp_path, monkeypatch)
     tree = (tmp_path / "runs" / "published" / "176b2c4").resolve()
     (tree / "runs" / "verify").mkdir(parents=True)
     (tree / "runs" / "verify" / "w.json").write_text("{} from an earlier verify")
-    monkeypatch.setattr(published.processes, "run_child",
-                        lambda command, cwd=None, stdout=None: subprocess.CompletedProcess(command, 1 if cwd else 0))
+    monkeypatch.setattr(
+        published.processes,
+        "run_child",
+        lambda command, cwd=None, stdout=None: subprocess.CompletedProcess(command, 1 if cwd else 0),
+    )
     with pytest.raises(runs.RunError) as info:
         published.verify_published(experiment, results, tmp_path, None, None, lambda message: None)
     assert facts_in(str(info.value), "its attn verify (at 176b2c4) failed", "exited 1") and verified == []
@@ -128,9 +146,14 @@ def test_the_cli_verifies_a_published_report_through_it_and_refuses_it_with_as_r
 
     experiment, results, _, _ = setup(tmp_path, monkeypatch, at_commit=True)
     asked = []
-    monkeypatch.setattr(published, "verify_published",
-                        lambda experiment, results, repo, *args: asked.append((experiment.name, results, repo)) or
-                        {"agree": True, "files": [], "experiment": "w", "platforms": {"as run": {}}, "expectations": []})
+    monkeypatch.setattr(
+        published,
+        "verify_published",
+        lambda experiment, results, repo, *args: (
+            asked.append((experiment.name, results, repo))
+            or {"agree": True, "files": [], "experiment": "w", "platforms": {"as run": {}}, "expectations": []}
+        ),
+    )
     monkeypatch.setattr(verify, "verify_markdown", lambda result: "compared")
     assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--runs-dir", str(tmp_path / "runs")]) == 0
     assert asked == [("w", publish.RESULTS, publish.REPO)]

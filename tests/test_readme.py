@@ -44,8 +44,10 @@ def test_the_api_table_lists_exactly_the_public_functions_and_they_exist():
 
 
 def test_import_attn_is_cheap_and_each_name_is_imported_on_first_use():
-    code = ("import sys, attn; before = {m for m in sys.modules if m.startswith(('attn.', 'numpy', 'matplotlib'))}; "
-            "attn.list_runs; print(sorted(before), 'matplotlib' in sys.modules, 'attn.analysis.listing' in sys.modules)")
+    code = (
+        "import sys, attn; before = {m for m in sys.modules if m.startswith(('attn.', 'numpy', 'matplotlib'))}; "
+        "attn.list_runs; print(sorted(before), 'matplotlib' in sys.modules, 'attn.analysis.listing' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "False", "True"]
 
@@ -61,15 +63,17 @@ def test_attn_train_run_trains_a_run_as_attn_train_does(tmp_path):
 def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results():
     results = REPO / "experiments" / "results"
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
-    assert publish.with_block(README, publish.RESULTS_BEGIN, publish.RESULTS_END,
-                              publish.results_block(reports)) == README, "run `make publish`; do not edit the block"
+    assert (
+        publish.with_block(README, publish.RESULTS_BEGIN, publish.RESULTS_END, publish.results_block(reports)) == README
+    ), "run `make publish`; do not edit the block"
     bench = json.loads((results / "bench.json").read_text())
     assert publish.with_block(README, publish.BENCH_BEGIN, publish.BENCH_END, summary_markdown(bench)) == README
     assert (REPO / "experiments" / "README.md").read_text() == publish.experiments_readme(reports)
 
 
-@pytest.mark.parametrize("page", [REPO / "README.md", REPO / "experiments" / "README.md", *DOCS],
-                         ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize(
+    "page", [REPO / "README.md", REPO / "experiments" / "README.md", *DOCS], ids=lambda p: str(p.relative_to(REPO))
+)
 def test_every_relative_link_and_image_exists(page):
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
         if "://" not in target:

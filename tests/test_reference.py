@@ -32,8 +32,9 @@ def rng():
 
 
 def spec_of(**kw) -> ModelSpec:
-    base = dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=DK, d_v=DV,
-                dtype="float64")
+    base = dict(
+        fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=DK, d_v=DV, dtype="float64"
+    )
     return ModelSpec(**{**base, **kw})
 
 
@@ -41,17 +42,21 @@ def batch_of(rng, spec: ModelSpec, where: str, members: tuple = ()) -> Batch:
     """Targets at every position, at some, or at the last only (retrieval's shape)."""
     shape = (*members, B, T)
     tokens = np.stack([rng.integers(0, v, shape) for _, v in spec.fields], axis=-1)
-    mask = {"every": np.ones(shape, bool), "some": rng.random(shape) < 0.5,
-            "last": np.zeros(shape, bool)}[where]
+    mask = {"every": np.ones(shape, bool), "some": rng.random(shape) < 0.5, "last": np.zeros(shape, bool)}[where]
     mask[..., -1] = True
     return Batch(tokens, rng.integers(0, spec.n_classes, shape), mask, np.where(mask, rng.integers(0, T, shape), -1))
 
 
 VARIANTS = [
-    dict(scale="sqrt"), dict(scale="none", causal=True), dict(scale="linear", residual=False),
-    dict(scale="sqrt", positional="sinusoidal"), dict(scale="sqrt", positional="none"), dict(scale="none", d_k=WIDE_DK),
+    dict(scale="sqrt"),
+    dict(scale="none", causal=True),
+    dict(scale="linear", residual=False),
+    dict(scale="sqrt", positional="sinusoidal"),
+    dict(scale="sqrt", positional="none"),
+    dict(scale="none", d_k=WIDE_DK),
     dict(scale="sqrt", fields=(("token", 7),), n_classes=7, qk_gain=2.0, causal=True),
-    dict(scale="none", mask_self=True), dict(scale="sqrt", mask_self=True, d_k=WIDE_DK),
+    dict(scale="none", mask_self=True),
+    dict(scale="sqrt", mask_self=True, d_k=WIDE_DK),
 ]
 
 
@@ -68,9 +73,11 @@ def test_textbook_gradients_match_finite_differences(rng, variant):
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
 
 
-@pytest.mark.parametrize("variant,where,association",
-                         list(itertools.product(VARIANTS, ("every", "some", "last"), ASSOCIATIONS)),
-                         ids=lambda v: variant_id(v) if isinstance(v, dict) else v)
+@pytest.mark.parametrize(
+    "variant,where,association",
+    list(itertools.product(VARIANTS, ("every", "some", "last"), ASSOCIATIONS)),
+    ids=lambda v: variant_id(v) if isinstance(v, dict) else v,
+)
 def test_fast_model_equals_the_textbook(rng, variant, where, association):
     """Loss, every gradient, and the scores and attention rows the diagnostics read."""
     spec = spec_of(**variant)
@@ -123,28 +130,46 @@ def test_a_stack_of_members_equals_each_member_alone(rng, association, where):
 
 
 @pytest.mark.parametrize("members", [(), (2,)], ids=["one model", "two members"])
-@pytest.mark.parametrize("association,d_k,causal,queries", [
-    ("projected", DK, False, slice(None)), ("projected", DK, True, np.array([T - 1])),
-    ("bilinear", DK, False, slice(None)), ("bilinear", DK, True, np.array([1, 3])),
-    ("bilinear", WIDE_DK, False, np.array([T - 1])), ("bilinear", WIDE_DK, True, slice(None)),
-], ids=lambda v: str(v) if not isinstance(v, np.ndarray) else f"queries{v.tolist()}")
+@pytest.mark.parametrize(
+    "association,d_k,causal,queries",
+    [
+        ("projected", DK, False, slice(None)),
+        ("projected", DK, True, np.array([T - 1])),
+        ("bilinear", DK, False, slice(None)),
+        ("bilinear", DK, True, np.array([1, 3])),
+        ("bilinear", WIDE_DK, False, np.array([T - 1])),
+        ("bilinear", WIDE_DK, True, slice(None)),
+    ],
+    ids=lambda v: str(v) if not isinstance(v, np.ndarray) else f"queries{v.tolist()}",
+)
 def test_each_association_of_the_head_matches_finite_differences(rng, members, association, d_k, causal, queries):
     x = rng.standard_normal((*members, B, T, D))
     gain = 0.5 * np.sqrt(DK / d_k)  # scores of the same spread at either width: no row saturates
-    weights = {"W_q": rng.standard_normal((*members, D, d_k)) * gain, "W_k": rng.standard_normal((*members, D, d_k)) * gain,
-               "W_v": rng.standard_normal((*members, D, DV)), "W_o": rng.standard_normal((*members, DV, D))}
+    weights = {
+        "W_q": rng.standard_normal((*members, D, d_k)) * gain,
+        "W_k": rng.standard_normal((*members, D, d_k)) * gain,
+        "W_v": rng.standard_normal((*members, D, DV)),
+        "W_o": rng.standard_normal((*members, DV, D)),
+    }
     scale = rng.uniform(0.3, 1.0, members) if members else 0.6
     mask = head.causal_mask(T) if causal else None
-    out, _, cache = head.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
-                                             association=association)
+    out, _, cache = head.attention_forward(
+        x, **weights, scale=scale, mask=mask, queries=queries, association=association
+    )
     dout = rng.standard_normal(out.shape)
     analytic = head.attention_backward(dout, cache)
     if isinstance(analytic["x"], pairs.Factored):
         analytic["x"] = analytic["x"].dense()
 
     def f():
-        return float((head.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries,
-                                               association=association)[0] * dout).sum())
+        return float(
+            (
+                head.attention_forward(x, **weights, scale=scale, mask=mask, queries=queries, association=association)[
+                    0
+                ]
+                * dout
+            ).sum()
+        )
 
     report = gradcheck.check_gradients(f, {"x": x, **weights}, analytic)
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
@@ -159,7 +184,9 @@ def test_factorised_linear_matches_finite_differences_either_way(rng, merged):
     dx, dU, dV = pairs.factorised_linear_backward(dout, cache)
     report = gradcheck.check_gradients(
         lambda: float((pairs.factorised_linear_forward(x, U, V, merged=merged)[0] * dout).sum()),
-        {"x": x, "U": U, "V": V}, {"x": dx, "U": dU, "V": dV})
+        {"x": x, "U": U, "V": V},
+        {"x": dx, "U": dU, "V": dV},
+    )
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
 
 

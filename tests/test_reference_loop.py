@@ -15,18 +15,33 @@ from attn.store import arrayfiles, runs, runstate
 from attn.train import loop, reference_loop
 
 pytestmark = pytest.mark.filterwarnings("ignore:Degrees of freedom <= 0")  # the std of no finite scores: null
-SHORT = [*(s for s in SIZES if not s.startswith("task.n_")), "logging.plots=false", "train.steps=30", "logging.log_every=4", "logging.checkpoint_every=10",
-         "logging.mechanism_step=9"]
+SHORT = [
+    *(s for s in SIZES if not s.startswith("task.n_")),
+    "logging.plots=false",
+    "train.steps=30",
+    "logging.log_every=4",
+    "logging.checkpoint_every=10",
+    "logging.mechanism_step=9",
+]
 CASES = {
     "sgd": ["optim.lr=0.3"],
-    "momentum, clipped, cosine": ["optim.momentum=0.9", "optim.nesterov=true", "optim.clip_norm=0.5",
-                                  "optim.schedule=cosine", "optim.warmup_steps=5"],
-    "adamw, rate multipliers": ["optim.name=adamw", "optim.lr=0.01", "optim.weight_decay=0.1",
-                                "optim.qk_lr_exponent=0.5", "optim.lr_mult={W_out: 0.5}"],
+    "momentum, clipped, cosine": [
+        "optim.momentum=0.9",
+        "optim.nesterov=true",
+        "optim.clip_norm=0.5",
+        "optim.schedule=cosine",
+        "optim.warmup_steps=5",
+    ],
+    "adamw, rate multipliers": [
+        "optim.name=adamw",
+        "optim.lr=0.01",
+        "optim.weight_decay=0.1",
+        "optim.qk_lr_exponent=0.5",
+        "optim.lr_mult={W_out: 0.5}",
+    ],
     "sigma_reparam": ["model.score=sigma_reparam", "optim.lr=0.2"],
     "mask_self": ["model.mask_self=true", "model.scale=none", "optim.lr=0.3"],
-    "copy task": ["task.name=copy", "task.vocab_size=8", "task.length=6", "model.positional=learned",
-                  "optim.lr=0.2"],
+    "copy task": ["task.name=copy", "task.vocab_size=8", "task.length=6", "model.positional=learned", "optim.lr=0.2"],
     "non-finite, continue": ["optim.lr=20", "model.scale=none", "train.on_nonfinite=continue"],
     "non-finite, stop": ["optim.lr=20", "model.scale=none"],
 }
@@ -45,7 +60,9 @@ def trained(run_dir: Path, overrides: list[str], with_twin: bool, stop_at_once: 
 
 def assert_same_run(a: Path, b: Path, summary_a: dict, summary_b: dict) -> None:
     assert without_timing(runs.read_metrics(a)) == without_timing(runs.read_metrics(b))
-    result = [json.dumps({k: summary.get(k) for k in RESULT_KEYS}, sort_keys=True) for summary in (summary_a, summary_b)]
+    result = [
+        json.dumps({k: summary.get(k) for k in RESULT_KEYS}, sort_keys=True) for summary in (summary_a, summary_b)
+    ]
     assert result[0] == result[1]  # as text: a final eval_loss may be NaN
     kept = runstate.kept_checkpoint_steps(a)
     assert kept == runstate.kept_checkpoint_steps(b)

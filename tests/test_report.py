@@ -74,8 +74,14 @@ def reached_step(records) -> int | None:
 
 def load(tmp_path, grid, seeds, report, name="exp", stem=None):
     """The experiment file <stem or name>.yaml, written and loaded; its runs under tmp_path/runs/<name>."""
-    data = {"name": name, "base": str(BASE), "overrides": {"train.steps": BUDGET, "logging.log_every": 10},
-            "grid": grid, "seeds": list(seeds), "report": report}
+    data = {
+        "name": name,
+        "base": str(BASE),
+        "overrides": {"train.steps": BUDGET, "logging.log_every": 10},
+        "grid": grid,
+        "seeds": list(seeds),
+        "report": report,
+    }
     path = tmp_path / f"{stem or name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return experiments.load_experiment(path, str(tmp_path / "runs"))
@@ -97,8 +103,17 @@ def write_run(experiment, settings: dict, seed: int, records, status=None, confi
         runs.append_metrics(run_dir, {"step": step, "eval_loss": loss, "eval_accuracy": accuracy})
     status = status or status_of(records)
     writer = runs.heartbeat_fields() if status == "running" else {}  # this process: running, not stale
-    runs.write_json(run_dir / "summary.json", {"status": status, "step": records[-1][0], "steps": BUDGET,
-                                               "task": "retrieval", "references": REFERENCES, **writer})
+    runs.write_json(
+        run_dir / "summary.json",
+        {
+            "status": status,
+            "step": records[-1][0],
+            "steps": BUDGET,
+            "task": "retrieval",
+            "references": REFERENCES,
+            **writer,
+        },
+    )
     return cell
 
 
@@ -147,7 +162,7 @@ def as_json(value):
 
 def markdown_rows(md: str, title: str) -> list[dict]:
     """The rows of the first table after the line `title`, as column -> text."""
-    lines = md[md.index(title):].splitlines()
+    lines = md[md.index(title) :].splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("|"))
     table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table]
@@ -178,13 +193,19 @@ def made_up_rows(rng: np.random.Generator, n_rows: int = 12) -> dict:
     max_p = rng.uniform(0.3, 1.0, n_rows)
     max_p[:3] = 0.995  # some saturated rows
     bound = 2 * (1 - max_p)
-    return {"max_p": max_p, "saturated": max_p > mechanism.SATURATED, "grad_W_q": rng.uniform(0.1, 1.0, n_rows),
-            "grad_W_k": rng.uniform(0.1, 1.0, n_rows), "jacobian": bound * rng.uniform(0.2, 1.0, n_rows),
-            "bound": bound}
+    return {
+        "max_p": max_p,
+        "saturated": max_p > mechanism.SATURATED,
+        "grad_W_q": rng.uniform(0.1, 1.0, n_rows),
+        "grad_W_k": rng.uniform(0.1, 1.0, n_rows),
+        "jacobian": bound * rng.uniform(0.2, 1.0, n_rows),
+        "bound": bound,
+    }
 
 
-MECHANISM = {seed: {step: made_up_rows(np.random.default_rng([seed, step])) for step in MECHANISM_STEPS}
-             for seed in (0, 1)}  # the scaled seeds with a mechanism.npz
+MECHANISM = {
+    seed: {step: made_up_rows(np.random.default_rng([seed, step])) for step in MECHANISM_STEPS} for seed in (0, 1)
+}  # the scaled seeds with a mechanism.npz
 
 
 @pytest.fixture(scope="module")
@@ -192,27 +213,38 @@ def classes(tmp_path_factory):
     """d_k = 64 x scale: every outcome class and three unfinished runs in the
     unscaled cell; the scaled one all learned, two seeds with mechanism.npz;
     the linear one all diverged."""
-    experiment = load(tmp_path_factory.mktemp("classes"),
-                      {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"]}, range(9),
-                      {"x": "model.d_k", "arm": "model.scale"})
+    experiment = load(
+        tmp_path_factory.mktemp("classes"),
+        {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"]},
+        range(9),
+        {"x": "model.d_k", "arm": "model.scale"},
+    )
     write_plan(experiment, [((64, "linear"), LINEAR_SEEDS.values())], ("model.d_k", "model.scale"))
     for seed, records in NONE_SEEDS.items():
-        write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, records,
-                  "diverged" if seed in DIVERGED_RUNS else "completed")
+        write_run(
+            experiment,
+            {"model.d_k": 64, "model.scale": "none"},
+            seed,
+            records,
+            "diverged" if seed in DIVERGED_RUNS else "completed",
+        )
     for seed, status in UNFINISHED.items():
         write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed, curve(LEARNED)[:1], status)
     for seed, records in SQRT_SEEDS.items():
         cell = write_run(experiment, {"model.d_k": 64, "model.scale": "sqrt"}, seed, records)
         if seed in MECHANISM:
-            arrayfiles.save_arrays(experiment.directory / cell.name / "mechanism.npz",
-                             {f"{step}/{k}": v for step, rows in MECHANISM[seed].items() for k, v in rows.items()})
+            arrayfiles.save_arrays(
+                experiment.directory / cell.name / "mechanism.npz",
+                {f"{step}/{k}": v for step, rows in MECHANISM[seed].items() for k, v in rows.items()},
+            )
     return report_of(experiment)
 
 
 def classify(records, diverged: bool) -> str:
     steps, losses, accuracies = zip(*records)
-    return outcomes.classify(steps, accuracies, losses, diverged=diverged, budget=BUDGET, plateau_loss=PLATEAU,
-                             chance_accuracy=CHANCE).outcome
+    return outcomes.classify(
+        steps, accuracies, losses, diverged=diverged, budget=BUDGET, plateau_loss=PLATEAU, chance_accuracy=CHANCE
+    ).outcome
 
 
 def test_each_seed_is_classed_as_attn_outcomes_defines(classes):
@@ -225,8 +257,13 @@ def test_each_seed_is_classed_as_attn_outcomes_defines(classes):
     n = len(EXPECTED_CLASS)
     for name, outcome in COUNTED.items():
         low, high = stats.wilson_interval(counts[outcome], n)
-        assert cell[f"{name}_rate"] == {"k": counts[outcome], "n": n, "rate": counts[outcome] / n, "low": low,
-                                        "high": high}, name
+        assert cell[f"{name}_rate"] == {
+            "k": counts[outcome],
+            "n": n,
+            "rate": counts[outcome] / n,
+            "low": low,
+            "high": high,
+        }, name
     reached = [reached_step(NONE_SEEDS[s]) for s in EXPECTED_CLASS]
     assert [s["reached_step"] for s in cell["seeds"]] == reached and reached.count(None) == 3
     km = stats.km_median([BUDGET if t is None else t for t in reached], [t is not None for t in reached])
@@ -283,14 +320,35 @@ SELECTION_KEYS = ("model.d_k", "model.scale", "optim.lr")
 BY_DEFAULT_RULE = {(64, "sqrt"): 1.0, (64, "linear"): 0.1, (64, "none"): 0.01}
 BY_TIME_ALONE = {(64, "sqrt"): 0.01, (64, "linear"): 0.01, (64, "none"): 0.01}  # select: [min median_time]
 SHARED_BOUND = 0.03  # sqrt's final loss is below it at lr 0.1 (shared), above it at its best lr 1.0
-SHARED_CLAIMS = [{"id": f"loss-at-{at}", "claim": "scaled ends low", "stat": "final_loss", "arm": SQRT,
-                  "below": SHARED_BOUND, "at": at} for at in ("shared", "best")]
+SHARED_CLAIMS = [
+    {
+        "id": f"loss-at-{at}",
+        "claim": "scaled ends low",
+        "stat": "final_loss",
+        "arm": SQRT,
+        "below": SHARED_BOUND,
+        "at": at,
+    }
+    for at in ("shared", "best")
+]
 
 
 def selection_experiment(tmp_path, stem="selection", **report):
-    return load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"], "optim.lr": list(LRS)}, [0, 1],
-                {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "shared": 0.1,
-                 "expect": SHARED_CLAIMS, **report}, "selection", stem)
+    return load(
+        tmp_path,
+        {"model.d_k": [64], "model.scale": ["sqrt", "linear", "none"], "optim.lr": list(LRS)},
+        [0, 1],
+        {
+            "x": "model.d_k",
+            "arm": "model.scale",
+            "best_of": "optim.lr",
+            "shared": 0.1,
+            "expect": SHARED_CLAIMS,
+            **report,
+        },
+        "selection",
+        stem,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +385,8 @@ def test_an_edge_note_for_each_choice_at_the_lowest_or_highest_value_tried(selec
     notes = [line for line in selection.md.splitlines() if line.endswith("the best may lie beyond the grid.")]
     assert sorted(notes) == [  # none for scale=linear: 0.1 lies inside the grid
         "- scale=none at d_k = 64: lr = 0.01 is the lowest value tried: the best may lie beyond the grid.",
-        "- scale=sqrt at d_k = 64: lr = 1 is the highest value tried: the best may lie beyond the grid."]
+        "- scale=sqrt at d_k = 64: lr = 1 is the highest value tried: the best may lie beyond the grid.",
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -340,12 +399,15 @@ def test_the_shared_value_is_used_for_every_arm(selection):
     sentence = selection.data["counts_summary"].split("At the shared lr 0.1, ")[1].split(". ")[0]
     learned_everywhere = sentence.split(" learned in every seed at every d_k")[0]
     assert all(f"`scale={scale}`" in learned_everywhere for _, scale in BY_DEFAULT_RULE), sentence
-    for at, lr, verdict, where in (("shared", 0.1, "confirmed", "at the shared lr"),
-                                   ("best", BY_DEFAULT_RULE[(64, "sqrt")], "not confirmed", "at each arm's best lr")):
+    for at, lr, verdict, where in (
+        ("shared", 0.1, "confirmed", "at the shared lr"),
+        ("best", BY_DEFAULT_RULE[(64, "sqrt")], "not confirmed", "at each arm's best lr"),
+    ):
         result = selection.expectation(f"loss-at-{at}")
         [point] = result["points"]
         assert [point[k] for k in ("value", "low", "high")] == [
-            as_json(v) for v in expected_interval("final_loss", SELECTION[(64, "sqrt", lr)])], at
+            as_json(v) for v in expected_interval("final_loss", SELECTION[(64, "sqrt", lr)])
+        ], at
         assert result["verdict"] == verdict and where in result["rule"], at
 
 
@@ -391,15 +453,25 @@ EXPECTATIONS = [  # (id, stat, arm, rule, where: d_k values, the verdict)
 def expectation_entry(id_, stat, arm, rule, where) -> dict:
     """Judged by its intervals (test: interval); the exact tests are tests/test_verdicts_tests.py's."""
     rule = {**rule, "test": "interval"} if "better_than" in rule else rule
-    return {"id": id_, "claim": f"the claim {id_}", "stat": stat, "arm": arm, **rule,
-            **({"where": {"model.d_k": where}} if where else {})}
+    return {
+        "id": id_,
+        "claim": f"the claim {id_}",
+        "stat": stat,
+        "arm": arm,
+        **rule,
+        **({"where": {"model.d_k": where}} if where else {}),
+    }
 
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory):
-    experiment = load(tmp_path_factory.mktemp("judged"), {"model.d_k": [16, 64, 256], "model.scale": ["sqrt", "none"]},
-                      range(10), {"x": "model.d_k", "arm": "model.scale",
-                                  "expect": [expectation_entry(*e[:5]) for e in EXPECTATIONS]}, "judged")
+    experiment = load(
+        tmp_path_factory.mktemp("judged"),
+        {"model.d_k": [16, 64, 256], "model.scale": ["sqrt", "none"]},
+        range(10),
+        {"x": "model.d_k", "arm": "model.scale", "expect": [expectation_entry(*e[:5]) for e in EXPECTATIONS]},
+        "judged",
+    )
     write_plan(experiment, JUDGED.items(), ("model.d_k", "model.scale"))
     return report_of(experiment, figures=False)
 
@@ -413,8 +485,11 @@ def expected_interval(stat: str, seeds: list) -> tuple[float, float, float]:
     if stat == "median_time":
         reached = [reached_step(r) for r in seeds]
         km = stats.km_median([BUDGET if t is None else t for t in reached], [t is not None for t in reached])
-        return (math.inf if km.median is None else km.median, km.low,  # not reached: low the budget at most
-                math.inf if km.high is None else km.high)
+        return (
+            math.inf if km.median is None else km.median,
+            km.low,  # not reached: low the budget at most
+            math.inf if km.high is None else km.high,
+        )
     losses = np.array([r[-1][1] for r in seeds])
     low, high = stats.bootstrap_interval(losses, np.median, np.random.default_rng(BOOTSTRAP_SEED))
     return float(np.median(losses)), low, high
@@ -427,9 +502,11 @@ def test_the_headline_names_the_arm_that_falls_short_where_and_how(judged):
     assert headline.startswith("At the grid's setting, `scale=sqrt` learned in every seed at every d_k; "), headline
     assert "fewer learned for `scale=none` at d_k 16: 0/3 (3 stalled), 64: 0/10 (10 stalled)." in headline, headline
     verdicts = [e[5] for e in EXPECTATIONS]
-    assert headline.endswith(f"Of {len(EXPECTATIONS)} expectations, {verdicts.count('confirmed')} confirmed, "
-                             f"{verdicts.count('not confirmed')} not confirmed, "
-                             f"{verdicts.count('inconclusive')} inconclusive.")
+    assert headline.endswith(
+        f"Of {len(EXPECTATIONS)} expectations, {verdicts.count('confirmed')} confirmed, "
+        f"{verdicts.count('not confirmed')} not confirmed, "
+        f"{verdicts.count('inconclusive')} inconclusive."
+    )
 
 
 @pytest.mark.parametrize("id_, stat, arm, rule, where, verdict", EXPECTATIONS, ids=[e[0] for e in EXPECTATIONS])
@@ -437,7 +514,7 @@ def test_an_expectation_is_judged_by_its_intervals(judged, id_, stat, arm, rule,
     result = judged.expectation(id_)
     assert result["verdict"] == verdict
     assert [p["x"] for p in result["points"]] == [[d_k] for d_k in where or (16, 64, 256)], "`where` restricts x"
-    lines = judged.md[judged.md.index(f"- **{id_}**"):].splitlines()
+    lines = judged.md[judged.md.index(f"- **{id_}**") :].splitlines()
     assert lines[0] == f"- **{id_}** — the claim {id_}: **{verdict}**. Rule: {result['rule']}."
     for point, line in zip(result["points"], lines[1:]):
         (d_k,) = point["x"]
@@ -454,13 +531,21 @@ def test_an_expectation_is_judged_by_its_intervals(judged, id_, stat, arm, rule,
 
 def test_an_expectation_over_several_x_is_confirmed_only_if_every_one_is(judged):
     assert [p["verdict"] for p in judged.expectation("rate-everywhere")["points"]] == [
-        "inconclusive", "confirmed", "inconclusive"]
+        "inconclusive",
+        "confirmed",
+        "inconclusive",
+    ]
     assert [p["verdict"] for p in judged.expectation("any-not-confirmed")["points"]] == [
-        "inconclusive", "not confirmed", "confirmed"]
+        "inconclusive",
+        "not confirmed",
+        "confirmed",
+    ]
     verdicts = Counter(verdict for *_, verdict in EXPECTATIONS)
-    assert judged.data["counts_summary"].endswith(f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
-                                            f"{verdicts['not confirmed']} not confirmed, "
-                                            f"{verdicts['inconclusive']} inconclusive.")
+    assert judged.data["counts_summary"].endswith(
+        f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
+        f"{verdicts['not confirmed']} not confirmed, "
+        f"{verdicts['inconclusive']} inconclusive."
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -474,16 +559,35 @@ def left_out(tmp_path_factory):
     """sqrt: seed 0 kept, seed 1 made with another lr (left out), seed 2 with
     another runs_dir (kept: no logged number changes); none: seed 0
     interrupted, seed 1's summary torn, seed 2's config not valid."""
-    experiment = load(tmp_path_factory.mktemp("left_out"), {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
-                      range(5), {"x": "model.d_k", "arm": "model.scale", "expect": [  # 5: 3 could refute no rate claim
-                          expectation_entry("loss-no-seed", "final_loss", NONE, {"below": 1.0}, None),
-                          expectation_entry("rate-no-seed", "success_rate", SQRT, {"better_than": NONE}, None)]},
-                      "left_out")
+    experiment = load(
+        tmp_path_factory.mktemp("left_out"),
+        {"model.d_k": [64], "model.scale": ["sqrt", "none"]},
+        range(5),
+        {
+            "x": "model.d_k",
+            "arm": "model.scale",
+            "expect": [  # 5: 3 could refute no rate claim
+                expectation_entry("loss-no-seed", "final_loss", NONE, {"below": 1.0}, None),
+                expectation_entry("rate-no-seed", "success_rate", SQRT, {"better_than": NONE}, None),
+            ],
+        },
+        "left_out",
+    )
     write_run(experiment, SQRT_64, 0, curve(LEARNED))
-    write_run(experiment, SQRT_64, 1, curve(LEARNED),
-              config=replace(cell_of(experiment, SQRT_64, 1).config, **{"optim.lr": 0.7}))
-    write_run(experiment, SQRT_64, 2, curve(LEARNED),
-              config=replace(cell_of(experiment, SQRT_64, 2).config, runs_dir="elsewhere"))
+    write_run(
+        experiment,
+        SQRT_64,
+        1,
+        curve(LEARNED),
+        config=replace(cell_of(experiment, SQRT_64, 1).config, **{"optim.lr": 0.7}),
+    )
+    write_run(
+        experiment,
+        SQRT_64,
+        2,
+        curve(LEARNED),
+        config=replace(cell_of(experiment, SQRT_64, 2).config, runs_dir="elsewhere"),
+    )
     write_run(experiment, NONE_64, 0, curve(LEARNED)[:1], "interrupted")
     torn = write_run(experiment, NONE_64, 1, curve(LEARNED))
     (experiment.directory / torn.name / "summary.json").write_text("{torn")
@@ -495,8 +599,9 @@ def left_out(tmp_path_factory):
 
 
 def test_runs_made_with_another_config_or_unreadable_are_left_out_with_the_reason(left_out):
-    other_lr, torn, invalid = (cell_of(left_out.experiment, settings, seed)
-                               for settings, seed in ((SQRT_64, 1), (NONE_64, 1), (NONE_64, 2)))
+    other_lr, torn, invalid = (
+        cell_of(left_out.experiment, settings, seed) for settings, seed in ((SQRT_64, 1), (NONE_64, 1), (NONE_64, 2))
+    )
     reasons = {e["name"]: e["reason"] for e in left_out.data["excluded"]}
     assert list(reasons) == [other_lr.name, torn.name, invalid.name]
     assert facts_in(reasons[other_lr.name], "config differs", f"optim.lr: {0.7!r} -> {other_lr.config.optim.lr!r}")
@@ -515,9 +620,12 @@ def test_a_cell_with_no_finished_seed_does_not_break_the_report(left_out):
     for id_ in ("loss-no-seed", "rate-no-seed"):  # no evidence, no verdict (an empty final loss is not +inf)
         result = left_out.expectation(id_)
         assert result["verdict"] == "inconclusive" and result["points"] == [
-            {"x": [64], "verdict": "inconclusive", "note": "no finished runs"}], id_
-        assert f"- **{id_}** — the claim {id_}: **inconclusive**. Rule: {result['rule']}.\n" \
-               "  - d_k = 64: no finished runs → inconclusive" in left_out.md
+            {"x": [64], "verdict": "inconclusive", "note": "no finished runs"}
+        ], id_
+        assert (
+            f"- **{id_}** — the claim {id_}: **inconclusive**. Rule: {result['rule']}.\n"
+            "  - d_k = 64: no finished runs → inconclusive" in left_out.md
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -538,8 +646,9 @@ def test_every_figure_named_in_the_markdown_is_a_png(request, fixture):
 
 def test_curves_are_drawn_only_where_a_judged_cells_seeds_split(classes, mapping):
     assert "curves.png" in figures(classes), "the unscaled cell splits"
-    assert "curves.png" not in figures(mapping) and not (mapping.experiment.directory / "curves.png").exists(), \
+    assert "curves.png" not in figures(mapping) and not (mapping.experiment.directory / "curves.png").exists(), (
         "its only split cell is not judged"
+    )
     assert "phase.png" in figures(mapping) and "phase.png" not in figures(classes), "phase: with best_of only"
 
 
@@ -556,6 +665,7 @@ def test_the_mechanism_is_reported_from_mechanism_npz(classes):
 class MechanismOnly:
     """A judged cell's mechanism medians and nothing else: `finite` keys have a value, the rest are NaN
     (as qk_norm's per-row gradient norms are)."""
+
     n, seeds, theory_score_std = 1, (), 1.0
 
     def __init__(self, finite: set):
@@ -572,8 +682,9 @@ def test_a_mechanism_panel_with_no_finite_value_says_why_and_a_drawn_one_says_no
     figures_made = []
     monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, tight=True: figures_made.append(fig))
     best = {((64,), ("none",)): MechanismOnly({"saturated_frac"})}
-    experiment_figures.mechanism_figure(best, Layout(classes.experiment), {("none",): "C3"}, MECHANISM_STEPS,
-                                        Path("mechanism.png"))
+    experiment_figures.mechanism_figure(
+        best, Layout(classes.experiment), {("none",): "C3"}, MECHANISM_STEPS, Path("mechanism.png")
+    )
     said = [" ".join(t.get_text() for t in ax.texts) for ax in figures_made[0].axes[:5]]
     assert ["no finite value measured" in text for text in said] == [False, False, True, True, True]
     assert [len(ax.get_yticks()) > 0 for ax in figures_made[0].axes[:5]] == [True, True, False, False, False]
@@ -583,29 +694,40 @@ def test_a_mechanism_panel_with_no_finite_value_says_why_and_a_drawn_one_says_no
 # 7. A grid over a mapping field (here best_of: the phase diagram's rows, the edge notes)
 # ---------------------------------------------------------------------------
 SMALL, LARGE = {"W_q": 0.1, "W_k": 0.1}, {"W_q": 1.0, "W_k": 1.0}
-MAPPING_PLAN = [((SMALL, "sqrt"), [curve(LEARNED, 60)] * 2), ((LARGE, "sqrt"), [curve(LEARNED, 20)] * 2),
-                ((SMALL, "none"), [curve(LEARNED, 30)] * 2),
-                ((LARGE, "none"), [curve(LEARNED, 30), curve(STALLED)])]  # split, and not judged: 1/2 < 2/2
+MAPPING_PLAN = [
+    ((SMALL, "sqrt"), [curve(LEARNED, 60)] * 2),
+    ((LARGE, "sqrt"), [curve(LEARNED, 20)] * 2),
+    ((SMALL, "none"), [curve(LEARNED, 30)] * 2),
+    ((LARGE, "none"), [curve(LEARNED, 30), curve(STALLED)]),
+]  # split, and not judged: 1/2 < 2/2
 
 
 @pytest.fixture(scope="module")
 def mapping(tmp_path_factory):
-    experiment = load(tmp_path_factory.mktemp("mapping"), {"optim.lr_mult": [SMALL, LARGE],
-                                                           "model.scale": ["sqrt", "none"]}, [0, 1],
-                      {"x": "model.scale", "best_of": "optim.lr_mult"}, "mapping")
+    experiment = load(
+        tmp_path_factory.mktemp("mapping"),
+        {"optim.lr_mult": [SMALL, LARGE], "model.scale": ["sqrt", "none"]},
+        [0, 1],
+        {"x": "model.scale", "best_of": "optim.lr_mult"},
+        "mapping",
+    )
     write_plan(experiment, MAPPING_PLAN, ("optim.lr_mult", "model.scale"))
     return report_of(experiment)
 
 
 def test_a_grid_over_a_mapping_field_reports(mapping):
-    assert all(re.fullmatch(r"[A-Za-z0-9._=-]+", path.name) for path in mapping.experiment.directory.iterdir()
-               if path.is_dir())
+    assert all(
+        re.fullmatch(r"[A-Za-z0-9._=-]+", path.name) for path in mapping.experiment.directory.iterdir() if path.is_dir()
+    )
     assert {b["x"][0]: b["settings"]["optim.lr_mult"] for b in mapping.data["best"]} == {
-        "sqrt": format_value(LARGE), "none": format_value(SMALL)}
+        "sqrt": format_value(LARGE),
+        "none": format_value(SMALL),
+    }
     assert f"lr_mult = {format_value(LARGE)} is the highest value tried" in mapping.md
     assert f"lr_mult = {format_value(SMALL)} is the lowest value tried" in mapping.md
     assert [c["settings"]["optim.lr_mult"] for c in mapping.data["cells"]] == [
-        format_value(mult) for (mult, _), _ in MAPPING_PLAN]
+        format_value(mult) for (mult, _), _ in MAPPING_PLAN
+    ]
 
 
 # ---------------------------------------------------------------------------
@@ -614,21 +736,30 @@ def test_a_grid_over_a_mapping_field_reports(mapping):
 GOOD_EXPECTATION = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE}
 GOOD_REPORT = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": [GOOD_EXPECTATION]}
 BAD_REPORTS = [  # (the changes to GOOD_REPORT, what the message says after the file's path)
-    ({"select": ["max succes_rate"]},
-     "report: select: got 'max succes_rate'; expected 'max <figure>' or 'min <figure>' with a figure of "
-     + ", ".join(report_spec.SELECTION_FIGURES)),
+    (
+        {"select": ["max succes_rate"]},
+        "report: select: got 'max succes_rate'; expected 'max <figure>' or 'min <figure>' with a figure of "
+        + ", ".join(report_spec.SELECTION_FIGURES),
+    ),
     ({"shared": 0.2}, "report: shared: got 0.2; expected one of best_of's values (0.1, 1.0)"),
-    ({"expect": [{**GOOD_EXPECTATION, "above": 0.5}]},
-     "report: expect[0]: got 2 rules (better_than, above); expected exactly one of better_than, above, below"),
-    ({"expect": [{**GOOD_EXPECTATION, "stat": "succes_rate"}]},
-     "report: expect[0]: stat: got 'succes_rate'; expected one of " + ", ".join(report_spec.STATS)),
-    ({"arm": ["model.scale", "model.qk_gain"]},
-     "report: expect[0]: arm: got {'model.scale': 'sqrt'}; expected a mapping giving each arm key "
-     "(model.scale, model.qk_gain) one of its grid values"),
-    ({"expect": [{**GOOD_EXPECTATION, "where": {"model.scale": ["sqrt"]}}]},
-     "report: expect[0]: where: `model.scale` is not an x key of the report; expected model.d_k"),
+    (
+        {"expect": [{**GOOD_EXPECTATION, "above": 0.5}]},
+        "report: expect[0]: got 2 rules (better_than, above); expected exactly one of better_than, above, below",
+    ),
+    (
+        {"expect": [{**GOOD_EXPECTATION, "stat": "succes_rate"}]},
+        "report: expect[0]: stat: got 'succes_rate'; expected one of " + ", ".join(report_spec.STATS),
+    ),
+    (
+        {"arm": ["model.scale", "model.qk_gain"]},
+        "report: expect[0]: arm: got {'model.scale': 'sqrt'}; expected a mapping giving each arm key "
+        "(model.scale, model.qk_gain) one of its grid values",
+    ),
+    (
+        {"expect": [{**GOOD_EXPECTATION, "where": {"model.scale": ["sqrt"]}}]},
+        "report: expect[0]: where: `model.scale` is not an x key of the report; expected model.d_k",
+    ),
 ]
-
 
 
 @pytest.mark.parametrize("changes, message", BAD_REPORTS, ids=["select", "shared", "two-rules", "stat", "arm", "where"])
@@ -658,10 +789,12 @@ def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
 
     chosen = {((16,), ("sqrt",)): 0.3, ((256,), ("sqrt",)): 0.3, ((16,), ("none",)): 0.1, ((256,), ("none",)): 0.03}
     best = {key: SimpleNamespace(settings={"optim.lr": lr}) for key, lr in chosen.items()}
-    layout = SimpleNamespace(best_of="optim.lr", names={"optim.lr": "lr"}, x_name="d_k",
-                             arm_label=lambda arm: f"scale={arm[0]}")
-    assert _transfer_sentence(best, layout) == ("The best lr was the same at every d_k for `scale=sqrt` (0.3); "
-                                                "it moved with d_k for `scale=none` (0.1, 0.03).")
+    layout = SimpleNamespace(
+        best_of="optim.lr", names={"optim.lr": "lr"}, x_name="d_k", arm_label=lambda arm: f"scale={arm[0]}"
+    )
+    assert _transfer_sentence(best, layout) == (
+        "The best lr was the same at every d_k for `scale=sqrt` (0.3); it moved with d_k for `scale=none` (0.1, 0.03)."
+    )
     one_x = {key: cell for key, cell in best.items() if key[0] == (16,)}
     assert _transfer_sentence(one_x, layout) == "", "with one x there is nothing to transfer across"
 
@@ -669,12 +802,14 @@ def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
 def test_the_stall_table_counts_self_attending_ends_and_initial_target_attention(tmp_path):
     """Runs whose metrics carry self_attn and target_attn (as attn.model.fast.diagnostics
     logs them): the report's stall table and report.json's stall_mechanism read them."""
-    experiment = load(tmp_path, {"model.d_k": [64], "model.scale": ["none"]}, range(4),
-                      {"x": "model.d_k", "arm": "model.scale"})
+    experiment = load(
+        tmp_path, {"model.d_k": [64], "model.scale": ["none"]}, range(4), {"x": "model.d_k", "arm": "model.scale"}
+    )
     plan = {0: (STALLED, 0.03, 0.95), 1: (STALLED, 0.05, 0.5), 2: (LEARNED, 0.10, 0.01), 3: (LEARNED, 0.12, 0.02)}
     for seed, (outcome, initial_target, final_self) in plan.items():
-        cell = write_run(experiment, {"model.d_k": 64, "model.scale": "none"}, seed,
-                         [(0, PLATEAU, CHANCE)] + curve(outcome))
+        cell = write_run(
+            experiment, {"model.d_k": 64, "model.scale": "none"}, seed, [(0, PLATEAU, CHANCE)] + curve(outcome)
+        )
         path = experiment.directory / cell.name / "metrics.jsonl"
         records = [json.loads(line) for line in path.read_text().splitlines()]
         records[0].update(target_attn=initial_target, self_attn=0.1)
@@ -695,10 +830,23 @@ def test_the_stall_table_counts_self_attending_ends_and_initial_target_attention
 # Held-out selection: the best chosen on select_on seeds, judged on judge_on seeds
 # ---------------------------------------------------------------------------
 HELD_SELECT, HELD_JUDGE = [0, 1], list(range(2, 10))
-HELD_CLAIMS = [{"id": "learns", "claim": "the scaled head learns in most seeds", "stat": "success_rate", "arm": SQRT,
-                "above": 0.5},
-               {"id": "beats-none", "claim": "the scaled head learns more often than the unscaled", "stat": "success_rate",
-                "arm": SQRT, "better_than": NONE, "test": "mcnemar"}]
+HELD_CLAIMS = [
+    {
+        "id": "learns",
+        "claim": "the scaled head learns in most seeds",
+        "stat": "success_rate",
+        "arm": SQRT,
+        "above": 0.5,
+    },
+    {
+        "id": "beats-none",
+        "claim": "the scaled head learns more often than the unscaled",
+        "stat": "success_rate",
+        "arm": SQRT,
+        "better_than": NONE,
+        "test": "mcnemar",
+    },
+]
 
 
 def held_out_experiment(tmp_path, held_out=True, outcome_of=None):
@@ -710,8 +858,13 @@ def held_out_experiment(tmp_path, held_out=True, outcome_of=None):
     tmp_path.mkdir()
     if held_out:
         report.update(select_on=HELD_SELECT, judge_on=HELD_JUDGE)
-    experiment = load(tmp_path, {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
-                      range(10), report, "held")
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
+        range(10),
+        report,
+        "held",
+    )
     for lr in (0.01, 0.1):
         for seed in range(10):
             learns = (seed in HELD_SELECT) == (lr == 0.01)
@@ -753,14 +906,20 @@ def test_a_selection_seeds_outcome_never_moves_a_verdict_and_a_judge_seeds_can(t
     assert after.expectation("beats-none")["verdict"] == "confirmed" != before["beats-none"][0]
 
 
-@pytest.mark.parametrize("held_out, message", [
-    ({"select_on": [0, 1]}, "report: select_on: given without `judge_on`"),
-    ({"select_on": [0, 1], "judge_on": [1, 2, 3]}, "sharing seed(s) 1 with select_on; expected seeds disjoint"),
-    ({"select_on": [0, 12], "judge_on": [2, 3]}, "report: select_on: got [0, 12]; expected a non-empty list of "
-                                                 "distinct seeds of the file's `seeds` (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"),
-    ({"select_on": [], "judge_on": [2, 3]}, "report: select_on: got []"),
-    ({"select_on": [0, 1], "judge_on": [2, 3, 4]}, "the mcnemar test on 3 seeds per arm cannot reach"),
-])
+@pytest.mark.parametrize(
+    "held_out, message",
+    [
+        ({"select_on": [0, 1]}, "report: select_on: given without `judge_on`"),
+        ({"select_on": [0, 1], "judge_on": [1, 2, 3]}, "sharing seed(s) 1 with select_on; expected seeds disjoint"),
+        (
+            {"select_on": [0, 12], "judge_on": [2, 3]},
+            "report: select_on: got [0, 12]; expected a non-empty list of "
+            "distinct seeds of the file's `seeds` (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)",
+        ),
+        ({"select_on": [], "judge_on": [2, 3]}, "report: select_on: got []"),
+        ({"select_on": [0, 1], "judge_on": [2, 3, 4]}, "the mcnemar test on 3 seeds per arm cannot reach"),
+    ],
+)
 def test_held_out_seeds_are_checked_when_the_file_is_read(tmp_path, held_out, message):
     report = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": HELD_CLAIMS[1:], **held_out}
     with pytest.raises(ConfigError) as err:
@@ -772,7 +931,9 @@ def test_the_frozen_claims_record_the_held_out_seeds_and_without_them_are_as_bef
     grid = {"model.d_k": [64], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]}
     base = {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr"}
     plain = load(tmp_path, grid, range(10), base, stem="plain").report
-    held = load(tmp_path, grid, range(10), {**base, "select_on": HELD_SELECT, "judge_on": HELD_JUDGE}, stem="held").report
+    held = load(
+        tmp_path, grid, range(10), {**base, "select_on": HELD_SELECT, "judge_on": HELD_JUDGE}, stem="held"
+    ).report
     record = report_spec.claims_record(held, range(10))
     assert record["section"]["select_on"] == HELD_SELECT and record["section"]["judge_on"] == HELD_JUDGE
     assert "select_on" not in report_spec.claims_record(plain, range(10))["section"]
@@ -793,26 +954,46 @@ def test_the_scope_lists_numbers_in_numeric_order_and_says_where_a_setting_is_se
     clipping only where set, and "in some runs" where not every run sets them."""
     from attn.report.conclusion import scope
 
-    experiment = load(tmp_path, {"model.d_model": [1024, 64, 256], "optim.warmup_steps": [0, 150],
-                                 "optim.clip_norm": [None, 1.0]}, range(2), {"x": "model.d_model"})
+    experiment = load(
+        tmp_path,
+        {"model.d_model": [1024, 64, 256], "optim.warmup_steps": [0, 150], "optim.clip_norm": [None, 1.0]},
+        range(2),
+        {"x": "model.d_model"},
+    )
     said = scope(experiment)
     assert "d_model 64, 256, 1024;" in said and "None" not in said
     assert "warm-up 150 steps in some runs" in said and "clipping at 1.0 in some runs" in said
-    everywhere = load(tmp_path, {"model.d_model": [64], "optim.warmup_steps": [150]}, range(2),
-                      {"x": "model.d_model"}, name="all")
+    everywhere = load(
+        tmp_path, {"model.d_model": [64], "optim.warmup_steps": [150]}, range(2), {"x": "model.d_model"}, name="all"
+    )
     assert "plain SGD with warm-up 150 steps;" in scope(everywhere) and "clipping" not in scope(everywhere)
 
 
 def test_the_phase_figure_frames_each_arms_chosen_rate_with_held_out_seeds(tmp_path, monkeypatch):
     """The chosen cell comes back as a copy on the judging seeds; it is still the one framed, once per arm."""
-    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
-                      range(4), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
-                                 "select_on": [0, 1], "judge_on": [2, 3]}, "framed")
-    write_plan(experiment, [((16, scale, lr), [curve(LEARNED if lr == 0.1 else STALLED)] * 4)
-                            for scale in ("sqrt", "none") for lr in (0.01, 0.1)], ("model.d_k", "model.scale", "optim.lr"))
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.01, 0.1]},
+        range(4),
+        {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "select_on": [0, 1], "judge_on": [2, 3]},
+        "framed",
+    )
+    write_plan(
+        experiment,
+        [
+            ((16, scale, lr), [curve(LEARNED if lr == 0.1 else STALLED)] * 4)
+            for scale in ("sqrt", "none")
+            for lr in (0.01, 0.1)
+        ],
+        ("model.d_k", "model.scale", "optim.lr"),
+    )
     drawn = {}
-    monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, **_: drawn.setdefault(path.name, fig) and path)
+    monkeypatch.setattr(
+        experiment_figures, "save_figure", lambda fig, path, **_: drawn.setdefault(path.name, fig) and path
+    )
     report_of(experiment)
-    framed = [[(patch.get_x() + 0.5, patch.get_y() + 0.5) for patch in ax.patches if patch.get_linewidth() == 2.0]
-              for ax in drawn["phase.png"].axes]
+    framed = [
+        [(patch.get_x() + 0.5, patch.get_y() + 0.5) for patch in ax.patches if patch.get_linewidth() == 2.0]
+        for ax in drawn["phase.png"].axes
+    ]
     assert framed == [[(0, 1)], [(0, 1)]]  # per arm: column d_k 16, row lr 0.1

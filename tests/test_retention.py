@@ -27,8 +27,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def trained(runs_dir: Path, name: str, *overrides) -> Path:
-    config = load_config(None, [*TINY, f"runs_dir={runs_dir}", "train.steps=60", "logging.log_every=10",
-                                "logging.checkpoint_every=10", *overrides])
+    config = load_config(
+        None,
+        [
+            *TINY,
+            f"runs_dir={runs_dir}",
+            "train.steps=60",
+            "logging.log_every=10",
+            "logging.checkpoint_every=10",
+            *overrides,
+        ],
+    )
     run_dir = lifecycle.create(config, name=name)
     lifecycle.execute(config, run_dir)
     return run_dir
@@ -44,12 +53,15 @@ def test_retained_steps_keep_the_last_the_multiples_and_always_the_newest():
     assert runstate.retained_steps([10, 20, 30, 40], 20, None, None) == [10, 20], "keeping every one, too"
 
 
-@pytest.mark.parametrize("overrides,kept", [
-    ((), [50, 60]),  # the default: the last two
-    (("logging.keep_checkpoints=1",), [60]),
-    (("logging.keep_checkpoints=1", "logging.keep_every=20"), [20, 40, 60]),
-    (("logging.keep_checkpoints=null",), [10, 20, 30, 40, 50, 60]),  # every one (the first is at step 10)
-])
+@pytest.mark.parametrize(
+    "overrides,kept",
+    [
+        ((), [50, 60]),  # the default: the last two
+        (("logging.keep_checkpoints=1",), [60]),
+        (("logging.keep_checkpoints=1", "logging.keep_every=20"), [20, 40, 60]),
+        (("logging.keep_checkpoints=null",), [10, 20, 30, 40, 50, 60]),  # every one (the first is at step 10)
+    ],
+)
 def test_a_run_keeps_only_the_checkpoints_asked_for(tmp_path, overrides, kept):
     run_dir = trained(tmp_path, "run", *overrides)
     assert runstate.kept_checkpoint_steps(run_dir) == kept
@@ -117,8 +129,16 @@ def test_a_run_out_of_disk_resumes_once_space_is_freed(tmp_path, monkeypatch, ca
         return Full(fh) if full["on"] and "checkpoint-30.npz" in str(path) and "w" in mode else fh
 
     monkeypatch.setattr(runs, "open", filling_open, raising=False)
-    args = ["train", "--name", "full", *TINY, f"runs_dir={tmp_path}", "train.steps=60", "logging.log_every=10",
-            "logging.checkpoint_every=10"]
+    args = [
+        "train",
+        "--name",
+        "full",
+        *TINY,
+        f"runs_dir={tmp_path}",
+        "train.steps=60",
+        "logging.log_every=10",
+        "logging.checkpoint_every=10",
+    ]
     assert cli.main(args) == common.EXIT_FAILED
     err = capsys.readouterr().err
     assert "checkpoint-30.npz: cannot write: no space left on device" in err and "Traceback" not in err
@@ -147,14 +167,30 @@ def test_a_run_that_filled_a_small_disk_resumes_after_the_filler_goes(tmp_path):
         filler = disk / "filler"
         free = shutil.disk_usage(disk).free
         filler.write_bytes(b"\0" * (free - 200 * 1024))
-        command = [sys.executable, "-m", "attn", "train", "--name", "run", *TINY, f"runs_dir={disk}",
-                   "train.steps=1500", "logging.log_every=1", "logging.checkpoint_every=25"]
+        command = [
+            sys.executable,
+            "-m",
+            "attn",
+            "train",
+            "--name",
+            "run",
+            *TINY,
+            f"runs_dir={disk}",
+            "train.steps=1500",
+            "logging.log_every=1",
+            "logging.checkpoint_every=25",
+        ]
         failed = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
         assert failed.returncode == common.EXIT_FAILED, failed.stderr
         assert "no space left on device" in failed.stderr and "Traceback" not in failed.stderr
         filler.unlink()
-        resumed = subprocess.run([sys.executable, "-m", "attn", "train", "--resume", str(disk / "run")],
-                                 capture_output=True, text=True, cwd=REPO, timeout=300)
+        resumed = subprocess.run(
+            [sys.executable, "-m", "attn", "train", "--resume", str(disk / "run")],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
         assert resumed.returncode == common.EXIT_OK, resumed.stderr
         assert runs.read_summary(disk / "run")["status"] == "completed"
         assert runstate.kept_checkpoint_steps(disk / "run") == [1475, 1500]

@@ -11,8 +11,12 @@ from attn.config.loading import load_config
 from attn.model import fast
 from attn.store import runstate
 
-CASES = {"retrieval": (), "copy-causal": ("task.name=copy", "model.causal=true"), "wide": ("model.d_k=256",),
-         "unscaled-sinusoidal": ("model.scale=none", "model.positional=sinusoidal", "model.residual=false")}
+CASES = {
+    "retrieval": (),
+    "copy-causal": ("task.name=copy", "model.causal=true"),
+    "wide": ("model.d_k=256",),
+    "unscaled-sinusoidal": ("model.scale=none", "model.positional=sinusoidal", "model.residual=false"),
+}
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])

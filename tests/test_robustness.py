@@ -45,8 +45,14 @@ class Outcome:
 
 
 def start_cli(*args, cwd) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "attn", *map(str, args)], cwd=cwd, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "attn", *map(str, args)],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen) -> Outcome:
@@ -113,8 +119,10 @@ BAD_CONFIG_FILES = {  # name: (file contents; None = no file, "DIR" = a director
     "impossible": ("task:\n  n_keys: 4\n  n_pairs: 8\n", ["task.n_pairs", "8", "task.n_keys"]),
     "object_tag": ("optim: !!python/object/apply:os.system ['touch pwned']\n", ["python/object", "not allowed"]),
     "alias_bomb": (billion_laughs(), ["alias"]),
-    "absurd_sizes": ("model:\n  d_model: 100000\n  d_k: 100000\ntrain:\n  batch_size: 100000\n",
-                     ["model.d_model=100000", "GiB"]),
+    "absurd_sizes": (
+        "model:\n  d_model: 100000\n  d_k: 100000\ntrain:\n  batch_size: 100000\n",
+        ["model.d_model=100000", "GiB"],
+    ),
 }
 
 
@@ -173,21 +181,29 @@ def test_a_path_the_os_refuses_is_one_line_naming_it(case, command, tmp_path, mo
     rest, says = PATH_CASES[case]
     where = str(tmp_path / rest)
     grid = ["--grid", "optim.lr=0.1"] if command == "sweep" else []
-    line = assert_one_line_error(main_in_process(capsys, command, REPO / "configs" / "default.yaml", *grid,
-                                                 f"runs_dir={where}"), "runs_dir", where[:60], says)
+    line = assert_one_line_error(
+        main_in_process(capsys, command, REPO / "configs" / "default.yaml", *grid, f"runs_dir={where}"),
+        "runs_dir",
+        where[:60],
+        says,
+    )
     assert len(line) < 400  # the path is shown cut, not all 5000 characters
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_a_directory_the_os_forbids_is_one_line_with_the_fix(tmp_path, monkeypatch, capsys):
     """Root may write anywhere, so the refusal is injected where the run directory is made."""
+
     def forbidden(self, *args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
 
     monkeypatch.chdir(tmp_path)  # a short path, shown whole
     monkeypatch.setattr(Path, "mkdir", forbidden)
-    line = assert_one_line_error(main_in_process(capsys, "train", REPO / "configs" / "default.yaml",
-                                                 "runs_dir=locked"), "'locked'", "permission denied")
+    line = assert_one_line_error(
+        main_in_process(capsys, "train", REPO / "configs" / "default.yaml", "runs_dir=locked"),
+        "'locked'",
+        "permission denied",
+    )
     assert "change its permissions" in line
 
 
@@ -229,12 +245,18 @@ BAD_CHECKPOINTS = {  # name: (how to spoil checkpoint.npz, fragments of the erro
     "not_npz": (lambda p: p.write_bytes(np.random.default_rng(0).bytes(4096)), ["not an .npz checkpoint"]),
     "damaged": (flip_a_middle_byte, ["is damaged"]),
     "missing_array": (lambda p: rewrite_checkpoint(p, lambda a: a.pop("param/W_q")), ["missing array 'param/W_q'"]),
-    "wrong_shape": (lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_q": a["param/W_q"][:-1]})),
-                    ["'param/W_q'", "expected float32"]),
-    "wrong_dtype": (lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_k": a["param/W_k"].astype(np.float64)})),
-                    ["'param/W_k' is float64", "expected float32"]),
-    "needs_pickle": (lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_v": np.array([{"x": 1}])})),
-                     ["array 'param/W_v'", "pickle"]),
+    "wrong_shape": (
+        lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_q": a["param/W_q"][:-1]})),
+        ["'param/W_q'", "expected float32"],
+    ),
+    "wrong_dtype": (
+        lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_k": a["param/W_k"].astype(np.float64)})),
+        ["'param/W_k' is float64", "expected float32"],
+    ),
+    "needs_pickle": (
+        lambda p: rewrite_checkpoint(p, lambda a: a.update({"param/W_v": np.array([{"x": 1}])})),
+        ["array 'param/W_v'", "pickle"],
+    ),
     "malformed_meta": (lambda p: rewrite_checkpoint(p, without_data_rng), ["malformed metadata", "data_rng"]),
 }
 
@@ -245,8 +267,9 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_the_reason(case, stopped
     spoil, fragments = BAD_CHECKPOINTS[case]
     spoil(run_dir / "checkpoint.npz")
     before = snapshot(run_dir)
-    assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir),
-                          str(run_dir / "checkpoint.npz"), "refused", *fragments)
+    assert_one_line_error(
+        main_in_process(capsys, "train", "--resume", run_dir), str(run_dir / "checkpoint.npz"), "refused", *fragments
+    )
     assert snapshot(run_dir) == before
 
 
@@ -263,11 +286,15 @@ def test_resume_refuses_a_changed_config_showing_the_difference(stopped_run, tmp
     run_dir = shutil.copytree(stopped_run, tmp_path / "copy")
     before = snapshot(run_dir)
     stored_lr = lifecycle.config_of(run_dir).optim.lr
-    line = assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir, "optim.lr=0.3", "seed=0"),
-                                 f"optim.lr: {stored_lr!r} -> 0.3")
+    line = assert_one_line_error(
+        main_in_process(capsys, "train", "--resume", run_dir, "optim.lr=0.3", "seed=0"),
+        f"optim.lr: {stored_lr!r} -> 0.3",
+    )
     assert "seed" not in line  # only what differs
     other = REPO / "configs/copy.yaml"
-    assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir, other), "task.name: 'retrieval' -> 'copy'")
+    assert_one_line_error(
+        main_in_process(capsys, "train", "--resume", run_dir, other), "task.name: 'retrieval' -> 'copy'"
+    )
     assert snapshot(run_dir) == before
 
 
@@ -291,7 +318,11 @@ DIVERGING_CONFIG, DIVERGING_OVERRIDES = REPO / "configs/retrieval_unscaled.yaml"
 
 
 def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path, capsys):
-    outcome = finish(start_cli("train", DIVERGING_CONFIG, *DIVERGING_OVERRIDES, "logging.log_every=1", "--name", "blowup", cwd=tmp_path))
+    outcome = finish(
+        start_cli(
+            "train", DIVERGING_CONFIG, *DIVERGING_OVERRIDES, "logging.log_every=1", "--name", "blowup", cwd=tmp_path
+        )
+    )
     run_dir = tmp_path / "runs" / "blowup"
     assert outcome.code == common.EXIT_DIVERGED, outcome.stderr
     assert "Traceback" not in outcome.stderr and "Warning" not in outcome.stderr
@@ -312,8 +343,17 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
 
 
 def test_on_nonfinite_continue_skips_and_records_the_bad_updates(tmp_path):
-    config = load_config(DIVERGING_CONFIG, [*DIVERGING_OVERRIDES, f"runs_dir={tmp_path}", "train.steps=12",
-                                            "logging.log_every=4", "train.on_nonfinite=continue", "logging.plots=false"])
+    config = load_config(
+        DIVERGING_CONFIG,
+        [
+            *DIVERGING_OVERRIDES,
+            f"runs_dir={tmp_path}",
+            "train.steps=12",
+            "logging.log_every=4",
+            "train.on_nonfinite=continue",
+            "logging.plots=false",
+        ],
+    )
     run_dir = train_in_process(config, "carry-on")
     summary = runs.read_summary(run_dir)
     bad = [r for r in runs.read_metrics(run_dir) if "nonfinite" in r]
@@ -329,8 +369,13 @@ def test_on_nonfinite_continue_skips_and_records_the_bad_updates(tmp_path):
 SIGNAL_STEPS, LOG_EVERY = 1000, 10  # ~1 s of steps left after the signal lands, even on a loaded machine
 SIGNAL_RUN = [*TINY, f"train.steps={SIGNAL_STEPS}", f"logging.log_every={LOG_EVERY}", "logging.checkpoint_every=20"]
 SIGNAL_CASES = {  # signal name: overrides (an optimiser state and schedule worth restoring)
-    "SIGINT": ["optim.momentum=0.9", "optim.nesterov=true", "optim.lr=0.05", "optim.schedule=cosine",
-               "optim.warmup_steps=20"],
+    "SIGINT": [
+        "optim.momentum=0.9",
+        "optim.nesterov=true",
+        "optim.lr=0.05",
+        "optim.schedule=cosine",
+        "optim.warmup_steps=20",
+    ],
     "SIGTERM": ["optim.name=adam", "optim.lr=0.01", "optim.clip_norm=1.0"],
     "SIGKILL": ["optim.momentum=0.5", "optim.lr=0.1"],
 }
@@ -349,8 +394,10 @@ def signalled(tmp_path_factory):
     """Each case's run started through the CLI, sent its signal once metrics
     are flowing, then resumed through the CLI; plus an uninterrupted reference."""
     root = tmp_path_factory.mktemp("signals")
-    cases = {name: dict(overrides=[*SIGNAL_RUN, *extra], run_dir=root / "runs" / name)
-             for name, extra in SIGNAL_CASES.items()}
+    cases = {
+        name: dict(overrides=[*SIGNAL_RUN, *extra], run_dir=root / "runs" / name)
+        for name, extra in SIGNAL_CASES.items()
+    }
     processes = {name: start_cli("train", *case["overrides"], "--name", name, cwd=root) for name, case in cases.items()}
     waiting = dict(processes)
     while waiting:
@@ -365,8 +412,9 @@ def signalled(tmp_path_factory):
         case["summary_after_stop"] = runs.read_summary(case["run_dir"])
         case["metrics_lines_after_stop"] = (case["run_dir"] / "metrics.jsonl").read_text().splitlines()
         case["files_after_stop"] = sorted(p.name for p in case["run_dir"].iterdir())
-        case["checkpoint_step"] = json.loads(
-            str(arrayfiles.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))["step"]
+        case["checkpoint_step"] = json.loads(str(arrayfiles.load_arrays(case["run_dir"] / "checkpoint.npz")["meta"]))[
+            "step"
+        ]
     with open(cases["SIGKILL"]["run_dir"] / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 999, "train_lo')  # and power failed mid-append
     resumes = {name: start_cli("train", "--resume", case["run_dir"], cwd=root) for name, case in cases.items()}
@@ -447,8 +495,9 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     summary = runs.read_summary(run_dir)
     assert outcome.code == common.EXIT_SIGNAL["SIGINT"] and "Traceback" not in outcome.stderr
     assert summary["status"] == "interrupted"
-    assert summary["reason"] == (f"stopped immediately during step {signalled_step}; "
-                                 f"resume continues from step {last_checkpoint}")
+    assert summary["reason"] == (
+        f"stopped immediately during step {signalled_step}; resume continues from step {last_checkpoint}"
+    )
     checkpoint_meta = json.loads(str(arrayfiles.load_arrays(run_dir / "checkpoint.npz")["meta"]))
     assert checkpoint_meta["step"] == last_checkpoint  # none written for the half-done step
     assert main_in_process(capsys, "train", "--resume", run_dir).code == common.EXIT_OK
@@ -531,8 +580,17 @@ def test_write_atomic_keeps_the_old_file_when_writing_or_renaming_fails(tmp_path
 def test_a_full_disk_mid_run_fails_in_one_line_and_corrupts_nothing(tmp_path, monkeypatch, capsys):
     config = tiny_config(tmp_path, "train.steps=60", "logging.log_every=1", "logging.checkpoint_every=5")
     monkeypatch.setattr(runs, "open", FullDisk(allowed=16), raising=False)
-    outcome = main_in_process(capsys, "train", *TINY, f"runs_dir={tmp_path}", "train.steps=60",
-                              "logging.log_every=1", "logging.checkpoint_every=5", "--name", "full")
+    outcome = main_in_process(
+        capsys,
+        "train",
+        *TINY,
+        f"runs_dir={tmp_path}",
+        "train.steps=60",
+        "logging.log_every=1",
+        "logging.checkpoint_every=5",
+        "--name",
+        "full",
+    )
     monkeypatch.undo()
     run_dir = tmp_path / "full"
     assert outcome.code == common.EXIT_FAILED and "Traceback" not in outcome.stderr
@@ -551,11 +609,16 @@ def test_a_full_disk_mid_run_fails_in_one_line_and_corrupts_nothing(tmp_path, mo
 def test_an_unwritable_runs_dir_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("not a directory")
-    assert_one_line_error(main_in_process(capsys, "train", *TINY, "runs_dir=a_file/runs"),
-                          "runs_dir 'a_file/runs': a_file is a file, not a directory; choose a directory")
+    assert_one_line_error(
+        main_in_process(capsys, "train", *TINY, "runs_dir=a_file/runs"),
+        "runs_dir 'a_file/runs': a_file is a file, not a directory; choose a directory",
+    )
     monkeypatch.setattr(runs, "open", FullDisk(allowed=0), raising=False)  # no room for config.yaml
-    assert_one_line_error(main_in_process(capsys, "train", *TINY, "runs_dir=runs", "--name", "x"),
-                          "config.yaml", "no space left on device")
+    assert_one_line_error(
+        main_in_process(capsys, "train", *TINY, "runs_dir=runs", "--name", "x"),
+        "config.yaml",
+        "no space left on device",
+    )
     assert list((tmp_path / "runs").iterdir()) == []
 
 

@@ -19,9 +19,16 @@ from attn.train import loop
 
 B, T, D, DV = 3, 5, 6, 4
 TOL = 1e-6
-MODES = [("qk_norm", {}), ("qk_norm", {"qk_norm": "layer", "qk_norm_gain": "scalar"}),
-         ("qk_norm", {"qk_norm_gain": "none"}), ("softcap", {"softcap": 2.0}), ("temperature", {}),
-         ("mup", {}), ("sigma_reparam", {}), ("log_length", {})]
+MODES = [
+    ("qk_norm", {}),
+    ("qk_norm", {"qk_norm": "layer", "qk_norm_gain": "scalar"}),
+    ("qk_norm", {"qk_norm_gain": "none"}),
+    ("softcap", {"softcap": 2.0}),
+    ("temperature", {}),
+    ("mup", {}),
+    ("sigma_reparam", {}),
+    ("log_length", {}),
+]
 
 
 def mode_id(mode) -> str:
@@ -40,8 +47,18 @@ def rng():
 
 def spec_of(name, extra, d_k=3, **kw):
     d_k = 7 if extra.get("qk_norm") == "layer" else d_k  # a LayerNorm over 3 values is all curvature: FD can't follow
-    return ModelSpec(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=d_k, d_v=DV,
-                     dtype="float64", score=name, **extra, **kw)
+    return ModelSpec(
+        fields=(("key", 5), ("value", 6)),
+        n_positions=T,
+        n_classes=5,
+        d_model=D,
+        d_k=d_k,
+        d_v=DV,
+        dtype="float64",
+        score=name,
+        **extra,
+        **kw,
+    )
 
 
 def batch_of(rng, spec, where):
@@ -56,7 +73,9 @@ def params_of(rng, spec):
     if spec.score == "mup":  # zero W_q has a gradient, but every score is 0: perturb it to check the rest too
         params["W_q"] = rng.standard_normal(params["W_q"].shape) * 0.3
     for name in fast.score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k):
-        params[name] = np.asarray(params[name] + rng.uniform(0.1, 0.3, params[name].shape))  # away from 1 or 0; an array
+        params[name] = np.asarray(
+            params[name] + rng.uniform(0.1, 0.3, params[name].shape)
+        )  # away from 1 or 0; an array
     return params, fast.init_buffers(spec, params, rng)
 
 
@@ -67,15 +86,21 @@ def test_softcap_and_multiply_match_finite_differences(rng):
     S, dout = rng.standard_normal((2, B, 4, T)) * 3, rng.standard_normal((2, B, 4, T))
     capped, cache = scores.softcap_forward(S, 2.5)
     assert np.all(np.abs(capped) < 2.5)
-    report = gradcheck.check_gradients(lambda: float((scores.softcap_forward(S, 2.5)[0] * dout).sum()),
-                                       {"S": S}, {"S": scores.softcap_backward(dout, cache)})
+    report = gradcheck.check_gradients(
+        lambda: float((scores.softcap_forward(S, 2.5)[0] * dout).sum()),
+        {"S": S},
+        {"S": scores.softcap_backward(dout, cache)},
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
     factor = rng.uniform(0.5, 2.0, (2, 1, 4, 1))
     _, cache = scores.multiply_forward(S, factor)
     dS, product = scores.multiply_backward(dout, cache)
     dfactor = product.sum(axis=(1, 3), keepdims=True)  # over the entries each factor multiplies
-    report = gradcheck.check_gradients(lambda: float((scores.multiply_forward(S, factor)[0] * dout).sum()),
-                                       {"S": S, "factor": factor}, {"S": dS, "factor": dfactor})
+    report = gradcheck.check_gradients(
+        lambda: float((scores.multiply_forward(S, factor)[0] * dout).sum()),
+        {"S": S, "factor": factor},
+        {"S": dS, "factor": dfactor},
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -86,14 +111,16 @@ def test_norm_matches_finite_differences(rng, kind, gain):
     out, cache = scores.norm_forward(x, g, kind)
     if g is None:
         normed = out
-        np.testing.assert_allclose((normed**2).mean(-1), 1, rtol=1e-5) if kind == "rms" else \
-            np.testing.assert_allclose(normed.mean(-1), 0, atol=1e-12)
+        np.testing.assert_allclose((normed**2).mean(-1), 1, rtol=1e-5) if kind == "rms" else np.testing.assert_allclose(
+            normed.mean(-1), 0, atol=1e-12
+        )
     dx, dg = scores.norm_backward(dout, cache)
     arrays, analytic = {"x": x}, {"x": dx}
     if g is not None:
         arrays["g"], analytic["g"] = g, dg
-    report = gradcheck.check_gradients(lambda: float((scores.norm_forward(x, g, kind)[0] * dout).sum()),
-                                       arrays, analytic)
+    report = gradcheck.check_gradients(
+        lambda: float((scores.norm_forward(x, g, kind)[0] * dout).sum()), arrays, analytic
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -114,9 +141,11 @@ def test_the_gram_form_of_the_normed_scores_matches_finite_differences_and_the_n
 
     dM, dG_q, dG_k = rng.standard_normal((3, 2, D, D))
     gains = {} if g_q is None else {"g_q": g_q, "g_k": g_k}
+
     def weights_side():
         made = scores.gram_forward(W_q, W_k, gains.get("g_q"), gains.get("g_k"), kind)[0]
         return float(sum((a * b).sum() for a, b in zip(made, (dM, dG_q, dG_k))))
+
     dW_q, dW_k, dg_q, dg_k = scores.gram_backward(dM, dG_q, dG_k, cache)
     analytic = {"W_q": dW_q, "W_k": dW_k, **({} if g_q is None else {"g_q": dg_q, "g_k": dg_k})}
     report = gradcheck.check_gradients(weights_side, {"W_q": W_q, "W_k": W_k, **gains}, analytic)
@@ -125,8 +154,9 @@ def test_the_gram_form_of_the_normed_scores_matches_finite_differences_and_the_n
     dr = rng.standard_normal(r_k.shape)
     G = G_k + 0.0  # an array of its own, for the check to perturb
     dG, dx = scores.row_norm_backward(dr, scores.row_norm_forward(x_k, G, d_k)[1])
-    report = gradcheck.check_gradients(lambda: float((scores.row_norm_forward(x_k, G, d_k)[0] * dr).sum()),
-                                       {"x": x_k, "G": G}, {"x": dx, "G": dG})
+    report = gradcheck.check_gradients(
+        lambda: float((scores.row_norm_forward(x_k, G, d_k)[0] * dr).sum()), {"x": x_k, "G": G}, {"x": dx, "G": dG}
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -142,8 +172,11 @@ def test_spectral_reparametrisation_matches_finite_differences_and_tracks_sigma(
     out, cache = scores.spectral_forward(W, gamma, u, v)
     assert np.allclose(np.linalg.norm(out[0], 2), gamma[0], rtol=1e-10)  # gamma is W's spectral norm
     dW, dgamma = scores.spectral_backward(dout, cache)
-    report = gradcheck.check_gradients(lambda: float((scores.spectral_forward(W, gamma, u, v)[0] * dout).sum()),
-                                       {"W": W, "gamma": gamma}, {"W": dW, "gamma": dgamma})
+    report = gradcheck.check_gradients(
+        lambda: float((scores.spectral_forward(W, gamma, u, v)[0] * dout).sum()),
+        {"W": W, "gamma": gamma},
+        {"W": dW, "gamma": dgamma},
+    )
     assert worst(report) < TOL, gradcheck.format_report(report)
 
 
@@ -184,8 +217,17 @@ def test_the_gram_form_stacked_gives_each_member_its_own_numbers(rng, kind, gain
     """qk_norm's bilinear (Gram) form in float32, three members with their own
     weights, gains and scales: each member's loss and gradients bit for bit
     those of its model alone."""
-    spec = ModelSpec(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=9, d_v=DV,
-                     score="qk_norm", qk_norm=kind, qk_norm_gain=gain)
+    spec = ModelSpec(
+        fields=(("key", 5), ("value", 6)),
+        n_positions=T,
+        n_classes=5,
+        d_model=D,
+        d_k=9,
+        d_v=DV,
+        score="qk_norm",
+        qk_norm=kind,
+        qk_norm_gain=gain,
+    )
     members = [params_of(rng, spec)[0] for _ in range(3)]
     members = [{name: w.astype(np.float32) for name, w in m.items()} for m in members]
     stacked = {name: np.stack([m[name] for m in members]) for name in members[0]}
@@ -219,7 +261,7 @@ def test_modes_start_from_the_same_weights_and_mup_zeroes_w_q(rng):
         if name == "mup":
             assert not mode["W_q"].any()
     theta = fast.init_params(spec_of("temperature", {}, d_k=16), rng)["theta"]
-    assert np.isclose(np.exp(theta), 16 ** -0.5)
+    assert np.isclose(np.exp(theta), 16**-0.5)
 
 
 # ---------------------------------------------------------------------------
@@ -230,15 +272,18 @@ SHORT = [*SIZES, "logging.plots=false", "train.steps=30", "logging.log_every=5",
 
 @pytest.mark.parametrize("mode", ["sigma_reparam", "temperature", "qk_norm", "log_length"])
 def test_a_mode_trains_stacked_and_resumes_each_member_exactly(tmp_path, mode):
-    configs = [load_config(None, [*SHORT, f"model.score={mode}", f"seed={s}", f"optim.lr={lr}"])
-               for s, lr in ((0, 0.2), (1, 0.4))]
+    configs = [
+        load_config(None, [*SHORT, f"model.score={mode}", f"seed={s}", f"optim.lr={lr}"])
+        for s, lr in ((0, 0.2), (1, 0.4))
+    ]
     states = []
     for i, config in enumerate(configs):
         (tmp_path / f"stack{i}").mkdir()
         states.append(runstate.prepare(config, tmp_path / f"stack{i}"))
     stop = loop.StopFlag()
-    summaries = loop.run_stack(states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12
-                                else None)
+    summaries = loop.run_stack(
+        states, stop=stop, progress=lambda _m, step, _r: stop.request("SIGTERM") if step == 12 else None
+    )
     assert {s["status"] for s in summaries} == {"interrupted"}
     for i, config in enumerate(configs):
         assert loop.train(config, tmp_path / f"stack{i}", resume=True)["status"] == "completed"
@@ -264,7 +309,9 @@ def test_a_modes_own_setting_under_another_mode_is_refused():
     assert facts_in(str(info.value), "model.score: got 'cosine'", ", ".join(scores.SCORE_MODES))
 
 
-@pytest.mark.parametrize("mode,extra", [("mup", []), ("log_length", []), ("temperature", ["model.temperature_init=0.5"])])
+@pytest.mark.parametrize(
+    "mode,extra", [("mup", []), ("log_length", []), ("temperature", ["model.temperature_init=0.5"])]
+)
 def test_a_mode_that_does_not_read_the_scale_refuses_it(mode, extra):
     """mup, log_length and a temperature set at init fix their own s: model.scale away from its default is refused."""
     for scale in ("none", "linear"):

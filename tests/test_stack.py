@@ -64,11 +64,24 @@ MEMBERS = [
 ]
 
 
-@pytest.mark.parametrize("shared", [
-    ("dtype=float32",), ("dtype=float64",), ("optim.momentum=0.5", "optim.nesterov=true"),
-    ("optim.name=adam", "optim.lr=0.01"),
-    ("task.name=copy", "task.length=6", "model.causal=true", "task.n_keys=16", "task.n_values=16", "task.n_pairs=8"),
-], ids=["float32", "float64", "nesterov", "adam", "copy-causal"])
+@pytest.mark.parametrize(
+    "shared",
+    [
+        ("dtype=float32",),
+        ("dtype=float64",),
+        ("optim.momentum=0.5", "optim.nesterov=true"),
+        ("optim.name=adam", "optim.lr=0.01"),
+        (
+            "task.name=copy",
+            "task.length=6",
+            "model.causal=true",
+            "task.n_keys=16",
+            "task.n_values=16",
+            "task.n_pairs=8",
+        ),
+    ],
+    ids=["float32", "float64", "nesterov", "adam", "copy-causal"],
+)
 def test_each_member_of_a_stack_is_its_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *member) for member in MEMBERS]
     summaries, stacked = train_stack(tmp_path, configs, "stack")
@@ -81,8 +94,11 @@ def test_each_member_of_a_stack_is_its_run_alone_bit_for_bit(tmp_path, shared):
 
 
 def test_a_diverging_member_leaves_the_stack_and_the_others_go_on(tmp_path):
-    configs = [config("seed=0"), config("seed=1", "optim.lr=1e4"), config("seed=2", "optim.lr=1e4",
-                                                                            "train.on_nonfinite=continue")]
+    configs = [
+        config("seed=0"),
+        config("seed=1", "optim.lr=1e4"),
+        config("seed=2", "optim.lr=1e4", "train.on_nonfinite=continue"),
+    ]
     summaries, stacked = train_stack(tmp_path, configs, "stack")
     assert [s["status"] for s in summaries] == ["completed", "diverged", "completed"]
     assert summaries[1]["step"] < 40 and "non-finite" in summaries[1]["reason"]

@@ -31,11 +31,18 @@ def test_wilson_is_the_score_test_inversion(successes, n):
     assert wilson_interval(successes, n, 0.8) == pytest.approx(wilson_by_quadratic(successes, n, z80), abs=1e-12)
 
 
-@pytest.mark.parametrize("successes, n, low, high", [
-    # R. G. Newcombe, "Two-sided confidence intervals for the single proportion: comparison of seven
-    # methods", Statistics in Medicine 17 (1998) 857-872: the worked examples, 95% score interval
-    # without continuity correction, published to four decimals.
-    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)])
+@pytest.mark.parametrize(
+    "successes, n, low, high",
+    [
+        # R. G. Newcombe, "Two-sided confidence intervals for the single proportion: comparison of seven
+        # methods", Statistics in Medicine 17 (1998) 857-872: the worked examples, 95% score interval
+        # without continuity correction, published to four decimals.
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+    ],
+)
 def test_wilson_matches_published_values(successes, n, low, high):
     assert wilson_interval(successes, n) == pytest.approx((low, high), abs=5e-5)
 
@@ -64,8 +71,9 @@ def test_wilson_covers_about_as_often_as_it_says(confidence):
         assert abs(coverage - confidence) < 0.03, (p, coverage)
 
 
-@pytest.mark.parametrize("successes, n, confidence", [(3, 2, 0.95), (-1, 4, 0.95), (1.5, 4, 0.95), (1, 4, 1.0),
-                                                      (1, 4, 0.0)])
+@pytest.mark.parametrize(
+    "successes, n, confidence", [(3, 2, 0.95), (-1, 4, 0.95), (1.5, 4, 0.95), (1, 4, 1.0), (1, 4, 0.0)]
+)
 def test_wilson_rejects_bad_input(successes, n, confidence):
     with pytest.raises(ValueError):
         wilson_interval(successes, n, confidence)
@@ -77,8 +85,12 @@ def test_kaplan_meier_by_hand_with_censoring_and_ties():
     # t=1: 8 at risk, 1 event -> 7/8; t=2: 7 at risk (the seed censored at 2 still counts: events before
     # censorings), 2 events -> 7/8 * 5/7; t=4: 3 at risk, 1 event -> * 2/3; t=5: 2 at risk, 1 event -> * 1/2.
     # (Censorings first would give 7/8 * 4/6 at t=2.)
-    expected = [Fraction(7, 8), Fraction(7, 8) * Fraction(5, 7), Fraction(5, 8) * Fraction(2, 3),
-                Fraction(5, 12) * Fraction(1, 2)]
+    expected = [
+        Fraction(7, 8),
+        Fraction(7, 8) * Fraction(5, 7),
+        Fraction(5, 8) * Fraction(2, 3),
+        Fraction(5, 12) * Fraction(1, 2),
+    ]
     event_times, survival = kaplan_meier(times, observed)
     assert event_times.tolist() == [1, 2, 4, 5]
     np.testing.assert_allclose(survival, [float(s) for s in expected], rtol=1e-15)
@@ -93,13 +105,15 @@ def redistribute_to_the_right(times, observed) -> dict:
     order = sorted(range(len(times)), key=lambda i: (times[i], not observed[i]))
     mass = {i: Fraction(1, len(times)) for i in order}
     for position, i in enumerate(order):
-        later = order[position + 1:]
+        later = order[position + 1 :]
         if not observed[i] and later:
             for j in later:
                 mass[j] += mass[i] / len(later)
             mass[i] = Fraction(0)
-    return {t: 1 - sum(mass[i] for i in order if observed[i] and times[i] <= t)
-            for t in sorted({times[i] for i in order if observed[i]})}
+    return {
+        t: 1 - sum(mass[i] for i in order if observed[i] and times[i] <= t)
+        for t in sorted({times[i] for i in order if observed[i]})
+    }
 
 
 def test_kaplan_meier_matches_redistribution_to_the_right():
@@ -266,8 +280,11 @@ def test_bootstrap_nan_statistic_and_bad_input():
 
 
 def test_select_by_each_direction():
-    candidates = [{"success_rate": 0.6, "final_loss": 0.3}, {"success_rate": 1.0, "final_loss": 0.5},
-                  {"success_rate": 0.8, "final_loss": 0.1}]
+    candidates = [
+        {"success_rate": 0.6, "final_loss": 0.3},
+        {"success_rate": 1.0, "final_loss": 0.5},
+        {"success_rate": 0.8, "final_loss": 0.1},
+    ]
     assert select(candidates, ["max success_rate"]) == 1
     assert select(candidates, ["min final_loss"]) == 2
 
@@ -280,8 +297,12 @@ def test_select_counts_none_nan_and_missing_as_worst():
 
 
 def test_select_passes_exact_ties_on_and_gives_the_rest_to_the_first():
-    candidates = [{"success_rate": 1.0, "median_time": 50.0}, {"success_rate": 0.8, "median_time": 10.0},
-                  {"success_rate": 1.0, "median_time": 40.0}, {"success_rate": 1.0, "median_time": 40.0}]
+    candidates = [
+        {"success_rate": 1.0, "median_time": 50.0},
+        {"success_rate": 0.8, "median_time": 10.0},
+        {"success_rate": 1.0, "median_time": 40.0},
+        {"success_rate": 1.0, "median_time": 40.0},
+    ]
     assert select(candidates, ["max success_rate", "min median_time"]) == 2
     assert select(candidates, ["max success_rate"]) == 0
     assert select([{"x": 1.0}, {"x": 1.0 + 1e-12}], ["min x"]) == 0  # only exact equality ties

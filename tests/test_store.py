@@ -55,10 +55,13 @@ class Holder:
     """Another process holding a directory's RunLock until it is killed."""
 
     def __init__(self, directory: Path, purpose: str = "sweep"):
-        code = ("import sys, time; from attn.store import locks; locks.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
-                "print('held', flush=True); time.sleep(120)")
-        self.process = subprocess.Popen([sys.executable, "-c", code, str(directory), purpose], env=ENV,
-                                        stdout=subprocess.PIPE, text=True)
+        code = (
+            "import sys, time; from attn.store import locks; locks.RunLock(sys.argv[1], sys.argv[2]).__enter__(); "
+            "print('held', flush=True); time.sleep(120)"
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, str(directory), purpose], env=ENV, stdout=subprocess.PIPE, text=True
+        )
         assert self.process.stdout.readline() == "held\n"
 
     def kill(self) -> None:
@@ -70,8 +73,9 @@ class Holder:
 def stopped(tmp_path_factory) -> Path:
     """A run stopped with a checkpoint at step 8, resumable; DAMAGE's line numbers follow from its records."""
     root = tmp_path_factory.mktemp("store")
-    config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2",
-                                "logging.checkpoint_every=4"])
+    config = load_config(
+        None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2", "logging.checkpoint_every=4"]
+    )
     run_dir = lifecycle.create(config, name="stopped")
     stop = lifecycle.StopFlag()
     lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
@@ -107,9 +111,17 @@ def test_a_second_writer_is_refused_in_one_line_naming_the_holder(run_copy, caps
 
 def test_a_sweep_skips_a_cell_that_a_cli_resume_holds(tmp_path):
     path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump({"name": "exp", "base": str(REPO / "configs/default.yaml"),
-                                    "overrides": {"train.steps": 4, "logging.plots": False},
-                                    "grid": {"model.d_k": [4]}, "seeds": [0]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "exp",
+                "base": str(REPO / "configs/default.yaml"),
+                "overrides": {"train.steps": 4, "logging.plots": False},
+                "grid": {"model.d_k": [4]},
+                "seeds": [0],
+            }
+        )
+    )
     experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
     cell = experiment.cells[0]
     (experiment.directory / cell.name).mkdir(parents=True)
@@ -179,14 +191,19 @@ def test_devices_fifos_and_directories_are_refused_before_a_byte_is_read(tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("name, spoil, fragment", [
-    ("metrics.jsonl", lambda p: (p.unlink(), os.mkfifo(p)), "metrics.jsonl: is a FIFO, not a metrics file"),
-    ("summary.json", lambda p: (p.unlink(), p.mkdir()), "summary.json: is a directory, not a run summary"),
-    ("metrics.jsonl", lambda p: p.write_bytes(b'{"step": 0}\n' + b" " * 2048 + b"\n"), "bytes is too large"),
-    ("checkpoint.npz", lambda p: p.write_bytes(p.read_bytes() + b"\0" * (2 << 20)), "bytes is too large"),
-    ("config.yaml", lambda p: p.write_bytes(p.read_bytes() + b"#" * (1 << 20)), "bytes is too large"),
-])
-def test_run_files_that_are_not_regular_or_over_their_cap_are_refused(run_copy, monkeypatch, capsys, name, spoil, fragment):
+@pytest.mark.parametrize(
+    "name, spoil, fragment",
+    [
+        ("metrics.jsonl", lambda p: (p.unlink(), os.mkfifo(p)), "metrics.jsonl: is a FIFO, not a metrics file"),
+        ("summary.json", lambda p: (p.unlink(), p.mkdir()), "summary.json: is a directory, not a run summary"),
+        ("metrics.jsonl", lambda p: p.write_bytes(b'{"step": 0}\n' + b" " * 2048 + b"\n"), "bytes is too large"),
+        ("checkpoint.npz", lambda p: p.write_bytes(p.read_bytes() + b"\0" * (2 << 20)), "bytes is too large"),
+        ("config.yaml", lambda p: p.write_bytes(p.read_bytes() + b"#" * (1 << 20)), "bytes is too large"),
+    ],
+)
+def test_run_files_that_are_not_regular_or_over_their_cap_are_refused(
+    run_copy, monkeypatch, capsys, name, spoil, fragment
+):
     monkeypatch.setattr(runs, "MAX_METRICS_BYTES", 2048)
     spoil(run_copy / name)
     before = snapshot(run_copy)
@@ -196,8 +213,11 @@ def test_run_files_that_are_not_regular_or_over_their_cap_are_refused(run_copy, 
 
 def write_grid(tmp_path, grid, seeds=(0,), **extra) -> Path:
     path = tmp_path / "grid.yaml"
-    path.write_text(yaml.safe_dump({"name": "grid", "base": str(REPO / "configs/default.yaml"), "grid": grid,
-                                    "seeds": list(seeds), **extra}))
+    path.write_text(
+        yaml.safe_dump(
+            {"name": "grid", "base": str(REPO / "configs/default.yaml"), "grid": grid, "seeds": list(seeds), **extra}
+        )
+    )
     return path
 
 
@@ -211,8 +231,11 @@ def test_the_cell_cap_is_computed_from_the_grid_shape_before_anything_is_expande
     assert "--max-cells 2000000" in message
     monkeypatch.undo()
     small = write_grid(tmp_path, {"model.d_k": [4, 8]}, seeds=(0, 1))
-    assert facts_in(one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs"),
-                    "4 cells", "limit of 3")
+    assert facts_in(
+        one_line_error(capsys, "report", small, "--max-cells", "3", "--runs-dir", tmp_path / "runs"),
+        "4 cells",
+        "limit of 3",
+    )
     assert len(experiments.load_experiment(small, max_cells=4).cells) == 4
     assert not (tmp_path / "runs").exists()
 
@@ -225,8 +248,11 @@ def test_each_grid_point_is_validated_once_and_gives_the_config_a_file_would(tmp
     experiment = experiments.load_experiment(write_grid(tmp_path, grid, seeds=(0, 1, 2)))
     assert len(points) == 3 * 2 and len(experiment.cells) == 3 * 2 * 3
     for cell in experiment.cells:
-        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [f"seed={cell.seed}", "logging.plots=false",
-                                                                                   "logging.keep_checkpoints=1"]
+        overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [
+            f"seed={cell.seed}",
+            "logging.plots=false",
+            "logging.keep_checkpoints=1",
+        ]
         assert cell.config == load_config(REPO / "configs/default.yaml", overrides)
 
 
@@ -238,12 +264,14 @@ def add_metrics_line(line: bytes, at: int | None = None):
         lines = (run_dir / "metrics.jsonl").read_bytes().splitlines(keepends=True)
         lines.insert(len(lines) if at is None else at, line + b"\n")
         (run_dir / "metrics.jsonl").write_bytes(b"".join(lines))
+
     return spoil
 
 
 def edit_summary(**fields):
     def spoil(run_dir: Path):
         runs.write_json(run_dir / "summary.json", {**json.loads((run_dir / "summary.json").read_text()), **fields})
+
     return spoil
 
 
@@ -254,28 +282,73 @@ def rewrite(name: str, data: bytes):
 METRICS_REPAIR = "; delete that line (or move the run directory away) and try again"
 SUMMARY_REPAIR = "; delete it (a resumed run writes it again) or move the run directory away"
 DAMAGE = {  # case: (how the run is damaged, the file named, what the error says is wrong, what it says to do)
-    "a_list_line": (add_metrics_line(b"[1, 2]"), "metrics.jsonl", "line 5 is not a JSON object (got a list)",
-                    METRICS_REPAIR),
-    "bytes_0xff": (add_metrics_line(b'\xff\xfe{"step": 7}', at=1), "metrics.jsonl", "line 2 is not UTF-8 text",
-                   METRICS_REPAIR),
+    "a_list_line": (
+        add_metrics_line(b"[1, 2]"),
+        "metrics.jsonl",
+        "line 5 is not a JSON object (got a list)",
+        METRICS_REPAIR,
+    ),
+    "bytes_0xff": (
+        add_metrics_line(b'\xff\xfe{"step": 7}', at=1),
+        "metrics.jsonl",
+        "line 2 is not UTF-8 text",
+        METRICS_REPAIR,
+    ),
     "garbage_mid_file": (add_metrics_line(b"garbage", at=2), "metrics.jsonl", "line 3 is not JSON", METRICS_REPAIR),
-    "no_step": (add_metrics_line(b'{"train_loss": 1.0}', at=2), "metrics.jsonl", "line 3 has no integer `step`",
-                METRICS_REPAIR),
-    "two_writers": (add_metrics_line(b'{"step": 2}'), "metrics.jsonl", "line 5 has step 2 after step 6", METRICS_REPAIR),
-    "nested_value": (add_metrics_line(b'{"step": 9, "eval_loss": [1]}'), "metrics.jsonl",
-                     "line 5 holds a list in `eval_loss`", METRICS_REPAIR),
-    "summary_list": (rewrite("summary.json", b"[1, 2, 3]\n"), "summary.json",
-                     "unreadable: not a JSON object (got a list)", SUMMARY_REPAIR),
-    "summary_status": (edit_summary(status=5), "summary.json", "unreadable: `status` is a number, expected one of",
-                       SUMMARY_REPAIR),
-    "summary_heartbeat": (edit_summary(updated_at="soon"), "summary.json", "unreadable: `updated_at` is a string",
-                          SUMMARY_REPAIR),
-    "summary_figures": (edit_summary(best=[1]), "summary.json", "unreadable: `best` is a list, expected a mapping",
-                        SUMMARY_REPAIR),
-    "config_list": (rewrite("config.yaml", b"- 1\n"), "config.yaml", "config file must be a YAML mapping",
-                    "; move the run directory away"),
-    "attention_damaged": (rewrite("attention.npz", b"PK\x03\x04 half a zip"), "attention.npz",
-                          "refused: not a complete .npz array file", ")"),
+    "no_step": (
+        add_metrics_line(b'{"train_loss": 1.0}', at=2),
+        "metrics.jsonl",
+        "line 3 has no integer `step`",
+        METRICS_REPAIR,
+    ),
+    "two_writers": (
+        add_metrics_line(b'{"step": 2}'),
+        "metrics.jsonl",
+        "line 5 has step 2 after step 6",
+        METRICS_REPAIR,
+    ),
+    "nested_value": (
+        add_metrics_line(b'{"step": 9, "eval_loss": [1]}'),
+        "metrics.jsonl",
+        "line 5 holds a list in `eval_loss`",
+        METRICS_REPAIR,
+    ),
+    "summary_list": (
+        rewrite("summary.json", b"[1, 2, 3]\n"),
+        "summary.json",
+        "unreadable: not a JSON object (got a list)",
+        SUMMARY_REPAIR,
+    ),
+    "summary_status": (
+        edit_summary(status=5),
+        "summary.json",
+        "unreadable: `status` is a number, expected one of",
+        SUMMARY_REPAIR,
+    ),
+    "summary_heartbeat": (
+        edit_summary(updated_at="soon"),
+        "summary.json",
+        "unreadable: `updated_at` is a string",
+        SUMMARY_REPAIR,
+    ),
+    "summary_figures": (
+        edit_summary(best=[1]),
+        "summary.json",
+        "unreadable: `best` is a list, expected a mapping",
+        SUMMARY_REPAIR,
+    ),
+    "config_list": (
+        rewrite("config.yaml", b"- 1\n"),
+        "config.yaml",
+        "config file must be a YAML mapping",
+        "; move the run directory away",
+    ),
+    "attention_damaged": (
+        rewrite("attention.npz", b"PK\x03\x04 half a zip"),
+        "attention.npz",
+        "refused: not a complete .npz array file",
+        ")",
+    ),
 }
 LISTING_READS = ("metrics.jsonl", "summary.json", "config.yaml")
 
@@ -307,15 +380,18 @@ def test_a_damaged_attention_snapshot_is_named_with_what_is_wrong(run_copy):
 # ---------------------------------------------------------------------------
 # 5. One rule for names
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("args, fragment", [
-    (["--resume", ""], "--resume '': the run directory's name: got ''"),
-    (["--name", ""], "--name: got ''"),
-    (["--name", "a\nb"], r"--name: got 'a\nb'"),
-    (["--name", "tab\there"], r"--name: got 'tab\there'"),
-    (["--name", "n" * 201], "at most 200 characters"),
-    (["--resume", "runs/a\nb"], r"the run directory's name: got 'a\nb'"),
-    (['name="a\\x1bb"'], r"name: got 'a\x1bb'"),  # YAML's escape: the control character itself is not YAML
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--resume", ""], "--resume '': the run directory's name: got ''"),
+        (["--name", ""], "--name: got ''"),
+        (["--name", "a\nb"], r"--name: got 'a\nb'"),
+        (["--name", "tab\there"], r"--name: got 'tab\there'"),
+        (["--name", "n" * 201], "at most 200 characters"),
+        (["--resume", "runs/a\nb"], r"the run directory's name: got 'a\nb'"),
+        (['name="a\\x1bb"'], r"name: got 'a\x1bb'"),  # YAML's escape: the control character itself is not YAML
+    ],
+)
 def test_bad_run_names_are_refused_before_anything_is_created(tmp_path, monkeypatch, capsys, args, fragment):
     monkeypatch.chdir(tmp_path)
     message = one_line_error(capsys, "train", *SIZES, *args)
@@ -327,16 +403,35 @@ def test_bad_run_names_are_refused_before_anything_is_created(tmp_path, monkeypa
 def test_an_experiment_name_follows_the_same_rule(tmp_path, capsys, name, shown):
     path = tmp_path / "exp.yaml"
     path.write_text(f"name: {name}\nbase: {REPO / 'configs/default.yaml'}\ngrid: {{model.d_k: [4]}}\nseeds: [0]\n")
-    assert facts_in(one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs"),
-                    f"{path}: name: got {shown}", "directory name")
+    assert facts_in(
+        one_line_error(capsys, "sweep", path, "--runs-dir", tmp_path / "runs"),
+        f"{path}: name: got {shown}",
+        "directory name",
+    )
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_cell_whose_run_name_would_be_too_long_is_refused_before_any_run(tmp_path):
-    keys = ["model.qk_gain", "model.v_gain", "model.o_gain", "model.readout_gain", "optim.momentum",
-            "optim.lr", "optim.weight_decay", "optim.min_lr_ratio", "optim.clip_norm"]  # each read by SGD, cosine
-    path = write_grid(tmp_path, {**{key: [0.1234567] for key in keys}, "optim.schedule": ["cosine"],
-                                 "optim.warmup_steps": [1234567], "train.steps": [1234567]})
+    keys = [
+        "model.qk_gain",
+        "model.v_gain",
+        "model.o_gain",
+        "model.readout_gain",
+        "optim.momentum",
+        "optim.lr",
+        "optim.weight_decay",
+        "optim.min_lr_ratio",
+        "optim.clip_norm",
+    ]  # each read by SGD, cosine
+    path = write_grid(
+        tmp_path,
+        {
+            **{key: [0.1234567] for key in keys},
+            "optim.schedule": ["cosine"],
+            "optim.warmup_steps": [1234567],
+            "train.steps": [1234567],
+        },
+    )
     with pytest.raises(ConfigError) as info:
         experiments.load_experiment(path)
     assert facts_in(str(info.value), "run name: got 'o_gain-0.123457_qk_gain", "directory name")
@@ -393,18 +488,35 @@ def test_long_values_are_cut_and_big_numbers_shown_short(capsys):
     assert len(message) < 300 and "x" * 76 + "..." in message
     message = one_line_error(capsys, "train", "model.d_k=1.0e+15", "model.width_free=false")  # width-free: no GiB
     assert len(message) < 300 and "model.d_k=1e+15" in message and "GiB" in message
-    assert facts_in(one_line_error(capsys, "train", "model.d_k=1.0e+308"), "model.d_k: got 1.0e+308", "an integer",
-                    "9,007,199,254,740,992")
+    assert facts_in(
+        one_line_error(capsys, "train", "model.d_k=1.0e+308"),
+        "model.d_k: got 1.0e+308",
+        "an integer",
+        "9,007,199,254,740,992",
+    )
     assert "seed: got 'y" in one_line_error(capsys, "train", "seed=" + "y" * 5000)
     assert "an integer of 5000 digits" in one_line_error(capsys, "train", "seed=" + "9" * 5000)
     assert "optim.lr: got '1" in one_line_error(capsys, "train", "optim.lr=1" + "0" * 400 + ".0")
     assert "is not a number" in one_line_error(capsys, "train", "optim.lr=!!float abc")
 
 
-@pytest.mark.parametrize("text, value", [
-    ("12:30:00", "12:30:00"), ("1:30", "1:30"), ("010", 10), ("0o17", 15), ("0x1F", 31), ("1_000", "1_000"),
-    ("1e-3", 0.001), ("-2.5E+2", -250.0), (".inf", float("inf")), ("+12", 12), ("yes", True), ("~", None),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("12:30:00", "12:30:00"),
+        ("1:30", "1:30"),
+        ("010", 10),
+        ("0o17", 15),
+        ("0x1F", 31),
+        ("1_000", "1_000"),
+        ("1e-3", 0.001),
+        ("-2.5E+2", -250.0),
+        (".inf", float("inf")),
+        ("+12", 12),
+        ("yes", True),
+        ("~", None),
+    ],
+)
 def test_yaml_numbers_follow_the_1_2_core_schema(text, value):
     assert parse_yaml(text, "test") == value
 
@@ -441,14 +553,19 @@ def test_a_config_yaml_cut_short_is_refused_on_resume_not_filled_with_defaults(r
 
 
 def test_a_newline_in_a_path_or_argument_still_makes_one_line(tmp_path, capsys):
-    assert one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
+    assert (
+        one_line_error(capsys, "train", tmp_path / "a\nb.yaml") == f"error: {tmp_path}/a\\nb.yaml: no such config file"
+    )
     assert facts_in(one_line_error(capsys, "train", "-\n="), "attn train", "-\\n=")
 
 
 def test_a_report_keeps_its_per_seed_records_apart_and_joins_them_back(tmp_path):
-    report = {"experiment": "e", "cells": [{"n": 2, "seeds": [{"seed": 0, "final_loss": 0.5}, {"seed": 1}]},
-                                            {"n": 0, "seeds": []}],
-              "selection": [{"x": [16], "seeds": [{"seed": 0}]}], "expectations": [{"id": "a"}]}
+    report = {
+        "experiment": "e",
+        "cells": [{"n": 2, "seeds": [{"seed": 0, "final_loss": 0.5}, {"seed": 1}]}, {"n": 0, "seeds": []}],
+        "selection": [{"x": [16], "seeds": [{"seed": 0}]}],
+        "expectations": [{"id": "a"}],
+    }
     runs.write_report_json(tmp_path, report)
     slim = json.loads((tmp_path / runs.REPORT_FILE).read_text())
     assert all("seeds" not in entry for key in runs.SEEDED_LISTS for entry in slim[key])
@@ -489,14 +606,18 @@ def test_metrics_reach_the_disk_before_each_checkpoint_and_the_final_summary_not
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    config = load_config(None, [*TINY, f"runs_dir={tmp_path}", "train.steps=12", "logging.log_every=2",
-                                "logging.checkpoint_every=4"])
+    config = load_config(
+        None, [*TINY, f"runs_dir={tmp_path}", "train.steps=12", "logging.log_every=2", "logging.checkpoint_every=4"]
+    )
     run_dir = lifecycle.create(config, name="synced")
     synced.clear()
     lifecycle.execute(config, run_dir)
     assert synced.count("metrics.jsonl") == 4, synced
     for step in (4, 8, 12):
-        checkpoint = next(i for i, name in enumerate(synced) if name.startswith(f".checkpoint-{step}.npz")
-                          or name.startswith(f"checkpoint-{step}.npz"))
+        checkpoint = next(
+            i
+            for i, name in enumerate(synced)
+            if name.startswith(f".checkpoint-{step}.npz") or name.startswith(f"checkpoint-{step}.npz")
+        )
         assert synced[checkpoint - 1] == "metrics.jsonl", synced
     assert len(runs.read_metrics(run_dir)) == 7

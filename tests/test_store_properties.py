@@ -39,33 +39,77 @@ CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
 # No example database, and Hypothesis's other files in a temporary directory: nothing written into the source tree.
 HYPOTHESIS_HOME = tempfile.TemporaryDirectory(prefix="attn-hypothesis-")
 set_hypothesis_home_dir(HYPOTHESIS_HOME.name)
-settings.register_profile("default", max_examples=25, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("campaign", max_examples=1500, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "default", max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "campaign", max_examples=1500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("campaign" if CAMPAIGN else "default")
 
 SECTIONS = ["model", "task", "optim", "train", "logging"]
 KEYS = all_keys()
 LEAVES = sorted({key.rsplit(".", 1)[-1] for key in KEYS})
-TRICKY = ["12:30:00", "0o17", "1e400", "010", ".inf", "-.nan", "yes", "~", "!!float abc", "!!int x", "sqrt", "W_q",
-          "9" * 120, "a\nb", "\x1b[31m", "../up", ".hidden", "", " ", "{W_q:0.1}", "*alias", "&anchor x", "!!python/name:os.system"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.integers(), st.floats(),
-                    st.text(max_size=20), st.sampled_from(TRICKY))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                      | st.dictionaries(st.one_of(st.sampled_from(LEAVES), st.text(max_size=8)), inner, max_size=4),
-                      max_leaves=8)
+TRICKY = [
+    "12:30:00",
+    "0o17",
+    "1e400",
+    "010",
+    ".inf",
+    "-.nan",
+    "yes",
+    "~",
+    "!!float abc",
+    "!!int x",
+    "sqrt",
+    "W_q",
+    "9" * 120,
+    "a\nb",
+    "\x1b[31m",
+    "../up",
+    ".hidden",
+    "",
+    " ",
+    "{W_q:0.1}",
+    "*alias",
+    "&anchor x",
+    "!!python/name:os.system",
+]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=20),
+    st.sampled_from(TRICKY),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.one_of(st.sampled_from(LEAVES), st.text(max_size=8)), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
 sections = st.dictionaries(st.sampled_from(LEAVES + ["bogus"]), values, max_size=4)
-config_data = st.dictionaries(st.sampled_from(SECTIONS + ["seed", "name", "dtype", "runs_dir", "provenance", "bogus"]),
-                              st.one_of(sections, values), max_size=5)
-yaml_syntax = st.text(alphabet=st.sampled_from(list("{}[]:,-&*!|>'\"#%@`?~ \n\tab01.e+_") + ["é", "\u2028", "\x00"]),
-                      max_size=120)
+config_data = st.dictionaries(
+    st.sampled_from(SECTIONS + ["seed", "name", "dtype", "runs_dir", "provenance", "bogus"]),
+    st.one_of(sections, values),
+    max_size=5,
+)
+yaml_syntax = st.text(
+    alphabet=st.sampled_from(list("{}[]:,-&*!|>'\"#%@`?~ \n\tab01.e+_") + ["é", "\u2028", "\x00"]), max_size=120
+)
 
 
 def file_bytes(data) -> st.SearchStrategy:
     """The bytes of a file: YAML of generated data, YAML-ish text, or any bytes."""
-    return st.one_of(data.map(lambda d: yaml.safe_dump(d, allow_unicode=True).encode()),
-                     yaml_syntax.map(str.encode), st.binary(max_size=200))
+    return st.one_of(
+        data.map(lambda d: yaml.safe_dump(d, allow_unicode=True).encode()),
+        yaml_syntax.map(str.encode),
+        st.binary(max_size=200),
+    )
 
 
 def call(*args) -> tuple[int, str]:
@@ -118,28 +162,44 @@ def test_any_config_file_is_read_or_refused_in_one_line(contents):
         call_changing_nothing(root, "config", path)
 
 
-@given(overrides=st.lists(st.tuples(st.one_of(st.sampled_from(KEYS), st.text(max_size=12)),
-                                    st.one_of(yaml_syntax, values.map(lambda v: json.dumps(v)), st.sampled_from(TRICKY))),
-                          min_size=1, max_size=3))
+@given(
+    overrides=st.lists(
+        st.tuples(
+            st.one_of(st.sampled_from(KEYS), st.text(max_size=12)),
+            st.one_of(yaml_syntax, values.map(lambda v: json.dumps(v)), st.sampled_from(TRICKY)),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_any_override_is_applied_or_refused_in_one_line(overrides):
     with scratch() as root:
         call_changing_nothing(root, "config", *(f"{key}={value}" for key, value in overrides))
 
 
-grids = st.one_of(values, st.dictionaries(st.sampled_from(KEYS + ["seed", "bogus.key"]), st.lists(values, max_size=3),
-                                          max_size=3), st.lists(st.dictionaries(st.sampled_from(KEYS), st.lists(scalars, max_size=3),
-                                                                                max_size=2), max_size=2))
-experiments = st.fixed_dictionaries({}, optional={
-    "name": st.one_of(st.sampled_from(["exp", "ok-name"]), values),
-    "base": st.one_of(st.just(str(REPO / "configs" / "default.yaml")), st.sampled_from(["nowhere.yaml", "/dev/zero", "."]),
-                      values),
-    "overrides": st.one_of(st.dictionaries(st.sampled_from(KEYS), values, max_size=2), values),
-    "grid": grids,
-    "seeds": st.one_of(st.lists(st.integers(-1, 3), max_size=3), st.lists(st.integers(2**53 - 1, 10**80), max_size=2),
-                       values),
-    "report": st.one_of(st.dictionaries(st.sampled_from(["x", "arm", "best_of", "bogus"]), values, max_size=2), values),
-    "description": values,
-})
+grids = st.one_of(
+    values,
+    st.dictionaries(st.sampled_from(KEYS + ["seed", "bogus.key"]), st.lists(values, max_size=3), max_size=3),
+    st.lists(st.dictionaries(st.sampled_from(KEYS), st.lists(scalars, max_size=3), max_size=2), max_size=2),
+)
+experiments = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.one_of(st.sampled_from(["exp", "ok-name"]), values),
+        "base": st.one_of(
+            st.just(str(REPO / "configs" / "default.yaml")), st.sampled_from(["nowhere.yaml", "/dev/zero", "."]), values
+        ),
+        "overrides": st.one_of(st.dictionaries(st.sampled_from(KEYS), values, max_size=2), values),
+        "grid": grids,
+        "seeds": st.one_of(
+            st.lists(st.integers(-1, 3), max_size=3), st.lists(st.integers(2**53 - 1, 10**80), max_size=2), values
+        ),
+        "report": st.one_of(
+            st.dictionaries(st.sampled_from(["x", "arm", "best_of", "bogus"]), values, max_size=2), values
+        ),
+        "description": values,
+    },
+)
 
 
 @given(contents=file_bytes(experiments))
@@ -159,12 +219,20 @@ bad_paths = st.one_of(
     st.integers(1100, 1500).map(lambda n: ("long", "/".join(["abc"] * n))),  # the whole path beyond PATH_MAX
     st.sampled_from(["x", "x/y", "x/y/z.yaml"]).map(lambda rest: ("file", rest)),  # through a regular file
 )
-path_commands = st.sampled_from([
-    ("train", str(REPO / "configs" / "default.yaml"), "runs_dir={}"), ("config", "{}"), ("train", "{}"),
-    ("train", "--resume", "{}"), ("train", "--fork", "{}"), ("runs", "{}"), ("compare", "{}"), ("report", "{}"),
-    ("sweep", str(REPO / "configs" / "default.yaml"), "--grid", "optim.lr=0.1", "runs_dir={}"),
-    ("sweep", str(REPO / "experiments" / "sqrt_dk.yaml"), "--runs-dir", "{}"),
-])
+path_commands = st.sampled_from(
+    [
+        ("train", str(REPO / "configs" / "default.yaml"), "runs_dir={}"),
+        ("config", "{}"),
+        ("train", "{}"),
+        ("train", "--resume", "{}"),
+        ("train", "--fork", "{}"),
+        ("runs", "{}"),
+        ("compare", "{}"),
+        ("report", "{}"),
+        ("sweep", str(REPO / "configs" / "default.yaml"), "--grid", "optim.lr=0.1", "runs_dir={}"),
+        ("sweep", str(REPO / "experiments" / "sqrt_dk.yaml"), "--runs-dir", "{}"),
+    ]
+)
 
 
 @given(path=bad_paths, command=path_commands)
@@ -187,25 +255,41 @@ RUN_FILES = ["metrics.jsonl", "summary.json", "config.yaml", "checkpoint.npz", "
 def template(tmp_path_factory) -> Path:
     """A run stopped with a checkpoint at step 8 of 12."""
     root = tmp_path_factory.mktemp("template")
-    config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=12", "logging.log_every=2",
-                                "logging.checkpoint_every=4", "logging.attention_examples=2"])
+    config = load_config(
+        None,
+        [
+            *TINY,
+            f"runs_dir={root}",
+            "train.steps=12",
+            "logging.log_every=2",
+            "logging.checkpoint_every=4",
+            "logging.attention_examples=2",
+        ],
+    )
     run_dir = lifecycle.create(config, name="run")
     stop = lifecycle.StopFlag()
     lifecycle.execute(config, run_dir, stop=stop, progress=lambda step, _: stop.request("test") if step == 7 else None)
     return run_dir
 
 
-json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10)),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-                           max_leaves=6)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=10)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
 damages = st.one_of(
     st.tuples(st.just("replace"), st.sampled_from(RUN_FILES), st.binary(max_size=300)),
     st.tuples(st.just("truncate"), st.sampled_from(RUN_FILES), st.floats(0, 1)),
     st.tuples(st.just("flip"), st.sampled_from(RUN_FILES), st.floats(0, 1), st.integers(1, 255)),
-    st.tuples(st.just("line"), st.integers(0, 8), st.one_of(json_values.map(lambda v: json.dumps(v).encode()),
-                                                             st.binary(max_size=40))),
+    st.tuples(
+        st.just("line"),
+        st.integers(0, 8),
+        st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary(max_size=40)),
+    ),
     st.tuples(st.just("field"), st.sampled_from(list(runs.SUMMARY_FIELDS) + ["extra"]), json_values),
-    st.tuples(st.just("kind"), st.sampled_from(RUN_FILES), st.sampled_from(["directory", "fifo", "symlink", "missing"])),
+    st.tuples(
+        st.just("kind"), st.sampled_from(RUN_FILES), st.sampled_from(["directory", "fifo", "symlink", "missing"])
+    ),
 )
 
 
@@ -250,7 +334,9 @@ def check_damaged_run(template: Path, damaged: list, command: str) -> None:
         for what in damaged:
             damage(run_dir, victim, what)
         before, victim_before = tree(run_dir), tree(victim)
-        args = {"resume": ["train", "--resume", run_dir], "runs": ["runs", root / "runs"], "plot": ["plot", run_dir]}[command]
+        args = {"resume": ["train", "--resume", run_dir], "runs": ["runs", root / "runs"], "plot": ["plot", run_dir]}[
+            command
+        ]
         code, err = call(*args)
         assert_contract(code, err)
         assert tree(victim) == victim_before, "written through a symbolic link"

@@ -31,9 +31,17 @@ class LostCluster(Executor):
 
 def experiment_file(tmp_path: Path) -> Path:
     path = tmp_path / "lost.yaml"
-    path.write_text(yaml.safe_dump({"name": "lost", "base": str(REPO / "configs" / "default.yaml"),
-                                    "overrides": {"model.d_model": 16, "train.steps": 10},
-                                    "grid": {"model.d_k": [8, 16]}, "seeds": [0, 1]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "lost",
+                "base": str(REPO / "configs" / "default.yaml"),
+                "overrides": {"model.d_model": 16, "train.steps": 10},
+                "grid": {"model.d_k": [8, 16]},
+                "seeds": [0, 1],
+            }
+        )
+    )
     return path
 
 
@@ -41,7 +49,8 @@ def test_stacks_the_executor_lost_are_unknown_not_not_started(tmp_path):
     experiment = experiments.load_experiment(experiment_file(tmp_path), str(tmp_path / "runs"))
     outcomes = sweep.run_experiment(experiment, LostCluster())
     assert sorted((o.cell, o.action, o.status, o.detail) for o in outcomes) == sorted(
-        (c.name, "unknown", "unknown (the scheduler was lost)", "the scheduler was lost") for c in experiment.cells)
+        (c.name, "unknown", "unknown (the scheduler was lost)", "the scheduler was lost") for c in experiment.cells
+    )
 
 
 def test_attn_sweep_on_a_lost_scheduler_says_so_in_one_line_and_writes_no_report(tmp_path, monkeypatch, capsys):
@@ -51,9 +60,11 @@ def test_attn_sweep_on_a_lost_scheduler_says_so_in_one_line_and_writes_no_report
     code = cli.main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--executor", "dask://127.0.0.1:8786"])
     err = capsys.readouterr().err.splitlines()
     assert code == common.EXIT_FAILED
-    assert err[-1] == ("error: the Dask scheduler at dask://127.0.0.1:8786 was lost mid-sweep: what became of 4 of 4 "
-                       "runs is unknown (a worker may still be training them), so no report is written; run the same "
-                       f"command again to finish the rest: attn sweep {path} --executor dask://127.0.0.1:8786")
+    assert err[-1] == (
+        "error: the Dask scheduler at dask://127.0.0.1:8786 was lost mid-sweep: what became of 4 of 4 "
+        "runs is unknown (a worker may still be training them), so no report is written; run the same "
+        f"command again to finish the rest: attn sweep {path} --executor dask://127.0.0.1:8786"
+    )
     assert err[-2] == "sweep lost: 4 runs: 4 unknown (the scheduler was lost)"
     assert sum(line.endswith(": unknown (the scheduler was lost)") for line in err) == 4
     assert not (tmp_path / "runs" / "lost" / "report.json").exists()

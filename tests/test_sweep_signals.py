@@ -25,9 +25,16 @@ from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts lands mid-run
-TINY = {"model.d_model": 16, "task.eval_size": 64, "train.batch_size": 32,
-        "train.steps": STEPS, "logging.log_every": LOG_EVERY, "logging.checkpoint_every": 500,
-        "logging.plots": False, "logging.attention_examples": 0}
+TINY = {
+    "model.d_model": 16,
+    "task.eval_size": 64,
+    "train.batch_size": 32,
+    "train.steps": STEPS,
+    "logging.log_every": LOG_EVERY,
+    "logging.checkpoint_every": 500,
+    "logging.plots": False,
+    "logging.attention_examples": 0,
+}
 # Two keys: the report's x and arm; a rate at which every cell trains stably in float32. Three widths make
 # three stacks (runs of one shape train as one), more than the two workers: a stack may wait its turn.
 GRID = {"model.d_k": [8, 12, 16], "optim.lr": [0.2]}
@@ -39,9 +46,14 @@ _sweep_numbers = itertools.count()
 
 
 def write_experiment(directory: Path, name: str, seeds=SEEDS, **overrides) -> Path:
-    data = {"name": name, "base": str(ROOT / "configs" / "default.yaml"), "overrides": {**TINY, **overrides},
-            "grid": GRID, "seeds": seeds,
-            "report": {"x": "model.d_k", "arm": "optim.lr"}}
+    data = {
+        "name": name,
+        "base": str(ROOT / "configs" / "default.yaml"),
+        "overrides": {**TINY, **overrides},
+        "grid": GRID,
+        "seeds": seeds,
+        "report": {"x": "model.d_k", "arm": "optim.lr"},
+    }
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -59,10 +71,24 @@ class Sweep:
         self.out, self.err = (runs_dir.parent / f"sweep-{number}.{what}" for what in ("out", "err"))
         with self.out.open("w") as out, self.err.open("w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "attn", "sweep", str(experiment), "--runs-dir", str(runs_dir), "--workers", "2",
-                 *options],
-                cwd=ROOT, env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)}, stdout=out, stderr=err,
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "attn",
+                    "sweep",
+                    str(experiment),
+                    "--runs-dir",
+                    str(runs_dir),
+                    "--workers",
+                    "2",
+                    *options,
+                ],
+                cwd=ROOT,
+                env={**os.environ, "CI": "true", "PYTHONPATH": str(ROOT)},
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
 
     def wait_until(self, condition) -> None:
         deadline = time.monotonic() + TIMEOUT
@@ -73,8 +99,10 @@ class Sweep:
 
     def started_a_run(self) -> bool:
         """A run of this sweep is training (its summary says so)."""
-        return any(s["status"] == "running" and s["started_at"] > self.since
-                   for s in map(json.loads, map(Path.read_text, self.experiment_dir.glob("*/summary.json"))))
+        return any(
+            s["status"] == "running" and s["started_at"] > self.since
+            for s in map(json.loads, map(Path.read_text, self.experiment_dir.glob("*/summary.json")))
+        )
 
     def printed_its_header(self) -> bool:
         """Its signal handlers are in place; its workers may not exist yet."""
@@ -148,7 +176,9 @@ def test_two_sweeps_at_once_run_every_cell_exactly_once(reference):
         locked = sum(action == "skipped-locked" for action, _, _ in lines.values())
         assert (f"{locked} running in another sweep" in err) == (locked > 0), err
     assert sorted(p.name for p in experiment_dir.iterdir() if p.is_dir()) == sorted(seen[0])
-    assert f"{N_RUNS} finished runs of {N_RUNS} from" in (experiment_dir / "report.md").read_text(), "the last one reported all"
+    assert f"{N_RUNS} finished runs of {N_RUNS} from" in (experiment_dir / "report.md").read_text(), (
+        "the last one reported all"
+    )
 
 
 def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(reference, tmp_path):
@@ -159,9 +189,11 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
     experiment_dir = runs_dir / experiment.stem
     checkpointed = set()
     ctrl_c, sigterm = (lambda pid: os.killpg(pid, signal.SIGINT)), (lambda pid: os.kill(pid, signal.SIGTERM))
-    for signum, when, send in ((signal.SIGINT, Sweep.printed_its_header, ctrl_c),
-                               (signal.SIGINT, Sweep.started_a_run, ctrl_c),
-                               (signal.SIGTERM, Sweep.started_a_run, sigterm)):
+    for signum, when, send in (
+        (signal.SIGINT, Sweep.printed_its_header, ctrl_c),
+        (signal.SIGINT, Sweep.started_a_run, ctrl_c),
+        (signal.SIGTERM, Sweep.started_a_run, sigterm),
+    ):
         code, seen = interrupt(experiment, runs_dir, when, send)
         assert code == EXIT_SIGNAL[signum.name]
         assert {action for action, _, _ in seen.values()} <= {"ran", "resumed", "cancelled"}
@@ -183,22 +215,28 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
     for cell, (action, status, _) in outcomes(err).items():
         assert (action, status) == ("resumed" if cell in checkpointed else "ran", "completed")
         assert_completed_once(experiment_dir / cell)
-        assert without_timing(runs.read_metrics(experiment_dir / cell)) == \
-            without_timing(runs.read_metrics(reference_dir / cell))
+        assert without_timing(runs.read_metrics(experiment_dir / cell)) == without_timing(
+            runs.read_metrics(reference_dir / cell)
+        )
         resumed, uninterrupted = runs.read_summary(experiment_dir / cell), runs.read_summary(reference_dir / cell)
         assert (resumed["final"], resumed["best"]) == (uninterrupted["final"], uninterrupted["best"])
 
 
 def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_path):
     experiment = write_experiment(tmp_path, "fail", seeds=[0], **{"train.steps": STEPS // 2})
-    blocked, others = "d_k-16_lr-0.2_seed-0", {"d_k-8_lr-0.2_seed-0", "d_k-12_lr-0.2_seed-0"}  # the costliest: first to start
+    blocked, others = (
+        "d_k-16_lr-0.2_seed-0",
+        {"d_k-8_lr-0.2_seed-0", "d_k-12_lr-0.2_seed-0"},
+    )  # the costliest: first to start
     (tmp_path / "runs" / "fail").mkdir(parents=True)
     (tmp_path / "runs" / "fail" / blocked).write_text("a file where the run directory goes")
     code, out, err = Sweep(experiment, tmp_path / "runs", "--no-report").finish()
     lines = err.splitlines()
     assert code == EXIT_FAILED
     progress = [m for m in map(OUTCOME_LINE.match, lines) if m]
-    assert (progress[0][3], progress[0][4], progress[0][5]) == (blocked, "failed", "failed"), err  # its stack fails at once
+    assert (progress[0][3], progress[0][4], progress[0][5]) == (blocked, "failed", "failed"), (
+        err
+    )  # its stack fails at once
     assert {(m[3], m[4], m[5]) for m in progress[1:]} == {(other, "ran", "completed") for other in others}, err
     assert "FileExistsError" in progress[0][6]
     assert any(line.startswith(f"failed: {blocked}: ") for line in lines), err
@@ -207,8 +245,10 @@ def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_pat
 
 BAD_EXPERIMENTS = {  # name -> (what replaces the good file's keys, or the whole file; what the error says)
     "empty_grid": ({"grid": {}}, "grid: expected a non-empty mapping"),
-    "unknown_key": ({"grid": {"model.dk": [4]}},
-                    "grid: `model.dk`: not a config field that a grid can vary; did you mean `model.d_k`?"),
+    "unknown_key": (
+        {"grid": {"model.dk": [4]}},
+        "grid: `model.dk`: not a config field that a grid can vary; did you mean `model.d_k`?",
+    ),
     "bad_cell": ({"grid": {"optim.lr": [0.1, -1.0]}}, "grid cell {optim.lr: -1.0}: optim.lr: got -1.0"),
     "no_base": ({"base": "nowhere.yaml"}, "base: TMP/nowhere.yaml: no such config file"),
     "not_a_mapping": (["a", "list"], "must be a YAML mapping"),

@@ -109,9 +109,11 @@ def test_copy_target_is_the_input_at_the_permutation(mode, shift):
     assert task.reference_losses() == {"chance": pytest.approx(math.log(task.vocab_size))}
 
 
-@pytest.mark.parametrize("task", [RetrievalTask(n_keys=10, n_values=4, n_pairs=6),
-                                  CopyTask(vocab_size=5, length=7, mode="shift", shift=2)],
-                         ids=["retrieval", "copy"])
+@pytest.mark.parametrize(
+    "task",
+    [RetrievalTask(n_keys=10, n_values=4, n_pairs=6), CopyTask(vocab_size=5, length=7, mode="shift", shift=2)],
+    ids=["retrieval", "copy"],
+)
 def test_same_seed_same_batch_different_seed_different_batch(task):
     np.random.seed(1)
     first = task.sample(np.random.default_rng(42), 64)
@@ -123,8 +125,11 @@ def test_same_seed_same_batch_different_seed_different_batch(task):
     assert not np.array_equal(first.tokens, other.tokens)
 
 
-@pytest.mark.parametrize("task", [RetrievalTask(16, 16, 8), RetrievalTask(40, 5, 12), CopyTask(10, 16),
-                                  CopyTask(7, 5, "shift", 2)], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "task",
+    [RetrievalTask(16, 16, 8), RetrievalTask(40, 5, 12), CopyTask(10, 16), CopyTask(7, 5, "shift", 2)],
+    ids=lambda t: t.name,
+)
 def test_a_stack_draws_each_members_batch_as_sample_does(task):
     """sample_stack assembles once for the stack; member m's batch is sample's from its own generator."""
     stacked = task.sample_stack([np.random.default_rng(seed) for seed in (4, 5, 6)], 32)

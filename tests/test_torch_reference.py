@@ -52,8 +52,13 @@ def torch_sgd_stepper(config, spec, params, batches):
     def step():
         batch = next(pool)
         optimizer.zero_grad()
-        value = loss(weights, *(torch.from_numpy(np.ascontiguousarray(a))
-                                for a in (batch.tokens, batch.targets, batch.target_mask.astype(spec.dtype))))
+        value = loss(
+            weights,
+            *(
+                torch.from_numpy(np.ascontiguousarray(a))
+                for a in (batch.tokens, batch.targets, batch.target_mask.astype(spec.dtype))
+            ),
+        )
         value.backward()
         optimizer.step()
         return value.item()
@@ -68,8 +73,10 @@ def build(task: str, *overrides: str):
     return config, spec, params, optimizer, batches
 
 
-CASES = [(task, f"model.scale={scale}", f"model.causal={causal}")
-         for task, scale, causal in itertools.product(TASKS, ("sqrt", "none"), ("false", "true"))]
+CASES = [
+    (task, f"model.scale={scale}", f"model.causal={causal}")
+    for task, scale, causal in itertools.product(TASKS, ("sqrt", "none"), ("false", "true"))
+]
 CASES.append(("copy", "model.positional=sinusoidal", "model.residual=false"))
 
 
@@ -88,11 +95,20 @@ def test_loss_and_gradients_match_pytorch(torch, task, first, second):
         np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max(), err_msg=name)
 
 
-@pytest.mark.parametrize("optim", [
-    ("optim.lr=0.5",),
-    ("optim.lr=0.3", "optim.momentum=0.9", "optim.nesterov=true", "optim.weight_decay=0.01",
-     "optim.lr_mult={W_q: 0.5, E_pos: 2.0}"),
-], ids=["plain", "nesterov-decay-lr_mult"])
+@pytest.mark.parametrize(
+    "optim",
+    [
+        ("optim.lr=0.5",),
+        (
+            "optim.lr=0.3",
+            "optim.momentum=0.9",
+            "optim.nesterov=true",
+            "optim.weight_decay=0.01",
+            "optim.lr_mult={W_q: 0.5, E_pos: 2.0}",
+        ),
+    ],
+    ids=["plain", "nesterov-decay-lr_mult"],
+)
 def test_sgd_steps_match_torch_optim_sgd(torch, optim):
     """Three steps from the same weights on the same batches: the third loss
     depends on both updates (momentum included) of every parameter."""
@@ -105,8 +121,9 @@ def test_sgd_steps_match_torch_optim_sgd(torch, optim):
         ours, theirs = float(loss), torch_step()
         assert ours == pytest.approx(theirs, rel=1e-12)
     initial = runstate.build(config)[2]
-    assert ours != pytest.approx(float(fast.forward(initial, spec, batches[-1])[0]), rel=1e-6), \
+    assert ours != pytest.approx(float(fast.forward(initial, spec, batches[-1])[0]), rel=1e-6), (
         "the updates changed nothing, so the comparison shows nothing"
+    )
 
 
 def test_forward_and_backward_at_target_positions_equal_the_full_ones():

@@ -75,8 +75,14 @@ def learned(tmp_path_factory):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(["train", config_path, *overrides, "--name", "learn"])
-    return dict(code=code, stdout=out.getvalue(), stderr=err.getvalue(), run_dir=runs_dir / "learn",
-                overrides=overrides, config=load_config(config_path, overrides))
+    return dict(
+        code=code,
+        stdout=out.getvalue(),
+        stderr=err.getvalue(),
+        run_dir=runs_dir / "learn",
+        overrides=overrides,
+        config=load_config(config_path, overrides),
+    )
 
 
 def test_a_short_run_of_the_default_config_learns_retrieval(learned):
@@ -96,8 +102,15 @@ def test_the_cli_prints_the_run_directory_as_its_last_line(learned):
 
 def test_the_run_directory_holds_every_file_and_nothing_half_written(learned):
     names = {p.name for p in learned["run_dir"].iterdir()}
-    assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.npz",
-            "loss.png", "attention.png", "diagnostics.png"} <= names
+    assert {
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoint.npz",
+        "loss.png",
+        "attention.png",
+        "diagnostics.png",
+    } <= names
     assert not [n for n in names if n.endswith(".tmp") or n.startswith(".") and n != locks.LOCK_NAME]
     assert (learned["run_dir"] / locks.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
     for figure in ("loss.png", "attention.png", "diagnostics.png"):
@@ -124,9 +137,22 @@ def test_metrics_records_carry_every_logged_figure(learned):
     log_every, steps = config.logging.log_every, config.train.steps
     assert [r["step"] for r in records] == list(range(0, steps + 1, log_every))
     names = param_names(config)
-    always = {"step", "lr", "train_loss", "train_accuracy", "eval_loss", "eval_accuracy", "wall_time",
-              "steps_per_sec", "score_std", "attn_entropy", "saturated_frac", "self_attn", "grad_norm",
-              *(f"grad_norm/{n}" for n in names)}
+    always = {
+        "step",
+        "lr",
+        "train_loss",
+        "train_accuracy",
+        "eval_loss",
+        "eval_accuracy",
+        "wall_time",
+        "steps_per_sec",
+        "score_std",
+        "attn_entropy",
+        "saturated_frac",
+        "self_attn",
+        "grad_norm",
+        *(f"grad_norm/{n}" for n in names),
+    }
     for record in records:
         assert always <= record.keys()
     for record in records[:-1]:  # the last step only measures: no update, no ratio
@@ -169,7 +195,7 @@ def test_attention_snapshots_hold_every_row_and_the_query_rows_training_computes
     _, cache = fast.forward(state.params, state.spec, state.eval_batch)
     query_rows = cache["attn"]["attn"][:n]  # (n, 1, T): retrieval's query, computed alone
     assert query_rows.shape == (n, 1, T) and cache["positions"].tolist() == [T - 1]
-    np.testing.assert_allclose(snapshots["attn_final"][:, T - 1:], query_rows, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(snapshots["attn_final"][:, T - 1 :], query_rows, rtol=1e-4, atol=1e-6)
 
 
 def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, capsys):
@@ -181,8 +207,17 @@ def test_a_field_name_without_a_value_is_not_taken_for_a_config_file(tmp_path, c
 
 
 def test_the_mechanism_is_measured_at_its_step_whether_or_not_that_step_is_logged(tmp_path):
-    config = load_config(None, ["train.steps=20", "logging.log_every=25", "logging.mechanism_step=10",
-                                "logging.plots=false", f"runs_dir={tmp_path}", "task.eval_size=32"])
+    config = load_config(
+        None,
+        [
+            "train.steps=20",
+            "logging.log_every=25",
+            "logging.mechanism_step=10",
+            "logging.plots=false",
+            f"runs_dir={tmp_path}",
+            "task.eval_size=32",
+        ],
+    )
     run_dir = lifecycle.create(config, name="mech")
     lifecycle.execute(config, run_dir)
     steps = {name.split("/")[0] for name in arrayfiles.load_arrays(run_dir / "mechanism.npz")}

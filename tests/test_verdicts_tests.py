@@ -38,19 +38,21 @@ def test_fisher_equals_a_brute_force_sum_over_tables_with_the_same_margins(k1, n
 def test_mcnemar_exact_is_the_binomial_tail_of_the_discordant_pairs():
     # the issue's pooled figure: 7 discordant pairs, all favouring the scale: one-sided 2^-7, two-sided 0.016
     result = stats.mcnemar_exact(7, 0)
-    assert result.p == 2.0 ** -7 and round(2 * result.p, 3) == 0.016 and result.p_reverse == 1.0
+    assert result.p == 2.0**-7 and round(2 * result.p, 3) == 0.016 and result.p_reverse == 1.0
     assert stats.mcnemar_exact(5, 1).p == float(Fraction(1 + 6, 64))  # P(X >= 5), X ~ Bin(6, 1/2)
     assert stats.mcnemar_exact(0, 0) == (1.0, 1.0, {"better": 0, "worse": 0})
 
 
 def test_the_sign_test_counts_only_pairs_whose_order_is_known():
     budget = 1000
-    pairs = [((100, True), (300, True)),  # earlier
-             ((100, True), (budget, False)),  # earlier: theirs had not arrived by the budget
-             ((budget, False), (budget, False)),  # unknown: neither arrived
-             ((900, False), (800, True)),  # later: theirs arrived before mine was last seen
-             ((800, False), (900, True)),  # unknown: mine censored before theirs arrived
-             ((200, True), (200, True))]  # tied
+    pairs = [
+        ((100, True), (300, True)),  # earlier
+        ((100, True), (budget, False)),  # earlier: theirs had not arrived by the budget
+        ((budget, False), (budget, False)),  # unknown: neither arrived
+        ((900, False), (800, True)),  # later: theirs arrived before mine was last seen
+        ((800, False), (900, True)),  # unknown: mine censored before theirs arrived
+        ((200, True), (200, True)),
+    ]  # tied
     result = stats.sign_test_censored(pairs)
     assert result.counts == {"earlier": 2, "later": 1, "tied": 1, "unknown": 2}
     assert result.p == float(Fraction(4, 8)) and result.p_reverse == float(Fraction(7, 8))
@@ -83,10 +85,18 @@ def test_a_paired_test_with_a_seed_unfinished_in_one_arm_is_inconclusive_and_say
     """Nine seeds stalled against nine that learned would confirm (2^-9); the tenth, failed in one arm, is not
     dropped unseen from the pairs: the point says which seed and judges nothing."""
     claim = {"id": "more", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "mcnemar"}
-    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-                      {"x": "model.d_k", "arm": "model.scale", "expect": [claim]}, "unpaired")
-    write_plan(experiment, [((16, "sqrt"), [curve(LEARNED)] * 10), ((16, "none"), [curve(STALLED)] * 9)],
-               ("model.d_k", "model.scale"))
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+        range(10),
+        {"x": "model.d_k", "arm": "model.scale", "expect": [claim]},
+        "unpaired",
+    )
+    write_plan(
+        experiment,
+        [((16, "sqrt"), [curve(LEARNED)] * 10), ((16, "none"), [curve(STALLED)] * 9)],
+        ("model.d_k", "model.scale"),
+    )
     write_run(experiment, {"model.d_k": 16, "model.scale": "none"}, 9, curve(STALLED), status="failed")
     judged = report_of(experiment, figures=False).expectation("more")
     [point] = judged["points"]
@@ -102,33 +112,54 @@ def test_the_closed_form_wilson_extremes_agree_with_the_interval():
 
 
 def expectation(**rule) -> Expectation:
-    fields = {"id": "e", "claim": "c", "stat": "success_rate", "arm": (("model.scale", "sqrt"),), "at": "best",
-              **rule}
+    fields = {"id": "e", "claim": "c", "stat": "success_rate", "arm": (("model.scale", "sqrt"),), "at": "best", **rule}
     return Expectation(**fields)
 
 
-@pytest.mark.parametrize("rule, n, reason", [
-    ({"stat": "stall_rate", "above": 0.0}, 10, "it can never be not confirmed: the Wilson upper bound at 0/10 is 0.278"),
-    ({"above": 0.5}, 3, "it can never be not confirmed: the Wilson upper bound at 0/3 is 0.561, never below 0.5"),
-    ({"below": 1.0}, 10, "it can never be not confirmed: the Wilson lower bound at 10/10 is 0.722, never above 1"),
-    ({"better_than": (("model.scale", "none"),), "test": "mcnemar"}, 4, "the mcnemar test on 4 seeds per arm cannot "
-     "reach p <= 0.05 (its smallest p is 0.0625)"),
-    ({"better_than": (("model.scale", "sqrt"),), "test": "fisher"}, 10, "it compares an arm with itself"),
-    ({"better_than": (("model.scale", "none"),), "test": "interval"}, 3, "the 95% Wilson intervals of two rates on 3 "
-     "seeds always overlap"),
-    ({"stat": "median_time", "below": 2000}, 10, "it can never be not confirmed: a median time's lower bound is at most "
-     "the budget, 1000"),
-    ({"stat": "final_loss", "below": 0.0}, 10, "it can never be confirmed: a loss is never below 0"),
-    ({"stat": "final_loss", "above": 0.0}, 10, "it can never be not confirmed: a loss is never below 0"),
-])
+@pytest.mark.parametrize(
+    "rule, n, reason",
+    [
+        (
+            {"stat": "stall_rate", "above": 0.0},
+            10,
+            "it can never be not confirmed: the Wilson upper bound at 0/10 is 0.278",
+        ),
+        ({"above": 0.5}, 3, "it can never be not confirmed: the Wilson upper bound at 0/3 is 0.561, never below 0.5"),
+        ({"below": 1.0}, 10, "it can never be not confirmed: the Wilson lower bound at 10/10 is 0.722, never above 1"),
+        (
+            {"better_than": (("model.scale", "none"),), "test": "mcnemar"},
+            4,
+            "the mcnemar test on 4 seeds per arm cannot reach p <= 0.05 (its smallest p is 0.0625)",
+        ),
+        ({"better_than": (("model.scale", "sqrt"),), "test": "fisher"}, 10, "it compares an arm with itself"),
+        (
+            {"better_than": (("model.scale", "none"),), "test": "interval"},
+            3,
+            "the 95% Wilson intervals of two rates on 3 seeds always overlap",
+        ),
+        (
+            {"stat": "median_time", "below": 2000},
+            10,
+            "it can never be not confirmed: a median time's lower bound is at most the budget, 1000",
+        ),
+        ({"stat": "final_loss", "below": 0.0}, 10, "it can never be confirmed: a loss is never below 0"),
+        ({"stat": "final_loss", "above": 0.0}, 10, "it can never be not confirmed: a loss is never below 0"),
+    ],
+)
 def test_a_claim_that_cannot_fail_is_named_with_its_reason(rule, n, reason):
     assert cannot_fail(expectation(**rule), n, 1000, 0.05).startswith(reason)
 
 
-@pytest.mark.parametrize("rule, n", [({"stat": "stall_rate", "above": 0.3}, 10), ({"above": 0.5}, 4),
-                                     ({"better_than": (("model.scale", "none"),), "test": "mcnemar"}, 5),
-                                     ({"better_than": (("model.scale", "none"),), "test": "fisher"}, 3),
-                                     ({"stat": "median_time", "below": 500}, 10)])
+@pytest.mark.parametrize(
+    "rule, n",
+    [
+        ({"stat": "stall_rate", "above": 0.3}, 10),
+        ({"above": 0.5}, 4),
+        ({"better_than": (("model.scale", "none"),), "test": "mcnemar"}, 5),
+        ({"better_than": (("model.scale", "none"),), "test": "fisher"}, 3),
+        ({"stat": "median_time", "below": 500}, 10),
+    ],
+)
 def test_a_claim_that_can_go_either_way_is_accepted(rule, n):
     assert cannot_fail(expectation(**rule), n, 1000, 0.05) == ""
 
@@ -136,16 +167,34 @@ def test_a_claim_that_can_go_either_way_is_accepted(rule, n):
 def test_a_file_whose_claim_cannot_fail_is_refused_when_read(tmp_path):
     entry = {"id": "stalls", "claim": "c", "stat": "stall_rate", "arm": NONE, "above": 0.0}
     with pytest.raises(ConfigError) as caught:
-        load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-             {"x": "model.d_k", "arm": "model.scale", "expect": [entry]})
-    assert str(caught.value) == (f"{tmp_path / 'exp.yaml'}: report: expect[0] (stalls): it can never be not confirmed: "
-                                 "the Wilson upper bound at 0/10 is 0.278, never below 0; restate it as a claim that "
-                                 "some outcome of the runs would refute")
-    with pytest.raises(ConfigError, match=r"report: expect\[0\]: test: got 'sign'; expected one of mcnemar, fisher, "
-                                          r"interval for a comparison on success_rate$"):
-        load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-             {"x": "model.d_k", "arm": "model.scale", "expect": [
-                 {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "sign"}]})
+        load(
+            tmp_path,
+            {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+            range(10),
+            {"x": "model.d_k", "arm": "model.scale", "expect": [entry]},
+        )
+    assert str(caught.value) == (
+        f"{tmp_path / 'exp.yaml'}: report: expect[0] (stalls): it can never be not confirmed: "
+        "the Wilson upper bound at 0/10 is 0.278, never below 0; restate it as a claim that "
+        "some outcome of the runs would refute"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"report: expect\[0\]: test: got 'sign'; expected one of mcnemar, fisher, "
+        r"interval for a comparison on success_rate$",
+    ):
+        load(
+            tmp_path,
+            {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+            range(10),
+            {
+                "x": "model.d_k",
+                "arm": "model.scale",
+                "expect": [
+                    {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "sign"}
+                ],
+            },
+        )
 
 
 def test_a_paired_claim_over_several_points_must_be_refutable_after_its_bonferroni_factor(tmp_path):
@@ -154,7 +203,9 @@ def test_a_paired_claim_over_several_points_must_be_refutable_after_its_bonferro
     0.05; on 6 seeds, 3 * 2^-6 = 0.047 is not."""
     faster = {"id": "faster", "claim": "c", "stat": "median_time", "arm": SQRT, "better_than": NONE, "test": "sign"}
     grid = {"model.d_k": [16, 64, 256], "model.scale": ["sqrt", "none"]}
-    with pytest.raises(ConfigError, match=r"expect\[0\] \(faster\): it can never be not confirmed: one of its 3 points"):
+    with pytest.raises(
+        ConfigError, match=r"expect\[0\] \(faster\): it can never be not confirmed: one of its 3 points"
+    ):
         load(tmp_path, grid, range(5), {"x": "model.d_k", "arm": "model.scale", "expect": [faster]})
     assert load(tmp_path, grid, range(6), {"x": "model.d_k", "arm": "model.scale", "expect": [faster]})
     one_point = {**faster, "where": {"model.d_k": [256]}}
@@ -170,22 +221,44 @@ PLAN = {
 }
 CLAIMS = [
     {"id": "learns-more-16", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "where": {"model.d_k": [16]}},
-    {"id": "learns-more-16-fisher", "stat": "success_rate", "arm": SQRT, "better_than": NONE,
-     "where": {"model.d_k": [16]}, "test": "fisher"},
+    {
+        "id": "learns-more-16-fisher",
+        "stat": "success_rate",
+        "arm": SQRT,
+        "better_than": NONE,
+        "where": {"model.d_k": [16]},
+        "test": "fisher",
+    },
     {"id": "stalls-less-64", "stat": "stall_rate", "arm": SQRT, "better_than": NONE, "where": {"model.d_k": [64]}},
     {"id": "faster-64", "stat": "median_time", "arm": SQRT, "better_than": NONE, "where": {"model.d_k": [64]}},
-    {"id": "faster-64-interval", "stat": "median_time", "arm": SQRT, "better_than": NONE,
-     "where": {"model.d_k": [64]}, "test": "interval"},
-    {"id": "wrong-way-64", "stat": "success_rate", "arm": NONE, "better_than": SQRT, "where": {"model.d_k": [64]},
-     "edited_after_runs": "turned around after the runs of abc1234"},
+    {
+        "id": "faster-64-interval",
+        "stat": "median_time",
+        "arm": SQRT,
+        "better_than": NONE,
+        "where": {"model.d_k": [64]},
+        "test": "interval",
+    },
+    {
+        "id": "wrong-way-64",
+        "stat": "success_rate",
+        "arm": NONE,
+        "better_than": SQRT,
+        "where": {"model.d_k": [64]},
+        "edited_after_runs": "turned around after the runs of abc1234",
+    },
 ]
 
 
 @pytest.fixture(scope="module")
 def tested(tmp_path_factory):
-    experiment = load(tmp_path_factory.mktemp("tested"), {"model.d_k": [16, 64], "model.scale": ["sqrt", "none"]},
-                      range(10), {"x": "model.d_k", "arm": "model.scale",
-                                  "expect": [{"claim": f"the claim {c['id']}", **c} for c in CLAIMS]}, "tested")
+    experiment = load(
+        tmp_path_factory.mktemp("tested"),
+        {"model.d_k": [16, 64], "model.scale": ["sqrt", "none"]},
+        range(10),
+        {"x": "model.d_k", "arm": "model.scale", "expect": [{"claim": f"the claim {c['id']}", **c} for c in CLAIMS]},
+        "tested",
+    )
     write_plan(experiment, PLAN.items(), ("model.d_k", "model.scale"))
     return report_of(experiment, figures=False)
 
@@ -193,11 +266,21 @@ def tested(tmp_path_factory):
 def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(tested):
     by_id = {c["id"]: tested.expectation(c["id"]) for c in CLAIMS}
     assert {i: j["test"] for i, j in by_id.items()} == {
-        "learns-more-16": "mcnemar", "learns-more-16-fisher": "fisher", "stalls-less-64": "mcnemar",
-        "faster-64": "sign", "faster-64-interval": "interval", "wrong-way-64": "mcnemar"}
+        "learns-more-16": "mcnemar",
+        "learns-more-16-fisher": "fisher",
+        "stalls-less-64": "mcnemar",
+        "faster-64": "sign",
+        "faster-64-interval": "interval",
+        "wrong-way-64": "mcnemar",
+    }
     raw = {i: j["p"] for i, j in by_id.items() if j["test"] != "interval"}
-    assert raw == {"learns-more-16": 2 ** -5, "learns-more-16-fisher": float(Fraction(252, 15504)),
-                   "stalls-less-64": 2 ** -10, "faster-64": 2 ** -10, "wrong-way-64": 1.0}
+    assert raw == {
+        "learns-more-16": 2**-5,
+        "learns-more-16-fisher": float(Fraction(252, 15504)),
+        "stalls-less-64": 2**-10,
+        "faster-64": 2**-10,
+        "wrong-way-64": 1.0,
+    }
     holm = dict(zip(raw, stats.holm(list(raw.values()))))
     assert {i: by_id[i]["p_holm"] for i in raw} == holm
     # 1/32 x 2 = 0.0625 > 0.05 after Holm: inconclusive, though 1/32 alone is below 0.05
@@ -222,8 +305,11 @@ def test_a_claim_edited_after_its_runs_says_so_in_the_report_and_its_paragraph(t
     assert "edited_after_runs" not in tested.expectation("faster-64")
     lines = tested.md.splitlines()
     i = next(n for n, x in enumerate(lines) if x.startswith("- **wrong-way-64**"))
-    assert any(facts_in(x, "edited after runs", "not an independent test", "turned around after the runs of abc1234")
-               for x in lines[i + 1:i + 4] if "edited" in x)
+    assert any(
+        facts_in(x, "edited after runs", "not an independent test", "turned around after the runs of abc1234")
+        for x in lines[i + 1 : i + 4]
+        if "edited" in x
+    )
     assert "(`wrong-way-64`, not frozen, edited after its runs)" in tested.data["headline"]
 
 
@@ -241,8 +327,13 @@ def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
 
     near = [(50, 0.5 * PLATEAU, 0.97), (BUDGET, 0.4 * PLATEAU, 0.97)]
     plan = {(16, "sqrt"): [curve(LEARNED)] * 6 + [near] * 4, (16, "none"): [curve(STALLED)] * 10}
-    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-                      {"x": "model.d_k", "arm": "model.scale"}, "moves")
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+        range(10),
+        {"x": "model.d_k", "arm": "model.scale"},
+        "moves",
+    )
     write_plan(experiment, plan.items(), ("model.d_k", "model.scale"))
     result = report_of(experiment, figures=False)
     cell = result.cell(d_k=16, scale="sqrt")
@@ -255,11 +346,14 @@ def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
 
 def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdicts(tested):
     text = tested.data["headline"]
-    assert text.startswith("Scope: plain SGD; one attention head, one layer, no LayerNorm; d_model 64; 100 steps; "
-                           "10 seeds per cell. ")
-    assert ("The claim stalls-less-64 (`stalls-less-64`, not frozen): confirmed by an exact McNemar test, Holm-adjusted "
-            "p 0.00488 at level 0.05 (d_k 64: difference of rates -1 [-1, -0.608] over 10 paired seeds, one-sided p "
-            "0.000977).") in text
+    assert text.startswith(
+        "Scope: plain SGD; one attention head, one layer, no LayerNorm; d_model 64; 100 steps; 10 seeds per cell. "
+    )
+    assert (
+        "The claim stalls-less-64 (`stalls-less-64`, not frozen): confirmed by an exact McNemar test, Holm-adjusted "
+        "p 0.00488 at level 0.05 (d_k 64: difference of rates -1 [-1, -0.608] over 10 paired seeds, one-sided p "
+        "0.000977)."
+    ) in text
     assert "over 10 and 10 seeds" in text, "Fisher's test is not paired"
     assert text.endswith("Of 6 claims, 4 confirmed, 1 not confirmed, 1 inconclusive.")
     assert "/10" not in text and "stalled)" not in text, "per-cell counts stay in the tables"
@@ -296,65 +390,114 @@ def test_a_bound_at_every_rate_is_judged_at_each_rate_on_the_judging_seeds(tmp_p
     counts the judging seeds only."""
     rates = [0.01, 0.1, 1.0]
     claim = {"claim": "c", "stat": "success_rate", "arm": NONE, "below": 0.5, "at": "every"}
-    experiment = load(tmp_path, {"model.d_k": [16, 64], "model.scale": ["none"], "optim.lr": rates}, range(10),
-                      {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
-                       "select_on": [0, 1, 2, 3], "judge_on": [4, 5, 6, 7, 8, 9],
-                       "expect": [{"id": "every-16", **claim, "where": {"model.d_k": [16]}},
-                                  {"id": "every-64", **claim, "where": {"model.d_k": [64]}}]}, "every")
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [16, 64], "model.scale": ["none"], "optim.lr": rates},
+        range(10),
+        {
+            "x": "model.d_k",
+            "arm": "model.scale",
+            "best_of": "optim.lr",
+            "select_on": [0, 1, 2, 3],
+            "judge_on": [4, 5, 6, 7, 8, 9],
+            "expect": [
+                {"id": "every-16", **claim, "where": {"model.d_k": [16]}},
+                {"id": "every-64", **claim, "where": {"model.d_k": [64]}},
+            ],
+        },
+        "every",
+    )
     # at d_k 16 and lr 0.1 the selection seeds stall and the judging seeds learn; everything else stalls
-    plan = [((d_k, "none", lr), [curve(LEARNED) if (d_k, lr) == (16, 0.1) and seed >= 4 else curve(STALLED)
-                                 for seed in range(10)]) for d_k in (16, 64) for lr in rates]
+    plan = [
+        (
+            (d_k, "none", lr),
+            [curve(LEARNED) if (d_k, lr) == (16, 0.1) and seed >= 4 else curve(STALLED) for seed in range(10)],
+        )
+        for d_k in (16, 64)
+        for lr in rates
+    ]
     write_plan(experiment, plan, ("model.d_k", "model.scale", "optim.lr"))
     result = report_of(experiment, figures=False)
     refuted, held = result.expectation("every-16"), result.expectation("every-64")
     assert [(p["setting"], p["verdict"]) for p in refuted["points"]] == [
-        (0.01, "confirmed"), (0.1, "not confirmed"), (1.0, "confirmed")]
+        (0.01, "confirmed"),
+        (0.1, "not confirmed"),
+        (1.0, "confirmed"),
+    ]
     assert refuted["verdict"] == "not confirmed" and held["verdict"] == "confirmed"
     assert {p["n"] for p in held["points"]} == {6}  # the judging seeds only
     rows = [x for x in result.md.splitlines() if x.startswith(("| 16 | scale=none |", "| 64 | scale=none |"))]
-    assert "| 16 | scale=none | 0/6 | 6/6 | 0/6 | 6/6 |" in rows and "| 64 | scale=none | 0/6 | 0/6 | 0/6 | 0/6 |" in rows
+    assert (
+        "| 16 | scale=none | 0/6 | 6/6 | 0/6 | 6/6 |" in rows and "| 64 | scale=none | 0/6 | 0/6 | 0/6 | 0/6 |" in rows
+    )
 
 
 def test_at_every_is_for_a_bound_and_needs_a_best_of(tmp_path):
     grid = {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 0.3]}
     comparison = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "at": "every"}
     with pytest.raises(ConfigError, match=r"expect\[0\]: at: every is for a bound"):
-        load(tmp_path, grid, range(10), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr",
-                                         "expect": [comparison]})
+        load(
+            tmp_path,
+            grid,
+            range(10),
+            {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "expect": [comparison]},
+        )
     bound = {"id": "e", "claim": "c", "stat": "success_rate", "arm": SQRT, "above": 0.5, "at": "every"}
     with pytest.raises(ConfigError, match=r"expect\[0\]: at: got 'every'; expected best \(the report has no"):
-        load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"]}, range(10),
-             {"x": "model.d_k", "arm": "model.scale", "expect": [bound]})
+        load(
+            tmp_path,
+            {"model.d_k": [16], "model.scale": ["sqrt", "none"]},
+            range(10),
+            {"x": "model.d_k", "arm": "model.scale", "expect": [bound]},
+        )
 
 
 def test_the_every_rate_table_has_a_column_per_rate_any_arm_tried(tmp_path):
-    grid = [{"model.d_k": [16], "model.scale": ["sqrt"], "optim.lr": [0.01, 0.1]},
-            {"model.d_k": [16], "model.scale": ["none"], "optim.lr": [0.1, 1.0, 3.0]}]
-    experiment = load(tmp_path, grid, range(4), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr"},
-                      "grids")
+    grid = [
+        {"model.d_k": [16], "model.scale": ["sqrt"], "optim.lr": [0.01, 0.1]},
+        {"model.d_k": [16], "model.scale": ["none"], "optim.lr": [0.1, 1.0, 3.0]},
+    ]
+    experiment = load(
+        tmp_path, grid, range(4), {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr"}, "grids"
+    )
     plan = [((16, "sqrt", lr), [curve(LEARNED)] * 4) for lr in (0.01, 0.1)]
     plan += [((16, "none", lr), [curve(STALLED)] * 3 + [curve(LEARNED)]) for lr in (0.1, 1.0, 3.0)]
     write_plan(experiment, plan, ("model.d_k", "model.scale", "optim.lr"))
     md = report_of(experiment, figures=False).md
     table = md.split("## Seeds that learned at every lr (every seed)")[1].strip().splitlines()
     assert table[0] == "| d_k | arm | 0.01 | 0.1 | 1 | 3 | most at any |"
-    assert table[2:4] == ["| 16 | scale=none | — | 1/4 | 1/4 | 1/4 | 1/4 |", "| 16 | scale=sqrt | 4/4 | 4/4 | — | — | 4/4 |"]
+    assert table[2:4] == [
+        "| 16 | scale=none | — | 1/4 | 1/4 | 1/4 | 1/4 |",
+        "| 16 | scale=sqrt | 4/4 | 4/4 | — | — | 4/4 |",
+    ]
 
 
 def test_an_unfinished_selection_seed_does_not_void_the_judging_seeds_paired_test(tmp_path):
     """Held out: a run of a selection seed still unfinished at the chosen rate is not a judging seed, so the
     McNemar test on the six judging pairs stands (2^-6), and the note of an unfinished run belongs to its cell."""
     claim = {"id": "more", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "mcnemar"}
-    experiment = load(tmp_path, {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.1]}, range(8),
-                      {"x": "model.d_k", "arm": "model.scale", "best_of": "optim.lr", "select_on": [0, 1],
-                       "judge_on": [2, 3, 4, 5, 6, 7], "expect": [claim]}, "held")
+    experiment = load(
+        tmp_path,
+        {"model.d_k": [16], "model.scale": ["sqrt", "none"], "optim.lr": [0.1]},
+        range(8),
+        {
+            "x": "model.d_k",
+            "arm": "model.scale",
+            "best_of": "optim.lr",
+            "select_on": [0, 1],
+            "judge_on": [2, 3, 4, 5, 6, 7],
+            "expect": [claim],
+        },
+        "held",
+    )
     keys = ("model.d_k", "model.scale", "optim.lr")
     write_plan(experiment, [((16, "sqrt", 0.1), [curve(LEARNED)] * 8)], keys)
     write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, 0, curve(STALLED))
-    write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, 1, curve(STALLED),
-              status="interrupted")
+    write_run(
+        experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, 1, curve(STALLED), status="interrupted"
+    )
     for seed in range(2, 8):
         write_run(experiment, {"model.d_k": 16, "model.scale": "none", "optim.lr": 0.1}, seed, curve(STALLED))
     [point] = report_of(experiment, figures=False).expectation("more")["points"]
-    assert (point["pairs"], point["p"], point["verdict"]) == (6, 2.0 ** -6, "confirmed")
+    assert (point["pairs"], point["p"], point["verdict"]) == (6, 2.0**-6, "confirmed")
     assert "note" not in point or point["note"] is None

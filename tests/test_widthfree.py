@@ -25,11 +25,12 @@ from attn.store import runstate
 from attn.train import loop
 
 D, DK, DV = 6, 17, 13  # both circuits wider than 2 D = 12: carried at 12
-MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [dict(scale="none", causal=True),
-                                                                        dict(score="sigma_reparam", causal=True),
-                                                                        dict(score="qk_norm", qk_norm_gain="scalar"),
-                                                                        dict(score="qk_norm", qk_norm_gain="none",
-                                                                             causal=True)]
+MODES = [dict(score=mode) for mode in widthfree.WIDTH_FREE_SCORES] + [
+    dict(scale="none", causal=True),
+    dict(score="sigma_reparam", causal=True),
+    dict(score="qk_norm", qk_norm_gain="scalar"),
+    dict(score="qk_norm", qk_norm_gain="none", causal=True),
+]
 
 
 def mode_id(mode: dict) -> str:
@@ -37,22 +38,36 @@ def mode_id(mode: dict) -> str:
 
 
 def spec_of(**kw) -> ModelSpec:
-    base = dict(fields=(("key", 5), ("value", 6)), n_positions=T, n_classes=5, d_model=D, d_k=DK, d_v=DV,
-                dtype="float64", width_free=True, temperature_init=0.3, mup_zero_init_q=False)
+    base = dict(
+        fields=(("key", 5), ("value", 6)),
+        n_positions=T,
+        n_classes=5,
+        d_model=D,
+        d_k=DK,
+        d_v=DV,
+        dtype="float64",
+        width_free=True,
+        temperature_init=0.3,
+        mup_zero_init_q=False,
+    )
     return ModelSpec(**{**base, **kw})
 
 
 def bases(spec: ModelSpec, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Q of the query-key circuit (2D, d_k) and of the value circuit (2D, d_v), from the full draw."""
     full = fast.init_params(dataclasses.replace(spec, width_free=False), np.random.default_rng(seed))
-    return (widthfree.coordinates(full["W_q"], full["W_k"])[2],
-            widthfree.coordinates(full["W_v"], full["W_o"].T)[2])
+    return (widthfree.coordinates(full["W_q"], full["W_k"])[2], widthfree.coordinates(full["W_v"], full["W_o"].T)[2])
 
 
 def formed(params: dict, q_qk: np.ndarray, q_ov: np.ndarray) -> dict:
     """The d_k-wide parameters (or gradients: the map is the same linear one) from the carried ones."""
-    return {**params, "W_q": params["W_q"] @ q_qk, "W_k": params["W_k"] @ q_qk, "W_v": params["W_v"] @ q_ov,
-            "W_o": q_ov.T @ params["W_o"]}
+    return {
+        **params,
+        "W_q": params["W_q"] @ q_qk,
+        "W_k": params["W_k"] @ q_qk,
+        "W_v": params["W_v"] @ q_ov,
+        "W_o": q_ov.T @ params["W_o"],
+    }
 
 
 def formed_buffers(buffers: dict, q_qk: np.ndarray) -> dict:
@@ -91,8 +106,9 @@ def test_loss_and_every_gradient_equal_the_textbook_models(mode, where):
     buffers = fast.init_buffers(spec, carried, np.random.default_rng(9))  # sigma_reparam's u, v_c (2D,)
     loss, grads, _ = fast.loss_and_grads(carried, spec, batch, buffers=buffers)
     full_spec = dataclasses.replace(spec, width_free=False)
-    textbook_loss, textbook_grads = reference.loss_and_grads(formed(carried, q_qk, q_ov), full_spec, batch,
-                                                             formed_buffers(buffers, q_qk))[:2]
+    textbook_loss, textbook_grads = reference.loss_and_grads(
+        formed(carried, q_qk, q_ov), full_spec, batch, formed_buffers(buffers, q_qk)
+    )[:2]
     assert close(loss, textbook_loss)
     mapped = formed(grads, q_qk, q_ov)
     assert set(mapped) == set(textbook_grads)
@@ -114,8 +130,9 @@ def test_qk_norms_mean_runs_over_the_true_d_k_in_either_association(association,
     batch = batch_of(rng, spec, "some")
     loss, cache = fast.forward(carried, spec, batch, association=association)
     grads = formed(fast.backward(cache, spec), q_qk, q_ov)
-    textbook_loss, textbook_grads = reference.loss_and_grads(formed(carried, q_qk, q_ov),
-                                                             dataclasses.replace(spec, width_free=False), batch)[:2]
+    textbook_loss, textbook_grads = reference.loss_and_grads(
+        formed(carried, q_qk, q_ov), dataclasses.replace(spec, width_free=False), batch
+    )[:2]
     assert cache["attn"]["association"] == association and close(loss, textbook_loss)
     for name, value in textbook_grads.items():
         assert close(grads[name], value), name
@@ -132,16 +149,36 @@ def test_every_width_free_mode_passes_the_gradient_check(mode):
     assert max(entry.rel_error for entry in report.values()) < 1e-6, gradcheck.format_report(report)
 
 
-WIDE = ["model.d_model=16", "model.d_k=40", "task.n_keys=8", "task.n_values=8", "task.n_pairs=4",
-        "train.batch_size=16", "task.eval_size=64", "dtype=float64"]
+WIDE = [
+    "model.d_model=16",
+    "model.d_k=40",
+    "task.n_keys=8",
+    "task.n_values=8",
+    "task.n_pairs=4",
+    "train.batch_size=16",
+    "task.eval_size=64",
+    "dtype=float64",
+]
 
 
 @pytest.mark.parametrize("score", ["dot", "sigma_reparam", "qk_norm"])
 def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialized_run(score):
     gain = ["model.qk_norm_gain=scalar"] if score == "qk_norm" else []
-    c = load_config(None, [*WIDE, f"model.score={score}", *gain, "optim.lr=0.3", "optim.momentum=0.9", "optim.weight_decay=0.01",
-                           "optim.clip_norm=0.5", "optim.schedule=cosine", "optim.warmup_steps=10",
-                           "train.steps=200"])
+    c = load_config(
+        None,
+        [
+            *WIDE,
+            f"model.score={score}",
+            *gain,
+            "optim.lr=0.3",
+            "optim.momentum=0.9",
+            "optim.weight_decay=0.01",
+            "optim.clip_norm=0.5",
+            "optim.schedule=cosine",
+            "optim.warmup_steps=10",
+            "train.steps=200",
+        ],
+    )
     runs = {}
     for width_free in (True, False):
         run_config = replace(c, **{"model.width_free": width_free})
@@ -164,10 +201,16 @@ def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialize
         assert np.abs(runs[True][name] - value).max() <= 1e-10 * np.abs(value).max(), name
 
 
-@pytest.mark.parametrize("shared", [("model.d_k=40",), ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true"),
-                                    ("model.d_k=40", "model.score=sigma_reparam"),
-                                    ("model.d_k=40", "model.score=qk_norm", "model.qk_norm_gain=scalar")],
-                         ids=["sgd", "nesterov", "sigma_reparam", "qk_norm"])  # sigma_reparam: its buffers v_c checkpointed too
+@pytest.mark.parametrize(
+    "shared",
+    [
+        ("model.d_k=40",),
+        ("model.d_k=40", "optim.momentum=0.5", "optim.nesterov=true"),
+        ("model.d_k=40", "model.score=sigma_reparam"),
+        ("model.d_k=40", "model.score=qk_norm", "model.qk_norm_gain=scalar"),
+    ],
+    ids=["sgd", "nesterov", "sigma_reparam", "qk_norm"],
+)  # sigma_reparam: its buffers v_c checkpointed too
 def test_a_width_free_stack_and_its_resume_are_each_run_alone_bit_for_bit(tmp_path, shared):
     configs = [config(*shared, *MEMBERS[i]) for i in (0, 2, 3, 4)]  # (1 diverges at d_k 40)
     assert all(build_spec(c, build_task(c)).width_free for c in configs)
@@ -183,12 +226,20 @@ def test_the_cost_rule_chooses_width_free_only_when_valid_and_cheaper():
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20, width_free=True) == "widthfree"
     assert head.choose_association(64, 1, 9, 64, 1 << 20, 1 << 20) != "widthfree"
     assert head.choose_association(64, 1, 9, 64, 32, 32, width_free=True) != "widthfree"  # d_k < 2D: no gain
-    for overrides in (["optim.name=adam", "optim.lr=0.01"], ["model.score=qk_norm"], ["model.width_free=false"],
-                      ["model.score=qk_norm", "model.qk_norm=layer", "model.qk_norm_gain=scalar"]):
+    for overrides in (
+        ["optim.name=adam", "optim.lr=0.01"],
+        ["model.score=qk_norm"],
+        ["model.width_free=false"],
+        ["model.score=qk_norm", "model.qk_norm=layer", "model.qk_norm_gain=scalar"],
+    ):
         c = load_config(None, ["model.d_k=4096", *overrides])
         assert not build_spec(c, build_task(c)).width_free, overrides
-    for overrides in ([], ["model.score=sigma_reparam"], ["model.score=qk_norm", "model.qk_norm_gain=scalar"],
-                      ["model.score=qk_norm", "model.qk_norm_gain=none"]):
+    for overrides in (
+        [],
+        ["model.score=sigma_reparam"],
+        ["model.score=qk_norm", "model.qk_norm_gain=scalar"],
+        ["model.score=qk_norm", "model.qk_norm_gain=none"],
+    ):
         c = load_config(None, ["model.d_k=4096", *overrides])
         assert build_spec(c, build_task(c)).width_free, overrides
 
@@ -216,7 +267,7 @@ def test_sigma_reparams_initial_buffers_are_the_materialized_models_in_coordinat
         params = fast.init_params(run_spec, rng)
         buffers = fast.init_buffers(run_spec, params, rng)
         made[width_free] = params, buffers, sigmas(params, buffers), rng.standard_normal()
-    (carried, buffers, sigma, after), (full, full_buffers, full_sigma, full_after) = made[True], made[False]
+    (_, buffers, sigma, after), (_, full_buffers, full_sigma, full_after) = made[True], made[False]
     assert buffers["v_q"].shape == buffers["v_k"].shape == (2 * D,)
     q_qk = bases(spec, 21)[0]
     for name, value in full_buffers.items():

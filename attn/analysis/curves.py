@@ -48,8 +48,7 @@ from attn.analysis.grouping import Group, Run
 from attn.store import runs
 
 
-def ema(values: np.ndarray, smoothing: float, steps: np.ndarray | None = None,
-        unit: float | None = None) -> np.ndarray:
+def ema(values: np.ndarray, smoothing: float, steps: np.ndarray | None = None, unit: float | None = None) -> np.ndarray:
     """Time-weighted bias-corrected EMA (module docstring); smoothing = β in [0, 1).
     Without steps (or unit), each logged point is one unit apart."""
     values = np.asarray(values, dtype=float)
@@ -63,7 +62,7 @@ def ema(values: np.ndarray, smoothing: float, steps: np.ndarray | None = None,
         gaps = np.diff(steps, prepend=steps[0]) / (unit or smoothing_unit([steps]))
     numerator = denominator = 0.0
     for t, (y, gap) in enumerate(zip(values, gaps)):
-        decay = smoothing ** gap if t else smoothing
+        decay = smoothing**gap if t else smoothing
         numerator = decay * numerator + (1.0 - decay) * y
         denominator = decay * denominator + (1.0 - decay)
         smoothed[t] = numerator / denominator
@@ -103,8 +102,11 @@ def band_stats(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
 
     curves: (steps, values) per run; non-finite values count as not logged,
     and a step no run has a finite value at is left out."""
-    steps = (np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in curves])) if curves
-             else np.array([], np.int64))
+    steps = (
+        np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s, _ in curves]))
+        if curves
+        else np.array([], np.int64)
+    )
     table = np.full((len(curves), len(steps)), np.nan)  # (R, S)
     for row, (run_steps, values) in zip(table, curves):
         row[np.searchsorted(steps, run_steps)] = values
@@ -122,7 +124,9 @@ def band_stats(curves: list[tuple[np.ndarray, np.ndarray]]) -> Band:
     return Band(steps, mean, std, count, low, high)
 
 
-def run_curve(run: Run, metric: str, smoothing: float = 0.0, unit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_curve(
+    run: Run, metric: str, smoothing: float = 0.0, unit: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one run's metric, non-finite values dropped, then
     smoothed by step (unit: smoothing_unit of the curves drawn; default this run's)."""
     steps, values = runs.series(run.records, metric)
@@ -143,8 +147,9 @@ def place_steps(steps: np.ndarray, members: list[Run], x: str) -> tuple[np.ndarr
     return clock.mean[at_clock], at_steps
 
 
-def group_curve(group: Group, metric: str, x: str = "step", smoothing: float = 0.0,
-                unit: float | None = None) -> tuple[np.ndarray, Band]:
+def group_curve(
+    group: Group, metric: str, x: str = "step", smoothing: float = 0.0, unit: float | None = None
+) -> tuple[np.ndarray, Band]:
     """(x coordinates, band) of a group's metric; x is the step or the mean wall time at each step.
     unit: the smoothing's (smoothing_unit); default the group's."""
     if smoothing and unit is None:

@@ -103,8 +103,10 @@ def expand_paths(paths) -> list[Path]:
         elif any(c in text for c in "*?[") and (matches := glob.glob(text, recursive=True)):
             expanded += [Path(m) for m in sorted(matches, key=natural_key)]
         else:
-            raise runs.RunError(f"{text}: no such file or directory; expected a run directory (holding config.yaml), "
-                                "a directory of runs, or a glob of them")
+            raise runs.RunError(
+                f"{text}: no such file or directory; expected a run directory (holding config.yaml), "
+                "a directory of runs, or a glob of them"
+            )
     return expanded
 
 
@@ -125,8 +127,10 @@ def find_run_dirs(paths) -> tuple[list[Path], list[Skipped]]:
     if not found:
         shown = [str(p) for p in paths]
         listed = [str(s.path) for s in not_runs]
-        raise runs.RunError(f"{', '.join(shown)}: no run directories found (a run directory holds config.yaml)"
-                            + (f"; {NOT_A_RUN}: {', '.join(listed)}" if listed != shown else ""))
+        raise runs.RunError(
+            f"{', '.join(shown)}: no run directories found (a run directory holds config.yaml)"
+            + (f"; {NOT_A_RUN}: {', '.join(listed)}" if listed != shown else "")
+        )
     return found, not_runs
 
 
@@ -136,9 +140,10 @@ def walk_runs(path: Path) -> list[Path]:
     if not path.is_dir():
         return []
     try:
-        children = sorted((c for c in path.iterdir()
-                           if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")),
-                          key=lambda c: natural_key(c.name))
+        children = sorted(
+            (c for c in path.iterdir() if c.is_dir() and not c.is_symlink() and not c.name.startswith(".")),
+            key=lambda c: natural_key(c.name),
+        )
     except OSError as err:
         raise runs.RunError(f"{path}: cannot list: {err.strerror}") from None
     return [run_dir for child in children for run_dir in walk_runs(child)]
@@ -152,8 +157,7 @@ def load_run(run_dir: Path) -> Run:
     settings = flatten_config({k: v for k, v in config_yaml.items() if k != "provenance"})
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir)
-    return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir),
-               config_yaml)
+    return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir), config_yaml)
 
 
 def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
@@ -212,8 +216,9 @@ def varying_keys(settings_list: list[dict]) -> list[str]:
     (unused_task_keys) has no say about it: retrieval's `length` is not compared."""
     keys = list(dict.fromkeys(k for settings in settings_list for k in settings))
     readers = [(settings, unused_task_keys(settings)) for settings in settings_list]
-    return [k for k in keys
-            if len({canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1]
+    return [
+        k for k in keys if len({canonical(s[k]) if k in s else None for s, unused in readers if k not in unused}) > 1
+    ]
 
 
 def table_keys(loaded: list[Run]) -> list[str]:
@@ -259,8 +264,11 @@ def group_runs(loaded: list[Run], by: list[str] | None = None, facet: str | None
     members: dict[tuple, tuple[dict, list[Run]]] = {}  # identity -> (the shared settings, the runs)
     not_grouped = replicate_keys() + neutral_keys()
     for run in loaded:
-        keys = [k for k in run.settings if k not in not_grouped] if by is None else \
-            list(dict.fromkeys([*by, *([facet] if facet else [])]))
+        keys = (
+            [k for k in run.settings if k not in not_grouped]
+            if by is None
+            else list(dict.fromkeys([*by, *([facet] if facet else [])]))
+        )
         settings = used_settings(run.settings, keys)
         identity = tuple((k, canonical(v)) for k, v in sorted(settings.items()))
         members.setdefault(identity, (settings, []))[1].append(run)
@@ -270,10 +278,15 @@ def group_runs(loaded: list[Run], by: list[str] | None = None, facet: str | None
         keys = [k for k in (by or FALLBACK_LABEL_KEYS) if k in shared[0] and k != facet]
     among = [k for run in loaded for k in run.settings]
     names = short_names(keys + ([facet] if facet else []), among=among)
-    groups = [Group(label(settings, keys, names), settings,
-                    sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))),
-                    label(settings, [facet], names) if facet else "")
-              for settings, group in members.values()]
+    groups = [
+        Group(
+            label(settings, keys, names),
+            settings,
+            sorted(group, key=lambda r: (_sort_value(r.settings.get("seed")), natural_key(r.path))),
+            label(settings, [facet], names) if facet else "",
+        )
+        for settings, group in members.values()
+    ]
     return sorted(groups, key=lambda g: [_sort_value(g.settings.get(k)) for k in ([facet] if facet else []) + keys])
 
 
@@ -287,14 +300,17 @@ def duplicate_seeds(groups: list[Group]) -> list[str]:
             settings = used_settings(run.settings, [k for k in run.settings if k not in neutral])
             made.setdefault(canonical(settings), []).append(run)
         for twins in (runs_ for runs_ in made.values() if len(runs_) > 1):
-            lines.append(f"group {group.name or 'of every run'}: seed {format_value(twins[0].settings.get('seed'))} "
-                         f"is there {len(twins)} times with the same settings: {', '.join(str(r.path) for r in twins)} "
-                         "(each is averaged as a run of its own)")
+            lines.append(
+                f"group {group.name or 'of every run'}: seed {format_value(twins[0].settings.get('seed'))} "
+                f"is there {len(twins)} times with the same settings: {', '.join(str(r.path) for r in twins)} "
+                "(each is averaged as a run of its own)"
+            )
     return lines
 
 
 def parse_where(texts) -> list[tuple[str, object]]:
-    """KEY=VALUE texts (`attn compare --where`) -> (dotted key, value typed as the field takes it, as in an override)."""
+    """KEY=VALUE texts (`attn compare --where`) -> (dotted key, value typed as the field takes it, as in an
+    override)."""
     conditions = []
     for text in texts:
         key, equals, raw = text.partition("=")
@@ -312,8 +328,10 @@ def parse_where(texts) -> list[tuple[str, object]]:
 def matches(run: Run, conditions: list[tuple[str, object]]) -> bool:
     """Whether the run has every (key, value) of the conditions; a key its task does not read it has not."""
     unread = unused_task_keys(run.settings)
-    return all(key in run.settings and key not in unread
-               and canonical(run.settings[key]) == canonical(plain_value(value)) for key, value in conditions)
+    return all(
+        key in run.settings and key not in unread and canonical(run.settings[key]) == canonical(plain_value(value))
+        for key, value in conditions
+    )
 
 
 def plain_value(value):

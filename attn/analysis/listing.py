@@ -60,25 +60,38 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
     if experiment is not None:
         base = root / experiment
         if not base.is_dir() or (base / "config.yaml").exists():
-            known = [c.name for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))
-                     if c.is_dir() and not c.name.startswith(".") and not (c / "config.yaml").exists() and walk_runs(c)]
-            raise ArgumentError("experiment", f"got {experiment!r}; expected a directory of runs under {root}: "
-                              f"{', '.join(known) or 'there are none'}")
+            known = [
+                c.name
+                for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))
+                if c.is_dir() and not c.name.startswith(".") and not (c / "config.yaml").exists() and walk_runs(c)
+            ]
+            raise ArgumentError(
+                "experiment",
+                f"got {experiment!r}; expected a directory of runs under {root}: "
+                f"{', '.join(known) or 'there are none'}",
+            )
     loaded, skipped = load_runs(walk_runs(base))
     if status is not None:
         loaded = [run for run in loaded if run.status == status]
     keys = [k for k in table_keys(loaded) if k != "task.name"]  # the task has its own column
     now = time.time()
-    rows = [ListedRun(
-        name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
-        status=run.status,
-        task=str(run.settings.get("task.name", "?")),
-        settings=used_settings(run.settings, keys),
-        final=final_figures(run),
-        age=now - (run.summary["updated_at"] if runs.is_finite_number(run.summary.get("updated_at"))
-                   else (run.path / "config.yaml").stat().st_mtime),
-        disk=runs.disk_use(run.path),
-    ) for run in loaded]
+    rows = [
+        ListedRun(
+            name=str(run.path.relative_to(root)) if run.path != root else run.path.name,
+            status=run.status,
+            task=str(run.settings.get("task.name", "?")),
+            settings=used_settings(run.settings, keys),
+            final=final_figures(run),
+            age=now
+            - (
+                run.summary["updated_at"]
+                if runs.is_finite_number(run.summary.get("updated_at"))
+                else (run.path / "config.yaml").stat().st_mtime
+            ),
+            disk=runs.disk_use(run.path),
+        )
+        for run in loaded
+    ]
     return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)
 
 

@@ -116,10 +116,22 @@ class RunOutcome:
         return self.outcome == DIVERGED and self.reached_step is not None
 
 
-def classify(steps, eval_accuracy, eval_loss, *, diverged: bool, budget: int, plateau_loss: float,
-             chance_accuracy: float, threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_FRACTION,
-             accuracy_bar_factor: float = ACCURACY_BAR_FACTOR, no_retrieval_loss: float | None = None,
-             near_accuracy: float = NEAR_ACCURACY, unstable_factor: float = UNSTABLE_FACTOR) -> RunOutcome:
+def classify(
+    steps,
+    eval_accuracy,
+    eval_loss,
+    *,
+    diverged: bool,
+    budget: int,
+    plateau_loss: float,
+    chance_accuracy: float,
+    threshold: float = THRESHOLD,
+    plateau_fraction: float = PLATEAU_FRACTION,
+    accuracy_bar_factor: float = ACCURACY_BAR_FACTOR,
+    no_retrieval_loss: float | None = None,
+    near_accuracy: float = NEAR_ACCURACY,
+    unstable_factor: float = UNSTABLE_FACTOR,
+) -> RunOutcome:
     """The outcome of one seed's run from its eval curve (module docstring).
     steps: increasing logged steps (n,); eval_accuracy, eval_loss: (n,), NaN
     where non-finite or missing. Raises ValueError on inconsistent input."""
@@ -127,8 +139,10 @@ def classify(steps, eval_accuracy, eval_loss, *, diverged: bool, budget: int, pl
     accuracy = _finite_or_nan(eval_accuracy)  # (n,)
     loss = _finite_or_nan(eval_loss)  # (n,)
     if not len(steps) == len(accuracy) == len(loss):
-        raise ValueError(f"steps, eval_accuracy and eval_loss: got lengths {len(steps)}, {len(accuracy)}, "
-                         f"{len(loss)}; expected one value per logged step")
+        raise ValueError(
+            f"steps, eval_accuracy and eval_loss: got lengths {len(steps)}, {len(accuracy)}, "
+            f"{len(loss)}; expected one value per logged step"
+        )
     if np.any(np.diff(steps) <= 0):
         raise ValueError(f"steps: got {steps.tolist()}; expected strictly increasing steps")
     if not 0 < chance_accuracy <= 1:
@@ -150,40 +164,64 @@ def classify(steps, eval_accuracy, eval_loss, *, diverged: bool, budget: int, pl
     final_loss = _value(loss[-1]) if len(loss) else None
     slow_kind = None
     if outcome == SLOW:
-        slow_kind = (NEAR if best_accuracy is not None and best_accuracy >= near_accuracy
-                     else UNSTABLE if final_loss is not None and best_loss is not None
-                     and final_loss > unstable_factor * best_loss else FAR)
+        slow_kind = (
+            NEAR
+            if best_accuracy is not None and best_accuracy >= near_accuracy
+            else UNSTABLE
+            if final_loss is not None and best_loss is not None and final_loss > unstable_factor * best_loss
+            else FAR
+        )
     sat_at = None
     if outcome == STALLED:
         sat_at = CHANCE_LEVEL
-    elif reached_step is None and left_plateau_step is not None and no_retrieval_loss is not None \
-            and math.isfinite(no_retrieval_loss) \
-            and (best_loss is None or best_loss >= plateau_fraction * no_retrieval_loss):
+    elif (
+        reached_step is None
+        and left_plateau_step is not None
+        and no_retrieval_loss is not None
+        and math.isfinite(no_retrieval_loss)
+        and (best_loss is None or best_loss >= plateau_fraction * no_retrieval_loss)
+    ):
         sat_at = NO_RETRIEVAL_LEVEL  # left chance, never went below the loss of a model that retrieves nothing
     return RunOutcome(
-        outcome, reached_step, left_plateau_step, best_accuracy=best_accuracy, best_loss=best_loss,
-        final_accuracy=final_accuracy, final_loss=final_loss,
-        time_to_threshold=CensoredTime(reached_step, True) if reached_step is not None
-        else CensoredTime(int(budget), False), slow_kind=slow_kind, sat_at=sat_at)
+        outcome,
+        reached_step,
+        left_plateau_step,
+        best_accuracy=best_accuracy,
+        best_loss=best_loss,
+        final_accuracy=final_accuracy,
+        final_loss=final_loss,
+        time_to_threshold=CensoredTime(reached_step, True)
+        if reached_step is not None
+        else CensoredTime(int(budget), False),
+        slow_kind=slow_kind,
+        sat_at=sat_at,
+    )
 
 
-def definitions(threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_FRACTION,
-                accuracy_bar_factor: float = ACCURACY_BAR_FACTOR, *, plateau_loss: float | None = None,
-                chance_accuracy: float | None = None) -> str:
+def definitions(
+    threshold: float = THRESHOLD,
+    plateau_fraction: float = PLATEAU_FRACTION,
+    accuracy_bar_factor: float = ACCURACY_BAR_FACTOR,
+    *,
+    plateau_loss: float | None = None,
+    chance_accuracy: float | None = None,
+) -> str:
     """One paragraph of plain text defining every outcome class with the
     numbers in force, for reports to include. Give plateau_loss and
     chance_accuracy when every seed of the report shares them, to have
     their values printed too."""
     level = f"{plateau_fraction:g} L" + ("" if plateau_loss is None else f" = {plateau_fraction * plateau_loss:.3g}")
     bar = f"{accuracy_bar_factor:g}/C" + (
-        "" if chance_accuracy is None else f" = {accuracy_bar_factor * chance_accuracy:.3g}")
+        "" if chance_accuracy is None else f" = {accuracy_bar_factor * chance_accuracy:.3g}"
+    )
     plateau = "" if plateau_loss is None else f", here {plateau_loss:.3g} nats"
     chance = "" if chance_accuracy is None else f" (chance accuracy 1/C = {chance_accuracy:.3g})"
     t = f"{threshold:g}"
     return (
         f"Outcome of a seed, from its logged eval curve, with L the plateau level (in reports chance, ln C: the loss "
-        f"of a model that predicts nothing{plateau}) and C the number of classes{chance}. A seed reaches {t} at the first logged "
-        f"step with eval accuracy >= {t}, and leaves the plateau at the first logged step with eval accuracy > {bar} "
+        f"of a model that predicts nothing{plateau}) and C the number of classes{chance}. A seed reaches {t} "
+        f"at the first logged step with eval accuracy >= {t}, and leaves the plateau at the first logged step "
+        f"with eval accuracy > {bar} "
         f"or eval loss < {level} (a non-finite value counts as neither). {DIVERGED!r}: the run ended on a non-finite "
         f"value, whether or not it had reached {t} before (said apart). Of the runs that completed: {LEARNED!r}: "
         f"reached {t} and still >= {t} at the last logged step; {LEARNED_THEN_LOST!r}: reached {t}, ended below it; "
@@ -193,7 +231,8 @@ def definitions(threshold: float = THRESHOLD, plateau_fraction: float = PLATEAU_
         f"left chance but whose best loss stayed >= {plateau_fraction:g} times the task's no-retrieval loss (where "
         f"it has one) sat at the {NO_RETRIEVAL_LEVEL} level. "
         f"Time to {t} is a censored observation: a seed that never reached {t}, a diverged one included, counts as "
-        f"not there yet at the budget.")
+        f"not there yet at the budget."
+    )
 
 
 def _finite_or_nan(values) -> np.ndarray:

@@ -40,13 +40,26 @@ from attn.model import mechanism
 from attn.model.head import score_scale
 from attn.store import arrayfiles, runs
 
-AT_INIT_KEYS = ("eval_loss", "score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k",
-                "target_attn", "self_attn")
+AT_INIT_KEYS = (
+    "eval_loss",
+    "score_std",
+    "attn_entropy",
+    "saturated_frac",
+    "grad_norm/W_q",
+    "grad_norm/W_k",
+    "target_attn",
+    "self_attn",
+)
 AT_END_KEYS = ("target_attn", "self_attn")  # read from a seed's last record
 SELF_ATTENDING = 0.9  # a query attends to itself when more than this of its attention is on its own position
 BOOTSTRAP_SEED = 0  # the bootstrap's resampling is seeded: a report is the same every time it is written
-COUNTED = {"success": outcomes.LEARNED, "stalled": outcomes.STALLED, "diverged": outcomes.DIVERGED,
-           "lost": outcomes.LEARNED_THEN_LOST, "slow": outcomes.SLOW}  # rate name -> outcome class
+COUNTED = {
+    "success": outcomes.LEARNED,
+    "stalled": outcomes.STALLED,
+    "diverged": outcomes.DIVERGED,
+    "lost": outcomes.LEARNED_THEN_LOST,
+    "slow": outcomes.SLOW,
+}  # rate name -> outcome class
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,10 @@ class Seed:
         """A digest of the train loss at every logged step: two runs share it
         only if they took the same path to the bit (final losses can agree by
         chance at convergence, where float32 losses are coarse)."""
-        losses = np.array([r.get("train_loss") if runs.is_finite_number(r.get("train_loss")) else np.nan
-                           for r in self.run.records], dtype=np.float64)
+        losses = np.array(
+            [r.get("train_loss") if runs.is_finite_number(r.get("train_loss")) else np.nan for r in self.run.records],
+            dtype=np.float64,
+        )
         return hashlib.sha256(losses.tobytes()).hexdigest()[:16]
 
 
@@ -95,8 +110,13 @@ def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
 
     budget = int(run.summary.get("steps") or 0)
     curve = (steps, values("eval_accuracy"), values("eval_loss"))
-    levels = {"diverged": run.status == "diverged", "budget": budget, "plateau_loss": plateau_level(run.summary),
-              "no_retrieval_loss": plateau_level(run.summary, "no_retrieval"), "chance_accuracy": 1.0 / n_classes}
+    levels = {
+        "diverged": run.status == "diverged",
+        "budget": budget,
+        "plateau_loss": plateau_level(run.summary),
+        "no_retrieval_loss": plateau_level(run.summary, "no_retrieval"),
+        "chance_accuracy": 1.0 / n_classes,
+    }
     outcome = outcomes.classify(*curve, **levels, threshold=threshold)
     at = {t: outcomes.classify(*curve, **levels, threshold=t).outcome for t in outcomes.THRESHOLDS}
     first = records[0] if records and records[0]["step"] == 0 else {}
@@ -151,13 +171,17 @@ class CellResult:
 
     def slow_kinds(self) -> dict[str, int]:
         """What the slow seeds did: outcomes.NEAR, UNSTABLE, FAR -> how many."""
-        return {kind: sum(s.outcome.slow_kind == kind for s in self.seeds)
-                for kind in (outcomes.NEAR, outcomes.UNSTABLE, outcomes.FAR)}
+        return {
+            kind: sum(s.outcome.slow_kind == kind for s in self.seeds)
+            for kind in (outcomes.NEAR, outcomes.UNSTABLE, outcomes.FAR)
+        }
 
     def sat_at(self) -> dict[str, int]:
         """Of the seeds that never reached the threshold, how many sat at each plateau level."""
-        return {level: sum(s.outcome.sat_at == level for s in self.seeds)
-                for level in (outcomes.CHANCE_LEVEL, outcomes.NO_RETRIEVAL_LEVEL)}
+        return {
+            level: sum(s.outcome.sat_at == level for s in self.seeds)
+            for level in (outcomes.CHANCE_LEVEL, outcomes.NO_RETRIEVAL_LEVEL)
+        }
 
     def counts_at(self, threshold: float) -> dict[str, int]:
         """Each outcome class -> its seeds, with the seeds classified at this threshold (outcomes.THRESHOLDS)."""
@@ -208,8 +232,9 @@ class CellResult:
 
     def mechanism(self, step: int, key: str) -> list[float]:
         """The seeds' mechanism.summary[key] at `step` (finite values only)."""
-        return [s.mechanism[step][key] for s in self.seeds
-                if runs.is_finite_number((s.mechanism.get(step) or {}).get(key))]
+        return [
+            s.mechanism[step][key] for s in self.seeds if runs.is_finite_number((s.mechanism.get(step) or {}).get(key))
+        ]
 
     def dominant(self) -> str:
         """The most frequent outcome class of the seeds (ties: outcomes.OUTCOMES order)."""
@@ -219,9 +244,13 @@ class CellResult:
         """What a selection rule may name (attn.analysis.stats.select): success_rate,
         stall_rate, divergence_rate, median_time (None: not reached, the
         worst), final_loss (the median)."""
-        return {"success_rate": self.rate("success")["rate"], "stall_rate": self.rate("stalled")["rate"],
-                "divergence_rate": self.rate("diverged")["rate"], "median_time": self.time().median,
-                "final_loss": self.median_final_loss()}
+        return {
+            "success_rate": self.rate("success")["rate"],
+            "stall_rate": self.rate("stalled")["rate"],
+            "divergence_rate": self.rate("diverged")["rate"],
+            "median_time": self.time().median,
+            "final_loss": self.median_final_loss(),
+        }
 
 
 def rank_auc(lower: list[float], higher: list[float]) -> float | None:
@@ -252,12 +281,24 @@ def stall_mechanism(seeds: list[Seed]) -> dict:
         initial = [s.at_init["target_attn"] for s in chosen if s.at_init.get("target_attn") is not None]
         out[name] = {
             "n": len(chosen),
-            "self_attending": {"k": k, "n": len(ends), "rate": k / len(ends) if ends else None, "low": low, "high": high},
-            "initial_target_attn": {"n": len(initial), "median": float(np.median(initial)) if initial else None,
-                                    "min": min(initial, default=None), "max": max(initial, default=None),
-                                    "values": initial},
+            "self_attending": {
+                "k": k,
+                "n": len(ends),
+                "rate": k / len(ends) if ends else None,
+                "low": low,
+                "high": high,
+            },
+            "initial_target_attn": {
+                "n": len(initial),
+                "median": float(np.median(initial)) if initial else None,
+                "min": min(initial, default=None),
+                "max": max(initial, default=None),
+                "values": initial,
+            },
         }
-    out["auc"] = rank_auc(out["stalled"]["initial_target_attn"]["values"], out["learned"]["initial_target_attn"]["values"])
+    out["auc"] = rank_auc(
+        out["stalled"]["initial_target_attn"]["values"], out["learned"]["initial_target_attn"]["values"]
+    )
     return out
 
 
@@ -298,8 +339,9 @@ class Excluded:
     reason: str
 
 
-def collect(experiment, config_change,
-            threshold: float = outcomes.THRESHOLD) -> tuple[list[CellResult], list[Excluded]]:
+def collect(
+    experiment, config_change, threshold: float = outcomes.THRESHOLD
+) -> tuple[list[CellResult], list[Excluded]]:
     """Every cell's runs (module docstring: which runs), and the runs left
     out; `config_change(stored, config)` lists how a run's config (a Config)
     differs from its cell's. A cell with no run holding a summary is not listed."""

@@ -157,15 +157,23 @@ def km_median(times, observed, confidence: float = 0.95) -> KMMedian:
         # S crossed 1/2 in steps the test cannot see into (no variance on either side: every seed at
         # one logged step): the bands' own medians, the first times each is at or below 1/2 (0 where S is).
         lower_band, upper_band = (np.where(survival > 0, band, 0.0) for band in (lower_band, upper_band))
-        return KMMedian(median, event_times[np.flatnonzero(lower_band <= 0.5)[0]].item(),
-                        event_times[np.flatnonzero(upper_band <= 0.5)[0]].item())
+        return KMMedian(
+            median,
+            event_times[np.flatnonzero(lower_band <= 0.5)[0]].item(),
+            event_times[np.flatnonzero(upper_band <= 0.5)[0]].item(),
+        )
     end = accepted[-1] + 1
     high = event_times[end].item() if end < len(event_times) else None
     return KMMedian(median, event_times[accepted[0]].item(), high)
 
 
-def bootstrap_interval(samples, statistic: Callable[..., np.ndarray], rng: np.random.Generator,
-                       n_resamples: int = 2000, confidence: float = 0.95) -> tuple[float, float]:
+def bootstrap_interval(
+    samples,
+    statistic: Callable[..., np.ndarray],
+    rng: np.random.Generator,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
     """The percentile bootstrap interval of statistic(samples): the
     (1 − confidence)/2 and (1 + confidence)/2 quantiles (numpy's linear
     interpolation) of the statistic over n_resamples resamples of the
@@ -217,8 +225,9 @@ def select(candidates: Sequence[Mapping[str, float | None]], criteria: Sequence[
     for direction, name in parsed:
         if not any(name in candidate for candidate in candidates):
             known = sorted(set().union(*candidates))
-            raise ValueError(f"selection criterion '{direction} {name}': no candidate has {name!r}; "
-                             f"expected one of {known}")
+            raise ValueError(
+                f"selection criterion '{direction} {name}': no candidate has {name!r}; expected one of {known}"
+            )
     tied = list(range(len(candidates)))
     for direction, name in parsed:
         values = {i: _number(candidates[i].get(name)) for i in tied}
@@ -234,14 +243,16 @@ def _number(value) -> float:
     return math.nan if value is None else float(value)
 
 
-def lr_sensitivity(final_losses: Mapping[int, Mapping], initial_losses: Mapping[int, float], rates: Sequence,
-                   rng: np.random.Generator) -> dict:
+def lr_sensitivity(
+    final_losses: Mapping[int, Mapping], initial_losses: Mapping[int, float], rates: Sequence, rng: np.random.Generator
+) -> dict:
     """Wortsman et al.'s learning-rate sensitivity: for each seed run at every rate, with L0 its eval loss
     at initialisation and L* = min over the rates of min(final loss, L0), its best capped final loss,
 
         mean over the rates of min(final loss, L0) - L*
 
-    (0: every rate as good as the best; a diverged seed counts as L0, so one diverged at every rate adds 0), then the mean over those seeds with
+    (0: every rate as good as the best; a diverged seed counts as L0, so one diverged at every rate adds 0),
+    then the mean over those seeds with
     a percentile-bootstrap 95% interval. final_losses: seed -> rate -> final loss."""
     per_seed = []
     for seed, by_rate in sorted(final_losses.items()):
@@ -251,8 +262,13 @@ def lr_sensitivity(final_losses: Mapping[int, Mapping], initial_losses: Mapping[
     if not per_seed:
         return {"sensitivity": None, "low": None, "high": None, "seeds": 0, "rates": list(rates)}
     low, high = bootstrap_interval(np.array(per_seed), np.mean, rng)
-    return {"sensitivity": float(np.mean(per_seed)), "low": float(low), "high": float(high),
-            "seeds": len(per_seed), "rates": list(rates)}
+    return {
+        "sensitivity": float(np.mean(per_seed)),
+        "low": float(low),
+        "high": float(high),
+        "seeds": len(per_seed),
+        "rates": list(rates),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -264,7 +280,7 @@ def binomial_upper_tail(k: int, n: int) -> float:
     if not (0 <= n and int(n) == n):
         raise ValueError(f"n: got {n}; expected a whole number >= 0")
     k = max(int(k), 0)
-    return float(Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2 ** n))
+    return float(Fraction(sum(math.comb(n, i) for i in range(k, n + 1)), 2**n))
 
 
 class Test(NamedTuple):
@@ -322,8 +338,11 @@ def sign_test_censored(pairs) -> Test:
     probability 1/2 under H0; p = P(X >= earlier), X ~ Binomial(known, 1/2)."""
     orders = [censored_order(a, b) for a, b in pairs]
     earlier, later = orders.count(-1), orders.count(1)
-    return Test(binomial_upper_tail(earlier, earlier + later), binomial_upper_tail(later, earlier + later),
-                {"earlier": earlier, "later": later, "tied": orders.count(0), "unknown": orders.count(None)})
+    return Test(
+        binomial_upper_tail(earlier, earlier + later),
+        binomial_upper_tail(later, earlier + later),
+        {"earlier": earlier, "later": later, "tied": orders.count(0), "unknown": orders.count(None)},
+    )
 
 
 def newcombe_difference(k1: int, n1: int, k2: int, n2: int, confidence: float = 0.95) -> tuple[float, float, float]:
@@ -355,5 +374,7 @@ def holm_steps(p_values: Sequence[float]) -> list[tuple[float, float]]:
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (holm_steps); reject those <= alpha. NaN stays NaN."""
-    return [max(floor, min(1.0, multiplier * p)) if not math.isnan(p) else math.nan
-            for p, (multiplier, floor) in zip(p_values, holm_steps(p_values))]
+    return [
+        max(floor, min(1.0, multiplier * p)) if not math.isnan(p) else math.nan
+        for p, (multiplier, floor) in zip(p_values, holm_steps(p_values))
+    ]

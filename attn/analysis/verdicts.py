@@ -57,8 +57,9 @@ class Layout:
 
     def label(self, values: tuple, keys: list[str]) -> str:
         """'scale=none, d_k=256': the keys' values, those a cell's grid block does not set (None) left out."""
-        return ", ".join(f"{self.names[k]}={format_value(v)}" for k, v in zip(keys, values) if v is not None) \
-            or "all runs"
+        return (
+            ", ".join(f"{self.names[k]}={format_value(v)}" for k, v in zip(keys, values) if v is not None) or "all runs"
+        )
 
     def arm_label(self, arm: tuple) -> str:
         return self.label(arm, self.arm)
@@ -76,8 +77,9 @@ def groups(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResu
     out: dict[tuple, list[CellResult]] = {}
     for cell in cells:
         out.setdefault((layout.x_of(cell), layout.arm_of(cell)), []).append(cell)
-    return dict(sorted(out.items(), key=lambda item: ([sort_key(v) for v in item[0][1]],
-                                                      [sort_key(v) for v in item[0][0]])))
+    return dict(
+        sorted(out.items(), key=lambda item: ([sort_key(v) for v in item[0][1]], [sort_key(v) for v in item[0][0]]))
+    )
 
 
 def on_seeds(cell: CellResult, seeds) -> CellResult:
@@ -85,8 +87,12 @@ def on_seeds(cell: CellResult, seeds) -> CellResult:
     if seeds is None:
         return cell
     wanted = set(seeds)
-    return dataclasses.replace(cell, seeds=[s for s in cell.seeds if s.seed in wanted], _final_loss={},
-                               unfinished_runs={s: status for s, status in cell.unfinished_runs.items() if s in wanted})
+    return dataclasses.replace(
+        cell,
+        seeds=[s for s in cell.seeds if s.seed in wanted],
+        _final_loss={},
+        unfinished_runs={s: status for s, status in cell.unfinished_runs.items() if s in wanted},
+    )
 
 
 def judged_cells(cells: list[CellResult], layout: Layout, at: str, on: str = "judge") -> dict[tuple, CellResult]:
@@ -116,8 +122,12 @@ def judged_cells(cells: list[CellResult], layout: Layout, at: str, on: str = "ju
 
 def at_every(cells: list[CellResult], layout: Layout) -> dict[tuple, list[CellResult]]:
     """(x, arm) -> its cell at each value of best_of, in order, on the judging seeds (`at: every`)."""
-    return {key: [on_seeds(c, layout.spec.judge_on) for c in sorted(group, key=lambda c: sort_key(c.settings[layout.best_of]))]
-            for key, group in groups(cells, layout).items()}
+    return {
+        key: [
+            on_seeds(c, layout.spec.judge_on) for c in sorted(group, key=lambda c: sort_key(c.settings[layout.best_of]))
+        ]
+        for key, group in groups(cells, layout).items()
+    }
 
 
 def edge_notes(cells: list[CellResult], layout: Layout) -> list[str]:
@@ -130,9 +140,11 @@ def edge_notes(cells: list[CellResult], layout: Layout) -> list[str]:
         tried = sorted((c.settings[layout.best_of] for c in groups(cells, layout)[(x, arm)]), key=sort_key)
         value = cell.settings[layout.best_of]
         if len(tried) > 1 and value in (tried[0], tried[-1]):
-            notes.append(f"- {layout.arm_label(arm)} at {layout.x_name} = {layout.x_label(x)}: "
-                         f"{layout.names[layout.best_of]} = {format_value(value)} is the "
-                         f"{'lowest' if value == tried[0] else 'highest'} value tried: the best may lie beyond the grid.")
+            notes.append(
+                f"- {layout.arm_label(arm)} at {layout.x_name} = {layout.x_label(x)}: "
+                f"{layout.names[layout.best_of]} = {format_value(value)} is the "
+                f"{'lowest' if value == tried[0] else 'highest'} value tried: the best may lie beyond the grid."
+            )
     return notes
 
 
@@ -160,18 +172,26 @@ def interval(cell: CellResult, stat: str, sensitivities: dict | None = None, key
 def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None) -> dict:
     """The expectation's verdict and, at each x it covers, the numbers behind
     it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
-    chosen = at_every(cells, layout) if expectation.at == "every" else \
-        {key: [cell] for key, cell in judged_cells(cells, layout, expectation.at).items()}
+    chosen = (
+        at_every(cells, layout)
+        if expectation.at == "every"
+        else {key: [cell] for key, cell in judged_cells(cells, layout, expectation.at).items()}
+    )
     wanted = dict(expectation.where)
-    xs = sorted({x for x, _ in chosen
-                 if all(value_of(v) in wanted.get(k, (value_of(v),)) for k, v in zip(layout.x, x))}, key=lambda x: [sort_key(v) for v in x])
+    xs = sorted(
+        {x for x, _ in chosen if all(value_of(v) in wanted.get(k, (value_of(v),)) for k, v in zip(layout.x, x))},
+        key=lambda x: [sort_key(v) for v in x],
+    )
     arm = tuple(value_of(v) for _, v in expectation.arm)
     other = None if expectation.better_than is None else tuple(value_of(v) for _, v in expectation.better_than)
     larger_is_better = STATS[expectation.stat]
     points = []
     # one point per x, or per x and value of best_of (`at: every`, a bound: no second arm)
-    judged_points = [(x, mine, (chosen.get((x, other)) or [None])[0] if other is not None else None)
-                     for x in xs for mine in chosen.get((x, arm), [None])]
+    judged_points = [
+        (x, mine, (chosen.get((x, other)) or [None])[0] if other is not None else None)
+        for x in xs
+        for mine in chosen.get((x, arm), [None])
+    ]
     for x, mine, theirs in judged_points:
         point = {"x": [json_number(v) for v in x]}
         if expectation.at == "every" and mine is not None:
@@ -199,18 +219,38 @@ def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sen
         point["verdict"] = CONFIRMED if better else NOT_CONFIRMED if worse else INCONCLUSIVE
         points.append(point)
     if expectation.test != "interval":
-        return {"id": expectation.id, "claim": expectation.claim, "rule": rule_text(expectation, layout),
-                "verdict": INCONCLUSIVE, "at": expectation.at, "test": expectation.test, "points": points,
-                **claim_p(points)}
+        return {
+            "id": expectation.id,
+            "claim": expectation.claim,
+            "rule": rule_text(expectation, layout),
+            "verdict": INCONCLUSIVE,
+            "at": expectation.at,
+            "test": expectation.test,
+            "points": points,
+            **claim_p(points),
+        }
     verdicts = [p["verdict"] for p in points]
-    overall = (NOT_CONFIRMED if NOT_CONFIRMED in verdicts else CONFIRMED if verdicts and all(v == CONFIRMED for v in verdicts)
-               else INCONCLUSIVE)
-    return {"id": expectation.id, "claim": expectation.claim, "rule": rule_text(expectation, layout),
-            "verdict": overall, "at": expectation.at, "test": "interval", "points": points}
+    overall = (
+        NOT_CONFIRMED
+        if NOT_CONFIRMED in verdicts
+        else CONFIRMED
+        if verdicts and all(v == CONFIRMED for v in verdicts)
+        else INCONCLUSIVE
+    )
+    return {
+        "id": expectation.id,
+        "claim": expectation.claim,
+        "rule": rule_text(expectation, layout),
+        "verdict": overall,
+        "at": expectation.at,
+        "test": "interval",
+        "points": points,
+    }
 
 
-def judge_all(expectations, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None,
-              alpha: float | None = None) -> list[dict]:
+def judge_all(
+    expectations, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None, alpha: float | None = None
+) -> list[dict]:
     """Every expectation judged (judge); those judged by a test (mcnemar,
     fisher, sign) then get their verdict from Holm's correction across them
     at level alpha (the report's, 0.05 by default): confirmed when the
@@ -233,20 +273,29 @@ def judge_all(expectations, cells: list[CellResult], layout: Layout, sensitiviti
             j[key + "_holm"] = at_step(j[key], step)
     for j, forward, reverse in zip(tested, steps["p"], steps["p_reverse"]):
         j["alpha"] = alpha
-        j["verdict"] = (CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha
-                        else INCONCLUSIVE)
+        j["verdict"] = (
+            CONFIRMED if j["p_holm"] <= alpha else NOT_CONFIRMED if j["p_reverse_holm"] <= alpha else INCONCLUSIVE
+        )
         for p in j["points"]:
             if "p" in p and not math.isnan(p["p"]):
-                p["verdict"] = (CONFIRMED if at_step(p["p"], forward) <= alpha else NOT_CONFIRMED
-                                if at_step(p["p_reverse"] * len(j["points"]), reverse) <= alpha else INCONCLUSIVE)
+                p["verdict"] = (
+                    CONFIRMED
+                    if at_step(p["p"], forward) <= alpha
+                    else NOT_CONFIRMED
+                    if at_step(p["p_reverse"] * len(j["points"]), reverse) <= alpha
+                    else INCONCLUSIVE
+                )
     return judged
 
 
 def _good(stat: str, seed) -> bool:
     """Whether a seed did well on a rate stat: learned; did not stall; did not diverge."""
     outcome = seed.outcome.outcome
-    return {"success_rate": outcome == outcomes.LEARNED, "stall_rate": outcome != outcomes.STALLED,
-            "divergence_rate": outcome != outcomes.DIVERGED}[stat]
+    return {
+        "success_rate": outcome == outcomes.LEARNED,
+        "stall_rate": outcome != outcomes.STALLED,
+        "divergence_rate": outcome != outcomes.DIVERGED,
+    }[stat]
 
 
 def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
@@ -261,20 +310,29 @@ def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     if e.test in ("mcnemar", "sign"):
         unpaired = sorted({s.seed for s in mine.seeds} ^ set(by_seed))
         unfinished = sum(mine.unfinished.values()) + sum(theirs.unfinished.values())
-        note = ("no seed in both arms" if not pairs else
-                f"not every seed finished in both arms (unpaired seeds: {', '.join(map(str, unpaired)) or 'none'}; "
-                f"{unfinished} runs unfinished)" if unpaired or unfinished else None)
+        note = (
+            "no seed in both arms"
+            if not pairs
+            else f"not every seed finished in both arms (unpaired seeds: {', '.join(map(str, unpaired)) or 'none'}; "
+            f"{unfinished} runs unfinished)"
+            if unpaired or unfinished
+            else None
+        )
         if note:  # a seed missing from one arm is no evidence either way, and must not leave a test unseen
             return {**out, "p": math.nan, "p_reverse": math.nan, "verdict": INCONCLUSIVE, "note": note}
     if e.test == "mcnemar":
-        result = stats.mcnemar_exact(sum(_good(e.stat, a) and not _good(e.stat, b) for a, b in pairs),
-                                     sum(_good(e.stat, b) and not _good(e.stat, a) for a, b in pairs))
+        result = stats.mcnemar_exact(
+            sum(_good(e.stat, a) and not _good(e.stat, b) for a, b in pairs),
+            sum(_good(e.stat, b) and not _good(e.stat, a) for a, b in pairs),
+        )
     elif e.test == "fisher":
-        result = stats.fisher_exact(sum(_good(e.stat, s) for s in mine.seeds), mine.n,
-                                    sum(_good(e.stat, s) for s in theirs.seeds), theirs.n)
+        result = stats.fisher_exact(
+            sum(_good(e.stat, s) for s in mine.seeds), mine.n, sum(_good(e.stat, s) for s in theirs.seeds), theirs.n
+        )
     else:
-        result = stats.sign_test_censored([(a.outcome.time_to_threshold, b.outcome.time_to_threshold)
-                                           for a, b in pairs])
+        result = stats.sign_test_censored(
+            [(a.outcome.time_to_threshold, b.outcome.time_to_threshold) for a, b in pairs]
+        )
     out.update(p=result.p, p_reverse=result.p_reverse, counts=result.counts)
     if e.stat in RATES:
         name = {"success_rate": "success", "stall_rate": "stalled", "divergence_rate": "diverged"}[e.stat]
@@ -285,8 +343,12 @@ def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
         m, m_low, m_high = interval(mine, "median_time")
         t, t_low, t_high = interval(theirs, "median_time")
         with_inf = lambda a, b: math.nan if (math.isinf(a) and math.isinf(b)) or b == 0 else a / b  # noqa: E731
-        out["effect"] = {"name": "ratio of medians", "value": with_inf(m, t), "low": with_inf(m_low, t_high),
-                         "high": with_inf(m_high, t_low)}
+        out["effect"] = {
+            "name": "ratio of medians",
+            "value": with_inf(m, t),
+            "low": with_inf(m_low, t_high),
+            "high": with_inf(m_high, t_low),
+        }
         # A median not reached is only known to lie past its lower bound (the budget at least): the ratio's
         # point is then a bound, not 0 or inf.
         if math.isinf(t) and not math.isinf(m):
@@ -311,20 +373,21 @@ def rule_text(e: Expectation, layout: Layout) -> str:
     arm = layout.arm_label(tuple(v for _, v in e.arm))
     if e.better_than is not None:
         how = "higher" if STATS[e.stat] else "lower"
-        test = {"interval": "their 95% intervals apart",
-                "mcnemar": "exact McNemar test on the seeds both arms ran",
-                "fisher": "Fisher's exact test", "sign": "sign test on the seeds both arms ran, "
-                "of the pairs whose order is known"}[e.test]
+        test = {
+            "interval": "their 95% intervals apart",
+            "mcnemar": "exact McNemar test on the seeds both arms ran",
+            "fisher": "Fisher's exact test",
+            "sign": "sign test on the seeds both arms ran, of the pairs whose order is known",
+        }[e.test]
         if e.test != "interval":
             test += f", one-sided, Holm-corrected across the experiment's tested claims at {layout.spec.alpha:g}"
         rule = f"{e.stat} of {arm} {how} than of {layout.arm_label(tuple(v for _, v in e.better_than))} ({test})"
     else:
         side = "above" if e.above is not None else "below"
-        rule = f"{e.stat} of {arm} {side} {e.above if e.above is not None else e.below:g} (its 95% interval wholly {side})"
+        rule = (
+            f"{e.stat} of {arm} {side} {e.above if e.above is not None else e.below:g} (its 95% interval wholly {side})"
+        )
     where = "; ".join(f"{layout.names[k]} in {', '.join(map(format_value, v))}" for k, v in e.where)
     setting = layout.names[layout.best_of] if layout.best_of else "setting"
     at = {"best": "each arm's best", "shared": "the shared", "every": "every"}[e.at]
-    return f"{rule}, at {at} {setting}" \
-        + (f", {where}" if where else "")
-
-
+    return f"{rule}, at {at} {setting}" + (f", {where}" if where else "")

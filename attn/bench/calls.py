@@ -102,8 +102,11 @@ def _wrapped(function: Callable) -> Callable:
 
 def _numpy_functions() -> dict[str, Callable]:
     """numpy's top-level functions (not its types, ufuncs or modules): those wrapped while counting."""
-    return {name: value for name, value in vars(np).items()
-            if callable(value) and not isinstance(value, (type, np.ufunc)) and not name.startswith("_")}
+    return {
+        name: value
+        for name, value in vars(np).items()
+        if callable(value) and not isinstance(value, (type, np.ufunc)) and not name.startswith("_")
+    }
 
 
 def _profile(frame, event, arg) -> None:

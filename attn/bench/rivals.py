@@ -52,16 +52,26 @@ def _ops(framework: str) -> dict[str, Callable]:
         import jax
         import jax.numpy as jnp
 
-        return {"T": lambda a: jnp.swapaxes(a, -1, -2), "softmax": lambda a: jax.nn.softmax(a, axis=-1),
-                "log_softmax": lambda a: jax.nn.log_softmax(a, axis=-1), "where": jnp.where,
-                "take": lambda a, i: jnp.take_along_axis(a, i[..., None], axis=-1)[..., 0],
-                "array": jnp.asarray, "ninf": -jnp.inf}
+        return {
+            "T": lambda a: jnp.swapaxes(a, -1, -2),
+            "softmax": lambda a: jax.nn.softmax(a, axis=-1),
+            "log_softmax": lambda a: jax.nn.log_softmax(a, axis=-1),
+            "where": jnp.where,
+            "take": lambda a, i: jnp.take_along_axis(a, i[..., None], axis=-1)[..., 0],
+            "array": jnp.asarray,
+            "ninf": -jnp.inf,
+        }
     import torch
 
-    return {"T": lambda a: a.transpose(-1, -2), "softmax": lambda a: torch.softmax(a, dim=-1),
-            "log_softmax": lambda a: torch.log_softmax(a, dim=-1), "where": torch.where,
-            "take": lambda a, i: torch.gather(a, -1, i[..., None])[..., 0],
-            "array": lambda a: torch.from_numpy(np.ascontiguousarray(a)), "ninf": float("-inf")}
+    return {
+        "T": lambda a: a.transpose(-1, -2),
+        "softmax": lambda a: torch.softmax(a, dim=-1),
+        "log_softmax": lambda a: torch.log_softmax(a, dim=-1),
+        "where": torch.where,
+        "take": lambda a, i: torch.gather(a, -1, i[..., None])[..., 0],
+        "array": lambda a: torch.from_numpy(np.ascontiguousarray(a)),
+        "ninf": float("-inf"),
+    }
 
 
 def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, batch_size: int) -> Callable:
@@ -74,8 +84,11 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
     merge_qk = pairs.merge_is_cheaper(batch_size * P, D, spec.d_k, D)
     merge_ov = pairs.merge_is_cheaper(batch_size * P, D, spec.d_v, D)
     masked = ops["array"](np.triu(np.ones((T, T), dtype=bool), k=1)[query_rows]) if spec.causal else None
-    sinusoids = ops["array"](np.array(fast.sinusoidal_positions(T, D, spec.n_sources ** -0.5, spec.dtype))) \
-        if spec.positional == "sinusoidal" else None
+    sinusoids = (
+        ops["array"](np.array(fast.sinusoidal_positions(T, D, spec.n_sources**-0.5, spec.dtype)))
+        if spec.positional == "sinusoidal"
+        else None
+    )
     rows = ops["array"](query_rows)
 
     def loss(params, tokens, targets, target_mask):
@@ -110,12 +123,19 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
 
 def pooled_target_positions(batches: list[Batch]):
     """The positions where some example of the pool has a target (as attn.model.fast computes them)."""
-    return fast.target_positions(Batch(*(np.concatenate([getattr(b, f) for b in batches]) for f in
-                                          ("tokens", "targets", "target_mask", "target_key"))))
+    return fast.target_positions(
+        Batch(
+            *(
+                np.concatenate([getattr(b, f) for b in batches])
+                for f in ("tokens", "targets", "target_mask", "target_key")
+            )
+        )
+    )
 
 
-def stepper(framework: str, formulation: str, spec: ModelSpec, params: dict, batches: list[Batch],
-            lr: float) -> Callable[[], float]:
+def stepper(
+    framework: str, formulation: str, spec: ModelSpec, params: dict, batches: list[Batch], lr: float
+) -> Callable[[], float]:
     """step() -> loss: one SGD step of the rival on the next batch of the pool,
     from copies of `params`, its query side where some example has a target."""
     loss = loss_function(spec, framework, formulation, pooled_target_positions(batches), len(batches[0].tokens))

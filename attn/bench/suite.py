@@ -38,16 +38,32 @@ TARGET_OLD_GRID_SECONDS = 30.0
 TARGET_HEADLINE_SECONDS = 300.0
 
 
-def run_suite(sizes: list[str], threads: list[int], warmup: int = 10, steps: int = 50, processes: bool = True,
-        headline: bool = False, frameworks=rivals.FRAMEWORKS,
-        progress: Callable[[str], None] = lambda message: None) -> dict:
+def run_suite(
+    sizes: list[str],
+    threads: list[int],
+    warmup: int = 10,
+    steps: int = 50,
+    processes: bool = True,
+    headline: bool = False,
+    frameworks=rivals.FRAMEWORKS,
+    progress: Callable[[str], None] = lambda message: None,
+) -> dict:
     """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
-    result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "warmup": warmup, "steps": steps,
-              "attn_commit": lifecycle.source_revision(),
-              "machine": {"cpu": lifecycle.cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version(), **lifecycle.platform_facts()},
-              "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
-              "timings": [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads]}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "warmup": warmup,
+        "steps": steps,
+        "attn_commit": lifecycle.source_revision(),
+        "machine": {
+            "cpu": lifecycle.cpu_model(),
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            **lifecycle.platform_facts(),
+        },
+        "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
+        "timings": [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads],
+    }
     if processes:
         result["memory"] = []
         for name in sizes:
@@ -63,11 +79,14 @@ def run_suite(sizes: list[str], threads: list[int], warmup: int = 10, steps: int
 def work_line(work: dict) -> str:
     """The headline's counted work and the least time it takes here, against the headline target."""
     share = work["least_seconds"] / TARGET_HEADLINE_SECONDS
-    return (f"the headline's head products alone ({work['runs']} runs) are {work['head_multiply_adds'] / 1e12:.3g} "
-            f"T multiply-adds: at least {work['least_seconds']:.0f} s on {work['cores']} cores at this machine's "
-            f"{2 * work['matmul_rate_per_core'] / 1e9:.0f} GFLOP/s per core (a {sweeps.PEAK_PRODUCT_SIZE}³ float32 "
-            f"product at 1 thread), so meeting ≤ {TARGET_HEADLINE_SECONDS:.0f} s would need {share:.0%} of that rate, sustained, "
-            "from any implementation of this algorithm")
+    return (
+        f"the headline's head products alone ({work['runs']} runs) are {work['head_multiply_adds'] / 1e12:.3g} "
+        f"T multiply-adds: at least {work['least_seconds']:.0f} s on {work['cores']} cores at this machine's "
+        f"{2 * work['matmul_rate_per_core'] / 1e9:.0f} GFLOP/s per core (a {sweeps.PEAK_PRODUCT_SIZE}³ float32 "
+        f"product at 1 thread), so meeting ≤ {TARGET_HEADLINE_SECONDS:.0f} s would need {share:.0%} of that rate, "
+        f"sustained, "
+        "from any implementation of this algorithm"
+    )
 
 
 def step_target(size: str) -> float:
@@ -88,17 +107,34 @@ def _met(ok: bool) -> str:
 def steps_table(result: dict) -> str:
     """One row per size and thread count: attn against every rival, the fastest named."""
     sides = sorted({side for t in result["timings"] for s in t["sizes"] for side in s["sides"] if side != "attn"})
-    header = ["size", "task, B×T (P), d_model, d_k", "threads", "attn's head", "attn calls / step (numpy; all)",
-              "attn ms", *[f"{s} ms" for s in sides], "fastest rival", "attn / fastest"]
+    header = [
+        "size",
+        "task, B×T (P), d_model, d_k",
+        "threads",
+        "attn's head",
+        "attn calls / step (numpy; all)",
+        "attn ms",
+        *[f"{s} ms" for s in sides],
+        "fastest rival",
+        "attn / fastest",
+    ]
     rows = []
     for t in result["timings"]:
         for s in t["sizes"]:
             shape = s["shape"]
-            rows.append([s["size"], f"{shape['task']}, {shape['B']}×{shape['T']} ({shape['P']}), {shape['d_model']}, "
-                         f"{shape['d_k']}", str(t["threads"]), s["association"],
-                         f"{s['attn_calls']['numpy']:.0f}; {s['attn_calls']['functions']:.0f}", _ms(s["sides"]["attn"]),
-                         *[_ms(s["sides"][side]) if side in s["sides"] else "—" for side in sides],
-                         s["fastest_rival"] or "none installed", _ratio(s)])
+            rows.append(
+                [
+                    s["size"],
+                    f"{shape['task']}, {shape['B']}×{shape['T']} ({shape['P']}), {shape['d_model']}, {shape['d_k']}",
+                    str(t["threads"]),
+                    s["association"],
+                    f"{s['attn_calls']['numpy']:.0f}; {s['attn_calls']['functions']:.0f}",
+                    _ms(s["sides"]["attn"]),
+                    *[_ms(s["sides"][side]) if side in s["sides"] else "—" for side in sides],
+                    s["fastest_rival"] or "none installed",
+                    _ratio(s),
+                ]
+            )
     return markdown_table(header, rows)
 
 
@@ -112,13 +148,19 @@ def _commit(result: dict) -> str:
 
 def bench_markdown(result: dict) -> str:
     machine = result["machine"]
-    lines = [f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores, attn "
-             f"{_commit(result)}", "",
-             f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
-             + ", ".join(f"{k} {v}" for k, v in result["rivals"].items()) + ".", "",
-             f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
-             f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
-             "rivals in attn's algorithm (projected) and reassociated (bilinear):", "", steps_table(result)]
+    lines = [
+        f"### attn benchmark: {result['date']}, {machine['cpu']}, {machine['cores']} cores, attn {_commit(result)}",
+        "",
+        f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
+        + ", ".join(f"{k} {v}" for k, v in result["rivals"].items())
+        + ".",
+        "",
+        f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
+        f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
+        "rivals in attn's algorithm (projected) and reassociated (bilinear):",
+        "",
+        steps_table(result),
+    ]
     for t in result["timings"]:
         if "width" in t:
             lines += ["", f"At {t['threads']} thread(s): " + width_line(t["width"])]
@@ -127,30 +169,42 @@ def bench_markdown(result: dict) -> str:
         if t.get("lookup"):
             lines += ["", f"At {t['threads']} thread(s): " + lookup_line(t["lookup"])]
     for t in result["timings"]:
-        losses = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
-                           for s in t["sizes"])
-        lines += ["", f"Loss after the timed steps at {t['threads']} thread(s) (every side computed the same "
-                  f"thing): {losses}."]
+        losses = "; ".join(
+            f"{s['size']}: " + ", ".join(f"{k} {v['loss_after']:.5g}" for k, v in s["sides"].items())
+            for s in t["sizes"]
+        )
+        lines += [
+            "",
+            f"Loss after the timed steps at {t['threads']} thread(s) (every side computed the same thing): {losses}.",
+        ]
     if "memory" in result:
         memory = ", ".join(f"{m['size']} {m['peak_rss_mib']:.0f} MiB" for m in result["memory"])
         lines += ["", f"Peak memory (ru_maxrss) of `attn train` for {result['memory'][0]['steps']} steps: {memory}."]
     if "sweep" in result:
         sweep = result["sweep"]
-        parts = [f"{r['workers']} worker(s): {r['wall_s']:.1f} s wall, {r['runs']} runs in {r['stacks']} stacks, "
-                 f"efficiency {r['efficiency']:.0%} ({_met(r['efficiency'] >= TARGET_EFFICIENCY)} "
-                 f"at ≥ {TARGET_EFFICIENCY:.0%})" for r in sweep["results"]]
+        parts = [
+            f"{r['workers']} worker(s): {r['wall_s']:.1f} s wall, {r['runs']} runs in {r['stacks']} stacks, "
+            f"efficiency {r['efficiency']:.0%} ({_met(r['efficiency'] >= TARGET_EFFICIENCY)} "
+            f"at ≥ {TARGET_EFFICIENCY:.0%})"
+            for r in sweep["results"]
+        ]
         last = sweep["results"][-1]
         lines += ["", "Sweep of the old headline grid (50 runs of 500 steps): " + "; ".join(parts) + "."]
         if sweep["speedup"] is not None:
-            lines.append(f"Speed-up of {last['workers']} workers over 1: {sweep['speedup']:.2f}× "
-                         f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×); its wall time "
-                         f"{last['wall_s']:.1f} s ({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at "
-                         f"≤ {TARGET_OLD_GRID_SECONDS:.0f} s).")
+            lines.append(
+                f"Speed-up of {last['workers']} workers over 1: {sweep['speedup']:.2f}× "
+                f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×); its wall time "
+                f"{last['wall_s']:.1f} s ({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at "
+                f"≤ {TARGET_OLD_GRID_SECONDS:.0f} s)."
+            )
     if "headline" in result:
         h = result["headline"]
-        lines += ["", f"The headline experiment ({h['experiment']}: {h['runs']} runs in {h['stacks']} stacks) on "
-                  f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
-                  f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}."]
+        lines += [
+            "",
+            f"The headline experiment ({h['experiment']}: {h['runs']} runs in {h['stacks']} stacks) on "
+            f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
+            f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}.",
+        ]
     if "work" in result:
         lines += ["", f"Work: {work_line(result['work'])}."]
     return "\n".join(lines) + "\n"
@@ -158,55 +212,86 @@ def bench_markdown(result: dict) -> str:
 
 def width_line(width: dict) -> str:
     """The width comparison: a step at d_k 2^20 against one at d_k 64, same d_model."""
-    sides = ", ".join(f"d_k {d_k} {_ms(side)} ms ({'width-free' if side['width_free'] else 'materialized'})"
-                      for d_k, side in width["sides"].items())
-    return (f"step {sides}; ratio {width['ratio']:.2f} ({_met(width['ratio'] <= TARGET_WIDTH_RATIO)} at "
-            f"≤ {TARGET_WIDTH_RATIO}).")
+    sides = ", ".join(
+        f"d_k {d_k} {_ms(side)} ms ({'width-free' if side['width_free'] else 'materialized'})"
+        for d_k, side in width["sides"].items()
+    )
+    return (
+        f"step {sides}; ratio {width['ratio']:.2f} ({_met(width['ratio'] <= TARGET_WIDTH_RATIO)} at "
+        f"≤ {TARGET_WIDTH_RATIO})."
+    )
 
 
 def subnormal_line(subnormal: dict) -> str:
     """The subnormal comparison: a step whose gradients are subnormal, with them kept and flushed to zero."""
-    return (f"forward and backward of the materialized head at d_k 4096 with gradients as small as a saturated "
-            f"run's, subnormals kept {_ms(subnormal['sides']['kept'])} ms, flushed to zero as training runs "
-            f"{_ms(subnormal['sides']['flushed'])} ms: {subnormal['ratio']:.1f}× (attn.train.denormals).")
+    return (
+        f"forward and backward of the materialized head at d_k 4096 with gradients as small as a saturated "
+        f"run's, subnormals kept {_ms(subnormal['sides']['kept'])} ms, flushed to zero as training runs "
+        f"{_ms(subnormal['sides']['flushed'])} ms: {subnormal['ratio']:.1f}× (attn.train.denormals)."
+    )
 
 
 def lookup_line(compared: list[dict]) -> str:
     """X formed against its products looked up through the embedding tables, at each size where the head can."""
-    parts = [f"{c['size']} formed {_ms(c['sides']['formed'])} ms, looked up {_ms(c['sides']['looked up'])} ms, "
-             f"{c['ratio']:.2f}× (the rule: {c['rule']})" for c in compared]
-    return ("forward and backward with X formed and with its products taken through the embedding tables "
-            "(attn.model.pairs.Embedded): " + "; ".join(parts) + ".")
+    parts = [
+        f"{c['size']} formed {_ms(c['sides']['formed'])} ms, looked up {_ms(c['sides']['looked up'])} ms, "
+        f"{c['ratio']:.2f}× (the rule: {c['rule']})"
+        for c in compared
+    ]
+    return (
+        "forward and backward with X formed and with its products taken through the embedding tables "
+        "(attn.model.pairs.Embedded): " + "; ".join(parts) + "."
+    )
 
 
 def summary_markdown(result: dict) -> str:
     """The short form for README (attn.publish): per size and thread count,
     attn against the fastest rival, then the sweep and headline targets."""
     machine = result["machine"]
-    rows = [[s["size"], str(t["threads"]), _ms(s["sides"]["attn"]), s["fastest_rival"] or "none installed",
-             _ms(s["sides"][s["fastest_rival"]]) if s["fastest_rival"] else "—", _ratio(s)]
-            for t in result["timings"] for s in t["sizes"]]
-    lines = [f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), attn "
-             f"{_commit(result)}, numpy on {machine['blas']}; "
-             "step times in ms, median (interquartile range):", "",
-             markdown_table(["size", "threads", "attn", "fastest rival", "its time", "attn / fastest"], rows)]
+    rows = [
+        [
+            s["size"],
+            str(t["threads"]),
+            _ms(s["sides"]["attn"]),
+            s["fastest_rival"] or "none installed",
+            _ms(s["sides"][s["fastest_rival"]]) if s["fastest_rival"] else "—",
+            _ratio(s),
+        ]
+        for t in result["timings"]
+        for s in t["sizes"]
+    ]
+    lines = [
+        f"Measured {result['date']} on {machine['cpu']} ({machine['cores']} cores), attn "
+        f"{_commit(result)}, numpy on {machine['blas']}; "
+        "step times in ms, median (interquartile range):",
+        "",
+        markdown_table(["size", "threads", "attn", "fastest rival", "its time", "attn / fastest"], rows),
+    ]
     targets = []
     if "sweep" in result:
         sweep = result["sweep"]
         last = sweep["results"][-1]
-        targets.append("sweep efficiency " + ", ".join(f"{r['efficiency']:.0%} with {r['workers']} worker(s)"
-                                                       for r in sweep["results"])
-                       + f" ({_met(all(r['efficiency'] >= TARGET_EFFICIENCY for r in sweep['results']))} "
-                       f"at ≥ {TARGET_EFFICIENCY:.0%})")
+        targets.append(
+            "sweep efficiency "
+            + ", ".join(f"{r['efficiency']:.0%} with {r['workers']} worker(s)" for r in sweep["results"])
+            + f" ({_met(all(r['efficiency'] >= TARGET_EFFICIENCY for r in sweep['results']))} "
+            f"at ≥ {TARGET_EFFICIENCY:.0%})"
+        )
         if sweep["speedup"] is not None:
-            targets.append(f"{last['workers']} workers {sweep['speedup']:.2f}× faster than 1 "
-                           f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×)")
-        targets.append(f"the old 50-run grid in {last['wall_s']:.1f} s "
-                       f"({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at ≤ {TARGET_OLD_GRID_SECONDS:.0f} s)")
+            targets.append(
+                f"{last['workers']} workers {sweep['speedup']:.2f}× faster than 1 "
+                f"({_met(sweep['speedup'] >= TARGET_SPEEDUP)} at ≥ {TARGET_SPEEDUP}×)"
+            )
+        targets.append(
+            f"the old 50-run grid in {last['wall_s']:.1f} s "
+            f"({_met(last['wall_s'] <= TARGET_OLD_GRID_SECONDS)} at ≤ {TARGET_OLD_GRID_SECONDS:.0f} s)"
+        )
     if "headline" in result:
         h = result["headline"]
-        targets.append(f"the headline experiment ({h['runs']} runs) in {h['wall_s']:.0f} s "
-                       f"({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at ≤ {TARGET_HEADLINE_SECONDS:.0f} s)")
+        targets.append(
+            f"the headline experiment ({h['runs']} runs) in {h['wall_s']:.0f} s "
+            f"({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at ≤ {TARGET_HEADLINE_SECONDS:.0f} s)"
+        )
     if "work" in result:
         targets.append(work_line(result["work"]))
     if targets:

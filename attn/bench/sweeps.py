@@ -34,23 +34,41 @@ from attn.bench.timing import BASE_CONFIG, REPO, SIZES
 from attn.config.yamlio import dump_yaml
 
 THROUGHPUT_GRID = {"model.d_k": [16, 64, 256, 1024, 4096], "model.scale": ["sqrt", "none"]}
-THROUGHPUT_OVERRIDES = {"model.d_v": 32, "optim.lr": 0.3, "train.steps": 500, "task.eval_size": 256,
-                        "logging.log_every": 10, "logging.checkpoint_every": 250}
+THROUGHPUT_OVERRIDES = {
+    "model.d_v": 32,
+    "optim.lr": 0.3,
+    "train.steps": 500,
+    "task.eval_size": 256,
+    "logging.log_every": 10,
+    "logging.checkpoint_every": 250,
+}
 THROUGHPUT_SEEDS = [0, 1, 2, 3, 4]
 HEADLINE = REPO / "experiments" / "sqrt_dk.yaml"
 
-_PEAK_RSS_OF_CHILD = ("import resource, subprocess, sys; "
-                      "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
-                      "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)")
+_PEAK_RSS_OF_CHILD = (
+    "import resource, subprocess, sys; "
+    "code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)"
+)
 
 
 def training_peak_memory(name: str, steps: int = 20) -> dict:
     """Peak RSS (ru_maxrss) of `python -m attn train` at size `name` for `steps` steps (no figures)."""
     with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
-        command = [sys.executable, "-m", "attn", "train", str(BASE_CONFIG), *SIZES[name],
-                   f"train.steps={steps}", f"runs_dir={tmp}", "logging.plots=false"]
-        report = subprocess.run([sys.executable, "-c", _PEAK_RSS_OF_CHILD, *command], cwd=REPO, check=True,
-                                capture_output=True, text=True).stdout
+        command = [
+            sys.executable,
+            "-m",
+            "attn",
+            "train",
+            str(BASE_CONFIG),
+            *SIZES[name],
+            f"train.steps={steps}",
+            f"runs_dir={tmp}",
+            "logging.plots=false",
+        ]
+        report = subprocess.run(
+            [sys.executable, "-c", _PEAK_RSS_OF_CHILD, *command], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
     max_rss_kib, exit_code = (int(field) for field in report.split())
     return {"size": name, "steps": steps, "peak_rss_mib": max_rss_kib / 1024, "exit_code": exit_code}
 
@@ -67,17 +85,32 @@ def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
         outcomes = sweep.run_experiment(experiment, executor)
     wall = time.perf_counter() - start
     training = sum(o.train_seconds for o in outcomes)
-    return {"workers": workers, "runs": len(outcomes), "stacks": len(sweep.plan_stacks(experiment.cells)),
-            "completed": sum(o.status == "completed" for o in outcomes),
-            "diverged": sum(o.status == "diverged" for o in outcomes), "wall_s": wall,
-            "training_s": training, "efficiency": training / (wall * workers)}
+    return {
+        "workers": workers,
+        "runs": len(outcomes),
+        "stacks": len(sweep.plan_stacks(experiment.cells)),
+        "completed": sum(o.status == "completed" for o in outcomes),
+        "diverged": sum(o.status == "diverged" for o in outcomes),
+        "wall_s": wall,
+        "training_s": training,
+        "efficiency": training / (wall * workers),
+    }
 
 
 def throughput_experiment(directory: Path) -> Path:
     """The old headline grid as an experiment file in `directory`."""
     path = directory / "throughput.yaml"
-    path.write_text(dump_yaml({"name": "throughput", "base": str(BASE_CONFIG), "overrides": THROUGHPUT_OVERRIDES,
-                                    "grid": THROUGHPUT_GRID, "seeds": THROUGHPUT_SEEDS}))
+    path.write_text(
+        dump_yaml(
+            {
+                "name": "throughput",
+                "base": str(BASE_CONFIG),
+                "overrides": THROUGHPUT_OVERRIDES,
+                "grid": THROUGHPUT_GRID,
+                "seeds": THROUGHPUT_SEEDS,
+            }
+        )
+    )
     return path
 
 
@@ -91,8 +124,13 @@ def sweep_scaling(progress) -> dict:
             progress(f"sweep of the old headline grid (50 runs) with {workers} worker(s)")
             results.append(timed_sweep(path, workers, Path(tmp) / f"runs-{workers}"))
     speedup = results[0]["wall_s"] / results[-1]["wall_s"] if len(results) > 1 else None
-    return {"grid": THROUGHPUT_GRID, "overrides": THROUGHPUT_OVERRIDES, "seeds": THROUGHPUT_SEEDS,
-            "results": results, "speedup": speedup}
+    return {
+        "grid": THROUGHPUT_GRID,
+        "overrides": THROUGHPUT_OVERRIDES,
+        "seeds": THROUGHPUT_SEEDS,
+        "results": results,
+        "speedup": speedup,
+    }
 
 
 PEAK_PRODUCT_SIZE = 1024  # n of the n x n float32 product whose rate stands for the machine's peak
@@ -114,7 +152,7 @@ def matmul_rate(repeats: int = 7) -> float:
             start = time.perf_counter()
             np.matmul(a, b, out=out)
             best = min(best, time.perf_counter() - start)
-    return n ** 3 / best
+    return n**3 / best
 
 
 def headline_work(progress) -> dict:
@@ -128,9 +166,14 @@ def headline_work(progress) -> dict:
     experiment = load_experiment(HEADLINE, runs_dir=tempfile.gettempdir())
     multiply_adds = sum(cell.config.train.steps * head_step_cost(cell.config) for cell in experiment.cells)
     rate, cores = matmul_rate(), os.cpu_count() or 1
-    return {"experiment": str(HEADLINE.relative_to(REPO)), "runs": len(experiment.cells),
-            "head_multiply_adds": multiply_adds, "matmul_rate_per_core": rate, "cores": cores,
-            "least_seconds": multiply_adds / (rate * cores)}
+    return {
+        "experiment": str(HEADLINE.relative_to(REPO)),
+        "runs": len(experiment.cells),
+        "head_multiply_adds": multiply_adds,
+        "matmul_rate_per_core": rate,
+        "cores": cores,
+        "least_seconds": multiply_adds / (rate * cores),
+    }
 
 
 def headline_wall_time(progress) -> dict:

@@ -62,8 +62,15 @@ SIZES = {
     "default": (),
     "wide": ("model.d_k=4096", "model.d_v=32"),
     "copy": ("task.name=copy", "task.length=16", "model.d_k=64"),
-    "large": ("task.name=retrieval", "task.n_keys=64", "task.n_pairs=63", "train.batch_size=128",
-              "model.d_model=256", "model.d_k=256", "optim.lr=0.1"),
+    "large": (
+        "task.name=retrieval",
+        "task.n_keys=64",
+        "task.n_pairs=63",
+        "train.batch_size=128",
+        "model.d_model=256",
+        "model.d_k=256",
+        "optim.lr=0.1",
+    ),
 }
 MATMUL_N = 2048
 BATCH_POOL = 16  # distinct batches cycled through by the timed steps
@@ -93,8 +100,17 @@ def step_flops(spec: ModelSpec, batch_size: int, positions: int) -> int:
     association (attn.model.head.head_costs) and the readout's three products.
     The embeddings' one-hot products are not counted."""
     B, T, D, C = batch_size, spec.n_positions, spec.d_model, spec.n_classes
-    head_cost = min(head.head_costs(B, positions, T, D, spec.k_width, spec.v_width,  # as carried
-                                    normed=spec.normed).values())
+    head_cost = min(
+        head.head_costs(
+            B,
+            positions,
+            T,
+            D,
+            spec.k_width,
+            spec.v_width,  # as carried
+            normed=spec.normed,
+        ).values()
+    )
     return 2 * head_cost + 3 * 2 * B * positions * D * C
 
 
@@ -102,8 +118,14 @@ def spread(seconds: list[float]) -> dict:
     """Median, quartiles and extremes, in milliseconds."""
     ms = np.asarray(seconds) * 1e3
     p25, median, p75 = np.percentile(ms, [25, 50, 75])
-    return {"median_ms": float(median), "p25_ms": float(p25), "p75_ms": float(p75),
-            "min_ms": float(ms.min()), "max_ms": float(ms.max()), "n": int(ms.size)}
+    return {
+        "median_ms": float(median),
+        "p25_ms": float(p25),
+        "p75_ms": float(p75),
+        "min_ms": float(ms.min()),
+        "max_ms": float(ms.max()),
+        "n": int(ms.size),
+    }
 
 
 def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict[str, list[float]]:
@@ -126,8 +148,7 @@ def time_interleaved(work: dict[str, tuple[Callable, int]], rounds: int) -> dict
     return times
 
 
-def timed_side_by_side(steppers: dict, warmup: int, steps: int, what: str,
-                       progress: Callable[[str], None]) -> dict:
+def timed_side_by_side(steppers: dict, warmup: int, steps: int, what: str, progress: Callable[[str], None]) -> dict:
     """name -> spread of each side's call times: `warmup` untimed calls each,
     then every side in ROUNDS alternating rounds (time_interleaved)."""
     for side in steppers.values():
@@ -168,13 +189,19 @@ def attn_calls(config: Config, steps: int = 3) -> dict:
     step()
     functions = calls.function_calls(step, steps)
     optimizer.state = {key: calls.counted(value) for key, value in optimizer.state.items()}
-    counted = attn_stepper(config, spec, {name: calls.counted(p) for name, p in params.items()}, optimizer,
-                           [Batch(*(calls.counted(getattr(b, f.name)) for f in dataclasses.fields(b))) for b in batches])
+    counted = attn_stepper(
+        config,
+        spec,
+        {name: calls.counted(p) for name, p in params.items()},
+        optimizer,
+        [Batch(*(calls.counted(getattr(b, f.name)) for f in dataclasses.fields(b))) for b in batches],
+    )
     return {"numpy": sum(calls.numpy_calls(counted, steps).values()) / steps, "functions": functions / steps}
 
 
-def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], None],
-               frameworks=rivals.FRAMEWORKS) -> dict:
+def bench_size(
+    name: str, warmup: int, steps: int, progress: Callable[[str], None], frameworks=rivals.FRAMEWORKS
+) -> dict:
     """Time attn and every installed rival of `frameworks` at one size (module docstring)."""
     config = size_config(name)
     task, spec, params, optimizer, gens = runstate.build(config)
@@ -190,8 +217,9 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
             skipped[framework] = "not installed"
             continue
         progress(f"{name}: preparing {framework} {formulation}")
-        steppers[f"{framework} {formulation}"] = rivals.stepper(framework, formulation, rival_spec, rival_params, batches,
-                                                                config.optim.lr)
+        steppers[f"{framework} {formulation}"] = rivals.stepper(
+            framework, formulation, rival_spec, rival_params, batches, config.optim.lr
+        )
     steppers["attn"] = attn_stepper(config, spec, {k: v.copy() for k, v in params.items()}, optimizer, batches)
     for side, step in steppers.items():
         for _ in range(warmup):
@@ -207,14 +235,34 @@ def bench_size(name: str, warmup: int, steps: int, progress: Callable[[str], Non
     sides = {side: {**spread(seconds), "loss_after": steppers[side]()} for side, seconds in times.items()}
     fastest = min((s for s in sides if s != "attn"), key=lambda s: sides[s]["median_ms"], default=None)
     return {
-        "size": name, "overrides": list(SIZES[name]),
-        "shape": {"task": config.task.name, "B": config.train.batch_size, "T": spec.n_positions, "P": positions,
-                  "d_model": spec.d_model, "d_k": spec.d_k, "d_v": spec.d_v, "classes": spec.n_classes},
-        "association": head.choose_association(config.train.batch_size, positions, spec.n_positions,
-                                                 spec.d_model, spec.d_k, spec.d_v, spec.width_free, spec.normed),
+        "size": name,
+        "overrides": list(SIZES[name]),
+        "shape": {
+            "task": config.task.name,
+            "B": config.train.batch_size,
+            "T": spec.n_positions,
+            "P": positions,
+            "d_model": spec.d_model,
+            "d_k": spec.d_k,
+            "d_v": spec.d_v,
+            "classes": spec.n_classes,
+        },
+        "association": head.choose_association(
+            config.train.batch_size,
+            positions,
+            spec.n_positions,
+            spec.d_model,
+            spec.d_k,
+            spec.d_v,
+            spec.width_free,
+            spec.normed,
+        ),
         "attn_gflop_per_step": flops / 1e9,
         "matmul_gflops": 2.0 * MATMUL_N**3 / float(np.median(matmul_seconds)) / 1e9,
-        "sides": sides, "skipped": skipped, "fastest_rival": fastest, "attn_calls": attn_calls(config),
+        "sides": sides,
+        "skipped": skipped,
+        "fastest_rival": fastest,
+        "attn_calls": attn_calls(config),
         "ratio_to_fastest": sides["attn"]["median_ms"] / sides[fastest]["median_ms"] if fastest else None,
     }
 
@@ -237,8 +285,7 @@ def width_ratio(warmup: int, steps: int, progress: Callable[[str], None]) -> dic
         width_free[str(d_k)] = spec.width_free
     timed = timed_side_by_side(steppers, warmup, steps, "width", progress)
     sides = {d_k: {**timed[f"d_k {d_k}"], "width_free": free} for d_k, free in width_free.items()}
-    return {"sides": sides,
-            "ratio": sides[str(WIDTHS[-1])]["median_ms"] / sides[str(WIDTHS[0])]["median_ms"]}
+    return {"sides": sides, "ratio": sides[str(WIDTHS[-1])]["median_ms"] / sides[str(WIDTHS[0])]["median_ms"]}
 
 
 # The subnormal comparison: the `wide` size's materialized head with W_out scaled by SUBNORMAL_SCALE, so that
@@ -268,8 +315,9 @@ def subnormal_ratio(warmup: int, steps: int, progress: Callable[[str], None]) ->
         with denormals.flushing(flush):
             fast.loss_and_grads(params, spec, next(pool))
 
-    sides = timed_side_by_side({"kept": lambda: step(False), "flushed": lambda: step(True)}, warmup, steps,
-                               "subnormals", progress)
+    sides = timed_side_by_side(
+        {"kept": lambda: step(False), "flushed": lambda: step(True)}, warmup, steps, "subnormals", progress
+    )
     return {"sides": sides, "ratio": sides["kept"]["median_ms"] / sides["flushed"]["median_ms"]}
 
 
@@ -285,8 +333,9 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
         task, spec, params, _, gens = runstate.build(config)
         batches = batch_pool(task, gens, config)
         P = query_positions(spec, batches)
-        association = head.choose_association(config.train.batch_size, P, spec.n_positions, spec.d_model,
-                                              spec.d_k, spec.d_v, spec.width_free, spec.normed)
+        association = head.choose_association(
+            config.train.batch_size, P, spec.n_positions, spec.d_model, spec.d_k, spec.d_v, spec.width_free, spec.normed
+        )
         if P == spec.n_positions or association == "projected":
             continue  # X is formed either way
         pool = itertools.cycle(batches)
@@ -294,11 +343,18 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
         def step(lookup: bool):
             fast.backward(fast.forward(params, spec, next(pool), lookup=lookup)[1], spec)
 
-        sides = timed_side_by_side({"formed": lambda: step(False), "looked up": lambda: step(True)}, warmup, steps,
-                                   f"{name}: X", progress)
+        sides = timed_side_by_side(
+            {"formed": lambda: step(False), "looked up": lambda: step(True)}, warmup, steps, f"{name}: X", progress
+        )
         chosen = fast.forward(params, spec, batches[0])[1]["attn"]["x"]  # as training runs it
-        compared.append({"size": name, "sides": sides, "ratio": sides["formed"]["median_ms"] / sides["looked up"]["median_ms"],
-                         "rule": "looked up" if isinstance(chosen, pairs.Embedded) else "formed"})
+        compared.append(
+            {
+                "size": name,
+                "sides": sides,
+                "ratio": sides["formed"]["median_ms"] / sides["looked up"]["median_ms"],
+                "rule": "looked up" if isinstance(chosen, pairs.Embedded) else "formed",
+            }
+        )
     return compared
 
 
@@ -317,8 +373,14 @@ def versions() -> dict:
     return found
 
 
-def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
-            frameworks=rivals.FRAMEWORKS) -> dict:
+def measure(
+    sizes: list[str],
+    threads: int,
+    warmup: int,
+    steps: int,
+    progress: Callable[[str], None],
+    frameworks=rivals.FRAMEWORKS,
+) -> dict:
     """Every size at `threads` threads, in this process (whose thread
     environment the parent set; see timed_in_child)."""
     if rivals.available("torch"):
@@ -326,12 +388,16 @@ def measure(sizes: list[str], threads: int, warmup: int, steps: int, progress: C
 
         torch.set_num_threads(threads)
     allocator.keep_freed_memory()  # as attn.train.lifecycle.execute does for every run
-    return {"threads": threads, "blas": blas_info(), "versions": versions(),
-            "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes],
-            "width": width_ratio(warmup, steps, progress),
-            "lookup": lookup_ratio(sizes, warmup, steps, progress),
-            # at one thread only: BLAS's other threads keep the mode they started with (attn.train.denormals)
-            **({"subnormal": subnormal_ratio(warmup, steps, progress)} if threads == 1 else {})}
+    return {
+        "threads": threads,
+        "blas": blas_info(),
+        "versions": versions(),
+        "sizes": [bench_size(name, warmup, steps, progress, frameworks) for name in sizes],
+        "width": width_ratio(warmup, steps, progress),
+        "lookup": lookup_ratio(sizes, warmup, steps, progress),
+        # at one thread only: BLAS's other threads keep the mode they started with (attn.train.denormals)
+        **({"subnormal": subnormal_ratio(warmup, steps, progress)} if threads == 1 else {}),
+    }
 
 
 def child_environment(threads: int) -> dict:
@@ -341,14 +407,34 @@ def child_environment(threads: int) -> dict:
     return env
 
 
-def timed_in_child(sizes: list[str], threads: int, warmup: int, steps: int, progress: Callable[[str], None],
-                   frameworks=rivals.FRAMEWORKS) -> dict:
+def timed_in_child(
+    sizes: list[str],
+    threads: int,
+    warmup: int,
+    steps: int,
+    progress: Callable[[str], None],
+    frameworks=rivals.FRAMEWORKS,
+) -> dict:
     """measure() in a fresh `python -m attn.bench.timing` with `threads`
     threads everywhere; its progress lines are passed on."""
-    command = [sys.executable, "-m", "attn.bench.timing", "--threads", str(threads), "--sizes", ",".join(sizes),
-               "--warmup", str(warmup), "--steps", str(steps), "--rivals", ",".join(frameworks)]
-    child = subprocess.Popen(command, cwd=REPO, env=child_environment(threads),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "attn.bench.timing",
+        "--threads",
+        str(threads),
+        "--sizes",
+        ",".join(sizes),
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--rivals",
+        ",".join(frameworks),
+    ]
+    child = subprocess.Popen(
+        command, cwd=REPO, env=child_environment(threads), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     result, other = None, []
     for line in child.stdout:  # one stream, so that neither pipe fills while the other is read
         if line.startswith("{"):
@@ -374,9 +460,14 @@ def child_main(argv: list[str] | None = None) -> int:
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=args.threads, user_api="blas"):
-        result = measure(args.sizes.split(","), args.threads, args.warmup, args.steps,
-                         lambda message: print(f"{PROGRESS_PREFIX}{args.threads} thread(s): {message}", flush=True),
-                         [f for f in args.rivals.split(",") if f])
+        result = measure(
+            args.sizes.split(","),
+            args.threads,
+            args.warmup,
+            args.steps,
+            lambda message: print(f"{PROGRESS_PREFIX}{args.threads} thread(s): {message}", flush=True),
+            [f for f in args.rivals.split(",") if f],
+        )
     print(json.dumps(result), flush=True)
     return 0
 

@@ -69,14 +69,24 @@ print(json.dumps(out))
 
 def _record(step: int, seed: int) -> dict:
     loss = 2.5 * math.exp(-step / (40.0 + 7 * (seed % 5))) + 1e-3
-    return {"step": step, "train_loss": loss * 1.1, "eval_loss": loss, "eval_accuracy": min(1.0, 1.05 - loss / 2.5),
-            "score_std": 1.0 + step / 400, "attn_entropy": loss, "saturated_frac": 0.0, "grad_norm/W_q": loss,
-            "grad_norm/W_k": loss, "wall_time": step * 0.01}
+    return {
+        "step": step,
+        "train_loss": loss * 1.1,
+        "eval_loss": loss,
+        "eval_accuracy": min(1.0, 1.05 - loss / 2.5),
+        "score_std": 1.0 + step / 400,
+        "attn_entropy": loss,
+        "saturated_frac": 0.0,
+        "grad_norm/W_q": loss,
+        "grad_norm/W_k": loss,
+        "wall_time": step * 0.01,
+    }
 
 
 def _summary(directory: Path) -> None:
-    runs.write_json(directory / "summary.json", {"status": "completed", "updated_at": time.time(), "pid": 1,
-                                                 "host": "bench"})
+    runs.write_json(
+        directory / "summary.json", {"status": "completed", "updated_at": time.time(), "pid": 1, "host": "bench"}
+    )
 
 
 def write_many_runs(root: Path, n: int, steps: int = 500) -> None:
@@ -110,19 +120,20 @@ def write_big_run(root: Path, megabytes: float) -> None:
 
 def _child(mode: str, root: Path, code: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _CHILD, mode, str(root)], env=env, capture_output=True, text=True,
-                          check=False, cwd=root)  # not the caller's directory: `python -c` puts it first on sys.path
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(root)], env=env, capture_output=True, text=True, check=False, cwd=root
+    )  # not the caller's directory: `python -c` puts it first on sys.path
     if done.returncode:
         raise RuntimeError(f"board bench child ({mode}) failed: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_board(n_runs: int = 1200, megabytes: float = 200, code: Path | None = None,
-        progress=lambda message: None) -> dict:
+def measure_board(
+    n_runs: int = 1200, megabytes: float = 200, code: Path | None = None, progress=lambda message: None
+) -> dict:
     """Every board figure as one JSON-ready dict; code: the checkout whose board is measured."""
     code = Path(code or Path(__file__).resolve().parents[2])
-    result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "code": str(code), "n_runs": n_runs,
-              "megabytes": megabytes}
+    result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "code": str(code), "n_runs": n_runs, "megabytes": megabytes}
     with tempfile.TemporaryDirectory(prefix="attn-board-bench-") as tmp:
         progress(f"board: writing {n_runs} runs")
         write_many_runs(Path(tmp) / "many", n_runs)
@@ -138,19 +149,35 @@ def measure_board(n_runs: int = 1200, megabytes: float = 200, code: Path | None 
 
 def markdown(result: dict) -> str:
     b, r = result["board"], result["records"]
-    return "\n".join([
-        f"### attn board benchmark: {result['date']} (attn from {os.path.dirname(b.get('attn', result['code']))})",
-        "",
-        markdown_table(["measurement", "figure"], [
-            [f"GET /api/board, cold, {b['runs']} runs", f"{b['cold_s']:.3f} s ({b['bytes'] / 1e6:.1f} MB)"],
-            ["GET /api/board, warm poll with If-None-Match (nothing new)",
-             f"{b['warm_304_s'] * 1e3:.1f} ms (status {b['warm_status']})"],
-            ["GET /api/board, warm, without If-None-Match", f"{b['warm_200_s'] * 1e3:.1f} ms"],
-            [f"GET /api/board, first look at a run with a {result['big_file_bytes'] / 1e6:.0f} MB metrics.jsonl",
-             f"{r['first_board_s']:.2f} s"],
-            ["then GET /api/records?since=0 of it",
-             f"{r['records_s']:.2f} s, {r['records_sent']} records ({r['bytes'] / 1e6:.2f} MB) sent"],
-            ["the same again (file unchanged)", f"{r['again_s']:.3f} s"],
-            ["peak memory of that server process (ru_maxrss; growth over its imports)",
-             f"{r['peak_rss_mib']:.0f} MiB (+{r['peak_over_start_mib']:.0f} MiB)"],
-        ]), ""])
+    return "\n".join(
+        [
+            f"### attn board benchmark: {result['date']} (attn from {os.path.dirname(b.get('attn', result['code']))})",
+            "",
+            markdown_table(
+                ["measurement", "figure"],
+                [
+                    [f"GET /api/board, cold, {b['runs']} runs", f"{b['cold_s']:.3f} s ({b['bytes'] / 1e6:.1f} MB)"],
+                    [
+                        "GET /api/board, warm poll with If-None-Match (nothing new)",
+                        f"{b['warm_304_s'] * 1e3:.1f} ms (status {b['warm_status']})",
+                    ],
+                    ["GET /api/board, warm, without If-None-Match", f"{b['warm_200_s'] * 1e3:.1f} ms"],
+                    [
+                        f"GET /api/board, first look at a run with a {result['big_file_bytes'] / 1e6:.0f} MB "
+                        "metrics.jsonl",
+                        f"{r['first_board_s']:.2f} s",
+                    ],
+                    [
+                        "then GET /api/records?since=0 of it",
+                        f"{r['records_s']:.2f} s, {r['records_sent']} records ({r['bytes'] / 1e6:.2f} MB) sent",
+                    ],
+                    ["the same again (file unchanged)", f"{r['again_s']:.3f} s"],
+                    [
+                        "peak memory of that server process (ru_maxrss; growth over its imports)",
+                        f"{r['peak_rss_mib']:.0f} MiB (+{r['peak_over_start_mib']:.0f} MiB)",
+                    ],
+                ],
+            ),
+            "",
+        ]
+    )

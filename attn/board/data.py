@@ -56,7 +56,9 @@ FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"
 SERVED_SUFFIXES = (".png", ".svg", ".md", ".csv", ".json", ".jsonl", ".yaml", ".txt")
 FILES_PREFIX = "files/"  # URLs of served files: files/<root index>/<path below the root>
-HIGHER_IS_BETTER = ("accuracy",)  # a metric whose name holds one of these is best at its highest; any other at its lowest
+HIGHER_IS_BETTER = (
+    "accuracy",
+)  # a metric whose name holds one of these is best at its highest; any other at its lowest
 
 
 class NotFound(LookupError):
@@ -114,8 +116,10 @@ def _walk(root: Path) -> list[tuple[str, str]]:
     def visit(directory: str, relative: str) -> None:
         try:
             with os.scandir(directory) as entries:
-                children = sorted((e.name for e in entries if not e.name.startswith(".")
-                                   and e.is_dir(follow_symlinks=False)), key=grouping.natural_key)
+                children = sorted(
+                    (e.name for e in entries if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)),
+                    key=grouping.natural_key,
+                )
         except OSError as err:
             raise runs.RunError(f"{directory}: cannot list: {err.strerror}") from None
         for name in children:
@@ -177,8 +181,11 @@ class _Metrics:
             stat = os.fstat(file.fileno())
             head = file.read(self.HEAD)
             identity = (stat.st_ino, head if len(head) < self.HEAD else hashlib.sha1(head).digest())
-            if self.identity is not None and (identity[0] != self.identity[0] or stat.st_size < self.offset
-                                              or (self.offset >= self.HEAD and identity != self.identity)):
+            if self.identity is not None and (
+                identity[0] != self.identity[0]
+                or stat.st_size < self.offset
+                or (self.offset >= self.HEAD and identity != self.identity)
+            ):
                 fresh = _Metrics(self.path)
                 fresh._read(file, identity)
                 return fresh
@@ -263,9 +270,11 @@ class _Metrics:
             if key == "step":
                 continue
             finite = key in self.lasts and self.last_steps[key] >= self.null_steps.get(key, -1)
-            entry = {"final": final if finite else None,
-                     "step": self.last_steps[key] if finite else self.null_steps[key],
-                     "best": (self.highs if best_is_highest(key) else self.lows).get(key)}
+            entry = {
+                "final": final if finite else None,
+                "step": self.last_steps[key] if finite else self.null_steps[key],
+                "best": (self.highs if best_is_highest(key) else self.lows).get(key),
+            }
             if not finite:
                 entry.update(last_finite=self.lasts.get(key), last_finite_step=self.last_steps.get(key))
             shown[key] = entry
@@ -275,9 +284,13 @@ class _Metrics:
         """Final and best eval loss and accuracy and the steps to THRESHOLD accuracy, the best and the step
         at the threshold over every record read (a downsampled run's kept records would miss them)."""
         final_loss, final_accuracy = grouping.final_figures(run)
-        return {"final_eval_loss": final_loss, "best_eval_loss": self.best_loss,
-                "final_eval_accuracy": final_accuracy, "best_eval_accuracy": self.best_accuracy,
-                "steps_to_99": self.steps_to}
+        return {
+            "final_eval_loss": final_loss,
+            "best_eval_loss": self.best_loss,
+            "final_eval_accuracy": final_accuracy,
+            "best_eval_accuracy": self.best_accuracy,
+            "steps_to_99": self.steps_to,
+        }
 
 
 def best_is_highest(metric: str) -> bool:
@@ -298,8 +311,10 @@ class Board:
         self.roots = [p for p in expanded if p.is_dir()]
         self._not_dirs = [grouping.Skipped(p, grouping.NOT_A_RUN) for p in expanded if not p.is_dir()]
         if not self.roots:
-            raise runs.RunError(f"{', '.join(map(str, paths))}: no directory to show; expected run directories, "
-                                "directories of runs (e.g. runs), or globs of them")
+            raise runs.RunError(
+                f"{', '.join(map(str, paths))}: no directory to show; expected run directories, "
+                "directories of runs (e.g. runs), or globs of them"
+            )
         self.title = " ".join(map(str, paths))
         self._real_roots = [root.resolve() for root in self.roots]
         self._reads: dict[Path, _Read] = {}
@@ -332,10 +347,17 @@ class Board:
             names = held[1]
         else:
             try:
-                names = sorted((p.name for p in directory.iterdir()  # as find_run_dirs, symlinks are not followed
-                                if p.suffix == FIGURE_SUFFIX and not p.name.startswith(".") and not p.is_symlink()
-                                and p.is_file()),
-                               key=grouping.natural_key)
+                names = sorted(
+                    (
+                        p.name
+                        for p in directory.iterdir()  # as find_run_dirs, symlinks are not followed
+                        if p.suffix == FIGURE_SUFFIX
+                        and not p.name.startswith(".")
+                        and not p.is_symlink()
+                        and p.is_file()
+                    ),
+                    key=grouping.natural_key,
+                )
             except OSError:
                 names = []
             self._listings[directory] = (mtime, names)
@@ -359,8 +381,10 @@ class Board:
                 if real not in seen:
                     seen.add(real)
                     found.append((index, self._paths.setdefault(run_dir, Path(run_dir))))
-        self._located = {self._run_ids.get(run_dir) or self._run_ids.setdefault(run_dir, self._id(index, run_dir)):
-                         (index, run_dir) for index, run_dir in found}
+        self._located = {
+            self._run_ids.get(run_dir) or self._run_ids.setdefault(run_dir, self._id(index, run_dir)): (index, run_dir)
+            for index, run_dir in found
+        }
         present = {run_dir for _, run_dir in found}
         self._reads = {run_dir: read for run_dir, read in self._reads.items() if run_dir in present}  # removed runs
         return found, notes
@@ -387,15 +411,24 @@ class Board:
                 settings = held.run.settings
             else:
                 settings = grouping.flatten_config(runs.read_config_dict(run_dir))
-            stream = (held.metrics if held is not None and held.metrics is not None
-                      else _Metrics(run_dir / "metrics.jsonl")).update()
+            stream = (
+                held.metrics if held is not None and held.metrics is not None else _Metrics(run_dir / "metrics.jsonl")
+            ).update()
             summary = runs.read_summary(run_dir) or {}
         except runs.RunError as err:
             reason = " ".join(str(err).removeprefix(f"{run_dir}/").split())
             return _Read(signature, None, grouping.Skipped(run_dir, reason), {}, frozenset())
         run = grouping.Run(run_dir, settings, stream.records(), summary, locks.effective_status(summary or None))
-        return _Read(signature, run, None, stream.figures(run), frozenset(stream.logged - {"step"}), stream,
-                     stream.count, stream.end_figures())
+        return _Read(
+            signature,
+            run,
+            None,
+            stream.figures(run),
+            frozenset(stream.logged - {"step"}),
+            stream,
+            stream.count,
+            stream.end_figures(),
+        )
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
         if run_id not in self._located:
@@ -422,10 +455,14 @@ class Board:
             reads, notes = self._gather()
             paths = [str(read.run.path if read.run else read.skipped.path) for _, read in reads]
             parents = sorted({os.path.dirname(p) for p in paths})
-            key = (tuple((index, path, read.signature, read.run.status if read.run else None, _mtime(path))
-                         for (index, read), path in zip(reads, paths)),
-                   tuple((p, _mtime(p), _mtime(os.path.join(p, REPORT_NAME))) for p in parents),
-                   tuple((str(n.path), n.reason) for n in notes))
+            key = (
+                tuple(
+                    (index, path, read.signature, read.run.status if read.run else None, _mtime(path))
+                    for (index, read), path in zip(reads, paths)
+                ),
+                tuple((p, _mtime(p), _mtime(os.path.join(p, REPORT_NAME))) for p in parents),
+                tuple((str(n.path), n.reason) for n in notes),
+            )
             if self._snapshot is None or key != self._snapshot_key:
                 content = to_json(self._build(reads, notes, False)).encode()
                 digest = hashlib.sha1(repr(key).encode()).hexdigest()
@@ -458,22 +495,30 @@ class Board:
                 experiment["runs"].append(run_id)
             used = grouping.used_settings(run.settings, list(run.settings))
             last = run.records[-1] if run.records else {}
-            entries.append({
-                "id": run_id, "name": self._name(index, run.path), "path": str(run.path),
-                "status": run.status, "group": group_of[id(run)],
-                "experiment": experiment["id"] if experiment else None,
-                "step": last.get("step"), "steps": run.settings.get("train.steps"),
-                # the page fetches records while it holds fewer than n_records: a downsampled run's
-                # records (_Metrics) are fetched again whenever the file changed
-                "n_records": read.n_logged if downsampled else len(run.records), "n_logged": read.n_logged,
-                "downsampled": downsampled, "updated_at": run.summary.get("updated_at"),
-                "reason": run.summary.get("reason"),
-                "settings": {k: format_value(v) for k, v in used.items()},  # as `attn runs` prints them
-                "values": used,  # as in config.yaml, for the filter's numeric comparisons
-                **read.figures,
-                "ends": read.ends,  # each metric's final and best, for the hyperparameter views
-                "figures": self._figures(run_id, run.path),
-            })
+            entries.append(
+                {
+                    "id": run_id,
+                    "name": self._name(index, run.path),
+                    "path": str(run.path),
+                    "status": run.status,
+                    "group": group_of[id(run)],
+                    "experiment": experiment["id"] if experiment else None,
+                    "step": last.get("step"),
+                    "steps": run.settings.get("train.steps"),
+                    # the page fetches records while it holds fewer than n_records: a downsampled run's
+                    # records (_Metrics) are fetched again whenever the file changed
+                    "n_records": read.n_logged if downsampled else len(run.records),
+                    "n_logged": read.n_logged,
+                    "downsampled": downsampled,
+                    "updated_at": run.summary.get("updated_at"),
+                    "reason": run.summary.get("reason"),
+                    "settings": {k: format_value(v) for k, v in used.items()},  # as `attn runs` prints them
+                    "values": used,  # as in config.yaml, for the filter's numeric comparisons
+                    **read.figures,
+                    "ends": read.ends,  # each metric's final and best, for the hyperparameter views
+                    "figures": self._figures(run_id, run.path),
+                }
+            )
         return {
             "title": self.title,
             "threshold": THRESHOLD,
@@ -482,9 +527,15 @@ class Board:
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,
             "runs": entries,
-            "groups": [{"id": group_id(g), "label": g.label, "runs": [run_ids[id(r)] for r in g.runs],
-                        "statuses": dict(sorted(Counter(r.status for r in g.runs).items()))}
-                       for g in groups],
+            "groups": [
+                {
+                    "id": group_id(g),
+                    "label": g.label,
+                    "runs": [run_ids[id(r)] for r in g.runs],
+                    "statuses": dict(sorted(Counter(r.status for r in g.runs).items())),
+                }
+                for g in groups
+            ],
             "experiments": [e for e in experiments.values() if e is not None],
             "skipped": [{"path": str(s.path), "reason": s.reason} for s in notes],
             **({"records": {run_ids[id(run)]: run.records for run in all_runs}} if with_records else {}),
@@ -505,10 +556,15 @@ class Board:
                     text = report.read_text(errors="replace") if report.is_file() else None
                 except OSError as err:
                     text = f"({report}: unreadable: {err.strerror})"
-                experiments[directory] = {"id": experiment_id, "name": self._name(index, directory),
-                                          "path": str(directory), "report": text,
-                                          "report_url": self._url(experiment_id, REPORT_NAME) if text else None,
-                                          "figures": self._figures(experiment_id, directory), "runs": []}
+                experiments[directory] = {
+                    "id": experiment_id,
+                    "name": self._name(index, directory),
+                    "path": str(directory),
+                    "report": text,
+                    "report_url": self._url(experiment_id, REPORT_NAME) if text else None,
+                    "figures": self._figures(experiment_id, directory),
+                    "runs": [],
+                }
         return experiments[directory]
 
     def records(self, run_id: str, since: int = 0, last_step: int | None = None) -> dict:
@@ -524,8 +580,16 @@ class Board:
         held_last = records[since - 1]["step"] if 0 < since <= len(records) else None
         reset = since > len(records) or (last_step is not None and held_last != last_step)
         start = 0 if reset else since
-        return {"run": run_id, "status": read.run.status, "total": len(records), "start": start, "reset": reset,
-                "n_logged": read.n_logged, "downsampled": read.n_logged > len(records), "records": records[start:]}
+        return {
+            "run": run_id,
+            "status": read.run.status,
+            "total": len(records),
+            "start": start,
+            "reset": reset,
+            "n_logged": read.n_logged,
+            "downsampled": read.n_logged > len(records),
+            "records": records[start:],
+        }
 
     def run_page(self, run_id: str) -> dict:
         """A run's page (GET /api/run?run=ID): its resolved config.yaml flattened to dotted keys
@@ -542,7 +606,11 @@ class Board:
         checkpoints = []
         try:
             for entry in sorted(os.scandir(run_dir), key=lambda e: grouping.natural_key(e.name)):
-                if entry.name.startswith("checkpoint") and entry.name.endswith(".npz") and entry.is_file(follow_symlinks=False):
+                if (
+                    entry.name.startswith("checkpoint")
+                    and entry.name.endswith(".npz")
+                    and entry.is_file(follow_symlinks=False)
+                ):
                     checkpoints.append({"name": entry.name, "bytes": entry.stat(follow_symlinks=False).st_size})
         except OSError:
             pass

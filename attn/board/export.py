@@ -30,8 +30,9 @@ EXPORTED = ("static", "files")  # the directories an export writes beside index.
 
 def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
-        raise runs.RunError(f"{out_dir}: not a directory; expected a new or empty directory, "
-                            "or an earlier board export")
+        raise runs.RunError(
+            f"{out_dir}: not a directory; expected a new or empty directory, or an earlier board export"
+        )
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return
     page = out_dir / "index.html"
@@ -40,8 +41,10 @@ def _check_out_dir(out_dir: Path) -> None:
     except OSError:
         earlier = False
     if not earlier:
-        raise runs.RunError(f"{out_dir}: not empty and not an earlier board export; "
-                            "expected a new or empty directory, or an earlier export (its index.html)")
+        raise runs.RunError(
+            f"{out_dir}: not empty and not an earlier board export; "
+            "expected a new or empty directory, or an earlier export (its index.html)"
+        )
 
 
 def export(board: Board, out_dir: Path) -> Path:

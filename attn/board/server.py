@@ -9,7 +9,8 @@
                                        holds the first N, the last of them at step STEP
     POST /api/plot?run=ID              draw the run's figures (attn.train.figures.plot_run); the request must
                                        carry the header X-Attn-Board (the page's own requests do)
-    GET  /api/run?run=ID               Board.run_page(): a run's resolved config (flattened), its files' links, its checkpoints
+    GET  /api/run?run=ID               Board.run_page(): a run's resolved config (flattened), its files' links,
+                                       its checkpoints
     GET  /files/<root>/<path>          a figure or report under a served root (Board.resolve_file)
 
 Errors are JSON, {"error": "<one line>"}, with status 400 (a bad parameter), 403
@@ -54,9 +55,11 @@ REQUEST_QUEUE_SIZE = 128  # listen backlog: many pages polling at once
 TIMEOUT_SECONDS = 30.0  # a socket idle this long (mid-request or between requests) is closed
 MAX_BODY_BYTES = 64 << 10  # a request body larger than this is refused (the page sends "{}")
 MAX_FILE_BYTES = 512 << 20  # a served file larger than this is refused
-MAX_COUNT = 2 ** 53  # the largest since= / last= accepted
-PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+MAX_COUNT = 2**53  # the largest since= / last= accepted
+PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 FILE_POLICY = "sandbox; default-src 'none'; img-src 'self' data:; style-src 'unsafe-inline'"
 ATTACHMENT_SUFFIXES = (".svg", ".svgz", ".html", ".htm", ".xhtml", ".xml")  # active types: downloaded, never shown
 TEXT_SUFFIXES = {".md": "text/plain", ".jsonl": "text/plain", ".yaml": "text/plain", ".csv": "text/plain"}
@@ -102,8 +105,9 @@ class BoardServer(ThreadingHTTPServer):
         """Silent: the handler answers every error itself; what reaches here is a dropped connection."""
 
 
-def open_server(board: Board, host: str = DEFAULT_HOST, port: int | None = None,
-                default_port: int = DEFAULT_PORT) -> tuple[BoardServer, int | None]:
+def open_server(
+    board: Board, host: str = DEFAULT_HOST, port: int | None = None, default_port: int = DEFAULT_PORT
+) -> tuple[BoardServer, int | None]:
     """A server listening on host:port (0: any free port). port None: default_port, or any free
     port if that one is taken; the second value is then the port that was taken, else None.
     OSError when it cannot listen there (an explicit port that is taken, a host not on this machine)."""
@@ -143,8 +147,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._read_body()
             host = self.headers.get("Host", "")
             if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
-                raise _Refused(HTTPStatus.FORBIDDEN, f"Host {host!r}: the board answers only to "
-                               f"{', '.join(sorted(self.server.allowed_hosts))}")
+                raise _Refused(
+                    HTTPStatus.FORBIDDEN,
+                    f"Host {host!r}: the board answers only to {', '.join(sorted(self.server.allowed_hosts))}",
+                )
             url = urlsplit(self.path)
             status, content, content_type, headers = route(url.path, parse_qs(url.query, keep_blank_values=True))
             if isinstance(content, _File):
@@ -196,13 +202,16 @@ class _Handler(BaseHTTPRequestHandler):
         text = lengths[0].strip()
         if len(set(lengths)) != 1 or not (text.isascii() and text.isdigit()) or len(text) > 18:
             self.close_connection = True
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"Content-Length: got {', '.join(lengths)!r}; expected one "
-                           "integer >= 0")
+            raise _Refused(
+                HTTPStatus.BAD_REQUEST, f"Content-Length: got {', '.join(lengths)!r}; expected one integer >= 0"
+            )
         length = int(text)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body of {length} bytes: refused; "
-                           f"at most {MAX_BODY_BYTES}")
+            raise _Refused(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"request body of {length} bytes: refused; at most {MAX_BODY_BYTES}",
+            )
         while length > 0:
             try:
                 chunk = self.rfile.read(min(length, 1 << 16))
@@ -222,7 +231,8 @@ class _Handler(BaseHTTPRequestHandler):
             return site == "same-origin"
         host = self.headers.get("Host", "")
         return origin in (f"http://{host}", f"https://{host}") and (
-            self.server.allowed_hosts is None or host in self.server.allowed_hosts)
+            self.server.allowed_hosts is None or host in self.server.allowed_hosts
+        )
 
     def _get(self, path: str, query: dict):
         if path in ("/", "/index.html"):
@@ -300,8 +310,10 @@ def _served_file(path) -> tuple:
     size = facts.st_size
     if size > MAX_FILE_BYTES:
         handle.close()
-        raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"{path.name}: {size} bytes; the board serves files "
-                       f"of at most {MAX_FILE_BYTES}")
+        raise _Refused(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"{path.name}: {size} bytes; the board serves files of at most {MAX_FILE_BYTES}",
+        )
     headers = {"Content-Security-Policy": FILE_POLICY}
     if path.suffix.lower() in ATTACHMENT_SUFFIXES:
         headers["Content-Disposition"] = "attachment"

@@ -38,18 +38,17 @@ from attn.train import denormals
 # Before numpy loads: BLAS starts its threads then, and each takes the mode of the thread that starts it.
 denormals.set_flushing(True)
 
-from attn.cli import sweeps, training, views
-from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line
-from attn.config.schema import all_keys, nearest_key
-from attn.config.yamlio import ConfigError
-from attn.store import runs
+from attn.cli import sweeps, training, views  # noqa: E402 (after the flushing mode is set)
+from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line  # noqa: E402 (after the flushing mode is set)
+from attn.config.schema import all_keys, nearest_key  # noqa: E402 (after the flushing mode is set)
+from attn.config.yamlio import ConfigError  # noqa: E402 (after the flushing mode is set)
+from attn.store import runs  # noqa: E402 (after the flushing mode is set)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser: each module of attn.cli adds its own (add_commands)."""
     parser = Parser(prog="attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND",
-                                title="commands")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND", title="commands")
     parser.commands = sub.choices  # name -> its parser, for parse_arguments
     for commands in (training, sweeps, views):
         commands.add_commands(sub)
@@ -74,7 +73,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         flag = next((e for e in extra if e.startswith("-")), None)
         if argv[0] in OVERRIDE_COMMANDS and flag:
             name, equals, value = flag.lstrip("-").partition("=")
-            after = argv[argv.index(flag) + 1:]  # its value may have been taken for a positional
+            after = argv[argv.index(flag) + 1 :]  # its value may have been taken for a positional
             if not equals:
                 value = after[0] if after and not after[0].startswith("-") and "=" not in after[0] else "VALUE"
             key = name.replace("-", "_")

@@ -51,6 +51,7 @@ def install_stop_handlers(stop: StopFlag, second_stops_at_once: bool = True):
     with a checkpoint; a second stops it at once (KeyboardInterrupt), or with
     `second_stops_at_once` false is ignored. Returns a function that puts the
     previous handlers back."""
+
     def handler(signum, _frame):
         if not stop.reason:
             stop.request(signal.Signals(signum).name)
@@ -94,6 +95,7 @@ def is_interactive() -> bool:
 
 def number_where(accepted, expected: str):
     """An argparse type: a float for which accepted(value) holds, else one line saying what is `expected`."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)

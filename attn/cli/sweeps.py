@@ -50,29 +50,39 @@ def cmd_sweep(args) -> int:
             print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
         unknown = [o for o in outcomes if o.action == "unknown"]
         if unknown:  # no report until every cell is accounted for
-            print(f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
-                  f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
-                  f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
-                  file=sys.stderr)
+            print(
+                f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
+                f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
+                f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
+                file=sys.stderr,
+            )
             print(experiment.directory)
             return EXIT_FAILED
         if stop.reason:
-            print(f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
-                  file=sys.stderr)
+            print(
+                f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
+                file=sys.stderr,
+            )
             print(experiment.directory)
             return EXIT_SIGNAL.get(stop.reason, 130)
         report_failed = False
         if not args.report:
             print(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
         elif not last_one_out():
-            print(f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
-                  f"writes it; or: attn report {experiment.path})", file=sys.stderr)
+            print(
+                f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
+                f"writes it; or: attn report {experiment.path})",
+                file=sys.stderr,
+            )
         else:
             try:
                 print_report(experiment)
             except Exception as err:  # the runs are done and kept; only the summary of them failed
-                print(f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
-                      f"attn report {experiment.path} writes it again)", file=sys.stderr)
+                print(
+                    f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
+                    f"attn report {experiment.path} writes it again)",
+                    file=sys.stderr,
+                )
                 report_failed = True
     print(experiment.directory)
     return EXIT_FAILED if failed or report_failed else EXIT_OK
@@ -91,29 +101,52 @@ def _experiment_to_sweep(args):
         key, _, value = text.partition("=")
         if key.strip() in SWEEP_OPTIONS:
             option = SWEEP_OPTIONS[key.strip()]
-            raise UsageError(f"sweep: {text}: did you mean {option} {value or '...'}? (a sweep's "
-                             f"{'grid' if option == '--grid' else 'seeds'} are set with {option}, not as key=value)")
-    given = [option for option, value in (("--grid", args.grid), ("--seeds", args.seeds), ("--name", args.name))
-             if value]
+            raise UsageError(
+                f"sweep: {text}: did you mean {option} {value or '...'}? (a sweep's "
+                f"{'grid' if option == '--grid' else 'seeds'} are set with {option}, not as key=value)"
+            )
+    given = [
+        option for option, value in (("--grid", args.grid), ("--seeds", args.seeds), ("--name", args.name)) if value
+    ]
     if args.only and not experiments.is_experiment_file(args.experiment):
-        raise UsageError(f"sweep: --only: {args.experiment} is not an experiment file; --only runs part of one "
-                         "(a run config's grid is the --grid given)")
+        raise UsageError(
+            f"sweep: --only: {args.experiment} is not an experiment file; --only runs part of one "
+            "(a run config's grid is the --grid given)"
+        )
     if args.runs_dir is not None:
         lifecycle.check_directory_path(args.runs_dir, "--runs-dir")
     if experiments.is_experiment_file(args.experiment):
         if given:
-            raise UsageError(f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
-                             f"drop {', '.join(given)} (they make an experiment from a run config)")
-        return experiments.load_experiment(args.experiment, args.runs_dir, args.max_cells, plots=args.plots,
-                                           overrides=args.overrides, only=args.only or ())
+            raise UsageError(
+                f"sweep: {args.experiment} is an experiment file: its grid, seeds and name are in it; "
+                f"drop {', '.join(given)} (they make an experiment from a run config)"
+            )
+        return experiments.load_experiment(
+            args.experiment,
+            args.runs_dir,
+            args.max_cells,
+            plots=args.plots,
+            overrides=args.overrides,
+            only=args.only or (),
+        )
     if not args.grid:
         read_yaml_file(args.experiment, "experiment file")  # a file that is no YAML mapping says so
         load_config(args.experiment)  # a mapping that is no config either says why, as `attn train` would
-        raise ConfigError(f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
-                          f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4")
+        raise ConfigError(
+            f"{args.experiment}: is a run config, not an experiment file; sweep it over a grid: "
+            f"attn sweep {args.experiment} --grid model.d_k=16,64,256 --seeds 0-4"
+        )
     experiment, data = experiments.command_line_experiment(
-        args.experiment, args.grid, args.seeds, args.name, args.overrides, args.runs_dir, args.max_cells, args.plots,
-        command=" ".join(["attn", *sys.argv[1:]]))
+        args.experiment,
+        args.grid,
+        args.seeds,
+        args.name,
+        args.overrides,
+        args.runs_dir,
+        args.max_cells,
+        args.plots,
+        command=" ".join(["attn", *sys.argv[1:]]),
+    )
     lifecycle.check_directory_path(experiment.directory.parent, "runs_dir")
     experiments.save_experiment_file(experiment.path, data)
     return experiment
@@ -137,8 +170,9 @@ class SweepProgress:
     def tally(self) -> str:
         c = self.counts
         running = len(self.running) if self.reports_starts else "?"  # a Dask cluster does not say when a stack starts
-        return (f"done {c['done']}, running {running}, skipped {c['skipped']}, failed {c['failed']}"
-                + (f", interrupted {c['interrupted']}" if c["interrupted"] else ""))
+        return f"done {c['done']}, running {running}, skipped {c['skipped']}, failed {c['failed']}" + (
+            f", interrupted {c['interrupted']}" if c["interrupted"] else ""
+        )
 
     def started(self, names: list[str]) -> None:
         self.running.update(dict.fromkeys(names))
@@ -150,14 +184,25 @@ class SweepProgress:
     def ended_with(self, outcome) -> None:
         self.ended += 1
         self.running.pop(outcome.cell, None)
-        kind = ("skipped" if outcome.action.startswith("skipped") else None if outcome.action in ("cancelled", "unknown")
-                else "failed" if "failed" in (outcome.action, outcome.status)
-                else "interrupted" if outcome.status == "interrupted" else "done")
+        kind = (
+            "skipped"
+            if outcome.action.startswith("skipped")
+            else None
+            if outcome.action in ("cancelled", "unknown")
+            else "failed"
+            if "failed" in (outcome.action, outcome.status)
+            else "interrupted"
+            if outcome.status == "interrupted"
+            else "done"
+        )
         if kind is not None:
             self.counts[kind] += 1
-        line = (f"[{self.ended}/{self.total}] {outcome.cell}: "
-                + (outcome.status if outcome.action == "unknown" else  # 'unknown (the scheduler was lost)'
-                   f"{outcome.action}, {outcome.status}  {outcome.detail}"))
+        line = f"[{self.ended}/{self.total}] {outcome.cell}: " + (
+            outcome.status
+            if outcome.action == "unknown"
+            # 'unknown (the scheduler was lost)'
+            else f"{outcome.action}, {outcome.status}  {outcome.detail}"
+        )
         if not self.interactive:
             print(line, file=sys.stderr, flush=True)
             return
@@ -228,8 +273,9 @@ def sweep_summary(experiment, outcomes: list) -> str:
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     if outcomes and skipped == len(outcomes):
         return f"sweep {experiment.name}: nothing to run: all {skipped} runs had finished ({by_status})"
-    return (f"sweep {experiment.name}: {len(outcomes)} runs: {by_status}"
-            + (f"; {skipped} of them had finished before (skipped)" if skipped else ""))
+    return f"sweep {experiment.name}: {len(outcomes)} runs: {by_status}" + (
+        f"; {skipped} of them had finished before (skipped)" if skipped else ""
+    )
 
 
 def print_report(experiment) -> None:
@@ -239,8 +285,10 @@ def print_report(experiment) -> None:
     paths = experiment_report.write_report(experiment)
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
-        print(f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
-              file=sys.stderr)
+        print(
+            f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
+            file=sys.stderr,
+        )
     print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
 
 
@@ -257,15 +305,18 @@ def _load_experiment_file(path: str, command: str, *args, **kwargs):
             except ConfigError:
                 pass
             else:
-                raise ConfigError(f"{path}: is a run config, not an experiment file; attn {command} reads an "
-                                  "experiment file, e.g. experiments/sqrt_dk.yaml, or the experiment.yaml "
-                                  "`attn sweep CONFIG --grid ...` wrote") from None
+                raise ConfigError(
+                    f"{path}: is a run config, not an experiment file; attn {command} reads an "
+                    "experiment file, e.g. experiments/sqrt_dk.yaml, or the experiment.yaml "
+                    "`attn sweep CONFIG --grid ...` wrote"
+                ) from None
         raise
 
 
 def cmd_report(args) -> int:
-    experiment = _load_experiment_file(args.experiment, "report", args.runs_dir, args.max_cells,
-                                       overrides=args.overrides)
+    experiment = _load_experiment_file(
+        args.experiment, "report", args.runs_dir, args.max_cells, overrides=args.overrides
+    )
     print_report(experiment)
     print(experiment.directory)
     return EXIT_OK
@@ -276,8 +327,10 @@ def cmd_verify(args) -> int:
     from attn.store.processes import ChildStopped
 
     if args.published and args.as_run is not None:
-        raise UsageError(f"verify: --published with --as-run {args.as_run}: the first takes the published report as "
-                         "run, the second the report in DIR; expected one of them")
+        raise UsageError(
+            f"verify: --published with --as-run {args.as_run}: the first takes the published report as "
+            "run, the second the report in DIR; expected one of them"
+        )
     experiment = _load_experiment_file(args.experiment, "verify", args.runs_dir, args.max_cells)
     progress = lambda message: print(f"verify: {message}", file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -285,14 +338,24 @@ def cmd_verify(args) -> int:
             from attn import publish
             from attn.report.published import verify_published
 
-            result = verify_published(experiment, publish.RESULTS, publish.REPO, args.kernel, args.workers, progress,
-                                      args.variants)
+            result = verify_published(
+                experiment, publish.RESULTS, publish.REPO, args.kernel, args.workers, progress, args.variants
+            )
         else:
-            result = verify.verify(experiment, args.kernel, args.workers, progress, args.variants,
-                                   as_run=None if args.as_run is None else Path(args.as_run))
+            result = verify.verify(
+                experiment,
+                args.kernel,
+                args.workers,
+                progress,
+                args.variants,
+                as_run=None if args.as_run is None else Path(args.as_run),
+            )
     except ChildStopped as stopped:
-        print(f"stopped by {stopped.signal}: the step it was running was stopped with it (a re-run's sweep "
-              f"checkpoints its interrupted runs); run the same command again to resume", file=sys.stderr)
+        print(
+            f"stopped by {stopped.signal}: the step it was running was stopped with it (a re-run's sweep "
+            f"checkpoints its interrupted runs); run the same command again to resume",
+            file=sys.stderr,
+        )
         return EXIT_SIGNAL.get(stopped.signal, 130)
     print(verify.verify_markdown(result))
     for path in result["files"]:
@@ -305,8 +368,7 @@ def variant_list(text: str) -> tuple[str, ...]:
     chosen = tuple(v.strip() for v in text.split(",") if v.strip())
     unknown = [v for v in chosen if v not in VARIANTS]
     if not chosen or unknown:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected some of {', '.join(VARIANTS)}, "
-                                         "comma-separated")
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected some of {', '.join(VARIANTS)}, comma-separated")
     return chosen
 
 
@@ -314,18 +376,32 @@ def cmd_publish(args) -> int:
     from attn import publish
 
     if args.text_only and args.names:
-        raise UsageError(f"publish: --text-only: got the experiments {', '.join(args.names)}; it writes the text of "
-                         "every published one and copies none, so it takes no NAME")
+        raise UsageError(
+            f"publish: --text-only: got the experiments {', '.join(args.names)}; it writes the text of "
+            "every published one and copies none, so it takes no NAME"
+        )
     if args.text_only and args.verification_only:
-        raise UsageError("publish: --text-only with --verification-only: the first copies nothing, the second the "
-                         "verifications; expected one of them")
+        raise UsageError(
+            "publish: --text-only with --verification-only: the first copies nothing, the second the "
+            "verifications; expected one of them"
+        )
     if args.bench and (args.names or args.text_only or args.verification_only):
         given = ", ".join(args.names) if args.names else "--text-only" if args.text_only else "--verification-only"
-        raise UsageError(f"publish: --bench with {given}: it publishes the newest benchmark alone; expected it "
-                         "without experiments or other modes")
-    written = (publish.publish_text() if args.text_only else
-               publish.publish(args.names or None, Path(args.runs_dir), allow_mixed=args.allow_mixed,
-                               verification_only=args.verification_only, bench_only=args.bench))
+        raise UsageError(
+            f"publish: --bench with {given}: it publishes the newest benchmark alone; expected it "
+            "without experiments or other modes"
+        )
+    written = (
+        publish.publish_text()
+        if args.text_only
+        else publish.publish(
+            args.names or None,
+            Path(args.runs_dir),
+            allow_mixed=args.allow_mixed,
+            verification_only=args.verification_only,
+            bench_only=args.bench,
+        )
+    )
     for path in written:
         print(path)
     return EXIT_OK
@@ -334,74 +410,132 @@ def cmd_publish(args) -> int:
 def _add_max_cells(parser) -> None:
     from attn.experiment.spec import MAX_CELLS
 
-    parser.add_argument("--max-cells", type=integer_at_least(1), default=MAX_CELLS,
-                        help="refuse an experiment of more runs (grid points x seeds) than this "
-                        f"(default: {MAX_CELLS})")
+    parser.add_argument(
+        "--max-cells",
+        type=integer_at_least(1),
+        default=MAX_CELLS,
+        help=f"refuse an experiment of more runs (grid points x seeds) than this (default: {MAX_CELLS})",
+    )
 
 
 def add_commands(sub) -> None:
     """The sweep, report, verify and publish commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
     p = sub.add_parser("sweep", help="run an experiment: a grid of configs x seeds, in parallel")
-    p.add_argument("experiment", metavar="FILE", help="an experiment file, e.g. experiments/sqrt_dk.yaml; or a run "
-                   "config with --grid")
-    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
-                   help="set for every cell, e.g. dtype=float64")
-    p.add_argument("--grid", action="append", metavar="KEY=V1,V2,...", help="with a run config: a grid key and its "
-                   "values (typed as overrides are); repeat for more keys: their product is the grid")
-    p.add_argument("--seeds", metavar="SEEDS", help="with a run config: the seeds, e.g. 0-4, 0,2,5 or 0-2,7 "
-                   "(default: the config's seed)")
-    p.add_argument("--name", help="with a run config: the experiment's name, its directory under runs_dir "
-                   "(default: <config>-<grid keys>); its experiment.yaml is written there")
+    p.add_argument(
+        "experiment",
+        metavar="FILE",
+        help="an experiment file, e.g. experiments/sqrt_dk.yaml; or a run config with --grid",
+    )
+    p.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help="set for every cell, e.g. dtype=float64"
+    )
+    p.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="with a run config: a grid key and its "
+        "values (typed as overrides are); repeat for more keys: their product is the grid",
+    )
+    p.add_argument(
+        "--seeds",
+        metavar="SEEDS",
+        help="with a run config: the seeds, e.g. 0-4, 0,2,5 or 0-2,7 (default: the config's seed)",
+    )
+    p.add_argument(
+        "--name",
+        help="with a run config: the experiment's name, its directory under runs_dir "
+        "(default: <config>-<grid keys>); its experiment.yaml is written there",
+    )
     p.add_argument("--workers", type=integer_at_least(1), help="local worker processes (default: one per core)")
     p.add_argument("--executor", metavar="dask://HOST:PORT", help="run on a Dask cluster instead")
     p.add_argument("--runs-dir", help="where the experiment folder goes (default: the config's runs_dir)")
-    p.add_argument("--plots", action="store_true", help="draw every run's own figures as it ends (default: none; "
-                   "attn plot RUN draws them at any time, and the report draws its own)")
-    p.add_argument("--only", action="append", metavar="KEY=V1,V2,...", help="with an experiment file: run only "
-                   "the cells whose grid KEY is one of these values (repeat: all must hold); their report covers "
-                   "them (attn report FILE: every cell)")
-    p.add_argument("--no-report", dest="report", action="store_false", help="train the cells, write no report "
-                   "(a part of an experiment whose whole attn report writes later, as attn verify's passes do)")
+    p.add_argument(
+        "--plots",
+        action="store_true",
+        help="draw every run's own figures as it ends (default: none; "
+        "attn plot RUN draws them at any time, and the report draws its own)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="with an experiment file: run only "
+        "the cells whose grid KEY is one of these values (repeat: all must hold); their report covers "
+        "them (attn report FILE: every cell)",
+    )
+    p.add_argument(
+        "--no-report",
+        dest="report",
+        action="store_false",
+        help="train the cells, write no report "
+        "(a part of an experiment whose whole attn report writes later, as attn verify's passes do)",
+    )
     _add_max_cells(p)
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("report", help="(re)write an experiment's report from its run directories")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml")
-    p.add_argument("overrides", nargs="*", default=[], metavar="key=value",
-                   help="as given to its sweep, e.g. dtype=float64")
+    p.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help="as given to its sweep, e.g. dtype=float64"
+    )
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
     _add_max_cells(p)
     p.set_defaults(func=cmd_report)
     p = sub.add_parser("verify", help="re-run an experiment in float64 and on another BLAS kernel")
     p.add_argument("experiment", help="experiment file, e.g. experiments/sqrt_dk.yaml (its sweep done)")
-    p.add_argument("--kernel", help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
-                   "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)")
+    p.add_argument(
+        "--kernel",
+        help="the second OpenBLAS kernel (OPENBLAS_CORETYPE; default: the first of "
+        "Sandybridge, SkylakeX, Nehalem that runs here and is not the one running)",
+    )
     p.add_argument("--workers", type=integer_at_least(1), help="local worker processes (default: one per core)")
-    p.add_argument("--variants", type=variant_list, default=VARIANTS,
-                   help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)")
+    p.add_argument(
+        "--variants",
+        type=variant_list,
+        default=VARIANTS,
+        help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)",
+    )
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
-    p.add_argument("--published", action="store_true",
-                   help="verify the published report (experiments/results/<name>), whose runs need not be here, "
-                        "re-run by the commit it names (a git worktree under runs/published/ with its own .venv)")
-    p.add_argument("--as-run", metavar="DIR",
-                   help="the report to verify, in DIR (default: the experiment's own, from its sweep); e.g. "
-                        "experiments/results/<name>, as published, whose runs need not be here: re-run it from the "
-                        "commit it names")
+    p.add_argument(
+        "--published",
+        action="store_true",
+        help="verify the published report (experiments/results/<name>), whose runs need not be here, "
+        "re-run by the commit it names (a git worktree under runs/published/ with its own .venv)",
+    )
+    p.add_argument(
+        "--as-run",
+        metavar="DIR",
+        help="the report to verify, in DIR (default: the experiment's own, from its sweep); e.g. "
+        "experiments/results/<name>, as published, whose runs need not be here: re-run it from the "
+        "commit it names",
+    )
     _add_max_cells(p)
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("publish", help="publish reports and their generated results text")
     p.add_argument("names", nargs="*", metavar="NAME", help="experiments to publish (default: every one with a report)")
     p.add_argument("--runs-dir", default="runs", help="where the experiment folders are (default: runs)")
-    p.add_argument("--allow-mixed", action="store_true",
-                   help="publish reports whose runs come from several code states or uncommitted code (they say "
-                        "so), and a benchmark of uncommitted or unknown code (it names its commit)")
-    p.add_argument("--verification-only", action="store_true",
-                   help="copy each experiment's verification (runs/verify/<name>.md, .json) alone, beside its published "
-                        "report, which it must have verified (attn verify --as-run experiments/results/<name>)")
-    p.add_argument("--text-only", action="store_true",
-                   help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
-                        "results already published (after a change to an experiment file or to how the text is made)")
-    p.add_argument("--bench", action="store_true",
-                   help="copy the newest benchmark (runs/bench/bench-*.json, .md: attn bench) into "
-                        "experiments/results and README's block, with no experiment's report; the rest of the "
-                        "text is written afresh from what is published, as with --text-only")
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="publish reports whose runs come from several code states or uncommitted code (they say "
+        "so), and a benchmark of uncommitted or unknown code (it names its commit)",
+    )
+    p.add_argument(
+        "--verification-only",
+        action="store_true",
+        help="copy each experiment's verification (runs/verify/<name>.md, .json) alone, beside its published "
+        "report, which it must have verified (attn verify --as-run experiments/results/<name>)",
+    )
+    p.add_argument(
+        "--text-only",
+        action="store_true",
+        help="copy nothing: write experiments/README.md and README's generated blocks afresh from the "
+        "results already published (after a change to an experiment file or to how the text is made)",
+    )
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help="copy the newest benchmark (runs/bench/bench-*.json, .md: attn bench) into "
+        "experiments/results and README's block, with no experiment's report; the rest of the "
+        "text is written afresh from what is published, as with --text-only",
+    )
     p.set_defaults(func=cmd_publish)

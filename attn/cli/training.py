@@ -44,10 +44,14 @@ def _progress_printer(total_steps: int):
             if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
                 next_line = step + every
                 number = format_number
-                print(f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
-                      f"eval_loss {number(record['eval_loss'], '.4g')}  "
-                      f"eval_acc {number(record['eval_accuracy'], '.3f')}  "
-                      f"score_std {number(record['score_std'], '.3g')}", file=sys.stderr, flush=True)
+                print(
+                    f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
+                    f"eval_loss {number(record['eval_loss'], '.4g')}  "
+                    f"eval_acc {number(record['eval_accuracy'], '.3f')}  "
+                    f"score_std {number(record['score_std'], '.3g')}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
         yield progress
         return
@@ -62,8 +66,9 @@ def _progress_printer(total_steps: int):
         if step < total_steps:
             bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=format_number(record["train_loss"], ".3f"),
-                            eval_acc=format_number(record["eval_accuracy"], ".3f"))
+            bar.set_postfix(
+                loss=format_number(record["train_loss"], ".3f"), eval_acc=format_number(record["eval_accuracy"], ".3f")
+            )
 
     try:
         yield progress
@@ -75,13 +80,16 @@ def _progress_printer(total_steps: int):
 def cmd_train(args) -> int:
     config_path, overrides = split_config_and_overrides(args.items)
     if args.resume is not None and args.fork is not None:
-        raise UsageError("train: --resume and --fork cannot be given together (--fork starts a new run from a "
-                         "checkpoint; --resume continues the run itself)")
+        raise UsageError(
+            "train: --resume and --fork cannot be given together (--fork starts a new run from a "
+            "checkpoint; --resume continues the run itself)"
+        )
     if args.resume is not None and args.name is not None:
         raise UsageError("train: --name cannot be given with --resume (a resumed run keeps its directory)")
     if args.fork is not None and config_path is not None:
-        raise UsageError(f"train: --fork starts from its run's config: give changes as key=value, not the config "
-                         f"file {config_path}")
+        raise UsageError(
+            f"train: --fork starts from its run's config: give changes as key=value, not the config file {config_path}"
+        )
     stop = StopFlag()
     restore_signals = install_stop_handlers(stop)
     try:
@@ -105,8 +113,10 @@ def _load_run_config(config_path: str | None, overrides: list[str]):
         return load_config(config_path, overrides)
     except ConfigError:
         if config_path is not None and is_experiment_file(config_path):
-            raise ConfigError(f"{config_path}: is an experiment file (it has a grid and seeds), not a run config; "
-                              f"run it with: attn sweep {config_path}") from None
+            raise ConfigError(
+                f"{config_path}: is an experiment file (it has a grid and seeds), not a run config; "
+                f"run it with: attn sweep {config_path}"
+            ) from None
         raise
 
 
@@ -119,8 +129,11 @@ def _resume(text: str, config_path: str | None, overrides: list[str], stop: Stop
         state = resumption.state
         if resumption.extended_from is not None:
             lifecycle.record_extension(run_dir, resumption)
-            print(f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
-                  "(recorded in its config.yaml)", file=sys.stderr)
+            print(
+                f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
+                "(recorded in its config.yaml)",
+                file=sys.stderr,
+            )
         print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
         return _train_and_report(state.config, run_dir, True, stop, state)
 
@@ -132,13 +145,16 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
         source_text, step_text = text, None  # no @STEP (or a run whose own name ends in one)
     elif not (step_text.isascii() and step_text.isdigit()):
         if (Path(source_text) / "config.yaml").is_file():  # RUN@STEP with a STEP that is no step
-            raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected an integer "
-                              ">= 0, a step the run checkpointed (RUN@STEP)")
+            raise ConfigError(
+                f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected an integer "
+                ">= 0, a step the run checkpointed (RUN@STEP)"
+            )
         source_text, step_text = text, None
     step = None if step_text is None else int(step_text) if len(step_text) <= 20 else MAX_INTEGER + 1
     if step is not None and integer_problem(step, ge=0):
-        raise ConfigError(f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected "
-                          f"{integer_problem(step, ge=0)}")
+        raise ConfigError(
+            f"--fork {show_value(text)}: STEP: got {show_value(step_text)}; expected {integer_problem(step, ge=0)}"
+        )
     source = run_dir_argument(source_text, "--fork")
     plan = lifecycle.plan_fork(source, step, overrides)
     with lifecycle.new_fork(plan, overrides, name) as run_dir:
@@ -170,8 +186,10 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
         if summary.get("reason"):
             line += f"  ({summary['reason']})"
         if summary.get("final"):  # absent when stopped at once
-            line += (f"  {summary_figures(summary)}  "
-                     f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s")
+            line += (
+                f"  {summary_figures(summary)}  "
+                f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s"
+            )
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
         print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
@@ -191,10 +209,12 @@ def cmd_config(args) -> int:
         print("attn config schema (YAML sections; override any field with key=value):")
         for key, accepted, default, help_text in rows:
             print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
-        print(f"width-free head (model.width_free; attn.model.widthfree): optim.name {', '.join(SUBSPACE_OPTIMIZERS)}"
-              f" with model.score {', '.join(WIDTH_FREE_SCORES)}, or qk_norm with model.qk_norm "
-              f"{WIDTH_FREE_QK_NORM} and model.qk_norm_gain {' or '.join(WIDTH_FREE_QK_NORM_GAINS)}; every other "
-              "optimiser and mode keeps the d_k-wide weights")
+        print(
+            f"width-free head (model.width_free; attn.model.widthfree): optim.name {', '.join(SUBSPACE_OPTIMIZERS)}"
+            f" with model.score {', '.join(WIDTH_FREE_SCORES)}, or qk_norm with model.qk_norm "
+            f"{WIDTH_FREE_QK_NORM} and model.qk_norm_gain {' or '.join(WIDTH_FREE_QK_NORM_GAINS)}; every other "
+            "optimiser and mode keeps the d_k-wide weights"
+        )
         return EXIT_OK
     config = _load_run_config(config_path, overrides)
     print(dump_yaml(to_dict(config), sort_keys=False), end="")
@@ -218,11 +238,19 @@ def add_commands(sub) -> None:
     p = sub.add_parser("train", help="train one run")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value", help="config file, then overrides")
     p.add_argument("--name", help="run directory name (default: <config>-<time>)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its checkpoint; with "
-                   "train.steps=N larger than its budget, extend a completed (or stopped) run to N steps")
-    p.add_argument("--fork", metavar="RUN_DIR[@STEP]", help="start a new run (default name <run>-fork-<step>) from "
-                   "the run's checkpoint at STEP (default: its last), with key=value changes to its rates, "
-                   "schedule, budget, score scale or logging")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue an interrupted run from its checkpoint; with "
+        "train.steps=N larger than its budget, extend a completed (or stopped) run to N steps",
+    )
+    p.add_argument(
+        "--fork",
+        metavar="RUN_DIR[@STEP]",
+        help="start a new run (default name <run>-fork-<step>) from "
+        "the run's checkpoint at STEP (default: its last), with key=value changes to its rates, "
+        "schedule, budget, score scale or logging",
+    )
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("config", help="print the schema, or a resolved config")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value")

@@ -16,9 +16,18 @@ from attn.text import format_value
 
 # compare()'s arguments -> the flags of `attn compare` that give them
 A_NUMBER = number_where(lambda v: True, "a number")  # its range checked where the value is used
-COMPARE_FLAGS = {"metrics": "--metric", "x": "--x", "smoothing": "--smooth", "threshold": "--threshold",
-                 "yscale": "--yscale", "group_by": "--group-by", "facet": "--facet", "xlim": "--xlim", "where": "--where",
-                 "all_y": "--all-y"}
+COMPARE_FLAGS = {
+    "metrics": "--metric",
+    "x": "--x",
+    "smoothing": "--smooth",
+    "threshold": "--threshold",
+    "yscale": "--yscale",
+    "group_by": "--group-by",
+    "facet": "--facet",
+    "xlim": "--xlim",
+    "where": "--where",
+    "all_y": "--all-y",
+}
 
 
 def cmd_compare(args) -> int:
@@ -28,10 +37,21 @@ def cmd_compare(args) -> int:
     if args.out is not None:
         check_directory_path(args.out, "--out")
     with flagged(COMPARE_FLAGS):
-        result = compare.compare(args.paths, args.metric or compare_figure.DEFAULT_METRICS, args.x, args.smooth,
-                                 args.threshold, args.yscale, args.out, where=args.where or (), group_by=args.group_by,
-                                 facet=args.facet, xlim=args.xlim, include_unfinished=args.include_unfinished,
-                                 all_y=args.all_y)
+        result = compare.compare(
+            args.paths,
+            args.metric or compare_figure.DEFAULT_METRICS,
+            args.x,
+            args.smooth,
+            args.threshold,
+            args.yscale,
+            args.out,
+            where=args.where or (),
+            group_by=args.group_by,
+            facet=args.facet,
+            xlim=args.xlim,
+            include_unfinished=args.include_unfinished,
+            all_y=args.all_y,
+        )
     for skipped in result.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for warning in result.warnings:
@@ -52,14 +72,29 @@ def cmd_runs(args) -> int:
     if not listing.rows:
         print(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
         return EXIT_OK
-    header = ["name", "status", "task", *(listing.names[k] for k in listing.keys), "eval_loss", "eval_acc", "age", "disk"]
+    header = [
+        "name",
+        "status",
+        "task",
+        *(listing.names[k] for k in listing.keys),
+        "eval_loss",
+        "eval_acc",
+        "age",
+        "disk",
+    ]
     table = [header] + [
-        [row.name, row.status, row.task,
-         *(format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
-         "—" if row.final[0] is None else f"{row.final[0]:.4g}",
-         "—" if row.final[1] is None else f"{row.final[1]:.3f}", listings.format_age(row.age),
-         runs.format_bytes(row.disk)]
-        for row in listing.rows]
+        [
+            row.name,
+            row.status,
+            row.task,
+            *(format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
+            "—" if row.final[0] is None else f"{row.final[0]:.4g}",
+            "—" if row.final[1] is None else f"{row.final[1]:.3f}",
+            listings.format_age(row.age),
+            runs.format_bytes(row.disk),
+        ]
+        for row in listing.rows
+    ]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
@@ -97,8 +132,10 @@ def cmd_board(args) -> int:
         httpd, taken = server.open_server(board, args.host, args.port)
     except OSError as err:
         port = DEFAULT_PORT if args.port is None else args.port
-        raise UsageError(f"board: cannot listen on {args.host}:{port}: {err.strerror}; "
-                         "choose another with --port N (0: any free port) or --host") from None
+        raise UsageError(
+            f"board: cannot listen on {args.host}:{port}: {err.strerror}; "
+            "choose another with --port N (0: any free port) or --host"
+        ) from None
     with httpd:
         if taken:
             print(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
@@ -123,16 +160,20 @@ def cmd_export(args) -> int:
     try:
         exported = tensorboard.export_runs(args.paths, out)
     except OSError as err:
-        raise UsageError(f"--tensorboard {out}: cannot write: {err.strerror}; choose a directory you can "
-                         "write to") from None
+        raise UsageError(
+            f"--tensorboard {out}: cannot write: {err.strerror}; choose a directory you can write to"
+        ) from None
     if not exported.written:  # every run found was skipped: nothing was exported
         raise runs.RunError("export: no run exported: " + "; ".join(f"{s.path}: {s.reason}" for s in exported.skipped))
     for skipped in exported.skipped:
         print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for run_dir, path, steps in exported.written:
         print(f"{path}  ({steps} steps of {run_dir})")
-    print(f"attn export: {len(exported.written)} runs as TensorBoard event files; view them with "
-          f"tensorboard --logdir {out}", file=sys.stderr)
+    print(
+        f"attn export: {len(exported.written)} runs as TensorBoard event files; view them with "
+        f"tensorboard --logdir {out}",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -158,8 +199,9 @@ def _rivals(text: str) -> list[str]:
 def _thread_counts(text: str) -> list[int]:
     counts = [n.strip() for n in text.split(",") if n.strip()]
     if not counts or not all(n.isdigit() and int(n) >= 1 for n in counts):
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected a comma-separated list of thread counts >= 1, "
-                                         "e.g. 1,2")
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected a comma-separated list of thread counts >= 1, e.g. 1,2"
+        )
     return [int(n) for n in counts]
 
 
@@ -169,8 +211,12 @@ def cmd_bench(args) -> int:
     if args.board:
         from attn.board import bench as board_bench
 
-        result = board_bench.measure_board(args.board_runs, args.board_megabytes, args.board_code,
-                                 progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+        result = board_bench.measure_board(
+            args.board_runs,
+            args.board_megabytes,
+            args.board_code,
+            progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True),
+        )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stamp = result["date"].replace(" ", "-").replace(":", "")
@@ -182,11 +228,21 @@ def cmd_bench(args) -> int:
 
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
-        print(f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
-              "(make bench installs requirements-bench.txt)", file=sys.stderr)
-    result = suite.run_suite(args.sizes, args.threads, args.warmup, args.steps, processes=not args.no_processes,
-                       headline=args.headline, frameworks=args.rivals,
-                       progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True))
+        print(
+            f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
+            "(make bench installs requirements-bench.txt)",
+            file=sys.stderr,
+        )
+    result = suite.run_suite(
+        args.sizes,
+        args.threads,
+        args.warmup,
+        args.steps,
+        processes=not args.no_processes,
+        headline=args.headline,
+        frameworks=args.rivals,
+        progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True),
+    )
     paths = suite.write(result, Path(args.out))
     print(suite.bench_markdown(result))
     for path in paths.values():
@@ -198,45 +254,101 @@ def add_commands(sub) -> None:
     """The compare, runs, board and bench commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
     p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
-    p.add_argument("--metric", action="append", help="a logged metric to plot; repeat for panels "
-                   "(default: eval_loss and eval_accuracy)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        help="a logged metric to plot; repeat for panels (default: eval_loss and eval_accuracy)",
+    )
     p.add_argument("--x", default="step", choices=["step", "wall_time"], help="x axis (default: step)")
-    p.add_argument("--smooth", type=A_NUMBER, default=0.0, metavar="BETA",
-                   help="bias-corrected EMA smoothing by step in [0, 1), the raw curve drawn faint behind (default: 0, none)")
-    p.add_argument("--threshold", type=A_NUMBER, default=outcomes.THRESHOLD,
-                   help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})")
-    p.add_argument("--yscale", default="auto", choices=["auto", "log", "linear"],
-                   help="y axes; auto: log for metrics named *loss* and for positive values spanning "
-                   "more than 3 decades, else linear")
-    p.add_argument("--out", help="output directory (default: <dir>/compare when every run lies directly in "
-                   "one directory <dir>, else a new compare-<time> in the runs' deepest common directory)")
-    p.add_argument("--where", action="append", metavar="KEY=VALUE", help="only the runs whose setting KEY (a "
-                   "dotted config key) has VALUE, typed as in an override; repeat to require several")
-    p.add_argument("--group-by", nargs="+", metavar="KEY", help="group by these config keys only: seeds and every "
-                   "other setting are pooled in a group (default: every setting but the seed)")
+    p.add_argument(
+        "--smooth",
+        type=A_NUMBER,
+        default=0.0,
+        metavar="BETA",
+        help="bias-corrected EMA smoothing by step in [0, 1), the raw curve drawn faint behind (default: 0, none)",
+    )
+    p.add_argument(
+        "--threshold",
+        type=A_NUMBER,
+        default=outcomes.THRESHOLD,
+        help=f"accuracy for `steps to` (default: {outcomes.THRESHOLD:g})",
+    )
+    p.add_argument(
+        "--yscale",
+        default="auto",
+        choices=["auto", "log", "linear"],
+        help="y axes; auto: log for metrics named *loss* and for positive values spanning "
+        "more than 3 decades, else linear",
+    )
+    p.add_argument(
+        "--out",
+        help="output directory (default: <dir>/compare when every run lies directly in "
+        "one directory <dir>, else a new compare-<time> in the runs' deepest common directory)",
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only the runs whose setting KEY (a "
+        "dotted config key) has VALUE, typed as in an override; repeat to require several",
+    )
+    p.add_argument(
+        "--group-by",
+        nargs="+",
+        metavar="KEY",
+        help="group by these config keys only: seeds and every "
+        "other setting are pooled in a group (default: every setting but the seed)",
+    )
     p.add_argument("--facet", metavar="KEY", help="one row of panels per value of this config key")
-    p.add_argument("--xlim", type=_limits, metavar="LOW,HIGH", help="the x range of every panel; runs of very "
-                   "different lengths on one x axis: e.g. --xlim 0,500 shows the first 500 steps of all")
-    p.add_argument("--all-y", action="store_true", help="y ranges that hold every finite value (default: the bulk "
-                   "of them, 5-95%% widened, so a diverged run's tail does not flatten the rest)")
-    p.add_argument("--include-unfinished", action="store_true", help="count runs that did not finish (running, "
-                   "stale, interrupted, failed) in the table's statistics too (default: drawn, but left out)")
+    p.add_argument(
+        "--xlim",
+        type=_limits,
+        metavar="LOW,HIGH",
+        help="the x range of every panel; runs of very "
+        "different lengths on one x axis: e.g. --xlim 0,500 shows the first 500 steps of all",
+    )
+    p.add_argument(
+        "--all-y",
+        action="store_true",
+        help="y ranges that hold every finite value (default: the bulk "
+        "of them, 5-95%% widened, so a diverged run's tail does not flatten the rest)",
+    )
+    p.add_argument(
+        "--include-unfinished",
+        action="store_true",
+        help="count runs that did not finish (running, "
+        "stale, interrupted, failed) in the table's statistics too (default: drawn, but left out)",
+    )
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("runs", help="list runs: status, task, differing settings, final loss, age")
     p.add_argument("path", nargs="?", default="runs", help="a directory of runs (default: runs)")
-    p.add_argument("--status", help="only runs with this status (running, completed, diverged, interrupted, "
-                   "failed, stale, unknown)")
+    p.add_argument(
+        "--status",
+        help="only runs with this status (running, completed, diverged, interrupted, failed, stale, unknown)",
+    )
     p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
     p.set_defaults(func=cmd_runs)
     p = sub.add_parser("board", help="serve the run board: runs and experiments in a browser, live")
-    p.add_argument("paths", nargs="*", default=["runs"], metavar="PATH",
-                   help="run directories, directories of runs, or globs (default: runs)")
-    p.add_argument("--port", type=_port, help=f"port to serve on (default: {DEFAULT_PORT}, or a free one if that is "
-                   "taken; 0: any free port)")
-    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}, this "
-                   "machine only)")
-    p.add_argument("--static", metavar="DIR", help="write the page with its data into DIR (opens from disk, "
-                   "no server) instead of serving it")
+    p.add_argument(
+        "paths",
+        nargs="*",
+        default=["runs"],
+        metavar="PATH",
+        help="run directories, directories of runs, or globs (default: runs)",
+    )
+    p.add_argument(
+        "--port",
+        type=_port,
+        help=f"port to serve on (default: {DEFAULT_PORT}, or a free one if that is taken; 0: any free port)",
+    )
+    p.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}, this machine only)"
+    )
+    p.add_argument(
+        "--static",
+        metavar="DIR",
+        help="write the page with its data into DIR (opens from disk, no server) instead of serving it",
+    )
     p.set_defaults(func=cmd_board)
     p = sub.add_parser("bench", help="time the training step against PyTorch and JAX; sweeps")
     p.add_argument("--sizes", type=_bench_sizes, default="default,wide,copy,large", help="which sizes (default: all)")
@@ -244,22 +356,43 @@ def add_commands(sub) -> None:
     p.add_argument("--steps", type=integer_at_least(1), default=50, help="timed steps per side and size (default: 50)")
     p.add_argument("--warmup", type=integer_at_least(0), default=10, help="untimed steps first (default: 10)")
     p.add_argument("--out", default="runs/bench", help="where the JSON and Markdown go (default: runs/bench)")
-    p.add_argument("--rivals", type=_rivals, default="torch,torch.compile,jax",
-                   help="rival frameworks to time, those installed (default: torch,torch.compile,jax)")
+    p.add_argument(
+        "--rivals",
+        type=_rivals,
+        default="torch,torch.compile,jax",
+        help="rival frameworks to time, those installed (default: torch,torch.compile,jax)",
+    )
     p.add_argument("--no-processes", action="store_true", help="skip peak memory and the sweep measurements")
-    p.add_argument("--headline", action="store_true",
-                   help="also time the headline experiment: every run of experiments/sqrt_dk.yaml, on its workers")
-    p.add_argument("--board", action="store_true", help="instead, the board at scale: /api/board with many runs "
-                   "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)")
+    p.add_argument(
+        "--headline",
+        action="store_true",
+        help="also time the headline experiment: every run of experiments/sqrt_dk.yaml, on its workers",
+    )
+    p.add_argument(
+        "--board",
+        action="store_true",
+        help="instead, the board at scale: /api/board with many runs "
+        "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)",
+    )
     p.add_argument("--board-runs", type=integer_at_least(1), default=1200, help="runs for --board (default: 1200)")
-    p.add_argument("--board-megabytes", type=number_where(lambda v: 0 < v <= 1e5, "megabytes in (0, 100000]"),
-                   default=200.0, help="size of --board's big metrics.jsonl "
-                   "in MB (default: 200)")
-    p.add_argument("--board-code", metavar="DIR", help="measure the board of another checkout (e.g. a git archive "
-                   "of an older commit) instead of this one")
+    p.add_argument(
+        "--board-megabytes",
+        type=number_where(lambda v: 0 < v <= 1e5, "megabytes in (0, 100000]"),
+        default=200.0,
+        help="size of --board's big metrics.jsonl in MB (default: 200)",
+    )
+    p.add_argument(
+        "--board-code",
+        metavar="DIR",
+        help="measure the board of another checkout (e.g. a git archive of an older commit) instead of this one",
+    )
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("export", help="write runs' metrics in another format: TensorBoard event files")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
-    p.add_argument("--tensorboard", required=True, metavar="DIR", help="write DIR/<run>/events.out.tfevents.* "
-                   "(open with tensorboard --logdir DIR)")
+    p.add_argument(
+        "--tensorboard",
+        required=True,
+        metavar="DIR",
+        help="write DIR/<run>/events.out.tfevents.* (open with tensorboard --logdir DIR)",
+    )
     p.set_defaults(func=cmd_export)

@@ -14,6 +14,7 @@ and checked as it is applied; the checks across fields (task.n_pairs <=
 task.n_keys, lr_mult names, memory) see the final config, so the order of
 overrides does not matter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -115,8 +116,10 @@ def coerce(value, hint, meta, key: str, source: str):
                 raise ConfigError(f"{source}: {key}: got key {show_value(k)}; expected parameter names such as W_q")
             if v is None and ":" in k:  # `{W_q:0.1}` is YAML for {"W_q:0.1": null}
                 name, _, number = k.partition(":")
-                raise ConfigError(f"{source}: {key}: got {{{cut(k)}}}; YAML needs a space after the colon: "
-                                  f"{{{cut(name)}: {cut(number)}}}")
+                raise ConfigError(
+                    f"{source}: {key}: got {{{cut(k)}}}; YAML needs a space after the colon: "
+                    f"{{{cut(name)}: {cut(number)}}}"
+                )
             number = _coerce_scalar(v, float)
             if number is None or not _in_range(number, meta):
                 _fail(source, f"{key}.{k}", v, float, meta)
@@ -145,7 +148,9 @@ def build_section(cls, data: dict, source: str, prefix: str = ""):
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {dotted}: got {show_value(value)}; expected a mapping of {dotted}.* fields")
+                raise ConfigError(
+                    f"{source}: {dotted}: got {show_value(value)}; expected a mapping of {dotted}.* fields"
+                )
             kwargs[key] = build_section(hint, value, source, dotted + ".")
         else:
             kwargs[key] = coerce(value, hint, dict(fields[key].metadata), dotted, source)
@@ -177,7 +182,9 @@ def with_values(config: Config, values: dict, source: str, every_setting_read: b
         section, _, leaf = str(key).rpartition(".")
         sections.setdefault(section, {})[leaf] = field_value(str(key), value, source)
     top = sections.pop("", {})
-    top.update({section: dataclasses.replace(getattr(config, section), **fields) for section, fields in sections.items()})
+    top.update(
+        {section: dataclasses.replace(getattr(config, section), **fields) for section, fields in sections.items()}
+    )
     return validate(dataclasses.replace(config, **top), source, every_setting_read)
 
 
@@ -186,7 +193,11 @@ def field_value(key: str, value, source: str):
     takes it in a file; ConfigError for a key that is no field."""
     section, _, leaf = key.rpartition(".")
     owner = field_hints(Config).get(section) if section else Config
-    if not dataclasses.is_dataclass(owner) or leaf not in field_hints(owner) or dataclasses.is_dataclass(field_hints(owner)[leaf]):
+    if (
+        not dataclasses.is_dataclass(owner)
+        or leaf not in field_hints(owner)
+        or dataclasses.is_dataclass(field_hints(owner)[leaf])
+    ):
         hint = did_you_mean(nearest_key(key))
         raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
     return coerce(value, field_hints(owner)[leaf], dict(section_fields(owner)[leaf].metadata), key, source)
@@ -220,8 +231,9 @@ def parse_override(text: str) -> tuple[str, object]:
     return key, value
 
 
-def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] = (), *,
-                every_setting_read: bool = True) -> Config:
+def load_config(
+    path: str | os.PathLike | None, overrides: typing.Sequence[str] = (), *, every_setting_read: bool = True
+) -> Config:
     """Read a YAML config (or the defaults if path is None) and apply overrides.
     every_setting_read=False: a setting its task, score mode or optimiser does not
     read is let through (a sweep's base, whose grid may choose the one that reads it)."""
@@ -231,8 +243,9 @@ def load_config(path: str | os.PathLike | None, overrides: typing.Sequence[str] 
     return _with_overrides(build_section(Config, data, source), overrides, source, every_setting_read)
 
 
-def _with_overrides(config: Config, overrides: typing.Sequence[str], source: str,
-                    every_setting_read: bool = True) -> Config:
+def _with_overrides(
+    config: Config, overrides: typing.Sequence[str], source: str, every_setting_read: bool = True
+) -> Config:
     """The config with each override applied in turn, then validate()d."""
     for text in overrides:
         key, value = parse_override(text)
@@ -240,8 +253,9 @@ def _with_overrides(config: Config, overrides: typing.Sequence[str], source: str
         set_dotted(merged, key, value)
         config = build_section(Config, merged, f"override {show_value(text)}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
-    return validate(config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source,
-                    every_setting_read)
+    return validate(
+        config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source, every_setting_read
+    )
 
 
 def config_from_mapping(data: dict, source: str) -> Config:
@@ -277,20 +291,41 @@ def build_spec(config: Config, task) -> ModelSpec:
     """The model's shape and options: the config's model section on the task's fields, length and classes."""
     m = config.model
     return ModelSpec(
-        width_free=runs_width_free(config, task), fields=task.fields, n_positions=task.seq_len, n_classes=task.n_classes,
-        d_model=m.d_model, d_k=m.d_k, d_v=m.d_v or m.d_k, scale=m.scale, causal=m.causal, mask_self=m.mask_self,
-        residual=m.residual, positional=m.positional, qk_gain=m.qk_gain, v_gain=m.v_gain,
-        o_gain=m.o_gain, readout_gain=m.readout_gain, dtype=config.dtype, score=m.score, qk_norm=m.qk_norm,
-        qk_norm_gain=m.qk_norm_gain, softcap=m.softcap, temperature_init=m.temperature_init,
-        length_scale_init=m.length_scale_init, mup_zero_init_q=m.mup_zero_init_q,
+        width_free=runs_width_free(config, task),
+        fields=task.fields,
+        n_positions=task.seq_len,
+        n_classes=task.n_classes,
+        d_model=m.d_model,
+        d_k=m.d_k,
+        d_v=m.d_v or m.d_k,
+        scale=m.scale,
+        causal=m.causal,
+        mask_self=m.mask_self,
+        residual=m.residual,
+        positional=m.positional,
+        qk_gain=m.qk_gain,
+        v_gain=m.v_gain,
+        o_gain=m.o_gain,
+        readout_gain=m.readout_gain,
+        dtype=config.dtype,
+        score=m.score,
+        qk_norm=m.qk_norm,
+        qk_norm_gain=m.qk_norm_gain,
+        softcap=m.softcap,
+        temperature_init=m.temperature_init,
+        length_scale_init=m.length_scale_init,
+        mup_zero_init_q=m.mup_zero_init_q,
     )
 
 
 def width_free_allowed(config: Config) -> bool:
     """Whether the config's optimiser and score mode keep W_q, W_k (W_v, W_o)
     in the span of their initial rows (attn.model.widthfree), and model.width_free lets them be carried so."""
-    return (config.model.width_free and config.optim.name in optim.SUBSPACE_OPTIMIZERS
-            and widthfree.keeps_span(config.model.score, config.model.qk_norm, config.model.qk_norm_gain))
+    return (
+        config.model.width_free
+        and config.optim.name in optim.SUBSPACE_OPTIMIZERS
+        and widthfree.keeps_span(config.model.score, config.model.qk_norm, config.model.qk_norm_gain)
+    )
 
 
 def runs_width_free(config: Config, task) -> bool:
@@ -300,8 +335,19 @@ def runs_width_free(config: Config, task) -> bool:
         return False
     m = config.model
     positions = 1 if task.name == "retrieval" else task.seq_len
-    return head.choose_association(config.train.batch_size, positions, task.seq_len, m.d_model, m.d_k,
-                                   m.d_v or m.d_k, width_free=True, normed=m.score in scores.NORMED_MODES) == "widthfree"
+    return (
+        head.choose_association(
+            config.train.batch_size,
+            positions,
+            task.seq_len,
+            m.d_model,
+            m.d_k,
+            m.d_v or m.d_k,
+            width_free=True,
+            normed=m.score in scores.NORMED_MODES,
+        )
+        == "widthfree"
+    )
 
 
 def estimate_memory_bytes(config: Config) -> int:
@@ -343,11 +389,15 @@ def _check_everything_set_is_read(config: Config, source: str) -> None:
             if setting is not None:
                 where = " and ".join(f"{k} set" if v == SET else f"{k} {v}" for k, v in setting.items())
                 fix = " or ".join(f"set {k}=null" if v == SET else f"another {k}" for k, v in setting.items())
-                raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; not read with {where}: remove it "
-                                  f"(its default is {show_value(defaults[key])}), or choose {fix}")
+                raise ConfigError(
+                    f"{source}: {key}: got {show_value(flat[key])}; not read with {where}: remove it "
+                    f"(its default is {show_value(defaults[key])}), or choose {fix}"
+                )
             decider, value = unmet(key, flat)
-            raise ConfigError(f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
-                              f"{decider} is {flat[decider]}: remove it, or set {decider}={value}")
+            raise ConfigError(
+                f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
+                f"{decider} is {flat[decider]}: remove it, or set {decider}={value}"
+            )
 
 
 def validate(config: Config, source: str, every_setting_read: bool = True) -> Config:
@@ -356,20 +406,27 @@ def validate(config: Config, source: str, every_setting_read: bool = True) -> Co
         _check_everything_set_is_read(config, source)
     t = config.task
     if t.name == "retrieval" and t.n_pairs > t.n_keys:
-        raise ConfigError(f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "
-                          f"({t.n_keys}), since keys are distinct within a sequence")
+        raise ConfigError(
+            f"{source}: task.n_pairs: got {t.n_pairs}; expected at most task.n_keys "
+            f"({t.n_keys}), since keys are distinct within a sequence"
+        )
     if config.model.mask_self and config.model.causal:
-        raise ConfigError(f"{source}: model.mask_self: got true with model.causal true; expected one of them: "
-                          "the first query would have no key left")
+        raise ConfigError(
+            f"{source}: model.mask_self: got true with model.causal true; expected one of them: "
+            "the first query would have no key left"
+        )
     if t.name == "copy" and t.mode == "shift" and t.shift % t.length == 0:
-        raise ConfigError(f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
-                          f"multiple of task.length ({t.length}), else the copy is the identity")
+        raise ConfigError(
+            f"{source}: task.shift: got {t.shift}; expected a shift that is not a "
+            f"multiple of task.length ({t.length}), else the copy is the identity"
+        )
     names = list(build_spec(config, build_task(config)).param_names)
     for key in config.optim.lr_mult:
         if key not in names:
             hint = did_you_mean(*closest(key, names))
-            raise ConfigError(f"{source}: optim.lr_mult.{key}: not a parameter of this model "
-                              f"(parameters: {', '.join(names)}){hint}")
+            raise ConfigError(
+                f"{source}: optim.lr_mult.{key}: not a parameter of this model (parameters: {', '.join(names)}){hint}"
+            )
     if config.name is not None:
         check_run_name(config.name, f"{source}: name")
     if not config.runs_dir.strip():
@@ -378,9 +435,11 @@ def validate(config: Config, source: str, every_setting_read: bool = True) -> Co
     if need > limit:
         m = config.model
         raise ConfigError(
-            f"{source}: sizes need about {_gib(need)} of memory (model.d_model={m.d_model:.12g}, model.d_k={m.d_k:.12g}, "
+            f"{source}: sizes need about {_gib(need)} of memory (model.d_model={m.d_model:.12g}, "
+            f"model.d_k={m.d_k:.12g}, "
             f"train.batch_size={config.train.batch_size:.12g}, task.eval_size={t.eval_size:.12g}); "
-            f"expected at most {_gib(limit)} (half this machine's memory)")
+            f"expected at most {_gib(limit)} (half this machine's memory)"
+        )
     return config
 
 
@@ -390,8 +449,17 @@ def check_run_name(name, what: str) -> str:
     most MAX_NAME_CHARS printable characters (no newline or other control
     character) that is one plain path component: no '/', '\\', NUL, not
     '.', '..' or hidden (a leading '.')."""
-    if (not isinstance(name, str) or not name or name.startswith(".") or "/" in name or "\\" in name
-            or not name.isprintable() or len(name) > MAX_NAME_CHARS):
-        raise ConfigError(f"{what}: got {show_value(name, MAX_NAME_CHARS + 8)}; expected a plain directory name: one path component "
-                          f"of printable characters (no '/', '\\', leading '.', or '..'), at most {MAX_NAME_CHARS} characters")
+    if (
+        not isinstance(name, str)
+        or not name
+        or name.startswith(".")
+        or "/" in name
+        or "\\" in name
+        or not name.isprintable()
+        or len(name) > MAX_NAME_CHARS
+    ):
+        raise ConfigError(
+            f"{what}: got {show_value(name, MAX_NAME_CHARS + 8)}; expected a plain directory name: one path component "
+            f"of printable characters (no '/', '\\', leading '.', or '..'), at most {MAX_NAME_CHARS} characters"
+        )
     return name

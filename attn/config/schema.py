@@ -7,6 +7,7 @@ description for `attn config`.
 
 Reading values into it (files, overrides, coercion, validation) is attn.config.loading.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -45,8 +46,25 @@ class FrozenMapping(collections.abc.Mapping):
 SET = "set"  # in F's unread_with: the field named has any value but null
 
 
-def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, task=None, mode=None, score=None,
-      unread_with=(), neutral=False, algorithm=False, replicate=False, per_member=False, forkable=False):
+def F(
+    default,
+    help: str,
+    *,
+    choices=None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    task=None,
+    mode=None,
+    score=None,
+    unread_with=(),
+    neutral=False,
+    algorithm=False,
+    replicate=False,
+    per_member=False,
+    forkable=False,
+):
     """A schema field: its default, description and accepted range, and every fact
     the rest of attn reads off it. `task`, `mode`, `score`: the one task, task.mode
     or score mode that reads it (None: all). `unread_with`: the settings under which
@@ -61,10 +79,23 @@ def F(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, t
     members of one stack may differ in it. `forkable`: True if a fork may change it,
     or the reason it may not where the generic one (shapes, optimiser state, data)
     is not it."""
-    meta = dict(help=help, choices=choices, ge=ge, gt=gt, le=le, lt=lt, task=task, mode=mode, score=score,
-                unread_with=tuple(unread_with), neutral=neutral, algorithm=algorithm, replicate=replicate,
-                per_member=per_member,
-                forkable=forkable)
+    meta = dict(
+        help=help,
+        choices=choices,
+        ge=ge,
+        gt=gt,
+        le=le,
+        lt=lt,
+        task=task,
+        mode=mode,
+        score=score,
+        unread_with=tuple(unread_with),
+        neutral=neutral,
+        algorithm=algorithm,
+        replicate=replicate,
+        per_member=per_member,
+        forkable=forkable,
+    )
     if isinstance(default, dict):
         return field(default_factory=lambda: FrozenMapping(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -80,41 +111,79 @@ class ModelConfig:
     d_model: int = F(64, "width of the embeddings and of the head's output", gt=0)
     d_k: int = F(32, "width of queries and keys", gt=0)
     d_v: typing.Optional[int] = F(None, "width of values; null means d_k", gt=0)
-    scale: str = F("sqrt", "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k (not read by "
-                   "mup, log_length, or temperature with temperature_init set: their s is their own)",
-                   choices=tuple(SCORE_SCALES),
-                   unread_with=({"model.score": "mup"}, {"model.score": "log_length"},
-                                {"model.score": "temperature", "model.temperature_init": SET}),
-                   per_member=True, forkable=True)
+    scale: str = F(
+        "sqrt",
+        "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k (not read by "
+        "mup, log_length, or temperature with temperature_init set: their s is their own)",
+        choices=tuple(SCORE_SCALES),
+        unread_with=(
+            {"model.score": "mup"},
+            {"model.score": "log_length"},
+            {"model.score": "temperature", "model.temperature_init": SET},
+        ),
+        per_member=True,
+        forkable=True,
+    )
     causal: bool = F(False, "mask keys after the query (causal attention)")
-    mask_self: bool = F(False, "retrieval: mask the query's own position out of its keys (-inf before the softmax)",
-                        task="retrieval")
+    mask_self: bool = F(
+        False, "retrieval: mask the query's own position out of its keys (-inf before the softmax)", task="retrieval"
+    )
     residual: bool = F(True, "add the head's output to its input before the readout")
-    positional: str = F("learned", "position information added to X (none: X is its tokens' embeddings alone)",
-                        choices=("learned", "sinusoidal", "none"))
-    qk_gain: float = F(1.0, "init gain of W_q and W_k: q, k components have variance qk_gain^2", gt=0,
-                       le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    positional: str = F(
+        "learned",
+        "position information added to X (none: X is its tokens' embeddings alone)",
+        choices=("learned", "sinusoidal", "none"),
+    )
+    qk_gain: float = F(
+        1.0,
+        "init gain of W_q and W_k: q, k components have variance qk_gain^2",
+        gt=0,
+        le=GAIN_MAX,
+        per_member=True,
+        forkable=INIT_ONLY,
+    )
     v_gain: float = F(1.0, "init gain of W_v", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
     o_gain: float = F(1.0, "init gain of W_o", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
-    readout_gain: float = F(1.0, "init gain of the readout W_out", gt=0, le=GAIN_MAX,
-                             per_member=True, forkable=INIT_ONLY)
-    score: str = F("dot", "how scores are made (attn.model.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
-                   "sigma_reparam, log_length: the fixes", choices=SCORE_MODES)
-    qk_norm: str = F("rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"),
-                     score="qk_norm")
-    qk_norm_gain: str = F("vector", "qk_norm: a learned gain per dimension, one scalar, or none",
-                          choices=("vector", "scalar", "none"), score="qk_norm")
+    readout_gain: float = F(
+        1.0, "init gain of the readout W_out", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY
+    )
+    score: str = F(
+        "dot",
+        "how scores are made (attn.model.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
+        "sigma_reparam, log_length: the fixes",
+        choices=SCORE_MODES,
+    )
+    qk_norm: str = F(
+        "rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"), score="qk_norm"
+    )
+    qk_norm_gain: str = F(
+        "vector",
+        "qk_norm: a learned gain per dimension, one scalar, or none",
+        choices=("vector", "scalar", "none"),
+        score="qk_norm",
+    )
     softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, le=1e6, score="softcap")
-    temperature_init: typing.Optional[float] = F(None, "temperature: theta at init (s = exp(theta)); null = ln of "
-                                                 "model.scale's s", ge=-20, le=20, score="temperature",
-                                                 forkable=INIT_ONLY)
-    length_scale_init: typing.Optional[float] = F(None, "log_length: s_len at init; null = 1 / ln T", gt=0,
-                                                  le=1e6, score="log_length", forkable=INIT_ONLY)
-    mup_zero_init_q: bool = F(True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup",
-                              forkable=INIT_ONLY)
-    width_free: bool = F(True, "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
-                         "span when the optimiser and score mode keep them there and it is cheaper "
-                         "(attn.model.widthfree); false: always the d_k-wide weights", algorithm=True)
+    temperature_init: typing.Optional[float] = F(
+        None,
+        "temperature: theta at init (s = exp(theta)); null = ln of model.scale's s",
+        ge=-20,
+        le=20,
+        score="temperature",
+        forkable=INIT_ONLY,
+    )
+    length_scale_init: typing.Optional[float] = F(
+        None, "log_length: s_len at init; null = 1 / ln T", gt=0, le=1e6, score="log_length", forkable=INIT_ONLY
+    )
+    mup_zero_init_q: bool = F(
+        True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup", forkable=INIT_ONLY
+    )
+    width_free: bool = F(
+        True,
+        "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
+        "span when the optimiser and score mode keep them there and it is cheaper "
+        "(attn.model.widthfree); false: always the d_k-wide weights",
+        algorithm=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -125,8 +194,12 @@ class TaskConfig:
     n_pairs: int = F(8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1, task="retrieval")
     vocab_size: int = F(16, "copy: number of distinct tokens (the classes)", ge=2, task="copy")
     length: int = F(8, "copy: sequence length T", ge=2, task="copy")
-    mode: str = F("reverse", "copy: target i is input T-1-i (reverse) or (i+shift) mod T (shift)",
-                  choices=("reverse", "shift"), task="copy")
+    mode: str = F(
+        "reverse",
+        "copy: target i is input T-1-i (reverse) or (i+shift) mod T (shift)",
+        choices=("reverse", "shift"),
+        task="copy",
+    )
     shift: int = F(1, "copy: offset for mode shift", ge=1, task="copy", mode="shift")
     eval_size: int = F(512, "examples in the fixed held-out evaluation set", gt=0)
 
@@ -139,60 +212,123 @@ class OptimConfig:
     name: str = F("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
     lr: float = F(0.5, "base learning rate", gt=0, per_member=True, forkable=True)
     momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1, unread_with=ADAM)
-    nesterov: bool = F(False, "sgd: Nesterov momentum instead of heavy-ball", forkable=True,
-                       unread_with=(*ADAM, {"optim.momentum": 0.0}))
+    nesterov: bool = F(
+        False,
+        "sgd: Nesterov momentum instead of heavy-ball",
+        forkable=True,
+        unread_with=(*ADAM, {"optim.momentum": 0.0}),
+    )
     weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0, forkable=True)
     beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
     beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
     eps: float = F(1e-8, "adam: denominator epsilon", gt=0, forkable=True, unread_with=SGD)
-    clip_norm: typing.Optional[float] = F(None, "clip gradients to this global norm; null = no clipping", gt=0,
-                                          per_member=True, forkable=True)
-    schedule: str = F("constant", "learning-rate schedule after warm-up", choices=("constant", "cosine"),
-                      per_member=True, forkable=True)
+    clip_norm: typing.Optional[float] = F(
+        None, "clip gradients to this global norm; null = no clipping", gt=0, per_member=True, forkable=True
+    )
+    schedule: str = F(
+        "constant",
+        "learning-rate schedule after warm-up",
+        choices=("constant", "cosine"),
+        per_member=True,
+        forkable=True,
+    )
     warmup_steps: int = F(0, "linear warm-up steps", ge=0, per_member=True, forkable=True)
-    min_lr_ratio: float = F(0.0, "cosine: final lr as a fraction of lr", ge=0, le=1, per_member=True, forkable=True,
-                            unread_with=({"optim.schedule": "constant"},))
-    lr_mult: dict[str, float] = F({}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0,
-                                  per_member=True, forkable=True)
-    qk_lr_exponent: float = F(0.0, "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
-                              "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
-                              ge=-2, le=2, per_member=True, forkable=True)
+    min_lr_ratio: float = F(
+        0.0,
+        "cosine: final lr as a fraction of lr",
+        ge=0,
+        le=1,
+        per_member=True,
+        forkable=True,
+        unread_with=({"optim.schedule": "constant"},),
+    )
+    lr_mult: dict[str, float] = F(
+        {}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0, per_member=True, forkable=True
+    )
+    qk_lr_exponent: float = F(
+        0.0,
+        "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
+        "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
+        ge=-2,
+        le=2,
+        per_member=True,
+        forkable=True,
+    )
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = F(1500, "number of optimiser updates", gt=0, per_member=True, forkable=True)
     batch_size: int = F(64, "examples per update", gt=0)
-    on_nonfinite: str = F("stop", "on a NaN/inf loss or gradient: stop the run, or continue and record it",
-                          choices=("stop", "continue"), per_member=True, forkable=True)
+    on_nonfinite: str = F(
+        "stop",
+        "on a NaN/inf loss or gradient: stop the run, or continue and record it",
+        choices=("stop", "continue"),
+        per_member=True,
+        forkable=True,
+    )
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_every: int = F(25, "steps between metric records (each runs an evaluation)", gt=0,
-                       per_member=True, forkable="a fork keeps its source's records before the fork")
+    log_every: int = F(
+        25,
+        "steps between metric records (each runs an evaluation)",
+        gt=0,
+        per_member=True,
+        forkable="a fork keeps its source's records before the fork",
+    )
     checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True, per_member=True, forkable=True)
-    keep_checkpoints: typing.Optional[int] = F(2, "checkpoints kept (checkpoint-<step>.npz, to resume or fork from): "
-                                               "the last K; older ones are removed once a new one is written; "
-                                               "null = every one (a sweep keeps 1 unless its experiment sets this)",
-                                               ge=1, neutral=True, per_member=True, forkable=True)
-    keep_every: typing.Optional[int] = F(None, "also keep every checkpoint whose step is a multiple of this, for "
-                                         "forks; null = none beyond keep_checkpoints", gt=0, neutral=True,
-                                         per_member=True, forkable=True)
+    keep_checkpoints: typing.Optional[int] = F(
+        2,
+        "checkpoints kept (checkpoint-<step>.npz, to resume or fork from): "
+        "the last K; older ones are removed once a new one is written; "
+        "null = every one (a sweep keeps 1 unless its experiment sets this)",
+        ge=1,
+        neutral=True,
+        per_member=True,
+        forkable=True,
+    )
+    keep_every: typing.Optional[int] = F(
+        None,
+        "also keep every checkpoint whose step is a multiple of this, for forks; null = none beyond keep_checkpoints",
+        gt=0,
+        neutral=True,
+        per_member=True,
+        forkable=True,
+    )
     plots: bool = F(True, "draw the run's figures when it ends", neutral=True, per_member=True, forkable=True)
-    attention_examples: int = F(4, "evaluation examples kept for the attention heat-map", ge=0, neutral=True,
-                                per_member=True, forkable="a fork keeps its source's attention snapshot at step 0")
-    mechanism_step: typing.Optional[int] = F(10, "measure each query row's saturation and gradient "
-                                             "(attn.model.mechanism) at step 0 and at this step; null = never", ge=0,
-                                             per_member=True, forkable=True)
+    attention_examples: int = F(
+        4,
+        "evaluation examples kept for the attention heat-map",
+        ge=0,
+        neutral=True,
+        per_member=True,
+        forkable="a fork keeps its source's attention snapshot at step 0",
+    )
+    mechanism_step: typing.Optional[int] = F(
+        10,
+        "measure each query row's saturation and gradient "
+        "(attn.model.mechanism) at step 0 and at this step; null = never",
+        ge=0,
+        per_member=True,
+        forkable=True,
+    )
 
 
 @dataclass(frozen=True)
 class Config:
-    name: typing.Optional[str] = F(None, "run directory name under runs_dir; null = <config>-<time>",
-                                   neutral=True, per_member=True, forkable=True)
-    seed: int = F(0, "seed of every random draw (init, batches, eval set)", ge=0,
-                  replicate=True, per_member=True, forkable=SEED_FIXES_DATA)
+    name: typing.Optional[str] = F(
+        None, "run directory name under runs_dir; null = <config>-<time>", neutral=True, per_member=True, forkable=True
+    )
+    seed: int = F(
+        0,
+        "seed of every random draw (init, batches, eval set)",
+        ge=0,
+        replicate=True,
+        per_member=True,
+        forkable=SEED_FIXES_DATA,
+    )
     dtype: str = F("float32", "floating-point type of the whole training path", choices=("float32", "float64"))
     runs_dir: str = F("runs", "where run directories are created", neutral=True, per_member=True, forkable=True)
     model: ModelConfig = field(default_factory=ModelConfig, metadata=dict(help="the model"))
@@ -308,8 +444,9 @@ def describe_accepted(hint, meta) -> str:
         text = "a mapping of parameter name to a float"
     else:
         text = {int: "an integer", float: "a float", bool: "true or false", str: "a string"}[hint]
-    bounds = [f"{op} {meta[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
-              if meta.get(k) is not None]
+    bounds = [
+        f"{op} {meta[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if meta.get(k) is not None
+    ]
     if bounds and hint in (int, float):
         text += " " + " and ".join(bounds)
     elif bounds:
@@ -355,15 +492,19 @@ def unread_keys(flat: dict) -> set[str]:
     """The keys of a flattened config (flatten_config) that nothing reads: the
     other task's fields, copy's shift outside mode shift, other score modes' fields,
     and fields under one of their unread_with settings (unread_because)."""
-    return {key for key in read_only_by() if unmet(key, flat)} | {key for key in unread_with_keys()
-                                                                  if unread_because(key, flat)}
+    return {key for key in read_only_by() if unmet(key, flat)} | {
+        key for key in unread_with_keys() if unread_because(key, flat)
+    }
 
 
 def unread_with_keys() -> dict[str, tuple]:
     """Dotted key -> its F(unread_with=...) settings, for every field that has some."""
-    return {f"{section}.{f.name}": f.metadata["unread_with"]
-            for section, cls in (("task", TaskConfig), ("model", ModelConfig), ("optim", OptimConfig))
-            for f in dataclasses.fields(cls) if f.metadata.get("unread_with")}
+    return {
+        f"{section}.{f.name}": f.metadata["unread_with"]
+        for section, cls in (("task", TaskConfig), ("model", ModelConfig), ("optim", OptimConfig))
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("unread_with")
+    }
 
 
 def unread_because(key: str, flat: dict) -> dict | None:
@@ -386,8 +527,14 @@ def describe_schema() -> list[tuple[str, str, str, str]]:
                 walk(hint, prefix + f.name + ".")
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            rows.append((prefix + f.name, describe_accepted(hint, dict(f.metadata)), yaml_line(yaml_plain(default)),
-                         f.metadata["help"]))
+            rows.append(
+                (
+                    prefix + f.name,
+                    describe_accepted(hint, dict(f.metadata)),
+                    yaml_line(yaml_plain(default)),
+                    f.metadata["help"],
+                )
+            )
 
     walk(Config, "")
     return rows

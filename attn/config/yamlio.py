@@ -63,8 +63,10 @@ def did_you_mean(*suggestions: str | None) -> str:
 
 INT_TAG, FLOAT_TAG, STR_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:str"
 CORE_INT = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")  # YAML 1.2 core schema
-CORE_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-                        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+CORE_FLOAT = re.compile(
+    r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -72,8 +74,10 @@ class _StrictLoader(yaml.SafeLoader):
     and resolves plain ints and floats by the YAML 1.2 core schema (no
     sexagesimal `12:30:00`, no octal `010`, no `1_000`)."""
 
-    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
-                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in (INT_TAG, FLOAT_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -83,7 +87,8 @@ class _StrictLoader(yaml.SafeLoader):
         self.depth += 1
         if self.depth > MAX_YAML_DEPTH:
             raise yaml.composer.ComposerError(
-                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark
+            )
         try:
             return super().compose_node(parent, index)
         finally:
@@ -92,8 +97,7 @@ class _StrictLoader(yaml.SafeLoader):
     def fetch_flow_collection_start(self, TokenClass):
         # The scanner's cost grows with flow depth: refuse `[[[[...` before it gets there.
         if self.flow_level >= MAX_YAML_DEPTH:
-            raise yaml.scanner.ScannerError(
-                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark())
+            raise yaml.scanner.ScannerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.get_mark())
         super().fetch_flow_collection_start(TokenClass)
 
     def construct_mapping(self, node, deep=False):
@@ -105,8 +109,7 @@ class _StrictLoader(yaml.SafeLoader):
             if not isinstance(key, collections.abc.Hashable):
                 continue  # refused by super() as an unhashable key
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -118,12 +121,14 @@ def _construct_core_int(loader, node) -> int:
     digits = digits[2:] if base != 10 else digits
     if len(digits) > MAX_INT_DIGITS:
         raise yaml.constructor.ConstructorError(
-            None, None, f"an integer of {len(digits)} digits; at most {MAX_INT_DIGITS} are read", node.start_mark)
+            None, None, f"an integer of {len(digits)} digits; at most {MAX_INT_DIGITS} are read", node.start_mark
+        )
     try:
         return (-1 if text.startswith("-") else 1) * int(digits, base)
     except ValueError:
-        raise yaml.constructor.ConstructorError(None, None, f"{show_value(text)} is not an integer",
-                                                node.start_mark) from None
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{show_value(text)} is not an integer", node.start_mark
+        ) from None
 
 
 def _construct_core_float(loader, node) -> float | str:
@@ -136,8 +141,9 @@ def _construct_core_float(loader, node) -> float | str:
     try:
         value = float(text)
     except ValueError:
-        raise yaml.constructor.ConstructorError(None, None, f"{show_value(text)} is not a number",
-                                                node.start_mark) from None
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{show_value(text)} is not a number", node.start_mark
+        ) from None
     return value if math.isfinite(value) else text
 
 
@@ -157,11 +163,13 @@ def _check_expansion(root, source: str) -> None:
         node, depth = stack.pop()
         visited += 1
         if visited > MAX_YAML_NODES:
-            raise ConfigError(f"{source}: YAML expands to more than {MAX_YAML_NODES} nodes through aliases; "
-                              "refused (alias bomb?)")
+            raise ConfigError(
+                f"{source}: YAML expands to more than {MAX_YAML_NODES} nodes through aliases; refused (alias bomb?)"
+            )
         if depth > MAX_YAML_DEPTH:
-            raise ConfigError(f"{source}: YAML nests deeper than {MAX_YAML_DEPTH} levels through aliases; "
-                              "refused (recursive alias?)")
+            raise ConfigError(
+                f"{source}: YAML nests deeper than {MAX_YAML_DEPTH} levels through aliases; refused (recursive alias?)"
+            )
         if isinstance(node, yaml.SequenceNode):
             stack.extend((child, depth + 1) for child in node.value)
         elif isinstance(node, yaml.MappingNode):
@@ -189,12 +197,18 @@ def parse_yaml(text: str, source: str):
         raise ConfigError(f"{source}: not valid YAML:{where} {problem}") from None
 
 
-FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-              (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
-def read_regular_file(path: str | os.PathLike, limit: int, what: str, error: type[Exception] = ConfigError,
-                      follow_symlinks: bool = True) -> bytes:
+def read_regular_file(
+    path: str | os.PathLike, limit: int, what: str, error: type[Exception] = ConfigError, follow_symlinks: bool = True
+) -> bytes:
     """The bytes of a regular file of at most `limit` bytes. Anything else is
     refused with one line naming the path (`error`): a directory, device,
     FIFO or socket before a byte is read (the open never blocks), a file over
@@ -211,15 +225,19 @@ def read_regular_file(path: str | os.PathLike, limit: int, what: str, error: typ
         raise error(f"{path}: {what} is not readable (permission denied)") from None
     except OSError as err:
         if err.errno == errno.ELOOP and not follow_symlinks:
-            raise error(f"{path}: is a symbolic link, not a {what}; attn reads and writes run files only "
-                        "in place (replace the link by the file)") from None
+            raise error(
+                f"{path}: is a symbolic link, not a {what}; attn reads and writes run files only "
+                "in place (replace the link by the file)"
+            ) from None
         raise error(f"{path}: cannot read {what}: {err.strerror}") from None
     try:
         info = os.fstat(fd)
         kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), None)
         if kind is not None or not stat.S_ISREG(info.st_mode):
-            raise error(f"{path}: is {kind or 'not a regular file'}, not {article(what)} {what}"
-                        + (inside_hint(path, what) if stat.S_ISDIR(info.st_mode) else ""))
+            raise error(
+                f"{path}: is {kind or 'not a regular file'}, not {article(what)} {what}"
+                + (inside_hint(path, what) if stat.S_ISDIR(info.st_mode) else "")
+            )
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes is too large for a {what} (limit {limit})")
         with os.fdopen(os.dup(fd), "rb") as handle:

@@ -31,15 +31,43 @@ from attn.config.loading import integer_problem
 from attn.config.schema import Config
 from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, show_value
 
-REPORT_KEYS = ("x", "arm", "best_of", "select", "shared", "expect", "sensitivity", "lengths", "alpha", "select_on",
-               "judge_on")
+REPORT_KEYS = (
+    "x",
+    "arm",
+    "best_of",
+    "select",
+    "shared",
+    "expect",
+    "sensitivity",
+    "lengths",
+    "alpha",
+    "select_on",
+    "judge_on",
+)
 SELECTION_FIGURES = ("success_rate", "stall_rate", "divergence_rate", "median_time", "final_loss")
 DEFAULT_SELECT = ("max success_rate", "min median_time", "min final_loss")
 # stat -> whether larger is better (for better_than); each comes with a 95% interval (attn.analysis.results)
-STATS = {"success_rate": True, "stall_rate": False, "divergence_rate": False, "median_time": False,
-         "final_loss": False, "lr_sensitivity": False}
-EXPECTATION_KEYS = ("id", "claim", "stat", "arm", "better_than", "above", "below", "where", "at", "test",
-                    "edited_after_runs")
+STATS = {
+    "success_rate": True,
+    "stall_rate": False,
+    "divergence_rate": False,
+    "median_time": False,
+    "final_loss": False,
+    "lr_sensitivity": False,
+}
+EXPECTATION_KEYS = (
+    "id",
+    "claim",
+    "stat",
+    "arm",
+    "better_than",
+    "above",
+    "below",
+    "where",
+    "at",
+    "test",
+    "edited_after_runs",
+)
 RATES = ("success_rate", "stall_rate", "divergence_rate")
 # test -> the stats it can judge a better_than claim on; `interval` judges every claim
 TESTS = {"mcnemar": RATES, "fisher": RATES, "sign": ("median_time",), "interval": tuple(STATS)}
@@ -86,8 +114,17 @@ class ReportSpec:
     judge_on: tuple[int, ...] | None = None
 
 
-def check_report(report, grid_keys: list[str], grid_values: dict, source: str, partial_keys=(), n_seeds: int | None = None,
-                 budget: int | None = None, seeds=None, grid_cells=()) -> ReportSpec:
+def check_report(
+    report,
+    grid_keys: list[str],
+    grid_values: dict,
+    source: str,
+    partial_keys=(),
+    n_seeds: int | None = None,
+    budget: int | None = None,
+    seeds=None,
+    grid_cells=(),
+) -> ReportSpec:
     """The experiment's `report:` section (module docstring), checked: x and
     arm a grid key or a list of them, best_of one grid key, no key in two
     roles (x defaults to the first grid key, arm to the next one that is not
@@ -99,18 +136,27 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     for role in (r for r in ("x", "arm", "best_of") if r in report):
         value = report[role]
         names = [value] if isinstance(value, str) else value
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names) \
-                or (role == "best_of" and not isinstance(value, str)):
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) for n in names)
+            or (role == "best_of" and not isinstance(value, str))
+        ):
             expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
-            raise ConfigError(f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} "
-                              f"({', '.join(grid_keys)})")
+            raise ConfigError(
+                f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} ({', '.join(grid_keys)})"
+            )
         for name in names:
             if name not in grid_keys:
-                raise ConfigError(f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
-                                  f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}")
+                raise ConfigError(
+                    f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
+                    f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}"
+                )
             if name in role_of:
-                raise ConfigError(f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
-                                  "a grid key has one role")
+                raise ConfigError(
+                    f"{source}: report: {role}: `{name}` is already the report's {role_of[name]}; "
+                    "a grid key has one role"
+                )
             role_of[name] = role
     best_of = report.get("best_of")
     rest = [k for k in grid_keys if k != best_of]
@@ -120,8 +166,9 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     shared = report.get("shared")
     if shared is not None and (best_of is None or shared not in grid_values.get(best_of, ())):
         values = ", ".join(map(str, grid_values.get(best_of, ()))) if best_of else "none: no best_of"
-        raise ConfigError(f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values "
-                          f"({values})")
+        raise ConfigError(
+            f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values ({values})"
+        )
     expect = report.get("expect") or []
     if not isinstance(expect, list):
         raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
@@ -129,34 +176,53 @@ def check_report(report, grid_keys: list[str], grid_values: dict, source: str, p
     if not isinstance(sensitivity, bool):
         raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false")
     if sensitivity and best_of is None:
-        raise ConfigError(f"{source}: report: sensitivity: got true without a best_of; expected a best_of, the rate "
-                          "it is measured over, or sensitivity: false")
+        raise ConfigError(
+            f"{source}: report: sensitivity: got true without a best_of; expected a best_of, the rate "
+            "it is measured over, or sensitivity: false"
+        )
     lengths = report.get("lengths", [])
     if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
-        raise ConfigError(f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
-                          f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]")
+        raise ConfigError(
+            f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
+            f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]"
+        )
     alpha = report.get("alpha", DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")
     select_on, judge_on = _check_held_out(report, seeds, best_of, source)
-    spec = ReportSpec(tuple(x), tuple(arm), best_of, select, shared, sensitivity=sensitivity, lengths=tuple(lengths),
-                      alpha=float(alpha), select_on=select_on, judge_on=judge_on)
+    spec = ReportSpec(
+        tuple(x),
+        tuple(arm),
+        best_of,
+        select,
+        shared,
+        sensitivity=sensitivity,
+        lengths=tuple(lengths),
+        alpha=float(alpha),
+        select_on=select_on,
+        judge_on=judge_on,
+    )
     if judge_on is not None:
         n_seeds = len(judge_on)  # the verdicts are judged on these seeds only
-    checked = [_check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
-               for i, e in enumerate(expect)]
+    checked = [
+        _check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
+        for i, e in enumerate(expect)
+    ]
     ids = [e.id for e in checked]
     if len(set(ids)) != len(ids):
-        raise ConfigError(f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` "
-                          "is used twice")
+        raise ConfigError(
+            f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` is used twice"
+        )
     points = [_points(e, spec, grid_cells, f"{source}: report: expect[{i}] ({e.id})") for i, e in enumerate(checked)]
     if n_seeds is not None:
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
             reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), points[i])
             if reason:
-                raise ConfigError(f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
-                                  "some outcome of the runs would refute")
+                raise ConfigError(
+                    f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
+                    "some outcome of the runs would refute"
+                )
     return dataclasses.replace(spec, expect=tuple(checked))
 
 
@@ -168,25 +234,38 @@ def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
         return None, None
     if len(given) == 1:
         missing = "judge_on" if given == ["select_on"] else "select_on"
-        raise ConfigError(f"{source}: report: {given[0]}: given without `{missing}`; expected both, disjoint "
-                          "subsets of the file's seeds")
+        raise ConfigError(
+            f"{source}: report: {given[0]}: given without `{missing}`; expected both, disjoint "
+            "subsets of the file's seeds"
+        )
     if best_of is None:
-        raise ConfigError(f"{source}: report: select_on: got {cut(repr(report['select_on']))} with no best_of; "
-                          "expected a best_of for the selection seeds to choose")
+        raise ConfigError(
+            f"{source}: report: select_on: got {cut(repr(report['select_on']))} with no best_of; "
+            "expected a best_of for the selection seeds to choose"
+        )
     known = list(seeds) if seeds is not None else None
     checked = {}
     for key in given:
         value = report[key]
-        if not isinstance(value, list) or not value or any(isinstance(s, bool) or not isinstance(s, int) for s in value) \
-                or len(set(value)) != len(value) or (known is not None and not set(value) <= set(known)):
+        if (
+            not isinstance(value, list)
+            or not value
+            or any(isinstance(s, bool) or not isinstance(s, int) for s in value)
+            or len(set(value)) != len(value)
+            or (known is not None and not set(value) <= set(known))
+        ):
             accepted = f"({', '.join(map(str, known))})" if known is not None else ""
-            raise ConfigError(f"{source}: report: {key}: got {cut(repr(value))}; expected a non-empty list of "
-                              f"distinct seeds of the file's `seeds` {accepted}".rstrip())
+            raise ConfigError(
+                f"{source}: report: {key}: got {cut(repr(value))}; expected a non-empty list of "
+                f"distinct seeds of the file's `seeds` {accepted}".rstrip()
+            )
         checked[key] = tuple(value)
     both = sorted(set(checked["select_on"]) & set(checked["judge_on"]))
     if both:
-        raise ConfigError(f"{source}: report: judge_on: got {cut(repr(report['judge_on']))}, sharing seed(s) "
-                          f"{', '.join(map(str, both))} with select_on; expected seeds disjoint from select_on")
+        raise ConfigError(
+            f"{source}: report: judge_on: got {cut(repr(report['judge_on']))}, sharing seed(s) "
+            f"{', '.join(map(str, both))} with select_on; expected seeds disjoint from select_on"
+        )
     return checked["select_on"], checked["judge_on"]
 
 
@@ -209,6 +288,7 @@ def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
     ConfigError when its arm or better_than is no arm of the grid, or lacks a cell at one of those
     points, or there is no point: a point without its arms' cells never gives evidence, so the
     claim could never be confirmed."""
+
     def place(cell) -> tuple:  # (x, arm) of a grid cell
         return tuple(cell.get(k) for k in spec.x), tuple(cell.get(k) for k in spec.arm)
 
@@ -221,8 +301,10 @@ def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
     arms = list(dict.fromkeys(place(c)[1] for c in grid_cells))
     for field, arm in named.items():
         if arm not in arms:
-            raise ConfigError(f"{where_}: {field}: got {_label(spec.arm, arm)}, which no cell of the grid has; "
-                              f"expected one of the grid's arms ({', '.join(_label(spec.arm, a) for a in arms)})")
+            raise ConfigError(
+                f"{where_}: {field}: got {_label(spec.arm, arm)}, which no cell of the grid has; "
+                f"expected one of the grid's arms ({', '.join(_label(spec.arm, a) for a in arms)})"
+            )
     wanted = dict(e.where)
     in_where = [c for c in grid_cells if all(c.get(k) in values for k, values in wanted.items())]
     held = {place(c) for c in grid_cells if at_setting(c)}
@@ -230,23 +312,34 @@ def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
     given = f"got {show_value(wanted)}" if wanted else "got none (every x of the grid)"
     if not xs:
         if e.at == "shared" and in_where:
-            raise ConfigError(f"{where_}: at: got shared, but no cell within its `where` has {spec.best_of} = "
-                              f"{spec.shared}; expected best, or a `where` that holds such cells")
-        raise ConfigError(f"{where_}: where: {given}, values no cell of the grid has together; expected values of "
-                          f"one cell's {', '.join(spec.x)}")
+            raise ConfigError(
+                f"{where_}: at: got shared, but no cell within its `where` has {spec.best_of} = "
+                f"{spec.shared}; expected best, or a `where` that holds such cells"
+            )
+        raise ConfigError(
+            f"{where_}: where: {given}, values no cell of the grid has together; expected values of "
+            f"one cell's {', '.join(spec.x)}"
+        )
     for x in xs:
         for field, arm in named.items():
             if (x, arm) in held:
                 continue
             if e.at == "shared" and any(place(c) == (x, arm) for c in grid_cells):
-                raise ConfigError(f"{where_}: at: got shared, but {field} {_label(spec.arm, arm)} has no cell with "
-                                  f"{spec.best_of} = {spec.shared} at {_label(spec.x, x)}; expected best, or a "
-                                  "`where` without that point")
-            covered = [_label(spec.x, y) for y in dict.fromkeys(place(c)[0] for c in grid_cells if at_setting(c))
-                       if all((y, a) in held for a in named.values())]
-            raise ConfigError(f"{where_}: where: {given}, but {field} {_label(spec.arm, arm)} has no cell at "
-                              f"{_label(spec.x, x)}; expected x values where the claim's arms all have cells "
-                              f"({', '.join(covered) or 'none'})")
+                raise ConfigError(
+                    f"{where_}: at: got shared, but {field} {_label(spec.arm, arm)} has no cell with "
+                    f"{spec.best_of} = {spec.shared} at {_label(spec.x, x)}; expected best, or a "
+                    "`where` without that point"
+                )
+            covered = [
+                _label(spec.x, y)
+                for y in dict.fromkeys(place(c)[0] for c in grid_cells if at_setting(c))
+                if all((y, a) in held for a in named.values())
+            ]
+            raise ConfigError(
+                f"{where_}: where: {given}, but {field} {_label(spec.arm, arm)} has no cell at "
+                f"{_label(spec.x, x)}; expected x values where the claim's arms all have cells "
+                f"({', '.join(covered) or 'none'})"
+            )
     return len(xs)
 
 
@@ -265,19 +358,25 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
         if e.better_than == e.arm:
             return "it compares an arm with itself"
         if e.test in ("mcnemar", "sign", "fisher"):
-            smallest = 0.5 ** n if e.test != "fisher" else 1 / math.comb(2 * n, n)  # n vs 0 of n
+            smallest = 0.5**n if e.test != "fisher" else 1 / math.comb(2 * n, n)  # n vs 0 of n
             if smallest > level:
-                return (f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
-                        f"{smallest:.3g}), so it can be neither confirmed nor refuted; use more seeds or `test: interval`")
+                return (
+                    f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
+                    f"{smallest:.3g}), so it can be neither confirmed nor refuted; use more seeds or `test: interval`"
+                )
             if smallest * points > level:
-                return (f"it can never be not confirmed: one of its {points} points refutes it at p <= {level:.3g} "
-                        f"only after a Bonferroni factor of {points}, and the {e.test} test on {n} seeds per arm "
-                        f"reaches at least {smallest:.3g}; use more seeds or fewer points")
+                return (
+                    f"it can never be not confirmed: one of its {points} points refutes it at p <= {level:.3g} "
+                    f"only after a Bonferroni factor of {points}, and the {e.test} test on {n} seeds per arm "
+                    f"reaches at least {smallest:.3g}; use more seeds or fewer points"
+                )
         elif e.stat in RATES:
             high, low = _wilson_extremes(n)
             if low <= high:
-                return (f"the 95% Wilson intervals of two rates on {n} seeds always overlap (n/n gives [{low:.3g}, 1], "
-                        f"0/n [0, {high:.3g}]), so it can be neither confirmed nor refuted")
+                return (
+                    f"the 95% Wilson intervals of two rates on {n} seeds always overlap (n/n gives [{low:.3g}, 1], "
+                    f"0/n [0, {high:.3g}]), so it can be neither confirmed nor refuted"
+                )
         return ""
     side = "above" if e.above is not None else "below"
     bound = e.above if e.above is not None else e.below
@@ -290,7 +389,9 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
                 never["confirmed"] = f"the Wilson lower bound at {n}/{n} is {highest_low:.3g}, never above {bound:g}"
         else:
             if not highest_low > bound:
-                never["not confirmed"] = f"the Wilson lower bound at {n}/{n} is {highest_low:.3g}, never above {bound:g}"
+                never["not confirmed"] = (
+                    f"the Wilson lower bound at {n}/{n} is {highest_low:.3g}, never above {bound:g}"
+                )
             if not lowest_high < bound:
                 never["confirmed"] = f"the Wilson upper bound at 0/{n} is {lowest_high:.3g}, never below {bound:g}"
     elif e.stat == "median_time" and budget is not None:
@@ -299,10 +400,14 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
             if bound <= 0:
                 never["not confirmed"] = f"a median time is never below {bound:g}"
             if bound >= budget:
-                never["confirmed"] = f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+                never["confirmed"] = (
+                    f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+                )
         else:
             if bound >= budget:
-                never["not confirmed"] = f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+                never["not confirmed"] = (
+                    f"a median time's lower bound is at most the budget, {budget}, never above {bound:g}"
+                )
             if bound <= 0:
                 never["confirmed"] = f"a median time is never below {bound:g}"
     elif e.stat == "final_loss":
@@ -324,8 +429,10 @@ def _check_mapping(value, keys: tuple, where_: str) -> None:
         raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
     for key in value:
         if key not in keys:
-            raise ConfigError(f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
-                              f"expected {', '.join(keys)}")
+            raise ConfigError(
+                f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
+                f"expected {', '.join(keys)}"
+            )
 
 
 def _names(value) -> list[str]:
@@ -334,13 +441,17 @@ def _names(value) -> list[str]:
 
 def _check_select(select, source: str) -> list[str]:
     if not isinstance(select, list) or not select or not all(isinstance(c, str) for c in select):
-        raise ConfigError(f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
-                          f"[{', '.join(DEFAULT_SELECT)}]")
+        raise ConfigError(
+            f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
+            f"[{', '.join(DEFAULT_SELECT)}]"
+        )
     for criterion in select:
         direction, _, figure = criterion.partition(" ")
         if direction not in ("max", "min") or figure not in SELECTION_FIGURES:
-            raise ConfigError(f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
-                              f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}")
+            raise ConfigError(
+                f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
+                f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}"
+            )
     return select
 
 
@@ -351,8 +462,9 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         if key not in entry:
             raise ConfigError(f"{where_}: missing `{key}`")
     if not isinstance(entry["id"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", entry["id"]):
-        raise ConfigError(f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, "
-                          "'_', '.', '-'")
+        raise ConfigError(
+            f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
+        )
     if entry["stat"] not in STATS:
         raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
     if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:
@@ -360,10 +472,15 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
     arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
     rules = [k for k in ("better_than", "above", "below") if k in entry]
     if len(rules) != 1:
-        raise ConfigError(f"{where_}: got {len(rules)} rules ({', '.join(rules) or 'none'}); expected exactly one "
-                          "of better_than, above, below")
-    better_than = _check_arm(entry["better_than"], spec, grid_values, partial_keys, f"{where_}: better_than") \
-        if "better_than" in entry else None
+        raise ConfigError(
+            f"{where_}: got {len(rules)} rules ({', '.join(rules) or 'none'}); expected exactly one "
+            "of better_than, above, below"
+        )
+    better_than = (
+        _check_arm(entry["better_than"], spec, grid_values, partial_keys, f"{where_}: better_than")
+        if "better_than" in entry
+        else None
+    )
     bound = {}
     for key in ("above", "below"):
         if key in entry:
@@ -374,41 +491,70 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
     at = entry.get("at", "best")
     accepted_at = ["best"] + (["shared"] if spec.shared is not None else []) + (["every"] if spec.best_of else [])
     if at not in accepted_at:
-        raise ConfigError(f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
-                          + ("" if spec.shared is not None else " (the report has no `shared` value)"))
+        raise ConfigError(
+            f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
+            + ("" if spec.shared is not None else " (the report has no `shared` value)")
+        )
     if at == "every" and entry["stat"] == "lr_sensitivity":
-        raise ConfigError(f"{where_}: at: every is for a statistic of each {spec.best_of} value; lr_sensitivity is "
-                          f"one figure over all of them: expected at: best")
+        raise ConfigError(
+            f"{where_}: at: every is for a statistic of each {spec.best_of} value; lr_sensitivity is "
+            f"one figure over all of them: expected at: best"
+        )
     if at == "every" and better_than is not None:
-        raise ConfigError(f"{where_}: at: every is for a bound (above or below) that must hold at each "
-                          f"{spec.best_of}; a comparison is made at each arm's best or the shared value")
+        raise ConfigError(
+            f"{where_}: at: every is for a bound (above or below) that must hold at each "
+            f"{spec.best_of}; a comparison is made at each arm's best or the shared value"
+        )
     where = entry.get("where") or {}
     if not isinstance(where, dict):
         raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")
     checked_where = []
     for key, values in where.items():
         if key not in spec.x:
-            raise ConfigError(f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected "
-                              f"{', '.join(spec.x)}")
+            raise ConfigError(
+                f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected {', '.join(spec.x)}"
+            )
         values = values if isinstance(values, list) else [values]
         unknown = [v for v in values if v not in grid_values[key]]
         if unknown or not values:
-            raise ConfigError(f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
-                              f"grid ({', '.join(map(str, grid_values[key]))})")
+            raise ConfigError(
+                f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
+                f"grid ({', '.join(map(str, grid_values[key]))})"
+            )
         checked_where.append((key, tuple(values)))
-    default = ("mcnemar" if entry["stat"] in RATES else "sign" if entry["stat"] == "median_time" else "interval") \
-        if better_than is not None else "interval"  # paired: every arm of an experiment runs the same seeds
+    default = (
+        ("mcnemar" if entry["stat"] in RATES else "sign" if entry["stat"] == "median_time" else "interval")
+        if better_than is not None
+        else "interval"
+    )  # paired: every arm of an experiment runs the same seeds
     test = entry.get("test", default)
-    accepted = [t for t, stats in TESTS.items() if entry["stat"] in stats and (better_than is not None or t == "interval")]
+    accepted = [
+        t for t, stats in TESTS.items() if entry["stat"] in stats and (better_than is not None or t == "interval")
+    ]
     if test not in accepted:
-        raise ConfigError(f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
-                          f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}")
+        raise ConfigError(
+            f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
+            f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}"
+        )
     edited = entry.get("edited_after_runs", "")
     if "edited_after_runs" in entry and (not isinstance(edited, str) or not edited.strip() or "\n" in edited.strip()):
-        raise ConfigError(f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
-                          "edited after which runs")
-    return Expectation(entry["id"], str(entry["claim"]), entry["stat"], arm, at, tuple(checked_where), better_than,
-                       bound.get("above"), bound.get("below"), test, edited.strip())
+        raise ConfigError(
+            f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
+            "edited after which runs"
+        )
+    return Expectation(
+        entry["id"],
+        str(entry["claim"]),
+        entry["stat"],
+        arm,
+        at,
+        tuple(checked_where),
+        better_than,
+        bound.get("above"),
+        bound.get("below"),
+        test,
+        edited.strip(),
+    )
 
 
 def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> tuple:
@@ -416,14 +562,16 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_:
     arm key may be left out only if some grid block does not set it (None)."""
     optional = [k for k in spec.arm if k in partial_keys]
     if not isinstance(value, dict) or not set(spec.arm) - set(optional) <= set(value) <= set(spec.arm):
-        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
-                          f"({', '.join(spec.arm)}) one of its grid values"
-                          + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)"
-                             if optional else ""))
+        raise ConfigError(
+            f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
+            f"({', '.join(spec.arm)}) one of its grid values"
+            + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)" if optional else "")
+        )
     for key, v in value.items():
         if v not in grid_values[key]:
-            raise ConfigError(f"{where_}: {key}: got {cut(repr(v))}; expected one of "
-                              f"{', '.join(map(str, grid_values[key]))}")
+            raise ConfigError(
+                f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}"
+            )
     return tuple((k, value.get(k)) for k in spec.arm)
 
 
@@ -432,12 +580,16 @@ def check_lengths(config: Config, pairs: list[int], source: str) -> None:
     lengths of retrieval (attn.analysis.lengths): a retrieval model whose positions do not
     fix its length, and no more pairs than keys."""
     if config.task.name != "retrieval" or config.model.positional == "learned":
-        raise ConfigError(f"{source}: lengths: a retrieval model whose positions do not fix its length "
-                          f"(model.positional none or sinusoidal) is needed; this one is {config.task.name} with "
-                          f"positional {config.model.positional}")
+        raise ConfigError(
+            f"{source}: lengths: a retrieval model whose positions do not fix its length "
+            f"(model.positional none or sinusoidal) is needed; this one is {config.task.name} with "
+            f"positional {config.model.positional}"
+        )
     if max(pairs) > config.task.n_keys:
-        raise ConfigError(f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
-                          f"({config.task.n_keys}), since keys are distinct within a sequence")
+        raise ConfigError(
+            f"{source}: lengths: got {max(pairs)} pairs; expected at most task.n_keys "
+            f"({config.task.n_keys}), since keys are distinct within a sequence"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -448,8 +600,13 @@ CLAIMS_FILE = "claims.json"  # in the experiment's run directory, written when i
 
 def expectation_text(e: Expectation) -> str:
     """One line that says everything that decides an expectation's verdict (and its claim)."""
-    rule = (f"better_than {dict(e.better_than)}" if e.better_than is not None
-            else f"above {e.above:g}" if e.above is not None else f"below {e.below:g}")
+    rule = (
+        f"better_than {dict(e.better_than)}"
+        if e.better_than is not None
+        else f"above {e.above:g}"
+        if e.above is not None
+        else f"below {e.below:g}"
+    )
     where = f"; where {dict(e.where)}" if e.where else ""
     return f"{e.stat} of {dict(e.arm)} {rule}{where}; at {e.at}; test {e.test}; claim: {e.claim}"
 
@@ -459,9 +616,16 @@ def claims_record(spec: ReportSpec, seeds) -> dict:
     expectation's text), and its SHA-256 digest over canonical JSON. The held-out seeds (select_on,
     judge_on) are in it when the file declares them; without them both are `seeds`, and the record
     (and its digest) is what it was before they existed."""
-    section = {"x": list(spec.x), "arm": list(spec.arm), "best_of": spec.best_of, "select": list(spec.select),
-               "shared": spec.shared, "alpha": spec.alpha, "seeds": sorted(seeds),
-               "expect": {e.id: expectation_text(e) for e in spec.expect}}
+    section = {
+        "x": list(spec.x),
+        "arm": list(spec.arm),
+        "best_of": spec.best_of,
+        "select": list(spec.select),
+        "shared": spec.shared,
+        "alpha": spec.alpha,
+        "seeds": sorted(seeds),
+        "expect": {e.id: expectation_text(e) for e in spec.expect},
+    }
     if spec.select_on is not None:
         section.update(select_on=list(spec.select_on), judge_on=list(spec.judge_on))
     text = json.dumps(section, sort_keys=True, default=str)
@@ -474,8 +638,13 @@ def claim_changes(frozen: dict, current: dict) -> dict:
     (key -> [frozen, now])."""
     before, now = frozen.get("section") or {}, current["section"]
     old, new = before.get("expect") or {}, now["expect"]
-    return {"changed": {i: old[i] for i in new if i in old and old[i] != new[i]},
-            "added": [i for i in new if i not in old],
-            "removed": {i: text for i, text in old.items() if i not in new},
-            "design": {k: [before.get(k), now.get(k)] for k in sorted((set(before) | set(now)) - {"expect"})
-                       if before.get(k) != now.get(k)}}
+    return {
+        "changed": {i: old[i] for i in new if i in old and old[i] != new[i]},
+        "added": [i for i in new if i not in old],
+        "removed": {i: text for i, text in old.items() if i not in new},
+        "design": {
+            k: [before.get(k), now.get(k)]
+            for k in sorted((set(before) | set(now)) - {"expect"})
+            if before.get(k) != now.get(k)
+        },
+    }

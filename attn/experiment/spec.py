@@ -162,17 +162,22 @@ def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
     theirs. Refused before expanding when the points times n_seeds exceed max_cells."""
     blocks = grid if isinstance(grid, list) else [grid]
     if not blocks or any(not isinstance(b, dict) or not b for b in blocks):
-        raise ConfigError(f"{source}: grid: expected a non-empty mapping of dotted key -> list of values "
-                          "(or a list of such mappings)")
+        raise ConfigError(
+            f"{source}: grid: expected a non-empty mapping of dotted key -> list of values (or a list of such mappings)"
+        )
     for block in blocks:
         for key, values in block.items():
             check_grid_key(key, f"{source}: grid")
             if not isinstance(values, list) or not values:
-                raise ConfigError(f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values")
+                raise ConfigError(
+                    f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values"
+                )
     n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
     if n_cells > max_cells:
-        raise ConfigError(f"{source}: grid: {n_cells:,} cells (grid points x {n_seeds} seeds) is more than the "
-                          f"limit of {max_cells:,}; make the grid smaller, or raise the limit with --max-cells {n_cells}")
+        raise ConfigError(
+            f"{source}: grid: {n_cells:,} cells (grid points x {n_seeds} seeds) is more than the "
+            f"limit of {max_cells:,}; make the grid smaller, or raise the limit with --max-cells {n_cells}"
+        )
     cells = []
     for block in blocks:
         keys = list(block)
@@ -210,8 +215,14 @@ def is_experiment_file(path: str | os.PathLike) -> bool:
     return bool({"grid", "seeds"} & set(data))
 
 
-def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
-                    plots: bool = False, overrides: typing.Sequence[str] = (), only: typing.Sequence[str] = ()) -> Experiment:
+def load_experiment(
+    path: str | os.PathLike,
+    runs_dir: str | None = None,
+    max_cells: int = MAX_CELLS,
+    plots: bool = False,
+    overrides: typing.Sequence[str] = (),
+    only: typing.Sequence[str] = (),
+) -> Experiment:
     """Read and validate an experiment file: every cell's config is built and
     checked here, so a bad cell is reported before any run starts. `plots`:
     whether each run draws its figures (logging.plots of every cell);
@@ -224,21 +235,32 @@ def load_experiment(path: str | os.PathLike, runs_dir: str | None = None, max_ce
     return build_experiment(read_yaml_file(path, "experiment file"), path, runs_dir, max_cells, plots, overrides, only)
 
 
-def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_cells: int = MAX_CELLS,
-                     plots: bool = False, overrides: typing.Sequence[str] = (), only: typing.Sequence[str] = ()) -> Experiment:
+def build_experiment(
+    data: dict,
+    path: Path,
+    runs_dir: str | None = None,
+    max_cells: int = MAX_CELLS,
+    plots: bool = False,
+    overrides: typing.Sequence[str] = (),
+    only: typing.Sequence[str] = (),
+) -> Experiment:
     """The experiment an experiment file's contents make (load_experiment),
     every cell checked; `path`: the file's, which a relative base is read from."""
     source = str(path)
     unknown = [k for k in data if k not in EXPERIMENT_KEYS]
     if unknown:
-        raise ConfigError(f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}")
+        raise ConfigError(
+            f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}"
+        )
     for key in ("name", "base", "grid", "seeds"):
         if key not in data:
             raise ConfigError(f"{source}: missing `{key}`")
     name = check_run_name(data["name"], f"{source}: name")
     seeds = data["seeds"]
     if not isinstance(seeds, list) or not seeds:
-        raise ConfigError(f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0")
+        raise ConfigError(
+            f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0"
+        )
     for seed in seeds:  # the integer rule of every config field (the seed is one), before anything runs
         if integer_problem(seed, ge=0):
             raise ConfigError(f"{source}: seeds: got {show_value(seed)}; expected {integer_problem(seed, ge=0)}")
@@ -247,7 +269,9 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
         raise ConfigError(f"{source}: seeds: got {twice} twice; expected a non-empty list of distinct integers >= 0")
     file_overrides = data.get("overrides") or {}
     if not isinstance(file_overrides, dict):
-        raise ConfigError(f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value")
+        raise ConfigError(
+            f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value"
+        )
     if not isinstance(data["base"], str) or not data["base"]:
         raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
     base_path = path.parent / data["base"]  # an absolute base stays as it is
@@ -266,8 +290,11 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
     set_dotted(base, "logging.plots", plots)
     if not isinstance(base.get("logging"), dict) or "keep_checkpoints" not in base["logging"]:
         set_dotted(base, "logging.keep_checkpoints", SWEEP_KEEP_CHECKPOINTS)  # unless the file or an override asks
-    base_config = validate(build_section(Config, base, f"{source}: base + overrides"), f"{source}: base + overrides",
-                           every_setting_read=False)  # each cell is checked with its grid values
+    base_config = validate(
+        build_section(Config, base, f"{source}: base + overrides"),
+        f"{source}: base + overrides",
+        every_setting_read=False,
+    )  # each cell is checked with its grid values
 
     grid_cells = _expand_grid(data["grid"], source, len(seeds), max_cells)
     grid_keys = list(dict.fromkeys(k for c in grid_cells for k in c))
@@ -276,10 +303,12 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
         raise ConfigError(f"override {varied[0]}: the grid of {source} varies it; set it in the experiment's grid")
     for key, value in _overridden(file_overrides):  # else the grid would win, the override silently dropped
         if key in grid_keys:
-            raise ConfigError(f"{source}: overrides: {key}: got {show_value(value)}, but the grid varies it; "
-                              "expected a key the grid does not vary (set its values in the grid only)")
+            raise ConfigError(
+                f"{source}: overrides: {key}: got {show_value(value)}, but the grid varies it; "
+                "expected a key the grid does not vary (set its values in the grid only)"
+            )
     cells, names = [], set()
-    for settings in (_only(grid_cells, only, name) if only else grid_cells):
+    for settings in _only(grid_cells, only, name) if only else grid_cells:
         shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
         where = f"{source}: grid cell {{{shown}}}"
         config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
@@ -291,9 +320,17 @@ def build_experiment(data: dict, path: Path, runs_dir: str | None = None, max_ce
             cells.append(Cell(cname, tuple(settings.items()), seed, dataclasses.replace(config, seed=seed)))
     grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
-    report = check_report(data.get("report") or {}, grid_keys, grid_values, source, partial, n_seeds=len(seeds),
-                          budget=max(c.config.train.steps for c in cells), seeds=seeds,
-                          grid_cells=[{k: _hashable(v) for k, v in c.items()} for c in grid_cells])
+    report = check_report(
+        data.get("report") or {},
+        grid_keys,
+        grid_values,
+        source,
+        partial,
+        n_seeds=len(seeds),
+        budget=max(c.config.train.steps for c in cells),
+        seeds=seeds,
+        grid_cells=[{k: _hashable(v) for k, v in c.items()} for c in grid_cells],
+    )
     if report.lengths:
         for config in {cell.config.model: cell.config for cell in cells}.values():
             check_lengths(config, list(report.lengths), source)
@@ -333,18 +370,24 @@ def _only(grid_cells: list[dict], texts: typing.Sequence[str], name: str) -> lis
         key, equals, raw = text.partition("=")
         key = key.strip()
         if key not in keys:
-            raise ConfigError(f"--only: got {show_value(text)}; expected KEY=VALUE,... with KEY a grid key of "
-                              f"{name} ({', '.join(keys)})")
+            raise ConfigError(
+                f"--only: got {show_value(text)}; expected KEY=VALUE,... with KEY a grid key of "
+                f"{name} ({', '.join(keys)})"
+            )
         values = parse_yaml(f"[{raw}]", f"--only {show_value(text)}") if equals and raw.strip() else []
         known = {_hashable(c.get(key)): c.get(key) for c in grid_cells}
         wanted = [_hashable(v) for v in values]
         if not values or any(v not in known for v in wanted):
-            raise ConfigError(f"--only: {key}: got {show_value(raw)}; expected some of the grid's values "
-                              f"({only_argument(key, known.values()).partition('=')[2]})")
+            raise ConfigError(
+                f"--only: {key}: got {show_value(raw)}; expected some of the grid's values "
+                f"({only_argument(key, known.values()).partition('=')[2]})"
+            )
         points = [c for c in points if _hashable(c.get(key)) in wanted]
     if not points:
-        raise ConfigError(f"--only: {' '.join(map(show_value, texts))}: no cell of {name} has all of "
-                          "these values; expected values that some cell holds together")
+        raise ConfigError(
+            f"--only: {' '.join(map(show_value, texts))}: no cell of {name} has all of "
+            "these values; expected values that some cell holds together"
+        )
     return points
 
 
@@ -356,22 +399,26 @@ def only_argument(key: str, values) -> str:
 
 def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
     """'0-4' -> [0, 1, 2, 3, 4]; '0,2,5' and '0-2,7' likewise; distinct integers >= 0."""
-    bad = (f"--seeds: got {show_value(text)}; expected integers >= 0 as a range or a list, e.g. 0-4 or 0,2,5 "
-           "(or both: 0-2,7)")
+    bad = (
+        f"--seeds: got {show_value(text)}; expected integers >= 0 as a range or a list, e.g. 0-4 or 0,2,5 "
+        "(or both: 0-2,7)"
+    )
     ranges = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
         if not (low.isascii() and low.isdigit()) or (dash and not (high.isascii() and high.isdigit())):
             raise ConfigError(bad)
         if len(low) > 20 or len(high) > 20 or any(integer_problem(int(n), ge=0) for n in (low, high) if n):
-            raise ConfigError(f"--seeds: got {show_value(text)}; expected seeds that are each "
-                              f"{integer_problem(-1, ge=0)}")
+            raise ConfigError(
+                f"--seeds: got {show_value(text)}; expected seeds that are each {integer_problem(-1, ge=0)}"
+            )
         ranges.append((int(low), int(high) if dash else int(low)))
     if any(high < low for low, high in ranges):
         raise ConfigError(f"{bad}; a range goes from low to high")
     if sum(high - low + 1 for low, high in ranges) > max_cells:
-        raise ConfigError(f"--seeds: got {show_value(text)}: more seeds than the limit of {max_cells:,} runs "
-                          f"(--max-cells)")
+        raise ConfigError(
+            f"--seeds: got {show_value(text)}: more seeds than the limit of {max_cells:,} runs (--max-cells)"
+        )
     seeds = [seed for low, high in ranges for seed in range(low, high + 1)]
     twice = next((seed for seed in seeds if seeds.count(seed) > 1), None)
     if twice is not None:
@@ -379,10 +426,17 @@ def parse_seeds(text: str, max_cells: int = MAX_CELLS) -> list[int]:
     return seeds
 
 
-def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequence[str], seeds: str | None = None,
-                            name: str | None = None, overrides: typing.Sequence[str] = (), runs_dir: str | None = None,
-                            max_cells: int = MAX_CELLS, plots: bool = False,
-                            command: str = "") -> tuple[Experiment, dict]:
+def command_line_experiment(
+    config_path: str | os.PathLike,
+    grid: typing.Sequence[str],
+    seeds: str | None = None,
+    name: str | None = None,
+    overrides: typing.Sequence[str] = (),
+    runs_dir: str | None = None,
+    max_cells: int = MAX_CELLS,
+    plots: bool = False,
+    command: str = "",
+) -> tuple[Experiment, dict]:
     """The experiment `attn sweep CONFIG --grid ... [--seeds ...] [--name N]
     [key=value ...]` runs, checked as an experiment file is, and the contents
     of the file that says so (save_experiment_file writes it): base the
@@ -396,20 +450,31 @@ def command_line_experiment(config_path: str | os.PathLike, grid: typing.Sequenc
         if key in block:
             raise ConfigError(f"--grid {key}: given twice; give its values once, e.g. --grid {key}=1,2,3")
         block[key] = values
-    base = load_config(config_path, overrides, every_setting_read=False)  # checked on their own first; each cell in full
+    base = load_config(
+        config_path, overrides, every_setting_read=False
+    )  # checked on their own first; each cell in full
     for text in overrides:  # said here in the command's terms, not of the experiment file made from it
         key = parse_override(text)[0]
         if key in block:
-            raise ConfigError(f"override {show_value(text)}: --grid {key} varies it; expected a key no --grid "
-                              f"varies (give {key}'s values in --grid only)")
+            raise ConfigError(
+                f"override {show_value(text)}: --grid {key} varies it; expected a key no --grid "
+                f"varies (give {key}'s values in --grid only)"
+            )
     file_overrides = dict(parse_override(text) for text in overrides)
     file_overrides["runs_dir"] = os.path.abspath(runs_dir if runs_dir is not None else base.runs_dir)
     short = _short_keys(tuple(block))
-    name = check_run_name(name if name is not None else "-".join([Path(config_path).stem, *short.values()]),
-                          "--name" if name is not None else "the experiment name made from the config and grid")
-    data = {"name": name, "description": f"Made on the command line: {command}".strip(),
-            "base": os.path.abspath(config_path), "overrides": file_overrides, "grid": block,
-            "seeds": parse_seeds(seeds, max_cells) if seeds is not None else [base.seed]}
+    name = check_run_name(
+        name if name is not None else "-".join([Path(config_path).stem, *short.values()]),
+        "--name" if name is not None else "the experiment name made from the config and grid",
+    )
+    data = {
+        "name": name,
+        "description": f"Made on the command line: {command}".strip(),
+        "base": os.path.abspath(config_path),
+        "overrides": file_overrides,
+        "grid": block,
+        "seeds": parse_seeds(seeds, max_cells) if seeds is not None else [base.seed],
+    }
     path = Path(file_overrides["runs_dir"]) / name / EXPERIMENT_FILE_NAME
     return build_experiment(data, path, max_cells=max_cells, plots=plots), data
 
@@ -421,10 +486,14 @@ def save_experiment_file(path: Path, data: dict) -> None:
     path = Path(path)
     if path.exists():
         there = read_yaml_file(path, "experiment file")
-        if {k: v for k, v in there.items() if k != "description"} != {k: v for k, v in data.items() if k != "description"}:
+        if {k: v for k, v in there.items() if k != "description"} != {
+            k: v for k, v in data.items() if k != "description"
+        }:
             changed = [k for k in EXPERIMENT_KEYS if there.get(k) != data.get(k) and k != "description"]
-            raise ConfigError(f"{path}: holds another experiment of this name (its {', '.join(changed)} differ); "
-                              f"run that one with `attn sweep {path}`, or name this one with --name")
+            raise ConfigError(
+                f"{path}: holds another experiment of this name (its {', '.join(changed)} differ); "
+                f"run that one with `attn sweep {path}`, or name this one with --name"
+            )
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -446,5 +515,3 @@ def result_change(stored: Config, config: Config) -> list[str]:
     cell in what it computes, so a report counts a run of the same maths done
     another way (attn verify's materialized re-run) as the cell's."""
     return lifecycle.config_difference(stored, config, ignore=neutral_keys() + algorithm_keys())
-
-

@@ -87,8 +87,12 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
     if _worker_stop.reason:
-        return [CellAction(c.name, "cancelled", "not started",
-                           f"the sweep was stopped by {_worker_stop.reason} before it started") for c in cells]
+        return [
+            CellAction(
+                c.name, "cancelled", "not started", f"the sweep was stopped by {_worker_stop.reason} before it started"
+            )
+            for c in cells
+        ]
     _one_blas_thread()
     outcomes: dict[str, CellAction] = {}
     with contextlib.ExitStack() as held:
@@ -124,12 +128,19 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(locks.RunLock(run_dir, "sweep"))
     except OSError as err:
-        return CellAction(cell.name, "failed", "failed",
-                          f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})")
+        return CellAction(
+            cell.name,
+            "failed",
+            "failed",
+            f"{run_dir}: cannot be used as the run directory ({type(err).__name__}: {err.strerror})",
+        )
     except locks.RunLocked as err:
         holder = err.holder
-        who = (f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
-               if holder.get("purpose") == "sweep" else f"{locks.describe_holder(holder)} is running this cell")
+        who = (
+            f"another sweep is running this cell (pid {holder.get('pid')} on {holder.get('host')})"
+            if holder.get("purpose") == "sweep"
+            else f"{locks.describe_holder(holder)} is running this cell"
+        )
         return CellAction(cell.name, "skipped-locked", "running", who)
     except runs.RunError as err:
         return CellAction(cell.name, "failed", "failed", str(err))
@@ -152,16 +163,28 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
         diff = (result_change if finished else config_change)(lifecycle.config_of(run_dir), cell.config)
         if diff:
             what = f"the run {summary['status']}" if finished else "the run has a checkpoint"
-            return CellAction(cell.name, "failed", "config-changed",
-                              f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
-                              f"({what}; move or delete its directory to run the cell with the new config)")
+            return CellAction(
+                cell.name,
+                "failed",
+                "config-changed",
+                f"{run_dir}: config differs from the experiment's: {'; '.join(diff)} "
+                f"({what}; move or delete its directory to run the cell with the new config)",
+            )
     if finished:
         return CellAction(cell.name, "skipped-finished", summary["status"], _figures(summary))
     if resume:
         return lifecycle.prepare_resume(cell.config, run_dir)
-    runs.write_config(run_dir, to_dict(cell.config),
-                      {**lifecycle.provenance(experiment_file, []), "experiment": experiment_file,
-                       "cell": dict(cell.settings), "seed": cell.seed, "head": lifecycle.head_provenance(cell.config)})
+    runs.write_config(
+        run_dir,
+        to_dict(cell.config),
+        {
+            **lifecycle.provenance(experiment_file, []),
+            "experiment": experiment_file,
+            "cell": dict(cell.settings),
+            "seed": cell.seed,
+            "head": lifecycle.head_provenance(cell.config),
+        },
+    )
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     return runstate.prepare(cell.config, run_dir)
 
@@ -194,7 +217,7 @@ def plan_stacks(cells) -> list[list[Cell]]:
     stacks = []
     for group in groups.values():
         size = members_per_stack(group[0].config)
-        stacks += [group[i:i + size] for i in range(0, len(group), size)]
+        stacks += [group[i : i + size] for i in range(0, len(group), size)]
     return sorted(stacks, key=lambda stack: -stack_cost([c.config for c in stack]))
 
 
@@ -242,8 +265,12 @@ class LocalPool(ProcessPoolExecutor):
 
         context = multiprocessing.get_context("spawn")
         self.started = context.Queue()
-        super().__init__(max_workers=workers or os.cpu_count() or 1, mp_context=context, initializer=_init_worker,
-                         initargs=(self.started, os.getpid()))
+        super().__init__(
+            max_workers=workers or os.cpu_count() or 1,
+            mp_context=context,
+            initializer=_init_worker,
+            initargs=(self.started, os.getpid()),
+        )
 
 
 def default_executor(workers: int | None = None) -> Executor:
@@ -254,10 +281,19 @@ def check_address(address: str) -> None:
     """ArgumentError unless `address` has the form dask://HOST:PORT (an IPv6 HOST in brackets)."""
     host, _, port = address.removeprefix("dask://").rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
-    if not (address.startswith("dask://") and host and (":" not in host or bracketed)
-            and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
-        raise ArgumentError("address", f"got {address!r}; expected dask://HOST:PORT with PORT in 1-65535, an IPv6 "
-                            "HOST in brackets (or omit it for local processes)")
+    if not (
+        address.startswith("dask://")
+        and host
+        and (":" not in host or bracketed)
+        and port.isascii()
+        and port.isdigit()
+        and 0 < int(port) < 65536
+    ):
+        raise ArgumentError(
+            "address",
+            f"got {address!r}; expected dask://HOST:PORT with PORT in 1-65535, an IPv6 "
+            "HOST in brackets (or omit it for local processes)",
+        )
 
 
 def executor_from_address(address: str) -> Executor:
@@ -309,10 +345,13 @@ class DaskExecutor(Executor):
                 logging.getLogger(name).setLevel(level)
 
 
-def run_experiment(experiment: Experiment, executor: Executor,
-                   on_outcome: Callable[[CellAction], None] | None = None,
-                   should_stop: Callable[[], bool] = lambda: False,
-                   on_start: Callable[[list[str]], None] | None = None) -> list[CellAction]:
+def run_experiment(
+    experiment: Experiment,
+    executor: Executor,
+    on_outcome: Callable[[CellAction], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_start: Callable[[list[str]], None] | None = None,
+) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
     stacks not yet handed to a worker are cancelled (outcome `cancelled`,
@@ -344,13 +383,23 @@ def run_experiment(experiment: Experiment, executor: Executor,
             try:
                 arrived = future.result()
             except CancelledError:  # by this sweep's stop, or by a cluster that lost its scheduler
-                arrived = ([CellAction(c.name, "cancelled", "not started", "the sweep was stopped before it started")
-                            for c in stack] if future in cancelled else
-                           [CellAction(c.name, "unknown", UNKNOWN, lost or "the scheduler was lost") for c in stack])
+                arrived = (
+                    [
+                        CellAction(c.name, "cancelled", "not started", "the sweep was stopped before it started")
+                        for c in stack
+                    ]
+                    if future in cancelled
+                    else [CellAction(c.name, "unknown", UNKNOWN, lost or "the scheduler was lost") for c in stack]
+                )
             except Exception as err:  # the worker itself died, or the cluster lost track of it
-                arrived = ([CellAction(c.name, "unknown", UNKNOWN, lost) for c in stack] if lost else
-                           [CellAction(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
-                            for c in stack])
+                arrived = (
+                    [CellAction(c.name, "unknown", UNKNOWN, lost) for c in stack]
+                    if lost
+                    else [
+                        CellAction(c.name, "failed", "failed", f"worker error: {type(err).__name__}: {err}")
+                        for c in stack
+                    ]
+                )
             for outcome in arrived:
                 ended.add(outcome.cell)
                 outcomes.append(outcome)
@@ -371,8 +420,15 @@ def freeze_claims(experiment: Experiment) -> Path:
         experiment.directory.mkdir(parents=True, exist_ok=True)
         record = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
         before = sum((experiment.directory / cell.name / "config.yaml").exists() for cell in experiment.cells)
-        runs.write_json(path, {**record, "experiment": str(experiment.path), "runs_before": before,
-                               "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        runs.write_json(
+            path,
+            {
+                **record,
+                "experiment": str(experiment.path),
+                "runs_before": before,
+                "frozen_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+        )
     return path
 
 

@@ -77,8 +77,10 @@ MATERIALIZED_WIDTH = 4096
 
 def running_kernel(env: dict | None = None) -> str | None:
     """The OpenBLAS kernel numpy uses under `env` (a child process asked)."""
-    code = ("from threadpoolctl import threadpool_info; import numpy; "
-            "print(next((i.get('architecture') for i in threadpool_info() if i.get('internal_api') == 'openblas'), ''))")
+    code = (
+        "from threadpoolctl import threadpool_info; import numpy; "
+        "print(next((i.get('architecture') for i in threadpool_info() if i.get('internal_api') == 'openblas'), ''))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     return out.stdout.strip() or None
 
@@ -88,14 +90,18 @@ def second_kernel(requested: str | None = None) -> str:
     (`requested` if it does); RunError when there is none (not OpenBLAS)."""
     current = running_kernel()
     if current is None:
-        raise runs.RunError("verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses, so "
-                            "there is no second kernel to re-run under; the float64 re-run alone is "
-                            "`attn sweep EXPERIMENT dtype=float64 --runs-dir runs/verify/float64`")
+        raise runs.RunError(
+            "verify: numpy's BLAS is not OpenBLAS, whose kernels OPENBLAS_CORETYPE chooses, so "
+            "there is no second kernel to re-run under; the float64 re-run alone is "
+            "`attn sweep EXPERIMENT dtype=float64 --runs-dir runs/verify/float64`"
+        )
     for kernel in [requested] if requested else KERNELS:
         if kernel != current and running_kernel({**os.environ, "OPENBLAS_CORETYPE": kernel}) == kernel:
             return kernel
-    raise runs.RunError(f"verify: --kernel {requested or ', '.join(KERNELS)}: not available on this CPU "
-                        f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}")
+    raise runs.RunError(
+        f"verify: --kernel {requested or ', '.join(KERNELS)}: not available on this CPU "
+        f"besides {current}; expected an OpenBLAS core type such as {', '.join(KERNELS)}"
+    )
 
 
 def variant_directory(experiment: Experiment, variant: str) -> Path:
@@ -103,8 +109,14 @@ def variant_directory(experiment: Experiment, variant: str) -> Path:
     return Path(experiment.cells[0].config.runs_dir) / "verify" / variant
 
 
-def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: dict, workers: int | None,
-          progress: Callable[[str], None]) -> Path:
+def rerun(
+    experiment: Experiment,
+    variant: str,
+    passes: list[list[str]],
+    env: dict,
+    workers: int | None,
+    progress: Callable[[str], None],
+) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
     pass (each its overrides and options); with several passes (each --only
     a part), then `attn report` of the whole; the directory of its report."""
@@ -112,18 +124,23 @@ def rerun(experiment: Experiment, variant: str, passes: list[list[str]], env: di
     report = runs_dir / experiment.name / runs.REPORT_FILE
     parts = ["--no-report"] if len(passes) > 1 else []  # each pass a part: one report of the whole, at the end
     report.unlink(missing_ok=True)  # a report left by an earlier verify must not stand in for this one's
-    commands = [["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir), *parts]
-                + (["--workers", str(workers)] if workers else []) for arguments in passes]
+    commands = [
+        ["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir), *parts]
+        + (["--workers", str(workers)] if workers else [])
+        for arguments in passes
+    ]
     if len(passes) > 1:
         commands.append(["report", str(experiment.path), "--runs-dir", str(runs_dir)])
     for last, command in enumerate(commands, start=1 - len(commands)):
         progress(f"{variant}: attn {' '.join(command)}")
-        done = processes.run_child([sys.executable, "-m", "attn", *command], env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE)
+        done = processes.run_child(
+            [sys.executable, "-m", "attn", *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         if done.returncode != 0 or (last == 0 and not report.exists()):
             lines = done.stderr.strip().splitlines()
-            raise runs.RunError(f"verify: the {variant} re-run failed (exit {done.returncode}): "
-                                f"{lines[-1] if lines else 'no output'}")
+            raise runs.RunError(
+                f"verify: the {variant} re-run failed (exit {done.returncode}): {lines[-1] if lines else 'no output'}"
+            )
     return report.parent
 
 
@@ -142,6 +159,7 @@ class MaterializedPlan:
 def materialized_plan(experiment: Experiment) -> MaterializedPlan:
     """The cells to re-run materialized and the passes that do it, each a block of the grid
     (--only KEY=values); no pass where no cell would change."""
+
     def wide(cell) -> int:
         return max(cell.config.model.d_k, cell.config.model.d_v or cell.config.model.d_k)
 
@@ -151,11 +169,19 @@ def materialized_plan(experiment: Experiment) -> MaterializedPlan:
         said = "no cell runs width-free" if not free else f"every width-free cell is wider than {MATERIALIZED_WIDTH}"
         return MaterializedPlan([], frozenset(), frozenset(), said)
     blocks = _blocks(list(experiment.cells), list(experiment.grid_keys), fits, ())
-    passes = [(["model.width_free=false"] if fit else [])
-              + [a for key, values in only for a in ("--only", only_argument(key, values))]
-              for only, fit in blocks]
-    said = "; ".join(" ".join(f"{key} {', '.join(map(yaml_line, values))}" for key, values in only) or "every cell"
-                     for only, fit in blocks if fit) + " re-run with model.width_free=false"
+    passes = [
+        (["model.width_free=false"] if fit else [])
+        + [a for key, values in only for a in ("--only", only_argument(key, values))]
+        for only, fit in blocks
+    ]
+    said = (
+        "; ".join(
+            " ".join(f"{key} {', '.join(map(yaml_line, values))}" for key, values in only) or "every cell"
+            for only, fit in blocks
+            if fit
+        )
+        + " re-run with model.width_free=false"
+    )
     return MaterializedPlan(passes, fits, frozenset(c.name for c in experiment.cells) - fits, said)
 
 
@@ -166,8 +192,10 @@ def reused_said(reused: frozenset, linked: frozenset) -> str:
     kept = [f"{len(linked)} linked as they ran: not re-run"] if linked else []
     if reused - linked:
         kept.append(f"{len(reused - linked)} not here as run, so made again as they ran")
-    return (f"; the other {len(reused)} runs (not width-free, or wider than {MATERIALIZED_WIDTH}) keep the "
-            f"algorithm they ran with: {', '.join(kept)}")
+    return (
+        f"; the other {len(reused)} runs (not width-free, or wider than {MATERIALIZED_WIDTH}) keep the "
+        f"algorithm they ran with: {', '.join(kept)}"
+    )
 
 
 def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
@@ -184,9 +212,11 @@ def link_finished_runs(experiment: Experiment, target: Path, names: frozenset) -
 
 def linked_runs(experiment: Experiment, target: Path, names: frozenset) -> frozenset:
     """The names whose run in `target` is a hard link of the experiment's own run."""
+
     def same(name: str) -> bool:
         source, destination = (d / name / "summary.json" for d in (experiment.directory, target))
         return source.exists() and destination.exists() and os.path.samefile(source, destination)
+
     return frozenset(name for name in names if same(name))
 
 
@@ -200,11 +230,16 @@ def _blocks(cells: list, keys: list[str], fits: set, only: tuple) -> list[tuple[
         by_value = _by_value(cells, key)
         fit_of = {text: {c.name in fits for c in group} for text, (_, group) in by_value.items()}
         if all(len(fit) == 1 for fit in fit_of.values()):
-            return [(only + ((key, tuple(by_value[t][0] for t, fit in fit_of.items() if fit == {wanted})),), wanted)
-                    for wanted in (True, False)]
+            return [
+                (only + ((key, tuple(by_value[t][0] for t, fit in fit_of.items() if fit == {wanted})),), wanted)
+                for wanted in (True, False)
+            ]
     key = next(k for k in keys if len(_by_value(cells, k)) > 1)
-    return [block for value, group in _by_value(cells, key).values()
-            for block in _blocks(group, keys, fits, only + ((key, (value,)),))]
+    return [
+        block
+        for value, group in _by_value(cells, key).values()
+        for block in _blocks(group, keys, fits, only + ((key, (value,)),))
+    ]
 
 
 def _by_value(cells: list, key: str) -> dict[str, tuple[object, list]]:
@@ -222,8 +257,10 @@ def compare_verdicts(reports: dict[str, dict]) -> list[dict]:
     ids = list(dict.fromkeys(e["id"] for r in reports.values() for e in r["expectations"]))
     rows = []
     for eid in ids:
-        verdicts = {variant: next((e["verdict"] for e in r["expectations"] if e["id"] == eid), "absent")
-                    for variant, r in reports.items()}
+        verdicts = {
+            variant: next((e["verdict"] for e in r["expectations"] if e["id"] == eid), "absent")
+            for variant, r in reports.items()
+        }
         rows.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
     return rows
 
@@ -241,13 +278,17 @@ def compare_cells(reports: dict[str, dict], linked: dict[str, set] | None = None
     in every report ('absent' where a report lacks the cell, which then differs;
     LINKED where the re-run linked the runs as run, `linked`: variant -> cell
     keys, left out of the comparison, as agreeing there would be no test)."""
+
     def counts(report: dict) -> dict[str, str]:
         return {_key(c["settings"]): f"{c['success_rate']['k']}/{c['success_rate']['n']}" for c in report["cells"]}
+
     per_variant = {variant: counts(r) for variant, r in reports.items()}
     rows = []
     for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
-        learned = {variant: LINKED if key in (linked or {}).get(variant, ()) else by_cell.get(key, "absent")
-                   for variant, by_cell in per_variant.items()}
+        learned = {
+            variant: LINKED if key in (linked or {}).get(variant, ()) else by_cell.get(key, "absent")
+            for variant, by_cell in per_variant.items()
+        }
         compared = {count for count in learned.values() if count != LINKED}
         rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(compared) == 1})
     return rows
@@ -257,9 +298,11 @@ def cells_agreement(cells: list[dict], variants: int) -> str:
     """'the same count in all four in N of M cells', and how many of those one re-run linked rather than made."""
     same = [c for c in cells if c["same"]]
     linked = sum(LINKED in c.get("learned", {}).values() for c in same)
-    return (f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells"
-            + (f" ({linked} of them compared without the materialized re-run, which has them as run: the same "
-               "algorithm)" if linked else ""))
+    return f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells" + (
+        f" ({linked} of them compared without the materialized re-run, which has them as run: the same algorithm)"
+        if linked
+        else ""
+    )
 
 
 def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None) -> dict[str, dict]:
@@ -272,14 +315,24 @@ def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None)
     diverged in either are not counted; `only` (variant -> run keys) counts a
     re-run over the runs it re-ran alone (the materialized one's linked runs
     are the runs as run)."""
+
     def paths(report: dict) -> dict[str, str | None]:  # a diverged seed's final loss is "inf" (json_number)
-        return {_key(c["settings"], s["seed"]): s.get("path") if runs.is_finite_number(s["final_loss"]) else None
-                for c in report["cells"] for s in c["seeds"]}
+        return {
+            _key(c["settings"], s["seed"]): s.get("path") if runs.is_finite_number(s["final_loss"]) else None
+            for c in report["cells"]
+            for s in c["seeds"]
+        }
+
     first, *others = (paths(r) for r in reports.values())
     result = {}
     for variant, by_run in zip(list(reports)[1:], others):
-        both = [key for key, path in first.items() if path is not None and by_run.get(key) is not None
-                and (only is None or variant not in only or key in only[variant])]
+        both = [
+            key
+            for key, path in first.items()
+            if path is not None
+            and by_run.get(key) is not None
+            and (only is None or variant not in only or key in only[variant])
+        ]
         result[variant] = {"same": sum(first[key] == by_run[key] for key in both), "runs": len(both)}
     return result
 
@@ -288,9 +341,15 @@ VARIANTS = ("float64", "kernel", "materialized")  # the re-runs verify makes (th
 NOT_ASKED = "not made (attn verify --variants)"  # the materialized re-run, when --variants leaves it out
 
 
-def verify(experiment: Experiment, kernel: str | None, workers: int | None,
-           progress: Callable[[str], None] = lambda message: None, variants: tuple[str, ...] = VARIANTS,
-           as_run: Path | None = None, made: bool = False) -> dict:
+def verify(
+    experiment: Experiment,
+    kernel: str | None,
+    workers: int | None,
+    progress: Callable[[str], None] = lambda message: None,
+    variants: tuple[str, ...] = VARIANTS,
+    as_run: Path | None = None,
+    made: bool = False,
+) -> dict:
     """Re-run the experiment in float64, under a second kernel and, where it runs width-free, with the
     materialized head (`variants`: those of VARIANTS to make); compare every verdict (module docstring).
     `as_run`: the directory of the report to verify (default: the experiment's own). `made`: the re-runs
@@ -299,9 +358,14 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
     reference = Path(as_run) if as_run is not None else experiment.directory
     main = reference / runs.REPORT_FILE
     if not main.exists():
-        raise runs.RunError(f"verify: {main}: no report" + (
-            "; expected a directory holding a report.json and its seeds file, e.g. experiments/results/<name>"
-            if as_run is not None else f" yet; run `attn sweep {experiment.path}` first"))
+        raise runs.RunError(
+            f"verify: {main}: no report"
+            + (
+                "; expected a directory holding a report.json and its seeds file, e.g. experiments/results/<name>"
+                if as_run is not None
+                else f" yet; run `attn sweep {experiment.path}` first"
+            )
+        )
     reports = {"as run": checked_report(experiment, reference, "as run")}
     kernel = second_kernel(kernel) if "kernel" in variants else None  # refused before any re-run, not after one
 
@@ -325,25 +389,39 @@ def verify(experiment: Experiment, kernel: str | None, workers: int | None,
             target.mkdir(parents=True, exist_ok=True)
             linked = link_finished_runs(experiment, target, plan.reused)
         elif not made and (stale := linked_runs(experiment, target, plan.reused)):  # another sweep's, not the report's
-            raise runs.RunError(f"verify: {target}: holds {len(stale)} runs linked from {experiment.directory}, "
-                                f"not the runs of {main}; remove them, or verify the experiment's own report")
+            raise runs.RunError(
+                f"verify: {target}: holds {len(stale)} runs linked from {experiment.directory}, "
+                f"not the runs of {main}; remove them, or verify the experiment's own report"
+            )
         said += reused_said(plan.reused, linked)
         directories["materialized"] = remade("materialized", plan.passes, dict(os.environ))
-    reports.update({variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()})
+    reports.update(
+        {variant: checked_report(experiment, directory, variant) for variant, directory in directories.items()}
+    )
     rows = compare_verdicts(reports)
 
     def keys(names: frozenset, with_seed: bool) -> set[str]:
-        return {_key(settings_json(c.settings), *([c.seed] if with_seed else [])) for c in experiment.cells
-                if c.name in names}
+        return {
+            _key(settings_json(c.settings), *([c.seed] if with_seed else []))
+            for c in experiment.cells
+            if c.name in names
+        }
 
-    result = {"experiment": experiment.name, "as_run": as_run_record(main, as_run is not None),
-              "platforms": {v: r["platform"] for v, r in reports.items()},
-              "expectations": rows, "agree": all(r["agree"] for r in rows),
-              "cells": compare_cells(reports, {"materialized": keys(linked, with_seed=False)}),
-              "unchanged": unchanged_runs(reports, {"materialized": keys(plan.rerun, with_seed=True)}), "materialized": said}
+    result = {
+        "experiment": experiment.name,
+        "as_run": as_run_record(main, as_run is not None),
+        "platforms": {v: r["platform"] for v, r in reports.items()},
+        "expectations": rows,
+        "agree": all(r["agree"] for r in rows),
+        "cells": compare_cells(reports, {"materialized": keys(linked, with_seed=False)}),
+        "unchanged": unchanged_runs(reports, {"materialized": keys(plan.rerun, with_seed=True)}),
+        "materialized": said,
+    }
     if plan.passes and plan.reused - linked:
-        result["remade"] = unchanged_runs({v: reports[v] for v in ("as run", "materialized")},
-                                          {"materialized": keys(plan.reused - linked, with_seed=True)})["materialized"]
+        result["remade"] = unchanged_runs(
+            {v: reports[v] for v in ("as run", "materialized")},
+            {"materialized": keys(plan.reused - linked, with_seed=True)},
+        )["materialized"]
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
@@ -358,17 +436,26 @@ def merge(earlier: dict, later: dict) -> dict:
     experiment is so verified a re-run at a time (each its own platform and commit, as each says)."""
     for which, verification in (("earlier", earlier), ("later", later)):
         if not (verification.get("as_run") or {}).get("sha256"):
-            raise runs.RunError(f"verify: the {which} verification of {verification['experiment']} does not say "
-                                "which report it took as run (an older attn verify made it), so it cannot be merged")
+            raise runs.RunError(
+                f"verify: the {which} verification of {verification['experiment']} does not say "
+                "which report it took as run (an older attn verify made it), so it cannot be merged"
+            )
     if earlier["as_run"]["sha256"] != later["as_run"]["sha256"] or earlier["experiment"] != later["experiment"]:
-        raise runs.RunError(f"verify: the verifications of {earlier['experiment']} and {later['experiment']} took "
-                            "different reports as run; only re-runs of one report can be set side by side")
+        raise runs.RunError(
+            f"verify: the verifications of {earlier['experiment']} and {later['experiment']} took "
+            "different reports as run; only re-runs of one report can be set side by side"
+        )
     platforms = {**earlier["platforms"], **later["platforms"]}
     platforms = {v: platforms[v] for v in reruns_in_order(platforms)}
     expectations = []
     for eid in dict.fromkeys(r["id"] for v in (earlier, later) for r in v["expectations"]):
-        verdicts = {k: x for v in (earlier, later) for r in v["expectations"] if r["id"] == eid
-                    for k, x in r["verdicts"].items()}
+        verdicts = {
+            k: x
+            for v in (earlier, later)
+            for r in v["expectations"]
+            if r["id"] == eid
+            for k, x in r["verdicts"].items()
+        }
         verdicts = {v: verdicts.get(v, "absent") for v in platforms}
         expectations.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
     cells = {}
@@ -376,14 +463,30 @@ def merge(earlier: dict, later: dict) -> dict:
         key = _key(row["settings"])
         learned = {**cells.get(key, {}).get("learned", {}), **row["learned"]}
         compared = {count for count in learned.values() if count != LINKED}
-        cells[key] = {"settings": row["settings"], "learned": {v: learned.get(v, "absent") for v in platforms},
-                      "same": len(compared) == 1}
-    made_materialized = (later if "materialized" in later["platforms"] else earlier if "materialized" in earlier["platforms"]
-                         else later if later.get("materialized") != NOT_ASKED else earlier)
-    merged = {**earlier, **later, "platforms": platforms, "expectations": expectations,
-              "agree": all(r["agree"] for r in expectations), "cells": list(cells.values()),
-              "unchanged": {**earlier.get("unchanged", {}), **later.get("unchanged", {})},
-              "materialized": made_materialized.get("materialized")}
+        cells[key] = {
+            "settings": row["settings"],
+            "learned": {v: learned.get(v, "absent") for v in platforms},
+            "same": len(compared) == 1,
+        }
+    made_materialized = (
+        later
+        if "materialized" in later["platforms"]
+        else earlier
+        if "materialized" in earlier["platforms"]
+        else later
+        if later.get("materialized") != NOT_ASKED
+        else earlier
+    )
+    merged = {
+        **earlier,
+        **later,
+        "platforms": platforms,
+        "expectations": expectations,
+        "agree": all(r["agree"] for r in expectations),
+        "cells": list(cells.values()),
+        "unchanged": {**earlier.get("unchanged", {}), **later.get("unchanged", {})},
+        "materialized": made_materialized.get("materialized"),
+    }
     merged.pop("remade", None)
     if "remade" in made_materialized:
         merged["remade"] = made_materialized["remade"]
@@ -415,17 +518,25 @@ def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
     path = directory / runs.REPORT_FILE
     digest = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})["digest"]
     if (report.get("claims") or {}).get("digest") != digest:
-        raise runs.RunError(f"verify: {path} ({what}) was written under other claims or seeds than "
-                            f"{experiment.path} has now; write it again with `attn report {experiment.path}`")
+        raise runs.RunError(
+            f"verify: {path} ({what}) was written under other claims or seeds than "
+            f"{experiment.path} has now; write it again with `attn report {experiment.path}`"
+        )
     unfinished = sum(sum(c["unfinished"].values()) for c in report["cells"])
     finished = sum(c["n"] for c in report["cells"])
     if unfinished or finished != len(experiment.cells):
-        raise runs.RunError(f"verify: {path} ({what}) covers {finished} finished runs of the file's "
-                            f"{len(experiment.cells)} ({unfinished} unfinished); finish the sweep and write it again")
+        raise runs.RunError(
+            f"verify: {path} ({what}) covers {finished} finished runs of the file's "
+            f"{len(experiment.cells)} ({unfinished} unfinished); finish the sweep and write it again"
+        )
     return report
 
 
-RERUN_WORDS = {"float64": "in float64", "kernel": "on a second BLAS kernel", "materialized": "with the materialized head"}
+RERUN_WORDS = {
+    "float64": "in float64",
+    "kernel": "on a second BLAS kernel",
+    "materialized": "with the materialized head",
+}
 
 
 def kernel_reruns(platforms) -> list[str]:
@@ -436,8 +547,11 @@ def kernel_reruns(platforms) -> list[str]:
 def reruns_made(result: dict) -> dict[str, bool]:
     """Which of VARIANTS' re-runs a verification made."""
     platforms = result["platforms"]
-    return {"float64": "float64" in platforms, "kernel": bool(kernel_reruns(platforms)),
-            "materialized": "materialized" in platforms}
+    return {
+        "float64": "float64" in platforms,
+        "kernel": bool(kernel_reruns(platforms)),
+        "materialized": "materialized" in platforms,
+    }
 
 
 def reruns_said(result: dict) -> str:
@@ -476,27 +590,51 @@ def reruns_in_order(platforms) -> list[str]:
 def verify_markdown(result: dict) -> str:
     variants = reruns_in_order(result["platforms"])
     header = ["expectation", *variants, "agree"]
-    rows = [[r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]]
-    platforms = "; ".join(f"{v}: {', '.join(p.get('cpu', []))}, {', '.join(p.get('blas', []))}, "
-                          f"{', '.join(p.get('dtype', []))}, "
-                          f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}, "
-                          f"subnormals {', '.join(p.get('denormals', ['kept']))}, attn {', '.join(p.get('attn_commit', []))}"
-                          for v, p in ((v, result["platforms"][v]) for v in variants))
+    rows = [
+        [r["id"], *(r["verdicts"][v] for v in variants), "yes" if r["agree"] else "NO"] for r in result["expectations"]
+    ]
+    platforms = "; ".join(
+        f"{v}: {', '.join(p.get('cpu', []))}, {', '.join(p.get('blas', []))}, "
+        f"{', '.join(p.get('dtype', []))}, "
+        f"OPENBLAS_CORETYPE {', '.join(p.get('openblas_coretype', []))}, "
+        f"subnormals {', '.join(p.get('denormals', ['kept']))}, attn {', '.join(p.get('attn_commit', []))}"
+        for v, p in ((v, result["platforms"][v]) for v in variants)
+    )
     if not rows:
         verdicts = ["The experiment declares no expectations: it claims nothing that could flip."]
     else:
-        verdicts = [markdown_table(header, rows), "",
-                    "Every verdict agrees." if result["agree"] else
-                    "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds."]
-    return "\n".join([f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})", "",
-                      *_as_run_markdown(result), f"Platforms: {platforms}.", "",
-                      f"Re-run {reruns_said(result)}.", "",
-                      *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
-                      *([f"Of those made as they ran, {result['remade']['same']} of {result['remade']['runs']} "
-                         "took bit for bit the path they took as run (finite in both).", ""]
-                        if result.get("remade") else []),
-                      *verdicts, "", *_cells_markdown(result.get("cells", []), variants),
-                      *_unchanged_markdown(result.get("unchanged", {}))])
+        verdicts = [
+            markdown_table(header, rows),
+            "",
+            "Every verdict agrees."
+            if result["agree"]
+            else "Some verdicts differ: those claims are too fine to make as stated; weaken them or add seeds.",
+        ]
+    return "\n".join(
+        [
+            f"### {result['experiment']}: verdicts as run and re-run ({', '.join(variants[1:])})",
+            "",
+            *_as_run_markdown(result),
+            f"Platforms: {platforms}.",
+            "",
+            f"Re-run {reruns_said(result)}.",
+            "",
+            *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
+            *(
+                [
+                    f"Of those made as they ran, {result['remade']['same']} of {result['remade']['runs']} "
+                    "took bit for bit the path they took as run (finite in both).",
+                    "",
+                ]
+                if result.get("remade")
+                else []
+            ),
+            *verdicts,
+            "",
+            *_cells_markdown(result.get("cells", []), variants),
+            *_unchanged_markdown(result.get("unchanged", {})),
+        ]
+    )
 
 
 def _as_run_markdown(result: dict) -> list[str]:
@@ -507,9 +645,12 @@ def _as_run_markdown(result: dict) -> list[str]:
     commits = {v: tuple(p.get("attn_commit", [])) for v, p in result["platforms"].items()}
     other = sorted({c for v, cs in commits.items() if v != "as run" for c in cs} - set(commits.get("as run", ())))
     if other:
-        lines += [f"The re-runs ran attn {', '.join(other)}, not the code the runs as run came from "
-                  f"({', '.join(commits.get('as run', ())) or 'unknown'}): a verdict that differs may come from the "
-                  "code as well as from rounding.", ""]
+        lines += [
+            f"The re-runs ran attn {', '.join(other)}, not the code the runs as run came from "
+            f"({', '.join(commits.get('as run', ())) or 'unknown'}): a verdict that differs may come from the "
+            "code as well as from rounding.",
+            "",
+        ]
     return lines
 
 
@@ -522,17 +663,23 @@ def _cells_markdown(cells: list[dict], variants: list[str]) -> list[str]:
     if not differing:
         return [summary + ".", ""]
     keys = list(dict.fromkeys(k for c in differing for k in c["settings"]))
-    table = markdown_table([*keys, *(f"learned {v}" for v in variants)],
-                                [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)]
-                                 for c in differing])
+    table = markdown_table(
+        [*keys, *(f"learned {v}" for v in variants)],
+        [[*(c["settings"].get(k, "—") for k in keys), *(c["learned"][v] for v in variants)] for c in differing],
+    )
     return [summary + "; where it differs:", "", table, ""]
 
 
 def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
     if not unchanged:
         return []
-    return ["Runs that took bit for bit the path they took as run (the same train loss at every logged step; of "
-            "those finite in both): "
-            + ", ".join(f"{variant} {unchanged[variant]['same']} of {unchanged[variant]['runs']}"
-                        for variant in reruns_in_order(unchanged))
-            + " (where a re-run changed no run, it tested nothing there).", ""]
+    return [
+        "Runs that took bit for bit the path they took as run (the same train loss at every logged step; of "
+        "those finite in both): "
+        + ", ".join(
+            f"{variant} {unchanged[variant]['same']} of {unchanged[variant]['runs']}"
+            for variant in reruns_in_order(unchanged)
+        )
+        + " (where a re-run changed no run, it tested nothing there).",
+        "",
+    ]

@@ -144,8 +144,12 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     if spec.positional == "learned":
         shapes["E_pos"] = (spec.n_positions, D)
     shapes.update(
-        W_q=(D, spec.k_width), W_k=(D, spec.k_width), W_v=(D, spec.v_width), W_o=(spec.v_width, D),
-        W_out=(D, spec.n_classes), b_out=(spec.n_classes,),
+        W_q=(D, spec.k_width),
+        W_k=(D, spec.k_width),
+        W_v=(D, spec.v_width),
+        W_o=(spec.v_width, D),
+        W_out=(D, spec.n_classes),
+        b_out=(spec.n_classes,),
     )
     return {**shapes, **score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)}
 
@@ -157,8 +161,11 @@ def score_param_shapes(score: str, qk_norm_gain: str, d_k: int) -> dict[str, tup
     if score == "qk_norm" and qk_norm_gain != "none":
         width = d_k if qk_norm_gain == "vector" else 1
         return {"g_q": (width,), "g_k": (width,)}
-    return {"temperature": {"theta": ()}, "log_length": {"length_scale": ()},
-            "sigma_reparam": {"gamma_q": (), "gamma_k": ()}}.get(score, {})
+    return {
+        "temperature": {"theta": ()},
+        "log_length": {"length_scale": ()},
+        "sigma_reparam": {"gamma_q": (), "gamma_k": ()},
+    }.get(score, {})
 
 
 def buffer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -178,12 +185,15 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
     """Draw initial parameters (see the module docstring for the scheme)."""
     dtype = np.dtype(spec.dtype)
     D = spec.d_model
-    std = {f"E_{name}": spec.n_sources ** -0.5 for name, _ in spec.fields}
+    std = {f"E_{name}": spec.n_sources**-0.5 for name, _ in spec.fields}
     std.update(
-        E_pos=spec.n_sources ** -0.5,
-        W_q=spec.qk_gain / np.sqrt(D), W_k=spec.qk_gain / np.sqrt(D),
-        W_v=spec.v_gain / np.sqrt(D), W_o=spec.o_gain / np.sqrt(spec.d_v),
-        W_out=spec.readout_gain / np.sqrt(D), b_out=0.0,
+        E_pos=spec.n_sources**-0.5,
+        W_q=spec.qk_gain / np.sqrt(D),
+        W_k=spec.qk_gain / np.sqrt(D),
+        W_v=spec.v_gain / np.sqrt(D),
+        W_o=spec.o_gain / np.sqrt(spec.d_v),
+        W_out=spec.readout_gain / np.sqrt(D),
+        b_out=0.0,
     )
     if spec.score == "mup" and spec.mup_zero_init_q:
         std["W_q"] = 0.0  # the coordinates of a zero W_q are zero (its rows add nothing to the basis)
@@ -203,18 +213,31 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
                 params[second] = np.ascontiguousarray(params[second].T)  # W_o carried as C_o^T (2D, D)
     if spec.score == "mup" and spec.mup_zero_init_q:
         params["W_q"][...] = 0  # +0 in every entry (a draw times 0 leaves -0 where it was negative)
-    initial = {"g_q": 1.0, "g_k": 1.0, "gamma_q": 1.0, "gamma_k": 1.0,
-               "theta": spec.temperature_init if spec.temperature_init is not None
-               else np.log(head.score_scale(spec.scale, spec.d_k)),
-               "length_scale": spec.length_scale_init if spec.length_scale_init is not None
-               else 1.0 / np.log(spec.n_positions)}
+    initial = {
+        "g_q": 1.0,
+        "g_k": 1.0,
+        "gamma_q": 1.0,
+        "gamma_k": 1.0,
+        "theta": spec.temperature_init
+        if spec.temperature_init is not None
+        else np.log(head.score_scale(spec.scale, spec.d_k)),
+        "length_scale": spec.length_scale_init
+        if spec.length_scale_init is not None
+        else 1.0 / np.log(spec.n_positions),
+    }
     for name, shape in mode.items():
         params[name] = np.full(shape, initial[name], dtype=dtype)
     return params
 
 
-def _initial_coordinates(spec: ModelSpec, rng: np.random.Generator, std_first: float, std_second: float,
-                         width: int, second_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+def _initial_coordinates(
+    spec: ModelSpec,
+    rng: np.random.Generator,
+    std_first: float,
+    std_second: float,
+    width: int,
+    second_shape: tuple[int, int],
+) -> tuple[np.ndarray, np.ndarray]:
     """The coordinates (C_1, C_2), each (D, 2D), of a circuit's two weights
     (W_q and W_k; W_v and W_o^T) of rows of width `width`, with entries of
     standard deviation std_first, std_second: drawn as the materialized
@@ -235,6 +258,7 @@ def carried_as(spec: ModelSpec) -> dict[str, str]:
     provenance: `materialized` (d_k-wide, as written), `coordinates of the
     drawn weights` (attn.model.widthfree: the same initial model as the
     materialized one for the seed) or `coordinates drawn by bartlett`."""
+
     def how(width: int, carried: int) -> str:
         if width == carried:
             return "materialized"
@@ -254,8 +278,10 @@ def materialized(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dic
     (widthfree.sampled_directly), since a bartlett draw has no basis."""
     out, full = dict(params), replace(spec, width_free=False)
     initial = init_params(full, rng)
-    for first, second, width, carried in (("W_q", "W_k", spec.d_k, spec.k_width),
-                                          ("W_v", "W_o", spec.d_v, spec.v_width)):
+    for first, second, width, carried in (
+        ("W_q", "W_k", spec.d_k, spec.k_width),
+        ("W_v", "W_o", spec.d_v, spec.v_width),
+    ):
         if width == carried:
             continue
         if not widthfree.sampled_directly(spec.d_model, width):
@@ -339,7 +365,7 @@ def embedding_tables(params: dict, spec: ModelSpec, T: int) -> list[np.ndarray]:
     then the fixed sinusoidal positions (T, D), shared by every member, if any."""
     tables = [params[name] for name in spec.embedding_names]
     if spec.positional == "sinusoidal":
-        tables.append(sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype))
+        tables.append(sinusoidal_positions(T, spec.d_model, spec.n_sources**-0.5, spec.dtype))
     return tables
 
 
@@ -356,8 +382,16 @@ def source_ids(tokens: np.ndarray, spec: ModelSpec) -> np.ndarray:
     return ids
 
 
-def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = False, scale=None,
-            association: str | None = None, buffers: dict | None = None, lookup: bool | None = None):
+def forward(
+    params: dict,
+    spec: ModelSpec,
+    batch: Batch,
+    all_queries: bool = False,
+    scale=None,
+    association: str | None = None,
+    buffers: dict | None = None,
+    lookup: bool | None = None,
+):
     """Loss of the batch and the cache that `backward` and `diagnostics` read.
 
     Only positions with a target feed the loss (retrieval: the query, one
@@ -372,26 +406,41 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, all_queries: bool = Fal
     cheaper); `buffers`: the score mode's state (init_buffers), for sigma_reparam.
     """
     T = batch.tokens.shape[-2]
-    x, embed_cache = pairs.embedding_forward(source_ids(batch.tokens, spec), embedding_tables(params, spec, T),
-                                             positional=spec.positional != "none")  # (*M, B, T, D) Embedded
+    x, embed_cache = pairs.embedding_forward(
+        source_ids(batch.tokens, spec), embedding_tables(params, spec, T), positional=spec.positional != "none"
+    )  # (*M, B, T, D) Embedded
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
     if spec.score == "sigma_reparam":  # W' = gamma W / sigma(W)
-        (W_q, query), (W_k, key) = (scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"],
-                                                             buffers[f"u_{w}"], buffers[f"v_{w}"]) for w in "qk")
+        (W_q, query), (W_k, key) = (
+            scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"], buffers[f"u_{w}"], buffers[f"v_{w}"])
+            for w in "qk"
+        )
         spectral = (query, key)
     out, attn, attn_cache = head.attention_forward(
-        x, W_q, W_k, params["W_v"], params["W_o"], spec.score_scale if scale is None else scale, mask, positions,
-        association, head_score(params, spec), lookup)
+        x,
+        W_q,
+        W_k,
+        params["W_v"],
+        params["W_o"],
+        spec.score_scale if scale is None else scale,
+        mask,
+        positions,
+        association,
+        head_score(params, spec),
+        lookup,
+    )
     h = out  # (*M, B, P, D)
     if spec.residual:
         h += attn_cache["x_queries"]  # H = X + out, in place: out is the head's own fresh array
     logits, readout_cache = pairs.linear_forward(h, params["W_out"], params["b_out"])  # (*M, B, P, C)
     loss, ce_cache = pairs.cross_entropy_forward(
-        logits, batch.targets[..., positions], batch.target_mask[..., positions])
-    cache = dict(embed=embed_cache, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions,
-                 spectral=spectral)
+        logits, batch.targets[..., positions], batch.target_mask[..., positions]
+    )
+    cache = dict(
+        embed=embed_cache, attn=attn_cache, readout=readout_cache, ce=ce_cache, positions=positions, spectral=spectral
+    )
     return loss, cache
 
 
@@ -429,7 +478,7 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
             head_grads[f"W_{w}"], head_grads[f"gamma_{w}"] = scores.spectral_backward(head_grads[f"W_{w}"], spectral)
     grads.update(head_grads)
     tables = pairs.embedding_backward(dx, cache["embed"])  # the learned tables', then the fixed positions' if any
-    grads.update(zip(spec.embedding_names, tables[:len(spec.embedding_names)]))
+    grads.update(zip(spec.embedding_names, tables[: len(spec.embedding_names)]))
     return {name: grads[name] for name in spec.param_names}
 
 
@@ -478,8 +527,10 @@ def diagnostics(cache, batch: Batch) -> dict:
         return {"accuracy": accuracy(cache, batch), **_attention_statistics(scores, attn, rows, key, own)}
     # One member at a time, on its own contiguous arrays: numpy orders a
     # reduction by the array's shape, and a member's figures must not depend on the stack.
-    members = [_attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key, own)))
-               for m in range(len(rows))]
+    members = [
+        _attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key, own)))
+        for m in range(len(rows))
+    ]
     stats = {"accuracy": accuracy(cache, batch)}
     for name in members[0]:
         stats[name] = np.array([member[name] for member in members])

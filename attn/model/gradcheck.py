@@ -99,6 +99,7 @@ def check_model(params: dict, loss_fn: Callable[[dict], tuple], eps: float = 1e-
 def format_report(report: Mapping[str, WorstEntry]) -> str:
     """One line per array: its worst relative error and where."""
     return "\n".join(
-        f"{name:>8}  worst rel err {r.rel_error:.2e} at {r.index}  (analytic {r.analytic:+.6e}, numeric {r.numeric:+.6e})"
+        f"{name:>8}  worst rel err {r.rel_error:.2e} at {r.index}  "
+        f"(analytic {r.analytic:+.6e}, numeric {r.numeric:+.6e})"
         for name, r in report.items()
     )

@@ -47,7 +47,7 @@ from attn.model.pairs import (
 # Score scales.  scores = s * Q K^T.  Adding a mode is one entry here.
 # --------------------------------------------------------------------------
 SCORE_SCALES = {
-    "sqrt": lambda d_k: d_k ** -0.5,  # Vaswani et al.: keeps Var(score) ~ 1
+    "sqrt": lambda d_k: d_k**-0.5,  # Vaswani et al.: keeps Var(score) ~ 1
     "none": lambda d_k: 1.0,  # the ablation: Var(score) ~ d_k
     "linear": lambda d_k: 1.0 / d_k,  # muP-style: Var(score) ~ 1/d_k at init
 }
@@ -107,8 +107,9 @@ def _formed_or_looked_up(x, association: str, P: int, lookup: bool | None):
     return x if lookup and association != "projected" else x.dense()
 
 
-def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False,
-               normed: bool = False) -> dict[str, int]:
+def head_costs(
+    B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False, normed: bool = False
+) -> dict[str, int]:
     """Multiply-adds of one forward and backward of the head for each
     association (N_q = B P query rows, N_k = B T key rows, d = d_k + d_v):
 
@@ -131,9 +132,16 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     """
     Nq, Nk, d = B * P, B * T, d_k + d_v
     factored = keep_factored(T, P) and not normed
-    projected = (Nk * D * d + Nq * D * d_k + Nq * T * d + Nq * d_v * D
-                 + 2 * Nq * d_v * D + Nq * T * d + 2 * Nq * D * d_k
-                 + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d))
+    projected = (
+        Nk * D * d
+        + Nq * D * d_k
+        + Nq * T * d
+        + Nq * d_v * D
+        + 2 * Nq * d_v * D
+        + Nq * T * d
+        + 2 * Nq * D * d_k
+        + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d)
+    )
 
     def map_cost(rank: int) -> int:
         return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
@@ -144,15 +152,17 @@ def head_costs(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: b
     if normed and d_k < D:  # G = W W^T of rank d_k < D: its rows' norms cancel in float32 (scores.row_norm_forward)
         del costs["bilinear"]
     if width_free:
-        carried = head_costs(B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v),
-                             normed=normed)
+        carried = head_costs(
+            B, P, T, D, widthfree.carried_width(D, d_k), widthfree.carried_width(D, d_v), normed=normed
+        )
         costs["widthfree"] = min(carried.values())
     return costs
 
 
 @lru_cache(maxsize=64)
-def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False,
-                       normed: bool = False) -> str:
+def choose_association(
+    B: int, P: int, T: int, D: int, d_k: int, d_v: int, width_free: bool = False, normed: bool = False
+) -> str:
     """The rule: the association of head_costs with fewer multiply-adds
     (ties: projected, then bilinear). Bilinear wins with few query rows
     (retrieval's one) or d_k, d_v wider than d_model; projected with a query
@@ -163,9 +173,19 @@ def choose_association(B: int, P: int, T: int, D: int, d_k: int, d_v: int, width
     return min(costs, key=lambda name: (costs[name], list(costs).index(name)))
 
 
-def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = None, queries=slice(None),
-                      association: str | None = None, score: scores.HeadScore | None = None,
-                      lookup: bool | None = None):
+def attention_forward(
+    x,
+    W_q,
+    W_k,
+    W_v,
+    W_o,
+    scale,
+    mask: np.ndarray | None = None,
+    queries=slice(None),
+    association: str | None = None,
+    score: scores.HeadScore | None = None,
+    lookup: bool | None = None,
+):
     """One attention head, as in "Attention Is All You Need", for the queries
     at `queries` (distinct positions: an index array or a slice along T;
     default all T):
@@ -224,23 +244,45 @@ def attention_forward(x, W_q, W_k, W_v, W_o, scale, mask: np.ndarray | None = No
     elif norm is not None:
         logits, q_circuit, norm_cache = _normed_forward(x, x_q, W_q, W_k, scale, score)  # (*M, B, P, T), (*M, B, P, D)
     else:
-        q_circuit, query_map = factorised_linear_forward(x_q, W_q, W_k.swapaxes(-1, -2), scale)  # X_Q W_QK: (*M, B, P, D)
+        q_circuit, query_map = factorised_linear_forward(
+            x_q, W_q, W_k.swapaxes(-1, -2), scale
+        )  # X_Q W_QK: (*M, B, P, D)
         logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
     logits, transform = scores.transform_forward(logits, score, mask, queries)
     if mask is not None:
         logits[..., mask[queries]] = -np.inf
     attn, _ = softmax_forward(logits)  # (*M, B, P, T)
-    cache = dict(association=association, x=x, x_queries=x_q, queries=queries, scale=scale, scores=logits,
-                 attn=attn, transform=transform)
+    cache = dict(
+        association=association,
+        x=x,
+        x_queries=x_q,
+        queries=queries,
+        scale=scale,
+        scores=logits,
+        attn=attn,
+        transform=transform,
+    )
     if association == "projected":
         out, output = linear_forward(attn @ v, W_o)  # C = A V: (*M, B, P, d_v);  C W_o: (*M, B, P, D)
-        cache.update(k=k, v=v, q_scaled=q_scaled, kv_projection=kv_projection, q_projection=q_projection,
-                     output=output, key_norm=key_norm, query_norm=query_norm)
+        cache.update(
+            k=k,
+            v=v,
+            q_scaled=q_scaled,
+            kv_projection=kv_projection,
+            q_projection=q_projection,
+            output=output,
+            key_norm=key_norm,
+            query_norm=query_norm,
+        )
     else:
         attended = _weighted_sum(attn, x)  # A X: (*M, B, P, D)
         out, value_map = factorised_linear_forward(attended, W_v, W_o)  # (A X) W_OV: (*M, B, P, D)
-        cache.update(q_circuit=q_circuit, attended=attended, value_map=value_map,
-                     **(dict(norm_cache=norm_cache) if norm is not None else dict(query_map=query_map)))
+        cache.update(
+            q_circuit=q_circuit,
+            attended=attended,
+            value_map=value_map,
+            **(dict(norm_cache=norm_cache) if norm is not None else dict(query_map=query_map)),
+        )
     return out, attn, cache
 
 
@@ -257,8 +299,20 @@ def _normed_forward(x: np.ndarray, x_q: np.ndarray, W_q, W_k, scale, score: scor
     q_circuit = unnormed * factor  # (*M, B, P, D)
     raw = _key_major_product(x, q_circuit)  # s r_q X_Q M X^T: (*M, B, P, T), keys outermost
     logits = raw * key_inverse[..., None, :]  # the same layout (an elementwise product keeps it)
-    return logits, q_circuit, dict(gram=gram, key_norm=key_norm, query_norm=query_norm, query_map=query_map,
-                                   unnormed=unnormed, factor=factor, raw=raw, key_inverse=key_inverse)
+    return (
+        logits,
+        q_circuit,
+        dict(
+            gram=gram,
+            key_norm=key_norm,
+            query_norm=query_norm,
+            query_map=query_map,
+            unnormed=unnormed,
+            factor=factor,
+            raw=raw,
+            key_inverse=key_inverse,
+        ),
+    )
 
 
 def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, norm_cache: dict):
@@ -273,7 +327,9 @@ def _normed_backward(dscores: np.ndarray, x: np.ndarray, scale, norm_cache: dict
     dkey_inverse = (dscores * norm_cache["raw"]).sum(axis=-2)  # (*M, B, T)
     dq_circuit = dscores_unnormed @ x  # (*M, B, P, D)
     dquery_inverse = (dq_circuit * norm_cache["unnormed"]).sum(axis=-1) * scale  # (*M, B, P)
-    dx_q, dM, _ = linear_backward(dq_circuit * norm_cache["factor"], norm_cache["query_map"])  # (*M, B, P, D), (*M, D, D)
+    dx_q, dM, _ = linear_backward(
+        dq_circuit * norm_cache["factor"], norm_cache["query_map"]
+    )  # (*M, B, P, D), (*M, D, D)
     dG_q, dx_query_norm = scores.row_norm_backward(dquery_inverse, norm_cache["query_norm"])
     dx_q += dx_query_norm
     dG_k, dx_keys = scores.row_norm_backward(dkey_inverse, norm_cache["key_norm"])  # (*M, D, D), (*M, B, T, D)
@@ -307,21 +363,33 @@ def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
 
 
 def _projected_backward(dout, cache, dx_queries):
-    k, v, q_scaled, attn = cache["k"], cache["v"], cache["q_scaled"], cache["attn"]  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
+    k, v, q_scaled, attn = (
+        cache["k"],
+        cache["v"],
+        cache["q_scaled"],
+        cache["attn"],
+    )  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
     dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
     dq = dscores @ k  # (*M, B, P, d_k)
     dq *= cache["scale"][..., None]  # Q_s = s Q
     if cache["query_norm"] is not None:
         dq, grads["g_q"] = scores.norm_backward(dq, cache["query_norm"])
-    dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(dscores, q_scaled, attn, dcontext, cache["kv_projection"],
-                                                       cache["key_norm"])
+    dx, dW_k, dW_v, grads["g_k"] = _key_value_backward(
+        dscores, q_scaled, attn, dcontext, cache["kv_projection"], cache["key_norm"]
+    )
     dx_q, dW_q, _ = linear_backward(dq, cache["q_projection"])  # (*M, B, P, D), (*M, D, d_k)
     if dx_queries is not None:
         dx_q += dx_queries
     dx = add_at_positions(dx, cache["queries"], dx_q)
-    return {"x": dx, "W_q": dW_q, "W_k": dW_k, "W_v": dW_v, "W_o": dW_o,
-            **{name: g for name, g in grads.items() if g is not None}}
+    return {
+        "x": dx,
+        "W_q": dW_q,
+        "W_k": dW_k,
+        "W_v": dW_v,
+        "W_o": dW_o,
+        **{name: g for name, g in grads.items() if g is not None},
+    }
 
 
 def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_norm=None):

@@ -42,9 +42,21 @@ def row_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | 
     examples at a time (so memory does not grow with the eval set), each
     chunk's gradients rescaled to the rows' share of the whole batch's loss."""
     n_total = int(batch.target_mask.sum())
-    chunks = [_chunk_statistics(params, spec, Batch(*(field[start:start + CHUNK_EXAMPLES] for field in (
-        batch.tokens, batch.targets, batch.target_mask, batch.target_key))), buffers, n_total)
-        for start in range(0, len(batch.tokens), CHUNK_EXAMPLES)]
+    chunks = [
+        _chunk_statistics(
+            params,
+            spec,
+            Batch(
+                *(
+                    field[start : start + CHUNK_EXAMPLES]
+                    for field in (batch.tokens, batch.targets, batch.target_mask, batch.target_key)
+                )
+            ),
+            buffers,
+            n_total,
+        )
+        for start in range(0, len(batch.tokens), CHUNK_EXAMPLES)
+    ]
     return {name: np.concatenate([chunk[name] for chunk in chunks]) for name in chunks[0]}
 
 
@@ -64,8 +76,14 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
     eigenvalues = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[finite, None, :] - p[finite, :, None] * p[finite, None, :])
     jacobian[finite] = np.abs(eigenvalues).max(axis=-1)
     max_p = p.max(axis=-1)
-    return {"max_p": max_p, "saturated": max_p > SATURATED, "grad_W_q": grad_q[rows], "grad_W_k": grad_k[rows],
-            "jacobian": jacobian, "bound": 2 * (1 - max_p)}
+    return {
+        "max_p": max_p,
+        "saturated": max_p > SATURATED,
+        "grad_W_q": grad_q[rows],
+        "grad_W_k": grad_k[rows],
+        "jacobian": jacobian,
+        "bound": 2 * (1 - max_p),
+    }
 
 
 def _row_norms(a: np.ndarray) -> np.ndarray:
@@ -96,6 +114,7 @@ def summary(rows: dict[str, np.ndarray]) -> dict[str, float]:
         out[f"{name}_median_other"] = float(np.median(values[~saturated])) if (~saturated).any() else float("nan")
         out[f"{name}_top_share"] = top_share(values)
     bounded = rows["bound"] > 0
-    out["jacobian_over_bound_max"] = float((rows["jacobian"][bounded] / rows["bound"][bounded]).max()) \
-        if bounded.any() else float("nan")
+    out["jacobian_over_bound_max"] = (
+        float((rows["jacobian"][bounded] / rows["bound"][bounded]).max()) if bounded.any() else float("nan")
+    )
     return out

@@ -216,8 +216,10 @@ class Embedded:
         entry holds the array, so its id is not another's while X lives."""
         kept = self._binned_of.get(id(weights))
         if kept is None:
-            kept = self._binned_of[id(weights)] = weights, _binned(weights, self._bin_slots_for(weights.shape[-2]),
-                                                                   self.table.shape[-2], self.positions_from)
+            kept = self._binned_of[id(weights)] = (
+                weights,
+                _binned(weights, self._bin_slots_for(weights.shape[-2]), self.table.shape[-2], self.positions_from),
+            )
         return kept[1]
 
     @cached_property
@@ -272,7 +274,7 @@ def _binned(weights: np.ndarray, bin_slots: np.ndarray, V: int, positions_from: 
     binned = np.bincount(bin_slots, spread.ravel(), prod(weights.shape[:-1]) * V)  # (*M B R V,)
     binned = binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
     if positions_from is not None:
-        binned[..., positions_from:positions_from + weights.shape[-1]] = weights
+        binned[..., positions_from : positions_from + weights.shape[-1]] = weights
     return binned
 
 
@@ -312,7 +314,9 @@ def embedding_forward(ids: np.ndarray, tables: list[np.ndarray], positional: boo
     (0..T-1, ids (S, *M, B, T)), which the binnings need not count (_binned)."""
     sizes = tuple(table.shape[-2] for table in tables)
     lead = tables[0].shape[:-2]  # (*M,): a field's table has the members'
-    tables = [table if table.ndim == len(lead) + 2 else np.broadcast_to(table, (*lead, *table.shape)) for table in tables]
+    tables = [
+        table if table.ndim == len(lead) + 2 else np.broadcast_to(table, (*lead, *table.shape)) for table in tables
+    ]
     table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
     stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
     positions_from = sum(sizes[:-1]) if positional else None
@@ -460,8 +464,8 @@ def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale
 def factorised_linear_backward(dout: np.ndarray, cache):
     """(dx, dU, dV) of out = s x U V:
 
-        chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
-        merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
+    chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
+    merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
     """
     x_shape, (rows, U, V, scale, W, hidden) = cache
     dout2 = as_rows(dout, member_axes(U))  # (*M, N, n_out)

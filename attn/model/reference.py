@@ -44,18 +44,21 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     if spec.positional == "learned":
         X = X + params["E_pos"][:T]
     elif spec.positional == "sinusoidal":
-        X = X + sinusoidal_positions(T, spec.d_model, spec.n_sources ** -0.5, spec.dtype)
+        X = X + sinusoidal_positions(T, spec.d_model, spec.n_sources**-0.5, spec.dtype)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
     if spec.score == "sigma_reparam":
-        (W_q, query), (W_k, key) = (scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"],
-                                                             buffers[f"u_{w}"], buffers[f"v_{w}"]) for w in "qk")
+        (W_q, query), (W_k, key) = (
+            scores.spectral_forward(params[f"W_{w}"], params[f"gamma_{w}"], buffers[f"u_{w}"], buffers[f"v_{w}"])
+            for w in "qk"
+        )
         spectral = (query, key)
     Q, K, V = X @ W_q, X @ W_k, X @ params["W_v"]
     norms = None
     if spec.score == "qk_norm":
         gains = (None, None) if spec.qk_norm_gain == "none" else (params["g_q"], params["g_k"])
-        (Q, query_norm), (K, key_norm) = (scores.norm_forward(Z, g, spec.qk_norm, spec.norm_width)
-                                              for Z, g in zip((Q, K), gains))
+        (Q, query_norm), (K, key_norm) = (
+            scores.norm_forward(Z, g, spec.qk_norm, spec.norm_width) for Z, g in zip((Q, K), gains)
+        )
         norms = (query_norm, key_norm)
     masked = np.zeros((T, T), dtype=bool)  # True where query i may not look at key j
     if spec.causal:
@@ -63,8 +66,9 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     if spec.mask_self:
         masked |= np.eye(T, dtype=bool)  # the query's own position
     masked = masked if masked.any() else None
-    S, transform = scores.transform_forward(spec.score_scale * Q @ K.transpose(0, 2, 1),
-                                            fast.head_score(params, spec), masked, slice(None))
+    S, transform = scores.transform_forward(
+        spec.score_scale * Q @ K.transpose(0, 2, 1), fast.head_score(params, spec), masked, slice(None)
+    )
     if masked is not None:
         S = np.where(masked, -np.inf, S)
     A = softmax(S)
@@ -78,8 +82,25 @@ def forward(params: dict, spec: ModelSpec, batch: Batch, buffers: dict | None = 
     picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # (B, T)
     n_targets = batch.target_mask.sum()
     loss = -(picked * batch.target_mask).sum() / n_targets
-    cache = dict(params=params, batch=batch, X=X, Q=Q, K=K, V=V, S=S, A=A, C=C, H=H, W_q=W_q, W_k=W_k,
-                 probs=np.exp(log_probs), n_targets=n_targets, transform=transform, norms=norms, spectral=spectral)
+    cache = dict(
+        params=params,
+        batch=batch,
+        X=X,
+        Q=Q,
+        K=K,
+        V=V,
+        S=S,
+        A=A,
+        C=C,
+        H=H,
+        W_q=W_q,
+        W_k=W_k,
+        probs=np.exp(log_probs),
+        n_targets=n_targets,
+        transform=transform,
+        norms=norms,
+        spectral=spectral,
+    )
     return loss, cache
 
 
@@ -122,14 +143,20 @@ def backward(cache, spec: ModelSpec) -> dict[str, np.ndarray]:
     X, Q, K = cache["X"], cache["Q"], cache["K"]
     s = spec.score_scale
     dlogits, dH, dV, dS, grads = backward_to_scores(cache, spec)
-    grads.update(W_out=np.einsum("btd,btc->dc", cache["H"], dlogits), b_out=dlogits.sum(axis=(0, 1)),
-                 W_o=np.einsum("btv,btd->vd", cache["C"], dH))
+    grads.update(
+        W_out=np.einsum("btd,btc->dc", cache["H"], dlogits),
+        b_out=dlogits.sum(axis=(0, 1)),
+        W_o=np.einsum("btv,btd->vd", cache["C"], dH),
+    )
     dQ = s * dS @ K
     dK = s * dS.transpose(0, 2, 1) @ Q
     if cache["norms"] is not None:
-        (dQ, grads["g_q"]), (dK, grads["g_k"]) = (scores.norm_backward(dZ, n) for dZ, n in zip((dQ, dK), cache["norms"]))
-    grads.update(W_q=np.einsum("btd,btk->dk", X, dQ), W_k=np.einsum("btd,btk->dk", X, dK),
-                 W_v=np.einsum("btd,btv->dv", X, dV))
+        (dQ, grads["g_q"]), (dK, grads["g_k"]) = (
+            scores.norm_backward(dZ, n) for dZ, n in zip((dQ, dK), cache["norms"])
+        )
+    grads.update(
+        W_q=np.einsum("btd,btk->dk", X, dQ), W_k=np.einsum("btd,btk->dk", X, dK), W_v=np.einsum("btd,btv->dv", X, dV)
+    )
     if cache["spectral"] is not None:
         for w, spectral in zip("qk", cache["spectral"]):
             grads[f"W_{w}"], grads[f"gamma_{w}"] = scores.spectral_backward(grads[f"W_{w}"], spectral)

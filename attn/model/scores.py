@@ -55,8 +55,11 @@ def transform_forward(scores: np.ndarray, score: HeadScore | None, mask: np.ndar
     exp(theta) S, or s_len ln(n) S per row, n the keys the row may see
     (keys_seen, under `mask` at the rows `queries`); (S', cache) with cache
     None when the mode has none."""
-    if score is None or score.norm is not None or (score.cap is None and score.temperature is None
-                                                   and score.length_scale is None):
+    if (
+        score is None
+        or score.norm is not None
+        or (score.cap is None and score.temperature is None and score.length_scale is None)
+    ):
         return scores, None
     if score.cap is not None:
         out, capped = softcap_forward(scores, score.cap)
@@ -146,9 +149,9 @@ def _mean(x: np.ndarray, width: int | None) -> np.ndarray:
 
 def norm_backward(dout: np.ndarray, cache):
     """(dx, dgain): with n = x' / g the normalised x and r = 1/sqrt(...),
-        dn = dout g,   dx = r (dn - mean(dn) - n mean(dn n))   (layer)
-                       dx = r (dn - n mean(dn n))              (rms)
-        dg = sum of dout n over every row (to g's shape)."""
+    dn = dout g,   dx = r (dn - mean(dn) - n mean(dn n))   (layer)
+                   dx = r (dn - n mean(dn n))              (rms)
+    dg = sum of dout n over every row (to g's shape)."""
     centred, inverse, g, kind, gain_shape, width = cache
     normed = centred * inverse
     dnormed = dout if g is None else dout * g
@@ -263,7 +266,7 @@ def spectral_forward(W: np.ndarray, gamma: np.ndarray, u: np.ndarray, v: np.ndar
 
 def spectral_backward(dout: np.ndarray, cache):
     """(dW, dgamma) of W' = gamma W / sigma, sigma = u^T W v (d sigma / dW = u v^T):
-        dW = (gamma / sigma) G - (gamma / sigma^2) <G, W> u v^T,   dgamma = <G, W> / sigma."""
+    dW = (gamma / sigma) G - (gamma / sigma^2) <G, W> u v^T,   dgamma = <G, W> / sigma."""
     W, gamma, sigma, u, v = cache
     inner = (dout * W).sum(axis=(-2, -1))  # <G, W>  (*M,)
     dW = dout * (gamma / sigma)[..., None, None]

@@ -28,8 +28,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import math
 import json
+import math
 import os
 import time
 from collections import Counter
@@ -110,14 +110,16 @@ def group_rows(groups: list[Group], threshold: float, include_unfinished: bool =
     for group in groups:
         counted = [run for run in group.runs if include_unfinished or run.status in runs.FINISHED]
         figures = [run_figures(run, threshold) for run in counted]
-        rows.append(GroupRow(
-            label=group.name,
-            settings=used_settings(group.settings, keys),
-            seeds=[run.settings.get("seed") for run in group.runs],
-            statuses=dict(Counter(run.status for run in group.runs)),
-            stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
-            left_out=len(group.runs) - len(counted),
-        ))
+        rows.append(
+            GroupRow(
+                label=group.name,
+                settings=used_settings(group.settings, keys),
+                seeds=[run.settings.get("seed") for run in group.runs],
+                statuses=dict(Counter(run.status for run in group.runs)),
+                stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
+                left_out=len(group.runs) - len(counted),
+            )
+        )
     return rows
 
 
@@ -145,26 +147,49 @@ def format_statuses(statuses: dict) -> str:
 
 
 def group_table(rows: list[GroupRow], threshold: float, include_unfinished: bool = False) -> str:
-    header = ["group", "n", "status", "final eval loss", "final eval acc", "best eval loss",
-              f"steps to acc ≥ {threshold:g}", "wall time (s)"]
+    header = [
+        "group",
+        "n",
+        "status",
+        "final eval loss",
+        "final eval acc",
+        "best eval loss",
+        f"steps to acc ≥ {threshold:g}",
+        "wall time (s)",
+    ]
     cells = []
     for row in rows:
         s = row.stats
         n = str(len(row.seeds)) + (f" ({row.left_out} left out)" if row.left_out else "")
-        cells.append([row.label, n, format_statuses(row.statuses),
-                      format_stat(s["final_eval_loss"], ".4g"), format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
-                      format_stat(s["best_eval_loss"], ".4g"), format_steps(s["steps_to_threshold"]),
-                      format_stat(s["wall_time"], ".1f", ".1f")])
-    notes = ["", "mean ± sample std over the runs of each group; (k/n): only k of its n runs have a value "
-             "(a diverged run has no final figures); steps to acc: the first logged step with "
-             f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the runs that reached it."]
+        cells.append(
+            [
+                row.label,
+                n,
+                format_statuses(row.statuses),
+                format_stat(s["final_eval_loss"], ".4g"),
+                format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
+                format_stat(s["best_eval_loss"], ".4g"),
+                format_steps(s["steps_to_threshold"]),
+                format_stat(s["wall_time"], ".1f", ".1f"),
+            ]
+        )
+    notes = [
+        "",
+        "mean ± sample std over the runs of each group; (k/n): only k of its n runs have a value "
+        "(a diverged run has no final figures); steps to acc: the first logged step with "
+        f"{THRESHOLD_METRIC} ≥ {threshold:g}, over the runs that reached it.",
+    ]
     left_out = sum(row.left_out for row in rows)
     if left_out:
-        notes.append(f"Left out of the statistics: {left_out} run{'s' * (left_out != 1)} that did not finish "
-                     "(drawn as far as they got; --include-unfinished counts them).")
+        notes.append(
+            f"Left out of the statistics: {left_out} run{'s' * (left_out != 1)} that did not finish "
+            "(drawn as far as they got; --include-unfinished counts them)."
+        )
     elif include_unfinished and any(status not in runs.FINISHED for row in rows for status in row.statuses):
-        notes.append("Runs that did not finish are counted (--include-unfinished): their figures are where they "
-                     "stopped, not final.")
+        notes.append(
+            "Runs that did not finish are counted (--include-unfinished): their figures are where they "
+            "stopped, not final."
+        )
     return "\n".join([markdown_table(header, cells)] + notes) + "\n"
 
 
@@ -173,15 +198,30 @@ def csv_table(rows: list[GroupRow]) -> str:
     keys = list(dict.fromkeys(k for row in rows for k in row.settings))
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["group", *keys, "n_runs", "n_left_out", "seeds", "status",
-                     *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")]])
+    writer.writerow(
+        [
+            "group",
+            *keys,
+            "n_runs",
+            "n_left_out",
+            "seeds",
+            "status",
+            *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")],
+        ]
+    )
     for row in rows:
         stats = [value for c in STAT_COLUMNS for value in (row.stats[c].mean, row.stats[c].std, row.stats[c].n)]
-        writer.writerow([row.label, *[format_value(row.settings[k]) if k in row.settings else "" for k in keys],
-                         len(row.seeds), row.left_out,
-                         " ".join(format_value(s) for s in row.seeds),
-                         "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
-                         *["" if v is None else v for v in stats]])
+        writer.writerow(
+            [
+                row.label,
+                *[format_value(row.settings[k]) if k in row.settings else "" for k in keys],
+                len(row.seeds),
+                row.left_out,
+                " ".join(format_value(s) for s in row.seeds),
+                "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
+                *["" if v is None else v for v in stats],
+            ]
+        )
     return buffer.getvalue()
 
 
@@ -199,8 +239,9 @@ class Comparison:
     warnings: list = dataclasses.field(default_factory=list)  # one line each: duplicate seeds (duplicate_seeds)
 
 
-def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: str, group_by=None, facet=None,
-                  xlim=None) -> None:
+def check_options(
+    metrics, x: str, smoothing: float, threshold: float, yscale: str, group_by=None, facet=None, xlim=None
+) -> None:
     if not metrics:
         raise ArgumentError("metrics", "got none; expected at least one logged metric, e.g. eval_loss")
     if x not in X_AXES:
@@ -214,8 +255,10 @@ def check_options(metrics, x: str, smoothing: float, threshold: float, yscale: s
     for argument, keys in (("group_by", group_by or []), ("facet", [facet] if facet else [])):
         for key in keys:
             if key not in all_keys():
-                raise ArgumentError(argument, f"got {key!r}; expected a dotted config key, e.g. model.scale"
-                                    + did_you_mean(nearest_key(key)))
+                raise ArgumentError(
+                    argument,
+                    f"got {key!r}; expected a dotted config key, e.g. model.scale" + did_you_mean(nearest_key(key)),
+                )
     if xlim is not None and not (len(xlim) == 2 and all(math.isfinite(v) for v in xlim) and xlim[0] < xlim[1]):
         raise ArgumentError("xlim", f"got {xlim!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
 
@@ -226,9 +269,12 @@ def check_metrics(metrics, logged: set[str]) -> None:
         if metric not in logged:
             close = closest(metric, sorted(logged), n=5)
             shown = close[1:] or [k for k in sorted(logged) if "/" not in k][:6]  # the overall ones, not per parameter
-            raise ArgumentError("metrics", f"got {metric!r}{did_you_mean(*close)}; "
-                                + f"expected a logged metric, e.g. {', '.join(shown)} ({len(logged)} are logged: "
-                              "the keys of a run's metrics.jsonl)")
+            raise ArgumentError(
+                "metrics",
+                f"got {metric!r}{did_you_mean(*close)}; "
+                + f"expected a logged metric, e.g. {', '.join(shown)} ({len(logged)} are logged: "
+                "the keys of a run's metrics.jsonl)",
+            )
 
 
 RUNS_FILE = "runs.json"  # in a comparison's directory: the run directories it compared
@@ -264,16 +310,29 @@ def default_out_dir(run_dirs: list[Path]) -> Path:
             return common / "compare"
         return runs.create_run_dir(common, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
     except OSError as err:
-        raise runs.RunError(f"{common / 'compare'}: cannot create the output directory: {err.strerror}; "
-                            "choose one with --out DIR") from None
+        raise runs.RunError(
+            f"{common / 'compare'}: cannot create the output directory: {err.strerror}; choose one with --out DIR"
+        ) from None
     except runs.RunError as err:
         raise runs.RunError(f"{err}; choose an output directory with --out DIR") from None
 
 
-def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0, threshold: float = THRESHOLD,
-            yscale: str = "auto", out: Path | None = None, *, where=(), group_by: list[str] | None = None,
-            facet: str | None = None, xlim: tuple[float, float] | None = None,
-            include_unfinished: bool = False, all_y: bool = False) -> Comparison:
+def compare(
+    paths,
+    metrics=DEFAULT_METRICS,
+    x: str = "step",
+    smoothing: float = 0.0,
+    threshold: float = THRESHOLD,
+    yscale: str = "auto",
+    out: Path | None = None,
+    *,
+    where=(),
+    group_by: list[str] | None = None,
+    facet: str | None = None,
+    xlim: tuple[float, float] | None = None,
+    include_unfinished: bool = False,
+    all_y: bool = False,
+) -> Comparison:
     """Read the runs at PATHs (those matching every --where), group them and
     write compare.png, compare.svg, table.md and table.csv (module docstring).
     all_y: each panel's y range holds every finite value drawn, not just their bulk."""
@@ -285,9 +344,12 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
     if conditions:
         kept = [run for run in loaded if matches(run, conditions)]
         if not kept:
-            raise ArgumentError("where", "no run matches; among the runs, "
-                                + "; ".join(f"{key} is {_values_among(loaded, key)}" for key, _ in conditions),
-                                " ".join(where))
+            raise ArgumentError(
+                "where",
+                "no run matches; among the runs, "
+                + "; ".join(f"{key} is {_values_among(loaded, key)}" for key, _ in conditions),
+                " ".join(where),
+            )
         loaded = kept
     plotted = []
     for run in loaded:
@@ -296,8 +358,9 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
         else:
             skipped.append(Skipped(run.path, f"no metrics yet (status {run.status})"))
     if not plotted:
-        raise runs.RunError(f"{', '.join(map(str, paths))}: nothing to compare: "
-                            + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
+        raise runs.RunError(
+            f"{', '.join(map(str, paths))}: nothing to compare: " + "; ".join(f"{s.path}: {s.reason}" for s in skipped)
+        )
     check_metrics(metrics, {key for run in plotted for record in run.records for key in record} - {"step"})
     groups = group_runs(plotted, group_by, facet)
     rows = group_rows(groups, threshold, include_unfinished)
@@ -309,9 +372,19 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
             out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise runs.RunError(f"{out_dir}: cannot create the output directory: {err.strerror}") from None
-    fig = draw_comparison(groups, metrics, x, smoothing, yscale, shared_references(plotted), threshold,
-                          comparison_title(run_dirs, plotted, groups, conditions, group_by, facet), xlim, facet,
-                          robust=not all_y)
+    fig = draw_comparison(
+        groups,
+        metrics,
+        x,
+        smoothing,
+        yscale,
+        shared_references(plotted),
+        threshold,
+        comparison_title(run_dirs, plotted, groups, conditions, group_by, facet),
+        xlim,
+        facet,
+        robust=not all_y,
+    )
     table = group_table(rows, threshold, include_unfinished)
     skipped_notes = "".join(f"\nskipped {s.path}: {s.reason}" for s in skipped) + ("\n" if skipped else "")
     written = [figures.save_figure(fig, out_dir / name, tight=False) for name in ("compare.png", "compare.svg")]
@@ -328,16 +401,24 @@ def compare(paths, metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 
 
 def _values_among(loaded: list[Run], key: str) -> str:
     """'16, 64' : the values a key has among the runs (those whose task reads it)."""
-    values = sorted({format_value(run.settings[key]) for run in loaded
-                     if key in run.settings and key not in unused_task_keys(run.settings)}, key=natural_key)
+    values = sorted(
+        {
+            format_value(run.settings[key])
+            for run in loaded
+            if key in run.settings and key not in unused_task_keys(run.settings)
+        },
+        key=natural_key,
+    )
     return ", ".join(values) or "read by none of them"
 
 
 def comparison_title(run_dirs: list[Path], plotted: list[Run], groups: list[Group], conditions, group_by, facet) -> str:
     """What the figure shows: which runs, how they are grouped and pooled, what the line and band are."""
     common = Path(os.path.commonpath([p.absolute() for p in run_dirs]))
-    names = short_names([*(group_by or []), *([facet] if facet else []), *(k for k, _ in conditions)],
-                        among=[k for run in plotted for k in run.settings])
+    names = short_names(
+        [*(group_by or []), *([facet] if facet else []), *(k for k, _ in conditions)],
+        among=[k for run in plotted for k in run.settings],
+    )
     parts = [f"{common.name or 'runs'}: {len(plotted)} runs in {len(groups)} groups"]
     if conditions:
         parts.append("where " + ", ".join(f"{names[k]}={format_value(plain_value(v))}" for k, v in conditions))
@@ -346,5 +427,3 @@ def comparison_title(run_dirs: list[Path], plotted: list[Run], groups: list[Grou
     if facet:
         parts.append(f"a row per {names[facet]}")
     return "; ".join(parts) + "; line: mean over a group's runs, band: ± std"
-
-

@@ -57,8 +57,9 @@ HANDLE_INCHES = 0.7  # a legend entry's line sample and padding
 LINE_INCHES = 1.6 * LEGEND_FONT_POINTS / 72  # a legend line's height
 
 
-def last_counts(groups: list[Group], metric: str, x: str = "step", smoothing: float = 0.0,
-                xlim: tuple[float, float] | None = None) -> list[int]:
+def last_counts(
+    groups: list[Group], metric: str, x: str = "step", smoothing: float = 0.0, xlim: tuple[float, float] | None = None
+) -> list[int]:
     """Per group, the number of runs averaged at its last point drawn (within xlim) of `metric`."""
     counts = []
     for group in groups:
@@ -81,8 +82,11 @@ def legend_texts(groups: list[Group], counts: list[int]) -> dict[str, str]:
             n, total = found[0]
             note = f"n={n}" if n == total else f"n={n} of {total} at the last step"
         else:
-            note = "n=" + ", ".join(str(n) if n == total else f"{n} of {total}" for n, total in found) + \
-                   " at the last step, by row"
+            note = (
+                "n="
+                + ", ".join(str(n) if n == total else f"{n} of {total}" for n, total in found)
+                + " at the last step, by row"
+            )
         texts[text] = f"{text or 'all runs'}  ({note})"
     return texts
 
@@ -94,7 +98,7 @@ def legend_layout(texts: list[str], width: float) -> tuple[list[str], int, int]:
     wrapped = [textwrap.fill(text, chars) for text in texts]
     widest = max(max(len(line) for line in text.split("\n")) for text in wrapped) * CHAR_INCHES + HANDLE_INCHES
     columns = max(1, min(len(wrapped), int(width // widest)))
-    rows = [wrapped[i:i + columns] for i in range(0, len(wrapped), columns)]
+    rows = [wrapped[i : i + columns] for i in range(0, len(wrapped), columns)]
     return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 
 
@@ -125,10 +129,19 @@ def group_styles(groups: list[Group], ignore=()) -> list[dict]:
     return styles
 
 
-def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step", smoothing: float = 0.0,
-                    yscale: str = "auto", references: dict | None = None, threshold: float | None = None,
-                    title: str = "", xlim: tuple[float, float] | None = None, facet: str | None = None,
-                    robust: bool = True) -> Figure:
+def draw_comparison(
+    groups: list[Group],
+    metrics=DEFAULT_METRICS,
+    x: str = "step",
+    smoothing: float = 0.0,
+    yscale: str = "auto",
+    references: dict | None = None,
+    threshold: float | None = None,
+    title: str = "",
+    xlim: tuple[float, float] | None = None,
+    facet: str | None = None,
+    robust: bool = True,
+) -> Figure:
     """One panel per metric, a row of them per facet value (groups' `facet`):
     each group's mean with a ± std band (single runs as lines); a diverged
     run's last finite value marked ×; references on loss panels. One legend
@@ -142,11 +155,22 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
         shown = [k for k, g in enumerate(groups) if g.facet == value]
         for column, metric in enumerate(metrics):
             ax = fig.add_subplot(len(rows), len(metrics), row * len(metrics) + column + 1)
-            _draw_panel(ax, [groups[k] for k in shown], [styles[k] for k in shown],
-                        [texts[groups[k].label] for k in shown], metric, x, smoothing, yscale,
-                        references if "loss" in metric else None,
-                        threshold if metric == THRESHOLD_METRIC else None, xlim, value,
-                        view_unit(groups, metric) if smoothing else None, robust)
+            _draw_panel(
+                ax,
+                [groups[k] for k in shown],
+                [styles[k] for k in shown],
+                [texts[groups[k].label] for k in shown],
+                metric,
+                x,
+                smoothing,
+                yscale,
+                references if "loss" in metric else None,
+                threshold if metric == THRESHOLD_METRIC else None,
+                xlim,
+                value,
+                view_unit(groups, metric) if smoothing else None,
+                robust,
+            )
     handles = {}
     for ax in fig.axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
@@ -154,17 +178,35 @@ def draw_comparison(groups: list[Group], metrics=DEFAULT_METRICS, x: str = "step
     group_texts = set(texts.values())
     order = sorted(handles, key=lambda text: text not in group_texts)
     wrapped, columns, lines = legend_layout(order, width)
-    fig.legend([handles[text] for text in order], wrapped, loc="outside lower center", ncol=columns,
-               fontsize=LEGEND_FONT_POINTS)
+    fig.legend(
+        [handles[text] for text in order],
+        wrapped,
+        loc="outside lower center",
+        ncol=columns,
+        fontsize=LEGEND_FONT_POINTS,
+    )
     fig.set_size_inches(width, 4.4 * len(rows) + lines * LINE_INCHES + 0.5)
     if title:
         fig.suptitle(textwrap.fill(title, int(width / (CHAR_INCHES * 10 / LEGEND_FONT_POINTS))), fontsize=10)
     return fig
 
 
-def _draw_panel(ax, groups: list[Group], styles: list[dict], texts: list[str], metric: str, x: str, smoothing: float,
-                yscale: str, references: dict | None, threshold: float | None, xlim: tuple[float, float] | None,
-                facet: str, unit: float | None = None, robust: bool = True) -> None:
+def _draw_panel(
+    ax,
+    groups: list[Group],
+    styles: list[dict],
+    texts: list[str],
+    metric: str,
+    x: str,
+    smoothing: float,
+    yscale: str,
+    references: dict | None,
+    threshold: float | None,
+    xlim: tuple[float, float] | None,
+    facet: str,
+    unit: float | None = None,
+    robust: bool = True,
+) -> None:
     curves = [group_curve(group, metric, x, smoothing, unit) for group in groups]
     raws = [group_curve(group, metric, x) for group in groups] if smoothing else [None] * len(groups)
     log = log_scale(metric, [band for _, band in curves], yscale)
@@ -200,15 +242,33 @@ def _draw_panel(ax, groups: list[Group], styles: list[dict], texts: list[str], m
     if limits:
         ax.set_ylim(*limits)
     for cross_x, cross_y, colour in crosses:
-        ax.plot(cross_x, cross_y if not limits else min(max(cross_y, limits[0]), limits[1]), marker="x",
-                markersize=7, linestyle="none", color=colour, label="diverged run (last finite value)", clip_on=False)
+        ax.plot(
+            cross_x,
+            cross_y if not limits else min(max(cross_y, limits[0]), limits[1]),
+            marker="x",
+            markersize=7,
+            linestyle="none",
+            color=colour,
+            label="diverged run (last finite value)",
+            clip_on=False,
+        )
         if limits and not limits[0] <= cross_y <= limits[1]:  # off the axis: the × at its edge, with its value
-            ax.annotate(f"{cross_y:.2g}", (cross_x, min(max(cross_y, limits[0]), limits[1])), xytext=(4, -10 if cross_y > limits[1] else 4),
-                        textcoords="offset points", fontsize=7, color=colour)
+            ax.annotate(
+                f"{cross_y:.2g}",
+                (cross_x, min(max(cross_y, limits[0]), limits[1])),
+                xytext=(4, -10 if cross_y > limits[1] else 4),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+            )
     if xlim:
         ax.set_xlim(*xlim)
     ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(metric)
-    ax.set_title(metric + (f"  (EMA {smoothing:g} by step, raw faint)" if smoothing else "")
-                 + (f"  —  {facet}" if facet else ""), fontsize=10)
+    ax.set_title(
+        metric
+        + (f"  (EMA {smoothing:g} by step, raw faint)" if smoothing else "")
+        + (f"  —  {facet}" if facet else ""),
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)

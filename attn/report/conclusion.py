@@ -38,12 +38,14 @@ def arm_sentences(chosen: dict[tuple, CellResult], layout: Layout, where: str) -
         for (x, a), cell in chosen.items():
             if a != arm:
                 continue
-            rate = f" at {layout.names[layout.best_of]} {format_value(cell.settings[layout.best_of])}" \
-                if layout.best_of and where == "best" else ""
+            rate = (
+                f" at {layout.names[layout.best_of]} {format_value(cell.settings[layout.best_of])}"
+                if layout.best_of and where == "best"
+                else ""
+            )
             parts.append(f"{layout.x_label(x)}: {cell.count(outcomes.LEARNED)}/{cell.n} learned{rate}{_others(cell)}")
         sentences.append(f"- {layout.arm_label(arm) if arm else 'The runs'}, {where}: " + "; ".join(parts) + ".")
     return sentences
-
 
 
 def _named(layout: Layout, arm: tuple) -> str:
@@ -62,15 +64,26 @@ def _success_sentence(label: str, chosen: dict[tuple, CellResult], layout: Layou
         if not missing:
             everywhere.append(_named(layout, arm))
         else:
-            short.append((arm, f"{_named(layout, arm)} at {layout.x_name} "
-                               + ", ".join(f"{layout.x_label(x)}: {c.count(outcomes.LEARNED)}/{c.n}{_others(c)}" for x, c in missing)))
+            short.append(
+                (
+                    arm,
+                    f"{_named(layout, arm)} at {layout.x_name} "
+                    + ", ".join(
+                        f"{layout.x_label(x)}: {c.count(outcomes.LEARNED)}/{c.n}{_others(c)}" for x, c in missing
+                    ),
+                )
+            )
     parts = []
     if everywhere:
-        parts.append(f"{' and '.join(everywhere) if len(everywhere) < 3 else ', '.join(everywhere)} learned in "
-                     f"every seed at every {layout.x_name}")
+        parts.append(
+            f"{' and '.join(everywhere) if len(everywhere) < 3 else ', '.join(everywhere)} learned in "
+            f"every seed at every {layout.x_name}"
+        )
     if short:
-        parts.append(("fewer learned for " if everywhere else "not every seed learned for ")
-                     + "; ".join(text for _, text in short))
+        parts.append(
+            ("fewer learned for " if everywhere else "not every seed learned for ")
+            + "; ".join(text for _, text in short)
+        )
     return f"{label[:1].upper() + label[1:]}, " + "; ".join(parts) + ".", {arm for arm, _ in short}
 
 
@@ -87,12 +100,14 @@ def _sensitivity_sentence(sensitivities: dict, best: dict[tuple, CellResult], la
     def shown(arm):
         v = at_x[arm]
         return f"{_named(layout, arm)}, {v['sensitivity']:.3g} [{v['low']:.3g}, {v['high']:.3g}]"
-    text = (f"Learning-rate sensitivity at {layout.x_name} {layout.x_label(x)} runs from {shown(low)} "
-            f"to {shown(high)}")
+
+    text = f"Learning-rate sensitivity at {layout.x_name} {layout.x_label(x)} runs from {shown(low)} to {shown(high)}"
     cell = best.get((x, low))
     if cell is not None and 2 * cell.count(outcomes.LEARNED) <= cell.n:
-        text += (f"; the lowest belongs to an arm that learned in {cell.count(outcomes.LEARNED)}/{cell.n} seeds even at "
-                 "its best rate: the measure is small when no rate does well, so read it beside the success rates")
+        text += (
+            f"; the lowest belongs to an arm that learned in {cell.count(outcomes.LEARNED)}/{cell.n} seeds even at "
+            "its best rate: the measure is small when no rate does well, so read it beside the success rates"
+        )
     return text + "."
 
 
@@ -104,15 +119,20 @@ def _length_sentence(at_lengths: dict, layout: Layout) -> str:
         if not by_length:
             continue
         shortest, longest = min(by_length), max(by_length)
-        parts.append(f"{_named(layout, arm)}"
-                     + (f" at {layout.x_name} {layout.x_label(x)}" if len({k for k, _ in at_lengths}) > 1 else "")
-                     + f" from {np.median(by_length[shortest]['target_attn']):.3f} to "
-                     f"{np.median(by_length[longest]['target_attn']):.3f}")
+        parts.append(
+            f"{_named(layout, arm)}"
+            + (f" at {layout.x_name} {layout.x_label(x)}" if len({k for k, _ in at_lengths}) > 1 else "")
+            + f" from {np.median(by_length[shortest]['target_attn']):.3f} to "
+            f"{np.median(by_length[longest]['target_attn']):.3f}"
+        )
     if not parts:
         return ""
     pairs = sorted({P for by_length in at_lengths.values() for P in by_length})
-    return (f"Asked about {pairs[0]} and then {pairs[-1]} pairs, the median attention on the queried key goes "
-            + "; ".join(parts) + ".")
+    return (
+        f"Asked about {pairs[0]} and then {pairs[-1]} pairs, the median attention on the queried key goes "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def _transfer_sentence(best: dict[tuple, CellResult], layout: Layout) -> str:
@@ -130,12 +150,22 @@ def _transfer_sentence(best: dict[tuple, CellResult], layout: Layout) -> str:
             moved.append(f"{_named(layout, arm)} ({', '.join(map(format_value, values))})")
     if not same:
         return f"No arm's best {layout.names[layout.best_of]} was the same at every {layout.x_name}."
-    return (f"The best {layout.names[layout.best_of]} was the same at every {layout.x_name} for " + ", ".join(same)
-            + (f"; it moved with {layout.x_name} for " + ", ".join(moved) if moved else "") + ".")
+    return (
+        f"The best {layout.names[layout.best_of]} was the same at every {layout.x_name} for "
+        + ", ".join(same)
+        + (f"; it moved with {layout.x_name} for " + ", ".join(moved) if moved else "")
+        + "."
+    )
 
 
-def counts_summary(best: dict[tuple, CellResult], shared: dict[tuple, CellResult], layout: Layout, judged: list[dict],
-                   sensitivities: dict | None = None, at_lengths: dict | None = None) -> str:
+def counts_summary(
+    best: dict[tuple, CellResult],
+    shared: dict[tuple, CellResult],
+    layout: Layout,
+    judged: list[dict],
+    sensitivities: dict | None = None,
+    at_lengths: dict | None = None,
+) -> str:
     """The per-cell counts in words, beside the tables (not tested): which arms learn in
     every seed at every x at their own best setting, which fall short and
     where; the same at the shared setting, and which arms need their own;
@@ -147,22 +177,28 @@ def counts_summary(best: dict[tuple, CellResult], shared: dict[tuple, CellResult
     sentence, short_at_best = _success_sentence(own_label, best, layout)
     text += [sentence, _transfer_sentence(best, layout)]
     if rate and shared:
-        sentence, short_at_shared = _success_sentence(f"at the shared {rate} {format_value(layout.spec.shared)}",
-                                                      shared, layout)
+        sentence, short_at_shared = _success_sentence(
+            f"at the shared {rate} {format_value(layout.spec.shared)}", shared, layout
+        )
         text.append(sentence)
         needs_own = in_order(short_at_shared - short_at_best)
         if needs_own:
-            text.append(f"So {', '.join(_named(layout, a) for a in needs_own)} "
-                        f"need{'s' if len(needs_own) == 1 else ''} {'its' if len(needs_own) == 1 else 'their'} "
-                        f"own {rate}.")
+            text.append(
+                f"So {', '.join(_named(layout, a) for a in needs_own)} "
+                f"need{'s' if len(needs_own) == 1 else ''} {'its' if len(needs_own) == 1 else 'their'} "
+                f"own {rate}."
+            )
     if sensitivities:
         text.append(_sensitivity_sentence(sensitivities, best, layout))
     if at_lengths:
         text.append(_length_sentence(at_lengths, layout))
     if judged:
         counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
-        text.append(f"Of {len(judged)} expectation{'s' * (len(judged) != 1)}, "
-                    + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
+        text.append(
+            f"Of {len(judged)} expectation{'s' * (len(judged) != 1)}, "
+            + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+            + "."
+        )
     return " ".join(t for t in text if t)
 
 
@@ -177,20 +213,29 @@ def scope(experiment) -> str:
     def values(get) -> str:  # the distinct values, numbers in numeric order; None (unset) left out
         found = {get(c) for c in configs} - {None}
         return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
+
     def where_set(said: str, get) -> list[str]:  # a setting some runs use: in which runs, if not all
         using = [bool(get(c)) for c in configs]
         return [said + ("" if all(using) else " in some runs")] if any(using) else []
+
     optimisers = values(lambda c: c.optim.name)
-    extras = where_set(f"warm-up {values(lambda c: c.optim.warmup_steps or None)} steps", lambda c: c.optim.warmup_steps)
+    extras = where_set(
+        f"warm-up {values(lambda c: c.optim.warmup_steps or None)} steps", lambda c: c.optim.warmup_steps
+    )
     extras += where_set(f"clipping at {values(lambda c: c.optim.clip_norm)}", lambda c: c.optim.clip_norm)
     n_seeds = len({c.seed for c in experiment.cells})
     spec = experiment.report
-    held_out = (f" ({len(spec.select_on)} choose the {spec.best_of.rsplit('.', 1)[-1]}, {len(spec.judge_on)} judge)"
-                if spec.select_on is not None else "")
+    held_out = (
+        f" ({len(spec.select_on)} choose the {spec.best_of.rsplit('.', 1)[-1]}, {len(spec.judge_on)} judge)"
+        if spec.select_on is not None
+        else ""
+    )
     optimiser = "plain SGD" if optimisers == "sgd" else f"optimiser {optimisers}"
-    return (f"{optimiser}{' with ' + ' and '.join(extras) if extras else ''}; one attention head, one layer, no "
-            f"LayerNorm; d_model {values(lambda c: c.model.d_model)}; {values(lambda c: c.train.steps)} steps; "
-            f"{n_seeds} seeds per cell{held_out}")
+    return (
+        f"{optimiser}{' with ' + ' and '.join(extras) if extras else ''}; one attention head, one layer, no "
+        f"LayerNorm; d_model {values(lambda c: c.model.d_model)}; {values(lambda c: c.train.steps)} steps; "
+        f"{n_seeds} seeds per cell{held_out}"
+    )
 
 
 def _number(value) -> str:
@@ -214,15 +259,21 @@ def _evidence(j: dict, layout: Layout) -> str:
             parts.append(f"{where}: {p['note']}")
         elif "effect" in p:
             e = p["effect"]
-            seeds = (f"{p['n']} and {p['other_n']} seeds" if j.get("test") == "fisher"
-                     else f"{p['pairs']} paired seeds")
-            parts.append(f"{where}: {e['name']} {effect_bound(e)}{_number(e['value'])} "
-                         f"[{_number(e['low'])}, {_number(e['high'])}] "
-                         f"over {seeds}, one-sided p {_number(p['p'])}")
+            seeds = f"{p['n']} and {p['other_n']} seeds" if j.get("test") == "fisher" else f"{p['pairs']} paired seeds"
+            parts.append(
+                f"{where}: {e['name']} {effect_bound(e)}{_number(e['value'])} "
+                f"[{_number(e['low'])}, {_number(e['high'])}] "
+                f"over {seeds}, one-sided p {_number(p['p'])}"
+            )
         else:
-            parts.append(f"{where}: {_number(p['value'])} [{_number(p['low'])}, {_number(p['high'])}]"
-                         + (f" vs {_number(p['other_value'])} [{_number(p['other_low'])}, {_number(p['other_high'])}]"
-                            if "other_value" in p else ""))
+            parts.append(
+                f"{where}: {_number(p['value'])} [{_number(p['low'])}, {_number(p['high'])}]"
+                + (
+                    f" vs {_number(p['other_value'])} [{_number(p['other_low'])}, {_number(p['other_high'])}]"
+                    if "other_value" in p
+                    else ""
+                )
+            )
     return "; ".join(parts)
 
 
@@ -237,14 +288,23 @@ def headline(judged: list[dict], layout: Layout, scope_text: str) -> str:
     text = [f"Scope: {scope_text}."]
     for j in judged:
         test = j.get("test", "interval")
-        how = ("by 95% intervals" if test == "interval"
-               else f"by {'an exact McNemar' if test == 'mcnemar' else 'a sign' if test == 'sign' else 'Fisher' + chr(39) + 's exact'} "
-                    f"test, Holm-adjusted p {_number(j.get('p_holm'))} at level {_number(j.get('alpha'))}")
-        frozen = ("" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}") \
-            + (", edited after its runs" if j.get("edited_after_runs") else "")
-        text.append(f"{j['claim'][:1].upper() + j['claim'][1:]} (`{j['id']}`{frozen}): {j['verdict']} {how} "
-                    f"({_evidence(j, layout)}).")
+        test_name = {"mcnemar": "an exact McNemar", "sign": "a sign"}.get(test, "Fisher's exact")
+        how = (
+            "by 95% intervals"
+            if test == "interval"
+            else f"by {test_name} test, Holm-adjusted p {_number(j.get('p_holm'))} at level {_number(j.get('alpha'))}"
+        )
+        frozen = ("" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}") + (
+            ", edited after its runs" if j.get("edited_after_runs") else ""
+        )
+        text.append(
+            f"{j['claim'][:1].upper() + j['claim'][1:]} (`{j['id']}`{frozen}): {j['verdict']} {how} "
+            f"({_evidence(j, layout)})."
+        )
     counts = {v: sum(j["verdict"] == v for j in judged) for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)}
-    text.append(f"Of {len(judged)} claim{'s' * (len(judged) != 1)}, "
-                + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".")
+    text.append(
+        f"Of {len(judged)} claim{'s' * (len(judged) != 1)}, "
+        + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+        + "."
+    )
     return " ".join(text)

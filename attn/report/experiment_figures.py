@@ -38,12 +38,22 @@ from attn.text import format_value
 from attn.train.figures import save_figure
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
-ARM_COLORS = {"sqrt": "#1f77b4", "none": "#d62728", "linear": "#2ca02c", "sgd": "#1f77b4", "adam": "#9467bd",
-              "adamw": "#8c564b"}
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f")
-OUTCOME_COLORS = {outcomes.LEARNED: "#2ca02c", outcomes.LEARNED_THEN_LOST: "#ff7f0e", outcomes.SLOW: "#bcbd22",
-                  outcomes.STALLED: "#7f7f7f", outcomes.DIVERGED: "#d62728"}
+ARM_COLORS = {
+    "sqrt": "#1f77b4",
+    "none": "#d62728",
+    "linear": "#2ca02c",
+    "sgd": "#1f77b4",
+    "adam": "#9467bd",
+    "adamw": "#8c564b",
+}
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+OUTCOME_COLORS = {
+    outcomes.LEARNED: "#2ca02c",
+    outcomes.LEARNED_THEN_LOST: "#ff7f0e",
+    outcomes.SLOW: "#bcbd22",
+    outcomes.STALLED: "#7f7f7f",
+    outcomes.DIVERGED: "#d62728",
+}
 
 
 def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
@@ -62,8 +72,6 @@ def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
     return colors
 
 
-
-
 LEGEND_ROW_INCHES = 0.22  # the height of one row of a legend at fontsize 8
 DODGE_SPAN = 0.36  # series drawn side by side at one x spread over at most this (decades, or categories)
 X_MARGIN_DECADES = 0.25  # a log x axis reaches this far beyond the first and last x: room for dodged error bars
@@ -74,7 +82,7 @@ def dodged(positions: list, k: int, n: int, log: bool) -> list:
     their error bars do not overlap; all n together stay within DODGE_SPAN
     (decades on a log axis, categories otherwise) of their x."""
     offset = (k - (n - 1) / 2) * min(0.06, DODGE_SPAN / max(n - 1, 1))
-    return [p * 10 ** offset if log else p + offset for p in positions]
+    return [p * 10**offset if log else p + offset for p in positions]
 
 
 def x_axis(ax, xs: list[tuple], layout) -> dict:
@@ -84,7 +92,7 @@ def x_axis(ax, xs: list[tuple], layout) -> dict:
         ax.set_xscale("log")
         ax.set_xticks(values, [format_value(v) for v in values])
         ax.minorticks_off()
-        ax.set_xlim(min(values) / 10 ** X_MARGIN_DECADES, max(values) * 10 ** X_MARGIN_DECADES)  # from the data
+        ax.set_xlim(min(values) / 10**X_MARGIN_DECADES, max(values) * 10**X_MARGIN_DECADES)  # from the data
         return {x: x[0] for x in xs}
     ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs])
     ax.set_xlim(-0.5, len(xs) - 0.5)
@@ -135,17 +143,22 @@ def panels(n: int, width: float = 3.4, height: float = 2.9):
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
-def draw_all(experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool,
-             at_lengths: dict) -> dict:
+def draw_all(
+    experiment, by_key: dict, layout, best: dict, shared: dict, steps: list[int], sensitive: bool, at_lengths: dict
+) -> dict:
     """Every figure of the module docstring; by_key: (x, arm) -> the cells
     there (one per best_of value); best, shared: (x, arm) -> the judged cell;
     `sensitive`: draw final loss against the rate, every arm."""
     out = experiment.directory
     colors = arm_colors(in_order(a for _, a in best))
-    paths = {"headline": headline_figure(best, shared, layout, colors, out / "headline.png", experiment.name),
-             "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png")}
-    for name, metric, label in (("loss_curves", "eval_loss", "eval loss (nats)"),
-                                ("score_growth", "score_std", "std of the scores")):
+    paths = {
+        "headline": headline_figure(best, shared, layout, colors, out / "headline.png", experiment.name),
+        "final_loss": final_loss_figure(best, layout, colors, out / "final_loss.png"),
+    }
+    for name, metric, label in (
+        ("loss_curves", "eval_loss", "eval loss (nats)"),
+        ("score_growth", "score_std", "std of the scores"),
+    ):
         if any(series(s.run.records, metric)[0].size for c in best.values() for s in c.seeds):
             paths[name] = curves_over_training(best, layout, colors, metric, label, out / f"{name}.png")
     if sensitive:
@@ -170,8 +183,11 @@ def headline_figure(best, shared, layout, colors, path, name):
     handles = {}
     for ax in (ax_rate, ax_time):
         position = x_axis(ax, xs, layout)
-    series_drawn = [(chosen, style, what, arm) for chosen, style, what in ((best, "-", "best"), (shared, "--", "shared"))
-                    for arm in in_order(a for _, a in chosen)]
+    series_drawn = [
+        (chosen, style, what, arm)
+        for chosen, style, what in ((best, "-", "best"), (shared, "--", "shared"))
+        for arm in in_order(a for _, a in chosen)
+    ]
     log = ax_rate.get_xscale() == "log"
     for k, (chosen, style, what, arm) in enumerate(series_drawn):
         cells = [(x, c) for x in xs if (c := chosen.get((x, arm))) is not None and c.n]
@@ -180,24 +196,47 @@ def headline_figure(best, shared, layout, colors, path, name):
         px = dodged([position[x] for x, _ in cells], k, len(series_drawn), log)
         rates = [c.rate("success") for _, c in cells]
         mid = [r["rate"] for r in rates]
-        line = ax_rate.errorbar(px, mid, yerr=[[m - r["low"] for m, r in zip(mid, rates)],
-                                               [r["high"] - m for m, r in zip(mid, rates)]],
-                                color=colors[arm], linestyle=style, marker="o", capsize=3, alpha=1 if what == "best" else 0.6)
+        line = ax_rate.errorbar(
+            px,
+            mid,
+            yerr=[[m - r["low"] for m, r in zip(mid, rates)], [r["high"] - m for m, r in zip(mid, rates)]],
+            color=colors[arm],
+            linestyle=style,
+            marker="o",
+            capsize=3,
+            alpha=1 if what == "best" else 0.6,
+        )
         handles.setdefault(layout.arm_label(arm), line)  # one entry per arm: the title says which line is which
         kms = [c.time() for _, c in cells]
         reached = [(p, km) for p, km in zip(px, kms) if km.median is not None]
         if reached:
-            ax_time.errorbar([p for p, _ in reached], [km.median for _, km in reached],
-                             yerr=[[km.median - (km.low if km.low is not None else km.median) for _, km in reached],
-                                   [(km.high if km.high is not None else budget) - km.median for _, km in reached]],
-                             color=colors[arm], linestyle=style, marker="o", capsize=3, alpha=1 if what == "best" else 0.6)
+            ax_time.errorbar(
+                [p for p, _ in reached],
+                [km.median for _, km in reached],
+                yerr=[
+                    [km.median - (km.low if km.low is not None else km.median) for _, km in reached],
+                    [(km.high if km.high is not None else budget) - km.median for _, km in reached],
+                ],
+                color=colors[arm],
+                linestyle=style,
+                marker="o",
+                capsize=3,
+                alpha=1 if what == "best" else 0.6,
+            )
         never = [p for p, km in zip(px, kms) if km.median is None]
         if never:
-            ax_time.scatter(never, [budget] * len(never), marker="^", s=60, color=colors[arm],
-                            alpha=1 if what == "best" else 0.6)
+            ax_time.scatter(
+                never, [budget] * len(never), marker="^", s=60, color=colors[arm], alpha=1 if what == "best" else 0.6
+            )
     ax_time.axhline(budget, color="0.5", linestyle=":", linewidth=1)
-    ax_time.annotate(f"budget {budget} (▲: median not reached)", (0.02, 0.97), xycoords="axes fraction", fontsize=7,
-                     va="top", color="0.3")
+    ax_time.annotate(
+        f"budget {budget} (▲: median not reached)",
+        (0.02, 0.97),
+        xycoords="axes fraction",
+        fontsize=7,
+        va="top",
+        color="0.3",
+    )
     ax_rate.set_ylim(-0.03, 1.03)
     ax_rate.set_ylabel(f"seeds that learned (≥ {outcomes.THRESHOLD:.0%}, kept), Wilson 95%")
     ax_time.set_yscale("log")
@@ -205,9 +244,22 @@ def headline_figure(best, shared, layout, colors, path, name):
     for ax in (ax_rate, ax_time):
         ax.set_xlabel(layout.x_name)
         ax.grid(True, which="major", alpha=0.25)
-    suptitle(fig, f"{name}: " + ("solid: each arm at its best " + layout.names[layout.best_of] +
-                                (f"; dashed: all at {layout.names[layout.best_of]} = {format_value(layout.spec.shared)}"
-                                 if shared else "") if layout.best_of else "success and time to learn"), fontsize=10)
+    suptitle(
+        fig,
+        f"{name}: "
+        + (
+            "solid: each arm at its best "
+            + layout.names[layout.best_of]
+            + (
+                f"; dashed: all at {layout.names[layout.best_of]} = {format_value(layout.spec.shared)}"
+                if shared
+                else ""
+            )
+            if layout.best_of
+            else "success and time to learn"
+        ),
+        fontsize=10,
+    )
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -216,8 +268,14 @@ def phase_figure(by_key, best, layout, path):
     arms = in_order(a for _, a in best)
     fig = Figure(figsize=(4.2 * len(arms) + 0.5, 4.4))
     xs = in_order(x for x, _ in best)
-    rates = sorted({canonical(c.settings[layout.best_of]): c.settings[layout.best_of] for group in by_key.values()
-                    for c in group}.values(), key=sort_key)  # by canonical text: a value may be a mapping
+    rates = sorted(
+        {
+            canonical(c.settings[layout.best_of]): c.settings[layout.best_of]
+            for group in by_key.values()
+            for c in group
+        }.values(),
+        key=sort_key,
+    )  # by canonical text: a value may be a mapping
     for i, arm in enumerate(arms):
         ax = fig.add_subplot(1, len(arms), i + 1)
         for col, x in enumerate(xs):
@@ -230,8 +288,12 @@ def phase_figure(by_key, best, layout, path):
                     continue
                 ax.add_patch(_box(col, row, OUTCOME_COLORS[cell.dominant()], "white"))
                 ax.text(col, row, f"{cell.count(outcomes.LEARNED)}/{cell.n}", ha="center", va="center", fontsize=7)
-                if chosen is not None and canonical(cell.settings) == canonical(chosen.settings):  # chosen: a copy on its seeds
-                    ax.add_patch(_box(col, row, "none", "black", width=2.0)).set_zorder(3)  # above the cells drawn after it
+                if chosen is not None and canonical(cell.settings) == canonical(
+                    chosen.settings
+                ):  # chosen: a copy on its seeds
+                    ax.add_patch(_box(col, row, "none", "black", width=2.0)).set_zorder(
+                        3
+                    )  # above the cells drawn after it
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_ylim(-0.5, len(rates) - 0.5)
         ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs], fontsize=7)
@@ -242,8 +304,9 @@ def phase_figure(by_key, best, layout, path):
     from matplotlib.patches import Patch
 
     handles = [Patch(color=OUTCOME_COLORS[n]) for n in outcomes.OUTCOMES]
-    suptitle(fig, "dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen",
-                 fontsize=9)
+    suptitle(
+        fig, "dominant outcome of each cell (text: seeds that learned / seeds); framed: the rate chosen", fontsize=9
+    )
     legend_below(fig, handles, list(outcomes.OUTCOMES), ncol=5)
     return save_figure(fig, path, tight=False)
 
@@ -281,11 +344,18 @@ def final_loss_figure(best, layout, colors, path):
                 handles[layout.arm_label(arm)] = ax.scatter(px[finite], shown, color=colors[arm], s=14, alpha=0.8)
             clipped = finite & ((losses > top) | (limits is not None and (losses < limits[0])))
             if clipped.any():
-                ax.scatter(px[clipped], np.clip(losses[clipped], *limits), marker="s", facecolors="none",
-                           edgecolors=colors[arm], s=30)
+                ax.scatter(
+                    px[clipped],
+                    np.clip(losses[clipped], *limits),
+                    marker="s",
+                    facecolors="none",
+                    edgecolors=colors[arm],
+                    s=30,
+                )
             if (~finite).any():
-                handles["diverged (drawn at the top)"] = ax.scatter(px[~finite], [top] * (~finite).sum(), marker="x",
-                                                                     color=colors[arm], s=36)
+                handles["diverged (drawn at the top)"] = ax.scatter(
+                    px[~finite], [top] * (~finite).sum(), marker="x", color=colors[arm], s=36
+                )
     if limits:
         ax.set_ylim(limits[0], top * 1.2)
     ax.set_yscale("log")
@@ -336,32 +406,51 @@ def mechanism_figure(best, layout, colors, steps, path):
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
             px = [p for p, _ in cells]
             if key is None:
-                handles[layout.arm_label(arm)] = ax.plot(px, [median(c.at_init("score_std")) for _, c in cells], "o-",
-                                                         color=colors[arm])[0]
+                handles[layout.arm_label(arm)] = ax.plot(
+                    px, [median(c.at_init("score_std")) for _, c in cells], "o-", color=colors[arm]
+                )[0]
                 ax.plot(px, [c.theory_score_std for _, c in cells], "--", color=colors[arm], linewidth=1)
                 continue
             if key in ("grad_W_q", "grad_W_k"):
-                lines = [([median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", {}),
-                         ([median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--", {})]
+                lines = [
+                    ([median(c.mechanism(first, f"{key}_median_other")) for _, c in cells], "o-", {}),
+                    ([median(c.mechanism(first, f"{key}_median_saturated")) for _, c in cells], "x--", {}),
+                ]
             else:
-                lines = [([median(c.mechanism(first, key)) for _, c in cells], "o-", {}),
-                         ([median(c.mechanism(later, key)) for _, c in cells], "o--", {"markerfacecolor": "none"})]
+                lines = [
+                    ([median(c.mechanism(first, key)) for _, c in cells], "o-", {}),
+                    ([median(c.mechanism(later, key)) for _, c in cells], "o--", {"markerfacecolor": "none"}),
+                ]
             for values, style, extra in lines:
                 ax.plot(px, values, style, color=colors[arm], **extra)
                 drawn += [v for v in values if np.isfinite(v)]
         empty = key is not None and not drawn
         ax.set_yscale("linear" if empty else yscale)
         if empty:  # an empty panel says why, with no y values to read
-            ax.text(0.5, 0.5, "no finite value measured\n(NaN where q and k pass\nthrough a norm: qk_norm)",
-                    transform=ax.transAxes, ha="center", va="center", fontsize=8, color="0.4")
+            ax.text(
+                0.5,
+                0.5,
+                "no finite value measured\n(NaN where q and k pass\nthrough a norm: qk_norm)",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="0.4",
+            )
             ax.set_yticks([])
         ax.set_title(title, fontsize=7.5)
         ax.set_xlabel(layout.x_name, fontsize=8)
         ax.grid(True, which="major", alpha=0.25)
     ax = axes[-1]
     for arm in arms:
-        rows = [r for (x, a), c in best.items() if a == arm for s in c.seeds
-                for step, r in mechanism_arrays(s.run).items() if step == first]
+        rows = [
+            r
+            for (x, a), c in best.items()
+            if a == arm
+            for s in c.seeds
+            for step, r in mechanism_arrays(s.run).items()
+            if step == first
+        ]
         jacobian = np.concatenate([r["jacobian"] for r in rows]) if rows else np.array([])
         bound = np.concatenate([r["bound"] for r in rows]) if rows else np.array([])
         ax.scatter(bound, jacobian, s=4, alpha=0.3, color=colors[arm])
@@ -370,8 +459,11 @@ def mechanism_figure(best, layout, colors, steps, path):
     ax.set_ylabel("‖J‖₂ of the row's softmax", fontsize=8)
     ax.set_title(f"every row at step {first}, all x: the Jacobian under its bound", fontsize=7.5)
     ax.grid(True, alpha=0.25)
-    suptitle(fig, "why an unscaled head stops learning: the mechanism, measured on the eval set's query rows "
-                 "(median over seeds)", fontsize=9)
+    suptitle(
+        fig,
+        "why an unscaled head stops learning: the mechanism, measured on the eval set's query rows (median over seeds)",
+        fontsize=9,
+    )
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -405,8 +497,12 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="major", alpha=0.25)
-    suptitle(fig, f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
-                 "y range from the bulk of the values", fontsize=9)
+    suptitle(
+        fig,
+        f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
+        "y range from the bulk of the values",
+        fontsize=9,
+    )
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -438,8 +534,12 @@ def sensitivity_figure(by_key, layout, colors, path):
         ax.set_xlabel(layout.names[layout.best_of])
         ax.set_ylabel("final eval loss (median over seeds)")
         ax.grid(True, which="major", alpha=0.25)
-    suptitle(fig, "learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
-                 "counts as its loss at init)", fontsize=9)
+    suptitle(
+        fig,
+        "learning-rate sensitivity: final loss against the rate, every arm (a diverged or worse seed "
+        "counts as its loss at init)",
+        fontsize=9,
+    )
     legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 5))
     return save_figure(fig, path, tight=False)
 
@@ -450,18 +550,26 @@ def lengths_figure(at_lengths: dict, layout, colors, path):
     fig = Figure(figsize=(4.0 * len(xs), 6.2))
     handles = {}
     for col, x in enumerate(xs):
-        for row, (name, label) in enumerate((("target_attn", "attention on the queried key"), ("accuracy", "accuracy"))):
+        for row, (name, label) in enumerate(
+            (("target_attn", "attention on the queried key"), ("accuracy", "accuracy"))
+        ):
             ax = fig.add_subplot(2, len(xs), row * len(xs) + col + 1)
             for (cx, arm), by_length in at_lengths.items():
                 if cx != x or not by_length:
                     continue
                 pairs = sorted(by_length)
                 values = [np.asarray(by_length[P][name], dtype=float) for P in pairs]
-                handles[layout.arm_label(arm)] = ax.plot(pairs, [np.median(v) for v in values], "o-", color=colors[arm])[0]
-                ax.fill_between(pairs, [v.min() for v in values], [v.max() for v in values], color=colors[arm], alpha=0.15)
+                handles[layout.arm_label(arm)] = ax.plot(
+                    pairs, [np.median(v) for v in values], "o-", color=colors[arm]
+                )[0]
+                ax.fill_between(
+                    pairs, [v.min() for v in values], [v.max() for v in values], color=colors[arm], alpha=0.15
+                )
             ax.set_xscale("log")
-            ax.set_xticks(sorted({P for by in at_lengths.values() for P in by}),
-                          [str(P) for P in sorted({P for by in at_lengths.values() for P in by})])
+            ax.set_xticks(
+                sorted({P for by in at_lengths.values() for P in by}),
+                [str(P) for P in sorted({P for by in at_lengths.values() for P in by})],
+            )
             ax.minorticks_off()
             ax.set_ylim(-0.02, 1.02)
             ax.set_xlabel("pairs in the context")

@@ -67,24 +67,40 @@ from attn.text import format_value, json_number, markdown_table, settings_json, 
 def cell_json(cell: CellResult) -> dict:
     km = cell.time()
     return {
-        "settings": settings_json(cell.settings), "n": cell.n,
-        "unfinished": dict(cell.unfinished), "budget": cell.budget,
+        "settings": settings_json(cell.settings),
+        "n": cell.n,
+        "unfinished": dict(cell.unfinished),
+        "budget": cell.budget,
         "outcomes": {name: cell.count(name) for name in outcomes.OUTCOMES},
-        "slow_kinds": cell.slow_kinds(), "sat_at": cell.sat_at(),
+        "slow_kinds": cell.slow_kinds(),
+        "sat_at": cell.sat_at(),
         "at_thresholds": {f"{t:g}": cell.counts_at(t) for t in outcomes.THRESHOLDS},
         **{f"{name}_rate": cell.rate(name) for name in COUNTED},
         "median_time": {"median": km.median, "low": km.low, "high": km.high},
         "final_loss": {k: json_number(v) for k, v in cell.final_loss().items()},
         "final_losses": [json_number(v) for v in cell.final_losses()],
         "theory_score_std": cell.theory_score_std,
-        "at_init": {k: _mean(cell.at_init(k)) for k in ("score_std", "attn_entropy", "saturated_frac",
-                                                          "grad_norm/W_q", "grad_norm/W_k")},
-        "seeds": [{"seed": s.seed, "run": s.run.path.name, "outcome": s.outcome.outcome,
-                   "reached_step": s.outcome.reached_step, "left_plateau_step": s.outcome.left_plateau_step,
-                   "final_accuracy": s.outcome.final_accuracy, "final_loss": json_number(s.final_loss),
-                   "best_accuracy": s.outcome.best_accuracy, "slow_kind": s.outcome.slow_kind,
-                   "sat_at": s.outcome.sat_at, "path": s.path_digest, "mechanism": s.mechanism}
-                  for s in cell.seeds],
+        "at_init": {
+            k: _mean(cell.at_init(k))
+            for k in ("score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
+        },
+        "seeds": [
+            {
+                "seed": s.seed,
+                "run": s.run.path.name,
+                "outcome": s.outcome.outcome,
+                "reached_step": s.outcome.reached_step,
+                "left_plateau_step": s.outcome.left_plateau_step,
+                "final_accuracy": s.outcome.final_accuracy,
+                "final_loss": json_number(s.final_loss),
+                "best_accuracy": s.outcome.best_accuracy,
+                "slow_kind": s.outcome.slow_kind,
+                "sat_at": s.outcome.sat_at,
+                "path": s.path_digest,
+                "mechanism": s.mechanism,
+            }
+            for s in cell.seeds
+        ],
     }
 
 
@@ -117,15 +133,19 @@ def _loss_text(cell: CellResult) -> str:
 def cell_rows(cells: list[CellResult], layout: Layout, keys: list[str]) -> list[dict]:
     rows = []
     for cell in cells:
-        row = {layout.names[k]: format_value(cell.settings[k]) if k in cell.settings else "—" for k in keys}  # — : a block that does not set k
-        row.update({
-            "seeds": cell.n,
-            **{name: cell.count(name) for name in outcomes.OUTCOMES},
-            "success [95%]": _rate_text(cell.rate("success")),
-            f"median steps to {outcomes.THRESHOLD:.0%} [95%]": _time_text(cell),
-            "median final loss [95%]": _loss_text(cell),
-            "unfinished": ", ".join(f"{n} {s}" for s, n in sorted(cell.unfinished.items())) or "—",
-        })
+        row = {
+            layout.names[k]: format_value(cell.settings[k]) if k in cell.settings else "—" for k in keys
+        }  # — : a block that does not set k
+        row.update(
+            {
+                "seeds": cell.n,
+                **{name: cell.count(name) for name in outcomes.OUTCOMES},
+                "success [95%]": _rate_text(cell.rate("success")),
+                f"median steps to {outcomes.THRESHOLD:.0%} [95%]": _time_text(cell),
+                "median final loss [95%]": _loss_text(cell),
+                "unfinished": ", ".join(f"{n} {s}" for s, n in sorted(cell.unfinished.items())) or "—",
+            }
+        )
         rows.append(row)
     return rows
 
@@ -138,11 +158,13 @@ def threshold_rows(chosen: dict[tuple, CellResult], layout: Layout) -> list[dict
         row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm), "seeds": cell.n}
         for t in outcomes.THRESHOLDS:
             counts = cell.counts_at(t)
-            row[f"learned / slow / stalled @{t:g}"] = (f"{counts[outcomes.LEARNED]} / {counts[outcomes.SLOW]} / "
-                                                       f"{counts[outcomes.STALLED]}")
+            row[f"learned / slow / stalled @{t:g}"] = (
+                f"{counts[outcomes.LEARNED]} / {counts[outcomes.SLOW]} / {counts[outcomes.STALLED]}"
+            )
         kinds, levels = cell.slow_kinds(), cell.sat_at()
-        row["slow: near / unstable / far"] = " / ".join(str(kinds[k]) for k in (outcomes.NEAR, outcomes.UNSTABLE,
-                                                                                outcomes.FAR))
+        row["slow: near / unstable / far"] = " / ".join(
+            str(kinds[k]) for k in (outcomes.NEAR, outcomes.UNSTABLE, outcomes.FAR)
+        )
         row["sat at chance / no-retrieval"] = f"{levels[outcomes.CHANCE_LEVEL]} / {levels[outcomes.NO_RETRIEVAL_LEVEL]}"
         rows.append(row)
     return rows
@@ -173,12 +195,17 @@ def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[i
     mechanism (attn.model.mechanism.summary, median over seeds) at each step."""
     rows = []
     for (x, arm), cell in cells.items():
-        row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm),
-               "score std @0 (theory)": f"{_fmt(_mean(cell.at_init('score_std')))} ({cell.theory_score_std:.3g})"}
+        row = {
+            layout.x_name: layout.x_label(x),
+            "arm": layout.arm_label(arm),
+            "score std @0 (theory)": f"{_fmt(_mean(cell.at_init('score_std')))} ({cell.theory_score_std:.3g})",
+        }
         for step in steps:
             row[f"saturated @{step}"] = _fmt(median(cell.mechanism(step, "saturated_frac")))
-            row[f"‖∇W_q‖ saturated / other @{step}"] = (f"{_fmt(median(cell.mechanism(step, 'grad_W_q_median_saturated')))}"
-                                                       f" / {_fmt(median(cell.mechanism(step, 'grad_W_q_median_other')))}")
+            row[f"‖∇W_q‖ saturated / other @{step}"] = (
+                f"{_fmt(median(cell.mechanism(step, 'grad_W_q_median_saturated')))}"
+                f" / {_fmt(median(cell.mechanism(step, 'grad_W_q_median_other')))}"
+            )
             row[f"top-10% share of ‖∇W_q‖² @{step}"] = _fmt(median(cell.mechanism(step, "grad_W_q_top_share")))
         rows.append(row)
     return rows
@@ -187,6 +214,7 @@ def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[i
 def stall_rows(stalls: dict, layout: Layout) -> list[dict]:
     """Per (x, arm), over its runs at every setting: the stalled and learned runs
     whose query ends attending to itself, and their initial attention on the right key."""
+
     def ends(figures):
         rate = figures["self_attending"]
         return f"{rate['k']}/{rate['n']} [{rate['low']:.2f}, {rate['high']:.2f}]" if rate["n"] else "—"
@@ -197,13 +225,19 @@ def stall_rows(stalls: dict, layout: Layout) -> list[dict]:
 
     rows = []
     for (x, arm), value in stalls.items():
-        rows.append({layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm),
-                     "stalled runs": value["stalled"]["n"], "learned runs": value["learned"]["n"],
-                     f"stalled: self > {SELF_ATTENDING:g} at end [95%]": ends(value["stalled"]),
-                     f"learned: self > {SELF_ATTENDING:g} at end [95%]": ends(value["learned"]),
-                     "stalled: target_attn @0 median [min, max]": initial(value["stalled"]),
-                     "learned: target_attn @0 median [min, max]": initial(value["learned"]),
-                     "AUC of low target_attn @0 for a stall": _fmt(value["auc"])})
+        rows.append(
+            {
+                layout.x_name: layout.x_label(x),
+                "arm": layout.arm_label(arm),
+                "stalled runs": value["stalled"]["n"],
+                "learned runs": value["learned"]["n"],
+                f"stalled: self > {SELF_ATTENDING:g} at end [95%]": ends(value["stalled"]),
+                f"learned: self > {SELF_ATTENDING:g} at end [95%]": ends(value["learned"]),
+                "stalled: target_attn @0 median [min, max]": initial(value["stalled"]),
+                "learned: target_attn @0 median [min, max]": initial(value["learned"]),
+                "AUC of low target_attn @0 for a stall": _fmt(value["auc"]),
+            }
+        )
     return rows
 
 
@@ -265,8 +299,9 @@ def code_state_note(states: dict[str, int]) -> str:
         return ""
     parts = []
     if len(states) > 1:
-        parts.append(f"the runs come from {len(states)} code states ("
-                     + ", ".join(f"{k}: {n}" for k, n in states.items()) + ")")
+        parts.append(
+            f"the runs come from {len(states)} code states (" + ", ".join(f"{k}: {n}" for k, n in states.items()) + ")"
+        )
     if unclean:
         parts.append(f"{sum(unclean.values())} from uncommitted or unrecorded code ({', '.join(unclean)})")
     return "Not one clean commit: " + "; ".join(parts) + "."
@@ -281,27 +316,43 @@ def frozen_claims(experiment: Experiment) -> dict:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {"frozen": False, "digest": current["digest"]}
-    return {"frozen": True, "digest": current["digest"], "frozen_digest": record.get("digest"),
-            "frozen_at": record.get("frozen_at"), "runs_before": record.get("runs_before", 0),
-            "changes": report_spec.claim_changes(record, current)}
+    return {
+        "frozen": True,
+        "digest": current["digest"],
+        "frozen_digest": record.get("digest"),
+        "frozen_at": record.get("frozen_at"),
+        "runs_before": record.get("runs_before", 0),
+        "changes": report_spec.claim_changes(record, current),
+    }
 
 
 def claims_lines(claims: dict) -> list[str]:
     """The report's paragraph on whether its claims are the ones frozen before the runs."""
     if not claims["frozen"]:
-        return [f"The claims were not frozen before these runs (no `{report_spec.CLAIMS_FILE}` in the experiment "
-                "directory: its sweep started before attn recorded them); they may have been written after.", ""]
+        return [
+            f"The claims were not frozen before these runs (no `{report_spec.CLAIMS_FILE}` in the experiment "
+            "directory: its sweep started before attn recorded them); they may have been written after.",
+            "",
+        ]
     if claims.get("runs_before"):
-        return [f"The claims were recorded ({claims['frozen_at']}) only when {claims['runs_before']} of the "
-                "experiment's runs already existed (its sweep first started before attn froze claims): they are not "
-                "claims frozen before those runs.", ""]
+        return [
+            f"The claims were recorded ({claims['frozen_at']}) only when {claims['runs_before']} of the "
+            "experiment's runs already existed (its sweep first started before attn froze claims): they are not "
+            "claims frozen before those runs.",
+            "",
+        ]
     changes = claims["changes"]
     if not any(changes.values()):
-        return [f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
-                f"started ({claims['frozen_at']}, digest `{(claims['frozen_digest'] or '')[:12]}`).", ""]
-    lines = [f"The claims differ from those frozen when the sweep first started ({claims['frozen_at']}, digest "
-             f"`{(claims['frozen_digest'] or '')[:12]}`): {len(changes['changed'])} changed, {len(changes['added'])} "
-             f"added, {len(changes['removed'])} removed after runs existed (each marked below)."]
+        return [
+            f"Every claim and the design (layout, selection rule, level, seeds) are as frozen when the sweep first "
+            f"started ({claims['frozen_at']}, digest `{(claims['frozen_digest'] or '')[:12]}`).",
+            "",
+        ]
+    lines = [
+        f"The claims differ from those frozen when the sweep first started ({claims['frozen_at']}, digest "
+        f"`{(claims['frozen_digest'] or '')[:12]}`): {len(changes['changed'])} changed, {len(changes['added'])} "
+        f"added, {len(changes['removed'])} removed after runs existed (each marked below)."
+    ]
     lines += [f"- design `{k}` was {before!r}, now {now!r}" for k, (before, now) in changes["design"].items()]
     lines += [f"- removed: **{i}** — frozen as: {text}" for i, text in changes["removed"].items()]
     return lines + [""]
@@ -318,8 +369,9 @@ def write_report(experiment: Experiment) -> dict[str, Path]:
     cells, excluded = collect(experiment, result_change)
     if not any(c.seeds for c in cells):
         left_out = f" ({len(excluded)} left out: {excluded[0].name}: {excluded[0].reason}, ...)" if excluded else ""
-        raise runs.RunError(f"{out}: no finished runs of this experiment yet{left_out}; "
-                            f"run `attn sweep {experiment.path}` first")
+        raise runs.RunError(
+            f"{out}: no finished runs of this experiment yet{left_out}; run `attn sweep {experiment.path}` first"
+        )
     with locks.RunLock(out, "report"):
         return _write(experiment, [c for c in cells if c.n or c.unfinished], excluded)
 
@@ -354,15 +406,28 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     best = judged_cells(cells, layout, "best")
     shared = judged_cells(cells, layout, "shared") if experiment.report.shared is not None else {}
     judge_on = experiment.report.judge_on  # lr_sensitivity can be a claim's stat: over the judging seeds only
-    sensitivities = ({key: cells_lr_sensitivity([on_seeds(c, judge_on) for c in group], layout.best_of)
-                      for key, group in groups(cells, layout).items()} if experiment.report.sensitivity else {})
+    sensitivities = (
+        {
+            key: cells_lr_sensitivity([on_seeds(c, judge_on) for c in group], layout.best_of)
+            for key, group in groups(cells, layout).items()
+        }
+        if experiment.report.sensitivity
+        else {}
+    )
     judged = judge_all(experiment.report.expect, cells, layout, sensitivities)
     claims = frozen_claims(experiment)
     edited = {e.id: e.edited_after_runs for e in experiment.report.expect if e.edited_after_runs}
     for j in judged:
         changes = claims.get("changes") or {}
-        j["frozen"] = ("not frozen" if not claims["frozen"] or claims.get("runs_before") else "changed" if j["id"] in changes["changed"]
-                       else "added after the runs began" if j["id"] in changes["added"] else "as frozen")
+        j["frozen"] = (
+            "not frozen"
+            if not claims["frozen"] or claims.get("runs_before")
+            else "changed"
+            if j["id"] in changes["changed"]
+            else "added after the runs began"
+            if j["id"] in changes["added"]
+            else "as frozen"
+        )
         if j["id"] in changes.get("changed", {}):
             j["frozen_text"] = changes["changed"][j["id"]]
         if j["id"] in edited:
@@ -372,50 +437,104 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     keys = layout.x + layout.arm + ([layout.best_of] if layout.best_of else [])
     ordered = sorted(cells, key=lambda c: [sort_key(value_of(c.settings.get(k))) for k in keys])
     at_lengths = length_results(best, experiment) if experiment.report.lengths else {}
-    return Findings(experiment, layout, cells, ordered, keys, excluded, best, shared, judged, steps, sensitivities,
-                    at_lengths, headline(judged, layout, scope(experiment)),
-                    counts_summary(best, shared, layout, judged, sensitivities, at_lengths), platforms(cells),
-                    rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None, claims,
-                    code_states(cells), stalls)
+    return Findings(
+        experiment,
+        layout,
+        cells,
+        ordered,
+        keys,
+        excluded,
+        best,
+        shared,
+        judged,
+        steps,
+        sensitivities,
+        at_lengths,
+        headline(judged, layout, scope(experiment)),
+        counts_summary(best, shared, layout, judged, sensitivities, at_lengths),
+        platforms(cells),
+        rows_table(sensitivity_rows(sensitivities, layout)) if sensitivities else None,
+        claims,
+        code_states(cells),
+        stalls,
+    )
 
 
 def report_json(found: Findings) -> dict:
     experiment, layout = found.experiment, found.layout
     return {
-        "experiment": experiment.name, "file": str(experiment.path), "description": experiment.description.strip(),
+        "experiment": experiment.name,
+        "file": str(experiment.path),
+        "description": experiment.description.strip(),
         "runs": sum(c.n for c in found.cells) + sum(sum(c.unfinished.values()) for c in found.cells),
-        "code_states": found.code_states, "code_state_note": code_state_note(found.code_states),
-        "claims": found.claims, "cells_in_file": len(experiment.cells), "platform": found.platform,
-        "definitions": outcomes.definitions(), "layout": {"x": layout.x, "arm": layout.arm, "best_of": layout.best_of,
-                                                          "select": list(experiment.report.select),
-                                                          "shared": json_number(experiment.report.shared),
-                                                          **held_out_json(experiment.report)},
+        "code_states": found.code_states,
+        "code_state_note": code_state_note(found.code_states),
+        "claims": found.claims,
+        "cells_in_file": len(experiment.cells),
+        "platform": found.platform,
+        "definitions": outcomes.definitions(),
+        "layout": {
+            "x": layout.x,
+            "arm": layout.arm,
+            "best_of": layout.best_of,
+            "select": list(experiment.report.select),
+            "shared": json_number(experiment.report.shared),
+            **held_out_json(experiment.report),
+        },
         "cells": [cell_json(c) for c in found.ordered],
-        "best": [{"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in found.best.items()],
-        **({"selection": [{"x": list(x), "arm": list(arm), **cell_json(c)} for (x, arm), c in
-                          judged_cells(found.cells, layout, "best", on="select").items()]}
-           if experiment.report.select_on is not None else {}),
+        "best": [
+            {"x": list(x), "arm": list(arm), "settings": cell_json(c)["settings"]} for (x, arm), c in found.best.items()
+        ],
+        **(
+            {
+                "selection": [
+                    {"x": list(x), "arm": list(arm), **cell_json(c)}
+                    for (x, arm), c in judged_cells(found.cells, layout, "best", on="select").items()
+                ]
+            }
+            if experiment.report.select_on is not None
+            else {}
+        ),
         "expectations": [_json_safe(j) for j in found.judged],
-        "headline": found.headline, "counts_summary": found.counts_summary,
+        "headline": found.headline,
+        "counts_summary": found.counts_summary,
         "excluded": [e.__dict__ for e in found.excluded],
-        "sensitivity": [{"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
-                        for (x, arm), value in found.sensitivities.items()],
+        "sensitivity": [
+            {"x": list(x), "arm": list(arm), **{k: json_number(v) for k, v in value.items()}}
+            for (x, arm), value in found.sensitivities.items()
+        ],
         "sensitivity_table": found.sensitivity_table,
         "stall_mechanism": [{"x": list(x), "arm": list(arm), **value} for (x, arm), value in found.stalls.items()],
-        "lengths": [{"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
-                    for (x, arm), by_length in found.at_lengths.items()],
+        "lengths": [
+            {"x": list(x), "arm": list(arm), "pairs": {str(P): v for P, v in by_length.items()}}
+            for (x, arm), by_length in found.at_lengths.items()
+        ],
     }
 
 
 def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> dict[str, Path]:
     found = findings(experiment, cells, excluded)
     out = experiment.directory
-    paths = {"json": out / runs.REPORT_FILE, "seeds": out / runs.SEEDS_FILE, "md": out / "report.md",
-             "csv": out / "report.csv"}
+    paths = {
+        "json": out / runs.REPORT_FILE,
+        "seeds": out / runs.SEEDS_FILE,
+        "md": out / "report.md",
+        "csv": out / "report.csv",
+    }
     runs.write_report_json(out, report_json(found))  # every cell and seed: compact, it is read by programs
     runs.write_atomic(paths["csv"], _csv_text(cell_rows(found.ordered, found.layout, found.keys)).encode())
-    paths.update(experiment_figures.draw_all(experiment, groups(cells, found.layout), found.layout, found.best, found.shared, found.steps,
-                                             sensitive=bool(found.sensitivities), at_lengths=found.at_lengths))
+    paths.update(
+        experiment_figures.draw_all(
+            experiment,
+            groups(cells, found.layout),
+            found.layout,
+            found.best,
+            found.shared,
+            found.steps,
+            sensitive=bool(found.sensitivities),
+            at_lengths=found.at_lengths,
+        )
+    )
     runs.write_atomic(paths["md"], report_markdown(found, paths).encode())
     return paths
 
@@ -431,9 +550,12 @@ def held_out_lines(found: Findings) -> list[str]:
     if spec.select_on is None:
         return []
     seeds = lambda values: ", ".join(map(str, values))  # noqa: E731
-    lines = [f"Held-out selection: each arm's {layout.best_of} was chosen on seeds {seeds(spec.select_on)} only; "
-             f"every verdict and headline table is judged on seeds {seeds(spec.judge_on)} only, at the chosen "
-             "setting. The selection seeds' figures at that setting (reported, never judged):", ""]
+    lines = [
+        f"Held-out selection: each arm's {layout.best_of} was chosen on seeds {seeds(spec.select_on)} only; "
+        f"every verdict and headline table is judged on seeds {seeds(spec.judge_on)} only, at the chosen "
+        "setting. The selection seeds' figures at that setting (reported, never judged):",
+        "",
+    ]
     chose = judged_cells(found.cells, layout, "best", on="select")
     return lines + [rows_table(cell_rows(list(chose.values()), layout, found.keys)), ""]
 
@@ -451,8 +573,10 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
     """The markdown of one judged expectation: its verdict and rule, then each x's numbers."""
     lines = [f"- **{j['id']}** — {j['claim']}: **{j['verdict']}**. Rule: {j['rule']}."]
     if j.get("test", "interval") != "interval":
-        lines[0] += (f" p = {_fmt(j['p'])} (Holm {_fmt(j['p_holm'])}); the opposite claim's p = {_fmt(j['p_reverse'])} "
-                     f"(Holm {_fmt(j['p_reverse_holm'])}).")
+        lines[0] += (
+            f" p = {_fmt(j['p'])} (Holm {_fmt(j['p_holm'])}); the opposite claim's p = {_fmt(j['p_reverse'])} "
+            f"(Holm {_fmt(j['p_reverse_holm'])})."
+        )
     if j.get("frozen") == "changed":
         lines.append(f"  - changed after the runs began; as frozen: {j['frozen_text']}")
     elif j.get("frozen") == "added after the runs began":
@@ -460,15 +584,22 @@ def expectation_lines(j: dict, layout: Layout) -> list[str]:
     if j.get("edited_after_runs"):
         lines.append(f"  - {report_spec.EDITED_SAID}: {j['edited_after_runs']}")
     for p in j["points"]:
-        numbers = p.get("note") or (f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
-                                    + (f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
-                                       if "other_value" in p else ""))
+        numbers = p.get("note") or (
+            f"{p['value']:.3g} [{p['low']:.3g}, {p['high']:.3g}]"
+            + (
+                f" vs {p['other_value']:.3g} [{p['other_low']:.3g}, {p['other_high']:.3g}]"
+                if "other_value" in p
+                else ""
+            )
+        )
         if "effect" in p:
             effect = p["effect"]
             counts = ", ".join(f"{k} {v}" for k, v in p["counts"].items())
-            numbers += (f"; {effect['name']} {effect_bound(effect)}{_fmt(effect['value'])} "
-                        f"[{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
-                        f"{p['pairs']} pairs ({counts}); one-sided p {_fmt(p['p'])}, opposite {_fmt(p['p_reverse'])}")
+            numbers += (
+                f"; {effect['name']} {effect_bound(effect)}{_fmt(effect['value'])} "
+                f"[{_fmt(effect['low'])}, {_fmt(effect['high'])}]; "
+                f"{p['pairs']} pairs ({counts}); one-sided p {_fmt(p['p'])}, opposite {_fmt(p['p_reverse'])}"
+            )
         setting = f", {layout.names[layout.best_of]} = {format_value(p['setting'])}" if "setting" in p else ""
         lines.append(f"  - {layout.x_name} = {' / '.join(map(str, p['x']))}{setting}: {numbers} → {p['verdict']}")
     return lines
@@ -504,13 +635,15 @@ def length_results(best: dict, experiment: Experiment) -> dict:
 
 
 def length_rows(at_lengths: dict, layout: Layout) -> list[dict]:
-    """One row per judged cell: the median over seeds of the attention on the queried key, and of the accuracy, per P."""
+    """One row per judged cell: the median over seeds of the attention on the queried key, and of the
+    accuracy, per P."""
     rows = []
     for (x, arm), by_length in at_lengths.items():
         row = {layout.x_name: layout.x_label(x), "arm": layout.arm_label(arm)}
         for P, figures in sorted(by_length.items()):
             row[f"{P} pairs: attention on the key / accuracy"] = (
-                f"{np.median(figures['target_attn']):.3f} / {np.median(figures['accuracy']):.3f}")
+                f"{np.median(figures['target_attn']):.3f} / {np.median(figures['accuracy']):.3f}"
+            )
         rows.append(row)
     return rows
 
@@ -523,46 +656,89 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
         row = {"arm": layout.arm_label(arm)}
         for x in xs:
             value = sensitivities.get((x, arm))
-            row[f"{layout.x_name} = {layout.x_label(x)}"] = "—" if not value or value["sensitivity"] is None else \
-                f"{value['sensitivity']:.3g} [{value['low']:.3g}, {value['high']:.3g}] ({value['seeds']} seeds)"
+            row[f"{layout.x_name} = {layout.x_label(x)}"] = (
+                "—"
+                if not value or value["sensitivity"] is None
+                else f"{value['sensitivity']:.3g} [{value['low']:.3g}, {value['high']:.3g}] ({value['seeds']} seeds)"
+            )
         rows.append(row)
     return rows
 
 
 def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     experiment, layout, cells, keys = found.experiment, found.layout, found.cells, found.keys
-    best, shared, judged, steps, excluded, sensitivities, at_lengths = (found.best, found.shared, found.judged, found.steps, found.excluded,
-                                                                        found.sensitivities, found.at_lengths)
+    best, shared, judged, steps, excluded, sensitivities, at_lengths = (
+        found.best,
+        found.shared,
+        found.judged,
+        found.steps,
+        found.excluded,
+        found.sensitivities,
+        found.at_lengths,
+    )
     n_runs = sum(c.n for c in cells)
     facts = "; ".join(f"{k}: {', '.join(v)}" for k, v in found.platform.items())
     note = code_state_note(found.code_states)
-    text = [f"# {experiment.name}", "", experiment.description.strip(), "",
-            f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
-            + ", ".join(f"`{k}`" for k in layout.x)
-            + (", arms = " + ", ".join(f"`{a}`" for a in layout.arm) if layout.arm else ", one arm (no arm key: every run)")
-            + (f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
-               + ", then ".join(f"`{c}`" for c in experiment.report.select) + " (ties: the smaller value)"
-               if layout.best_of else "") + ".", "", f"Made on: {facts}." + (f" {note}" if note else ""), "",
-            *held_out_lines(found),
-            "## In one paragraph (generated)", "", found.headline, "",
-            "## The counts, in words (generated; described, not tested)", "", found.counts_summary, "",
-            "## Outcome classes", "", outcomes.definitions(), ""]
-    for title, chosen in (("each arm at its own best " + (layout.best_of or "setting"), best),
-                          (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared)):
+    text = [
+        f"# {experiment.name}",
+        "",
+        experiment.description.strip(),
+        "",
+        f"{n_runs} finished runs of {len(experiment.cells)} from `{experiment.path}`; x = "
+        + ", ".join(f"`{k}`" for k in layout.x)
+        + (", arms = " + ", ".join(f"`{a}`" for a in layout.arm) if layout.arm else ", one arm (no arm key: every run)")
+        + (
+            f", each judged at the `{layout.best_of}` chosen by the rule declared in the file: "
+            + ", then ".join(f"`{c}`" for c in experiment.report.select)
+            + " (ties: the smaller value)"
+            if layout.best_of
+            else ""
+        )
+        + ".",
+        "",
+        f"Made on: {facts}." + (f" {note}" if note else ""),
+        "",
+        *held_out_lines(found),
+        "## In one paragraph (generated)",
+        "",
+        found.headline,
+        "",
+        "## The counts, in words (generated; described, not tested)",
+        "",
+        found.counts_summary,
+        "",
+        "## Outcome classes",
+        "",
+        outcomes.definitions(),
+        "",
+    ]
+    for title, chosen in (
+        ("each arm at its own best " + (layout.best_of or "setting"), best),
+        (f"every arm at the shared {layout.best_of} = {format_value(experiment.report.shared)}", shared),
+    ):
         if chosen:
             text += [f"## Headline: {title}", "", rows_table(cell_rows(list(chosen.values()), layout, keys)), ""]
             text += arm_sentences(chosen, layout, "best" if chosen is best else "shared") + [""]
     if layout.best_of:
         text += edge_notes(cells, layout) + [""]
         seeds = "the judging seeds" if experiment.report.judge_on is not None else "every seed"
-        text += [f"## Seeds that learned at every {layout.names[layout.best_of]} ({seeds})", "",
-                 rows_table(every_setting_rows(cells, layout)), ""]
-    text += ["## How the counts move with the threshold (each arm at its best setting)", "",
-             f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
-             f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "
-             f"{outcomes.UNSTABLE}: final loss > {outcomes.UNSTABLE_FACTOR:g} x its best; {outcomes.FAR}: neither), "
-             f"at {outcomes.THRESHOLD:g}; and the plateau the seeds that never reached it sat at.", "",
-             rows_table(threshold_rows(best, layout)), ""]
+        text += [
+            f"## Seeds that learned at every {layout.names[layout.best_of]} ({seeds})",
+            "",
+            rows_table(every_setting_rows(cells, layout)),
+            "",
+        ]
+    text += [
+        "## How the counts move with the threshold (each arm at its best setting)",
+        "",
+        f"Each seed classified again with the threshold at {', '.join(f'{t:g}' for t in outcomes.THRESHOLDS)}; "
+        f"slow seeds split by what they did ({outcomes.NEAR}: best accuracy >= {outcomes.NEAR_ACCURACY:g}; "
+        f"{outcomes.UNSTABLE}: final loss > {outcomes.UNSTABLE_FACTOR:g} x its best; {outcomes.FAR}: neither), "
+        f"at {outcomes.THRESHOLD:g}; and the plateau the seeds that never reached it sat at.",
+        "",
+        rows_table(threshold_rows(best, layout)),
+        "",
+    ]
     if judged:
         text += ["## Expectations, judged", ""] + claims_lines(found.claims)
         for j in judged:
@@ -570,27 +746,49 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
         text.append("")
     if sensitivities:
         rates = next(iter(sensitivities.values()))["rates"]
-        text += [f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}", "",
-                 "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
-                 "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
-                 "over seeds, bootstrap 95% interval.", "", found.sensitivity_table, ""]
+        text += [
+            f"## Learning-rate sensitivity over {layout.best_of} in {', '.join(map(format_value, rates))}",
+            "",
+            "Per seed run at every rate: the mean over the rates of min(final loss, loss at initialisation) "
+            "minus the seed's best final loss (0: every rate as good as the best; Wortsman et al.); the mean "
+            "over seeds, bootstrap 95% interval.",
+            "",
+            found.sensitivity_table,
+            "",
+        ]
     if at_lengths:
-        text += ["## Longer contexts than trained on (median over seeds)", "",
-                 f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.analysis.lengths: "
-                 f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
-                 "its accuracy.", "", rows_table(length_rows(at_lengths, layout)), ""]
+        text += [
+            "## Longer contexts than trained on (median over seeds)",
+            "",
+            f"Each arm's model at its best setting, asked about retrieval with more pairs (attn.analysis.lengths: "
+            f"{', '.join(map(str, experiment.report.lengths))}); the attention it puts on the queried key and "
+            "its accuracy.",
+            "",
+            rows_table(length_rows(at_lengths, layout)),
+            "",
+        ]
     if steps:
-        text += ["## The mechanism, measured (median over seeds)", "",
-                 rows_table(mechanism_rows(best, layout, steps)), ""]
-    if found.stalls and any(v["stalled"]["self_attending"]["n"] + v["learned"]["self_attending"]["n"]
-                            for v in found.stalls.values()):
-        text += ["## What a stall is: self-attention at the end, the right key at the start", "",
-                 f"Over each {layout.x_name} and arm's runs at every setting: of the stalled and of the learned runs, "
-                 f"those whose query ends with more than {SELF_ATTENDING:g} of its attention on its own position "
-                 "(self_attn, Wilson 95%), and the attention on the right key at step 0 (target_attn); the AUC is "
-                 "the rank-based chance that a stalled run started with less attention on the right key than a "
-                 "learned one (0.5: no signal; — without both classes).", "",
-                 rows_table(stall_rows(found.stalls, layout)), ""]
+        text += [
+            "## The mechanism, measured (median over seeds)",
+            "",
+            rows_table(mechanism_rows(best, layout, steps)),
+            "",
+        ]
+    if found.stalls and any(
+        v["stalled"]["self_attending"]["n"] + v["learned"]["self_attending"]["n"] for v in found.stalls.values()
+    ):
+        text += [
+            "## What a stall is: self-attention at the end, the right key at the start",
+            "",
+            f"Over each {layout.x_name} and arm's runs at every setting: of the stalled and of the learned runs, "
+            f"those whose query ends with more than {SELF_ATTENDING:g} of its attention on its own position "
+            "(self_attn, Wilson 95%), and the attention on the right key at step 0 (target_attn); the AUC is "
+            "the rank-based chance that a stalled run started with less attention on the right key than a "
+            "learned one (0.5: no signal; — without both classes).",
+            "",
+            rows_table(stall_rows(found.stalls, layout)),
+            "",
+        ]
     text += ["## Every cell", "", rows_table(cell_rows(found.ordered, layout, keys)), ""]
     if excluded:
         text += [f"## Runs left out ({len(excluded)})", ""] + [f"- `{e.name}`: {e.reason}" for e in excluded] + [""]

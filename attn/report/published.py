@@ -35,13 +35,22 @@ def published_commit(report: dict, path: Path) -> str:
     """The one clean commit a published report's runs came from; RunError when there is not one."""
     states = list(report.get("code_states") or {})
     if len(states) != 1 or not is_clean_state(states[0]):
-        raise runs.RunError(f"{path}: its runs come from {', '.join(states) or 'no recorded code'}; only a report of "
-                            "one clean commit can be re-run from the commit it names")
+        raise runs.RunError(
+            f"{path}: its runs come from {', '.join(states) or 'no recorded code'}; only a report of "
+            "one clean commit can be re-run from the commit it names"
+        )
     return states[0]
 
 
-def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: str | None, workers: int | None,
-                     progress: Callable[[str], None], variants: tuple[str, ...] = verify.VARIANTS) -> dict:
+def verify_published(
+    experiment: Experiment,
+    results: Path,
+    repo: Path,
+    kernel: str | None,
+    workers: int | None,
+    progress: Callable[[str], None],
+    variants: tuple[str, ...] = verify.VARIANTS,
+) -> dict:
     """Verify the report published in results/<name> from the commit it names (module docstring); the
     comparison, as attn.experiment.verify.verify returns it, its files written under this checkout's runs/."""
     published = Path(results) / experiment.name
@@ -50,8 +59,10 @@ def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: 
     if _at(repo, commit) and _git_ok(["diff", "--quiet", "HEAD", "--"], repo):  # that commit, clean
         return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
     if not _git_ok(["cat-file", "-e", f"{commit}^{{commit}}"], repo):
-        raise runs.RunError(f"{repo}: has no commit {commit}, which {published / runs.REPORT_FILE} names (a shallow "
-                            "clone?); fetch it first")
+        raise runs.RunError(
+            f"{repo}: has no commit {commit}, which {published / runs.REPORT_FILE} names (a shallow "
+            "clone?); fetch it first"
+        )
     runs_dir = Path(experiment.cells[0].config.runs_dir)
     tree = (runs_dir / "published" / commit).resolve()  # absolute: its children run there
     if not tree.exists():
@@ -66,11 +77,27 @@ def verify_published(experiment: Experiment, results: Path, repo: Path, kernel: 
             shutil.copyfile(published / name, copied / name)
     its_verification = tree / "runs" / "verify" / f"{experiment.name}.json"
     its_verification.unlink(missing_ok=True)  # written anew by its verify, which exits 1 when a verdict differs
-    options = ([f"--kernel={kernel}"] if kernel else []) + ([f"--workers={workers}"] if workers else []) \
+    options = (
+        ([f"--kernel={kernel}"] if kernel else [])
+        + ([f"--workers={workers}"] if workers else [])
         + ([f"--variants={','.join(variants)}"] if tuple(variants) != verify.VARIANTS else [])
-    _run(f"its attn verify (at {commit})", [str(tree / ".venv" / "bin" / "python"), "-m", "attn", "verify",
-                                            f"experiments/{experiment.name}.yaml", "--runs-dir", "runs", *options],
-         progress, cwd=tree, verdicts_differ=its_verification)
+    )
+    _run(
+        f"its attn verify (at {commit})",
+        [
+            str(tree / ".venv" / "bin" / "python"),
+            "-m",
+            "attn",
+            "verify",
+            f"experiments/{experiment.name}.yaml",
+            "--runs-dir",
+            "runs",
+            *options,
+        ],
+        progress,
+        cwd=tree,
+        verdicts_differ=its_verification,
+    )
     there = load_experiment(experiment.path, runs_dir=str(tree / "runs"))
     result = verify.verify(there, kernel, workers, progress, variants, as_run=published, made=True)
     here = runs_dir / "verify"
@@ -86,19 +113,30 @@ def _git_ok(arguments: list[str], where: Path) -> bool:
 
 def _at(where: Path, commit: str) -> bool:
     """Whether the checkout at `where` has `commit` checked out."""
-    head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD", f"{commit}^{{commit}}"], capture_output=True,
-                          text=True, timeout=60)
+    head = subprocess.run(
+        ["git", "-C", str(where), "rev-parse", "HEAD", f"{commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = head.stdout.split()
     return head.returncode == 0 and len(lines) == 2 and lines[0] == lines[1]
 
 
-def _run(step: str, command: list[str], progress: Callable[[str], None], cwd: Path | None = None,
-         verdicts_differ: Path | None = None) -> None:
+def _run(
+    step: str,
+    command: list[str],
+    progress: Callable[[str], None],
+    cwd: Path | None = None,
+    verdicts_differ: Path | None = None,
+) -> None:
     """A step of verify_published, in a child process stopped with this one, its messages on this one's
     stderr; RunError naming the step on failure. Exit 1 of that commit's verify says a verdict differs
     (`verdicts_differ`: the comparison it then wrote; without it, exit 1 is a failure too)."""
     progress(" ".join(command) + (f"  (in {cwd})" if cwd else ""))
     done = processes.run_child(command, cwd=cwd, stdout=2)
     if done.returncode != 0 and not (done.returncode == 1 and verdicts_differ is not None and verdicts_differ.exists()):
-        raise runs.RunError(f"verify: {step} failed: `{' '.join(command)}` exited {done.returncode} (its messages "
-                            "are above); run the same command again to resume")
+        raise runs.RunError(
+            f"verify: {step} failed: `{' '.join(command)}` exited {done.returncode} (its messages "
+            "are above); run the same command again to resume"
+        )

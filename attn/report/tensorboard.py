@@ -90,8 +90,9 @@ def _bytes_field(number: int, data: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(data)) + data
 
 
-def encode_event(wall_time: float, step: int = 0, scalars: dict | None = None,
-                 file_version: str | None = None) -> bytes:
+def encode_event(
+    wall_time: float, step: int = 0, scalars: dict | None = None, file_version: str | None = None
+) -> bytes:
     """An Event: wall_time, step, and a file_version or a Summary of simple_value scalars."""
     out = b"\x09" + struct.pack("<d", wall_time)
     if step:
@@ -99,8 +100,10 @@ def encode_event(wall_time: float, step: int = 0, scalars: dict | None = None,
     if file_version is not None:
         out += _bytes_field(3, file_version.encode())
     if scalars:
-        values = b"".join(_bytes_field(1, _bytes_field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
-                          for tag, value in scalars.items())
+        values = b"".join(
+            _bytes_field(1, _bytes_field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
+            for tag, value in scalars.items()
+        )
         out += _bytes_field(5, values)
     return out
 
@@ -129,12 +132,12 @@ def _fields(data: bytes):
         if wire == 0:
             value, at = _read_varint(data, at)
         elif wire == 1:
-            value, at = data[at:at + 8], at + 8
+            value, at = data[at : at + 8], at + 8
         elif wire == 2:
             length, at = _read_varint(data, at)
-            value, at = data[at:at + length], at + length
+            value, at = data[at : at + length], at + length
         elif wire == 5:
-            value, at = data[at:at + 4], at + 4
+            value, at = data[at : at + 4], at + 4
         else:
             raise ValueError(f"wire type {wire}: not read")
         yield number, wire, value
@@ -181,12 +184,12 @@ def read_events(path: Path) -> list[Event]:
     while at < len(data):
         if at + 12 > len(data):
             raise EventFileError(f"{path}: offset {at}: a record's header is cut short")
-        header = data[at:at + 8]
+        header = data[at : at + 8]
         (length,) = struct.unpack("<Q", header)
-        if struct.unpack("<I", data[at + 8:at + 12])[0] != masked_crc(header):
+        if struct.unpack("<I", data[at + 8 : at + 12])[0] != masked_crc(header):
             raise EventFileError(f"{path}: offset {at}: the length's CRC does not match")
-        body = data[at + 12:at + 12 + length]
-        crc = data[at + 12 + length:at + 16 + length]
+        body = data[at + 12 : at + 12 + length]
+        crc = data[at + 12 + length : at + 16 + length]
         if len(body) != length or len(crc) != 4:
             raise EventFileError(f"{path}: offset {at}: a record is cut short")
         if struct.unpack("<I", crc)[0] != masked_crc(body):
@@ -200,8 +203,11 @@ def read_events(path: Path) -> list[Event]:
 # Runs to event files
 # ---------------------------------------------------------------------------
 def _scalars(record: dict) -> dict:
-    return {key: float(value) for key, value in record.items()
-            if key != "step" and runs.is_finite_number(value) and not isinstance(value, bool)}
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key != "step" and runs.is_finite_number(value) and not isinstance(value, bool)
+    }
 
 
 def write_run_events(run_dir: Path, out_dir: Path) -> tuple[Path, int]:

@@ -105,7 +105,8 @@ def _take(arrays: dict, prefix: str, expected: dict, path: Path) -> dict:
             raise runs.RunError(f"{path}: refused: missing array {key!r}")
         value = arrays[key]
         if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
-            raise runs.RunError(f"{path}: refused: {key!r} is {value.dtype}{list(value.shape)}, "
-                           f"expected {np.dtype(dtype)}{list(shape)}")
+            raise runs.RunError(
+                f"{path}: refused: {key!r} is {value.dtype}{list(value.shape)}, expected {np.dtype(dtype)}{list(shape)}"
+            )
         out[name] = value
     return out

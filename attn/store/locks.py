@@ -98,8 +98,11 @@ class RunLock:
                     continue
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise RunLocked(f"{self.directory}: in use by {describe_holder(holder)}; wait for it to finish "
-                                "(or stop that process), then try again", holder) from None
+                raise RunLocked(
+                    f"{self.directory}: in use by {describe_holder(holder)}; wait for it to finish "
+                    "(or stop that process), then try again",
+                    holder,
+                ) from None
         record = json.dumps({"purpose": self.purpose, "since": time.time(), **writer_identity()}).encode()
         with contextlib.suppress(OSError):  # a full disk: the lock holds, only its record is missing
             os.ftruncate(fd, 0)
@@ -192,8 +195,10 @@ def _open_real_directory(directory: Path) -> int:
         return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
         if err.errno == errno.ELOOP or os.path.islink(directory):  # Linux says ENOTDIR for a link with O_DIRECTORY
-            raise RunError(f"{directory}: is a symbolic link; attn writes only into a real directory "
-                           "(use the directory it points to, or move that directory here)") from None
+            raise RunError(
+                f"{directory}: is a symbolic link; attn writes only into a real directory "
+                "(use the directory it points to, or move that directory here)"
+            ) from None
         if err.errno == errno.ENOTDIR:
             raise RunError(f"{directory}: not a directory") from None
         if err.errno == errno.ENOENT:

@@ -67,8 +67,9 @@ class ChildStopped(RuntimeError):
     ended. `signal` is the signal's name; str() is the one-line message."""
 
     def __init__(self, signal_name: str, returncode: int):
-        super().__init__(f"stopped by {signal_name} (passed on to the child process, which ended with exit "
-                         f"{returncode})")
+        super().__init__(
+            f"stopped by {signal_name} (passed on to the child process, which ended with exit {returncode})"
+        )
         self.signal, self.returncode = signal_name, returncode
 
 
@@ -82,8 +83,15 @@ def die_with(parent: int, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
 
-def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=None, text: bool = True,
-              on_death: int = signal.SIGTERM, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_child(
+    command: list[str],
+    env: dict | None = None,
+    stdout=None,
+    stderr=None,
+    text: bool = True,
+    on_death: int = signal.SIGTERM,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess:
     """Run command as a child in its own process group (a terminal's Ctrl-C
     reaches this process alone) that ends with this one: SIGINT/SIGTERM
     received meanwhile are passed on to the child's group and waited for
@@ -116,8 +124,16 @@ def run_child(command: list[str], env: dict | None = None, stdout=None, stderr=N
     if threading.current_thread() is threading.main_thread():  # before the child starts: no stop goes unseen
         previous = {signum: signal.signal(signum, forward) for signum in STOP_SIGNALS}
     try:
-        process = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=text, start_new_session=True,
-                                   preexec_fn=functools.partial(die_with, parent, on_death), cwd=cwd)
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            text=text,
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with, parent, on_death),
+            cwd=cwd,
+        )
         started.append(process)
         if unsent:
             pass_on(unsent[0])

@@ -229,8 +229,9 @@ def _json_safe(obj):
 def write_json(path: Path, obj, indent: int | None = 2) -> None:
     """obj as JSON (keys sorted; indent None: compact, for large machine-read files), atomically."""
     separators = None if indent else (",", ":")
-    write_atomic(path, (json.dumps(_json_safe(obj), indent=indent, sort_keys=True, separators=separators) + "\n")
-                 .encode())
+    write_atomic(
+        path, (json.dumps(_json_safe(obj), indent=indent, sort_keys=True, separators=separators) + "\n").encode()
+    )
 
 
 REPORT_FILE = "report.json"
@@ -245,12 +246,19 @@ def write_report_json(directory: Path, report: dict) -> None:
     never joins records of another report. The seeds file is written first."""
     directory = Path(directory)
     records = {key: [entry.get("seeds", []) for entry in report.get(key, [])] for key in SEEDED_LISTS}
-    seeds = gzip.compress((json.dumps(_json_safe(records), sort_keys=True, separators=(",", ":")) + "\n").encode(),
-                          mtime=0)
+    seeds = gzip.compress(
+        (json.dumps(_json_safe(records), sort_keys=True, separators=(",", ":")) + "\n").encode(), mtime=0
+    )
     write_atomic(directory / SEEDS_FILE, seeds)
-    slim = {**report, **{key: [{k: v for k, v in entry.items() if k != "seeds"} for entry in report.get(key, [])]
-                         for key in SEEDED_LISTS if key in report},
-            "seeds_file": {"name": SEEDS_FILE, "sha256": hashlib.sha256(seeds).hexdigest()}}
+    slim = {
+        **report,
+        **{
+            key: [{k: v for k, v in entry.items() if k != "seeds"} for entry in report.get(key, [])]
+            for key in SEEDED_LISTS
+            if key in report
+        },
+        "seeds_file": {"name": SEEDS_FILE, "sha256": hashlib.sha256(seeds).hexdigest()},
+    }
     write_json(directory / REPORT_FILE, slim, indent=None)
 
 
@@ -266,11 +274,15 @@ def read_report_json(directory: Path) -> dict:
     try:
         seeds = path.read_bytes()
     except FileNotFoundError:
-        raise RunError(f"{path}: missing, but {directory / REPORT_FILE} keeps its per-seed records there; "
-                       "write the report again (attn report)") from None
+        raise RunError(
+            f"{path}: missing, but {directory / REPORT_FILE} keeps its per-seed records there; "
+            "write the report again (attn report)"
+        ) from None
     if hashlib.sha256(seeds).hexdigest() != named["sha256"]:
-        raise RunError(f"{path}: not the per-seed records of {directory / REPORT_FILE} (its digest differs); "
-                       "write the report again (attn report)")
+        raise RunError(
+            f"{path}: not the per-seed records of {directory / REPORT_FILE} (its digest differs); "
+            "write the report again (attn report)"
+        )
     for key, lists in json.loads(gzip.decompress(seeds)).items():
         for entry, records in zip(report.get(key, []), lists):
             entry["seeds"] = records
@@ -356,13 +368,20 @@ def not_a_run(run_dir: Path) -> str:
     """Why `run_dir` is no run (it has no config.yaml), for an error line: a
     directory holding a run's files without it is a run whose making was cut
     short (attn.train.lifecycle.new_run writes config.yaml last)."""
-    held = sorted(p.name for p in Path(run_dir).iterdir()
-                  if p.name in ("metrics.jsonl", "summary.json") or p.suffix == ".npz") if Path(run_dir).is_dir() else []
+    held = (
+        sorted(
+            p.name for p in Path(run_dir).iterdir() if p.name in ("metrics.jsonl", "summary.json") or p.suffix == ".npz"
+        )
+        if Path(run_dir).is_dir()
+        else []
+    )
     if not held:
         return NOT_A_RUN
-    return (f"not a run directory: no config.yaml, though it holds {', '.join(held[:3])}: its making was cut short "
-            "before config.yaml was written (a fork or run killed as it was made); nothing in it can be used, "
-            "remove it")
+    return (
+        f"not a run directory: no config.yaml, though it holds {', '.join(held[:3])}: its making was cut short "
+        "before config.yaml was written (a fork or run killed as it was made); nothing in it can be used, "
+        "remove it"
+    )
 
 
 def read_run_config(run_dir: Path, complete: bool = False) -> dict:
@@ -383,8 +402,10 @@ def read_run_config(run_dir: Path, complete: bool = False) -> dict:
         raise RunError(f"{path}: unreadable: `provenance` is not a mapping; {repair}")
     missing = next((key for key in [*all_keys(), "provenance"] if not _has_dotted(config, key)), None)
     if complete and missing:
-        raise RunError(f"{path}: lacks `{missing}`, which attn writes into every run's config.yaml "
-                       f"(is it cut short, or from an older attn?); {repair}")
+        raise RunError(
+            f"{path}: lacks `{missing}`, which attn writes into every run's config.yaml "
+            f"(is it cut short, or from an older attn?); {repair}"
+        )
     return config
 
 
@@ -484,7 +505,8 @@ def _record_problem(record, last_step: int) -> str | None:
 
 def _json_kind(value) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number")
+        type(value), "a number"
+    )
 
 
 def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:

@@ -41,6 +41,7 @@ for the initial parameters, the training batches and the fixed eval set.
 Two configs that differ only in, say, the score scale share their initial
 weights, batches and eval set for the same seed: paired comparisons.
 """
+
 from __future__ import annotations
 
 import os
@@ -66,7 +67,7 @@ def lr_multipliers(config: Config) -> dict[str, float]:
     multipliers = dict(o.lr_mult)
     if o.qk_lr_exponent:
         for name in ("W_q", "W_k"):
-            multipliers[name] = multipliers.get(name, 1.0) * config.model.d_k ** o.qk_lr_exponent
+            multipliers[name] = multipliers.get(name, 1.0) * config.model.d_k**o.qk_lr_exponent
     return multipliers
 
 
@@ -128,8 +129,17 @@ def prepare(config: Config, run_dir: Path, *, resume: bool = False, checkpoint: 
     starts from another run's). Writes nothing; a checkpoint that does not
     fit is refused with RunError."""
     task, spec, params, optimizer, gens = build(config)
-    state = RunState(config, Path(run_dir), task, spec, params, optimizer.state, gens,
-                     task.sample(gens.eval, config.task.eval_size), buffers=fast.init_buffers(spec, params, gens.init))
+    state = RunState(
+        config,
+        Path(run_dir),
+        task,
+        spec,
+        params,
+        optimizer.state,
+        gens,
+        task.sample(gens.eval, config.task.eval_size),
+        buffers=fast.init_buffers(spec, params, gens.init),
+    )
     if resume or checkpoint is not None:
         _restore_checkpoint(state, checkpoint_file(run_dir) if checkpoint is None else Path(checkpoint))
     return state
@@ -165,21 +175,31 @@ def kept_checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for m in map(KEPT_CHECKPOINT.match, names) if m)
 
 
-def save_checkpoint(state: RunState, params: dict | None = None, optimizer_state: dict | None = None,
-                    buffers: dict | None = None) -> None:
+def save_checkpoint(
+    state: RunState, params: dict | None = None, optimizer_state: dict | None = None, buffers: dict | None = None
+) -> None:
     """The checkpoint at state.step: checkpoint-<step>.npz, then checkpoint.npz
     (the arrays default to the state's own), after the records logged before it are on disk."""
     runs.sync_metrics(state.run_dir)
-    meta = {"step": state.step, "wall_time": state.wall_time, "data_rng": state.gens.data.bit_generator.state,
-            "best": state.best, "nonfinite_steps": state.nonfinite_steps}
-    carried = {**(state.optimizer_state if optimizer_state is None else optimizer_state),
-               **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()}}
+    meta = {
+        "step": state.step,
+        "wall_time": state.wall_time,
+        "data_rng": state.gens.data.bit_generator.state,
+        "best": state.best,
+        "nonfinite_steps": state.nonfinite_steps,
+    }
+    carried = {
+        **(state.optimizer_state if optimizer_state is None else optimizer_state),
+        **{BUFFER + k: v for k, v in (state.buffers if buffers is None else buffers).items()},
+    }
     kept = checkpoint_file(state.run_dir, state.step)
     arrayfiles.save_checkpoint_arrays(kept, state.params if params is None else params, carried, meta)
     runs.link_atomic(kept, checkpoint_file(state.run_dir))
     logging = state.config.logging
-    remove_checkpoints(state.run_dir, retained_steps(kept_checkpoint_steps(state.run_dir), state.step,
-                                                     logging.keep_checkpoints, logging.keep_every))
+    remove_checkpoints(
+        state.run_dir,
+        retained_steps(kept_checkpoint_steps(state.run_dir), state.step, logging.keep_checkpoints, logging.keep_every),
+    )
 
 
 def retained_steps(steps: list[int], newest: int, keep_last: int | None, keep_every: int | None) -> list[int]:
@@ -215,8 +235,9 @@ def remove_checkpoints(run_dir: Path, keep: list[int]) -> list[int]:
 
 def _restore_checkpoint(state: RunState, path: Path) -> None:
     template = {**state.optimizer_state, **{BUFFER + k: v for k, v in state.buffers.items()}}
-    state.params, carried, meta = arrayfiles.load_checkpoint(path, fast.param_shapes(state.spec), template,
-                                                       state.config.dtype)
+    state.params, carried, meta = arrayfiles.load_checkpoint(
+        path, fast.param_shapes(state.spec), template, state.config.dtype
+    )
     state.optimizer_state = {k: v for k, v in carried.items() if not k.startswith(BUFFER)}
     state.buffers = {k.removeprefix(BUFFER): v for k, v in carried.items() if k.startswith(BUFFER)}
     try:
@@ -228,5 +249,3 @@ def _restore_checkpoint(state: RunState, path: Path) -> None:
     if not 0 <= state.step <= state.config.train.steps:
         raise runs.RunError(f"{path}: refused: step {state.step} is outside 0..{state.config.train.steps}")
     state.resumed = True
-
-

@@ -40,12 +40,12 @@ FTZ_DAZ = 0x8040  # MXCSR bits: flush to zero (15), denormals are zero (6)
 
 class _Environment(ctypes.Structure):
     """glibc's x86-64 fenv_t: the x87 environment (28 bytes), then the MXCSR."""
+
     _fields_ = [("x87", ctypes.c_uint8 * 28), ("mxcsr", ctypes.c_uint32)]
 
 
 def _libm():
-    if (platform.machine() not in ("x86_64", "AMD64") or struct.calcsize("P") != 8
-            or platform.libc_ver()[0] != "glibc"):
+    if platform.machine() not in ("x86_64", "AMD64") or struct.calcsize("P") != 8 or platform.libc_ver()[0] != "glibc":
         return None
     try:
         return ctypes.CDLL("libm.so.6")

@@ -27,7 +27,9 @@ REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrie
 def draw_references(ax, references: dict) -> None:
     for key, (label, style, color) in REFERENCE_STYLE.items():
         if references.get(key) is not None:
-            ax.axhline(references[key], linestyle=style, color=color, linewidth=1, label=f"{label} ({references[key]:.2f})")
+            ax.axhline(
+                references[key], linestyle=style, color=color, linewidth=1, label=f"{label} ({references[key]:.2f})"
+            )
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -39,7 +41,10 @@ def plot_run(run_dir: Path) -> list[Path]:
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir) or {}
     attention = read_attention(run_dir / "attention.npz") if (run_dir / "attention.npz").exists() else None
-    written = [_loss_figure(run_dir, records, summary), _diagnostics_figure(run_dir, records, summary.get("status") == "diverged")]
+    written = [
+        _loss_figure(run_dir, records, summary),
+        _diagnostics_figure(run_dir, records, summary.get("status") == "diverged"),
+    ]
     if attention is not None:
         written.append(_attention_figure(run_dir, attention))
     return written
@@ -59,8 +64,10 @@ def read_attention(path: Path) -> dict[str, np.ndarray]:
         problem = f"{moments[0]} has shape {list(shape)}, expected (examples, T, T)"
     elif any(data[k].shape != shape or data[k].dtype.kind != "f" for k in moments):
         problem = "attn_init and attn_final differ in shape, or are not floating point"
-    elif any(data.get(k) is None or data[k].shape != shape[:2] for k in ("target_mask", "target_key")) \
-            or data["target_key"].dtype.kind not in "iu":
+    elif (
+        any(data.get(k) is None or data[k].shape != shape[:2] for k in ("target_mask", "target_key"))
+        or data["target_key"].dtype.kind not in "iu"
+    ):
         problem = f"target_mask and target_key must be {list(shape[:2])} arrays (target_key of integers)"
     if problem:
         raise runs.RunError(f"{path}: {problem}; delete it (the other figures do not need it) or move the run away")
@@ -98,10 +105,17 @@ def draw_series(ax, records: list[dict], key: str, label: str, log: bool, diverg
         x, y = x[keep], y[keep]
     if not len(x):
         return []
-    line, = ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
+    (line,) = ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
     if diverged or ended_non_finite(records, key):
-        ax.plot(x[-1], y[-1], marker="x", markersize=8, linestyle="none", color=line.get_color(),
-                label="diverged (last finite value)")
+        ax.plot(
+            x[-1],
+            y[-1],
+            marker="x",
+            markersize=8,
+            linestyle="none",
+            color=line.get_color(),
+            label="diverged (last finite value)",
+        )
     return [y]
 
 
@@ -151,14 +165,22 @@ def _diagnostics_figure(run_dir: Path, records: list[dict], diverged: bool = Fal
         ax = fig.add_subplot(2, 2, i + 1)
         ax.set_yscale(yscale)
         values = []
-        for key in (keys if isinstance(keys, tuple) else (keys,)):
+        for key in keys if isinstance(keys, tuple) else (keys,):
             values += draw_series(ax, records, key, key.split("/")[-1], log=yscale == "log", diverged=diverged)
         drawn = len(values)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         if not drawn:  # an empty panel says why
-            ax.text(0.5, 0.5, "no finite" + (" positive" if yscale == "log" else "") + " value logged",
-                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.4")
+            ax.text(
+                0.5,
+                0.5,
+                "no finite" + (" positive" if yscale == "log" else "") + " value logged",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="0.4",
+            )
             continue
         set_robust_ylim(ax, values, log=yscale == "log")
         ax.grid(True, alpha=0.25)

@@ -77,8 +77,12 @@ def platform_facts() -> dict:
     libraries = [e for e in threadpool_info() if e.get("user_api") == "blas"]
     blas = [f"{e.get('internal_api')} {e.get('version')} ({e.get('architecture')} kernel)" for e in libraries]
     threads = max((e.get("num_threads") or 1 for e in libraries), default=1)
-    return {"cpu": cpu_model(), "blas": ", ".join(blas) or "none found",
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "denormals": denormals.training_mode(threads)}
+    return {
+        "cpu": cpu_model(),
+        "blas": ", ".join(blas) or "none found",
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "denormals": denormals.training_mode(threads),
+    }
 
 
 def cpu_model() -> str:
@@ -95,8 +99,13 @@ def source_revision() -> str | None:
     """`git describe --always --dirty` of the attn source tree, or None when it
     is not a git checkout (an installed copy) or git is missing."""
     try:
-        result = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None
@@ -120,14 +129,20 @@ def check_directory_path(path: str | os.PathLike, what: str) -> None:
         if not candidate.is_dir():
             where = "it" if candidate == path else str(candidate)
             problem = "is a file, not a directory" if candidate.is_file() else "is not a directory"
-            raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, "
-                              f"e.g. {example}")
+            raise ConfigError(f"{what} {show_value(str(path))}: {where} {problem}; choose a directory, e.g. {example}")
         return
 
 
 @contextlib.contextmanager
-def new_run(config: Config, config_path: str | None = None, overrides=(), name: str | None = None, *,
-            origin: dict | None = None, fill=None):
+def new_run(
+    config: Config,
+    config_path: str | None = None,
+    overrides=(),
+    name: str | None = None,
+    *,
+    origin: dict | None = None,
+    fill=None,
+):
     """A fresh run directory for `config` with its config.yaml, its RunLock
     held from the moment it exists to the end of the block. `fill(run_dir)`
     writes the run's first files before config.yaml (a fork's checkpoint and
@@ -136,7 +151,9 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
     if name is not None:
         check_run_name(name, "--name")
     else:  # config.name is checked with the config; a default name is made from the config file's
-        name = config.name or check_run_name(runs.default_run_name(config_path), "the run name made from the config file")
+        name = config.name or check_run_name(
+            runs.default_run_name(config_path), "the run name made from the config file"
+        )
     check_directory_path(config.runs_dir, "runs_dir")
     run_dir = runs.create_run_dir(Path(config.runs_dir), name)
     with contextlib.ExitStack() as hold:
@@ -144,8 +161,11 @@ def new_run(config: Config, config_path: str | None = None, overrides=(), name: 
             hold.enter_context(locks.RunLock(run_dir, "train"))
             if fill is not None:
                 fill(run_dir)
-            runs.write_config(run_dir, to_dict(config), {**provenance(config_path, overrides), "head": head_provenance(config),
-                                                         **(origin or {})})
+            runs.write_config(
+                run_dir,
+                to_dict(config),
+                {**provenance(config_path, overrides), "head": head_provenance(config), **(origin or {})},
+            )
         except BaseException:  # a full disk, a damaged source file, Ctrl-C: no half-made run is left
             shutil.rmtree(run_dir, ignore_errors=True)  # made by this call a moment ago: nothing else is in it
             raise
@@ -170,8 +190,11 @@ def config_of(run_dir: Path) -> Config:
 def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
     """'key: a -> b' for every field that differs, except the keys in `ignore`."""
     flat_a, flat_b = flatten_config(to_dict(a)), flatten_config(to_dict(b))
-    return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
-            if k not in ignore and flat_a.get(k) != flat_b.get(k)]
+    return [
+        f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}"
+        for k in sorted(flat_a.keys() | flat_b.keys())
+        if k not in ignore and flat_a.get(k) != flat_b.get(k)
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,15 +228,23 @@ def check_resumable(run_dir: Path, requested: Config | None = None, overrides=()
         if diff and config_difference(stored, requested, ignore=("train.steps",)) == []:
             extended_from = _check_extension(what, stored, requested)
         elif diff:
-            raise ConfigError(f"{what}: the config differs from the run's ({'; '.join(diff)}); a resumed run keeps "
-                              "its config (only a larger train.steps extends it): start a new run to change it, or "
-                              f"fork it: attn train --fork {run_dir} key=value")
+            raise ConfigError(
+                f"{what}: the config differs from the run's ({'; '.join(diff)}); a resumed run keeps "
+                "its config (only a larger train.steps extends it): start a new run to change it, or "
+                f"fork it: attn train --fork {run_dir} key=value"
+            )
     summary = runs.read_summary(run_dir) or {}
     status = locks.effective_status(summary)
     unfinished_extension = status == "completed" and summary.get("steps", stored.train.steps) < stored.train.steps
     if status == "diverged" or (status == "completed" and extended_from is None and not unfinished_extension):
-        hint = (f"; to train it further, extend it: attn train --resume {run_dir} train.steps=N with N > "
-                f"{stored.train.steps}") if status == "completed" else ""
+        hint = (
+            (
+                f"; to train it further, extend it: attn train --resume {run_dir} train.steps=N with N > "
+                f"{stored.train.steps}"
+            )
+            if status == "completed"
+            else ""
+        )
         raise ConfigError(f"{what}: the run already {status} ({summary.get('reason') or 'nothing to resume'}){hint}")
     if status == "running":  # a writer on another host, whose lock this file system does not share
         raise ConfigError(f"{what}: the run is still running (pid {summary.get('pid')} on {summary.get('host')})")
@@ -224,12 +255,16 @@ def _check_extension(what: str, stored: Config, requested: Config) -> int:
     """The old budget of an extension from stored.train.steps to requested's; ConfigError if it cannot be one."""
     old, new = stored.train.steps, requested.train.steps
     if new < old:
-        raise ConfigError(f"{what}: train.steps: {old} -> {new}: a resume can only extend a run; to stop it "
-                          f"earlier, fork it: attn train --fork {what.removeprefix('--resume ')}@STEP train.steps={new}")
+        raise ConfigError(
+            f"{what}: train.steps: {old} -> {new}: a resume can only extend a run; to stop it "
+            f"earlier, fork it: attn train --fork {what.removeprefix('--resume ')}@STEP train.steps={new}"
+        )
     if stored.optim.schedule == "cosine":
-        raise ConfigError(f"{what}: train.steps: {old} -> {new} with optim.schedule cosine: the rate at every step "
-                          f"depends on train.steps, so the extended run would not be the run a budget of {new} "
-                          f"makes (its rate would jump back up at step {old}); train a new run with train.steps={new}")
+        raise ConfigError(
+            f"{what}: train.steps: {old} -> {new} with optim.schedule cosine: the rate at every step "
+            f"depends on train.steps, so the extended run would not be the run a budget of {new} "
+            f"makes (its rate would jump back up at step {old}); train a new run with train.steps={new}"
+        )
     return old
 
 
@@ -238,10 +273,15 @@ def record_extension(run_dir: Path, resumption: Resumption) -> None:
     extension (old and new train.steps, when, the command); under the run's RunLock."""
     data = runs.read_run_config(run_dir, complete=True)
     history = data["provenance"].get("extensions") or []
-    entry = {"from_steps": resumption.extended_from, "to_steps": resumption.state.config.train.steps,
-             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
-    runs.write_config(run_dir, to_dict(resumption.state.config),
-                      {**data["provenance"], "extensions": [*history, entry]})
+    entry = {
+        "from_steps": resumption.extended_from,
+        "to_steps": resumption.state.config.train.steps,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(sys.argv),
+    }
+    runs.write_config(
+        run_dir, to_dict(resumption.state.config), {**data["provenance"], "extensions": [*history, entry]}
+    )
 
 
 def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
@@ -261,19 +301,30 @@ def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     try:
         state = runstate.prepare(config, run_dir, resume=last.exists())
     except runs.RunError as err:
-        kept = [step for step in runstate.kept_checkpoint_steps(run_dir)  # not the damaged file under its other name
-                if not runstate.checkpoint_file(run_dir, step).samefile(last)] if str(err).startswith(str(last)) else []
+        kept = (
+            [
+                step
+                for step in runstate.kept_checkpoint_steps(run_dir)  # not the damaged file under its other name
+                if not runstate.checkpoint_file(run_dir, step).samefile(last)
+            ]
+            if str(err).startswith(str(last))
+            else []
+        )
         if not kept:
             raise
-        raise runs.RunError(f"{err}; the run keeps checkpoints at steps {', '.join(map(str, kept))} to fork from, "
-                            "or delete its checkpoint.npz to train it again from step 0") from None
+        raise runs.RunError(
+            f"{err}; the run keeps checkpoints at steps {', '.join(map(str, kept))} to fork from, "
+            "or delete its checkpoint.npz to train it again from step 0"
+        ) from None
     # Each record is fsynced before the next checkpoint: every step logged before it must be there.
     lost = sorted(set(range(0, state.step, config.logging.log_every)) - logged)
     if lost:
         more = f" and {len(lost) - 1} more" if len(lost) > 1 else ""
-        raise runs.RunError(f"{run_dir / 'metrics.jsonl'}: no record of step {lost[0]}{more}, though the checkpoint "
-                            f"is at step {state.step}; move the run directory away, or delete its checkpoint.npz "
-                            "to train it again from step 0")
+        raise runs.RunError(
+            f"{run_dir / 'metrics.jsonl'}: no record of step {lost[0]}{more}, though the checkpoint "
+            f"is at step {state.step}; move the run directory away, or delete its checkpoint.npz "
+            "to train it again from step 0"
+        )
     state.resumed = True
     return state
 
@@ -309,13 +360,15 @@ def plan_fork(source: Path, step: int | None, overrides=()) -> ForkPlan:
         key = change.split(":", 1)[0]
         if key not in forkable:
             allowed = ", ".join(forkable)
-            why = reasons.get(key, "it changes the shapes, the optimiser state, the task or the data "
-                                              "the checkpoint was made with")
+            why = reasons.get(
+                key, "it changes the shapes, the optimiser state, the task or the data the checkpoint was made with"
+            )
             raise ConfigError(f"{what}: {change}: a fork cannot change it ({why}); a fork may change {allowed}")
     checkpoint, step = _fork_checkpoint(source, step, what)
     if requested.train.steps < step:
-        raise ConfigError(f"{what}: train.steps: got {requested.train.steps}; a fork from step {step} needs "
-                          f"train.steps >= {step}")
+        raise ConfigError(
+            f"{what}: train.steps: got {requested.train.steps}; a fork from step {step} needs train.steps >= {step}"
+        )
     state = runstate.prepare(requested, source, checkpoint=checkpoint)
     if state.step != step:
         raise runs.RunError(f"{checkpoint}: refused: it holds step {state.step}, not {step}")
@@ -337,18 +390,29 @@ def _fork_checkpoint(source: Path, step: int | None, what: str) -> tuple[Path, i
     if last_step is not None and step in (None, last_step):
         return last, last_step
     if unreadable and step is None:
-        raise ConfigError(f"{what}: its last checkpoint cannot be read: {unreadable}"
-                          + (f"; its checkpoints are at steps {', '.join(map(str, kept))}" if kept else ""))
+        raise ConfigError(
+            f"{what}: its last checkpoint cannot be read: {unreadable}"
+            + (f"; its checkpoints are at steps {', '.join(map(str, kept))}" if kept else "")
+        )
     there = sorted(set(kept) | ({last_step} - {None}))
     retention = ""
     if there and step is not None and step < there[-1]:
         logging = config_of(source).logging
-        retention = (f" (logging.keep_checkpoints {show_value(logging.keep_checkpoints)}, logging.keep_every "
-                     f"{show_value(logging.keep_every)}: older checkpoints are removed as new ones are written; "
-                     "to fork from more steps, train with a larger logging.keep_checkpoints or a logging.keep_every)")
-    raise ConfigError(f"{what}: no checkpoint" + (f" at step {step}" if step is not None else "") + "; "
-                      + (f"its checkpoints are at steps {', '.join(map(str, there))}{retention}" if there else
-                         "the run has written none yet (one every logging.checkpoint_every steps)"))
+        retention = (
+            f" (logging.keep_checkpoints {show_value(logging.keep_checkpoints)}, logging.keep_every "
+            f"{show_value(logging.keep_every)}: older checkpoints are removed as new ones are written; "
+            "to fork from more steps, train with a larger logging.keep_checkpoints or a logging.keep_every)"
+        )
+    raise ConfigError(
+        f"{what}: no checkpoint"
+        + (f" at step {step}" if step is not None else "")
+        + "; "
+        + (
+            f"its checkpoints are at steps {', '.join(map(str, there))}{retention}"
+            if there
+            else "the run has written none yet (one every logging.checkpoint_every steps)"
+        )
+    )
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -367,27 +431,42 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
     made a copy of its source at the fork's step before its config.yaml is
     written: the checkpoint (as the fork's own), the records before that step,
     the attention snapshot at step 0 and the mechanism measurements before it."""
+
     def fill(run_dir: Path) -> None:
         runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
         data = runs.read_run_file(plan.source / "metrics.jsonl", runs.MAX_METRICS_BYTES, "metrics file")
         runs.write_atomic(run_dir / "metrics.jsonl", data or b"")
         runs.truncate_metrics(run_dir, plan.step)
-        for snapshot, kept in (("attention.npz", lambda key: key != "attn_final"),
-                               ("mechanism.npz", lambda key: key.split("/")[0].isdigit()
-                                and int(key.split("/")[0]) < plan.step)):
+        for snapshot, kept in (
+            ("attention.npz", lambda key: key != "attn_final"),
+            ("mechanism.npz", lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step),
+        ):
             if (plan.source / snapshot).exists():
                 arrays = arrayfiles.load_arrays(plan.source / snapshot)
                 arrayfiles.save_arrays(run_dir / snapshot, {k: v for k, v in arrays.items() if kept(k)})
 
-    origin = {"forked_from": {"run": str(plan.source.absolute()), "step": plan.step,
-                              "checkpoint": str(plan.checkpoint.absolute()), "changes": plan.changes}}
+    origin = {
+        "forked_from": {
+            "run": str(plan.source.absolute()),
+            "step": plan.step,
+            "checkpoint": str(plan.checkpoint.absolute()),
+            "changes": plan.changes,
+        }
+    }
     name = name or plan.config.name or f"{plan.source.absolute().name}-fork-{plan.step}"
     with new_run(plan.config, None, overrides, name, origin=origin, fill=fill) as run_dir:
         yield run_dir
 
 
-def execute(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
-            progress=None, state: runstate.RunState | None = None) -> dict:
+def execute(
+    config: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    stop: StopFlag | None = None,
+    progress=None,
+    state: runstate.RunState | None = None,
+) -> dict:
     """Train and draw the figures, holding the run's RunLock, from `state`
     when it is given (as check_resumable returns it), else from the config
     (and prepare_resume when resuming). A damaged file or a checkpoint that

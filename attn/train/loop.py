@@ -64,8 +64,14 @@ class StopFlag:
         self.reason = reason
 
 
-def train(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag | None = None,
-          progress: Callable[[int, dict | None], None] | None = None) -> dict:
+def train(
+    config: Config,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    stop: StopFlag | None = None,
+    progress: Callable[[int, dict | None], None] | None = None,
+) -> dict:
     """Train `config`, recording into `run_dir` (which holds config.yaml already).
 
     Returns the final summary (also in summary.json): status `completed`,
@@ -74,8 +80,9 @@ def train(config: Config, run_dir: Path, *, resume: bool = False, stop: StopFlag
     return run(prepare(config, run_dir, resume=resume), stop=stop, progress=progress)
 
 
-def run(state: RunState, *, stop: StopFlag | None = None,
-        progress: Callable[[int, dict | None], None] | None = None) -> dict:
+def run(
+    state: RunState, *, stop: StopFlag | None = None, progress: Callable[[int, dict | None], None] | None = None
+) -> dict:
     """One run, from `state` to the end (or a stop, or divergence): a stack of one."""
     member_progress = None if progress is None else (lambda _member, step, record: progress(step, record))
     return run_stack([state], stop=stop, progress=member_progress)[0]
@@ -88,10 +95,16 @@ class Member:
     def __init__(self, state: RunState, index: int, stack_size: int):
         self.state, self.config, self.run_dir, self.index = state, state.config, state.run_dir, index
         self.summary = {
-            "status": "running", "step": state.step, "steps": state.config.train.steps, "task": state.task.name,
-            "references": state.task.reference_losses(), "started_at": time.time(),
-            "resumed_from": state.step if state.resumed else None, "best": state.best,
-            "nonfinite_steps": state.nonfinite_steps, "stack_size": stack_size,
+            "status": "running",
+            "step": state.step,
+            "steps": state.config.train.steps,
+            "task": state.task.name,
+            "references": state.task.reference_losses(),
+            "started_at": time.time(),
+            "resumed_from": state.step if state.resumed else None,
+            "best": state.best,
+            "nonfinite_steps": state.nonfinite_steps,
+            "stack_size": stack_size,
         }
         self.clock = _Clock(state.wall_time, state.step)
         self.final_record = None
@@ -114,8 +127,12 @@ class Member:
         return ("completed", None) if step == self.config.train.steps else None
 
 
-def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
-              progress: Callable[[int, int, dict | None], None] | None = None) -> list[dict]:
+def run_stack(
+    states: list[RunState],
+    *,
+    stop: StopFlag | None = None,
+    progress: Callable[[int, int, dict | None], None] | None = None,
+) -> list[dict]:
     """Train every member from its state to its end; returns their final
     summaries (also in each summary.json), in the order of `states`.
     `progress(member index, step, record)` after each member's iteration."""
@@ -142,9 +159,11 @@ def run_stack(states: list[RunState], *, stop: StopFlag | None = None,
             for member in (m for m in alive if m.summary["status"] == "running"):
                 last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
                 resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
-                member.summary.update(status="interrupted",
-                                      reason=f"stopped immediately during step {step}; {resumable}",
-                                      wall_time=member.clock.elapsed())
+                member.summary.update(
+                    status="interrupted",
+                    reason=f"stopped immediately during step {step}; {resumable}",
+                    wall_time=member.clock.elapsed(),
+                )
                 _write_summary(member)
             raise
     return [member.summary for member in members]
@@ -185,8 +204,7 @@ class Writes:
             self.pool.shutdown(wait=True)
 
 
-def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress,
-             writes: Writes) -> list[Member]:
+def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress, writes: Writes) -> list[Member]:
     """Iteration `step` of the stack (attn.train.reference_loop.train is the
     same iteration for one run, written plainly): every member's batch, loss
     and gradients; a record for those that log; update step + 1 for those
@@ -202,10 +220,13 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, writes)
     endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
     going_on = [k for k, ending in enumerate(endings) if ending is None]
-    mechanisms = {k: mechanism_snapshot(stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k),
-                                      stack.member_buffers(k), step)
-                  for k, m in enumerate(members)
-                  if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)}
+    mechanisms = {
+        k: mechanism_snapshot(
+            stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k), stack.member_buffers(k), step
+        )
+        for k, m in enumerate(members)
+        if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)
+    }
     _add_each(writes, members, "mechanism.npz", mechanisms, step)
     for k, member in enumerate(members):
         if faults[k] is not None:
@@ -230,11 +251,13 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
 
     def checkpoint(k: int) -> None:
         members[k].state.wall_time = members[k].clock.elapsed()
-        save_checkpoint(members[k].state, stack.member_params(k), stack.member_optimizer_state(k),
-                        stack.member_buffers(k))
+        save_checkpoint(
+            members[k].state, stack.member_params(k), stack.member_optimizer_state(k), stack.member_buffers(k)
+        )
         if stopping:
-            finish_run(members[k], "interrupted", f"stopped by {stopping} at step {step + 1}; checkpoint saved",
-                       step + 1)
+            finish_run(
+                members[k], "interrupted", f"stopped by {stopping} at step {step + 1}; checkpoint saved", step + 1
+            )
 
     writes.each(checkpoint, [k for k in going_on if members[k].checkpoints(members[k].state.step) or stopping])
     if stopping:
@@ -257,8 +280,13 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
     runs.sync_metrics(member.run_dir)
     wall = member.clock.elapsed()
     member.summary.update(
-        status=status, reason=reason, step=end_step, wall_time=wall, best=member.state.best,
-        nonfinite_steps=member.state.nonfinite_steps, final=_final_figures(member.final_record),
+        status=status,
+        reason=reason,
+        step=end_step,
+        wall_time=wall,
+        best=member.state.best,
+        nonfinite_steps=member.state.nonfinite_steps,
+        final=_final_figures(member.final_record),
         steps_per_sec=member.clock.rate_since_start(end_step),
     )
     _write_summary(member)
@@ -328,8 +356,9 @@ def _faults(stack: Stack, loss, grads: dict, n_members: int) -> list[tuple[str, 
     """find_nonfinite of each member; one check over the whole stack first, as every step is finite but few."""
     if np.isfinite(loss).all() and all(_all_finite(g) for g in grads.values()):
         return [None] * n_members
-    return [find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k))
-            for k in range(n_members)]
+    return [
+        find_nonfinite(loss[k], {n: g[k] for n, g in grads.items()}, stack.member_params(k)) for k in range(n_members)
+    ]
 
 
 def _all_finite(a: np.ndarray) -> bool:
@@ -338,8 +367,17 @@ def _all_finite(a: np.ndarray) -> bool:
     return bool(np.isfinite(a.sum()) or np.isfinite(a).all())
 
 
-def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, train_cache, batch: Batch,
-             faults: list, writes: Writes) -> list[dict | None]:
+def _measure(
+    stack: Stack,
+    members: list[Member],
+    step: int,
+    loss,
+    grads: dict,
+    train_cache,
+    batch: Batch,
+    faults: list,
+    writes: Writes,
+) -> list[dict | None]:
     """A metrics record (without update ratios) for each member that logs
     this step or has non-finite values, None for the others: it evaluates
     the stack on its fixed eval sets, and snapshots a member's attention at
@@ -347,8 +385,9 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
     logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
     if not any(logged):
         return [None] * len(members)
-    eval_loss, eval_cache = fast.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales,
-                                          buffers=stack.buffers)
+    eval_loss, eval_cache = fast.forward(
+        stack.params, stack.spec, stack.eval_batch, scale=stack.scales, buffers=stack.buffers
+    )
     stats = fast.diagnostics(eval_cache, stack.eval_batch)
     train_accuracy = fast.accuracy(train_cache, batch)
     squares = {n: optim.squared_norms(g) for n, g in grads.items()}
@@ -357,15 +396,30 @@ def _measure(stack: Stack, members: list[Member], step: int, loss, grads: dict, 
         if not logged[k]:
             records.append(None)
             continue
-        records.append(metrics_record(member, step, loss[k], train_accuracy[k], eval_loss[k],
-                                      {name: values[k] for name, values in stats.items()},
-                                      {n: square[k] for n, square in squares.items()}))
+        records.append(
+            metrics_record(
+                member,
+                step,
+                loss[k],
+                train_accuracy[k],
+                eval_loss[k],
+                {name: values[k] for name, values in stats.items()},
+                {n: square[k] for n, square in squares.items()},
+            )
+        )
 
-    snapshots = {k: attention_snapshot(stack.member_params(k), stack.spec,
-                                     member_batch(stack.eval_batch, k, attention_examples(m.config)),
-                                     stack.member_buffers(k), "init" if step == 0 else "final", scale=stack.scales[k])
-                 for k, m in enumerate(members)
-                 if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)}
+    snapshots = {
+        k: attention_snapshot(
+            stack.member_params(k),
+            stack.spec,
+            member_batch(stack.eval_batch, k, attention_examples(m.config)),
+            stack.member_buffers(k),
+            "init" if step == 0 else "final",
+            scale=stack.scales[k],
+        )
+        for k, m in enumerate(members)
+        if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)
+    }
     _add_each(writes, members, "attention.npz", snapshots, step)
     return records
 
@@ -375,8 +429,9 @@ def attention_examples(config: Config) -> int:
     return min(config.logging.attention_examples, config.task.eval_size)
 
 
-def metrics_record(member: Member, step: int, train_loss, train_accuracy, eval_loss, stats: dict,
-                   grad_squares: dict) -> dict:
+def metrics_record(
+    member: Member, step: int, train_loss, train_accuracy, eval_loss, stats: dict, grad_squares: dict
+) -> dict:
     """One run's record of iteration `step` (updating its best figures), from
     its losses, eval diagnostics and squared gradient norms."""
     stats = {name: float(value) for name, value in stats.items()}
@@ -423,8 +478,9 @@ def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
     arrayfiles.save_arrays(path, arrays)
 
 
-def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, records: list,
-                  measured: list[int], held: list[int]) -> None:
+def _apply_update(
+    stack: Stack, members: list[Member], grads: dict, step: int, records: list, measured: list[int], held: list[int]
+) -> None:
     """Clip, step the optimiser of every member but the `held` ones (those
     that end here, or whose values are non-finite: their parameters and
     state are put back as they were); for the `measured` members, add the
@@ -434,8 +490,14 @@ def _apply_update(stack: Stack, members: list[Member], grads: dict, step: int, r
     if np.isfinite(clip).any():
         optim.clip_by_global_norm(grads, clip, stacked=True)
     before = {n: p.copy() for n, p in stack.params.items()} if measured else {}
-    kept_as_was = ({n: p[held].copy() for n, p in stack.params.items()},
-                   {k: v[held].copy() for k, v in stack.optimizer.state.items()}) if held else None
+    kept_as_was = (
+        (
+            {n: p[held].copy() for n, p in stack.params.items()},
+            {k: v[held].copy() for k, v in stack.optimizer.state.items()},
+        )
+        if held
+        else None
+    )
     stack.optimizer.step(stack.params, grads, np.array([m.lr(step) for m in members]))
     if kept_as_was is not None:
         for n, values in kept_as_was[0].items():
@@ -470,8 +532,9 @@ def _final_figures(record: dict | None) -> dict:
 
 def save_attention(run_dir: Path, params: dict, spec, shown: Batch, buffers: dict, when: str, scale=None) -> None:
     """attention.npz: the `shown` eval examples' attention at init, and at the end beside it (attention_snapshot)."""
-    add_arrays(run_dir / "attention.npz", attention_snapshot(params, spec, shown, buffers, when, scale),
-               keep=when == "final")
+    add_arrays(
+        run_dir / "attention.npz", attention_snapshot(params, spec, shown, buffers, when, scale), keep=when == "final"
+    )
 
 
 def attention_snapshot(params: dict, spec, shown: Batch, buffers: dict, when: str, scale=None) -> dict:
@@ -479,5 +542,9 @@ def attention_snapshot(params: dict, spec, shown: Batch, buffers: dict, when: st
     'attn_final') with the examples themselves: every row of the map, not
     only the rows with a target that training computes."""
     _, cache = fast.forward(params, spec, shown, all_queries=True, scale=scale, buffers=buffers)
-    return {f"attn_{when}": cache["attn"]["attn"], "tokens": shown.tokens,
-            "target_key": shown.target_key, "target_mask": shown.target_mask}
+    return {
+        f"attn_{when}": cache["attn"]["attn"],
+        "tokens": shown.tokens,
+        "target_key": shown.target_key,
+        "target_mask": shown.target_mask,
+    }

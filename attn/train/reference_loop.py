@@ -82,8 +82,9 @@ def train(state: RunState, stop: StopFlag | None = None) -> dict:
                 state.wall_time = run.clock.elapsed()
                 save_checkpoint(state)
             if stop.reason:
-                finish_run(run, "interrupted", f"stopped by {stop.reason} at step {state.step}; checkpoint saved",
-                           state.step)
+                finish_run(
+                    run, "interrupted", f"stopped by {stop.reason} at step {state.step}; checkpoint saved", state.step
+                )
                 return run.summary
 
 
@@ -93,12 +94,17 @@ def _measure(run: Member, step: int, loss: float, grads: dict, cache, batch: fas
     gradient norms; the attention snapshot at the first and last step."""
     state = run.state
     eval_loss, eval_cache = fast.forward(state.params, state.spec, state.eval_batch, buffers=state.buffers)
-    record = metrics_record(run, step, loss, fast.accuracy(cache, batch), eval_loss,
-                            fast.diagnostics(eval_cache, state.eval_batch),
-                            {n: optim.squared_norm(g) for n, g in grads.items()})
+    record = metrics_record(
+        run,
+        step,
+        loss,
+        fast.accuracy(cache, batch),
+        eval_loss,
+        fast.diagnostics(eval_cache, state.eval_batch),
+        {n: optim.squared_norm(g) for n, g in grads.items()},
+    )
     n = attention_examples(state.config)
     if n and step in (0, state.config.train.steps):
         shown = fast.Batch(**{field: values[:n] for field, values in vars(state.eval_batch).items()})
-        save_attention(state.run_dir, state.params, state.spec, shown, state.buffers,
-                       "init" if step == 0 else "final")
+        save_attention(state.run_dir, state.params, state.spec, shown, state.buffers, "init" if step == 0 else "final")
     return record

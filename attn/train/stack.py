@@ -48,15 +48,27 @@ def head_step_cost(config: Config) -> int:
     task = build_task(config)
     spec = build_spec(config, task)
     positions = 1 if task.name == "retrieval" else task.seq_len
-    return min(head.head_costs(config.train.batch_size, positions, task.seq_len, spec.d_model, spec.k_width,
-                               spec.v_width, normed=spec.normed).values())
+    return min(
+        head.head_costs(
+            config.train.batch_size,
+            positions,
+            task.seq_len,
+            spec.d_model,
+            spec.k_width,
+            spec.v_width,
+            normed=spec.normed,
+        ).values()
+    )
 
 
 def stack_cost(configs: list[Config]) -> int:
     """A stack's relative cost, for ordering work: its members' steps times
     the multiply-adds of one head step and the elementwise work on X."""
-    return sum(config.train.steps * (head_step_cost(config) + 10 * config.train.batch_size
-                                     * build_task(config).seq_len * config.model.d_model) for config in configs)
+    return sum(
+        config.train.steps
+        * (head_step_cost(config) + 10 * config.train.batch_size * build_task(config).seq_len * config.model.d_model)
+        for config in configs
+    )
 
 
 class Stack:
@@ -106,5 +118,3 @@ def stack_batches(batches: list[Batch]) -> Batch:
 def member_batch(batch: Batch, m: int, n: int | None = None) -> Batch:
     """Member m's batch of a stacked batch (its first n examples)."""
     return Batch(*(getattr(batch, f)[m, :n] for f in BATCH_FIELDS))
-
-
