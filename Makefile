@@ -10,8 +10,12 @@ RUNS   ?=
 .PHONY: train lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
+# .venv/.runtime, touched last, says .venv was made whole: a .venv without it (a make cut short by Ctrl-C or a
+# full disk) is never trusted, but removed and made again from nothing.
 $(VENV)/.runtime: requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "attn needs Python >= 3.10; found " + sys.version.split()[0] + " (set PYTHON=python3.x)")'
+	@if test ! -e $@ && { test -e $(VENV) || test -L $(VENV); }; then \
+	  echo "make: $(VENV) was not made whole (no $@: cut short?); removing it to make it again" >&2; rm -rf $(VENV); fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .

@@ -511,11 +511,37 @@ def report_digest(report: Path) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+REPORT_READ = {  # what verify reads of a report (runs.json_shape_problem's shapes): checked before it is read
+    "claims": dict,
+    "platform": dict,
+    "expectations": [{"id": str, "verdict": str}],
+    "cells": [
+        {
+            "settings": dict,
+            "n": int,
+            "unfinished": dict,
+            "success_rate": {"k": int, "n": int},
+            "seeds": [{"seed": object, "final_loss": object}],
+        }
+    ],
+}
+
+
 def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
     """A report to compare: of every run of the file, each finished, under the claims the file has now
-    (a report written mid-sweep, or before the claims or seeds changed, would compare other rules)."""
+    (a report written mid-sweep, or before the claims or seeds changed, would compare other rules), and
+    holding what verify reads of it, of the types it reads (REPORT_READ; else RunError, one line)."""
     report = runs.read_report_json(directory)
     path = directory / runs.REPORT_FILE
+    problem = runs.json_shape_problem(report, REPORT_READ)
+    if problem is None and not all(
+        isinstance(n, int) and not isinstance(n, bool) for c in report["cells"] for n in c["unfinished"].values()
+    ):
+        problem = "`cells[].unfinished` holds other than integers"
+    if problem:
+        raise runs.RunError(
+            f"verify: {path} ({what}): unreadable: {problem}; write it again with `attn report {experiment.path}`"
+        )
     digest = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})["digest"]
     if (report.get("claims") or {}).get("digest") != digest:
         raise runs.RunError(

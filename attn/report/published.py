@@ -16,30 +16,58 @@ reports have them, beside the published report (attn.experiment.verify,
 `made`) and writes runs/verify/<name>.md and .json here, which `attn
 publish <name> --verification-only` puts beside the report. Stopped, it
 resumes: the worktree, its venv and every finished re-run are kept.
+
+The commit is taken only as a hex object id, looked up among git's object
+ids alone, before git sees it (never as a revision expression, a ref or a
+path); runs/published/ and runs/published/<commit>/ are never symbolic links
+(refused, not followed). A .venv whose making was cut short (a Ctrl-C, a
+full disk) lacks the .venv/.runtime that make touches last: it is removed
+and made again, never trusted.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable
 
+from attn.config.yamlio import show_value
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, load_experiment
 from attn.report.experiment_report import is_clean_state
 from attn.store import processes, runs
 
+HEX_ID = re.compile(r"[0-9a-f]{4,40}")  # a commit as attn records it: its object id, whole or a prefix
+VENV_MARKER = ".venv/.runtime"  # the make target that makes a checkout's .venv, touched once it is whole
+
 
 def published_commit(report: dict, path: Path) -> str:
-    """The one clean commit a published report's runs came from; RunError when there is not one."""
-    states = list(report.get("code_states") or {})
-    if len(states) != 1 or not is_clean_state(states[0]):
+    """The one clean commit a published report's runs came from, as its code_states names it: a hex
+    object id (4 to 40 hex digits), nothing git would read as a revision expression or a path;
+    RunError when there is not one."""
+    states = report.get("code_states")
+    if not isinstance(states, dict) or not all(
+        isinstance(count, int) and not isinstance(count, bool) for count in states.values()
+    ):
         raise runs.RunError(
-            f"{path}: its runs come from {', '.join(states) or 'no recorded code'}; only a report of "
+            f"{path}: code_states: got {show_value(states)}; expected a mapping of each code state the runs "
+            "were made with to its number of runs, e.g. {176b2c4: 1320}"
+        )
+    if len(states) != 1 or not is_clean_state(next(iter(states))):
+        named = ", ".join(show_value(state) for state in list(states)[:3]) + (", ..." if len(states) > 3 else "")
+        raise runs.RunError(
+            f"{path}: its runs come from {named or 'no recorded code'}; only a report of "
             "one clean commit can be re-run from the commit it names"
         )
-    return states[0]
+    commit = next(iter(states))
+    if not HEX_ID.fullmatch(commit):
+        raise runs.RunError(
+            f"{path}: code_states: got the commit {show_value(commit)}; expected its hex object id "
+            "(4 to 40 of 0-9a-f, as attn records it)"
+        )
+    return commit
 
 
 def verify_published(
@@ -56,20 +84,27 @@ def verify_published(
     published = Path(results) / experiment.name
     commit = published_commit(runs.read_report_json(published), published / runs.REPORT_FILE)
     verify.checked_report(experiment, published, "as published")  # its claims this file's, before hours of work
-    if _at(repo, commit) and _git_ok(["diff", "--quiet", "HEAD", "--"], repo):  # that commit, clean
+    object_id = commit_id(repo, commit, published / runs.REPORT_FILE)
+    if _at(repo, object_id) and _git_ok(["diff", "--quiet", "HEAD", "--"], repo):  # that commit, clean
         return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
-    if not _git_ok(["cat-file", "-e", f"{commit}^{{commit}}"], repo):
-        raise runs.RunError(
-            f"{repo}: has no commit {commit}, which {published / runs.REPORT_FILE} names (a shallow "
-            "clone?); fetch it first"
-        )
     runs_dir = Path(experiment.cells[0].config.runs_dir)
-    tree = (runs_dir / "published" / commit).resolve()  # absolute: its children run there
+    place = runs_dir / "published" / commit
+    for part in (place.parent, place, place / ".venv"):
+        if part.is_symlink():
+            raise runs.RunError(
+                f"{part}: is a symbolic link; attn makes that commit's worktree and its .venv only in real "
+                f"directories under {runs_dir} (remove the link, then run the same command again)"
+            )
+    tree = place.resolve()  # absolute: its children run there
     if not tree.exists():
-        _run("its worktree", ["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), commit], progress)
-    elif not _at(tree, commit):
+        _run("its worktree", ["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), object_id], progress)
+    elif not _at(tree, object_id):
         raise runs.RunError(f"{tree}: exists but is not a checkout of {commit}; remove it (git worktree remove)")
-    _run("its .venv", ["make", "-C", str(tree), ".venv/.runtime"], progress)
+    venv = tree / VENV_MARKER
+    if venv.parent.exists() and not venv.exists():  # its making was cut short: made again whole, not trusted
+        progress(f"{venv.parent}: not made whole (no {venv.name}): removed, to be made again")
+        shutil.rmtree(venv.parent)
+    _run("its .venv", ["make", "-C", str(tree), VENV_MARKER], progress)
     copied = tree / "runs" / experiment.name
     copied.mkdir(parents=True, exist_ok=True)
     for name in (runs.REPORT_FILE, runs.SEEDS_FILE):
@@ -106,21 +141,41 @@ def verify_published(
     return result
 
 
+def commit_id(repo: Path, commit: str, path: Path) -> str:
+    """The whole object id of the one commit of `repo` whose id starts with `commit` (hex, published_commit),
+    looked up among object ids alone (never a ref or a revision expression); RunError when there is none,
+    or more than one."""
+    found = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", f"--disambiguate={commit}"], capture_output=True, text=True, timeout=60
+    )
+    objects = found.stdout.split() if found.returncode == 0 else []
+    typed = subprocess.run(
+        ["git", "-C", str(repo), "cat-file", "--batch-check=%(objecttype) %(objectname)"],
+        input="".join(f"{oid}\n" for oid in objects),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    commits = [line.split()[1] for line in typed.stdout.splitlines() if line.startswith("commit ")]
+    if not commits:
+        raise runs.RunError(f"{repo}: has no commit {commit}, which {path} names (a shallow clone?); fetch it first")
+    if len(commits) > 1:
+        raise runs.RunError(
+            f"{path}: names commit {commit}, which is the start of {len(commits)} commits of {repo}; "
+            "expected the id of one"
+        )
+    return commits[0]
+
+
 def _git_ok(arguments: list[str], where: Path) -> bool:
     """Whether git, run in `where`, exits 0."""
     return subprocess.run(["git", "-C", str(where), *arguments], capture_output=True, timeout=60).returncode == 0
 
 
-def _at(where: Path, commit: str) -> bool:
-    """Whether the checkout at `where` has `commit` checked out."""
-    head = subprocess.run(
-        ["git", "-C", str(where), "rev-parse", "HEAD", f"{commit}^{{commit}}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    lines = head.stdout.split()
-    return head.returncode == 0 and len(lines) == 2 and lines[0] == lines[1]
+def _at(where: Path, object_id: str) -> bool:
+    """Whether the checkout at `where` has the commit of that whole object id checked out."""
+    head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
+    return head.returncode == 0 and head.stdout.strip() == object_id
 
 
 def _run(

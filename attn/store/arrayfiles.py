@@ -7,6 +7,9 @@ Every file is written through runs.write_atomic (a temporary file, fsynced,
 renamed) and read through runs.read_run_file (a regular file, not a link,
 under a size cap); anything that is not a complete .npz of plain arrays of
 the expected names, shapes and dtypes is refused with one line (RunError).
+An array is sized from its .npy header (shape times item size) before a byte
+of it is read: a header that declares more than the file's cap, or other than
+the bytes that follow it, is refused, as numpy would allocate what it declares.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn.config.yamlio import article
 from attn.store import runs
 
 MAX_ARRAYS_BYTES = 256 << 20  # attention.npz (and any other array file but the checkpoint, whose cap is computed)
@@ -43,7 +47,8 @@ def save_arrays(path: Path, arrays: dict) -> None:
 def load_arrays(path: Path, limit: int = MAX_ARRAYS_BYTES, what: str = "array file") -> dict[str, np.ndarray]:
     """Every array of an .npz of plain arrays (no pickle), read into memory:
     runs.RunError for a missing file, one that is not a complete .npz, holds an
-    object array or is larger than `limit` bytes on disk or unpacked."""
+    object array, is larger than `limit` bytes on disk or unpacked, or holds an
+    array whose header declares more than `limit` bytes or other than it holds."""
     path = Path(path)
     data = runs.read_run_file(path, limit, what)
     if data is None:
@@ -60,7 +65,46 @@ def load_arrays(path: Path, limit: int = MAX_ARRAYS_BYTES, what: str = "array fi
         unpacked = sum(info.file_size for info in npz.zip.infolist())
         if unpacked > limit:
             raise runs.RunError(f"{path}: refused: its arrays unpack to {unpacked} bytes (limit {limit})")
+        for info in npz.zip.infolist():  # each array sized by its header before any is read
+            _check_header(npz.zip, info, path, limit, what)
         return {key: _read_array(npz, key, path) for key in npz.files}
+
+
+def _key_of(info: zipfile.ZipInfo) -> str:
+    """The name np.load gives a member of an .npz: its file name without `.npy`."""
+    return info.filename.removesuffix(".npy")
+
+
+NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _check_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, limit: int, what: str) -> None:
+    """An .npz member's .npy header read alone, and the array it declares sized (shape times item size):
+    RunError for a member that is no such array, an array of objects (only pickle loads it), one larger
+    than `limit` bytes, or a header that declares other than the bytes that follow it (numpy would
+    allocate what it declares before reading them)."""
+    key = _key_of(info)
+    try:
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version not in NPY_HEADERS:
+                raise ValueError(f".npy format version {version[0]}.{version[1]}")
+            shape, _, dtype = NPY_HEADERS[version](member)
+            header = member.tell()
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as err:
+        raise runs.RunError(f"{path}: refused: array {key!r} is damaged (its .npy header: {err})") from None
+    if dtype.hasobject:
+        raise runs.RunError(f"{path}: refused: array {key!r} holds objects that need pickle to load")
+    if any(n < 0 for n in shape):
+        raise runs.RunError(f"{path}: refused: array {key!r} is damaged (its header declares shape {list(shape)})")
+    nbytes, held = math.prod(shape) * dtype.itemsize, info.file_size - header
+    declares = f"its header declares {dtype}{list(shape)}, {nbytes} bytes"
+    if nbytes > limit:
+        raise runs.RunError(
+            f"{path}: refused: array {key!r}: {declares}, more than {article(what)} {what} holds (limit {limit})"
+        )
+    if nbytes != held:
+        raise runs.RunError(f"{path}: refused: array {key!r} is damaged: {declares}, but {held} follow it")
 
 
 def checkpoint_limit(param_shapes: dict, optim_template: dict, dtype: str) -> int:
@@ -89,11 +133,10 @@ def load_checkpoint(path: Path, param_shapes: dict, optim_template: dict, dtype:
 
 
 def _read_array(npz, key: str, path: Path) -> np.ndarray:
+    """One array of the .npz, its header already checked (_declared_bytes)."""
     try:
         return npz[key]
-    except ValueError:  # an object array: only pickle could load it
-        raise runs.RunError(f"{path}: refused: array {key!r} holds objects that need pickle to load") from None
-    except (zipfile.BadZipFile, EOFError, OSError) as err:
+    except (ValueError, zipfile.BadZipFile, EOFError, OSError) as err:
         raise runs.RunError(f"{path}: refused: array {key!r} is damaged ({err})") from None
 
 

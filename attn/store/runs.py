@@ -59,6 +59,7 @@ import signal
 import threading
 import time
 import typing
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -262,31 +263,89 @@ def write_report_json(directory: Path, report: dict) -> None:
     write_json(directory / REPORT_FILE, slim, indent=None)
 
 
+MAX_REPORT_BYTES = 64 << 20  # report.json: a few hundred kB, its per-seed records kept apart
+MAX_SEEDS_BYTES = 64 << 20  # seeds.json.gz inflated: ~1.5 kB a run, 40,000 runs (the largest experiment here: 5 MB)
+
+
 def read_report_json(directory: Path) -> dict:
-    """report.json joined with its per-seed records (write_report_json); RunError
-    when the seeds file is missing or belongs to another report."""
+    """report.json joined with its per-seed records (write_report_json); RunError, one line, when
+    report.json is missing, over MAX_REPORT_BYTES, not a JSON object, or names its seeds file other than
+    by a plain file name beside it; when that file is missing, of another report (its digest), not one
+    gzip stream, or inflates past MAX_SEEDS_BYTES (its output is bounded as it is inflated); or when its
+    records do not fit the report's lists. No byte of a refused file is shown."""
     directory = Path(directory)
-    report = json.loads((directory / REPORT_FILE).read_text())
+    path = directory / REPORT_FILE
+    rewrite = "write the report again (attn report)"
+    data = read_run_file(path, MAX_REPORT_BYTES, "report")
+    if data is None:
+        raise RunError(f"{path}: no report; {rewrite}")
+    try:
+        report = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        what = "UTF-8 text" if isinstance(err, UnicodeDecodeError) else "JSON (cut short?)"
+        raise RunError(f"{path}: unreadable: not {what}; {rewrite}") from None
+    if not isinstance(report, dict):
+        raise RunError(f"{path}: unreadable: not a JSON object (got {_json_kind(report)}); {rewrite}")
+    for key in SEEDED_LISTS:
+        entries = report.get(key, [])
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise RunError(
+                f"{path}: unreadable: `{key}` is {_json_kind(entries)}, expected a list of objects; {rewrite}"
+            )
     named = report.pop("seeds_file", None)
     if named is None:
         return report  # written before the records were kept apart: they are inline
-    path = directory / named["name"]
-    try:
-        seeds = path.read_bytes()
-    except FileNotFoundError:
+    name, digest = (named.get("name"), named.get("sha256")) if isinstance(named, dict) else (None, None)
+    if not (is_plain_file_name(name) and isinstance(digest, str)):
         raise RunError(
-            f"{path}: missing, but {directory / REPORT_FILE} keeps its per-seed records there; "
-            "write the report again (attn report)"
-        ) from None
-    if hashlib.sha256(seeds).hexdigest() != named["sha256"]:
-        raise RunError(
-            f"{path}: not the per-seed records of {directory / REPORT_FILE} (its digest differs); "
-            "write the report again (attn report)"
+            f"{path}: unreadable: `seeds_file` is {show_value(named)}; expected "
+            f"{{name: <a file name beside it, e.g. {SEEDS_FILE}>, sha256: <its digest>}}; {rewrite}"
         )
-    for key, lists in json.loads(gzip.decompress(seeds)).items():
-        for entry, records in zip(report.get(key, []), lists):
-            entry["seeds"] = records
+    seeds_path = directory / name
+    seeds = read_run_file(seeds_path, MAX_REPORT_BYTES, "seeds file")
+    if seeds is None:
+        raise RunError(f"{seeds_path}: missing, but {path} keeps its per-seed records there; {rewrite}")
+    if hashlib.sha256(seeds).hexdigest() != digest:
+        raise RunError(f"{seeds_path}: not the per-seed records of {path} (its digest differs); {rewrite}")
+    records = _inflated_json(seeds, seeds_path, MAX_SEEDS_BYTES, rewrite)
+    if not isinstance(records, dict) or not all(
+        key in SEEDED_LISTS and isinstance(lists, list) and len(lists) == len(report.get(key, []))
+        for key, lists in records.items()
+    ):
+        raise RunError(f"{seeds_path}: unreadable: its records do not fit the lists of {path}; {rewrite}")
+    for key, lists in records.items():
+        for entry, entry_records in zip(report.get(key, []), lists):
+            entry["seeds"] = entry_records
     return report
+
+
+def is_plain_file_name(name) -> bool:
+    """Whether `name` names a file directly inside a directory: one path component, not `.` or `..`, no
+    separator or NUL, printable."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and name.isprintable()
+    )
+
+
+def _inflated_json(data: bytes, path: Path, limit: int, repair: str):
+    """The JSON inside one gzip stream, inflated to at most `limit` bytes (a small file can inflate to
+    gigabytes: it is refused once its output passes the limit, not after); RunError otherwise."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip's header and trailer
+    try:
+        text = inflater.decompress(data, limit + 1)
+    except zlib.error:
+        raise RunError(f"{path}: unreadable: not a gzip stream, or a damaged one; {repair}") from None
+    if len(text) > limit:
+        raise RunError(f"{path}: refused: inflates to more than {limit} bytes; {repair}")
+    if not inflater.eof or inflater.unused_data:
+        raise RunError(f"{path}: unreadable: not one whole gzip stream (cut short, or more after it); {repair}")
+    try:
+        return json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RunError(f"{path}: unreadable: its records are not JSON; {repair}") from None
 
 
 def read_run_file(path: Path, limit: int, what: str) -> bytes | None:
@@ -507,6 +566,36 @@ def _json_kind(value) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number"
     )
+
+
+JSON_TYPES = {str: "a string", int: "an integer", dict: "an object", list: "a list", object: "any value"}
+
+
+def json_shape_problem(value, shape, where: str = "") -> str | None:
+    """What in JSON read back does not have `shape`, or None: a shape is a type (str, int, dict, list or
+    object, any value), [shape] a list of that shape, or {key: shape} an object holding at least those
+    keys, each of its shape. '`cells[2].n` is a string, expected an integer'."""
+    at = f"`{where}`" if where else "the file"
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return f"{at} is {_json_kind(value)}, expected an object"
+        for key, inner in shape.items():
+            inside = f"{where}.{key}" if where else key
+            if key not in value:
+                return f"`{inside}` is missing"
+            problem = json_shape_problem(value[key], inner, inside)
+            if problem:
+                return problem
+        return None
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{at} is {_json_kind(value)}, expected a list"
+        return next(
+            (p for i, item in enumerate(value) if (p := json_shape_problem(item, shape[0], f"{where}[{i}]"))), None
+        )
+    if shape is object or (isinstance(value, shape) and not (shape is int and isinstance(value, bool))):
+        return None
+    return f"{at} is {_json_kind(value)}, expected {JSON_TYPES[shape]}"
 
 
 def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:

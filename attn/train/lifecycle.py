@@ -95,13 +95,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def source_revision() -> str | None:
-    """`git describe --always --dirty` of the attn source tree, or None when it
-    is not a git checkout (an installed copy) or git is missing."""
+def source_revision(source: Path = Path(__file__).resolve().parent) -> str | None:
+    """`git describe --always --dirty --exclude='*'` of the attn source tree: its commit's hex object id
+    (never a tag's name, so `attn verify --published` can take it as an id), '-dirty' for uncommitted
+    code; None when it is not a git checkout (an installed copy) or git is missing."""
     try:
         result = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=Path(__file__).resolve().parent,
+            ["git", "describe", "--always", "--dirty", "--exclude=*"],
+            cwd=source,
             capture_output=True,
             text=True,
             timeout=10,
