@@ -3,7 +3,11 @@ browser is there, apt-get when it is missing and can be installed, else one
 line giving the command and exit 2 before any test runs."""
 
 import os
+import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +64,141 @@ def test_a_browser_that_cannot_be_installed_stops_make_test_with_the_command(tmp
         f"{tmp_path / 'no-apt-get'} install -y -qq chromium chromium-driver"
     ], done.stderr
     assert "passed" not in done.stdout and "-m pytest" not in done.stdout, "no test ran"
+
+
+# ---------------------------------------------------------------------------
+# A venv made whole or not at all (issue 46.3)
+# ---------------------------------------------------------------------------
+def fake_python(tmp_path: Path) -> Path:
+    """A python whose `-m venv DIR` makes a venv whose python records each call (to tmp_path/calls) and succeeds."""
+    script = tmp_path / "python"
+    script.write_text(
+        '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = venv ]; then\n'
+        f'  mkdir -p "$3/bin"; echo "venv $3" >> {tmp_path}/calls\n'
+        f'  printf \'#!/bin/sh\\necho "$*" >> {tmp_path}/calls\\n\' > "$3/bin/python"; chmod +x "$3/bin/python"\n'
+        "fi\n"
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_a_venv_cut_short_is_removed_and_made_again_and_a_whole_one_kept(tmp_path):
+    python, venv = fake_python(tmp_path), tmp_path / ".venv"
+    (venv / "bin").mkdir(parents=True)  # what a Ctrl-C during ensurepip leaves: a python, pip in part
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho \"No module named 'pip._vendor.packaging'\" >&2; exit 1\n")
+    (venv / "bin" / "python").chmod(0o755)
+    done = make(f"VENV={venv}", f"PYTHON={python}", f"{venv}/.runtime")
+    assert done.returncode == 0 and "not made whole" in done.stderr, done.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == f"venv {venv}" and len(calls) == 3 and all(c.startswith("-m pip install") for c in calls[1:])
+    assert (venv / ".runtime").exists()
+    (tmp_path / "calls").unlink()
+    os.utime(venv / ".runtime", (0, 0))  # older than requirements.txt: made whole, but out of date
+    done = make(f"VENV={venv}", f"PYTHON={python}", f"{venv}/.runtime")
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert done.returncode == 0 and len(calls) == 2 and all(c.startswith("-m pip install") for c in calls), calls
+
+
+BACKEND = '''"""A PEP 517 backend of one editable wheel (a .pth naming this directory): pip downloads nothing."""
+
+import base64
+import hashlib
+import os
+import zipfile
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, {"tiny.pth": os.path.abspath(".") + "\\n"})
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    return _wheel(wheel_directory, {"tiny.py": ""})
+
+
+def _wheel(directory, files):
+    dist = "tiny-0.dist-info"
+    files = {
+        **files,
+        f"{dist}/METADATA": "Metadata-Version: 2.1\\nName: tiny\\nVersion: 0\\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\\nGenerator: tests\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    with zipfile.ZipFile(os.path.join(directory, "tiny-0-py3-none-any.whl"), "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{dist}/RECORD", "\\n".join([*record, f"{dist}/RECORD,,"]) + "\\n")
+    return "tiny-0-py3-none-any.whl"
+'''
+PYPROJECT = (
+    '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
+    '[project]\nname = "tiny"\nversion = "0"\n'
+)
+OLD_RULE = (  # a published commit's Makefile may hold the rule before issue 46, which trusts any .venv with a python
+    "PYTHON ?= python3\n.venv/.runtime: requirements.txt pyproject.toml\n"
+    "\t@test -x .venv/bin/python || $(PYTHON) -m venv .venv\n"
+    "\t.venv/bin/python -m pip install --quiet -r requirements.txt\n"
+    "\t.venv/bin/python -m pip install --quiet --no-deps -e .\n\t@touch $@\n"
+)
+
+
+def tiny_project(directory: Path, makefile: str) -> Path:
+    """A project whose `make .venv/.runtime` makes a real venv (python -m venv, pip) and downloads nothing."""
+    directory.mkdir(parents=True)
+    (directory / "Makefile").write_text(makefile)
+    (directory / "requirements.txt").write_text("# nothing to install: the venv and pip are what is tested\n")
+    (directory / "pyproject.toml").write_text(PYPROJECT)
+    (directory / "backend.py").write_text(BACKEND)
+    (directory / "tinymod.py").write_text("WHOLE = True\n")
+    return directory
+
+
+def venv_works(project: Path) -> bool:
+    """Whether project/.venv runs pip and imports the project through its editable install."""
+    check = [str(project / ".venv" / "bin" / "python"), "-c", "import pip._vendor.packaging, tinymod"]
+    return subprocess.run(check, cwd="/", capture_output=True, timeout=60).returncode == 0
+
+
+def interrupt_trials(project: Path, command: list[str], trials: int) -> list[tuple[float, int, str]]:
+    """`command` (in its own session) stopped by SIGINT at `trials` moments spread over an uninterrupted run's
+    length, each from no .venv; after each, the same command again: (moment, its exit, what failed) for
+    every trial whose second run failed or left a venv that does not work."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    started = time.monotonic()
+    assert subprocess.run(command, cwd=project, env=env, capture_output=True, timeout=600).returncode == 0
+    length = time.monotonic() - started
+    failed = []
+    for trial in range(trials):
+        shutil.rmtree(project / ".venv")
+        moment = length * (trial + 0.5) / trials
+        cut = subprocess.Popen(
+            command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        time.sleep(moment)
+        if cut.poll() is None:
+            os.killpg(cut.pid, signal.SIGINT)
+        cut.wait(timeout=600)
+        again = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        if again.returncode != 0 or not venv_works(project):
+            failed.append((round(moment, 2), again.returncode, again.stderr.strip()[-200:]))
+    return failed
+
+
+@pytest.mark.faults
+def test_make_stopped_by_ctrl_c_anywhere_in_making_the_venv_then_make_again_makes_it_whole(tmp_path):
+    makefile = (REPO / "Makefile").read_text()
+    project = tiny_project(tmp_path / "project", makefile)
+    assert interrupt_trials(project, ["make", "-s", ".venv/.runtime"], trials=20) == []
+
+
+@pytest.mark.faults
+def test_verify_published_stopped_anywhere_in_making_its_worktrees_venv_then_again_makes_it_whole(tmp_path):
+    """The worktree is of a commit whose Makefile trusts any .venv with a python (OLD_RULE): verify removes
+    one cut short before it runs that make (attn.report.published.whole_venv)."""
+    project = tiny_project(tmp_path / "project", OLD_RULE)
+    code = "import sys; from pathlib import Path; from attn.report.published import whole_venv; "
+    code += "whole_venv(Path(sys.argv[1]), lambda message: None)"
+    command = [sys.executable, "-c", code, str(project)]
+    assert interrupt_trials(project, command, trials=20) == []

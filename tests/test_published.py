@@ -314,3 +314,15 @@ def test_verify_published_of_a_malformed_report_is_one_line_and_exit_2(spoil, tm
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and str(path) in err, err
     assert children == [] and verified == []
+
+
+def test_a_runs_code_state_is_its_commits_hex_id_even_under_an_annotated_tag(tmp_path):
+    from attn.train.lifecycle import source_revision
+
+    repo, (commit,) = repo_with_commits(tmp_path, ["a"])
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "tag", "-a", "v1", "-m", "v1")
+    state = source_revision(repo)
+    assert published.HEX_ID.fullmatch(state) and commit.startswith(state)
+    (repo / "new").write_text("x")
+    git(repo, "add", "new")
+    assert source_revision(repo) == f"{state}-dirty"

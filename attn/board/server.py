@@ -14,8 +14,9 @@
     GET  /files/<root>/<path>          a figure or report under a served root (Board.resolve_file)
 
 Errors are JSON, {"error": "<one line>"}, with status 400 (a bad parameter), 403
-(a refused request), 404 (no such run or file) or 500 (anything else; the server
-carries on). The server never prints.
+(a refused request), 404 (no such run or file), 422 (a run file that is damaged
+or lies, named as the CLI names it) or 500 (anything else; the server carries
+on). The server never prints.
 
 Safety. It listens on 127.0.0.1 unless --host says otherwise; it serves only
 files under the served roots (Board.resolve_file) and the package's static
@@ -48,6 +49,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from attn.board import DEFAULT_HOST, DEFAULT_PORT, STATIC_DIR
 from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
+from attn.store import runs
 from attn.store.locks import RunLocked
 
 WRITE_HEADER = "X-Attn-Board"
@@ -159,6 +161,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, content, content_type, headers = err.status, _error(err), "application/json", {}
         except NotFound as err:
             status, content, content_type, headers = HTTPStatus.NOT_FOUND, _error(err), "application/json", {}
+        except runs.RunError as err:  # a run file that is damaged or lies: its one line, as the CLI says it
+            status, content = HTTPStatus.UNPROCESSABLE_ENTITY, _error(err)
+            content_type, headers = "application/json", {}
         except Exception as err:  # the server carries on; the page shows the message
             status, content = HTTPStatus.INTERNAL_SERVER_ERROR, _error(f"{type(err).__name__}: {err}")
             content_type, headers = "application/json", {}

@@ -241,7 +241,9 @@ def read_regular_file(
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes is too large for a {what} (limit {limit})")
         with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(limit + 1)
+            data = handle.read(min(info.st_size, limit) + 1)  # a read allocates what it asks for: the size, not the cap
+            if len(data) > info.st_size:  # it grew since: read on, to one byte past the cap
+                data += handle.read(limit + 1 - len(data))
     except OSError as err:
         raise error(f"{path}: cannot read {what}: {err.strerror}") from None
     finally:

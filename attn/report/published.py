@@ -100,11 +100,7 @@ def verify_published(
         _run("its worktree", ["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), object_id], progress)
     elif not _at(tree, object_id):
         raise runs.RunError(f"{tree}: exists but is not a checkout of {commit}; remove it (git worktree remove)")
-    venv = tree / VENV_MARKER
-    if venv.parent.exists() and not venv.exists():  # its making was cut short: made again whole, not trusted
-        progress(f"{venv.parent}: not made whole (no {venv.name}): removed, to be made again")
-        shutil.rmtree(venv.parent)
-    _run("its .venv", ["make", "-C", str(tree), VENV_MARKER], progress)
+    whole_venv(tree, progress)
     copied = tree / "runs" / experiment.name
     copied.mkdir(parents=True, exist_ok=True)
     for name in (runs.REPORT_FILE, runs.SEEDS_FILE):
@@ -139,6 +135,17 @@ def verify_published(
     here.mkdir(parents=True, exist_ok=True)
     result["files"] = [str(shutil.copyfile(path, here / Path(path).name)) for path in result["files"]]
     return result
+
+
+def whole_venv(tree: Path, progress: Callable[[str], None]) -> None:
+    """tree/.venv made by that commit's own Makefile (`make .venv/.runtime`), whole: a .venv without the
+    .venv/.runtime that make touches last was cut short (a Ctrl-C, a full disk) and is removed first, as
+    that commit's Makefile may trust any .venv with a python in it."""
+    marker = tree / VENV_MARKER
+    if marker.parent.exists() and not marker.exists():
+        progress(f"{marker.parent}: not made whole (no {marker.name}): removed, to be made again")
+        shutil.rmtree(marker.parent)
+    _run("its .venv", ["make", "-C", str(tree), VENV_MARKER], progress)
 
 
 def commit_id(repo: Path, commit: str, path: Path) -> str:
