@@ -371,3 +371,62 @@ def test_a_directory_is_not_served_as_a_file(tmp_path):
     (tmp_path / "sub").mkdir()
     with pytest.raises(data.NotFound):
         server._served_file(tmp_path / "sub")
+
+
+# ---------------------------------------------------------------------------
+# Many slow clients (issue 46.8): a bounded number of handler threads, each request a deadline
+# ---------------------------------------------------------------------------
+def handler_threads() -> int:
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def test_a_flood_of_trickling_connections_holds_a_bounded_number_of_threads_then_the_board_answers(board):
+    httpd = server.BoardServer(board, "127.0.0.1", 0, timeout=2.0, max_connections=4)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    before, most = handler_threads(), 0
+    clients = []
+    try:
+        for _ in range(60):  # each sends a byte now and then, never a whole request
+            sock = socket.create_connection(httpd.server_address[:2], timeout=5)
+            sock.sendall(b"G")
+            clients.append(sock)
+        for _ in range(5):
+            for sock in clients:
+                try:
+                    sock.sendall(b"E")
+                except OSError:
+                    pass
+            most = max(most, handler_threads() - before)
+            time.sleep(0.1)
+        assert most <= 4, f"{most} handler threads for 60 slow clients"
+        for sock in clients:
+            sock.close()
+        host = f"127.0.0.1:{httpd.server_address[1]}"
+        answer = raw(httpd, f"GET /api/board HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode(), 30)
+        assert statuses(answer) == [200]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_request_that_trickles_in_is_cut_off_at_its_deadline(board):
+    with serving(board, timeout=0.5) as httpd:
+        sock = socket.create_connection(httpd.server_address[:2], timeout=5)
+        started, closed = time.monotonic(), False
+        for byte in b"GET /api/board HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60:
+            try:
+                sock.sendall(bytes([byte]))  # one byte every 0.05 s: never idle for the timeout
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.05)
+            if time.monotonic() - started > 2.5:
+                break
+        sock.settimeout(5)
+        try:
+            closed = closed or sock.recv(1024) == b""
+        except OSError:
+            closed = True
+        sock.close()
+    assert closed and time.monotonic() - started < 4, "closed at its deadline though it never went idle"

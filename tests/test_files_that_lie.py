@@ -125,7 +125,7 @@ def report_with_seeds(directory: Path, name: str, seeds: bytes) -> None:
 
 def test_a_seeds_file_that_inflates_past_the_cap_is_refused_as_it_inflates(tmp_path, monkeypatch):
     monkeypatch.setattr(runs, "MAX_SEEDS_BYTES", 1 << 20)
-    bomb = gzip.compress(b'{"cells": [[' + b" " * (64 << 20) + b"]]}", mtime=0)  # 64 kB that inflate to 64 MB
+    bomb = gzip.compress(b'{"cells": [[' + b" " * (24 << 20) + b"]]}", mtime=0)  # 24 kB that inflate to 24 MB
     (tmp_path / runs.SEEDS_FILE).write_bytes(bomb)
     report_with_seeds(tmp_path, runs.SEEDS_FILE, bomb)
     tracemalloc.start()

@@ -33,16 +33,24 @@ Content-Security-Policy (the page's own scripts and styles only) and
 `nosniff`; files under a runs directory are served with `sandbox` (a page
 among them runs with no origin), SVG and HTML as attachments, streamed, at
 most MAX_FILE_BYTES. The listen backlog is REQUEST_QUEUE_SIZE; a socket idle
-for TIMEOUT_SECONDS is closed; numeric parameters are bounded (400).
+for TIMEOUT_SECONDS is closed, and so is one whose request (its line, headers
+and body) has not arrived whole TIMEOUT_SECONDS after the board began to wait
+for it, however it trickles in; numeric parameters are bounded (400). At most
+MAX_CONNECTIONS connections are served at once, each by its own thread: while
+all are taken no other is accepted (they wait in the listen backlog), so
+thousands of slow clients hold that many threads, not thousands.
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import mimetypes
 import os
 import socket
 import stat
+import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -58,6 +66,7 @@ TIMEOUT_SECONDS = 30.0  # a socket idle this long (mid-request or between reques
 MAX_BODY_BYTES = 64 << 10  # a request body larger than this is refused (the page sends "{}")
 MAX_FILE_BYTES = 512 << 20  # a served file larger than this is refused
 MAX_COUNT = 2**53  # the largest since= / last= accepted
+MAX_CONNECTIONS = 64  # connections served at once (a page opens a few; many pages poll at once)
 PAGE_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -83,13 +92,22 @@ def is_loopback(host: str) -> bool:
 
 
 class BoardServer(ThreadingHTTPServer):
-    """Serves one Board; each request in its own daemon thread."""
+    """Serves one Board; each connection in its own daemon thread, at most `max_connections` at once."""
 
     daemon_threads = True
     request_queue_size = REQUEST_QUEUE_SIZE
 
-    def __init__(self, board: Board, host: str, port: int, timeout: float = TIMEOUT_SECONDS):
+    def __init__(
+        self,
+        board: Board,
+        host: str,
+        port: int,
+        timeout: float = TIMEOUT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+    ):
         self.timeout_seconds = timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._closing = threading.Event()
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET  # read by the base class's __init__
         super().__init__((host, port), _Handler)
         self.board = board
@@ -105,6 +123,29 @@ class BoardServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         """Silent: the handler answers every error itself; what reaches here is a dropped connection."""
+
+    def process_request(self, request, client_address):
+        """Serve the connection in its own thread once one of the slots is free; until then accept no
+        other (they wait in the listen backlog)."""
+        while not self._slots.acquire(timeout=0.25):
+            if self._closing.is_set():
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def shutdown(self):
+        self._closing.set()  # a loop waiting for a free slot stops waiting
+        super().shutdown()
 
 
 def open_server(
@@ -129,6 +170,11 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self):
         self.timeout = self.server.timeout_seconds  # StreamRequestHandler sets it on the socket
         super().setup()
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection))
+
+    def handle_one_request(self):
+        self.rfile.raw.deadline = time.monotonic() + self.server.timeout_seconds  # for this request to arrive whole
+        super().handle_one_request()
 
     def log_message(self, format, *args):  # the server never prints
         pass
@@ -147,6 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
         file = None
         try:
             self._read_body()
+            self.connection.settimeout(self.server.timeout_seconds)  # the answer's writes: the idle timeout
             host = self.headers.get("Host", "")
             if self.server.allowed_hosts is not None and host not in self.server.allowed_hosts:
                 raise _Refused(
@@ -280,6 +327,24 @@ class _Handler(BaseHTTPRequestHandler):
             raise NotFound(f"static/{name}: no such file of the page")
         file = STATIC_DIR / name
         return HTTPStatus.OK, file.read_bytes(), _content_type(file.suffix), {}
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads, each allowed only the time left until `deadline` (time.monotonic()): a request
+    that trickles in a byte at a time is cut off then, as a silent one is."""
+
+    def __init__(self, connection: socket.socket):
+        self.connection, self.deadline = connection, time.monotonic()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.connection.settimeout(left)
+        return self.connection.recv_into(buffer)
 
 
 class _File:

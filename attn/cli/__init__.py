@@ -39,7 +39,7 @@ from attn.train import denormals
 denormals.set_flushing(True)
 
 from attn.cli import sweeps, training, views  # noqa: E402 (after the flushing mode is set)
-from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line  # noqa: E402 (after the flushing mode is set)
+from attn.cli.common import EXIT_BAD_INPUT, EXIT_SIGNAL, Parser, UsageError, one_line, say  # noqa: E402 (after the flushing mode is set)
 from attn.config.schema import all_keys, nearest_key  # noqa: E402 (after the flushing mode is set)
 from attn.config.yamlio import ConfigError  # noqa: E402 (after the flushing mode is set)
 from attn.store import runs  # noqa: E402 (after the flushing mode is set)
@@ -94,12 +94,12 @@ def _run_command(argv: list[str] | None) -> int:
         args = parse_arguments(list(sys.argv[1:] if argv is None else argv))
         return args.func(args)
     except (ConfigError, UsageError, runs.RunError) as err:
-        print(f"error: {one_line(str(err))}", file=sys.stderr)
+        say(f"error: {one_line(str(err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as err:  # a path the user gave that the OS refused (too long, a file on the way, permission)
         where = err.filename if err.filename is not None else "a path"
-        print(f"error: {one_line(runs.describe_path_error(where, err))}", file=sys.stderr)
+        say(f"error: {one_line(runs.describe_path_error(where, err))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        say("error: interrupted", file=sys.stderr)
         return EXIT_SIGNAL["SIGINT"]

@@ -32,6 +32,20 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def terminal_text(text: str) -> str:
+    """Text that a terminal shows as it is and obeys in nothing: every character that is not printable
+    but a newline or a tab (ESC, which starts a title, clear-screen or colour sequence; a carriage return;
+    C1 controls; the bidirectional overrides, U+202E) shown escaped (`\\x1b`, `\\u202e`). The names of
+    runs and directories it carries come from anyone's disk."""
+    return "".join(c if c.isprintable() or c in "\n\t" else repr(c)[1:-1] for c in text)
+
+
+def say(*values, file=None, end: str = "\n", flush: bool = False) -> None:
+    """print(), every character escaped as terminal_text escapes it: the one way attn/cli writes to stdout
+    and stderr (file None: stdout)."""
+    print(terminal_text(" ".join(map(str, values))), file=sys.stdout if file is None else file, end=end, flush=flush)
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         raise UsageError(f"{self.prog}: {message}")

@@ -20,6 +20,8 @@ from attn.cli.common import (
     integer_at_least,
     is_interactive,
     one_line,
+    say,
+    terminal_text,
 )
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError, cut, read_yaml_file
@@ -45,31 +47,31 @@ def cmd_sweep(args) -> int:
         finally:
             restore_signals()
         failed = [o for o in outcomes if o.action == "failed"]
-        print(sweep_summary(experiment, outcomes), file=sys.stderr)
+        say(sweep_summary(experiment, outcomes), file=sys.stderr)
         for outcome in failed:
-            print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+            say(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
         unknown = [o for o in outcomes if o.action == "unknown"]
         if unknown:  # no report until every cell is accounted for
-            print(
+            say(
                 f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
                 f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
                 f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
                 file=sys.stderr,
             )
-            print(experiment.directory)
+            say(experiment.directory)
             return EXIT_FAILED
         if stop.reason:
-            print(
+            say(
                 f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
                 file=sys.stderr,
             )
-            print(experiment.directory)
+            say(experiment.directory)
             return EXIT_SIGNAL.get(stop.reason, 130)
         report_failed = False
         if not args.report:
-            print(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
+            say(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
         elif not last_one_out():
-            print(
+            say(
                 f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
                 f"writes it; or: attn report {experiment.path})",
                 file=sys.stderr,
@@ -78,13 +80,13 @@ def cmd_sweep(args) -> int:
             try:
                 print_report(experiment)
             except Exception as err:  # the runs are done and kept; only the summary of them failed
-                print(
+                say(
                     f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
                     f"attn report {experiment.path} writes it again)",
                     file=sys.stderr,
                 )
                 report_failed = True
-    print(experiment.directory)
+    say(experiment.directory)
     return EXIT_FAILED if failed or report_failed else EXIT_OK
 
 
@@ -179,7 +181,7 @@ class SweepProgress:
         if self.interactive:
             self._show()
         else:
-            print(f"started {_few(names)}  ({self.tally()}; of {self.total})", file=sys.stderr, flush=True)
+            say(f"started {_few(names)}  ({self.tally()}; of {self.total})", file=sys.stderr, flush=True)
 
     def ended_with(self, outcome) -> None:
         self.ended += 1
@@ -204,7 +206,7 @@ class SweepProgress:
             else f"{outcome.action}, {outcome.status}  {outcome.detail}"
         )
         if not self.interactive:
-            print(line, file=sys.stderr, flush=True)
+            say(line, file=sys.stderr, flush=True)
             return
         if kind in ("skipped", None):  # a skipped run leaves the total; a cancelled one stays in it, never done
             if self.bar is not None:
@@ -213,7 +215,7 @@ class SweepProgress:
             return
         self._show()
         if kind in ("failed", "interrupted"):
-            self.bar.write(line, file=sys.stderr)
+            self.bar.write(terminal_text(line), file=sys.stderr)
 
     def _show(self) -> None:
         if self.bar is None:
@@ -222,7 +224,7 @@ class SweepProgress:
             self.bar = tqdm(total=self.total - self.counts["skipped"], unit="run", dynamic_ncols=True, file=sys.stderr)
         self.bar.n = self.counts["done"] + self.counts["failed"] + self.counts["interrupted"]
         flight = f"; in flight: {_few(list(self.running), 1)}" if self.reports_starts else ""
-        self.bar.set_postfix_str(self.tally() + flight, refresh=False)
+        self.bar.set_postfix_str(terminal_text(self.tally() + flight), refresh=False)
         self.bar.refresh()
 
     def close(self) -> None:
@@ -241,9 +243,9 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
     from attn.experiment import sweep
 
     total = len(experiment.cells)
-    print(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
+    say(f"sweep {experiment.name}: {total} runs -> {experiment.directory}", file=sys.stderr)
     if experiment.path.name == "experiment.yaml" and experiment.path.parent == experiment.directory:
-        print(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
+        say(f"experiment file: {experiment.path} (attn sweep {experiment.path} runs it again)", file=sys.stderr)
     progress = SweepProgress(total, is_interactive(), reports_starts=hasattr(executor, "started"))
     forwarded = False
 
@@ -285,11 +287,11 @@ def print_report(experiment) -> None:
     paths = experiment_report.write_report(experiment)
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
-        print(
+        say(
             f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
             file=sys.stderr,
         )
-    print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
+    say(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
 
 
 def _load_experiment_file(path: str, command: str, *args, **kwargs):
@@ -318,7 +320,7 @@ def cmd_report(args) -> int:
         args.experiment, "report", args.runs_dir, args.max_cells, overrides=args.overrides
     )
     print_report(experiment)
-    print(experiment.directory)
+    say(experiment.directory)
     return EXIT_OK
 
 
@@ -332,7 +334,7 @@ def cmd_verify(args) -> int:
             "run, the second the report in DIR; expected one of them"
         )
     experiment = _load_experiment_file(args.experiment, "verify", args.runs_dir, args.max_cells)
-    progress = lambda message: print(f"verify: {message}", file=sys.stderr, flush=True)  # noqa: E731
+    progress = lambda message: say(f"verify: {message}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.published:
             from attn import publish
@@ -351,15 +353,15 @@ def cmd_verify(args) -> int:
                 as_run=None if args.as_run is None else Path(args.as_run),
             )
     except ChildStopped as stopped:
-        print(
+        say(
             f"stopped by {stopped.signal}: the step it was running was stopped with it (a re-run's sweep "
             f"checkpoints its interrupted runs); run the same command again to resume",
             file=sys.stderr,
         )
         return EXIT_SIGNAL.get(stopped.signal, 130)
-    print(verify.verify_markdown(result))
+    say(verify.verify_markdown(result))
     for path in result["files"]:
-        print(path)
+        say(path)
     return EXIT_OK if result["agree"] else EXIT_FAILED
 
 
@@ -403,7 +405,7 @@ def cmd_publish(args) -> int:
         )
     )
     for path in written:
-        print(path)
+        say(path)
     return EXIT_OK
 
 

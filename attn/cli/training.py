@@ -16,6 +16,7 @@ from attn.cli.common import (
     is_interactive,
     one_line,
     run_dir_argument,
+    say,
     split_config_and_overrides,
 )
 from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
@@ -44,7 +45,7 @@ def _progress_printer(total_steps: int):
             if record is not None and (step >= next_line or step == total_steps or "nonfinite" in record):
                 next_line = step + every
                 number = format_number
-                print(
+                say(
                     f"step {step:>6}/{total_steps}  train_loss {number(record['train_loss'], '.4g')}  "
                     f"eval_loss {number(record['eval_loss'], '.4g')}  "
                     f"eval_acc {number(record['eval_accuracy'], '.3f')}  "
@@ -99,7 +100,7 @@ def cmd_train(args) -> int:
             return _fork(args.fork, overrides, args.name, stop)
         config = _load_run_config(config_path, overrides)
         with lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
-            print(f"run directory: {run_dir}", file=sys.stderr)
+            say(f"run directory: {run_dir}", file=sys.stderr)
             return _train_and_report(config, run_dir, False, stop)
     finally:
         restore_signals()
@@ -129,12 +130,12 @@ def _resume(text: str, config_path: str | None, overrides: list[str], stop: Stop
         state = resumption.state
         if resumption.extended_from is not None:
             lifecycle.record_extension(run_dir, resumption)
-            print(
+            say(
                 f"extending {run_dir}: train.steps {resumption.extended_from} -> {state.config.train.steps} "
                 "(recorded in its config.yaml)",
                 file=sys.stderr,
             )
-        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        say(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
         return _train_and_report(state.config, run_dir, True, stop, state)
 
 
@@ -160,8 +161,8 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
     with lifecycle.new_fork(plan, overrides, name) as run_dir:
         state = lifecycle.prepare_resume(plan.config, run_dir)
         changed = "; ".join(plan.changes) or "no change: it continues as its source"
-        print(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
-        print(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
+        say(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
+        say(f"resuming {run_dir} from step {state.step}/{state.config.train.steps}", file=sys.stderr)
         return _train_and_report(plan.config, run_dir, True, stop, state)
 
 
@@ -175,11 +176,11 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
     except KeyboardInterrupt:  # a second signal: the run recorded where it stopped
         summary, stopped_at_once = runs.read_summary(run_dir) or {"status": "interrupted"}, True
     except runs.RunError as err:  # the disk or the run directory, mid-run
-        print(f"error: run failed: {one_line(str(err))}", file=sys.stderr)
+        say(f"error: run failed: {one_line(str(err))}", file=sys.stderr)
     except Exception as err:
         traceback_file = run_dir / "error.txt"
         where = f" (traceback in {traceback_file})" if traceback_file.exists() else ""
-        print(f"error: run failed: {type(err).__name__}: {one_line(str(err))}{where}", file=sys.stderr)
+        say(f"error: run failed: {type(err).__name__}: {one_line(str(err))}{where}", file=sys.stderr)
     status = summary["status"] if summary else "failed"
     if summary:
         line = f"{status}: step {summary.get('step', 0)}/{config.train.steps}"
@@ -190,12 +191,12 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
                 f"  {summary_figures(summary)}  "
                 f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s"
             )
-        print(line, file=sys.stderr)
+        say(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
-        print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
+        say(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
     if stopped_at_once and status != "interrupted" and config.logging.plots:  # it ended, then the signal: no figures
-        print(f"figures: not drawn (stopped); attn plot {run_dir} draws them", file=sys.stderr)
-    print(run_dir)
+        say(f"figures: not drawn (stopped); attn plot {run_dir} draws them", file=sys.stderr)
+    say(run_dir)
     if status == "interrupted" or stopped_at_once:
         return EXIT_SIGNAL.get(stop.reason, 130)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
@@ -206,10 +207,10 @@ def cmd_config(args) -> int:
     if config_path is None and not overrides:
         rows = describe_schema()
         width = max(len(r[0]) for r in rows)
-        print("attn config schema (YAML sections; override any field with key=value):")
+        say("attn config schema (YAML sections; override any field with key=value):")
         for key, accepted, default, help_text in rows:
-            print(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
-        print(
+            say(f"  {key:<{width}}  default {default:<10} {help_text}  [{accepted}]")
+        say(
             f"width-free head (model.width_free; attn.model.widthfree): optim.name {', '.join(SUBSPACE_OPTIMIZERS)}"
             f" with model.score {', '.join(WIDTH_FREE_SCORES)}, or qk_norm with model.qk_norm "
             f"{WIDTH_FREE_QK_NORM} and model.qk_norm_gain {' or '.join(WIDTH_FREE_QK_NORM_GAINS)}; every other "
@@ -217,9 +218,9 @@ def cmd_config(args) -> int:
         )
         return EXIT_OK
     config = _load_run_config(config_path, overrides)
-    print(dump_yaml(to_dict(config), sort_keys=False), end="")
+    say(dump_yaml(to_dict(config), sort_keys=False), end="")
     carried = carried_as(build_spec(config, build_task(config)))
-    print("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))
+    say("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))
     return EXIT_OK
 
 
@@ -229,7 +230,7 @@ def cmd_plot(args) -> int:
     for run_dir in [run_dir_argument(text, "plot") for text in args.run_dirs]:  # every one checked before any is drawn
         with locks.RunLock(run_dir, "plot"):
             for path in figures.plot_run(run_dir):
-                print(path)
+                say(path)
     return EXIT_OK
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from attn.analysis import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least, number_where
+from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least, number_where, say, terminal_text
 from attn.store import runs
 from attn.text import format_value
 
@@ -53,12 +53,12 @@ def cmd_compare(args) -> int:
             all_y=args.all_y,
         )
     for skipped in result.skipped:
-        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+        say(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print(result.table, end="")
+        say(f"warning: {warning}", file=sys.stderr)
+    say(result.table, end="")
     for path in result.written:
-        print(path)
+        say(path)
     return EXIT_OK
 
 
@@ -68,9 +68,9 @@ def cmd_runs(args) -> int:
     with flagged({"status": "--status", "experiment": "--experiment"}):
         listing = listings.list_runs(Path(args.path), args.status, args.experiment)
     for skipped in listing.skipped:
-        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+        say(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     if not listing.rows:
-        print(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
+        say(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
         return EXIT_OK
     header = [
         "name",
@@ -95,9 +95,10 @@ def cmd_runs(args) -> int:
         ]
         for row in listing.rows
     ]
+    table = [[terminal_text(cell) for cell in line] for line in table]  # aligned as the terminal shows them
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     for line in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+        say("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
     return EXIT_OK
 
 
@@ -124,7 +125,7 @@ def cmd_board(args) -> int:
     board = data.Board(args.paths)
     if args.static:
         try:
-            print(export.export(board, Path(args.static)))
+            say(export.export(board, Path(args.static)))
         except runs.RunError as err:  # about the directory --static names
             raise runs.RunError(f"--static {err}") from None
         return EXIT_OK
@@ -138,16 +139,16 @@ def cmd_board(args) -> int:
         ) from None
     with httpd:
         if taken:
-            print(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
+            say(f"port {taken} is taken: serving on port {httpd.server_address[1]} instead", file=sys.stderr)
         if not server.is_loopback(args.host):
-            print(f"--host {args.host}: the board is open to other machines on that network", file=sys.stderr)
+            say(f"--host {args.host}: the board is open to other machines on that network", file=sys.stderr)
         shown = json.loads(board.snapshot_json()[1])  # built once: the page's first look is then a cached answer
-        print(f"attn board: {len(shown['runs'])} runs under {board.title}, live; Ctrl-C stops it", file=sys.stderr)
-        print(httpd.url, flush=True)
+        say(f"attn board: {len(shown['runs'])} runs under {board.title}, live; Ctrl-C stops it", file=sys.stderr)
+        say(httpd.url, flush=True)
         try:
             httpd.serve_forever()
         except KeyboardInterrupt:
-            print("attn board: stopped", file=sys.stderr)
+            say("attn board: stopped", file=sys.stderr)
     return EXIT_OK
 
 
@@ -166,10 +167,10 @@ def cmd_export(args) -> int:
     if not exported.written:  # every run found was skipped: nothing was exported
         raise runs.RunError("export: no run exported: " + "; ".join(f"{s.path}: {s.reason}" for s in exported.skipped))
     for skipped in exported.skipped:
-        print(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+        say(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     for run_dir, path, steps in exported.written:
-        print(f"{path}  ({steps} steps of {run_dir})")
-    print(
+        say(f"{path}  ({steps} steps of {run_dir})")
+    say(
         f"attn export: {len(exported.written)} runs as TensorBoard event files; view them with "
         f"tensorboard --logdir {out}",
         file=sys.stderr,
@@ -215,20 +216,20 @@ def cmd_bench(args) -> int:
             args.board_runs,
             args.board_megabytes,
             args.board_code,
-            progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True),
+            progress=lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
         )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         stamp = result["date"].replace(" ", "-").replace(":", "")
         (out / f"board-{stamp}.json").write_text(json.dumps(result, indent=1) + "\n")
         (out / f"board-{stamp}.md").write_text(board_bench.markdown(result))
-        print(board_bench.markdown(result))
-        print(out / f"board-{stamp}.json")
+        say(board_bench.markdown(result))
+        say(out / f"board-{stamp}.json")
         return EXIT_OK
 
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
-        print(
+        say(
             f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
             "(make bench installs requirements-bench.txt)",
             file=sys.stderr,
@@ -241,12 +242,12 @@ def cmd_bench(args) -> int:
         processes=not args.no_processes,
         headline=args.headline,
         frameworks=args.rivals,
-        progress=lambda message: print(f"bench: {message}", file=sys.stderr, flush=True),
+        progress=lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
     )
     paths = suite.write(result, Path(args.out))
-    print(suite.bench_markdown(result))
+    say(suite.bench_markdown(result))
     for path in paths.values():
-        print(path)
+        say(path)
     return EXIT_OK
 
 
