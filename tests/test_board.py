@@ -422,6 +422,32 @@ def test_static_export_embeds_the_data_and_copies_the_page_and_figures(root, tmp
     assert not (out / "files" / "0" / "exp").exists()
 
 
+def test_static_export_streams_each_file_and_leaves_out_one_the_board_would_not_serve(tmp_path, monkeypatch):
+    """Bounded as the live board is (issue 46.8): a file over data.MAX_FILE_BYTES is not copied, its link
+    left out and the page says so; the others are copied a piece at a time, never read whole."""
+    small, big = write_run(tmp_path / "runs" / "small"), write_run(tmp_path / "runs" / "big")
+    with open(big / "metrics.jsonl", "ab") as grown:
+        for step in range(210, 210 + 4000):
+            grown.write((json.dumps(record(step, "sqrt", 0)) + "\n").encode())
+    monkeypatch.setattr(data, "MAX_FILE_BYTES", (big / "metrics.jsonl").stat().st_size - 1)
+    read_whole = Path.read_bytes
+    monkeypatch.setattr(
+        Path,
+        "read_bytes",
+        lambda path: pytest.fail(f"{path} read whole") if path.suffix == ".jsonl" else read_whole(path),
+    )
+    page = export.export(data.Board([tmp_path / "runs"]), tmp_path / "page")
+    embedded = embedded_data(page)
+    ids = {run["name"]: run["id"] for run in embedded["runs"]}
+    files = {name: [f["name"] for f in embedded["run_pages"][ids[name]]["files"]] for name in ids}
+    assert files == {"small": list(data.RUN_FILES), "big": ["config.yaml", "summary.json"]}
+    assert not (tmp_path / "page" / "files" / "0" / "big" / "metrics.jsonl").exists()
+    copied = tmp_path / "page" / "files" / "0" / "small" / "metrics.jsonl"
+    assert read_whole(copied) == read_whole(small / "metrics.jsonl")
+    [note] = [s for s in embedded["skipped"] if s["path"].endswith("metrics.jsonl")]
+    assert note["path"] == str((big / "metrics.jsonl").resolve()) and "not copied" in note["reason"]
+
+
 # ---------------------------------------------------------------------------
 # The page in a real browser
 # ---------------------------------------------------------------------------

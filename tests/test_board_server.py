@@ -138,7 +138,7 @@ def test_a_file_over_the_size_cap_is_refused_and_one_under_it_streamed(board, tm
         ask = f"GET /files/0/r/big.csv HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
         answer = raw(httpd, ask)
         assert statuses(answer) == [200] and answer.endswith(b"x" * 300_000)
-        monkeypatch.setattr(server, "MAX_FILE_BYTES", 100_000)
+        monkeypatch.setattr(data, "MAX_FILE_BYTES", 100_000)
         answer = raw(httpd, ask)
     assert statuses(answer) == [413] and b"at most 100000" in answer
 

@@ -47,7 +47,9 @@ def lie_about(path: Path, key: str, count: int) -> None:
 def trained(tmp_path_factory) -> Path:
     """A finished run with checkpoints at steps 4 and 8 and an attention snapshot."""
     root = tmp_path_factory.mktemp("lies")
-    config = load_config(None, [*TINY, f"runs_dir={root}", "train.steps=8", "logging.checkpoint_every=4"])
+    config = load_config(
+        None, [*TINY, f"runs_dir={root}", "train.steps=8", "logging.checkpoint_every=4", "logging.log_every=2"]
+    )
     run_dir = lifecycle.create(config, name="base")
     lifecycle.execute(config, run_dir)
     return run_dir
@@ -185,3 +187,41 @@ def test_a_malformed_report_is_one_line(content, fact, tmp_path):
     with pytest.raises(runs.RunError) as info:
         runs.read_report_json(tmp_path)
     assert facts_in(str(info.value), str(tmp_path / runs.REPORT_FILE), fact)
+
+
+# ---------------------------------------------------------------------------
+# A run's files read as much as the command needs, and named as they are (issue 46.8)
+# ---------------------------------------------------------------------------
+def test_attn_runs_reads_a_huge_metrics_file_a_line_at_a_time(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "runs" / "big")
+    line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    with open(run_dir / "metrics.jsonl", "a") as grown:
+        for step in range(line["step"] + 1, line["step"] + 60_001):
+            grown.write(json.dumps({**line, "step": step, "eval_loss": 0.125}) + "\n")
+    assert (run_dir / "metrics.jsonl").stat().st_size > 12 << 20
+    tracemalloc.start()
+    try:
+        assert cli.main(["runs", str(tmp_path / "runs")]) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "0.125" in capsys.readouterr().out, "the last record's figures"
+    assert peak < 4 << 20, f"{peak} bytes traced: the file was held whole"
+
+
+def test_a_line_longer_than_any_record_is_refused_by_its_number(tmp_path):
+    run_dir = write_run(tmp_path / "runs" / "r")
+    with open(run_dir / "metrics.jsonl", "a") as grown:
+        grown.write('{"step": 9999, "x": "' + "a" * (runs.MAX_METRICS_LINE_BYTES + 10) + '"}\n{"step": 10000}\n')
+    number = len((run_dir / "metrics.jsonl").read_text().splitlines()) - 1
+    with pytest.raises(runs.RunError) as info:
+        runs.last_metrics_record(run_dir)
+    assert facts_in(str(info.value), "metrics.jsonl", f"line {number} is longer than")
+
+
+def test_a_fork_of_a_damaged_source_names_the_sources_file_and_leaves_no_fork(trained, run_copy, capsys):
+    lines = (run_copy / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (run_copy / "metrics.jsonl").write_text("".join([*lines[:2], "garbage\n", *lines[2:]]))
+    line = one_line(capsys, "train", "--fork", f"{run_copy}@4")
+    assert facts_in(line, f"{run_copy / 'metrics.jsonl'}: line 3 is not JSON")
+    assert [p.name for p in trained.parent.iterdir()] == ["base"], "the fork made and removed"

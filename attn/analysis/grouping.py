@@ -66,7 +66,7 @@ class Run:
 
     path: Path
     settings: dict  # the flattened config: dotted key -> value
-    records: list  # metrics.jsonl (a torn last line dropped)
+    records: list  # metrics.jsonl (a torn last line dropped); its last record alone where load_run was asked for it
     summary: dict  # summary.json; {} before the first one is written
     status: str  # locks.effective_status: `stale` for a `running` run whose process is gone
     config_yaml: dict = field(default_factory=dict)  # config.yaml as read, its `provenance` included
@@ -149,23 +149,29 @@ def walk_runs(path: Path) -> list[Path]:
     return [run_dir for child in children for run_dir in walk_runs(child)]
 
 
-def load_run(run_dir: Path) -> Run:
+def load_run(run_dir: Path, last_record_only: bool = False) -> Run:
     """Read one run directory, every file checked by its runs reader (type,
-    shape, size); RunError naming the file if one is damaged."""
+    shape, size); RunError naming the file if one is damaged. With
+    last_record_only, its records are its last one alone (every line is
+    checked as it streams past, none kept: a listing's memory is a line's)."""
     run_dir = Path(run_dir)
     config_yaml = runs.read_run_config(run_dir)
     settings = flatten_config({k: v for k, v in config_yaml.items() if k != "provenance"})
-    records = runs.read_metrics(run_dir)
+    if last_record_only:
+        last = runs.last_metrics_record(run_dir)
+        records = [] if last is None else [last]
+    else:
+        records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir)
     return Run(run_dir, settings, records, summary or {}, locks.effective_status(summary, run_dir=run_dir), config_yaml)
 
 
-def load_runs(run_dirs) -> tuple[list[Run], list[Skipped]]:
-    """(runs read, runs that could not be read with the reason)."""
+def load_runs(run_dirs, last_record_only: bool = False) -> tuple[list[Run], list[Skipped]]:
+    """(runs read, runs that could not be read with the reason); last_record_only as load_run's."""
     loaded, skipped = [], []
     for run_dir in run_dirs:
         try:
-            loaded.append(load_run(run_dir))
+            loaded.append(load_run(run_dir, last_record_only))
         except runs.RunError as err:
             reason = str(err).removeprefix(f"{run_dir}/")
             skipped.append(Skipped(Path(run_dir), " ".join(reason.split())))

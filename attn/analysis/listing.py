@@ -70,7 +70,7 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
                 f"got {experiment!r}; expected a directory of runs under {root}: "
                 f"{', '.join(known) or 'there are none'}",
             )
-    loaded, skipped = load_runs(walk_runs(base))
+    loaded, skipped = load_runs(walk_runs(base), last_record_only=True)  # the last record is all a row shows
     if status is not None:
         loaded = [run for run in loaded if run.status == status]
     keys = [k for k in table_keys(loaded) if k != "task.name"]  # the task has its own column

@@ -36,6 +36,7 @@ import math
 import os
 import stat as stat_module
 import threading
+import typing
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ FIGURE_SUFFIX = ".png"
 REPORT_NAME = "report.md"
 SERVED_SUFFIXES = (".png", ".svg", ".md", ".csv", ".json", ".jsonl", ".yaml", ".txt")
 FILES_PREFIX = "files/"  # URLs of served files: files/<root index>/<path below the root>
+MAX_FILE_BYTES = 512 << 20  # a file the board serves, or its static export copies: at most this large
 HIGHER_IS_BETTER = (
     "accuracy",
 )  # a metric whose name holds one of these is best at its highest; any other at its lowest
@@ -63,6 +65,27 @@ HIGHER_IS_BETTER = (
 
 class NotFound(LookupError):
     """No such run, or no file the board serves at that path; str() is the one-line message."""
+
+
+class TooLarge(Exception):
+    """A file the board would serve that is larger than MAX_FILE_BYTES; str() is the one-line message."""
+
+
+def open_file(path: Path) -> tuple[typing.BinaryIO, int]:
+    """A file under a served root (Board.resolve_file's) opened to be streamed, never read whole: no symbolic
+    link at the end, a regular file, of at most MAX_FILE_BYTES; (its handle, its size). NotFound or TooLarge."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise NotFound(f"{path.name}: cannot read: {err.strerror}") from None
+    facts = os.fstat(fd)
+    if not stat_module.S_ISREG(facts.st_mode):
+        os.close(fd)
+        raise NotFound(f"{path.name}: not a regular file")
+    if facts.st_size > MAX_FILE_BYTES:
+        os.close(fd)
+        raise TooLarge(f"{path.name}: {facts.st_size} bytes; the board serves files of at most {MAX_FILE_BYTES}")
+    return os.fdopen(fd, "rb"), facts.st_size
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ with no server and no network.
     DIR/static/             the page's files as the server serves them (board.js, board.css, uPlot)
     DIR/files/<root>/...    copies of the figures and reports the page shows, and of each run's
                             config.yaml, metrics.jsonl and summary.json (its page's links), at
-                            the paths the server serves them under
+                            the paths the server serves them under, each streamed (never read
+                            whole) and, as the server serves them, of at most MAX_FILE_BYTES: a
+                            larger one is not copied, its link left out and listed as skipped
 
 The page is the server's index.html with the data in place of its `null`
 placeholder; it then draws from that data and never polls. DIR must be new,
@@ -20,7 +22,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from attn.board import STATIC_DIR
-from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
+from attn.board.data import FILES_PREFIX, Board, NotFound, TooLarge, open_file, to_json
 from attn.store import runs
 
 DATA_PLACEHOLDER = '<script id="board-data" type="application/json">null</script>'
@@ -74,12 +76,33 @@ def export(board: Board, out_dir: Path) -> Path:
         except NotFound:
             continue
         shown += [f["url"] for f in snapshot["run_pages"][run["id"]]["files"] if f["url"] not in shown]
+    left_out = set()
     for url in shown:
         relative = unquote(url.removeprefix(FILES_PREFIX))
         target = out_dir / FILES_PREFIX / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        runs.write_atomic(target, board.resolve_file(relative).read_bytes())
+        path = board.resolve_file(relative)
+        try:
+            handle, size = open_file(path)
+        except TooLarge as err:
+            left_out.add(url)
+            snapshot["skipped"].append({"path": str(path), "reason": f"{err}: not copied into this page"})
+            continue
+        with handle:
+            runs.copy_atomic(handle, target, size)
+    _leave_out(snapshot, left_out)
     data = f'<script id="board-data" type="application/json">{to_json(snapshot)}</script>'
     page = out_dir / "index.html"
     runs.write_atomic(page, template.replace(DATA_PLACEHOLDER, data).encode())
     return page
+
+
+def _leave_out(snapshot: dict, urls: set) -> None:
+    """The links to files not copied taken out of the page's data: figures, reports and run pages' files."""
+    for entry in snapshot["runs"] + snapshot["experiments"]:
+        entry["figures"] = [f for f in entry["figures"] if f["url"] not in urls]
+    for experiment in snapshot["experiments"]:
+        if experiment["report_url"] in urls:
+            experiment["report_url"] = None
+    for page in snapshot["run_pages"].values():
+        page["files"] = [f for f in page["files"] if f["url"] not in urls]

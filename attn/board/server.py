@@ -46,9 +46,7 @@ from __future__ import annotations
 import io
 import ipaddress
 import mimetypes
-import os
 import socket
-import stat
 import threading
 import time
 from http import HTTPStatus
@@ -56,7 +54,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from attn.board import DEFAULT_HOST, DEFAULT_PORT, STATIC_DIR
-from attn.board.data import FILES_PREFIX, Board, NotFound, to_json
+from attn.board.data import FILES_PREFIX, Board, NotFound, TooLarge, open_file, to_json
 from attn.store import runs
 from attn.store.locks import RunLocked
 
@@ -64,7 +62,6 @@ WRITE_HEADER = "X-Attn-Board"
 REQUEST_QUEUE_SIZE = 128  # listen backlog: many pages polling at once
 TIMEOUT_SECONDS = 30.0  # a socket idle this long (mid-request or between requests) is closed
 MAX_BODY_BYTES = 64 << 10  # a request body larger than this is refused (the page sends "{}")
-MAX_FILE_BYTES = 512 << 20  # a served file larger than this is refused
 MAX_COUNT = 2**53  # the largest since= / last= accepted
 MAX_CONNECTIONS = 64  # connections served at once (a page opens a few; many pages poll at once)
 PAGE_POLICY = (
@@ -369,21 +366,9 @@ def _served_file(path) -> tuple:
     """A file under a served root: opened (no symbolic link at the end), at most MAX_FILE_BYTES,
     streamed; sandboxed, and active types as attachments."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError as err:
-        raise NotFound(f"{path.name}: cannot read: {err.strerror}") from None
-    facts = os.fstat(fd)
-    if not stat.S_ISREG(facts.st_mode):
-        os.close(fd)
-        raise NotFound(f"{path.name}: not a regular file")
-    handle = os.fdopen(fd, "rb")
-    size = facts.st_size
-    if size > MAX_FILE_BYTES:
-        handle.close()
-        raise _Refused(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-            f"{path.name}: {size} bytes; the board serves files of at most {MAX_FILE_BYTES}",
-        )
+        handle, size = open_file(path)
+    except TooLarge as err:
+        raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(err)) from None
     headers = {"Content-Security-Policy": FILE_POLICY}
     if path.suffix.lower() in ATTACHMENT_SUFFIXES:
         headers["Content-Disposition"] = "attachment"

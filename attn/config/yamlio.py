@@ -22,6 +22,7 @@ import math
 import os
 import re
 import stat
+import typing
 from pathlib import Path
 
 import yaml
@@ -206,15 +207,14 @@ FILE_KINDS = (
 )
 
 
-def read_regular_file(
+def open_regular_file(
     path: str | os.PathLike, limit: int, what: str, error: type[Exception] = ConfigError, follow_symlinks: bool = True
-) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. Anything else is
-    refused with one line naming the path (`error`): a directory, device,
-    FIFO or socket before a byte is read (the open never blocks), a file over
-    the cap (checked before reading, and again while reading, as the file may
-    grow), and with follow_symlinks false a symbolic link. FileNotFoundError
-    passes through: whether a missing file is an error is the caller's call."""
+) -> typing.BinaryIO:
+    """A regular file of at most `limit` bytes, opened for reading (binary): anything else is refused with
+    one line naming the path (`error`) before a byte is read: a directory, device, FIFO or socket (the
+    open never blocks), a file over the cap, and with follow_symlinks false a symbolic link. A reader
+    that streams it checks the cap again as it reads (the file may grow). FileNotFoundError passes
+    through: whether a missing file is an error is the caller's call."""
     path = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
@@ -240,14 +240,28 @@ def read_regular_file(
             )
         if info.st_size > limit:
             raise error(f"{path}: {info.st_size} bytes is too large for a {what} (limit {limit})")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(min(info.st_size, limit) + 1)  # a read allocates what it asks for: the size, not the cap
-            if len(data) > info.st_size:  # it grew since: read on, to one byte past the cap
-                data += handle.read(limit + 1 - len(data))
+        return os.fdopen(fd, "rb")
     except OSError as err:
-        raise error(f"{path}: cannot read {what}: {err.strerror}") from None
-    finally:
         os.close(fd)
+        raise error(f"{path}: cannot read {what}: {err.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(
+    path: str | os.PathLike, limit: int, what: str, error: type[Exception] = ConfigError, follow_symlinks: bool = True
+) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (open_regular_file's checks; the cap checked
+    again while reading, as the file may grow)."""
+    with open_regular_file(path, limit, what, error, follow_symlinks) as handle:
+        try:
+            size = os.fstat(handle.fileno()).st_size
+            data = handle.read(min(size, limit) + 1)  # a read allocates what it asks for: the size, not the cap
+            if len(data) > size:  # it grew since: read on, to one byte past the cap
+                data += handle.read(limit + 1 - len(data))
+        except OSError as err:
+            raise error(f"{path}: cannot read {what}: {err.strerror}") from None
     if len(data) > limit:
         raise error(f"{path}: more than {limit} bytes is too large for a {what} (it grew while being read)")
     return data

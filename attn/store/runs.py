@@ -65,13 +65,21 @@ from pathlib import Path
 import numpy as np
 
 from attn.config.schema import all_keys
-from attn.config.yamlio import ConfigError, dump_yaml, read_regular_file, read_yaml_file, show_value
+from attn.config.yamlio import (
+    ConfigError,
+    dump_yaml,
+    open_regular_file,
+    read_regular_file,
+    read_yaml_file,
+    show_value,
+)
 from attn.store.processes import pid_alive, writer_identity
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
 MAX_SUMMARY_BYTES = 1 << 20  # summary.json is a few kB
 MAX_METRICS_BYTES = 256 << 20  # ~150,000 records of ~1.7 kB: far more than any run here logs
+MAX_METRICS_LINE_BYTES = 1 << 20  # one record: ~1.7 kB
 KILL_AFTER_WRITES = "ATTN_TEST_KILL_AFTER_WRITES"  # tests only: see the module docstring
 REPAIR_METRICS = "delete that line (or move the run directory away) and try again"
 
@@ -122,6 +130,24 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as err:
+        _discard(tmp, path, err)
+    _put_in_place(tmp, path)
+
+
+def copy_atomic(source: typing.BinaryIO, path: Path, size: int) -> None:
+    """Write the next `size` bytes of the open file `source` (fewer if it ends first) to path as write_atomic
+    writes, a piece at a time: a file of any size costs a piece of memory."""
+    path = Path(path)
+    tmp = _temporary_of(path)
+    try:
+        with open(tmp, "wb") as fh:
+            left = size
+            while left > 0 and (piece := source.read(min(left, 1 << 20))):
+                fh.write(piece)
+                left -= len(piece)
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException as err:
@@ -523,28 +549,65 @@ def read_metrics(run_dir: Path) -> list[dict]:
     """All complete records, checked: each line a JSON object of scalars with
     an integer `step`, steps increasing (a file two writers appended to is
     refused); a torn last line is ignored. RunError names the first bad line."""
+    return list(iter_metrics(run_dir))
+
+
+def last_metrics_record(run_dir: Path) -> dict | None:
+    """The last complete record (None if there is none), every line checked on the way as read_metrics
+    checks it, none kept: memory for a line, whatever the file's size (`attn runs`)."""
+    last = None
+    for last in iter_metrics(run_dir):
+        pass
+    return last
+
+
+def iter_metrics(run_dir: Path) -> typing.Iterator[dict]:
+    """metrics.jsonl's records one at a time, checked as read_metrics says, read a line at a time (a line
+    longer than MAX_METRICS_LINE_BYTES is refused: no record is that long), the file's size capped
+    (MAX_METRICS_BYTES) before it is read and while it is."""
     path = Path(run_dir) / "metrics.jsonl"
-    data = read_run_file(path, MAX_METRICS_BYTES, "metrics file")
-    if data is None:
-        return []
-    lines = data.split(b"\n")
-    records, last_step = [], -1
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            if number == len(lines) or (number == len(lines) - 1 and not lines[-1]):
-                break  # the last line, torn by a crash mid-append
-            what = "UTF-8 text" if isinstance(err, UnicodeDecodeError) else "JSON"
-            raise RunError(f"{path}: line {number} is not {what}; {REPAIR_METRICS}") from None
-        problem = _record_problem(record, last_step)
-        if problem:
-            raise RunError(f"{path}: line {number} {problem}; {REPAIR_METRICS}")
-        records.append(record)
-        last_step = record["step"]
-    return records
+    try:
+        handle = open_regular_file(path, MAX_METRICS_BYTES, "metrics file", error=RunError, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    with handle:
+        last_step, number, read = -1, 1, 0
+        line = _metrics_line(handle, path, number)
+        while line:
+            read += len(line)
+            if read > MAX_METRICS_BYTES:
+                raise RunError(
+                    f"{path}: more than {MAX_METRICS_BYTES} bytes is too large for a metrics file "
+                    "(it grew while being read)"
+                )
+            following = _metrics_line(handle, path, number + 1)
+            if line.strip():
+                try:
+                    record = json.loads(line.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                    if not following:
+                        return  # the last line, torn by a crash mid-append
+                    what = "UTF-8 text" if isinstance(err, UnicodeDecodeError) else "JSON"
+                    raise RunError(f"{path}: line {number} is not {what}; {REPAIR_METRICS}") from None
+                problem = _record_problem(record, last_step)
+                if problem:
+                    raise RunError(f"{path}: line {number} {problem}; {REPAIR_METRICS}")
+                last_step = record["step"]
+                yield record
+            line, number = following, number + 1
+
+
+def _metrics_line(handle, path: Path, number: int) -> bytes:
+    """The next line of metrics.jsonl (b"" at its end); RunError for one longer than MAX_METRICS_LINE_BYTES."""
+    try:
+        line = handle.readline(MAX_METRICS_LINE_BYTES + 1)
+    except OSError as err:
+        raise RunError(f"{path}: cannot read metrics file: {describe_os_error(err)}") from None
+    if len(line) > MAX_METRICS_LINE_BYTES:
+        raise RunError(
+            f"{path}: line {number} is longer than {MAX_METRICS_LINE_BYTES} bytes, which no record is; {REPAIR_METRICS}"
+        )
+    return line
 
 
 def _record_problem(record, last_step: int) -> str | None:

@@ -435,9 +435,10 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
 
     def fill(run_dir: Path) -> None:
         runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
-        data = runs.read_run_file(plan.source / "metrics.jsonl", runs.MAX_METRICS_BYTES, "metrics file")
-        runs.write_atomic(run_dir / "metrics.jsonl", data or b"")
-        runs.truncate_metrics(run_dir, plan.step)
+        kept = [r for r in runs.read_metrics(plan.source) if r["step"] < plan.step]  # a damaged line: the source's
+        runs.write_atomic(
+            run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept).encode()
+        )
         for snapshot, kept in (
             ("attention.npz", lambda key: key != "attn_final"),
             ("mechanism.npz", lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step),
