@@ -180,6 +180,7 @@ def test_the_cli_verifies_a_published_report_through_it_and_refuses_it_with_as_r
         "a" * 41,
         "f" * 5000,
     ],
+    ids=["revision-expression", "branch", "option", "uppercase", "too-short", "41-hex", "5000-hex"],
 )
 def test_a_commit_that_is_not_a_hex_object_id_is_refused_cut_to_a_line(commit):
     with pytest.raises(runs.RunError) as info:
