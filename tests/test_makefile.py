@@ -161,36 +161,49 @@ def venv_works(project: Path) -> bool:
     return subprocess.run(check, cwd="/", capture_output=True, timeout=60).returncode == 0
 
 
-def interrupt_trials(project: Path, command: list[str], trials: int) -> list[tuple[float, int, str]]:
+def with_default_sigint() -> None:
+    """A shell's background job starts with SIGINT ignored, which exec keeps: the command must see a Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt_trials(project: Path, command: list[str], trials: int) -> tuple[int, list[tuple[float, int, str]]]:
     """`command` (in its own session) stopped by SIGINT at `trials` moments spread over an uninterrupted run's
-    length, each from no .venv; after each, the same command again: (moment, its exit, what failed) for
-    every trial whose second run failed or left a venv that does not work."""
+    length, each from no .venv; after each, the same command again: (how many of the trials the SIGINT cut
+    short, and (moment, its exit, what failed) for every trial whose second run failed or left a venv that
+    does not work)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     started = time.monotonic()
     assert subprocess.run(command, cwd=project, env=env, capture_output=True, timeout=600).returncode == 0
     length = time.monotonic() - started
-    failed = []
+    failed, cut_short = [], 0
     for trial in range(trials):
         shutil.rmtree(project / ".venv")
         moment = length * (trial + 0.5) / trials
         cut = subprocess.Popen(
-            command, cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            command,
+            cwd=project,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=with_default_sigint,
         )
         time.sleep(moment)
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGINT)
-        cut.wait(timeout=600)
+        cut_short += cut.wait(timeout=600) != 0
         again = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
         if again.returncode != 0 or not venv_works(project):
             failed.append((round(moment, 2), again.returncode, again.stderr.strip()[-200:]))
-    return failed
+    return cut_short, failed
 
 
 @pytest.mark.faults
 def test_make_stopped_by_ctrl_c_anywhere_in_making_the_venv_then_make_again_makes_it_whole(tmp_path):
     makefile = (REPO / "Makefile").read_text()
     project = tiny_project(tmp_path / "project", makefile)
-    assert interrupt_trials(project, ["make", "-s", ".venv/.runtime"], trials=20) == []
+    cut_short, failed = interrupt_trials(project, ["make", "-s", ".venv/.runtime"], trials=20)
+    assert failed == [] and cut_short >= 10, (cut_short, failed)
 
 
 @pytest.mark.faults
@@ -201,4 +214,5 @@ def test_verify_published_stopped_anywhere_in_making_its_worktrees_venv_then_aga
     code = "import sys; from pathlib import Path; from attn.report.published import whole_venv; "
     code += "whole_venv(Path(sys.argv[1]), lambda message: None)"
     command = [sys.executable, "-c", code, str(project)]
-    assert interrupt_trials(project, command, trials=20) == []
+    cut_short, failed = interrupt_trials(project, command, trials=20)
+    assert failed == [] and cut_short >= 10, (cut_short, failed)
