@@ -1,6 +1,6 @@
 """The experiment report (attn.report.experiment_report), from hand-made run directories
 (config.yaml, metrics.jsonl and summary.json written directly, no
-training): every seed's outcome class as attn.analysis.outcomes defines it, the
+training): every seed's outcome class as attn.outcomes defines it, the
 unfinished runs counted apart; each (x, arm) judged at the best_of value
 the declared `select` rule picks, the edge notes, the shared value; every
 kind of expectation judged confirmed / not confirmed / inconclusive with the
@@ -23,8 +23,8 @@ import pytest
 import yaml
 from helpers import PNG_SIGNATURE, facts_in
 
-from attn.analysis import outcomes, stats
-from attn.analysis.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
+from attn import outcomes
+from attn.analysis import stats
 from attn.analysis.results import BOOTSTRAP_SEED, COUNTED, collect
 from attn.config.loading import build_task, load_config, replace
 from attn.config.schema import to_dict
@@ -32,6 +32,7 @@ from attn.config.yamlio import ConfigError
 from attn.experiment import report_spec
 from attn.experiment import spec as experiments
 from attn.model import mechanism
+from attn.outcomes import DIVERGED, LEARNED, LEARNED_THEN_LOST, SLOW, STALLED
 from attn.report import experiment_figures
 from attn.report.experiment_report import Layout, judged_cells, write_report
 from attn.store import arrayfiles, runs
@@ -243,7 +244,13 @@ def classes(tmp_path_factory):
 def classify(records, diverged: bool) -> str:
     steps, losses, accuracies = zip(*records)
     return outcomes.classify(
-        steps, accuracies, losses, diverged=diverged, budget=BUDGET, plateau_loss=PLATEAU, chance_accuracy=CHANCE
+        steps,
+        accuracies,
+        losses,
+        diverged=diverged,
+        budget=BUDGET,
+        chance_loss=PLATEAU,
+        no_retrieval_loss=REFERENCES["no_retrieval"],
     ).outcome
 
 

@@ -7,7 +7,7 @@ one that cannot be read, is left out with the reason. Of the runs kept, the
 finished ones (completed or diverged) are the seeds every statistic is
 over; interrupted, running, stale and failed runs are counted apart.
 
-Per seed: its outcome class and time to the threshold (attn.analysis.outcomes, from
+Per seed: its outcome class and time to the threshold (attn.outcomes, from
 the logged eval accuracy and loss); its step-0 record (score std, entropy,
 saturated rows, gradient norms of W_q and W_k, attention on the right key
 and on the query's own position); the same attention at its last record;
@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attn.analysis import outcomes, stats
+from attn import outcomes
+from attn.analysis import stats
 from attn.analysis.grouping import Run, canonical, load_runs
-from attn.config.loading import build_task, config_from_mapping
+from attn.config.loading import config_from_mapping
 from attn.config.yamlio import ConfigError
 from attn.model import mechanism
 from attn.model.head import score_scale
@@ -101,7 +102,7 @@ def plateau_level(summary: dict, name: str = "chance") -> float:
     return float(level) if runs.is_finite_number(level) else math.nan
 
 
-def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
+def seed_of(run: Run, seed: int, threshold: float) -> Seed:
     records = run.records
     steps = np.array([r["step"] for r in records], dtype=np.int64)
 
@@ -113,9 +114,8 @@ def seed_of(run: Run, seed: int, n_classes: int, threshold: float) -> Seed:
     levels = {
         "diverged": run.status == "diverged",
         "budget": budget,
-        "plateau_loss": plateau_level(run.summary),
+        "chance_loss": plateau_level(run.summary),
         "no_retrieval_loss": plateau_level(run.summary, "no_retrieval"),
-        "chance_accuracy": 1.0 / n_classes,
     }
     outcome = outcomes.classify(*curve, **levels, threshold=threshold)
     at = {t: outcomes.classify(*curve, **levels, threshold=t).outcome for t in outcomes.THRESHOLDS}
@@ -371,7 +371,7 @@ def collect(
             m = cell.config.model
             cells[key] = CellResult(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
         if run.status in runs.FINISHED:
-            cells[key].seeds.append(seed_of(run, cell.seed, build_task(cell.config).n_classes, threshold))
+            cells[key].seeds.append(seed_of(run, cell.seed, threshold))
         else:
             cells[key].unfinished_runs[cell.seed] = run.status
     return list(cells.values()), excluded

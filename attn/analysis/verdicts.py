@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from attn.analysis import outcomes, stats
+from attn import outcomes
+from attn.analysis import stats
 from attn.analysis.grouping import short_names
 from attn.analysis.results import CellResult, sort_key
 from attn.experiment.report_spec import RATES, STATS, Expectation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -192,13 +193,20 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
             )
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
-        print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
+        print(f"resume with: {resume_command(run_dir)}", file=sys.stderr)
     if stopped_at_once and status != "interrupted" and config.logging.plots:  # it ended, then the signal: no figures
         print(f"figures: not drawn (stopped); attn plot {run_dir} draws them", file=sys.stderr)
     print(run_dir)
     if status == "interrupted" or stopped_at_once:
         return EXIT_SIGNAL.get(stop.reason, 130)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes the run, in the words the user started it with: `make train` sets ATTN_VIA_MAKE."""
+    if os.environ.get("ATTN_VIA_MAKE") == "train":
+        return f"make train RESUME={run_dir}"
+    return f"attn train --resume {run_dir}"
 
 
 def cmd_config(args) -> int:

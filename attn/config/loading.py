@@ -297,7 +297,7 @@ def build_spec(config: Config, task) -> ModelSpec:
         n_classes=task.n_classes,
         d_model=m.d_model,
         d_k=m.d_k,
-        d_v=m.d_v or m.d_k,
+        d_v=m.d_v,
         scale=m.scale,
         causal=m.causal,
         mask_self=m.mask_self,
@@ -342,7 +342,7 @@ def runs_width_free(config: Config, task) -> bool:
             task.seq_len,
             m.d_model,
             m.d_k,
-            m.d_v or m.d_k,
+            m.d_v,
             width_free=True,
             normed=m.score in scores.NORMED_MODES,
         )

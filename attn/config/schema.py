@@ -110,7 +110,7 @@ SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork con
 class ModelConfig:
     d_model: int = F(64, "width of the embeddings and of the head's output", gt=0)
     d_k: int = F(32, "width of queries and keys", gt=0)
-    d_v: typing.Optional[int] = F(None, "width of values; null means d_k", gt=0)
+    d_v: int = F(32, "width of values; it does not follow d_k (the experiments vary the query-key circuit only)", gt=0)
     scale: str = F(
         "sqrt",
         "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k (not read by "

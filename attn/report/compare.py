@@ -58,9 +58,9 @@ from attn.analysis.grouping import (
     used_settings,
     varying_keys,
 )
-from attn.analysis.outcomes import THRESHOLD
 from attn.config.schema import all_keys, nearest_key
 from attn.config.yamlio import ArgumentError, closest, did_you_mean
+from attn.outcomes import THRESHOLD
 from attn.report.compare_figure import DEFAULT_METRICS, X_AXES, draw_comparison, shared_references
 from attn.store import runs
 from attn.text import markdown_table

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.analysis import outcomes
+from attn import outcomes
 from attn.analysis.results import (
     COUNTED,
     SELF_ATTENDING,

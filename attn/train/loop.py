@@ -43,7 +43,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn import optim
+from attn import optim, outcomes
 from attn.config.schema import Config
 from attn.model import fast, mechanism
 from attn.model.fast import Batch
@@ -289,7 +289,25 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
         final=_final_figures(member.final_record),
         steps_per_sec=member.clock.rate_since_start(end_step),
     )
+    member.summary.update(outcome_fields(runs.read_metrics(member.run_dir), member.summary))
     _write_summary(member)
+
+
+def outcome_fields(records: list[dict], summary: dict) -> dict:
+    """summary.json's `outcome` (attn.outcomes: the class every report uses) and what it rests on."""
+    outcome = outcomes.of_run(records, summary)
+    if outcome is None:
+        return {}
+    return {
+        "outcome": outcome.outcome,
+        "outcome_said": outcome.said(),
+        "outcome_detail": {
+            "reached_step": outcome.reached_step,
+            "left_plateau_step": outcome.left_plateau_step,
+            "sat_at": outcome.sat_at,
+            "slow_kind": outcome.slow_kind,
+        },
+    }
 
 
 class _Clock:
