@@ -173,11 +173,9 @@ def test_a_file_whose_claim_cannot_fail_is_refused_when_read(tmp_path):
             range(10),
             {"x": "model.d_k", "arm": "model.scale", "expect": [entry]},
         )
-    assert str(caught.value) == (
-        f"{tmp_path / 'exp.yaml'}: report: expect[0] (stalls): it can never be not confirmed: "
-        "the Wilson upper bound at 0/10 is 0.278, never below 0; restate it as a claim that "
-        "some outcome of the runs would refute"
-    )
+    said = str(caught.value)
+    assert said.startswith(f"{tmp_path / 'exp.yaml'}: report: expect[0] (stalls): ") and "\n" not in said
+    assert "never be not confirmed" in said and "0/10 is 0.278" in said and "no number of seeds" in said
     with pytest.raises(
         ConfigError,
         match=r"report: expect\[0\]: test: got 'sign'; expected one of mcnemar, fisher, "

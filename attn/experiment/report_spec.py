@@ -67,6 +67,7 @@ EXPECTATION_KEYS = (
     "at",
     "test",
     "edited_after_runs",
+    "budget",
 )
 RATES = ("success_rate", "stall_rate", "divergence_rate")
 # test -> the stats it can judge a better_than claim on; `interval` judges every claim
@@ -93,6 +94,9 @@ class Expectation:
     # freezes the edited claim anew would otherwise hide; the reports and the published text mark it. Not part
     # of the claim's rule (expectation_text), so declaring it changes no verdict and no digest
     edited_after_runs: str = ""
+    # judged as if every run had stopped at this step (its seeds re-classified on their curves up to it, each
+    # arm's best chosen there too): "learns within B steps"; None: the experiment's budget
+    budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ class ReportSpec:
     # headline table is judged on (None: all the file's seeds, both)
     select_on: tuple[int, ...] | None = None
     judge_on: tuple[int, ...] | None = None
+    # each expectation's power from the design alone (id -> report_spec.power), frozen with the claims
+    power: tuple[tuple[str, dict], ...] = ()
 
 
 def check_report(
@@ -205,7 +211,7 @@ def check_report(
     if judge_on is not None:
         n_seeds = len(judge_on)  # the verdicts are judged on these seeds only
     checked = [
-        _check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
+        _check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]", budget)
         for i, e in enumerate(expect)
     ]
     ids = [e.id for e in checked]
@@ -214,16 +220,25 @@ def check_report(
             f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` is used twice"
         )
     points = [_points(e, spec, grid_cells, f"{source}: report: expect[{i}] ({e.id})") for i, e in enumerate(checked)]
+    powers = []
     if n_seeds is not None:
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
-            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), points[i])
+            level = spec.alpha / max(tested, 1)
+            powers.append((e.id, power(e, n_seeds, budget, level if e.test != "interval" else 0.05, points[i])))
+            reason = cannot_fail(e, n_seeds, budget, level, points[i])
             if reason:
+                needed = seeds_needed(e, budget, level, points[i])
+                more = (
+                    f"; it would need {needed} judging seeds per arm"
+                    if needed is not None
+                    else "; no number of seeds would make it decidable"
+                )
                 raise ConfigError(
-                    f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
+                    f"{source}: report: expect[{i}] ({e.id}): {reason}{more}, or restate it as a claim that "
                     "some outcome of the runs would refute"
                 )
-    return dataclasses.replace(spec, expect=tuple(checked))
+    return dataclasses.replace(spec, expect=tuple(checked), power=tuple(powers))
 
 
 def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
@@ -343,6 +358,78 @@ def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
     return len(xs)
 
 
+def smallest_p(test: str, n: int) -> float:
+    """The smallest one-sided p an exact test reaches on n seeds per arm: n vs 0 of n
+    (McNemar's n discordant pairs all one way, the sign test's n ordered pairs, Fisher's n/n against 0/n)."""
+    return 1 / math.comb(2 * n, n) if test == "fisher" else 0.5**n
+
+
+MAX_SEEDS_SEARCHED = 100_000  # seeds_needed looks no further
+
+
+def seeds_needed(e: Expectation, budget: int | None, level: float, points: int = 1) -> int | None:
+    """The fewest judging seeds per arm with which the expectation could be both confirmed
+    and not confirmed (cannot_fail says ''); None if no number up to MAX_SEEDS_SEARCHED would."""
+    if cannot_fail(e, MAX_SEEDS_SEARCHED, budget, level, points):
+        return None
+    low, high = 1, MAX_SEEDS_SEARCHED  # cannot_fail is monotone in n: more seeds never make a claim less decidable
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if not cannot_fail(e, middle, budget, level, points) else (middle + 1, high)
+    return low
+
+
+def power(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> dict:
+    """What the claim's test can show on n judging seeds per arm, from the design alone (stated before
+    the runs): the smallest p it can reach, the level it is held to (alpha over the tested claims, the
+    strictest step of Holm's procedure), and the smallest effect that could confirm it there."""
+    out = {"test": e.test, "n": n, "level": level}
+    if e.test in ("mcnemar", "sign", "fisher"):
+        out["smallest_p"] = smallest_p(e.test, n)
+        if e.test == "fisher":
+            k = next((k for k in range(1, n + 1) if math.comb(n, k) / math.comb(2 * n, k) <= level), None)
+            out["smallest_effect"] = (
+                f"{k} of {n} against 0 of {n} (a difference of rates of {k / n:.2g})"
+                if k
+                else "none: no split of the seeds reaches the level"
+            )
+        else:
+            d = next((d for d in range(1, n + 1) if 0.5**d <= level), None)
+            pairs = "discordant pairs" if e.test == "mcnemar" else "pairs ordered by their times"
+            out["smallest_effect"] = (
+                f"{d} {pairs}, all in the claim's favour"
+                + (f" (a difference of rates of {d / n:.2g})" if e.test == "mcnemar" else "")
+                if d
+                else "none: no split of the seeds reaches the level"
+            )
+        return out
+    if e.stat in RATES and e.better_than is None:
+        bound = e.above if e.above is not None else e.below
+        wilson = lambda k: _wilson(k, n)  # noqa: E731
+        if e.above is not None:
+            k = next((k for k in range(n + 1) if wilson(k)[0] > bound), None)
+            out["smallest_effect"] = (
+                f"{k} of {n} seeds (its 95% interval then above {bound:g})" if k is not None else "none"
+            )
+        else:
+            k = next((k for k in range(n, -1, -1) if wilson(k)[1] < bound), None)
+            out["smallest_effect"] = (
+                f"at most {k} of {n} seeds (its 95% interval then below {bound:g})" if k is not None else "none"
+            )
+        return out
+    out["smallest_effect"] = "95% intervals wholly on the claimed side"
+    return out
+
+
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of k of n (attn.analysis.stats.wilson_interval's formula, which this layer
+    does not import; tests/test_verdicts_tests.py checks they agree)."""
+    z = NormalDist().inv_cdf(0.975)
+    p, z2 = k / n, z * z
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> str:
     """Why the expectation's rule could never give one of its verdicts,
     "not confirmed" or "confirmed", with `n` seeds per arm, a budget of
@@ -354,11 +441,12 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
     Bonferroni over its points: attn.analysis.verdicts.claim_p), a median
     time's range [0, budget], a loss's and a learning-rate sensitivity's [0, inf)."""
     never = {}  # verdict -> why it cannot happen
+    budget = e.budget if e.budget is not None else budget
     if e.better_than is not None:
         if e.better_than == e.arm:
             return "it compares an arm with itself"
         if e.test in ("mcnemar", "sign", "fisher"):
-            smallest = 0.5**n if e.test != "fisher" else 1 / math.comb(2 * n, n)  # n vs 0 of n
+            smallest = smallest_p(e.test, n)  # n vs 0 of n
             if smallest > level:
                 return (
                     f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
@@ -455,7 +543,9 @@ def _check_select(select, source: str) -> list[str]:
     return select
 
 
-def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> Expectation:
+def _check_expectation(
+    entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str, budget: int | None = None
+) -> Expectation:
     """One expectation of the file, checked against the grid and the report's layout."""
     _check_mapping(entry, EXPECTATION_KEYS, where_)
     for key in ("id", "claim", "stat", "arm"):
@@ -542,6 +632,16 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
             f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
             "edited after which runs"
         )
+    within = entry.get("budget")
+    if within is not None and (
+        integer_problem(within, ge=1) or (budget is not None and within > budget) or entry["stat"] == "lr_sensitivity"
+    ):
+        expected = (
+            "no budget: lr_sensitivity is measured at the end"
+            if entry["stat"] == "lr_sensitivity"
+            else f"a step from 1 to the experiment's budget, {budget}"
+        )
+        raise ConfigError(f"{where_}: budget: got {cut(repr(within))}; expected {expected}")
     return Expectation(
         entry["id"],
         str(entry["claim"]),
@@ -554,6 +654,7 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         bound.get("below"),
         test,
         edited.strip(),
+        within,
     )
 
 
@@ -608,7 +709,8 @@ def expectation_text(e: Expectation) -> str:
         else f"below {e.below:g}"
     )
     where = f"; where {dict(e.where)}" if e.where else ""
-    return f"{e.stat} of {dict(e.arm)} {rule}{where}; at {e.at}; test {e.test}; claim: {e.claim}"
+    within = f"; within {e.budget} steps" if e.budget is not None else ""  # absent: the digests of older claims hold
+    return f"{e.stat} of {dict(e.arm)} {rule}{where}{within}; at {e.at}; test {e.test}; claim: {e.claim}"
 
 
 def claims_record(spec: ReportSpec, seeds) -> dict:
@@ -629,7 +731,10 @@ def claims_record(spec: ReportSpec, seeds) -> dict:
     if spec.select_on is not None:
         section.update(select_on=list(spec.select_on), judge_on=list(spec.judge_on))
     text = json.dumps(section, sort_keys=True, default=str)
-    return {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+    record = {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+    if spec.power:  # stated before the runs beside the claims; outside the digest, which decides no verdict
+        record["power"] = {claim: dict(figures) for claim, figures in spec.power}
+    return record
 
 
 def claim_changes(frozen: dict, current: dict) -> dict:

@@ -323,7 +323,31 @@ def frozen_claims(experiment: Experiment) -> dict:
         "frozen_at": record.get("frozen_at"),
         "runs_before": record.get("runs_before", 0),
         "changes": report_spec.claim_changes(record, current),
+        "power": record.get("power") or {},
     }
+
+
+def power_lines(claims: dict) -> list[str]:
+    """Each claim's power as frozen with it before the runs (report_spec.power): a table, or nothing."""
+    rows = [
+        {
+            "claim": claim,
+            "test": figures.get("test"),
+            "judging seeds per arm": figures.get("n"),
+            "level": _fmt(figures.get("level")),
+            "smallest p it can reach": _fmt(figures.get("smallest_p")) if "smallest_p" in figures else "—",
+            "smallest effect that confirms it": figures.get("smallest_effect"),
+        }
+        for claim, figures in (claims.get("power") or {}).items()
+    ]
+    if not rows:
+        return []
+    return [
+        "Each claim's power, from the design alone, frozen with the claims before the runs:",
+        "",
+        rows_table(rows),
+        "",
+    ]
 
 
 def claims_lines(claims: dict) -> list[str]:
@@ -740,7 +764,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
         "",
     ]
     if judged:
-        text += ["## Expectations, judged", ""] + claims_lines(found.claims)
+        text += ["## Expectations, judged", ""] + claims_lines(found.claims) + power_lines(found.claims)
         for j in judged:
             text += expectation_lines(j, layout)
         text.append("")
