@@ -36,7 +36,7 @@ import numpy as np
 from attn import outcomes
 from attn.analysis import stats
 from attn.analysis.grouping import Run, canonical, load_runs
-from attn.config.loading import config_from_mapping
+from attn.config.loading import config_from_mapping, qk_gain
 from attn.config.yamlio import ConfigError
 from attn.model import mechanism
 from attn.model.head import score_scale
@@ -385,7 +385,8 @@ def collect(
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
-            cells[key] = CellResult(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
+            theory = math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * qk_gain(cell.config) ** 2
+            cells[key] = CellResult(dict(cell.settings), theory)
         if run.status in runs.FINISHED:
             cells[key].seeds.append(seed_of(run, cell.seed, threshold))
         else:

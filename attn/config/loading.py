@@ -287,6 +287,12 @@ def build_task(config: Config) -> RetrievalTask | CopyTask:
     return CopyTask(t.vocab_size, t.length, t.mode, t.shift)
 
 
+def qk_gain(config: Config) -> float:
+    """The init gain of W_q and W_k: model.qk_gain times d_k ** model.qk_gain_exponent."""
+    m = config.model
+    return m.qk_gain * m.d_k**m.qk_gain_exponent if m.qk_gain_exponent else m.qk_gain
+
+
 def build_spec(config: Config, task) -> ModelSpec:
     """The model's shape and options: the config's model section on the task's fields, length and classes."""
     m = config.model
@@ -303,7 +309,7 @@ def build_spec(config: Config, task) -> ModelSpec:
         mask_self=m.mask_self,
         residual=m.residual,
         positional=m.positional,
-        qk_gain=m.qk_gain,
+        qk_gain=qk_gain(config),
         v_gain=m.v_gain,
         o_gain=m.o_gain,
         readout_gain=m.readout_gain,

@@ -142,6 +142,15 @@ class ModelConfig:
         per_member=True,
         forkable=INIT_ONLY,
     )
+    qk_gain_exponent: float = F(
+        0.0,
+        "W_q and W_k start at gain qk_gain * d_k^e: e = -1/4 gives Var(q.k) = 1 at init without the scale, "
+        "a width-independent setting for experiments over d_k (issue 45's factorial)",
+        ge=-1,
+        le=1,
+        per_member=True,
+        forkable=INIT_ONLY,
+    )
     v_gain: float = F(1.0, "init gain of W_v", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
     o_gain: float = F(1.0, "init gain of W_o", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
     readout_gain: float = F(
