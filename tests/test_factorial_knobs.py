@@ -3,6 +3,7 @@ optim.qk_lr_exponent it re-expresses the scaled head exactly: scores s QK^T with
 scores of W' = W d_k^-1/4, and SGD at rate lr on W is SGD at rate lr d_k^-1/2 on W' (the same run, to rounding)."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,3 +54,14 @@ def test_unscaled_with_gain_and_rate_exponents_is_the_scaled_head(tmp_path):
     assert np.allclose(losses[0], losses[1], rtol=1e-9, atol=0), "the same run, to float64 rounding"
     assert not np.allclose(losses[0], losses[2], rtol=1e-3)
     assert math.isclose(scaled[0]["score_std"], same[0]["score_std"], rel_tol=1e-9)
+
+
+def test_reports_say_which_wide_cells_share_their_seeds_initial_draws():
+    """Issue 45 item 5: width-free cells drawn by the Bartlett decomposition start from the same deviates."""
+    from attn.experiment.spec import load_experiment
+    from attn.report.experiment_report import shared_draws_lines, shared_initial_draws
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    assert shared_initial_draws(load_experiment(root / "sqrt_dk.yaml", "/nonexistent")) == [65536, 1048576]
+    assert shared_initial_draws(load_experiment(root / "two_factors.yaml", "/nonexistent")) == []
+    assert shared_draws_lines([]) == [] and "65536, 1048576" in shared_draws_lines([65536, 1048576])[0]
