@@ -51,7 +51,9 @@ def train(state: RunState, stop: StopFlag | None = None) -> dict:
             fault = find_nonfinite(loss, grads, params)  # None, or what went non-finite
 
             # measure: every log_every steps, at the end, and whenever a value is non-finite
-            record = _measure(run, step, loss, grads, cache, batch) if run.logs(step) or fault is not None else None
+            record = (
+                _measure(run, step, loss, grads, cache, batch) if run.should_log(step) or fault is not None else None
+            )
             if config.logging.mechanism_step is not None and step in (0, config.logging.mechanism_step):
                 save_mechanism(state.run_dir, params, spec, state.eval_batch, buffers, step)
             if fault is not None:
@@ -59,7 +61,7 @@ def train(state: RunState, stop: StopFlag | None = None) -> dict:
                 state.nonfinite_steps += 1
 
             # stop: the last iteration only measures; a non-finite value ends the run if on_nonfinite = stop
-            ending = run.ending(step, fault)
+            ending = run.ending_at(step, fault)
             if ending is not None:
                 log_record(run, record, step)
                 finish_run(run, *ending, step)
@@ -78,7 +80,7 @@ def train(state: RunState, stop: StopFlag | None = None) -> dict:
             state.step = step + 1
 
             # checkpoint: every checkpoint_every updates, before the last iteration, and when asked to stop
-            if run.checkpoints(state.step) or stop.reason:
+            if run.should_checkpoint(state.step) or stop.reason:
                 state.wall_time = run.clock.elapsed()
                 save_checkpoint(state)
             if stop.reason:
