@@ -249,7 +249,7 @@ CLAIMS = [
 
 
 @pytest.fixture(scope="module")
-def tested(tmp_path_factory):
+def tested_report(tmp_path_factory):
     experiment = load(
         tmp_path_factory.mktemp("tested"),
         {"model.d_k": [16, 64], "model.scale": ["sqrt", "none"]},
@@ -261,8 +261,8 @@ def tested(tmp_path_factory):
     return report_of(experiment, figures=False)
 
 
-def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(tested):
-    by_id = {c["id"]: tested.expectation(c["id"]) for c in CLAIMS}
+def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(tested_report):
+    by_id = {c["id"]: tested_report.expectation(c["id"]) for c in CLAIMS}
     assert {i: j["test"] for i, j in by_id.items()} == {
         "learns-more-16": "mcnemar",
         "learns-more-16-fisher": "fisher",
@@ -294,29 +294,29 @@ def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(teste
     # the unscaled median not reached: known only to lie past its lower bound, so the ratio is at most 20 / that
     assert point["effect"]["name"] == "ratio of medians" and point["effect"]["bound"] == "at most"
     assert point["other_low"] == 100 and point["effect"]["value"] == pytest.approx(20 / 100)  # the budget
-    line = next(x for x in tested.md.splitlines() if x.startswith("- **stalls-less-64**"))
+    line = next(x for x in tested_report.md.splitlines() if x.startswith("- **stalls-less-64**"))
     assert "exact McNemar test on the seeds both arms ran, one-sided, Holm-corrected" in line
 
 
-def test_a_claim_edited_after_its_runs_says_so_in_the_report_and_its_paragraph(tested):
-    assert tested.expectation("wrong-way-64")["edited_after_runs"] == "turned around after the runs of abc1234"
-    assert "edited_after_runs" not in tested.expectation("faster-64")
-    lines = tested.md.splitlines()
+def test_a_claim_edited_after_its_runs_says_so_in_the_report_and_its_paragraph(tested_report):
+    assert tested_report.expectation("wrong-way-64")["edited_after_runs"] == "turned around after the runs of abc1234"
+    assert "edited_after_runs" not in tested_report.expectation("faster-64")
+    lines = tested_report.md.splitlines()
     i = next(n for n, x in enumerate(lines) if x.startswith("- **wrong-way-64**"))
     assert any(
         facts_in(x, "edited after runs", "not an independent test", "turned around after the runs of abc1234")
         for x in lines[i + 1 : i + 4]
         if "edited" in x
     )
-    assert "(`wrong-way-64`, not frozen, edited after its runs)" in tested.data["headline"]
+    assert "(`wrong-way-64`, not frozen, edited after its runs)" in tested_report.data["headline"]
 
 
-def test_a_median_not_reached_is_above_the_budget_and_loses_to_one_reached(tested):
+def test_a_median_not_reached_is_above_the_budget_and_loses_to_one_reached(tested_report):
     """The width bug: the unscaled arm at 0/10 has median '> budget', its interval [budget, inf), so the
     scaled arm's [10, 30] is apart from it and the interval rule confirms."""
-    [point] = tested.expectation("faster-64-interval")["points"]
+    [point] = tested_report.expectation("faster-64-interval")["points"]
     assert (point["other_value"], point["other_low"], point["other_high"]) == ("inf", 100.0, "inf")
-    assert point["high"] <= 30 and tested.expectation("faster-64-interval")["verdict"] == "confirmed"
+    assert point["high"] <= 30 and tested_report.expectation("faster-64-interval")["verdict"] == "confirmed"
 
 
 def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
@@ -342,8 +342,8 @@ def test_the_report_shows_how_the_counts_move_with_the_threshold(tmp_path):
     assert row == "| 16 | scale=sqrt | 10 | 10 / 0 / 0 | 6 / 4 / 0 | 6 / 4 / 0 | 4 / 0 / 0 | 0 / 0 |"
 
 
-def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdicts(tested):
-    text = tested.data["headline"]
+def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdicts(tested_report):
+    text = tested_report.data["headline"]
     assert text.startswith(
         "Scope: plain SGD; one attention head, one layer, no LayerNorm; d_model 64; 100 steps; 10 seeds per cell. "
     )
@@ -355,8 +355,8 @@ def test_the_paragraph_claims_only_what_was_tested_with_scope_effects_and_verdic
     assert "over 10 and 10 seeds" in text, "Fisher's test is not paired"
     assert text.endswith("Of 6 claims, 4 confirmed, 1 not confirmed, 1 inconclusive.")
     assert "/10" not in text and "stalled)" not in text, "per-cell counts stay in the tables"
-    assert "0/10 (10 stalled)" in tested.data["counts_summary"]
-    [point] = tested.expectation("learns-more-16")["points"]
+    assert "0/10 (10 stalled)" in tested_report.data["counts_summary"]
+    [point] = tested_report.expectation("learns-more-16")["points"]
     assert point["verdict"] == "inconclusive", "a point is held to its claim's Holm level (1/32 x 2 > 0.05)"
 
 
