@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from attn import optim
+from attn import optim, outcomes
 from attn.model import fast, mechanism
 from attn.store import arrayfiles, runs
 from attn.store.runstate import RunState, build_optimizer, save_checkpoint
@@ -224,7 +224,7 @@ def _summary_at_start(state: RunState) -> dict:
 
 
 def _finish(state: RunState, summary: dict, clock: _Clock, last_record, status: str, reason, end_step: int) -> dict:
-    """The final summary, written to summary.json once the records are on disk."""
+    """The final summary, written to summary.json once the records are on disk, with the run's outcome."""
     runs.sync_metrics(state.run_dir)
     final = ("step", "train_loss", "eval_loss", "eval_accuracy", "score_std", "attn_entropy", "saturated_frac")
     summary.update(
@@ -238,6 +238,11 @@ def _finish(state: RunState, summary: dict, clock: _Clock, last_record, status: 
         steps_per_sec=clock.rate_since_start(end_step),
         **runs.heartbeat_fields(),  # who wrote it: time, host, process
     )
+    outcome = outcomes.of_run(runs.read_metrics(state.run_dir), summary)  # learned, stalled, ...: attn.outcomes
+    if outcome is not None:  # a run that completed or diverged
+        detail = ("reached_step", "left_plateau_step", "sat_at", "slow_kind")
+        summary.update(outcome=outcome.outcome, outcome_said=outcome.said())
+        summary["outcome_detail"] = {name: getattr(outcome, name) for name in detail}
     runs.write_json(state.run_dir / "summary.json", summary)
     return summary
 
