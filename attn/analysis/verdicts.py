@@ -209,7 +209,7 @@ def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sen
         if expectation.test != "interval":
             t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
             point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
-            point.update(tested(expectation, mine, theirs))
+            point.update(compare_arms(expectation, mine, theirs))
             points.append(point)
             continue
         if other is not None:
@@ -302,7 +302,7 @@ def _good(stat: str, seed) -> bool:
     }[stat]
 
 
-def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
+def compare_arms(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     """One point of a tested claim: the one-sided p of "mine is better" and of
     the opposite, the counts, and the effect size with its 95% interval
     (a rate: mine minus theirs, Newcombe; a time: the ratio of medians,

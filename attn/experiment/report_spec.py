@@ -29,7 +29,7 @@ from statistics import NormalDist
 
 from attn.config.loading import integer_problem
 from attn.config.schema import Config
-from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, show_value
+from attn.config.yamlio import ConfigError, closest, did_you_mean, show_value, truncate
 
 REPORT_KEYS = (
     "x",
@@ -150,12 +150,12 @@ def check_report(
         ):
             expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
             raise ConfigError(
-                f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} ({', '.join(grid_keys)})"
+                f"{source}: report: {role}: got {truncate(repr(value))}; expected {expected} ({', '.join(grid_keys)})"
             )
         for name in names:
             if name not in grid_keys:
                 raise ConfigError(
-                    f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
+                    f"{source}: report: {role}: `{truncate(name)}` is not a key of the grid"
                     f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}"
                 )
             if name in role_of:
@@ -173,14 +173,14 @@ def check_report(
     if shared is not None and (best_of is None or shared not in grid_values.get(best_of, ())):
         values = ", ".join(map(str, grid_values.get(best_of, ()))) if best_of else "none: no best_of"
         raise ConfigError(
-            f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values ({values})"
+            f"{source}: report: shared: got {truncate(repr(shared))}; expected one of best_of's values ({values})"
         )
     expect = report.get("expect") or []
     if not isinstance(expect, list):
-        raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
+        raise ConfigError(f"{source}: report: expect: got {truncate(repr(expect))}; expected a list of expectations")
     sensitivity = report.get("sensitivity", False)
     if not isinstance(sensitivity, bool):
-        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false")
+        raise ConfigError(f"{source}: report: sensitivity: got {truncate(repr(sensitivity))}; expected true or false")
     if sensitivity and best_of is None:
         raise ConfigError(
             f"{source}: report: sensitivity: got true without a best_of; expected a best_of, the rate "
@@ -189,12 +189,14 @@ def check_report(
     lengths = report.get("lengths", [])
     if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(
-            f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
+            f"{source}: report: lengths: got {truncate(repr(lengths))}; expected a list of numbers of "
             f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]"
         )
     alpha = report.get("alpha", DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")
+        raise ConfigError(
+            f"{source}: report: alpha: got {truncate(repr(alpha))}; expected a level in (0, 1), e.g. 0.05"
+        )
     select_on, judge_on = _check_held_out(report, seeds, best_of, source)
     spec = ReportSpec(
         tuple(x),
@@ -255,7 +257,7 @@ def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
         )
     if best_of is None:
         raise ConfigError(
-            f"{source}: report: select_on: got {cut(repr(report['select_on']))} with no best_of; "
+            f"{source}: report: select_on: got {truncate(repr(report['select_on']))} with no best_of; "
             "expected a best_of for the selection seeds to choose"
         )
     known = list(seeds) if seeds is not None else None
@@ -271,14 +273,14 @@ def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
         ):
             accepted = f"({', '.join(map(str, known))})" if known is not None else ""
             raise ConfigError(
-                f"{source}: report: {key}: got {cut(repr(value))}; expected a non-empty list of "
+                f"{source}: report: {key}: got {truncate(repr(value))}; expected a non-empty list of "
                 f"distinct seeds of the file's `seeds` {accepted}".rstrip()
             )
         checked[key] = tuple(value)
     both = sorted(set(checked["select_on"]) & set(checked["judge_on"]))
     if both:
         raise ConfigError(
-            f"{source}: report: judge_on: got {cut(repr(report['judge_on']))}, sharing seed(s) "
+            f"{source}: report: judge_on: got {truncate(repr(report['judge_on']))}, sharing seed(s) "
             f"{', '.join(map(str, both))} with select_on; expected seeds disjoint from select_on"
         )
     return checked["select_on"], checked["judge_on"]
@@ -514,11 +516,11 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
 def _check_mapping(value, keys: tuple, where_: str) -> None:
     """A mapping whose keys are all of `keys`, or one line naming what is not."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
+        raise ConfigError(f"{where_}: got {truncate(repr(value))}; expected a mapping with keys {', '.join(keys)}")
     for key in value:
         if key not in keys:
             raise ConfigError(
-                f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
+                f"{where_}: unknown key `{truncate(str(key))}`{did_you_mean(*closest(key, keys))}; "
                 f"expected {', '.join(keys)}"
             )
 
@@ -530,14 +532,14 @@ def _names(value) -> list[str]:
 def _check_select(select, source: str) -> list[str]:
     if not isinstance(select, list) or not select or not all(isinstance(c, str) for c in select):
         raise ConfigError(
-            f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
+            f"{source}: report: select: got {truncate(repr(select))}; expected a list of criteria such as "
             f"[{', '.join(DEFAULT_SELECT)}]"
         )
     for criterion in select:
         direction, _, figure = criterion.partition(" ")
         if direction not in ("max", "min") or figure not in SELECTION_FIGURES:
             raise ConfigError(
-                f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
+                f"{source}: report: select: got {truncate(repr(criterion))}; expected 'max <figure>' or "
                 f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}"
             )
     return select
@@ -553,10 +555,10 @@ def _check_expectation(
             raise ConfigError(f"{where_}: missing `{key}`")
     if not isinstance(entry["id"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", entry["id"]):
         raise ConfigError(
-            f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
+            f"{where_}: id: got {truncate(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
         )
     if entry["stat"] not in STATS:
-        raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
+        raise ConfigError(f"{where_}: stat: got {truncate(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
     if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:
         raise ConfigError(f"{where_}: stat: lr_sensitivity needs `sensitivity: true` in the report section")
     arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
@@ -576,13 +578,13 @@ def _check_expectation(
         if key in entry:
             value = entry[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{where_}: {key}: got {cut(repr(value))}; expected a number")
+                raise ConfigError(f"{where_}: {key}: got {truncate(repr(value))}; expected a number")
             bound[key] = float(value)
     at = entry.get("at", "best")
     accepted_at = ["best"] + (["shared"] if spec.shared is not None else []) + (["every"] if spec.best_of else [])
     if at not in accepted_at:
         raise ConfigError(
-            f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
+            f"{where_}: at: got {truncate(repr(at))}; expected {' or '.join(accepted_at)}"
             + ("" if spec.shared is not None else " (the report has no `shared` value)")
         )
     if at == "every" and entry["stat"] == "lr_sensitivity":
@@ -597,18 +599,20 @@ def _check_expectation(
         )
     where = entry.get("where") or {}
     if not isinstance(where, dict):
-        raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")
+        raise ConfigError(
+            f"{where_}: where: got {truncate(repr(where))}; expected a mapping of x key -> list of values"
+        )
     checked_where = []
     for key, values in where.items():
         if key not in spec.x:
             raise ConfigError(
-                f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected {', '.join(spec.x)}"
+                f"{where_}: where: `{truncate(str(key))}` is not an x key of the report; expected {', '.join(spec.x)}"
             )
         values = values if isinstance(values, list) else [values]
         unknown = [v for v in values if v not in grid_values[key]]
         if unknown or not values:
             raise ConfigError(
-                f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
+                f"{where_}: where: {key}: got {truncate(repr(unknown or values))}; expected values of the "
                 f"grid ({', '.join(map(str, grid_values[key]))})"
             )
         checked_where.append((key, tuple(values)))
@@ -623,13 +627,13 @@ def _check_expectation(
     ]
     if test not in accepted:
         raise ConfigError(
-            f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
+            f"{where_}: test: got {truncate(repr(test))}; expected one of {', '.join(accepted)} for "
             f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}"
         )
     edited = entry.get("edited_after_runs", "")
     if "edited_after_runs" in entry and (not isinstance(edited, str) or not edited.strip() or "\n" in edited.strip()):
         raise ConfigError(
-            f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
+            f"{where_}: edited_after_runs: got {truncate(repr(edited))}; expected one line saying what was "
             "edited after which runs"
         )
     within = entry.get("budget")
@@ -641,7 +645,7 @@ def _check_expectation(
             if entry["stat"] == "lr_sensitivity"
             else f"a step from 1 to the experiment's budget, {budget}"
         )
-        raise ConfigError(f"{where_}: budget: got {cut(repr(within))}; expected {expected}")
+        raise ConfigError(f"{where_}: budget: got {truncate(repr(within))}; expected {expected}")
     return Expectation(
         entry["id"],
         str(entry["claim"]),
@@ -664,14 +668,14 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_:
     optional = [k for k in spec.arm if k in partial_keys]
     if not isinstance(value, dict) or not set(spec.arm) - set(optional) <= set(value) <= set(spec.arm):
         raise ConfigError(
-            f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
+            f"{where_}: got {truncate(repr(value))}; expected a mapping giving each arm key "
             f"({', '.join(spec.arm)}) one of its grid values"
             + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)" if optional else "")
         )
     for key, v in value.items():
         if v not in grid_values[key]:
             raise ConfigError(
-                f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}"
+                f"{where_}: {key}: got {truncate(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}"
             )
     return tuple((k, value.get(k)) for k in spec.arm)
 
