@@ -532,8 +532,8 @@ class Board:
                     "reason": run.summary.get("reason"),
                     "outcome": read.outcome.get("outcome"),  # attn.outcomes' class; None while it runs
                     "outcome_said": read.outcome.get("outcome_said"),
-                    "references": run.summary.get("references")
-                    or {},  # the task's plateau levels, as the run wrote them
+                    # the task's plateau levels (chance, no retrieval) as the run wrote them: the chart's lines
+                    "references": run.summary.get("references") or {},
                     "settings": {k: format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                     "values": used,  # as in config.yaml, for the filter's numeric comparisons
                     **read.figures,
