@@ -537,9 +537,10 @@
     context.save();
     context.font = `${11 * ratio}px system-ui, sans-serif`;
     context.textAlign = "right";
-    context.textBaseline = "bottom";
-    for (const line of lines) {
-      const y = u.valToPos(line.level, "y", true);
+    let lastLabel = -Infinity;  // the lowest label written so far (canvas y): a label that would touch it goes below its line
+    const placed = lines.map((line) => ({...line, y: u.valToPos(line.level, "y", true)})).sort((a, b) => a.y - b.y);
+    for (const line of placed) {
+      const y = line.y;
       if (!Number.isFinite(y) || y < top || y > top + height) continue;
       context.strokeStyle = line.stroke;
       context.lineWidth = 1.2 * ratio;
@@ -549,11 +550,15 @@
       context.lineTo(left + width, y);
       context.stroke();
       context.setLineDash([]);
+      const below = y - 14 * ratio < lastLabel;
+      context.textBaseline = below ? "top" : "bottom";
+      const at = below ? y + 2 * ratio : y - 2 * ratio;
+      lastLabel = below ? at + 12 * ratio : at;
       context.lineWidth = 3 * ratio;
       context.strokeStyle = "rgba(255,255,255,0.9)";
-      context.strokeText(line.text, left + width - 4 * ratio, y - 2 * ratio);
+      context.strokeText(line.text, left + width - 4 * ratio, at);
       context.fillStyle = "#333";
-      context.fillText(line.text, left + width - 4 * ratio, y - 2 * ratio);
+      context.fillText(line.text, left + width - 4 * ratio, at);
     }
     context.restore();
   }
@@ -892,7 +897,7 @@
     renderOnChange("hp-columns", state.data.columns, () => {
       const columns = state.data.columns.map((c) => [c.key, c.name]);
       choose($("hp-x"), columns, columns[0]?.[0]);
-      choose($("color-by"), [["none", "— (a colour per curve)"], ...columns], $("group-by").value || varyingSetting() || "none");
+      choose($("color-by"), [["none", "— (per curve)"], ...columns], $("group-by").value || varyingSetting() || "none");
     });
   }
 
