@@ -11,6 +11,7 @@ as configs/wide.yaml and configs/wide_unscaled.yaml do."""
 import math
 import os
 import re
+import shutil
 import socket
 import time
 
@@ -133,10 +134,10 @@ def test_with_nothing_ticked_the_page_draws_the_runs_with_their_reference_lines(
 def test_with_nothing_ticked_many_runs_the_newest_are_drawn_and_the_page_says_so(browser, tmp_path):  # noqa: F811
     n = int(re.search(r"const DEFAULT_RUNS = (\d+);", (STATIC_DIR / "board.js").read_text()).group(1))
     root = tmp_path / "runs"
-    for i in range(n + 2):  # run-0 and run-1 the least recently updated
-        write_run(
-            root / f"run-{i}", f"seed={i}", records=[record(s, "none", i) for s in (0, 10, 20)], updated_at=1e9 + i
-        )
+    first = write_run(root / "run-0", records=[record(s, "none", 0) for s in (0, 10, 20)], updated_at=1e9)
+    for i in range(1, n + 2):  # copies of one run (one group): run-0 and run-1 the least recently updated
+        shutil.copytree(first, root / f"run-{i}")
+        runs.write_json(root / f"run-{i}" / "summary.json", {**runs.read_summary(first), "updated_at": 1e9 + i})
     with serving(data.Board([root])) as httpd:
         open_page(browser, httpd.url, n + 2)
         wait_for(browser, lambda: chart(browser)["series"] == str(n))
@@ -185,8 +186,13 @@ def test_loss_charts_draw_the_runs_chance_and_no_retrieval_levels_inside_the_axe
 
 def test_gradient_norms_and_update_ratios_are_drawn_on_a_log_axis_by_default(browser, pair):  # noqa: F811
     with serving(data.Board([pair])) as httpd:
+        open_page(browser, httpd.url + "?runs=all", 4)
         for metric, log in (("grad_norm/W_q", "true"), ("update_ratio/W_q", "true"), ("eval_accuracy", "false")):
-            open_page(browser, httpd.url + f"?runs=all&metric={metric}", 4)
+            browser.execute_script(
+                "const s = document.getElementById('metric'); s.value = arguments[0];"
+                "s.dispatchEvent(new Event('change'))",
+                metric,
+            )
             wait_for(browser, lambda: chart(browser).get("metric") == metric and chart(browser)["series"] == "4")
             assert chart(browser)["log"] == log, metric
         assert errors_logged(browser) == []
