@@ -131,6 +131,17 @@ def test_with_nothing_ticked_the_page_draws_the_runs_with_their_reference_lines(
     assert errors_logged(browser) == []
 
 
+def test_the_y_range_holds_every_run_from_its_first_logged_step(browser, pair):  # noqa: F811
+    """The stalled pair alone: its bulk spans a hair around chance, and step 0's loss (3.7) stays inside the axes."""
+    board = data.Board([pair])
+    ids = ids_by_name(board)
+    with serving(board) as httpd:
+        open_page(browser, httpd.url + f"?runs={ids['wide/unscaled-s0']},{ids['wide/unscaled-s1']}&metric=eval_loss", 4)
+        wait_for(browser, lambda: chart(browser)["series"] == "2")
+        assert float(chart(browser)["yhigh"]) >= loss_at(0, "none", 0)
+        assert errors_logged(browser) == []
+
+
 def test_with_nothing_ticked_many_runs_the_newest_are_drawn_and_the_page_says_so(browser, tmp_path):  # noqa: F811
     n = int(re.search(r"const DEFAULT_RUNS = (\d+);", (STATIC_DIR / "board.js").read_text()).group(1))
     root = tmp_path / "runs"

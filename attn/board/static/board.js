@@ -417,13 +417,14 @@
       return out;
     };
     const present = (values) => values.filter((v) => v != null);
-    const data = [xs], series = [{}], bands = [], bulk = [], tails = [], crosses = [];
+    const data = [xs], series = [{}], bands = [], bulk = [], tails = [], crosses = [], starts = [];
     let points = 0;
     const value = (u, v) => board.formatNumber(v);
     curves.forEach((curve, c) => {
       const mean = column(curve, curve.band.mean, breaks[c]);
       points += present(mean).length;
       (curve.allDiverged ? tails : bulk).push(present(mean));
+      if (!curve.allDiverged && present(mean).length) starts.push(present(mean)[0]);  // where the run began
       if (curve.raw) {  // faint, behind the smoothed curve; the hover shows both
         const raw = new Array(xs.length).fill(undefined);
         curve.raw.xs.forEach((x, i) => {
@@ -459,6 +460,11 @@
     // the y range: from the bulk of what is drawn (curves that did not all diverge), or everything
     const everything = $("y-all").checked;
     let limits = board.robustLimits(bulk.some((a) => a.length) && !everything ? bulk : bulk.concat(tails), log, !everything);
+    if (limits && starts.length) {  // the whole run from its first logged step: its start is never cut off the top
+      const [low, high] = limits, top = Math.max(...starts), bottom = Math.min(...starts);
+      limits = log ? [Math.min(low, bottom / 1.05), Math.max(high, top * 1.05)]
+        : [Math.min(low, bottom - 0.02 * (high - low)), Math.max(high, top + 0.02 * (high - low))];
+    }
     const referenceLines = [];
     for (const [key, level] of Object.entries(references)) {
       if (log && !(level > 0)) continue;
