@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.config.yamlio import article
+from attn.config.yamlio import indefinite_article
 from attn.store import runs
 
 MAX_ARRAYS_BYTES = 256 << 20  # attention.npz (and any other array file but the checkpoint, whose cap is computed)
@@ -101,7 +101,8 @@ def _check_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, l
     declares = f"its header declares {dtype}{list(shape)}, {nbytes} bytes"
     if nbytes > limit:
         raise runs.RunError(
-            f"{path}: refused: array {key!r}: {declares}, more than {article(what)} {what} holds (limit {limit})"
+            f"{path}: refused: array {key!r}: {declares}, more than {indefinite_article(what)} {what} holds "
+            f"(limit {limit})"
         )
     if nbytes != held:
         raise runs.RunError(f"{path}: refused: array {key!r} is damaged: {declares}, but {held} follow it")
