@@ -166,10 +166,10 @@ def with_default_sigint() -> None:
 
 
 def interrupt_trials(project: Path, command: list[str], trials: int) -> tuple[int, list[tuple[float, int, str]]]:
-    """`command` (in its own session) stopped by SIGINT at `trials` moments spread over an uninterrupted run's
-    length, each from no .venv; after each, the same command again: (how many of the trials the SIGINT cut
-    short, and (moment, its exit, what failed) for every trial whose second run failed or left a venv that
-    does not work)."""
+    """`command` (in its own session) stopped by SIGINT at `trials` moments spread over the length of a whole
+    run (the last whole one: the machine's load changes), each from no .venv; after each, the same command
+    again: (how many of the trials the SIGINT cut short, and (moment, its exit, what failed) for every trial
+    whose second run failed or left a venv that does not work)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     started = time.monotonic()
     assert subprocess.run(command, cwd=project, env=env, capture_output=True, timeout=600).returncode == 0
@@ -190,8 +190,12 @@ def interrupt_trials(project: Path, command: list[str], trials: int) -> tuple[in
         time.sleep(moment)
         if cut.poll() is None:
             os.killpg(cut.pid, signal.SIGINT)
-        cut_short += cut.wait(timeout=600) != 0
+        stopped = cut.wait(timeout=600) != 0
+        cut_short += stopped
+        started = time.monotonic()
         again = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        if stopped and again.returncode == 0:  # a whole run from no venv: the length of the next trials' runs
+            length = time.monotonic() - started
         if again.returncode != 0 or not venv_works(project):
             failed.append((round(moment, 2), again.returncode, again.stderr.strip()[-200:]))
     return cut_short, failed
