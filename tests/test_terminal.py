@@ -44,8 +44,10 @@ def test_attn_cli_writes_only_through_say():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                stream = name == "write" and any(
-                    s in ast.unparse(node.func.value) for s in ("stdout", "stderr", "bar")
+                stream = (
+                    isinstance(node.func, ast.Attribute)
+                    and name == "write"
+                    and any(s in ast.unparse(node.func.value) for s in ("stdout", "stderr", "bar"))
                 )  # a stream or a progress bar, not a library function named write
                 inside_say = path.name == "common.py" and name == "print" and _in_function(path, node, "say")
                 escaped = bool(node.args) and getattr(getattr(node.args[0], "func", None), "id", "") == "terminal_text"
