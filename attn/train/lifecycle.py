@@ -295,8 +295,9 @@ def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     runs.read_run_config(run_dir, complete=True)
     logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
-    if (run_dir / "attention.npz").exists():
-        arrayfiles.load_arrays(run_dir / "attention.npz")
+    for snapshot in ("attention.npz", "mechanism.npz", loop.MECHANISM_TRACE):  # each added to as the run goes on
+        if (run_dir / snapshot).exists():
+            arrayfiles.load_arrays(run_dir / snapshot)
     last = runstate.checkpoint_file(run_dir)
     try:
         state = runstate.prepare(config, run_dir, resume=last.exists())
@@ -430,7 +431,7 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
     """The fork's run directory (new_run; default name <source>-fork-<step>),
     made a copy of its source at the fork's step before its config.yaml is
     written: the checkpoint (as the fork's own), the records before that step,
-    the attention snapshot at step 0 and the mechanism measurements before it."""
+    the attention snapshot at step 0 and the mechanism measurements (and their trace) before it."""
 
     def fill(run_dir: Path) -> None:
         runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
@@ -439,7 +440,10 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
         runs.truncate_metrics(run_dir, plan.step)
         for snapshot, kept in (
             ("attention.npz", lambda key: key != "attn_final"),
-            ("mechanism.npz", lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step),
+            *(
+                (name, lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step)
+                for name in ("mechanism.npz", loop.MECHANISM_TRACE)
+            ),
         ):
             if (plan.source / snapshot).exists():
                 arrays = arrayfiles.load_arrays(plan.source / snapshot)
