@@ -436,7 +436,9 @@ def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=Non
     return drawn
 
 
-def training_mechanism_figure(name: str, records: list[dict], summary: dict, rows: dict, theory: float | None) -> Figure:
+def training_mechanism_figure(
+    name: str, records: list[dict], summary: dict, rows: dict, theory: float | None
+) -> Figure:
     """Score std against s·√d_k·g², the saturated rows, and ‖∇W_q‖ of saturated and other rows, over training."""
     fig = Figure(figsize=(13, 4.3))
     axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
