@@ -5,6 +5,7 @@
     attn train --fork RUN_DIR[@STEP] [key=value ...] [--name NAME]   a new run from its checkpoint
     attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
     attn plot RUN_DIR ...                     redraw a run's figures
+    attn demo [key=value ...] [--runs-dir D]  the scaled head and its unscaled twin, trained, in one figure
     attn sweep EXPERIMENT [--workers N]       run an experiment's grid, then its report
     attn sweep CONFIG --grid KEY=V1,V2 ... [--seeds 0-4] [--name N] [key=value ...]
     attn report EXPERIMENT                    rewrite an experiment's report
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OVERRIDE_COMMANDS = ("train", "config", "sweep", "report")  # the commands that take key=value overrides
+OVERRIDE_COMMANDS = ("train", "config", "sweep", "report", "demo")  # the commands that take key=value overrides
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:

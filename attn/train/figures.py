@@ -371,6 +371,25 @@ def draw_attention(ax, weights: np.ndarray, target_mask: np.ndarray, target_key:
     return image
 
 
+def draw_query_rows(ax, data: dict[str, np.ndarray], moment: str):
+    """Where each example's query looks: with one target row per example
+    (retrieval), that row of every example shown, one above the other; else
+    example 0's whole map. The key each should read circled in red. Returns
+    (image, what is shown, in words)."""
+    mask, keys = data["target_mask"], data["target_key"]  # (n, T), (n, T)
+    if not (mask.sum(axis=1) == 1).all():
+        return draw_attention(ax, data[moment][0], mask[0], keys[0]), "example 0"
+    rows = np.argmax(mask, axis=1)  # (n,): each example's query position
+    examples = np.arange(len(rows))
+    image = ax.imshow(data[moment][examples, rows], vmin=0, vmax=1, cmap="viridis", aspect="auto")  # (n, T)
+    ax.scatter(keys[examples, rows], examples, s=60, facecolors="none", edgecolors="red", linewidths=1.2)
+    ax.set_yticks(examples)
+    ax.set_xlabel("key position", fontsize=7)
+    ax.set_ylabel("eval example", fontsize=7)
+    ax.tick_params(labelsize=6)
+    return image, f"the query of {len(rows)} eval examples"
+
+
 def attention_figure(name: str, data: dict[str, np.ndarray]) -> Figure:
     moments = [k for k in ("attn_init", "attn_final") if k in data]
     n = data[moments[0]].shape[0]
@@ -470,9 +489,10 @@ def training_mechanism_figure(
 def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], title: str) -> Figure:
     """Runs that differ in one setting, on one page: eval loss from step 0 with
     the chance and no-retrieval levels; score std against s·√d_k·g²; the
-    saturated rows; the median row's ‖∇W_q‖, saturated and other; and each
-    run's attention on its first eval example at init and at the end. `labels`
-    name each run (its outcome in them), `colors` draw it."""
+    saturated rows; the median row's ‖∇W_q‖, saturated and other; and where
+    each run's queries look at init and at the end. `labels`
+    name each run (its outcome in them), `colors` draw it. The attention:
+    each example's query row (draw_query_rows), at init and at the end."""
     fig = Figure(figsize=(4.0 * max(4, 2 * len(run_dirs)), 9.0))
     grid = fig.add_gridspec(2, max(4, 2 * len(run_dirs)), height_ratios=(1.15, 1.0))
     loss, std, saturated, gradient = (fig.add_subplot(grid[0, i]) for i in range(4))
@@ -524,11 +544,12 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
                 ax.text(0.5, 0.5, "no attention snapshot", transform=ax.transAxes, ha="center", fontsize=8)
                 ax.set_axis_off()
                 continue
-            image = draw_attention(ax, attention[moment][0], attention["target_mask"][0], attention["target_key"][0])
+            image, shown = draw_query_rows(ax, attention, moment)
             when = "at init (step 0)" if moment == "attn_init" else "at the end"
-            ax.set_title(wrapped(f"{label.split(':')[0]}, {when}", 3.6, 8), fontsize=8)
+            ax.set_title(wrapped(f"{label.split(' (')[0]}, {when}: {shown}", 3.6, 8), fontsize=8)
     if image is not None:
-        fig.colorbar(image, ax=fig.axes[4:], shrink=0.8, label="attention weight (red ○: the key to read)")
+        colorbar = fig.add_axes((0.945, 0.16, 0.008, 0.3))
+        fig.colorbar(image, cax=colorbar, label="attention weight (red ○: the key to read)")
     handles, texts = {}, []
     for ax in (loss, std, gradient):
         for handle, text in zip(*ax.get_legend_handles_labels()):

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from attn import outcomes
 from attn.config.loading import build_spec, build_task, check_run_name, flatten_config, load_run_config
-from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
+from attn.config.schema import Config, fork_keys, neutral_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
 from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
@@ -185,6 +188,28 @@ def config_of(run_dir: Path) -> Config:
         return load_run_config(Path(run_dir) / "config.yaml")
     except ConfigError as err:
         raise ConfigError(f"{err}; move the run directory away") from None
+
+
+def finished_run(config: Config, runs_dir: Path, name: str) -> Path | None:
+    """The newest run in runs_dir named `name` or `name-N` that ended (completed
+    or diverged: attn.outcomes.ENDED) with this config, neutral keys aside, and
+    holds every snapshot the config asks for: a run `attn demo` reuses rather
+    than trains again. None if there is none; a damaged run is passed over."""
+    found = []
+    for candidate in Path(runs_dir).glob(f"{glob.escape(name)}*"):
+        if candidate.name != name and not re.fullmatch(re.escape(name) + r"-\d+", candidate.name):
+            continue
+        try:
+            if (runs.read_summary(candidate) or {}).get("status") not in outcomes.ENDED:
+                continue
+            if config_difference(config_of(candidate), config, ignore=neutral_keys()):
+                continue
+        except (runs.RunError, ConfigError):
+            continue
+        if config.logging.mechanism_trace and not (candidate / loop.MECHANISM_TRACE).exists():
+            continue  # made before runs traced their rows: its mechanism figure would lack them
+        found.append(candidate)
+    return max(found, key=lambda run: (run / "summary.json").stat().st_mtime) if found else None
 
 
 def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
