@@ -292,3 +292,15 @@ def test_the_demo_trains_the_pair_and_draws_one_figure_with_both_outcomes(demo):
 def test_a_second_demo_reuses_the_runs_it_made(demo):
     out, _ = demo
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["wide", "wide_unscaled"]
+
+
+def test_a_sweep_traces_the_rows_only_where_it_draws_each_run_or_is_asked_to(tmp_path):
+    from attn.experiment import spec
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    path = tmp_path / "e.yaml"
+    path.write_text("name: e\nbase: base.yaml\ngrid: {optim.lr: [0.1]}\nseeds: [0]\n")
+    cells = {plots: spec.load_experiment(path, plots=plots).cells[0] for plots in (False, True)}
+    assert {plots: cell.config.logging.mechanism_trace for plots, cell in cells.items()} == {False: False, True: True}
+    path.write_text(path.read_text() + "overrides: {logging.mechanism_trace: true}\n")
+    assert spec.load_experiment(path, plots=False).cells[0].config.logging.mechanism_trace
