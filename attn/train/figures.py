@@ -15,11 +15,12 @@ so any run, finished or not, can be re-plotted: `python -m attn plot runs/<run>`
 and demo_figure: runs that differ in one setting (`attn demo`: the scaled head
 and its unscaled twin) on one page, their outcomes in the legend.
 
-Axes. A y range holds the bulk of a curve (attn.store.runs.robust_limits: a
-diverged tail does not flatten the rest), its value at step 0 and the
-reference lines (hold). A log axis spanning few decades is labelled in plain
-numbers (label_log_axis), so a curve at chance never reads as falling. A
-value of 0, which no log axis can show, is a ▼ at the axis' foot (a float32
+Axes. A y range holds every value drawn, or for a run that went non-finite
+the bulk of them (attn.store.runs.robust_limits: a diverged tail does not
+flatten the rest), and always the value at step 0 and the reference lines
+(hold). A log axis spanning few decades is labelled in plain numbers
+(label_log_axis), so a curve at chance never reads as falling. A value of
+0, which no log axis can show, is a ▼ at the axis' foot (a float32
 gradient through a saturated row is exactly 0).
 
 Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
@@ -67,10 +68,9 @@ def plot_run(run_dir: Path) -> list[Path]:
     attention = read_attention(run_dir / "attention.npz") if (run_dir / "attention.npz").exists() else None
     rows = read_mechanism_rows(run_dir)
     model = runs.read_config_dict(run_dir).get("model") or {}
-    diverged = summary.get("status") == "diverged"
     figures = {
         "loss.png": loss_figure(run_dir.name, records, summary),
-        "diagnostics.png": diagnostics_figure(run_dir.name, records, diverged),
+        "diagnostics.png": diagnostics_figure(run_dir.name, records, summary),
         "mechanism.png": training_mechanism_figure(run_dir.name, records, summary, rows, theory_score_std(model)),
     }
     if attention is not None:
@@ -281,9 +281,20 @@ def plain_number(value: float) -> str:
     return f"$10^{{{exponent}}}$" if mantissa == "1" else f"${mantissa}\\times10^{{{exponent}}}$"
 
 
-def set_limits(ax, drawn: list, held, log: bool) -> None:
-    """The y range: the bulk of what is drawn, holding the values in `held`; a log axis labelled to read."""
-    limits = hold(robust_limits(drawn, log), held, log)
+def went_non_finite(summary: dict, records: list[dict]) -> bool:
+    """Whether the run diverged or skipped a non-finite step: its values may have grown by orders of magnitude."""
+    return (
+        summary.get("status") == "diverged"
+        or bool(summary.get("nonfinite_steps"))
+        or any("nonfinite" in r for r in records)
+    )
+
+
+def set_limits(ax, drawn: list, held, log: bool, robust: bool) -> None:
+    """The y range: every value drawn, or with `robust` (a run that went
+    non-finite) their bulk (robust_limits), holding the values in `held`
+    either way; a log axis labelled to read."""
+    limits = hold(robust_limits(drawn, log, robust), held, log)
     if limits:
         ax.set_ylim(*limits)
     if log:
@@ -309,7 +320,8 @@ def loss_figure(name: str, records: list[dict], summary: dict) -> Figure:
     references = summary.get("references", {})
     draw_references(ax, references)
     levels = [v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None]
-    set_limits(ax, drawn, first_values(records, ("train_loss", "eval_loss")) + levels, log=True)
+    held = first_values(records, ("train_loss", "eval_loss")) + levels
+    set_limits(ax, drawn, held, log=True, robust=went_non_finite(summary, records))
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title(wrapped(run_title(name, summary), 7), fontsize=TITLE_POINTS)
@@ -318,8 +330,9 @@ def loss_figure(name: str, records: list[dict], summary: dict) -> Figure:
     return fig
 
 
-def diagnostics_figure(name: str, records: list[dict], diverged: bool = False) -> Figure:
+def diagnostics_figure(name: str, records: list[dict], summary: dict) -> Figure:
     """Score std, attention entropy, saturated rows and ‖∇W_q‖, ‖∇W_k‖ (log), from step 0."""
+    diverged, robust = summary.get("status") == "diverged", went_non_finite(summary, records)
     fig = Figure(figsize=(10, 6.5))
     panels = [
         ("score_std", "std of scores s·q·k", "linear"),
@@ -352,7 +365,7 @@ def diagnostics_figure(name: str, records: list[dict], diverged: bool = False) -
         if yscale == "fraction":
             ax.set_ylim(-0.03, 1.03)
         else:
-            set_limits(ax, values, first_values(records, keys), log)
+            set_limits(ax, values, first_values(records, keys), log, robust)
         ax.grid(True, which="both" if log else "major", alpha=0.25)
         if len(ax.get_legend_handles_labels()[0]) > 1:
             one_legend(ax, fontsize=8)
@@ -464,7 +477,8 @@ def training_mechanism_figure(
     last = max([r["step"] for r in records] + list(rows) + [1])
     ax = axes[0]
     ax.set_yscale("log")
-    set_limits(ax, draw_score_std(ax, records, theory), [], log=True)
+    robust = went_non_finite(summary, records)
+    set_limits(ax, draw_score_std(ax, records, theory), [], log=True, robust=robust)
     ax.set_title("std of the scores s·q·k (dashed: s·√d_k·g², at init in theory)", fontsize=8.5)
     ax = axes[1]
     draw_series(ax, records, "saturated_frac", "saturated rows", log=False)
@@ -472,7 +486,7 @@ def training_mechanism_figure(
     ax.set_title("saturated rows: largest attention weight > 0.99", fontsize=8.5)
     ax = axes[2]
     ax.set_yscale("log")
-    set_limits(ax, draw_row_gradients(ax, rows, records), [], log=True)
+    set_limits(ax, draw_row_gradients(ax, rows, records), [], log=True, robust=robust)
     ax.set_title("‖∇W_q‖: the whole, and one row's share (median)", fontsize=8.5)
     if not rows:
         ax.text(0.5, 0.5, "no row measured\n(logging.mechanism_step null)", transform=ax.transAxes, ha="center")
@@ -522,9 +536,10 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
         last = max([last] + [r["step"] for r in records])
     draw_references(loss, references)
     held += [v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None]
-    set_limits(loss, drawn["loss"], held, log=True)
-    set_limits(std, drawn["std"], [], log=True)
-    set_limits(gradient, drawn["gradient"], [], log=True)
+    robust = any(went_non_finite(summary, records) for records, summary, *_ in runs_read)
+    set_limits(loss, drawn["loss"], held, log=True, robust=robust)
+    set_limits(std, drawn["std"], [], log=True, robust=robust)
+    set_limits(gradient, drawn["gradient"], [], log=True, robust=robust)
     saturated.set_ylim(-0.03, 1.03)
     loss.set_xlabel("step")
     loss.set_ylabel("eval loss (nats)")
