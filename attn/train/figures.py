@@ -45,6 +45,7 @@ from attn.train.loop import MECHANISM_TRACE
 
 REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrieval", "--", "0.55")}
 ZERO_LABEL = "▼ 0 (below any log axis)"
+ROW_KINDS = ("other", "saturated")  # mechanism.summary's grad_W_q_median_<kind>
 LABELLED_DECADES = 3  # a log axis holding fewer whole powers of ten than this is labelled in plain numbers
 TITLE_POINTS = 9
 
@@ -448,7 +449,7 @@ def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=Non
     drawn = []
     if whole:
         drawn += draw_series(ax, records, "grad_norm/W_q", "whole ‖∇W_q‖ (train batch)", log=True, color="0.65")
-    for key, style, what in (("other", "o-", "other rows"), ("saturated", "x--", "saturated rows")):
+    for key, style, what in zip(ROW_KINDS, ("o-", "x--"), ("other rows", "saturated rows")):
         steps = np.array([s for s, r in rows.items() if math.isfinite(r.get(f"grad_W_q_median_{key}", math.nan))])
         values = np.array([rows[s][f"grad_W_q_median_{key}"] for s in steps])
         if not len(steps):
@@ -479,7 +480,11 @@ def training_mechanism_figure(
     ax.set_yscale("log")
     robust = went_non_finite(summary, records)
     set_limits(ax, draw_score_std(ax, records, theory), [], log=True, robust=robust)
-    ax.set_title("std of the scores s·q·k (dashed: s·√d_k·g², at init in theory)", fontsize=8.5)
+    ax.set_title(
+        "std of the scores s·q·k"
+        + (" (dashed: s·√d_k·g², at init in theory)" if theory is not None else " (no theory line: not dot scores)"),
+        fontsize=8.5,
+    )
     ax = axes[1]
     draw_series(ax, records, "saturated_frac", "saturated rows", log=False)
     ax.set_ylim(-0.03, 1.03)
@@ -488,8 +493,10 @@ def training_mechanism_figure(
     ax.set_yscale("log")
     set_limits(ax, draw_row_gradients(ax, rows, records), [], log=True, robust=robust)
     ax.set_title("‖∇W_q‖: the whole, and one row's share (median)", fontsize=8.5)
-    if not rows:
-        ax.text(0.5, 0.5, "no row measured\n(logging.mechanism_step null)", transform=ax.transAxes, ha="center")
+    measured = any(math.isfinite(r.get(f"grad_W_q_median_{k}", math.nan)) for r in rows.values() for k in ROW_KINDS)
+    if not measured:  # the panel says why it holds no row
+        why = "q and k pass through a norm (qk_norm)" if rows else "logging.mechanism_step null, no trace"
+        ax.text(0.5, 0.5, f"no row's gradient measured:\n{why}", transform=ax.transAxes, ha="center", fontsize=8)
     for ax in axes:
         step_axis(ax, last)
         ax.grid(True, which="major", alpha=0.25)
