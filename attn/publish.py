@@ -54,14 +54,18 @@ import json
 import os
 import re
 import shutil
+import stat
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
+from attn.analysis.grouping import short_names
+from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.bench.suite import summary_markdown
 from attn.experiment import report_spec, verify
 from attn.experiment.spec import load_experiment
 from attn.report import experiment_report
-from attn.store import runs
+from attn.store import locks, runs
 from attn.text import and_list
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,16 +100,25 @@ def publish(
     beside the report already published, which it must have verified.
     `bench_only`: the newest benchmark alone (module docstring)."""
     runs_dir = Path(runs_dir)
-    if bench_only:
-        bench = _newest_bench(runs_dir, allow_mixed)
-        if bench is None:
-            raise runs.RunError(f"{runs_dir / 'bench'}: no benchmark yet; run `attn bench` first")
-        return _publish_staged({}, runs_dir, bench, copy_reports=False)
+    with _publishing():
+        _recover(RESULTS)
+        _check_results_tree(RESULTS)
+        if bench_only:
+            bench = _newest_bench(runs_dir, allow_mixed)
+            if bench is None:
+                raise runs.RunError(f"{runs_dir / 'bench'}: no benchmark yet; run `attn bench` first")
+            _check_published(RESULTS, replaced=())
+            return _publish_staged({}, runs_dir, bench, copy_reports=False)
+        return _publish_checked(names, runs_dir, allow_mixed, verification_only)
+
+
+def _publish_checked(names: list[str] | None, runs_dir: Path, allow_mixed: bool, verification_only: bool) -> list[Path]:
+    """publish's work for experiments, its lock held: every source checked, then _publish_staged."""
     experiments = sorted(p.stem for p in (REPO / "experiments").glob("*.yaml"))
     unknown = [name for name in names or () if name not in experiments]
     if unknown:  # a name is a directory of the results: only an experiment's, never a path
         raise runs.RunError(
-            f"publish: NAME {unknown[0]!r}: not an experiment; expected one of {', '.join(experiments)}"
+            f"publish: NAME {_shown(unknown[0])!r}: not an experiment; expected one of {', '.join(experiments)}"
         )
     verifications = {
         name: {suffix: runs_dir / "verify" / f"{name}{suffix}" for suffix in (".md", ".json")} for name in experiments
@@ -130,6 +143,10 @@ def publish(
                 if verification_only
                 else f"{runs_dir / name}: no report.json; run `attn sweep experiments/{name}.yaml` first"
             )
+        report = read_report(reports[name], name, published=verification_only)
+        if not verification_only:
+            for source in _sources(runs_dir / name):
+                _regular_file(source)
         if verifications[name][".md"].exists() and not verifications[name][".json"].exists():
             raise runs.RunError(
                 f"{verifications[name]['.md']}: no {name}.json beside it (an older attn verify "
@@ -141,17 +158,25 @@ def publish(
                 f"experiments/{name}.yaml` with its published report as run first"
             )
         if verifications[name][".json"].exists():
-            _check_verified(verifications[name][".json"], reports[name])
+            verification = read_verification(verifications[name][".json"], name)
+            _check_verified(verifications[name][".json"], verification, reports[name])
             if verification_only:
-                _check_replaces_nothing(verifications[name][".json"], RESULTS / name / "verify.json")
-        if not allow_mixed and not verification_only:
-            note = json.loads(reports[name].read_text()).get("code_state_note")
-            if note:
+                _check_replaces_nothing(verifications[name][".json"], verification, RESULTS / name / "verify.json")
+            unclean = unclean_reruns(verification)
+            if unclean and not allow_mixed:
                 raise runs.RunError(
-                    f"{runs_dir / name}: {note[0].lower() + note[1:-1]}; publish runs of one clean "
-                    "commit (re-run them), or pass --allow-mixed to publish them as they are"
+                    f"{verifications[name]['.json']}: its re-runs ran uncommitted or unrecorded code "
+                    f"({unclean}); verify with committed code (commit or stash the change, then `attn verify "
+                    f"experiments/{name}.yaml` again), or pass --allow-mixed to publish it as it is"
                 )
+        note = report.get("code_state_note")
+        if note and not allow_mixed and not verification_only:
+            raise runs.RunError(
+                f"{runs_dir / name}: {_shortened(note[0].lower() + note[1:].rstrip('.'))}; publish runs of one "
+                "clean commit (re-run them), or pass --allow-mixed to publish them as they are"
+            )
     bench = None if verification_only else _newest_bench(runs_dir, allow_mixed)
+    _check_published(RESULTS, replaced=() if verification_only else names)
     return _publish_staged(
         {name: verifications[name][".json"] for name in names}, runs_dir, bench, copy_reports=not verification_only
     )
@@ -163,77 +188,103 @@ def _publish_staged(
     """Stage the results with, for each experiment named in `verifications` (name -> its
     verification's JSON, there or not), its report (if copy_reports) and its verification, and
     the benchmark `bench` (runs/bench/bench-<time>.json, or None); swap them in, write the text;
-    the paths written. Every source has been checked."""
+    the paths written. Every source has been checked; a failure before the swap removes the staging."""
     names = list(verifications)
-    _recover(RESULTS)
     before = {
-        name: json.loads((RESULTS / name / "verify.json").read_text())
+        name: read_verification(RESULTS / name / "verify.json", name)
         for name in names
         if (RESULTS / name / "verify.json").exists()
     }  # read before a new report's copy replaces them
     staged = RESULTS.with_name(".results.new")
     _stage(RESULTS, staged)
     written = []
-    for name in names:
-        target = staged / name
-        if copy_reports:
-            if target.exists():
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
-            for pattern in COPIED:
-                for path in sorted((runs_dir / name).glob(pattern)):
+    try:
+        for name in names:
+            target = staged / name
+            if copy_reports:
+                kept = not verifications[name].exists() and _verifies(RESULTS / name, runs_dir / name)
+                if target.exists():
+                    shutil.rmtree(target)
+                target.mkdir(parents=True)
+                for path in _sources(runs_dir / name):
                     _copy(path, target / path.name)
-        if verifications[name].exists():
-            _write_verification(verifications[name], target, before.get(name))
-        written.append(RESULTS / name)
-    if bench is not None:
-        for suffix in (".json", ".md"):
-            _copy(bench.with_suffix(suffix), staged / f"bench{suffix}")
-            written.append(RESULTS / f"bench{suffix}")
-    experiments_text, text = _texts(_reports(staged), staged, json.loads(bench.read_text()) if bench else None)
+                for file in ("verify.json", "verify.md") if kept else ():
+                    _link_or_copy(RESULTS / name / file, target / file)
+            if verifications[name].exists():
+                _write_verification(verifications[name], target, before.get(name))
+            written.append(RESULTS / name)
+        if bench is not None:
+            for suffix in (".json", ".md"):
+                _copy(bench.with_suffix(suffix), staged / f"bench{suffix}")
+                written.append(RESULTS / f"bench{suffix}")
+        experiments_text, text = _texts(_reports(staged), staged, read_bench(staged / "bench.json"))
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
     return written + _write_texts(experiments_text, text)
 
 
+def _sources(run_dir: Path) -> list[Path]:
+    """The files of an experiment's directory that publish copies (COPIED), in order."""
+    return [path for pattern in COPIED for path in sorted(run_dir.glob(pattern))]
+
+
+def _verifies(published: Path, run_dir: Path) -> bool:
+    """Whether the verification published in `published` verified the report in run_dir too: the same
+    report, byte for byte, or one of the digest it records (a re-publish of one report keeps it)."""
+    verification = published / "verify.json"
+    if not verification.exists() or not (published / "verify.md").exists():
+        return False
+    new = run_dir / runs.REPORT_FILE
+    if (published / runs.REPORT_FILE).read_bytes() == new.read_bytes():
+        return True
+    as_run = read_verification(verification, published.name).get("as_run") or {}
+    return as_run.get("sha256") == verify.report_digest(new)
+
+
 def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
     """The newest runs/bench/bench-<time>.json (None if none), refused (RunError) unless it timed one
-    clean commit or allow_mixed."""
+    clean commit or allow_mixed, or unless it is a benchmark publish can read."""
     benches = sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
     if not benches:
         return None
-    commit = json.loads(benches[-1].read_text()).get("attn_commit")
+    newest = benches[-1]
+    commit = read_bench(newest).get("attn_commit")
     if not allow_mixed and (not isinstance(commit, str) or not commit or commit.endswith("-dirty")):
         said = (
-            f"timed uncommitted code ({commit})"
+            f"timed uncommitted code ({_shown(commit)})"
             if isinstance(commit, str) and commit
-            else f"does not say which commit it timed (attn_commit: {commit!r})"
+            else f"does not say which commit it timed (attn_commit: {_shown(repr(commit))})"
         )
         raise runs.RunError(
-            f"{benches[-1]}: {said}; publish a benchmark of one clean commit (run `attn bench` "
+            f"{newest}: {said}; publish a benchmark of one clean commit (run `attn bench` "
             "from it, or move this one out of the way), or pass --allow-mixed to publish it as it is"
         )
-    return benches[-1]
+    for path in (newest, newest.with_suffix(".md")):
+        _regular_file(path)
+    return newest
 
 
 def _write_verification(verification: Path, target: Path, before: dict | None) -> None:
     """A verification of the report published in `target`, as verify.json and .md there, together with
     the re-runs of the one published there `before` that it did not make, if that one verified the same
     report (attn.experiment.verify.merge): a large experiment is so verified a re-run at a time."""
-    result = json.loads(verification.read_text())
+    result = read_verification(verification, target.name)
     if before is not None and (before.get("as_run") or {}).get("sha256") == result["as_run"]["sha256"]:
         result = verify.merge(before, result)
     runs.write_json(target / "verify.json", result)
-    runs.write_atomic(target / "verify.md", verify.verify_markdown(result).encode())
+    runs.write_atomic(target / "verify.md", verify.verify_markdown(markdown_safe(result)).encode())
 
 
-def _check_replaces_nothing(verification: Path, published: Path) -> None:
-    """RunError where a verification published alone would replace one it cannot be merged with (of
-    another report, or one that does not say which) that made re-runs it did not."""
+def _check_replaces_nothing(verification: Path, after: dict, published: Path) -> None:
+    """RunError where a verification published alone (`after`, read from `verification`) would replace one it
+    cannot be merged with (of another report, or one that does not say which) that made re-runs it did not."""
     if not published.exists():
         return
-    before, after = (json.loads(path.read_text()) for path in (published, verification))
+    before = read_verification(published, published.parent.name)
     lost = set(before["platforms"]) - set(after["platforms"])
-    if (before.get("as_run") or {}).get("sha256") != after["as_run"]["sha256"] and lost:
+    if (before.get("as_run") or {}).get("sha256") != (after.get("as_run") or {}).get("sha256") and lost:
         raise runs.RunError(
             f"{published}: made the {', '.join(verify.reruns_in_order(lost))} re-runs that {verification} "
             "did not, and cannot be merged with it (it does not say it verified the same report); "
@@ -241,33 +292,49 @@ def _check_replaces_nothing(verification: Path, published: Path) -> None:
         )
 
 
-def _check_verified(verification: Path, report: Path) -> None:
-    """RunError unless the verification took this report as run (verify.report_digest); one written before
-    verify recorded which cannot say, and is refused too."""
-    as_run = json.loads(verification.read_text()).get("as_run") or {}
+def _check_verified(path: Path, verification: dict, report: Path) -> None:
+    """RunError unless the verification (read from `path`) took this report as run (verify.report_digest);
+    one written before verify recorded which cannot say, and is refused too."""
+    as_run = verification.get("as_run") or {}
     if as_run.get("sha256") != verify.report_digest(report):
         said = (
-            f"verified {as_run.get('report')}, not {report}"
+            f"verified {_shown(str(as_run.get('report')))}, not {report}"
             if as_run
             else f"does not say which report it verified (an older attn verify wrote it), so not {report}"
         )
-        raise runs.RunError(f"{verification}: {said}; verify {report} itself (finished re-runs are kept)")
+        raise runs.RunError(f"{path}: {said}; verify {report} itself (finished re-runs are kept)")
+
+
+def unclean_reruns(verification: dict) -> str:
+    """'float64: 1a2b3c4-dirty, ...': the re-runs of a verification made by uncommitted or unrecorded code
+    (attn_commit, `git describe --dirty`, as a report's code states are judged), with their code; '' if none."""
+    said = []
+    for variant in verify.reruns_in_order(verification["platforms"]):
+        if variant == "as run":  # the report's own runs: its code_state_note says how they stand
+            continue
+        commits = verification["platforms"][variant].get("attn_commit") or ["unknown"]
+        unclean = [c for c in commits if c in ("", "None") or not experiment_report.is_clean_state(c)]
+        if unclean:
+            said.append(f"{variant}: {', '.join(_shown(c) for c in unclean)}")
+    return "; ".join(said)
 
 
 def publish_text() -> list[Path]:
     """experiments/README.md and README.md's generated blocks written afresh from the results already
     published (experiments/results/), copying nothing: after a change to how the text is generated, or
     to an experiment file's design, which the text compares its results with. The paths written."""
-    _recover(RESULTS)
-    reports = _reports(RESULTS)
-    if not reports:
-        raise runs.RunError(f"{RESULTS}: no published report to write the text from")
-    bench = RESULTS / "bench.json"
-    return _write_texts(*_texts(reports, RESULTS, json.loads(bench.read_text()) if bench.exists() else None))
+    with _publishing():
+        _recover(RESULTS)
+        _check_results_tree(RESULTS)
+        _check_published(RESULTS, replaced=())
+        reports = _reports(RESULTS)
+        if not reports:
+            raise runs.RunError(f"{RESULTS}: no published report to write the text from")
+        return _write_texts(*_texts(reports, RESULTS, read_bench(RESULTS / "bench.json")))
 
 
 def _reports(results: Path) -> dict[str, dict]:
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
+    return {p.parent.name: read_report(p, p.parent.name, published=True) for p in sorted(results.glob("*/report.json"))}
 
 
 def _texts(reports: dict[str, dict], results: Path, bench: dict | None) -> tuple[str, str]:
@@ -276,8 +343,21 @@ def _texts(reports: dict[str, dict], results: Path, bench: dict | None) -> tuple
     if HEADLINE in reports:
         text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports, results))
     if bench is not None:
-        text = with_block(text, BENCH_BEGIN, BENCH_END, summary_markdown(bench))
+        text = with_block(text, BENCH_BEGIN, BENCH_END, bench_block(bench, results / "bench.json"))
     return experiments_readme(reports, results), text
+
+
+def bench_block(bench: dict, path: Path) -> str:
+    """README's bench block: the benchmark's short form (attn.bench.suite.summary_markdown), every string of it
+    markdown_safe; RunError naming `path` for a benchmark it cannot be made from."""
+    try:
+        return summary_markdown(markdown_safe(bench))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        what = f"no {err.args[0]!r}" if isinstance(err, KeyError) and err.args else _shortened(str(err))
+        raise runs.RunError(
+            f"{path}: not a benchmark as `attn bench` writes it ({what}); run `attn bench` again, or move it "
+            "out of the way"
+        ) from None
 
 
 def _write_texts(experiments_text: str, readme_text: str) -> list[Path]:
@@ -293,35 +373,45 @@ def _write_texts(experiments_text: str, readme_text: str) -> list[Path]:
 
 def _recover(results: Path) -> None:
     """Undo what a killed publish left: the old results put back if a
-    two-rename swap stopped between its renames; its staging removed."""
+    two-rename swap stopped between its renames; its staging removed
+    (a symbolic link there is removed, never followed)."""
     old = results.with_name(".results.old")
-    if old.exists() and not results.exists():
+    if old.is_dir() and not old.is_symlink() and not os.path.lexists(results):
         os.rename(old, results)
     for leftover in (old, results.with_name(".results.new")):
-        if leftover.exists():
+        if leftover.is_symlink() or leftover.is_file():
+            leftover.unlink()
+        elif leftover.exists():
             shutil.rmtree(leftover)
 
 
 def _stage(results: Path, staged: Path) -> None:
-    """staged: a copy of results made of hard links (no bytes copied)."""
+    """staged: a copy of results made of hard links (no bytes copied; _check_results_tree has refused links
+    and special files, and none is followed here)."""
     staged.mkdir(parents=True)
     if not results.exists():
         return
     for path in sorted(results.rglob("*")):
         target = staged / path.relative_to(results)
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             target.mkdir()
         else:
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+            _link_or_copy(path, target)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """target a hard link of source (a symbolic link itself, never what it points to), or a copy of its bytes
+    where the file system cannot link."""
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        runs.write_atomic(target, _regular_file(source))
 
 
 def _copy(source: Path, target: Path) -> None:
     """source's bytes into target, durably (fsync, rename); a hard link
-    staged there is replaced, never written through."""
-    runs.write_atomic(target, source.read_bytes())
+    staged there is replaced, never written through; a symbolic link is refused, never followed."""
+    runs.write_atomic(target, _regular_file(source))
 
 
 _RENAME_EXCHANGE = 2
@@ -365,6 +455,305 @@ def _exchange(a: Path, b: Path) -> bool:
     )
 
 
+# ---------------------------------------------------------------------------
+# One publish at a time; what it reads, checked; nothing followed through a link
+# ---------------------------------------------------------------------------
+def _publishing() -> locks.RunLock:
+    """One publish at a time: experiments/'s RunLock (experiments/.lock), held from the first check to the last
+    write. A second publish is refused at once (RunLocked, one line naming the first): one publish's recovery
+    would otherwise remove the other's staging before its swap."""
+    return locks.RunLock(RESULTS.parent, "publish")
+
+
+def _check_results_tree(results: Path) -> None:
+    """RunError, one line naming the path, where experiments/results is a symbolic link or not a directory, or
+    holds a symbolic link or anything but directories and regular files: publish links every published file
+    into its staging, and would link or remove what lies outside."""
+    if results.is_symlink():
+        raise runs.RunError(
+            f"{results}: is a symbolic link; attn publishes only into a real directory (move the directory it "
+            "points to here, or remove the link)"
+        )
+    if not results.exists():
+        return
+    if not results.is_dir():
+        raise runs.RunError(f"{results}: not a directory; move it out of the way")
+    for directory, subdirectories, files in os.walk(results):
+        for name in sorted(subdirectories + files):
+            path = Path(directory) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise runs.RunError(
+                    f"{path}: a symbolic link in the published results; publish keeps only files it wrote "
+                    "(remove the link)"
+                )
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise runs.RunError(f"{path}: not a regular file or directory; remove it")
+
+
+def _check_published(results: Path, replaced) -> None:
+    """Every report.json and verify.json published, but those of the experiments `replaced`, read and checked
+    (read_report, read_verification): the text is made from them all, after the staging."""
+    for path in sorted(results.glob("*/report.json")):
+        if path.parent.name not in replaced:
+            read_report(path, path.parent.name, published=True)
+    for path in sorted(results.glob("*/verify.json")):
+        if path.parent.name not in replaced:
+            read_verification(path, path.parent.name)
+    if (results / "bench.json").exists():
+        bench_block(read_bench(results / "bench.json"), results / "bench.json")
+
+
+def _regular_file(path: Path) -> bytes:
+    """The bytes of `path`, a regular file: RunError, one line, for a symbolic link (never followed) or
+    anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise runs.RunError(
+                f"{path}: a symbolic link; publish copies only the files themselves (put the file there "
+                "in place of the link)"
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise runs.RunError(f"{path}: not a regular file; publish copies only files")
+        return file.read()
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """text, cut to `limit` characters with its length said: a commit or name as an error line shows it."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    """text with each run of more than 40 characters without a space cut (_shown), and the whole to `limit`."""
+    text = re.sub(r"\S{41,}", lambda m: _shown(m.group()), text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _read_json(path: Path, remedy: str):
+    """The JSON in `path`; RunError, one line naming the file, what is wrong and `remedy`, for one that is not
+    UTF-8 JSON."""
+    data = _regular_file(path)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise runs.RunError(f"{path}: not UTF-8 text (byte {err.start}); {remedy}") from None
+    except json.JSONDecodeError as err:
+        raise runs.RunError(
+            f"{path}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno}); {remedy}"
+        ) from None
+    except RecursionError:
+        raise runs.RunError(f"{path}: not valid JSON (nested too deeply); {remedy}") from None
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true or false", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _is_number(value) -> bool:  # a number as report.json writes one (attn.text.json_number): inf as text, NaN null
+    return (
+        value is None or value in ("inf", "-inf") or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    )
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _is_id(value) -> bool:  # a claim's id, as an experiment file accepts it (attn.experiment.report_spec)
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value) is not None
+
+
+def _text_or_null(value) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _map_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda value: isinstance(value, dict) and all(isinstance(k, str) and check(v) for k, v in value.items())
+
+
+# What publish reads of each file, by field: (required, the check, what is accepted). A list of objects is
+# checked entry by entry against the shape given in place of a check.
+EFFECT = {
+    "name": (True, _is_text, "text"),
+    "value": (True, _is_number, "a number"),
+    "low": (True, _is_number, "a number"),
+    "high": (True, _is_number, "a number"),
+    "bound": (False, _text_or_null, "text"),
+}
+POINT = {
+    "x": (
+        True,
+        lambda v: isinstance(v, list) and all(x is None or isinstance(x, (str, int, float)) for x in v),
+        "a list of values",
+    ),
+    **{
+        key: (False, _is_number, "a number")
+        for key in ("value", "low", "high", "other_value", "other_low", "other_high", "p", "p_reverse")
+    },
+    "n": (False, _is_count, "a count"),
+    "pairs": (False, _is_count, "a count"),
+    "setting": (False, lambda v: isinstance(v, (str, int, float)) or v is None, "a value"),
+    "note": (False, _is_text, "text"),
+    "verdict": (False, _is_text, "text"),
+    "effect": (False, EFFECT, None),
+}
+EXPECTATION = {
+    "id": (True, _is_id, "letters, digits, '_', '.' or '-'"),
+    "claim": (True, _is_text, "text"),
+    "verdict": (True, lambda v: v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE), "a verdict"),
+    "rule": (False, _is_text, "text"),
+    "test": (False, lambda v: v in ("interval", "mcnemar", "sign", "fisher"), "a test"),
+    "frozen": (False, _text_or_null, "text"),
+    "edited_after_runs": (False, _text_or_null, "text"),
+    "p_holm": (False, _is_number, "a number"),
+    "points": (False, [POINT], None),
+}
+REPORT = {
+    "description": (True, _is_text, "text"),
+    "runs": (True, _is_count, "a count"),
+    "headline": (True, _is_text, "text"),
+    "platform": (True, _map_of(_is_texts), "an object of lists of text"),
+    "expectations": (True, [EXPECTATION], None),
+    "code_state_note": (False, _text_or_null, "text"),
+    "code_states": (False, _map_of(_is_count), "an object of counts"),
+    "claims": (False, {"digest": (False, _text_or_null, "text")}, None),
+    "layout": (
+        False,
+        {
+            "x": (False, _is_texts, "a list of text"),
+            "best_of": (False, _text_or_null, "text"),
+        },
+        None,
+    ),
+}
+VERIFICATION = {
+    "experiment": (True, _is_text, "text"),
+    "as_run": (False, lambda v: v is None or (isinstance(v, dict) and _text_or_null(v.get("sha256"))), "an object"),
+    "platforms": (True, _map_of(_map_of(lambda v: v is None or isinstance(v, (str, list)))), "an object of objects"),
+    "expectations": (
+        True,
+        [
+            {
+                "id": (True, _is_id, "letters, digits, '_', '.' or '-'"),
+                "verdicts": (True, _map_of(_is_text), "an object of verdicts"),
+                "agree": (True, lambda v: isinstance(v, bool), "true or false"),
+            }
+        ],
+        None,
+    ),
+    "agree": (True, lambda v: isinstance(v, bool), "true or false"),
+    "materialized": (False, _text_or_null, "text"),
+    "cells": (
+        False,
+        [
+            {
+                "settings": (True, lambda v: isinstance(v, dict), "an object"),
+                "learned": (True, _map_of(_is_text), "an object of counts as text"),
+                "same": (True, lambda v: isinstance(v, bool), "true or false"),
+            }
+        ],
+        None,
+    ),
+    "unchanged": (
+        False,
+        _map_of(lambda v: isinstance(v, dict) and _is_count(v.get("same")) and _is_count(v.get("runs"))),
+        "an object of {same, runs} counts",
+    ),
+    "remade": (False, lambda v: isinstance(v, dict) and _is_count(v.get("same")) and _is_count(v.get("runs")), ""),
+}
+
+
+def _problem(value, shape, where: str) -> str | None:
+    """What in `value` does not fit `shape` (a dict of fields, or [a shape] for a list of them): 'field: got
+    <value>; expected <what>', the field by its path; None if it fits."""
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return f"{where}: got {_kind(value)}; expected a list"
+        return next(filter(None, (_problem(entry, shape[0], f"{where}[{i}]") for i, entry in enumerate(value))), None)
+    if not isinstance(value, dict):
+        return f"{where or 'the file'}: got {_kind(value)}; expected an object"
+    for key, (required, check, what) in shape.items():
+        field = f"{where}.{key}" if where else key
+        if key not in value:
+            if required:
+                return f"{field}: missing"
+            continue
+        if isinstance(check, (dict, list)):
+            problem = _problem(value[key], check, field)
+            if problem:
+                return problem
+        elif not check(value[key]):
+            return f"{field}: got {_shortened(json.dumps(value[key])[:60])}; expected {what}"
+    return None
+
+
+def read_report(path: Path, name: str, published: bool) -> dict:
+    """A report.json as publish reads it (REPORT); RunError, one line, for one it cannot be made from."""
+    remedy = (
+        f"restore it (`git checkout -- experiments/results/{name}`) or publish its report again"
+        if published
+        else f"write it again with `attn report experiments/{name}.yaml`"
+    )
+    report = _read_json(path, remedy)
+    problem = _problem(report, REPORT, "")
+    if problem:
+        raise runs.RunError(f"{path}: {problem}; {remedy}")
+    return report
+
+
+def read_verification(path: Path, name: str) -> dict:
+    """A verify.json as publish reads it (VERIFICATION); RunError, one line, for one it cannot be made from."""
+    remedy = f"verify again (`attn verify experiments/{name}.yaml`; finished re-runs are kept)"
+    verification = _read_json(path, remedy)
+    problem = _problem(verification, VERIFICATION, "")
+    if problem:
+        raise runs.RunError(f"{path}: {problem}; {remedy}")
+    return verification
+
+
+def read_bench(path: Path) -> dict | None:
+    """A benchmark's JSON (None where there is no file); RunError, one line, for one that is not a JSON
+    object (bench_block names what else it lacks)."""
+    if not os.path.lexists(path):
+        return None
+    remedy = "run `attn bench` again, or move it out of the way"
+    bench = _read_json(path, remedy)
+    if not isinstance(bench, dict):
+        raise runs.RunError(f"{path}: got {_kind(bench)}; expected an object; {remedy}")
+    return bench
+
+
+def markdown_safe(value):
+    """value with every string in it (at any depth, keys too) shown literally where Markdown is generated
+    from it: on one line (no block, heading or list of its own), &, < and > as entities (no HTML, no comment,
+    so no marker of a generated block), `](` and `]:` broken (no link, image or link definition: no
+    javascript: link); a table's | is escaped by attn.text.markdown_table. Reports, verifications and
+    benchmarks go through it before any text is made from them."""
+    if isinstance(value, dict):
+        return {markdown_safe(k): markdown_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [markdown_safe(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    text = re.sub(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*", " ", value)
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("](", "]\\(").replace("]:", "\\]:")
+
+
 def verdict_lines(report: dict) -> list[str]:
     return [
         f"- **{e['verdict']}** — {e['claim']} "
@@ -377,26 +766,10 @@ def verdict_lines(report: dict) -> list[str]:
     ]
 
 
-def verdict_summary(report: dict) -> str:
-    """'confirmed: a, b; inconclusive: c': a report's claims by verdict, by id."""
-    by_verdict: dict[str, list[str]] = {}
-    for e in report["expectations"]:
-        by_verdict.setdefault(e["verdict"], []).append(_claim_id(e))
-    return "; ".join(f"{verdict}: {', '.join(ids)}" for verdict, ids in by_verdict.items()) or "no claims"
-
-
 def _claim_id(expectation: dict) -> str:
-    """`id`, and how it stands to the claims frozen before the runs unless as frozen (changed, added after the
-    runs began), or that it was edited after runs of its seeds had been seen (its file's edited_after_runs)."""
-    frozen = expectation.get("frozen")
-    said = (
-        "edited after its runs"
-        if expectation.get("edited_after_runs")
-        else ""
-        if frozen in (None, "as frozen")
-        else frozen
-    )
-    return f"`{expectation['id']}`" + (f" ({said})" if said else "")
+    """`id`, and how it stands to the claims frozen before the runs (experiment_report.claim_standing)."""
+    standing = experiment_report.claim_standing(expectation)
+    return f"`{expectation['id']}`" + (f" ({standing})" if standing else "")
 
 
 def as_their_files_say(reports: dict[str, dict], changes: dict[str, str]) -> dict[str, dict]:
@@ -438,9 +811,16 @@ def code_states_said(report: dict) -> str:
 
 
 def _held_against_files(reports: dict[str, dict], changes: dict[str, str] | None) -> tuple[dict, dict[str, str]]:
-    """(the reports as their files say, the design changes): `changes` design_changes's when None."""
+    """(the reports as their files say, the design changes), every string markdown_safe: `changes`
+    design_changes's when None."""
+    for name in reports:
+        if not _is_id(name):  # a published result's name is its experiment file's, and goes into paths and links
+            raise runs.RunError(
+                f"{RESULTS / _shown(name)}: not an experiment's name (letters, digits, '_', '.' or '-'); move it out "
+                "of experiments/results"
+            )
     changes = design_changes(reports) if changes is None else changes
-    return as_their_files_say(reports, changes), changes
+    return markdown_safe(as_their_files_say(reports, changes)), markdown_safe(changes)
 
 
 def design_changes(reports: dict[str, dict]) -> dict[str, str]:
@@ -482,8 +862,9 @@ def design_said(name: str, changes: dict[str, str]) -> str:
 
 
 def _verification(name: str, results: Path | None = None) -> dict | None:
+    """The verification published beside `name`'s report (None if none), markdown_safe."""
     path = (results or RESULTS) / name / "verify.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return markdown_safe(read_verification(path, name)) if path.exists() else None
 
 
 def flips_said(result: dict) -> str:
@@ -525,8 +906,10 @@ def verification_line(name: str, results: Path | None = None) -> str:
     )
     if by_variant and not unchanged:
         unchanged = "; each re-run changed the path of every run that stayed finite"
+    unclean = unclean_reruns(result)
+    by = f" by uncommitted or unrecorded code ({unclean}), so not a re-run of committed code" if unclean else ""
     return (
-        f"Re-run {verify.reruns_said(result)} (`attn verify experiments/{name}.yaml`): {said}{counts}"
+        f"Re-run {verify.reruns_said(result)}{by} (`attn verify experiments/{name}.yaml`): {said}{counts}"
         f"{unchanged} ([verify.md](results/{name}/verify.md))."
     )
 
@@ -578,13 +961,12 @@ def experiments_readme(
 
 
 def results_block(reports: dict[str, dict], results: Path | None = None, changes: dict[str, str] | None = None) -> str:
-    """README's results block, inside its markers: the headline's figure,
-    paragraph, verdicts and verification; then, when it has a report, the
-    comparison of the score modes: its paragraph, figure and verification
-    (its sensitivity table is in experiments/README.md), and the verdicts of
-    the same modes at width; then one line of verdicts for each boundary
-    experiment published. A report of an earlier design of its file (`changes`, design_changes by
-    default) says so."""
+    """README's results block, inside its markers, short: the headline's figure, its scope, its findings as a
+    table of one row per claim (experiment_report.findings_table: verdict, the number it rests on with its
+    interval, the test) and its verification; then one line for each other experiment published, linking its
+    report: what it tests, its verdicts counted, how its re-runs stand. The paragraphs of intervals and
+    p-values are in experiments/README.md alone. A report of an earlier design of its file (`changes`,
+    design_changes by default) says so."""
     reports, changes = _held_against_files(reports, changes)
 
     def provenance(name: str) -> str:
@@ -599,65 +981,106 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
         )
 
     headline = reports[HEADLINE]
-    lines = ["", f"![the headline](experiments/results/{HEADLINE}/headline.png)", "", headline["headline"], ""]
-    lines += verdict_lines(headline) + [""]
-    lines += [verification_line(HEADLINE, results).replace("(results/", "(experiments/results/"), ""]
+    said = provenance(HEADLINE)
+    scope = re.match(r"Scope: (.*?)\. ", headline["headline"])
+    layout = headline.get("layout") or {}
+    names = short_names([*layout.get("x", []), *([layout["best_of"]] if layout.get("best_of") else [])])
+    lines = [
+        "",
+        f"![the headline](experiments/results/{HEADLINE}/headline.png)",
+        "",
+        f"**The headline** ([`{HEADLINE}`](experiments/results/{HEADLINE}/report.md){'; ' + said if said else ''})"
+        + (f", in scope: {scope.group(1)}." if scope else "."),
+        "",
+        experiment_report.findings_table(
+            headline["expectations"],
+            " / ".join(names[k] for k in layout.get("x", [])) or "x",
+            names.get(layout.get("best_of")),
+        ),
+        "",
+        verification_line(HEADLINE, results).replace("(results/", "(experiments/results/"),
+        "",
+    ]
     if HEADLINE in changes:
         lines += [design_said(HEADLINE, changes), ""]
-    if COMPARISON in reports:
-        comparison = reports[COMPARISON]
-        said = provenance(COMPARISON)
-        lines += [
-            f"**Which fix does what** (`experiments/{COMPARISON}.yaml`{'; ' + said if said else ''}). "
-            f"{comparison['headline']}",
-            "",
-            f"![final loss against the rate per mode](experiments/results/{COMPARISON}/lr_sensitivity.png)",
-            "",
-        ]
-        lines += [verification_line(COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
-    if WIDE_COMPARISON in reports:
-        said = provenance(WIDE_COMPARISON)
-        lines += [
-            f"**The fixes at width** ([`{WIDE_COMPARISON}`](experiments/results/{WIDE_COMPARISON}/report.md), "
-            f"the modes that run width-free, to d_k 2^20{'; ' + said if said else ''}): "
-            f"{verdict_summary(reports[WIDE_COMPARISON])}",
-            "",
-        ]
-        lines += [verification_line(WIDE_COMPARISON, results).replace("(results/", "(experiments/results/"), ""]
     numbered = {name: BOUNDARY.match(report.get("description", "").strip()) for name, report in reports.items()}
-    published = sorted((name for name, found in numbered.items() if found), key=lambda n: int(numbered[n].group(1)))
-    if published:
+    others = sorted(
+        (name for name in reports if name != HEADLINE),
+        key=lambda n: (
+            (0, (COMPARISON, WIDE_COMPARISON).index(n))
+            if n in (COMPARISON, WIDE_COMPARISON)
+            else (1, int(numbered[n].group(1)))
+            if numbered[n]
+            else (2, 0),
+            n,
+        ),
+    )
+    if others:
         lines += [
-            "**Where it stops holding**, each experiment's verdicts (its claims, tests and seeds in its report):",
+            "**Every other experiment**, its verdicts counted (its claims, numbers and tests in its report; every "
+            "interval and p-value in [experiments/README.md](experiments/README.md)):",
             "",
         ]
-        for name in published:
+        for name in others:
             said = provenance(name)
-            result = _verification(name, results)
-            missing = verify.reruns_missing_said(result) if result is not None else ""
-            flips = (
-                "; not yet verified"
-                if result is None
-                else f"; re-runs differ: {flips_said(result)}"
-                if not result["agree"]
-                else f"; not yet re-run {missing}"
-                if missing
-                else ""
-            )
             lines.append(
-                f"- [`{name}`](experiments/results/{name}/report.md){' (' + said + ')' if said else ''}: "
-                f"{verdict_summary(reports[name])}{flips}"
+                f"- [`{name}`](experiments/results/{name}/report.md) — {_title(reports[name]['description'])}"
+                f"{' (' + said + ')' if said else ''}: {verdict_counts(reports[name])}; "
+                f"{_verification_said(_verification(name, results))}"
             )
         lines.append("")
-    lines += ["Every experiment, its figures and its verdicts: [experiments/README.md](experiments/README.md).", ""]
     return "\n".join(lines)
 
 
+def _title(description: str, limit: int = 120) -> str:
+    """An experiment's description's first sentence, cut at a word to `limit` characters."""
+    first = re.split(r"(?<=[.?!])\s", description.strip(), maxsplit=1)[0].rstrip(".")
+    return first if len(first) <= limit else first[: first.rfind(" ", 0, limit - 1)] + "…"
+
+
+def verdict_counts(report: dict) -> str:
+    """'5 confirmed, 1 not confirmed, 2 inconclusive' (each verdict that occurs), or 'no claims'."""
+    verdicts = [e["verdict"] for e in report["expectations"]]
+    return (
+        ", ".join(f"{verdicts.count(v)} {v}" for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE) if v in verdicts)
+        or "no claims"
+    )
+
+
+def _verification_said(result: dict | None) -> str:
+    """How an experiment's re-runs stand, in a few words: not yet verified; which claims they flip; the re-runs
+    it still lacks; or every verdict agreeing; and uncommitted code where it made them."""
+    if result is None:
+        return "not yet verified"
+    unclean = " (re-run by uncommitted or unrecorded code)" if unclean_reruns(result) else ""
+    missing = verify.reruns_missing_said(result)
+    if not result["agree"]:
+        flipped = [f"`{r['id']}`" for r in result["expectations"] if not r["agree"]]
+        return f"re-runs differ on {and_list(flipped)}{unclean}"
+    if not result["expectations"]:
+        return f"re-run; it claims nothing that could flip{unclean}"
+    return (
+        f"every verdict agrees so far, not yet re-run {missing}" if missing else "every verdict agrees on re-run"
+    ) + (unclean)
+
+
 def with_block(readme: str, begin: str, end: str, content: str) -> str:
-    """README text with what lies between the markers begin and end replaced
-    by content (RunError if it lacks them)."""
-    if begin not in readme or end not in readme:
+    """README text with what lies between the markers begin and end replaced by content. Each marker is a
+    line of its own, once, begin before end (RunError, one line, otherwise: nothing is split at a marker
+    that text quotes); content holding a marker is refused too (markdown_safe keeps report text from
+    making one), so a block can never open, close or swallow another."""
+    for marker in (RESULTS_BEGIN, RESULTS_END, BENCH_BEGIN, BENCH_END, begin, end):
+        if marker in content:
+            raise runs.RunError(f"README.md: the text generated for its block {begin[:20]}... holds a block marker")
+    lines = readme.split("\n")
+    at = {marker: [i for i, line in enumerate(lines) if line == marker] for marker in (begin, end)}
+    if not at[begin] and not at[end]:
         raise runs.RunError(f"README.md has no generated block ({begin} ... {end}) to fill")
-    before, rest = readme.split(begin, 1)
-    _, after = rest.split(end, 1)
-    return before + begin + "\n\n" + content.strip("\n") + "\n\n" + end + after
+    if len(at[begin]) != 1 or len(at[end]) != 1 or at[begin][0] > at[end][0]:
+        raise runs.RunError(
+            f"README.md: expected its generated block as one line {begin} and, after it, one line {end}; found "
+            f"{len(at[begin])} and {len(at[end])}{' in the wrong order' if at[begin] and at[end] else ''} "
+            "(restore README.md from git: `git checkout -- README.md`)"
+        )
+    first, last = at[begin][0], at[end][0]
+    return "\n".join([*lines[: first + 1], "", content.strip("\n"), "", *lines[last:]])

@@ -92,7 +92,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     assert json.loads((results / "report.json").read_text()) == data
     text = (repo / "README.md").read_text()
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
-    assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
+    assert "| Claim b | inconclusive | — | 95% interval |" in text  # the findings, one row per claim
+    assert "The generated paragraph, 7/10 seeds." not in text  # the paragraphs are in experiments/README.md
     assert (
         "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
         "left 3 of the 4 runs finite in both bit for bit as they were ("
@@ -140,7 +141,7 @@ def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anythi
         (tmp_path / "runs" / name / "report.json").write_text(json.dumps(report({})))
         with pytest.raises(runs.RunError, match=rf"NAME '{re.escape(name)}'.*expected one of real$"):
             publish.publish([name], tmp_path / "runs")
-    assert [p.name for p in (tmp_path / "experiments").iterdir()] == ["real.yaml"]  # no results, no README
+    assert [p.name for p in (tmp_path / "experiments").iterdir() if p.name != ".lock"] == ["real.yaml"]  # nothing
 
 
 def bench_result(attn_ms: float, jax_ms: float) -> dict:
@@ -229,7 +230,7 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
     assert json.loads((results / "sqrt_dk" / "report.json").read_text())["headline"] == "The published paragraph."
     text = (repo / "README.md").read_text()
     assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear |" in text
-    assert "The published paragraph." in text and "Unpublished." not in text
+    assert "| Claim a | confirmed |" in text and "refuted" not in text
     capsys.readouterr()
     assert cli.main(["publish", "--bench", "sqrt_dk"]) == 2
     assert facts_in(capsys.readouterr().err, "--bench", "sqrt_dk")
@@ -273,8 +274,9 @@ def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path
     runs.write_json(
         tmp_path / "x" / "verify.json",
         {
+            "experiment": "x",
             "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
-            "expectations": [{"id": "a"}],
+            "expectations": [{"id": "a", "verdicts": {"as run": "confirmed"}, "agree": True}],
             "agree": True,
             "cells": [],
             "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 0, "runs": 3}},
@@ -437,32 +439,52 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
     assert "| 16 | none | — | 2/4 | 3/4 |" in text and "| 16 | none | 1 | 1/4 | 2/4 |" in text
 
 
-def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
-    headline = report({"a": "confirmed"}, headline="The headline paragraph.")
-    alone = publish.results_block({"sqrt_dk": headline}, changes={})
-    assert "The headline paragraph." in alone and "Which fix does what" not in alone
-    scores = {**report({}, headline="Which mode learned where."), "sensitivity_table": "| arm | d_k = 16 |\n|---|---|"}
-    both = publish.results_block({"sqrt_dk": headline, "scores": scores}, changes={})
-    assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
-    assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
-    wide = publish.results_block(
-        {"sqrt_dk": headline, "scores": scores, "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})},
-        changes={},
+def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_other_experiment(tmp_path, monkeypatch):
+    """README's block is short: the headline's claims one row each (claim, verdict, effect, test), its
+    paragraph of intervals and p-values only in experiments/README.md; then one line per other experiment,
+    the two comparisons of score modes first, the boundary experiments by their number, the rest after."""
+    headline = report({"a": "confirmed"}, headline="Scope: plain SGD; 20 seeds. The headline paragraph.")
+    headline["layout"] = {"x": ["model.d_k"], "best_of": "optim.lr"}
+    headline["expectations"][0].update(
+        test="mcnemar",
+        p_holm=0.0004,
+        points=[
+            {"x": [64], "p": 1e-6, "effect": {"name": "difference of rates", "value": 1.0, "low": 0.8, "high": 1.0}},
+            {"x": [256], "p": 1e-4, "effect": {"name": "difference of rates", "value": 0.9, "low": 0.6, "high": 1.0}},
+        ],
     )
-    assert wide.index("Which mode learned where.") < wide.index("**The fixes at width**")
-    assert "confirmed: `w-a`; not confirmed: `w-b`" in wide
+    monkeypatch.setattr(publish, "REPO", tmp_path)  # no experiment files: each report's own description
+    scores = {**report({"s": "confirmed", "t": "not confirmed"}), "description": "Every fix. Its arms."}
     boundary = {
         **report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
-        "description": "Where the claim stops holding, 7: the query's own position.",
+        "description": "Where the claim stops holding, 7: the query's own position. More words.",
     }
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
-    with_boundary = publish.results_block(
-        {"sqrt_dk": headline, "mask_self": boundary, "width": earlier, "lengths": report({"l": "confirmed"})},
+    block = publish.results_block(
+        {
+            "sqrt_dk": headline,
+            "mask_self": boundary,
+            "width": earlier,
+            "lengths": {**report({}), "description": "Length."},
+            "scores_wide": report({"w-a": "confirmed"}),
+            "scores": scores,
+        },
+        tmp_path,
         changes={},
     )
-    lines = [x for x in with_boundary.splitlines() if x.startswith("- [`")]
-    assert [x.split("`")[1] for x in lines] == ["width", "mask_self"]  # by their number; lengths is none
-    assert lines[1].endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
+    assert "The headline paragraph." not in block and "in scope: plain SGD; 20 seeds." in block
+    [row] = [line for line in block.splitlines() if line.startswith("| Claim a")]
+    assert row == (
+        "| Claim a | confirmed | difference of rates 0.9 [0.6, 1] at d_k 256, the weakest of 2 "
+        "| exact McNemar, Holm p 0.0004 |"
+    )
+    lines = [x for x in block.splitlines() if x.startswith("- [`")]
+    assert [x.split("`")[1] for x in lines] == ["scores", "scores_wide", "width", "mask_self", "lengths"]
+    assert lines[0] == (
+        "- [`scores`](experiments/results/scores/report.md) — Every fix: 1 confirmed, 1 not confirmed; not yet verified"
+    )
+    assert facts_in(lines[3], "the query's own position:", "2 confirmed, 1 inconclusive")
+    assert "no claims" in lines[4]
 
 
 def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
@@ -727,10 +749,16 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
     frozen = {"a": "as frozen", "b": "changed", "c": "added after the runs began"}
     for e in changed["expectations"]:
         e["frozen"] = frozen[e["id"]]
-    assert (
-        publish.verdict_summary(changed)
-        == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
-    )
+    rows = [
+        line
+        for line in publish.results_block({publish.HEADLINE: changed}, changes={}).splitlines()
+        if "| Claim" in line
+    ]
+    assert [row.split(" | ")[1] for row in rows] == [
+        "confirmed",
+        "confirmed (changed)",
+        "inconclusive (added after the runs began)",
+    ]
     assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
 
 
@@ -747,8 +775,8 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, changes={})
     assert (
-        "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or "
-        "unrecorded): confirmed: `a`" in block
+        "- [`edge`](experiments/results/edge/report.md) — Where the claim stops holding, 1: what it tests (runs from "
+        "3 code states, 2 of them uncommitted or unrecorded): 1 confirmed; not yet verified" in block
     )
 
 
@@ -757,6 +785,7 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
     runs.write_json(
         tmp_path / "edge" / "verify.json",
         {
+            "experiment": "edge",
             "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
             "agree": False,
             "cells": [],
@@ -783,7 +812,7 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
         "code_states": {"abc1234": 4},
     }
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path, changes={})
-    assert f"confirmed: `a`; inconclusive: `b`; re-runs differ: {flips}" in block
+    assert "1 confirmed, 1 inconclusive; re-runs differ on `b`" in block
 
 
 def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design_now_does_not(tmp_path, monkeypatch):
@@ -835,17 +864,14 @@ def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_use
     reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
     assert publish.design_changes(reports) == {}
     block = publish.results_block(reports, tmp_path)
-    assert facts_in(
-        block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
-    )
-    assert "- **inconclusive** — claim b (`b`)" in block
+    assert "| Claim a | confirmed (edited after its runs) |" in block and "| Claim b | inconclusive |" in block
     text = publish.experiments_readme(reports, tmp_path)
-    assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
-    annotated = publish.as_their_files_say(reports, {})["sqrt_dk"]
-    assert publish.verdict_summary(annotated) == "confirmed: `a` (edited after its runs); inconclusive: `b`"
-    assert "edited after" not in publish.verdict_summary(
-        publish.as_their_files_say(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"]
+    assert facts_in(
+        text, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
     )
+    assert "- **inconclusive** — claim b (`b`)" in text
+    assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
+    assert "edited after" not in publish.results_block(reports, tmp_path, changes={"sqrt_dk": "redesigned"})
 
 
 def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
@@ -861,7 +887,7 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
     before = sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*"))
     assert cli.main(["publish", "--text-only"]) == 0
     assert sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*")) == before
-    assert "The published paragraph." in (repo / "README.md").read_text()
+    assert "| Claim a | confirmed |" in (repo / "README.md").read_text()
     assert "The published paragraph." in (repo / "experiments" / "README.md").read_text()
     capsys.readouterr()
     assert cli.main(["publish", "--text-only", "sqrt_dk"]) == 2
@@ -1155,4 +1181,6 @@ def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lack
     }
     block = publish.results_block({"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary}, tmp_path, changes={})
     line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
-    assert line.endswith("confirmed: `masked-a`; not yet re-run on a second BLAS kernel or with the materialized head")
+    assert line.endswith(
+        "1 confirmed; every verdict agrees so far, not yet re-run on a second BLAS kernel or with the materialized head"
+    )
