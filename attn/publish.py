@@ -244,13 +244,15 @@ def _verifies(published: Path, run_dir: Path) -> bool:
 
 
 def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
-    """The newest runs/bench/bench-<time>.json (None if none), refused (RunError) unless it timed one
-    clean commit or allow_mixed, or unless it is a benchmark publish can read."""
+    """The newest runs/bench/bench-<time>.json (None if none); refused (RunError, one line) where publish
+    cannot make its text from it, or where it did not time one clean commit, unless allow_mixed."""
     benches = sorted((runs_dir / "bench").glob("bench-*.json"))  # named by time
     if not benches:
         return None
     newest = benches[-1]
-    commit = read_bench(newest).get("attn_commit")
+    bench = read_bench(newest)
+    bench_block(bench, newest)  # one publish can make its text from, before anything is staged
+    commit = bench.get("attn_commit")
     if not allow_mixed and (not isinstance(commit, str) or not commit or commit.endswith("-dirty")):
         said = (
             f"timed uncommitted code ({_shown(commit)})"
@@ -685,7 +687,7 @@ def _problem(value, shape, where: str) -> str | None:
             return f"{where}: got {_kind(value)}; expected a list"
         return next(filter(None, (_problem(entry, shape[0], f"{where}[{i}]") for i, entry in enumerate(value))), None)
     if not isinstance(value, dict):
-        return f"{where or 'the file'}: got {_kind(value)}; expected an object"
+        return f"{where + ': ' if where else ''}got {_kind(value)}; expected an object"
     for key, (required, check, what) in shape.items():
         field = f"{where}.{key}" if where else key
         if key not in value:

@@ -745,7 +745,10 @@ def deciding_point(expectation: dict) -> dict:
         return next((p for p in points if p.get("verdict") == expectation["verdict"]), points[0])
     bound = re.search(r" (above|below) (\S+) \(its 95% interval wholly", rule)
     if bound:
-        level = _as_float(bound.group(2), math.nan)
+        try:
+            level = float(bound.group(2))
+        except ValueError:
+            return points[0]
         margin = (
             (lambda p: _as_float(p.get("low"), math.inf) - level)
             if bound.group(1) == "above"
