@@ -22,12 +22,13 @@ $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
 	@touch $@
 
 ## make train [CONFIG=configs/x.yaml] [ARGS="optim.lr=0.05 seed=1"] [RESUME=runs/<run>]
+# A diverged run is a result, not a failure of make train: it says so (attn train itself exits 3 for it).
+TRAIN_ARGS = $(if $(RESUME),--resume $(RESUME),$(CONFIG)) $(ARGS)
 train: $(VENV)/.runtime
-ifdef RESUME
-	$(PY) -m attn train --resume $(RESUME) $(ARGS)
-else
-	$(PY) -m attn train $(CONFIG) $(ARGS)
-endif
+	@echo "attn train $(TRAIN_ARGS)"
+	@ATTN_VIA_MAKE=train $(PY) -m attn train $(TRAIN_ARGS); status=$$?; \
+	if [ $$status = 3 ]; then echo "make train: the run diverged (its loss or weights went non-finite): a result, kept with its metrics and figures" >&2; exit 0; fi; \
+	exit $$status
 
 ## make compare RUNS="runs/sqrt_dk/*" [ARGS="--metric eval_loss --smooth 0.9 --x wall_time"]
 # set -f: the shell leaves globs to attn, which expands them itself (** too) and skips the files they match
@@ -72,7 +73,7 @@ ablation: $(VENV)/.runtime
 	@start=$$(date +%s); $(PY) -m attn sweep experiments/sqrt_dk.yaml $(ARGS) || exit $$?; \
 	echo "make ablation: $$(( $$(date +%s) - start )) s wall time" >&2
 
-ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide
+ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide two_factors
 ## make ablations: the headline and every boundary experiment, with the total wall time
 ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \

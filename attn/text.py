@@ -30,11 +30,13 @@ def and_list(items: list[str]) -> str:
 
 
 def summary_figures(summary: dict) -> str:
-    """'eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in memory
-    (NaN) or read back from disk (null)."""
+    """'outcome learned  eval_loss 0.0012  eval_acc 1.000  steps_to_99 50' from a summary, in
+    memory (NaN) or read back from disk (null); the outcome where the run has one."""
     final, best = summary.get("final") or {}, summary.get("best") or {}
+    outcome = summary.get("outcome_said") or summary.get("outcome")
     return (
-        f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
+        (f"outcome {outcome}  " if isinstance(outcome, str) else "")
+        + f"eval_loss {format_number(final.get('eval_loss'), '.4g')}  "
         f"eval_acc {format_number(final.get('eval_accuracy'), '.3f')}  "
         f"steps_to_99 {best.get('steps_to_99') if best.get('steps_to_99') is not None else 'never'}"
     )

@@ -3,6 +3,7 @@
 SIZES = [
     "model.d_model=16",
     "model.d_k=8",
+    "model.d_v=8",
     "task.n_keys=8",
     "task.n_values=8",
     "task.n_pairs=4",

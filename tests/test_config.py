@@ -636,3 +636,10 @@ def test_a_stored_run_config_with_a_setting_nothing_read_reads_with_it_at_its_de
     for config in (load_run_config(tmp_path / "config.yaml"), config_from_mapping(stored, "config.yaml")):
         assert (config.optim.name, config.optim.momentum, config.optim.nesterov) == ("adam", 0.0, False)
     assert load_run_config(tmp_path / "config.yaml", ["train.steps=9"]).train.steps == 9
+
+
+def test_d_v_does_not_follow_d_k():
+    """Issue 44: a wide d_k alone keeps the value circuit at its default width (the published experiments set 32)."""
+    config = load_config(None, ["model.d_k=1024"])
+    assert config.model.d_v == 32
+    assert build_spec(config, build_task(config)).d_v == 32

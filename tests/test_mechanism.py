@@ -95,7 +95,8 @@ def test_rank_auc_counts_pairs_and_ties():
 def test_stall_mechanism_counts_self_attending_ends_and_initial_target_attention():
     """Stalled runs that end attending to themselves against learned ones, and
     the initial attention on the right key of each class, with its AUC."""
-    from attn.analysis import outcomes, stats
+    from attn import outcomes
+    from attn.analysis import stats
     from attn.analysis.results import SELF_ATTENDING, stall_mechanism
 
     seeds = [

@@ -318,7 +318,11 @@ def test_verify_compares_every_verdict_and_names_the_flips():
             "agree": False,
         }
     )
-    assert "| b | inconclusive | confirmed | inconclusive | NO |" in text and "too fine to make" in text
+    assert (
+        "| b | inconclusive | confirmed | inconclusive | NO |" in text
+        and "run-to-run variance" in text
+        and "1 of 2 verdicts differ" in text
+    )
 
 
 def test_verify_names_each_re_runs_code_and_what_it_did_with_subnormals():
@@ -506,7 +510,7 @@ def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(
     monkeypatch.setattr(verify, "second_kernel", lambda requested: "Sandybridge")
     for d_k, materialized in ((256, True), (8, False)):
         asked.clear()
-        data = {"name": f"w{d_k}", "base": "base.yaml", "grid": {"model.d_k": [d_k]}, "seeds": [0]}
+        data = {"name": f"w{d_k}", "base": "base.yaml", "grid": {"model.d_k": [d_k], "model.d_v": [d_k]}, "seeds": [0]}
         experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
         experiment.directory.mkdir(parents=True)
         runs.write_json(experiment.directory / "report.json", verifiable(experiment, {"a": "confirmed"}))
@@ -522,7 +526,8 @@ def test_the_materialized_re_run_passes_cover_every_cell_once_materializing_only
     pass's --only values read back as the grid's (null for a block that does not set the key, a mapping)."""
     from attn.experiment.spec import build_experiment
 
-    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    base = "task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8, d_v: 8}\ntrain: {steps: 2}\n"  # d_v narrow
+    (tmp_path / "base.yaml").write_text(base)
     wide = 2 * verify.MATERIALIZED_WIDTH
 
     def plan(grid):

@@ -110,5 +110,7 @@ def test_every_experiment_with_claims_has_its_place_in_readmes_results_block():
         if found:
             numbers.setdefault(int(found.group(1)), []).append(path.stem)
         elif experiment.report.expect:
-            assert path.stem in (publish.HEADLINE, publish.COMPARISON, publish.WIDE_COMPARISON), path.stem
+            assert path.stem in (publish.HEADLINE, publish.COMPARISON, publish.WIDE_COMPARISON, publish.FACTORS), (
+                path.stem
+            )
     assert {n: names for n, names in numbers.items() if len(names) > 1} == {}

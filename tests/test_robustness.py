@@ -314,7 +314,7 @@ def test_resume_refuses_a_run_whose_process_is_still_alive(stopped_run, tmp_path
 # ---------------------------------------------------------------------------
 # Divergence
 # ---------------------------------------------------------------------------
-DIVERGING_CONFIG, DIVERGING_OVERRIDES = REPO / "configs/retrieval_unscaled.yaml", [*SIZES, "optim.lr=20"]
+DIVERGING_CONFIG, DIVERGING_OVERRIDES = REPO / "configs/default.yaml", [*SIZES, "model.scale=none", "optim.lr=20"]
 
 
 def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path, capsys):
@@ -337,6 +337,7 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     names = fast.param_shapes(build_spec(config, build_task(config)))
     assert f"at step {step}" in summary["reason"] and any(name in summary["reason"] for name in names)
     assert f"diverged: step {step}/" in outcome.stderr and summary["reason"] in outcome.stderr
+    assert summary["outcome"] == "diverged" and "outcome diverged" in outcome.stderr
     for figure in ("loss.png", "diagnostics.png", "attention.png"):
         assert (run_dir / figure).read_bytes().startswith(PNG_SIGNATURE)
     assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir), "already diverged")
@@ -436,7 +437,7 @@ def test_sigint_and_sigterm_checkpoint_and_exit_with_the_signal_code(signalled, 
     assert summary["step"] == case["checkpoint_step"] < SIGNAL_STEPS
     last_lines = stopped.stderr.strip().splitlines()[-2:]  # the progress output ends cleanly with these
     assert last_lines[0].startswith(f"interrupted: step {summary['step']}/{SIGNAL_STEPS}")
-    assert last_lines[1] == f"resume with: make train RESUME={Path('runs') / name}"
+    assert last_lines[1] == f"resume with: attn train --resume {Path('runs') / name}"  # attn train was run
     assert stopped.stdout.splitlines()[-1] == str(Path("runs") / name)
     assert not [n for n in case["files_after_stop"] if n.endswith(".tmp")]
 

@@ -14,8 +14,7 @@ import pytest
 import yaml
 from helpers import without_timing
 
-from attn import cli
-from attn.analysis import outcomes
+from attn import cli, outcomes
 from attn.analysis.results import collect
 from attn.config.loading import load_config
 from attn.config.schema import to_dict

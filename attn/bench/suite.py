@@ -240,7 +240,7 @@ def lookup_line(compared: list[dict]) -> str:
     ]
     return (
         "forward and backward with X formed and with its products taken through the embedding tables "
-        "(attn.model.pairs.Embedded): " + "; ".join(parts) + "."
+        "(attn.model.pairs.LazyEmbeddings): " + "; ".join(parts) + "."
     )
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from attn.analysis import grouping
-from attn.analysis.outcomes import (
+from attn.outcomes import (
     THRESHOLD,  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
 )
 from attn.report import compare_figure

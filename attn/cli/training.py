@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from attn.cli.common import (
 from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml, show_value
-from attn.model.fast import carried_as
+from attn.model.fast import describe_carried_weights
 from attn.model.widthfree import WIDTH_FREE_QK_NORM, WIDTH_FREE_QK_NORM_GAINS, WIDTH_FREE_SCORES
 from attn.optim import SUBSPACE_OPTIMIZERS
 from attn.store import locks, runs
@@ -192,13 +193,20 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
             )
         print(line, file=sys.stderr)
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
-        print(f"resume with: make train RESUME={run_dir}", file=sys.stderr)
+        print(f"resume with: {resume_command(run_dir)}", file=sys.stderr)
     if stopped_at_once and status != "interrupted" and config.logging.plots:  # it ended, then the signal: no figures
         print(f"figures: not drawn (stopped); attn plot {run_dir} draws them", file=sys.stderr)
     print(run_dir)
     if status == "interrupted" or stopped_at_once:
         return EXIT_SIGNAL.get(stop.reason, 130)
     return {"completed": EXIT_OK, "diverged": EXIT_DIVERGED}.get(status, EXIT_FAILED)
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes the run, in the words the user started it with: `make train` sets ATTN_VIA_MAKE."""
+    if os.environ.get("ATTN_VIA_MAKE") == "train":
+        return f"make train RESUME={run_dir}"
+    return f"attn train --resume {run_dir}"
 
 
 def cmd_config(args) -> int:
@@ -218,7 +226,7 @@ def cmd_config(args) -> int:
         return EXIT_OK
     config = _load_run_config(config_path, overrides)
     print(dump_yaml(to_dict(config), sort_keys=False), end="")
-    carried = carried_as(build_spec(config, build_task(config)))
+    carried = describe_carried_weights(build_spec(config, build_task(config)))
     print("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))
     return EXIT_OK
 

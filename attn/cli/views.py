@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from attn.analysis import outcomes
+from attn import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least, number_where
 from attn.store import runs

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attn.analysis import outcomes
+from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import CellResult, in_order
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout

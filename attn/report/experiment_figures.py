@@ -30,7 +30,7 @@ import textwrap
 import numpy as np
 from matplotlib.figure import Figure
 
-from attn.analysis import outcomes
+from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.store.runs import series

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.analysis import outcomes
+from attn import outcomes
 from attn.analysis.results import (
     COUNTED,
     SELF_ATTENDING,
@@ -54,9 +54,10 @@ from attn.analysis.verdicts import (
     judged_cells,
     on_seeds,
 )
-from attn.config.loading import config_from_mapping
+from attn.config.loading import build_task, config_from_mapping, runs_width_free
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, result_change
+from attn.model import widthfree
 from attn.report import experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, effect_bound, headline, scope
 from attn.store import locks, runs
@@ -325,7 +326,31 @@ def frozen_claims(experiment: Experiment) -> dict:
         "frozen_at": record.get("frozen_at"),
         "runs_before": record.get("runs_before", 0),
         "changes": report_spec.claim_changes(record, current),
+        "power": record.get("power") or {},
     }
+
+
+def power_lines(claims: dict) -> list[str]:
+    """Each claim's power as frozen with it before the runs (report_spec.power): a table, or nothing."""
+    rows = [
+        {
+            "claim": claim,
+            "test": figures.get("test"),
+            "judging seeds per arm": figures.get("n"),
+            "level": _fmt(figures.get("level")),
+            "smallest p it can reach": _fmt(figures.get("smallest_p")) if "smallest_p" in figures else "—",
+            "smallest effect that confirms it": figures.get("smallest_effect"),
+        }
+        for claim, figures in (claims.get("power") or {}).items()
+    ]
+    if not rows:
+        return []
+    return [
+        "Each claim's power, from the design alone, frozen with the claims before the runs:",
+        "",
+        rows_table(rows),
+        "",
+    ]
 
 
 def claims_lines(claims: dict) -> list[str]:
@@ -462,6 +487,33 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
     )
 
 
+def shared_initial_draws(experiment: Experiment) -> list[int]:
+    """The d_k of the cells whose width-free head is drawn by the Bartlett decomposition
+    (attn.model.widthfree.bartlett) when there are two or more: at one seed they all start from
+    the same deviates, so those cells are not independent of each other; else []."""
+    widths = set()
+    for cell in experiment.cells:
+        config = cell.config
+        if runs_width_free(config, build_task(config)) and not widthfree.sampled_directly(
+            config.model.d_model, config.model.d_k
+        ):
+            widths.add(config.model.d_k)
+    return sorted(widths) if len(widths) > 1 else []
+
+
+def shared_draws_lines(widths: list[int]) -> list[str]:
+    """The report's word on cells that share their seeds' initial draws (shared_initial_draws)."""
+    if not widths:
+        return []
+    return [
+        f"Not independent: at d_k {', '.join(map(str, widths))} a seed's initial head is drawn by the Bartlett "
+        "decomposition from the same deviates at every width, and as d_k grows the scaled head tends to a "
+        'd_k-independent limit (docs/training.md, "The width-free head"): a seed starts nearly the same model '
+        "in these cells, so their verdicts are close to one observation, not one per d_k.",
+        "",
+    ]
+
+
 def report_json(found: Findings) -> dict:
     experiment, layout = found.experiment, found.layout
     return {
@@ -475,6 +527,7 @@ def report_json(found: Findings) -> dict:
         "cells_in_file": len(experiment.cells),
         "platform": found.platform,
         "definitions": outcomes.definitions(),
+        "shared_initial_draws": shared_initial_draws(experiment),
         "layout": {
             "x": layout.x,
             "arm": layout.arm,
@@ -860,6 +913,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
             text += [findings_table(judged, layout.x_name, layout.names.get(layout.best_of)), ""]
         text += [f"![headline]({os.path.relpath(p, experiment.directory)})" for p in headline_figure]
         text += [""] if headline_figure else []
+    text += shared_draws_lines(shared_initial_draws(experiment))  # how independent the verdicts above are
     text += ["## In one paragraph (generated)", "", found.headline, ""]
     for title, chosen in (
         ("each arm at its own best " + (layout.best_of or "setting"), best),
@@ -900,7 +954,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
         "",
     ]
     if judged:
-        text += ["## Expectations, judged", ""] + claims_lines(found.claims)
+        text += ["## Expectations, judged", ""] + claims_lines(found.claims) + power_lines(found.claims)
         for j in judged:
             text += expectation_lines(j, layout)
         text.append("")
