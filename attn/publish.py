@@ -885,7 +885,9 @@ def flips_said(result: dict) -> str:
     return "; ".join(said)
 
 
-def verification_line(name: str, results: Path | None = None) -> str:
+def verification_line(name: str, results: Path | None = None, brief: bool = False) -> str:
+    """How `name`'s published report was re-run and what its verdicts did; `brief` (README): without each
+    cell's count and the runs each re-run left as they were."""
     result = _verification(name, results)
     if result is None:
         return (
@@ -912,9 +914,10 @@ def verification_line(name: str, results: Path | None = None) -> str:
         unchanged = "; each re-run changed the path of every run that stayed finite"
     unclean = unclean_reruns(result)
     by = f" by uncommitted or unrecorded code ({unclean}), so not a re-run of committed code" if unclean else ""
+    details = "" if brief else f"{counts}{unchanged}"
     return (
-        f"Re-run {verify.reruns_said(result)}{by} (`attn verify experiments/{name}.yaml`): {said}{counts}"
-        f"{unchanged} ([verify.md](results/{name}/verify.md))."
+        f"Re-run {verify.reruns_said(result)}{by} (`attn verify experiments/{name}.yaml`): {said}{details} "
+        f"([verify.md](results/{name}/verify.md))."
     )
 
 
@@ -1002,7 +1005,7 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
             names.get(layout.get("best_of")),
         ),
         "",
-        verification_line(HEADLINE, results).replace("(results/", "(experiments/results/"),
+        verification_line(HEADLINE, results, brief=True).replace("(results/", "(experiments/results/"),
         "",
     ]
     if HEADLINE in changes:

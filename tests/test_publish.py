@@ -97,7 +97,8 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     assert (
         "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
         "left 3 of the 4 runs finite in both bit for bit as they were ("
-    ) in text
+    ) in (repo / "experiments" / "README.md").read_text()
+    assert "`attn verify experiments/sqrt_dk.yaml`): every verdict agrees ([verify.md]" in text  # README: brief
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
 
