@@ -11,7 +11,8 @@ copied to experiments/results/<name>/ (committed), with its verification
 experiments/README.md is written afresh from those report.json files
 (each experiment's description, its generated paragraph, its verdicts, its
 figures), and README.md's block between RESULTS_BEGIN and RESULTS_END is
-replaced by the headline's figure, paragraph and verdicts. Each report is
+replaced by results_block (the headline's figure and findings table, a line
+for each other experiment). Each report is
 held against its experiment file as it is now (design_changes): results of
 an earlier design say so; those of its design take the file's description
 and each claim's edited_after_runs. The newest
@@ -36,10 +37,22 @@ the old published set or the new one, never a directory of both, a torn
 file or a file deleted before its replacement is in place; the next
 publish removes what a killed one left beside them.
 
+One publish at a time (experiments/'s RunLock): a second is refused in one
+line, never left to remove the first's staging. Before anything is staged,
+every file it reads is checked (each report.json, verify.json and benchmark,
+in runs/ and published: JSON of the fields the text is made from, regular
+files only; experiments/results/ holding no symbolic link), and a damaged one
+is named in one line; every string of them is then made markdown_safe before
+any text is generated, and README's blocks are found by their marker lines
+alone (with_block), so no report can open, close or swallow a block.
+README's results block is short: the headline's findings table and one line
+per other experiment; the paragraphs are in experiments/README.md.
+
 A verification goes only beside the report it verified (the digest its
 record keeps, attn.experiment.verify.report_digest): publish refuses, before
-it touches anything, one of another report. `--verification-only` writes
-the verifications alone beside the reports already published, for a
+it touches anything, one of another report. A report published again, byte
+for byte or of the digest its published verification names, keeps it.
+`--verification-only` writes the verifications alone beside the reports already published, for a
 published report verified without its runs (attn verify --as-run or
 --published), each with the re-runs of the one published before that it
 did not make, where that one verified the same report.
@@ -94,9 +107,11 @@ def publish(
     """Copy each experiment's report into experiments/results/ and regenerate
     experiments/README.md and README.md's results block; the paths written.
     Refused (RunError, one line) for a report whose runs come from several
-    code states or from uncommitted code (its code_state_note), unless
-    allow_mixed; the report itself says so either way; and for a verification
-    of another report than the one it would be published beside. A
+    code states or from uncommitted code (its code_state_note), or a
+    verification whose re-runs did (unclean_reruns), unless allow_mixed; the
+    text says so either way; for a verification of another report than the one
+    it would be published beside; while another publish runs (_publishing);
+    and for any file it reads that it cannot make its text from. A
     verification is written through merge with the one published before
     (_write_verification). `verification_only`: each one's verification alone,
     beside the report already published, which it must have verified.
@@ -109,7 +124,7 @@ def publish(
             bench = _newest_bench(runs_dir, allow_mixed)
             if bench is None:
                 raise runs.RunError(f"{runs_dir / 'bench'}: no benchmark yet; run `attn bench` first")
-            _check_published(RESULTS, replaced=())
+            _check_published(RESULTS, replaced=(), bench_replaced=True)
             return _publish_staged({}, runs_dir, bench, copy_reports=False)
         return _publish_checked(names, runs_dir, allow_mixed, verification_only)
 
@@ -178,7 +193,7 @@ def _publish_checked(names: list[str] | None, runs_dir: Path, allow_mixed: bool,
                 "clean commit (re-run them), or pass --allow-mixed to publish them as they are"
             )
     bench = None if verification_only else _newest_bench(runs_dir, allow_mixed)
-    _check_published(RESULTS, replaced=() if verification_only else names)
+    _check_published(RESULTS, replaced=() if verification_only else names, bench_replaced=bench is not None)
     return _publish_staged(
         {name: verifications[name][".json"] for name in names}, runs_dir, bench, copy_reports=not verification_only
     )
@@ -495,16 +510,17 @@ def _check_results_tree(results: Path) -> None:
                 raise runs.RunError(f"{path}: not a regular file or directory; remove it")
 
 
-def _check_published(results: Path, replaced) -> None:
-    """Every report.json and verify.json published, but those of the experiments `replaced`, read and checked
-    (read_report, read_verification): the text is made from them all, after the staging."""
+def _check_published(results: Path, replaced, bench_replaced: bool = False) -> None:
+    """Every report.json and verify.json published, but those of the experiments `replaced`, and the benchmark
+    unless bench_replaced, read and checked (read_report, read_verification, bench_block): the text is made
+    from them all, after the staging."""
     for path in sorted(results.glob("*/report.json")):
         if path.parent.name not in replaced:
             read_report(path, path.parent.name, published=True)
     for path in sorted(results.glob("*/verify.json")):
         if path.parent.name not in replaced:
             read_verification(path, path.parent.name)
-    if (results / "bench.json").exists():
+    if (results / "bench.json").exists() and not bench_replaced:
         bench_block(read_bench(results / "bench.json"), results / "bench.json")
 
 

@@ -1369,7 +1369,7 @@ REPORT_DAMAGE = [
         ("runs/bench/bench-20261201-100000.json", "no machine", ["--bench"]),
         ("runs/bench/bench-20261201-100000.json", "a list", ["--bench"]),
         ("experiments/results/bench.json", "truncated", ["--text-only"]),
-        ("experiments/results/bench.json", "no machine", ["sqrt_dk"]),
+        ("experiments/results/bench.json", "no machine", ["--text-only"]),
         ("runs/verify/sqrt_dk.json", "platforms a list", ["sqrt_dk"]),
         ("runs/verify/sqrt_dk.json", "truncated", ["sqrt_dk", "--verification-only"]),
     ],
