@@ -1047,7 +1047,8 @@ def results_block(reports: dict[str, dict], results: Path | None = None, changes
         for name in others:
             said = provenance(name)
             lines.append(
-                f"- [`{name}`](experiments/results/{name}/report.md) — {_title(reports[name]['description'])}"
+                f"- [`{name}`](experiments/results/{name}/report.md)"
+                f"{' — ' + title if (title := _title(reports[name]['description'])) else ''}"
                 f"{' (' + said + ')' if said else ''}: {verdict_counts(reports[name])}; "
                 f"{_verification_said(_verification(name, results))}"
             )
