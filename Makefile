@@ -51,23 +51,24 @@ runs: $(VENV)/.runtime
 board: $(VENV)/.runtime
 	set -f; $(PY) -m attn board $(RUNS) $(ARGS)
 
-## make board-screenshot [RUNS=...]: README's picture of the board, experiments/results/board.png, from four
-## short real runs (two scales x two seeds) trained into a temporary directory, or from RUNS; needs chromium
+## make board-screenshot [RUNS=...]: README's picture of the board, experiments/results/board.png: the static page
+## with no URL parameters, of two seeds each of configs/wide.yaml and configs/wide_unscaled.yaml (400 steps; the
+## scaled head learns, the unscaled one stalls at chance) trained into a temporary directory, or of RUNS; needs chromium
 BOARD_PNG := experiments/results/board.png
 CHROMIUM_FLAGS := --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
-  --disable-component-update --disable-sync --hide-scrollbars --window-size=1280,980 --virtual-time-budget=3000
+  --disable-component-update --disable-sync --hide-scrollbars --window-size=1280,1460 --virtual-time-budget=3000
 board-screenshot: $(VENV)/.runtime
 	@command -v chromium >/dev/null || { echo 'error: make board-screenshot needs chromium (apt-get install chromium)' >&2; exit 2; }
 	@set -ef; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	if [ -z '$(RUNS)' ]; then \
-	  for scale in sqrt none; do for seed in 0 1; do \
-	    $(PY) -m attn train configs/default.yaml model.scale=$$scale seed=$$seed train.steps=400 logging.plots=false \
-	      runs_dir=$$tmp/runs/default --name scale-$$scale-seed-$$seed >/dev/null 2>&1 || test $$? = 3; \
+	  for config in wide wide_unscaled; do for seed in 0 1; do \
+	    $(PY) -m attn train configs/$$config.yaml seed=$$seed train.steps=400 logging.plots=false \
+	      runs_dir=$$tmp/runs --name $$config-seed$$seed >/dev/null 2>&1 || test $$? = 3; \
 	  done; done; \
 	  here=$$PWD; cd $$tmp; $$here/$(PY) -m attn board --static page runs >/dev/null; cd $$here; \
 	else $(PY) -m attn board --static $$tmp/page $(RUNS) >/dev/null; fi; \
 	chromium $(CHROMIUM_FLAGS) --user-data-dir=$$tmp/profile --screenshot=$(BOARD_PNG) \
-	  "file://$$tmp/page/index.html?groups=all" 2>/dev/null >/dev/null; \
+	  "file://$$tmp/page/index.html" 2>/dev/null >/dev/null; \
 	echo "$(BOARD_PNG): $$(wc -c < $(BOARD_PNG)) bytes"
 
 ## make sweep EXP=experiments/<name>.yaml [ARGS="--workers 2"]: any experiment, then its report
@@ -79,7 +80,7 @@ ablation: $(VENV)/.runtime
 	@start=$$(date +%s); $(PY) -m attn sweep experiments/sqrt_dk.yaml $(ARGS) || exit $$?; \
 	echo "make ablation: $$(( $$(date +%s) - start )) s wall time" >&2
 
-ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide
+ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide two_factors
 ## make ablations: the headline and every boundary experiment, with the total wall time
 ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \

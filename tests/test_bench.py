@@ -114,12 +114,12 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
 
 # The numpy calls of a training step at the default size (attn.bench.calls): 218 before the embeddings were
 # stacked, the residual's gradient joined to the query rows' and the rest of issue 21 item 7's cuts; 160 after
-# them; 180 since the head takes X's products through the embedding tables (attn.model.pairs.Embedded), which
+# them; 180 since the head takes X's products through the embedding tables (attn.model.pairs.LazyEmbeddings), which
 # left one model's default step about as fast and made stacked and longer-sequence steps faster (docs/bench.md);
 # 188 since the embeddings' gradient and the tables' products bin by one function (pairs._binned); 180 since
 # the bins' slots are flattened once per X, the table transposed once per X and the cross-entropy's backward
 # takes a scalar upstream gradient; 175 since the embeddings' gradient reuses the bins of A and dS that the
-# head's A X and dS X made (attn.model.pairs.Embedded.binned), binning only the query rows' own.
+# head's A X and dS X made (attn.model.pairs.LazyEmbeddings.binned), binning only the query rows' own.
 DEFAULT_STEP_NUMPY_CALLS = 175
 # The copy size's (a query at every position: X and its gradient formed, Factored.dense): 149 since 6d8eb63.
 COPY_STEP_NUMPY_CALLS = 149

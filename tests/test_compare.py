@@ -411,7 +411,8 @@ def test_unfinished_and_broken_runs_are_plotted_or_skipped_with_a_reason(zoo, tm
     assert rows["scale=none"].statuses == {"diverged": 1, "stale": 1}
     final_loss = rows["scale=none"].stats["final_eval_loss"]
     assert (final_loss.n, final_loss.total, rows["scale=none"].left_out) == (0, 1, 1)  # the stale run is left out
-    assert "| scale=none | 2 (1 left out) | diverged 1, stale 1 | — |" in result.table
+    assert rows["scale=none"].outcomes == {"diverged": 1}  # the stale run has not ended: no outcome
+    assert "| scale=none | 2 (1 left out) | diverged 1, stale 1 | diverged 1 | — |" in result.table
     assert "Left out of the statistics: 2 runs that did not finish" in result.table
     counted = {row.label: row for row in compare.group_rows(result.groups, 0.99, include_unfinished=True)}
     final_loss = counted["scale=none"].stats["final_eval_loss"]

@@ -1,5 +1,6 @@
-"""Every fact about a config field is declared once, on the field (attn.config.schema.F): a field added to the
-schema is followed by stacking, forking and grouping as its declaration says, with no list kept elsewhere."""
+"""Every fact about a config field is declared once, on the field (attn.config.schema.config_field): a field
+added to the schema is followed by stacking, forking and grouping as its declaration says, with no list kept
+elsewhere."""
 
 import dataclasses
 from pathlib import Path
@@ -15,7 +16,7 @@ from attn.train import lifecycle, stack
 
 def add_field(monkeypatch, **facts) -> type:
     """The schema with one more optimiser field, optim.extra, declaring `facts`; returns its Config."""
-    extra = schema.F(1.0, "a field this test adds", gt=0, **facts)
+    extra = schema.config_field(1.0, "a field this test adds", gt=0, **facts)
     optim = dataclasses.make_dataclass(
         "OptimConfig", [("extra", float, extra)], bases=(schema.OptimConfig,), frozen=True
     )

@@ -1,4 +1,4 @@
-"""X through its embedding tables (attn.model.pairs.Embedded): the same numbers as X formed."""
+"""X through its embedding tables (attn.model.pairs.LazyEmbeddings): the same numbers as X formed."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ def rng():
 
 
 def embedded(rng, members=(), shared_positions=False):
-    """An Embedded X (*members, B, T, D) of two fields (5 and 6 ids, repeats
+    """A LazyEmbeddings X (*members, B, T, D) of two fields (5 and 6 ids, repeats
     likely) and positions, float64; the positions' table shared by the members when asked."""
     tables = [
         rng.standard_normal((*members, 5, D)),
@@ -104,7 +104,7 @@ def test_the_model_is_the_same_with_x_formed_or_looked_up(rng, variant):
         results = {}
         for lookup in (False, True):
             loss, cache = fast.forward(params, spec, batch, association="bilinear", lookup=lookup)
-            assert isinstance(cache["attn"]["x"], pairs.Embedded) == lookup
+            assert isinstance(cache["attn"]["x"], pairs.LazyEmbeddings) == lookup
             results[lookup] = loss, fast.backward(cache, spec)
         np.testing.assert_allclose(results[True][0], results[False][0], rtol=1e-12)
         for name, grad in results[False][1].items():
@@ -136,7 +136,7 @@ def test_gradients_through_the_tables_match_finite_differences(rng, variant):
 def test_the_rule_takes_the_tables_when_cheaper(rng, change, looked_up):
     spec = retrieval_spec(**change)
     _, cache = fast.forward(fast.init_params(spec, rng), spec, query_batch(rng, spec))
-    assert isinstance(cache["attn"]["x"], pairs.Embedded) == looked_up
+    assert isinstance(cache["attn"]["x"], pairs.LazyEmbeddings) == looked_up
 
 
 def test_a_query_at_every_position_forms_x(rng):
@@ -154,7 +154,7 @@ def test_each_member_of_a_stack_is_its_model_alone_bit_for_bit_through_the_table
     stacked = {name: np.stack([m[name] for m in members]) for name in members[0]}
     batch = query_batch(rng, spec, (3,))
     loss, cache = fast.forward(stacked, spec, batch, association="bilinear")
-    assert isinstance(cache["attn"]["x"], pairs.Embedded)
+    assert isinstance(cache["attn"]["x"], pairs.LazyEmbeddings)
     grads = fast.backward(cache, spec)
     for m, params in enumerate(members):
         alone = Batch(*(getattr(batch, f)[m] for f in ("tokens", "targets", "target_mask", "target_key")))
@@ -184,7 +184,7 @@ def test_queries_as_a_slice_of_some_positions_are_looked_up_alike(rng):
             association="bilinear",
             lookup=lookup,
         )
-        assert isinstance(cache["x"], pairs.Embedded) == lookup and out.shape == (B, 3, D)
+        assert isinstance(cache["x"], pairs.LazyEmbeddings) == lookup and out.shape == (B, 3, D)
         outputs[lookup] = out, head.attention_backward(upstream, cache)
     np.testing.assert_allclose(outputs[True][0], outputs[False][0], rtol=1e-12)
     for name in ("W_q", "W_k", "W_v", "W_o"):

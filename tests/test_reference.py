@@ -7,7 +7,9 @@ differ only in the order of their sums, which moves the last few bits of an
 entry, not a digit of the result.
 """
 
+import ast
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,9 +94,9 @@ def test_fast_model_equals_the_textbook(rng, variant, where, association):
         assert close(grads[name], ref_grads[name]), name
     rows = cache["positions"]
     assert close(cache["attn"]["attn"], ref_cache["A"][:, rows])
-    finite = np.isfinite(ref_cache["S"][:, rows])
+    finite = np.isfinite(ref_cache["scores"][:, rows])
     assert np.array_equal(np.isfinite(cache["attn"]["scores"]), finite)
-    assert close(cache["attn"]["scores"][finite], ref_cache["S"][:, rows][finite])
+    assert close(cache["attn"]["scores"][finite], ref_cache["scores"][:, rows][finite])
     own = np.arange(T)[rows]  # the diagnostics' self_attn is the textbook A's diagonal at the target rows
     on_self = ref_cache["A"][:, own, own] if isinstance(rows, np.ndarray) else np.diagonal(ref_cache["A"], 0, 1, 2)
     kept = batch.target_mask[:, rows]
@@ -228,3 +230,11 @@ def test_targets_where_there_is_none_may_hold_any_value(rng, junk):
     for name in grads:
         assert np.array_equal(junk_grads[name], grads[name]), name
         assert close(fast_grads[name], junk_grads[name]), name
+
+
+def test_the_textbook_model_imports_nothing_of_attn():
+    """The yardstick is independent of what it checks: numpy and the standard library only."""
+    tree = ast.parse(Path(reference.__file__).read_text())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert [name for name in imported if name.split(".")[0] == "attn"] == []

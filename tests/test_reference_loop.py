@@ -46,7 +46,17 @@ CASES = {
     "non-finite, stop": ["optim.lr=20", "model.scale=none"],
 }
 SNAPSHOTS = ("attention.npz", "mechanism.npz")
-RESULT_KEYS = ("status", "reason", "step", "best", "nonfinite_steps", "final", "resumed_from")
+RESULT_KEYS = (
+    "status",
+    "reason",
+    "step",
+    "best",
+    "nonfinite_steps",
+    "final",
+    "resumed_from",
+    "outcome",
+    "outcome_detail",
+)
 
 
 def trained(run_dir: Path, overrides: list[str], with_twin: bool, stop_at_once: bool = False) -> dict:

@@ -506,13 +506,17 @@ def test_the_headline_names_the_arm_that_falls_short_where_and_how(judged):
     """sqrt learned in every seed at every d_k; none stalled at 16 (3 seeds) and 64 (10),
     and learned at 256 in every seed: the paragraph says so, with the counts."""
     headline = judged.data["counts_summary"]
-    assert headline.startswith("At the grid's setting, `scale=sqrt` learned in every seed at every d_k; "), headline
-    assert "fewer learned for `scale=none` at d_k 16: 0/3 (3 stalled), 64: 0/10 (10 stalled)." in headline, headline
+    sentences = headline.split(". ")
+    assert facts_in(sentences[0], "`scale=sqrt`", "every seed", "every d_k")
+    assert facts_in(sentences[0], "fewer learned for `scale=none`", "16: 0/3 (3 stalled)", "64: 0/10 (10 stalled)")
+    assert "256" not in sentences[0], "at 256 the unscaled arm learned in every seed"
     verdicts = [e[5] for e in EXPECTATIONS]
-    assert headline.endswith(
-        f"Of {len(EXPECTATIONS)} expectations, {verdicts.count('confirmed')} confirmed, "
-        f"{verdicts.count('not confirmed')} not confirmed, "
-        f"{verdicts.count('inconclusive')} inconclusive."
+    assert facts_in(
+        sentences[-1],
+        f"{len(EXPECTATIONS)} expectations",
+        f"{verdicts.count('confirmed')} confirmed",
+        f"{verdicts.count('not confirmed')} not confirmed",
+        f"{verdicts.count('inconclusive')} inconclusive",
     )
 
 
@@ -522,7 +526,9 @@ def test_an_expectation_is_judged_by_its_intervals(judged, id_, stat, arm, rule,
     assert result["verdict"] == verdict
     assert [p["x"] for p in result["points"]] == [[d_k] for d_k in where or (16, 64, 256)], "`where` restricts x"
     lines = judged.md[judged.md.index(f"- **{id_}**") :].splitlines()
-    assert lines[0] == f"- **{id_}** — the claim {id_}: **{verdict}**. Rule: {result['rule']}."
+    assert lines[0].startswith(f"- **{id_}**") and facts_in(
+        lines[0], f"the claim {id_}", f"**{verdict}**", result["rule"]
+    )
     for point, line in zip(result["points"], lines[1:]):
         (d_k,) = point["x"]
         mine = expected_interval(stat, JUDGED[(d_k, arm["model.scale"])])
@@ -533,7 +539,7 @@ def test_an_expectation_is_judged_by_its_intervals(judged, id_, stat, arm, rule,
             numbers.update(other_value=theirs[0], other_low=theirs[1], other_high=theirs[2])
             text += f" vs {theirs[0]:.3g} [{theirs[1]:.3g}, {theirs[2]:.3g}]"
         assert {k: point[k] for k in numbers} == {k: as_json(v) for k, v in numbers.items()}
-        assert line == f"  - d_k = {d_k}: {text} → {point['verdict']}"
+        assert facts_in(line, f"d_k = {d_k}", text, point["verdict"])
 
 
 def test_an_expectation_over_several_x_is_confirmed_only_if_every_one_is(judged):
@@ -548,11 +554,9 @@ def test_an_expectation_over_several_x_is_confirmed_only_if_every_one_is(judged)
         "confirmed",
     ]
     verdicts = Counter(verdict for *_, verdict in EXPECTATIONS)
-    assert judged.data["counts_summary"].endswith(
-        f"Of {len(EXPECTATIONS)} expectations, {verdicts['confirmed']} confirmed, "
-        f"{verdicts['not confirmed']} not confirmed, "
-        f"{verdicts['inconclusive']} inconclusive."
-    )
+    last = judged.data["counts_summary"].split(". ")[-1]
+    assert facts_in(last, f"{len(EXPECTATIONS)} expectations", f"{verdicts['confirmed']} confirmed")
+    assert facts_in(last, f"{verdicts['not confirmed']} not confirmed", f"{verdicts['inconclusive']} inconclusive")
 
 
 # ---------------------------------------------------------------------------
@@ -629,10 +633,9 @@ def test_a_cell_with_no_finished_seed_does_not_break_the_report(left_out):
         assert result["verdict"] == "inconclusive" and result["points"] == [
             {"x": [64], "verdict": "inconclusive", "note": "no finished runs"}
         ], id_
-        assert (
-            f"- **{id_}** — the claim {id_}: **inconclusive**. Rule: {result['rule']}.\n"
-            "  - d_k = 64: no finished runs → inconclusive" in left_out.md
-        )
+        lines = left_out.md[left_out.md.index(f"- **{id_}**") :].splitlines()
+        assert facts_in(lines[0], "**inconclusive**", result["rule"])
+        assert facts_in(lines[1], "d_k = 64", "no finished runs", "inconclusive")
 
 
 # ---------------------------------------------------------------------------
@@ -799,9 +802,9 @@ def test_the_paragraph_says_which_arms_best_rate_transfers_across_x():
     layout = SimpleNamespace(
         best_of="optim.lr", names={"optim.lr": "lr"}, x_name="d_k", arm_label=lambda arm: f"scale={arm[0]}"
     )
-    assert _transfer_sentence(best, layout) == (
-        "The best lr was the same at every d_k for `scale=sqrt` (0.3); it moved with d_k for `scale=none` (0.1, 0.03)."
-    )
+    sqrt, none = _transfer_sentence(best, layout).split("; ")
+    assert facts_in(sqrt, "best lr", "same at every d_k", "`scale=sqrt` (0.3)")
+    assert facts_in(none, "moved with d_k", "`scale=none` (0.1, 0.03)")
     one_x = {key: cell for key, cell in best.items() if key[0] == (16,)}
     assert _transfer_sentence(one_x, layout) == "", "with one x there is nothing to transfer across"
 
@@ -1004,3 +1007,72 @@ def test_the_phase_figure_frames_each_arms_chosen_rate_with_held_out_seeds(tmp_p
         for ax in drawn["phase.png"].axes
     ]
     assert framed == [[(0, 1)], [(0, 1)]]  # per arm: column d_k 16, row lr 0.1
+
+
+# ---------------------------------------------------------------------------
+# report.md opens with its judged result: the findings table, the headline figure; the selection seeds after
+# ---------------------------------------------------------------------------
+def test_report_md_opens_with_its_judged_result_and_the_selection_seeds_come_after(tmp_path, classes):
+    held = held_out_experiment(tmp_path / "held")
+    order = [
+        "## The result",
+        "## In one paragraph",
+        "## Headline: each arm at its own best optim.lr",
+        "## The selection seeds",
+        "## Expectations, judged",
+    ]
+    assert [held.md.index(title) for title in order] == sorted(held.md.index(title) for title in order)
+    assert held.md.index("## The result") < held.md.index("| d_k |"), "no table of cells before the verdicts"
+    rows = markdown_rows(held.md, "## The result")
+    assert [(r["verdict"].split(" (")[0], r["test"].split(",")[0]) for r in rows] == [
+        (e["verdict"], {"interval": "95% interval", "mcnemar": "exact McNemar"}[e["test"]])
+        for e in held.data["expectations"]
+    ]
+    assert (
+        rows[0]["effect [95% interval]"].startswith("success rate 0 [0, ")
+        and "at d_k 64" in rows[0]["effect [95% interval]"]
+    )
+    opening = classes.md.split("## In one paragraph")[0]
+    assert "![headline](headline.png)" in opening and classes.md.count("(headline.png)") == 1
+
+
+def point(x, value=None, low=None, high=None, **more) -> dict:
+    return {"x": [x], "value": value, "low": low, "high": high, "verdict": "confirmed", **more}
+
+
+def test_a_claims_effect_is_said_at_the_point_that_decides_its_verdict():
+    from attn.report.experiment_report import effect_said
+
+    bound = {
+        "claim": "learns",
+        "verdict": "confirmed",
+        "test": "interval",
+        "rule": "success_rate of scale=sqrt above 0.5 (its 95% interval wholly above), at each arm's best lr",
+        "points": [point(16, 1.0, 0.84, 1.0), point(64, 0.9, 0.7, 0.98), point(256, 1.0, 0.84, 1.0)],
+    }
+    assert effect_said(bound, "d_k") == "success rate 0.9 [0.7, 0.98] at d_k 64, the weakest of 3"
+    below = {**bound, "rule": bound["rule"].replace("above 0.5", "below 0.95").replace("wholly above", "wholly below")}
+    assert effect_said(below, "d_k").endswith("at d_k 16, the weakest of 3")  # the highest upper bound
+    same = {**bound, "points": [point(16, 1.0, 0.84, 1.0), point(64, 1.0, 0.84, 1.0)]}
+    assert effect_said(same, "d_k") == "success rate 1 [0.84, 1] at each of 2 points (d_k 16 to 64)"
+    effect = lambda value, low, high: {"name": "ratio of medians", "value": value, "low": low, "high": high}  # noqa: E731
+    tested = {
+        "claim": "faster",
+        "verdict": "confirmed",
+        "test": "sign",
+        "p_holm": 1e-5,
+        "rule": "median_time of scale=sqrt lower than of scale=none (sign test ...), at each arm's best lr",
+        "points": [
+            point(256, p=1e-6, p_reverse=1.0, effect=effect(0.05, 0.03, 0.07)),
+            point(1024, p=1e-6, p_reverse=1.0, effect=effect(0.11, 0.07, 0.14)),  # equal p: nearer 1, weaker
+            point(4096, p=1e-7, p_reverse=1.0, effect=effect(0.5, 0.2, 0.9)),
+        ],
+    }
+    assert effect_said(tested, "d_k") == "ratio of medians 0.11 [0.07, 0.14] at d_k 1024, the weakest of 3"
+    refuted = {**tested, "verdict": "not confirmed", "points": [{**p, "p_reverse": p["p"]} for p in tested["points"]]}
+    assert effect_said(refuted, "d_k").endswith("at d_k 4096, the weakest of 3")
+    unseen = {
+        **tested,
+        "points": [*tested["points"], {"x": [8], "note": "no finished runs", "verdict": "inconclusive"}],
+    }
+    assert effect_said(unseen, "d_k") == "no finished runs at d_k 8, the weakest of 4"

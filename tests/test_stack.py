@@ -160,12 +160,12 @@ def test_the_members_writes_of_one_moment_run_at_once_and_a_stack_of_one_in_the_
         together.wait()
         threads.append(threading.current_thread())
 
-    with loop.Writes(members) as writes:
+    with loop.DurableWritePool(members) as writes:
         writes.each(write, list(range(members)))
     assert len(set(threads)) == members and threading.current_thread() not in threads
 
     alone = []
-    loop.Writes(1).each(lambda _: alone.append(threading.current_thread()), [0])
+    loop.DurableWritePool(1).each(lambda _: alone.append(threading.current_thread()), [0])
     assert alone == [threading.current_thread()]
 
 
@@ -177,6 +177,6 @@ def test_a_failed_write_is_raised_once_the_others_are_done():
             raise OSError("disk full")
         done.append(k)
 
-    with loop.Writes(3) as writes, pytest.raises(OSError, match="disk full"):
+    with loop.DurableWritePool(3) as writes, pytest.raises(OSError, match="disk full"):
         writes.each(write, [0, 1, 2])
     assert sorted(done) == [1, 2]

@@ -87,7 +87,7 @@ def test_the_coordinates_span_the_initial_weights_and_form_them_again():
     full = fast.init_params(dataclasses.replace(spec, width_free=False), np.random.default_rng(3))
     q_qk, q_ov = bases(spec, 3)
     assert np.allclose(q_qk @ q_qk.T, np.eye(2 * D), atol=1e-14)
-    again = fast.materialized(carried, spec, np.random.default_rng(3))
+    again = fast.materialize_params(carried, spec, np.random.default_rng(3))
     for name, value in full.items():
         assert close(again[name], value), name
         assert close(formed(carried, q_qk, q_ov)[name], value), name
@@ -193,7 +193,7 @@ def test_200_steps_with_momentum_decay_clipping_and_cosine_equal_the_materialize
             clipped += optim.clip_by_global_norm(grads, c.optim.clip_norm) > c.optim.clip_norm
             optimizer.step(params, grads, loop.optim_lr(c, step))
         assert clipped > 0  # the clipping was exercised
-        runs[width_free] = fast.materialized(params, spec, runstate.make_generators(c.seed).init)
+        runs[width_free] = fast.materialize_params(params, spec, runstate.make_generators(c.seed).init)
         if score == "sigma_reparam":
             runs[width_free].update(zip(("sigma_q", "sigma_k"), map(np.asarray, sigmas(params, buffers))))
     assert set(runs[True]) == set(runs[False])

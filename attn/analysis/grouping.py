@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn import outcomes
 from attn.config.loading import field_value, flatten_config
 from attn.config.schema import neutral_keys, replicate_keys, unread_keys
 from attn.config.yamlio import ArgumentError, ConfigError, parse_yaml, show_value
@@ -75,6 +76,25 @@ class Run:
     def provenance(self) -> dict:
         """Where and how the run was made (config.yaml's `provenance`)."""
         return self.config_yaml.get("provenance") or {}
+
+    @property
+    def outcome(self) -> str | None:
+        """Its outcome class (attn.outcomes): summary.json's, or from its records for a run that ended
+        before runs named theirs; None while it has not ended."""
+        if self.status not in outcomes.ENDED:
+            return None
+        said = self.summary.get("outcome")
+        if (
+            isinstance(said, str)
+            and said in outcomes.OUTCOMES
+            and (said == outcomes.DIVERGED) == (self.status == "diverged")
+        ):
+            return said
+        try:
+            ended = outcomes.of_run(self.records, {**self.summary, "status": self.status})
+        except (ValueError, KeyError, TypeError):  # records a damaged file left out of order or without steps
+            return None
+        return None if ended is None else ended.outcome
 
 
 @dataclass(frozen=True)

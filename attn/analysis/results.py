@@ -25,6 +25,7 @@ Per cell (attn.analysis.stats):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import Counter
@@ -35,7 +36,7 @@ import numpy as np
 from attn import outcomes
 from attn.analysis import stats
 from attn.analysis.grouping import Run, canonical, load_runs
-from attn.config.loading import config_from_mapping
+from attn.config.loading import config_from_mapping, qk_gain
 from attn.config.yamlio import ConfigError
 from attn.model import mechanism
 from attn.model.head import score_scale
@@ -75,6 +76,7 @@ class Seed:
     mechanism: dict  # step -> attn.model.mechanism.summary of the rows at that step
     at_thresholds: dict = field(default_factory=dict)  # outcomes.THRESHOLDS -> its outcome class at that threshold
     at_end: dict = field(default_factory=dict)  # AT_END_KEYS -> the last record's value (None where missing)
+    threshold: float = outcomes.THRESHOLD  # the eval accuracy `outcome` was judged at
 
     @property
     def final_loss(self) -> float:
@@ -102,17 +104,22 @@ def plateau_level(summary: dict, name: str = "chance") -> float:
     return float(level) if runs.is_finite_number(level) else math.nan
 
 
-def seed_of(run: Run, seed: int, threshold: float) -> Seed:
-    records = run.records
+def seed_of(run: Run, seed: int, threshold: float, budget: int | None = None, rows_by_step: dict | None = None) -> Seed:
+    """One finished run as a seed of its cell; with `budget`, as if it had stopped at that step (its
+    records up to it; diverged only if it diverged by then). rows_by_step: its read_mechanism, if read."""
+    records = run.records if budget is None else [r for r in run.records if r["step"] <= budget]
     steps = np.array([r["step"] for r in records], dtype=np.int64)
 
     def values(key):
         return np.array([r[key] if runs.is_finite_number(r.get(key)) else np.nan for r in records], dtype=float)
 
-    budget = int(run.summary.get("steps") or 0)
+    all_kept = len(records) == len(
+        run.records
+    )  # a diverged run diverged by the budget if none of its records is past it
+    budget = int(run.summary.get("steps") or 0) if budget is None else budget
     curve = (steps, values("eval_accuracy"), values("eval_loss"))
     levels = {
-        "diverged": run.status == "diverged",
+        "diverged": run.status == "diverged" and all_kept,
         "budget": budget,
         "chance_loss": plateau_level(run.summary),
         "no_retrieval_loss": plateau_level(run.summary, "no_retrieval"),
@@ -123,7 +130,16 @@ def seed_of(run: Run, seed: int, threshold: float) -> Seed:
     at_init = {k: first.get(k) if runs.is_finite_number(first.get(k)) else None for k in AT_INIT_KEYS}
     last = records[-1] if records else {}
     at_end = {k: last.get(k) if runs.is_finite_number(last.get(k)) else None for k in AT_END_KEYS}
-    return Seed(seed, run, outcome, budget, at_init, read_mechanism(run), at, at_end)
+    rows_by_step = read_mechanism(run) if rows_by_step is None else rows_by_step
+    return Seed(seed, run, outcome, budget, at_init, rows_by_step, at, at_end, threshold)
+
+
+def at_budget(cell: "CellResult", budget: int) -> "CellResult":
+    """The cell as if its runs had stopped at step `budget`: each seed re-classified on its records up
+    to that step (seed_of), at the threshold it was judged at."""
+    return dataclasses.replace(
+        cell, seeds=[seed_of(s.run, s.seed, s.threshold, budget, s.mechanism) for s in cell.seeds], _final_loss={}
+    )
 
 
 def mechanism_arrays(run: Run) -> dict[int, dict[str, np.ndarray]]:
@@ -369,7 +385,8 @@ def collect(
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
-            cells[key] = CellResult(dict(cell.settings), math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * m.qk_gain**2)
+            theory = math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * qk_gain(cell.config) ** 2
+            cells[key] = CellResult(dict(cell.settings), theory)
         if run.status in runs.FINISHED:
             cells[key].seeds.append(seed_of(run, cell.seed, threshold))
         else:

@@ -30,7 +30,7 @@ import math
 from attn import outcomes
 from attn.analysis import stats
 from attn.analysis.grouping import short_names
-from attn.analysis.results import CellResult, sort_key
+from attn.analysis.results import CellResult, at_budget, sort_key
 from attn.experiment.report_spec import RATES, STATS, Expectation
 from attn.experiment.spec import Experiment
 from attn.text import format_value, json_number, value_of
@@ -172,7 +172,10 @@ def interval(cell: CellResult, stat: str, sensitivities: dict | None = None, key
 
 def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None) -> dict:
     """The expectation's verdict and, at each x it covers, the numbers behind
-    it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity)."""
+    it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity). A claim with a
+    `budget` is judged on the cells as if every run had stopped there, each arm's best chosen there too."""
+    if expectation.budget is not None:
+        cells = [at_budget(cell, expectation.budget) for cell in cells]
     chosen = (
         at_every(cells, layout)
         if expectation.at == "every"
@@ -206,7 +209,7 @@ def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sen
         if expectation.test != "interval":
             t_value, t_low, t_high = interval(theirs, expectation.stat, sensitivities, (x, other))
             point.update(other_value=t_value, other_low=t_low, other_high=t_high, other_n=theirs.n)
-            point.update(tested(expectation, mine, theirs))
+            point.update(compare_arms(expectation, mine, theirs))
             points.append(point)
             continue
         if other is not None:
@@ -299,7 +302,7 @@ def _good(stat: str, seed) -> bool:
     }[stat]
 
 
-def tested(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
+def compare_arms(e: Expectation, mine: CellResult, theirs: CellResult) -> dict:
     """One point of a tested claim: the one-sided p of "mine is better" and of
     the opposite, the counts, and the effect size with its 95% interval
     (a rate: mine minus theirs, Newcombe; a time: the ratio of medians,
@@ -391,4 +394,5 @@ def rule_text(e: Expectation, layout: Layout) -> str:
     where = "; ".join(f"{layout.names[k]} in {', '.join(map(format_value, v))}" for k, v in e.where)
     setting = layout.names[layout.best_of] if layout.best_of else "setting"
     at = {"best": "each arm's best", "shared": "the shared", "every": "every"}[e.at]
-    return f"{rule}, at {at} {setting}" + (f", {where}" if where else "")
+    within = f", within {e.budget} steps (each seed judged on its curve up to then)" if e.budget is not None else ""
+    return f"{rule}, at {at} {setting}" + (f", {where}" if where else "") + within

@@ -240,7 +240,7 @@ def lookup_line(compared: list[dict]) -> str:
     ]
     return (
         "forward and backward with X formed and with its products taken through the embedding tables "
-        "(attn.model.pairs.Embedded): " + "; ".join(parts) + "."
+        "(attn.model.pairs.LazyEmbeddings): " + "; ".join(parts) + "."
     )
 
 
@@ -295,7 +295,7 @@ def summary_markdown(result: dict) -> str:
     if "work" in result:
         targets.append(work_line(result["work"]))
     if targets:
-        lines += ["", "Sweeps: " + "; ".join(targets) + "."]
+        lines += ["", "Sweeps:", "", *(f"- {target}" for target in targets)]  # a line each: README keeps lines short
     return "\n".join(lines) + "\n"
 
 

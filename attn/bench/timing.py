@@ -211,7 +211,7 @@ def bench_size(
     rival_spec, rival_params = spec, params
     if spec.width_free:
         rival_spec = dataclasses.replace(spec, width_free=False)
-        rival_params = fast.materialized(params, spec, runstate.make_generators(config.seed).init)
+        rival_params = fast.materialize_params(params, spec, runstate.make_generators(config.seed).init)
     for framework, formulation in itertools.product(frameworks, rivals.FORMULATIONS):
         if not rivals.available(framework):
             skipped[framework] = "not installed"
@@ -325,7 +325,7 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
     """At each size whose head can take X's products through the embedding
     tables (the bilinear association with fewer queries than positions), attn's
     forward and backward with X formed over with the products looked up
-    (attn.model.pairs.Embedded), timed side by side; and which one the rule
+    (attn.model.pairs.LazyEmbeddings), timed side by side; and which one the rule
     (attn.model.pairs.lookup_is_cheaper) picks there."""
     compared = []
     for name in sizes:
@@ -352,7 +352,7 @@ def lookup_ratio(sizes: list[str], warmup: int, steps: int, progress: Callable[[
                 "size": name,
                 "sides": sides,
                 "ratio": sides["formed"]["median_ms"] / sides["looked up"]["median_ms"],
-                "rule": "looked up" if isinstance(chosen, pairs.Embedded) else "formed",
+                "rule": "looked up" if isinstance(chosen, pairs.LazyEmbeddings) else "formed",
             }
         )
     return compared

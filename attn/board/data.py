@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from attn import outcomes
 from attn.analysis import grouping
 from attn.outcomes import (
     THRESHOLD,  # eval accuracy of the `steps to 99%` column (compare's default --threshold)
@@ -59,6 +60,7 @@ FILES_PREFIX = "files/"  # URLs of served files: files/<root index>/<path below 
 HIGHER_IS_BETTER = (
     "accuracy",
 )  # a metric whose name holds one of these is best at its highest; any other at its lowest
+LOG_METRICS = ("loss", "grad_norm", "update_ratio")  # a metric whose name holds one of these: a log y axis by default
 
 
 class NotFound(LookupError):
@@ -77,6 +79,7 @@ class _Read:
     metrics: "_Metrics | None" = None  # metrics.jsonl as streamed (continued from where it was when it grew)
     n_logged: int = 0  # records in metrics.jsonl (run.records holds them all, or a downsampled MAX_POINTS)
     ends: dict = dataclasses.field(default_factory=dict)  # each metric's final and best (_Metrics.end_figures)
+    outcome: dict = dataclasses.field(default_factory=dict)  # outcome and outcome_said (_outcome), {} while it runs
 
 
 def to_json(payload) -> str:
@@ -293,6 +296,20 @@ class _Metrics:
         }
 
 
+def _outcome(run: grouping.Run) -> dict:
+    """The run's outcome class and its words: summary.json's (a run that ended since it was written
+    there), else attn.outcomes.of_run of the records held (an older run; a downsampled one's kept
+    records); {} while it has not ended."""
+    summary = run.summary or {}
+    if summary.get("outcome"):
+        return {"outcome": summary["outcome"], "outcome_said": summary.get("outcome_said") or summary["outcome"]}
+    try:
+        found = outcomes.of_run(run.records, summary)
+    except (ValueError, KeyError, TypeError):  # records or summary that cannot be classified: no outcome shown
+        return {}
+    return {} if found is None else {"outcome": found.outcome, "outcome_said": found.said()}
+
+
 def best_is_highest(metric: str) -> bool:
     """Whether a metric is best at its highest value (HIGHER_IS_BETTER), else at its lowest."""
     return any(word in metric for word in HIGHER_IS_BETTER)
@@ -428,6 +445,7 @@ class Board:
             stream,
             stream.count,
             stream.end_figures(),
+            _outcome(run),
         )
 
     def _locate(self, run_id: str) -> tuple[int, Path]:
@@ -512,6 +530,10 @@ class Board:
                     "downsampled": downsampled,
                     "updated_at": run.summary.get("updated_at"),
                     "reason": run.summary.get("reason"),
+                    "outcome": read.outcome.get("outcome"),  # attn.outcomes' class; None while it runs
+                    "outcome_said": read.outcome.get("outcome_said"),
+                    # the task's plateau levels (chance, no retrieval) as the run wrote them: the chart's lines
+                    "references": run.summary.get("references") or {},
                     "settings": {k: format_value(v) for k, v in used.items()},  # as `attn runs` prints them
                     "values": used,  # as in config.yaml, for the filter's numeric comparisons
                     **read.figures,
@@ -523,6 +545,7 @@ class Board:
             "title": self.title,
             "threshold": THRESHOLD,
             "wide_range": compare_figure.WIDE_RANGE,
+            "log_metrics": LOG_METRICS,
             "best_highest": sorted(m for m in metrics if best_is_highest(m)),  # best at their highest; the rest lowest
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,

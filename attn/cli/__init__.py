@@ -16,7 +16,7 @@ Options, positionals and key=value overrides mix in any order
 (parse_intermixed_args).
     attn runs [PATH] [--status S]             list runs
     attn board [PATH ...] [--port N]          the live run board in a browser (--static DIR: as files)
-    attn export PATH ... --tensorboard DIR    runs' metrics as TensorBoard event files
+    attn export PATH ... --tensorboard DIR --mlflow FILE   runs as TensorBoard event files, into an MLflow store
     attn bench [--sizes default,wide,copy,large] [--headline]   the training step against PyTorch and JAX
     attn bench --board                        the board with 1,200 runs and a 200 MB metrics.jsonl
 

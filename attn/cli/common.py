@@ -14,7 +14,7 @@ from pathlib import Path
 
 from attn.config.loading import check_run_name, integer_problem
 from attn.config.schema import all_keys
-from attn.config.yamlio import ArgumentError, ConfigError, cut, show_value
+from attn.config.yamlio import ArgumentError, ConfigError, show_value, truncate
 from attn.store import runs
 from attn.train.loop import StopFlag
 
@@ -102,7 +102,7 @@ def number_where(accepted, expected: str):
         except ValueError:
             value = None
         if value is None or not accepted(value):
-            raise argparse.ArgumentTypeError(f"got {cut(repr(text))}; expected {expected}")
+            raise argparse.ArgumentTypeError(f"got {truncate(repr(text))}; expected {expected}")
         return value
 
     return parse
@@ -111,7 +111,7 @@ def number_where(accepted, expected: str):
 def integer_at_least(minimum: int):
     def parse(text: str) -> int:
         if not (text.isascii() and text.isdigit()) or len(text) > 20 or integer_problem(int(text), ge=minimum):
-            raise argparse.ArgumentTypeError(f"got {cut(repr(text))}; expected {integer_problem(-1, ge=minimum)}")
+            raise argparse.ArgumentTypeError(f"got {truncate(repr(text))}; expected {integer_problem(-1, ge=minimum)}")
         return int(text)
 
     return parse

@@ -22,7 +22,7 @@ from attn.cli.common import (
     one_line,
 )
 from attn.config.loading import load_config
-from attn.config.yamlio import ConfigError, cut, read_yaml_file
+from attn.config.yamlio import ConfigError, read_yaml_file, truncate
 from attn.experiment.verify import VARIANTS
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
@@ -286,7 +286,7 @@ def print_report(experiment) -> None:
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
         print(
-            f"{expectation['verdict']:>13}  {expectation['id']}: {cut(one_line(expectation['claim']), 100)}",
+            f"{expectation['verdict']:>13}  {expectation['id']}: {truncate(one_line(expectation['claim']), 100)}",
             file=sys.stderr,
         )
     print(f"report: {paths['md']}" + (f" ({len(judged)} expectations judged)" if judged else ""), file=sys.stderr)
@@ -517,7 +517,8 @@ def add_commands(sub) -> None:
         "--allow-mixed",
         action="store_true",
         help="publish reports whose runs come from several code states or uncommitted code (they say "
-        "so), and a benchmark of uncommitted or unknown code (it names its commit)",
+        "so), verifications re-run by uncommitted or unrecorded code (the text says so), and a benchmark of "
+        "uncommitted or unknown code (it names its commit)",
     )
     p.add_argument(
         "--verification-only",

@@ -23,7 +23,7 @@ from attn.cli.common import (
 from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml, show_value
-from attn.model.fast import carried_as
+from attn.model.fast import describe_carried_weights
 from attn.model.widthfree import WIDTH_FREE_QK_NORM, WIDTH_FREE_QK_NORM_GAINS, WIDTH_FREE_SCORES
 from attn.optim import SUBSPACE_OPTIMIZERS
 from attn.store import locks, runs
@@ -227,7 +227,7 @@ def cmd_config(args) -> int:
         return EXIT_OK
     config = _load_run_config(config_path, overrides)
     print(dump_yaml(to_dict(config), sort_keys=False), end="")
-    carried = carried_as(build_spec(config, build_task(config)))
+    carried = describe_carried_weights(build_spec(config, build_task(config)))
     print("# head: " + "; ".join(f"{weights} {how}" for weights, how in carried.items()))
     return EXIT_OK
 

@@ -30,14 +30,14 @@ from attn.config.schema import (
     all_keys,
     describe_accepted,
     field_hints,
+    first_unmet_condition,
     nearest_key,
     section_fields,
     to_dict,
-    unmet,
     unread_because,
     unread_keys,
 )
-from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, parse_yaml, read_yaml_file, show_value
+from attn.config.yamlio import ConfigError, closest, did_you_mean, parse_yaml, read_yaml_file, show_value, truncate
 from attn.model import head, scores, widthfree
 from attn.model.fast import ModelSpec
 from attn.tasks import CopyTask, RetrievalTask
@@ -117,8 +117,8 @@ def coerce(value, hint, meta, key: str, source: str):
             if v is None and ":" in k:  # `{W_q:0.1}` is YAML for {"W_q:0.1": null}
                 name, _, number = k.partition(":")
                 raise ConfigError(
-                    f"{source}: {key}: got {{{cut(k)}}}; YAML needs a space after the colon: "
-                    f"{{{cut(name)}: {cut(number)}}}"
+                    f"{source}: {key}: got {{{truncate(k)}}}; YAML needs a space after the colon: "
+                    f"{{{truncate(name)}: {truncate(number)}}}"
                 )
             number = _coerce_scalar(v, float)
             if number is None or not _in_range(number, meta):
@@ -144,7 +144,7 @@ def build_section(cls, data: dict, source: str, prefix: str = ""):
         dotted = prefix + str(key)
         if key not in hints:
             hint = did_you_mean(nearest_key(dotted))
-            raise ConfigError(f"{source}: unknown key `{cut(dotted)}`{hint}")
+            raise ConfigError(f"{source}: unknown key `{truncate(dotted)}`{hint}")
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
@@ -199,7 +199,7 @@ def field_value(key: str, value, source: str):
         or dataclasses.is_dataclass(field_hints(owner)[leaf])
     ):
         hint = did_you_mean(nearest_key(key))
-        raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
+        raise ConfigError(f"{source}: unknown key `{truncate(key)}`{hint}")
     return coerce(value, field_hints(owner)[leaf], dict(section_fields(owner)[leaf].metadata), key, source)
 
 
@@ -227,7 +227,7 @@ def parse_override(text: str) -> tuple[str, object]:
         raise ConfigError(f"{source}: `{key}` is a section; override one field, e.g. {key}.<field>=value")
     if key not in all_keys():
         hint = did_you_mean(nearest_key(key))
-        raise ConfigError(f"{source}: unknown key `{cut(key)}`{hint}")
+        raise ConfigError(f"{source}: unknown key `{truncate(key)}`{hint}")
     return key, value
 
 
@@ -254,7 +254,7 @@ def _with_overrides(
         config = build_section(Config, merged, f"override {show_value(text)}")
     # Cross-field checks see the final config: `task.n_keys=4 task.n_pairs=4` works in either order.
     return validate(
-        config, f"{source} with overrides {cut(' '.join(overrides))}" if overrides else source, every_setting_read
+        config, f"{source} with overrides {truncate(' '.join(overrides))}" if overrides else source, every_setting_read
     )
 
 
@@ -287,6 +287,12 @@ def build_task(config: Config) -> RetrievalTask | CopyTask:
     return CopyTask(t.vocab_size, t.length, t.mode, t.shift)
 
 
+def qk_gain(config: Config) -> float:
+    """The init gain of W_q and W_k: model.qk_gain times d_k ** model.qk_gain_exponent."""
+    m = config.model
+    return m.qk_gain * m.d_k**m.qk_gain_exponent if m.qk_gain_exponent else m.qk_gain
+
+
 def build_spec(config: Config, task) -> ModelSpec:
     """The model's shape and options: the config's model section on the task's fields, length and classes."""
     m = config.model
@@ -303,7 +309,7 @@ def build_spec(config: Config, task) -> ModelSpec:
         mask_self=m.mask_self,
         residual=m.residual,
         positional=m.positional,
-        qk_gain=m.qk_gain,
+        qk_gain=qk_gain(config),
         v_gain=m.v_gain,
         o_gain=m.o_gain,
         readout_gain=m.readout_gain,
@@ -393,7 +399,7 @@ def _check_everything_set_is_read(config: Config, source: str) -> None:
                     f"{source}: {key}: got {show_value(flat[key])}; not read with {where}: remove it "
                     f"(its default is {show_value(defaults[key])}), or choose {fix}"
                 )
-            decider, value = unmet(key, flat)
+            decider, value = first_unmet_condition(key, flat)
             raise ConfigError(
                 f"{source}: {key}: got {show_value(flat[key])}; read only with {decider} {value}, and "
                 f"{decider} is {flat[decider]}: remove it, or set {decider}={value}"

@@ -43,10 +43,10 @@ class FrozenMapping(collections.abc.Mapping):
         return f"FrozenMapping({self._items!r})"
 
 
-SET = "set"  # in F's unread_with: the field named has any value but null
+SET = "set"  # in config_field's unread_with: the field named has any value but null
 
 
-def F(
+def config_field(
     default,
     help: str,
     *,
@@ -65,20 +65,20 @@ def F(
     per_member=False,
     forkable=False,
 ):
-    """A schema field: its default, description and accepted range, and every fact
-    the rest of attn reads off it. `task`, `mode`, `score`: the one task, task.mode
-    or score mode that reads it (None: all). `unread_with`: the settings under which
-    a field every mode reads otherwise is not read, each a mapping of dotted key to
-    its value there (SET: any value but null), e.g. model.scale under model.score
-    mup. `neutral`: it changes no logged number (where the run lives, which files it
-    draws), so runs differing only in it are one experiment cell. `algorithm`: it
-    chooses how the same maths is computed (its rounding, not its model), so a
-    report counts a run made either way as the cell's and says which; a sweep
-    still never resumes one as the other. `replicate`: runs
-    differing only in it are replicates of one setting (the seed). `per_member`: the
-    members of one stack may differ in it. `forkable`: True if a fork may change it,
-    or the reason it may not where the generic one (shapes, optimiser state, data)
-    is not it."""
+    """A config field, with every fact the rest of attn reads off it.
+
+    default, help, choices and the bounds ge, gt, le, lt: its value, what it means, what is accepted.
+    task, mode, score: the one task, task.mode or score mode that reads it (None: every one).
+    unread_with: settings under which it is not read, each a mapping of dotted key to value
+        (SET: any value but null), e.g. model.scale under model.score mup.
+    neutral: it changes no logged number (where the run lives, which files it draws), so runs that
+        differ only in it are one experiment cell.
+    algorithm: it chooses how the same maths is computed (its rounding, not its model). A report
+        counts a run made either way as the cell's and says which. A sweep never resumes one as the other.
+    replicate: runs that differ only in it are replicates of one setting (the seed).
+    per_member: the members of one stack may differ in it.
+    forkable: True if a fork may change it; else the reason it may not, where the generic one
+        (shapes, optimiser state, data) does not apply."""
     meta = dict(
         help=help,
         choices=choices,
@@ -108,10 +108,12 @@ SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork con
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d_model: int = F(64, "width of the embeddings and of the head's output", gt=0)
-    d_k: int = F(32, "width of queries and keys", gt=0)
-    d_v: int = F(32, "width of values; it does not follow d_k (the experiments vary the query-key circuit only)", gt=0)
-    scale: str = F(
+    d_model: int = config_field(64, "width of the embeddings and of the head's output", gt=0)
+    d_k: int = config_field(32, "width of queries and keys", gt=0)
+    d_v: int = config_field(
+        32, "width of values; it does not follow d_k (the experiments vary the query-key circuit only)", gt=0
+    )
+    scale: str = config_field(
         "sqrt",
         "score scale s in s*QK^T: sqrt = 1/sqrt(d_k), none = 1, linear = 1/d_k (not read by "
         "mup, log_length, or temperature with temperature_init set: their s is their own)",
@@ -124,17 +126,17 @@ class ModelConfig:
         per_member=True,
         forkable=True,
     )
-    causal: bool = F(False, "mask keys after the query (causal attention)")
-    mask_self: bool = F(
+    causal: bool = config_field(False, "mask keys after the query (causal attention)")
+    mask_self: bool = config_field(
         False, "retrieval: mask the query's own position out of its keys (-inf before the softmax)", task="retrieval"
     )
-    residual: bool = F(True, "add the head's output to its input before the readout")
-    positional: str = F(
+    residual: bool = config_field(True, "add the head's output to its input before the readout")
+    positional: str = config_field(
         "learned",
         "position information added to X (none: X is its tokens' embeddings alone)",
         choices=("learned", "sinusoidal", "none"),
     )
-    qk_gain: float = F(
+    qk_gain: float = config_field(
         1.0,
         "init gain of W_q and W_k: q, k components have variance qk_gain^2",
         gt=0,
@@ -142,28 +144,37 @@ class ModelConfig:
         per_member=True,
         forkable=INIT_ONLY,
     )
-    v_gain: float = F(1.0, "init gain of W_v", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
-    o_gain: float = F(1.0, "init gain of W_o", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
-    readout_gain: float = F(
+    qk_gain_exponent: float = config_field(
+        0.0,
+        "W_q and W_k start at gain qk_gain * d_k^e: e = -1/4 gives Var(q.k) = 1 at init without the scale, "
+        "a width-independent setting for experiments over d_k (issue 45's factorial)",
+        ge=-1,
+        le=1,
+        per_member=True,
+        forkable=INIT_ONLY,
+    )
+    v_gain: float = config_field(1.0, "init gain of W_v", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    o_gain: float = config_field(1.0, "init gain of W_o", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY)
+    readout_gain: float = config_field(
         1.0, "init gain of the readout W_out", gt=0, le=GAIN_MAX, per_member=True, forkable=INIT_ONLY
     )
-    score: str = F(
+    score: str = config_field(
         "dot",
         "how scores are made (attn.model.scores): dot = s q.k; qk_norm, softcap, temperature, mup, "
         "sigma_reparam, log_length: the fixes",
         choices=SCORE_MODES,
     )
-    qk_norm: str = F(
+    qk_norm: str = config_field(
         "rms", "qk_norm: RMSNorm or LayerNorm of q and k over d_k", choices=("rms", "layer"), score="qk_norm"
     )
-    qk_norm_gain: str = F(
+    qk_norm_gain: str = config_field(
         "vector",
         "qk_norm: a learned gain per dimension, one scalar, or none",
         choices=("vector", "scalar", "none"),
         score="qk_norm",
     )
-    softcap: float = F(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, le=1e6, score="softcap")
-    temperature_init: typing.Optional[float] = F(
+    softcap: float = config_field(10.0, "softcap: c in c tanh(s q.k / c)", gt=0, le=1e6, score="softcap")
+    temperature_init: typing.Optional[float] = config_field(
         None,
         "temperature: theta at init (s = exp(theta)); null = ln of model.scale's s",
         ge=-20,
@@ -171,13 +182,13 @@ class ModelConfig:
         score="temperature",
         forkable=INIT_ONLY,
     )
-    length_scale_init: typing.Optional[float] = F(
+    length_scale_init: typing.Optional[float] = config_field(
         None, "log_length: s_len at init; null = 1 / ln T", gt=0, le=1e6, score="log_length", forkable=INIT_ONLY
     )
-    mup_zero_init_q: bool = F(
+    mup_zero_init_q: bool = config_field(
         True, "mup: W_q starts at zero (every score 0: uniform attention)", score="mup", forkable=INIT_ONLY
     )
-    width_free: bool = F(
+    width_free: bool = config_field(
         True,
         "carry W_q, W_k (W_v, W_o) wider than 2 d_model as coordinates over their initial "
         "span when the optimiser and score mode keep them there and it is cheaper "
@@ -188,20 +199,22 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = F("retrieval", "which task", choices=("retrieval", "copy"))
-    n_keys: int = F(16, "retrieval: number of distinct keys", gt=0, task="retrieval")
-    n_values: int = F(16, "retrieval: number of distinct values (the classes)", ge=2, task="retrieval")
-    n_pairs: int = F(8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1, task="retrieval")
-    vocab_size: int = F(16, "copy: number of distinct tokens (the classes)", ge=2, task="copy")
-    length: int = F(8, "copy: sequence length T", ge=2, task="copy")
-    mode: str = F(
+    name: str = config_field("retrieval", "which task", choices=("retrieval", "copy"))
+    n_keys: int = config_field(16, "retrieval: number of distinct keys", gt=0, task="retrieval")
+    n_values: int = config_field(16, "retrieval: number of distinct values (the classes)", ge=2, task="retrieval")
+    n_pairs: int = config_field(
+        8, "retrieval: (key, value) pairs per sequence; T = n_pairs + 1", ge=1, task="retrieval"
+    )
+    vocab_size: int = config_field(16, "copy: number of distinct tokens (the classes)", ge=2, task="copy")
+    length: int = config_field(8, "copy: sequence length T", ge=2, task="copy")
+    mode: str = config_field(
         "reverse",
         "copy: target i is input T-1-i (reverse) or (i+shift) mod T (shift)",
         choices=("reverse", "shift"),
         task="copy",
     )
-    shift: int = F(1, "copy: offset for mode shift", ge=1, task="copy", mode="shift")
-    eval_size: int = F(512, "examples in the fixed held-out evaluation set", gt=0)
+    shift: int = config_field(1, "copy: offset for mode shift", ge=1, task="copy", mode="shift")
+    eval_size: int = config_field(512, "examples in the fixed held-out evaluation set", gt=0)
 
 
 SGD, ADAM = ({"optim.name": "sgd"},), ({"optim.name": "adam"}, {"optim.name": "adamw"})  # unread_with an optimiser
@@ -209,31 +222,31 @@ SGD, ADAM = ({"optim.name": "sgd"},), ({"optim.name": "adam"}, {"optim.name": "a
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = F("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
-    lr: float = F(0.5, "base learning rate", gt=0, per_member=True, forkable=True)
-    momentum: float = F(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1, unread_with=ADAM)
-    nesterov: bool = F(
+    name: str = config_field("sgd", "optimiser", choices=("sgd", "adam", "adamw"))
+    lr: float = config_field(0.5, "base learning rate", gt=0, per_member=True, forkable=True)
+    momentum: float = config_field(0.0, "sgd: momentum (0 = plain SGD)", ge=0, lt=1, unread_with=ADAM)
+    nesterov: bool = config_field(
         False,
         "sgd: Nesterov momentum instead of heavy-ball",
         forkable=True,
         unread_with=(*ADAM, {"optim.momentum": 0.0}),
     )
-    weight_decay: float = F(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0, forkable=True)
-    beta1: float = F(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
-    beta2: float = F(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
-    eps: float = F(1e-8, "adam: denominator epsilon", gt=0, forkable=True, unread_with=SGD)
-    clip_norm: typing.Optional[float] = F(
+    weight_decay: float = config_field(0.0, "L2 decay (sgd, adam) or decoupled decay (adamw)", ge=0, forkable=True)
+    beta1: float = config_field(0.9, "adam: first-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
+    beta2: float = config_field(0.999, "adam: second-moment decay", ge=0, lt=1, forkable=True, unread_with=SGD)
+    eps: float = config_field(1e-8, "adam: denominator epsilon", gt=0, forkable=True, unread_with=SGD)
+    clip_norm: typing.Optional[float] = config_field(
         None, "clip gradients to this global norm; null = no clipping", gt=0, per_member=True, forkable=True
     )
-    schedule: str = F(
+    schedule: str = config_field(
         "constant",
         "learning-rate schedule after warm-up",
         choices=("constant", "cosine"),
         per_member=True,
         forkable=True,
     )
-    warmup_steps: int = F(0, "linear warm-up steps", ge=0, per_member=True, forkable=True)
-    min_lr_ratio: float = F(
+    warmup_steps: int = config_field(0, "linear warm-up steps", ge=0, per_member=True, forkable=True)
+    min_lr_ratio: float = config_field(
         0.0,
         "cosine: final lr as a fraction of lr",
         ge=0,
@@ -242,10 +255,10 @@ class OptimConfig:
         forkable=True,
         unread_with=({"optim.schedule": "constant"},),
     )
-    lr_mult: dict[str, float] = F(
+    lr_mult: dict[str, float] = config_field(
         {}, "per-parameter lr multipliers, e.g. {W_q: 0.1, W_k: 0.1}", gt=0, per_member=True, forkable=True
     )
-    qk_lr_exponent: float = F(
+    qk_lr_exponent: float = config_field(
         0.0,
         "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
         "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
@@ -258,9 +271,9 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = F(1500, "number of optimiser updates", gt=0, per_member=True, forkable=True)
-    batch_size: int = F(64, "examples per update", gt=0)
-    on_nonfinite: str = F(
+    steps: int = config_field(1500, "number of optimiser updates", gt=0, per_member=True, forkable=True)
+    batch_size: int = config_field(64, "examples per update", gt=0)
+    on_nonfinite: str = config_field(
         "stop",
         "on a NaN/inf loss or gradient: stop the run, or continue and record it",
         choices=("stop", "continue"),
@@ -271,15 +284,17 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_every: int = F(
+    log_every: int = config_field(
         25,
         "steps between metric records (each runs an evaluation)",
         gt=0,
         per_member=True,
         forkable="a fork keeps its source's records before the fork",
     )
-    checkpoint_every: int = F(500, "steps between checkpoints", gt=0, neutral=True, per_member=True, forkable=True)
-    keep_checkpoints: typing.Optional[int] = F(
+    checkpoint_every: int = config_field(
+        500, "steps between checkpoints", gt=0, neutral=True, per_member=True, forkable=True
+    )
+    keep_checkpoints: typing.Optional[int] = config_field(
         2,
         "checkpoints kept (checkpoint-<step>.npz, to resume or fork from): "
         "the last K; older ones are removed once a new one is written; "
@@ -289,7 +304,7 @@ class LoggingConfig:
         per_member=True,
         forkable=True,
     )
-    keep_every: typing.Optional[int] = F(
+    keep_every: typing.Optional[int] = config_field(
         None,
         "also keep every checkpoint whose step is a multiple of this, for forks; null = none beyond keep_checkpoints",
         gt=0,
@@ -297,8 +312,10 @@ class LoggingConfig:
         per_member=True,
         forkable=True,
     )
-    plots: bool = F(True, "draw the run's figures when it ends", neutral=True, per_member=True, forkable=True)
-    attention_examples: int = F(
+    plots: bool = config_field(
+        True, "draw the run's figures when it ends", neutral=True, per_member=True, forkable=True
+    )
+    attention_examples: int = config_field(
         4,
         "evaluation examples kept for the attention heat-map",
         ge=0,
@@ -306,7 +323,7 @@ class LoggingConfig:
         per_member=True,
         forkable="a fork keeps its source's attention snapshot at step 0",
     )
-    mechanism_step: typing.Optional[int] = F(
+    mechanism_step: typing.Optional[int] = config_field(
         10,
         "measure each query row's saturation and gradient "
         "(attn.model.mechanism) at step 0 and at this step; null = never",
@@ -314,7 +331,7 @@ class LoggingConfig:
         per_member=True,
         forkable=True,
     )
-    mechanism_trace: bool = F(
+    mechanism_trace: bool = config_field(
         True,
         "also measure them at steps 0, 1, 2, 5, 10, 20, 50, ... and keep their medians "
         "(mechanism_trace.npz), for the run's mechanism figure",
@@ -326,10 +343,10 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class Config:
-    name: typing.Optional[str] = F(
+    name: typing.Optional[str] = config_field(
         None, "run directory name under runs_dir; null = <config>-<time>", neutral=True, per_member=True, forkable=True
     )
-    seed: int = F(
+    seed: int = config_field(
         0,
         "seed of every random draw (init, batches, eval set)",
         ge=0,
@@ -337,8 +354,12 @@ class Config:
         per_member=True,
         forkable=SEED_FIXES_DATA,
     )
-    dtype: str = F("float32", "floating-point type of the whole training path", choices=("float32", "float64"))
-    runs_dir: str = F("runs", "where run directories are created", neutral=True, per_member=True, forkable=True)
+    dtype: str = config_field(
+        "float32", "floating-point type of the whole training path", choices=("float32", "float64")
+    )
+    runs_dir: str = config_field(
+        "runs", "where run directories are created", neutral=True, per_member=True, forkable=True
+    )
     model: ModelConfig = field(default_factory=ModelConfig, metadata=dict(help="the model"))
     task: TaskConfig = field(default_factory=TaskConfig, metadata=dict(help="the task"))
     optim: OptimConfig = field(default_factory=OptimConfig, metadata=dict(help="the optimiser"))
@@ -372,7 +393,7 @@ def all_keys(cls=None, prefix: str = "") -> list[str]:
 
 
 def declared(fact: str, cls=None) -> dict:
-    """Dotted key -> the value of `fact` (an F keyword such as per_member) for every
+    """Dotted key -> the value of `fact` (a config_field keyword such as per_member) for every
     field declaring it, in schema order; read off the schema at call time, so
     stacking, forking and grouping follow a field's declaration."""
     return dict(_declared(fact, cls or Config))
@@ -464,17 +485,17 @@ def describe_accepted(hint, meta) -> str:
 
 def to_dict(config) -> dict:
     """Nested plain dict of a config (for YAML output and comparisons)."""
-    return {f.name: yaml_plain(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    return {f.name: to_plain_yaml(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
-def yaml_plain(value):
+def to_plain_yaml(value):
     """A field's value as plain YAML data."""
     if dataclasses.is_dataclass(value):
         return to_dict(value)
     return dict(value) if isinstance(value, FrozenMapping) else value
 
 
-# Who decides whether a field is read: a field declared for one task (F's task=), one copy mode
+# Who decides whether a field is read: a field declared for one task (config_field's task=), one copy mode
 # (mode=) or one score mode (score=) is read only when that setting has that value.
 _DECIDERS = {"task": "task.name", "mode": "task.mode", "score": "model.score"}
 
@@ -491,7 +512,7 @@ def read_only_by() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def unmet(key: str, flat: dict) -> tuple[str, str] | None:
+def first_unmet_condition(key: str, flat: dict) -> tuple[str, str] | None:
     """The first (setting, value) of read_only_by()[key] that the flattened config does not meet."""
     return next(((d, v) for d, v in read_only_by().get(key, []) if flat.get(d) != v), None)
 
@@ -500,13 +521,13 @@ def unread_keys(flat: dict) -> set[str]:
     """The keys of a flattened config (flatten_config) that nothing reads: the
     other task's fields, copy's shift outside mode shift, other score modes' fields,
     and fields under one of their unread_with settings (unread_because)."""
-    return {key for key in read_only_by() if unmet(key, flat)} | {
+    return {key for key in read_only_by() if first_unmet_condition(key, flat)} | {
         key for key in unread_with_keys() if unread_because(key, flat)
     }
 
 
 def unread_with_keys() -> dict[str, tuple]:
-    """Dotted key -> its F(unread_with=...) settings, for every field that has some."""
+    """Dotted key -> its config_field(unread_with=...) settings, for every field that has some."""
     return {
         f"{section}.{f.name}": f.metadata["unread_with"]
         for section, cls in (("task", TaskConfig), ("model", ModelConfig), ("optim", OptimConfig))
@@ -539,7 +560,7 @@ def describe_schema() -> list[tuple[str, str, str, str]]:
                 (
                     prefix + f.name,
                     describe_accepted(hint, dict(f.metadata)),
-                    yaml_line(yaml_plain(default)),
+                    yaml_line(to_plain_yaml(default)),
                     f.metadata["help"],
                 )
             )

@@ -9,7 +9,7 @@ scalars are numbers by the YAML 1.2 core schema: `1e-3` is a float, `010` is
 10 (not octal 8) and `12:30:00` is a string (not the sexagesimal 45000 of
 YAML 1.1). Files are read only when they are regular files under a size cap
 (read_regular_file), so `/dev/zero` or a FIFO is refused at once. Every
-failure is one line (ConfigError) naming the source; show_value and cut
+failure is one line (ConfigError) naming the source; show_value and truncate
 keep a value quoted in such a line short.
 """
 
@@ -235,7 +235,7 @@ def read_regular_file(
         kind = next((name for test, name in FILE_KINDS if test(info.st_mode)), None)
         if kind is not None or not stat.S_ISREG(info.st_mode):
             raise error(
-                f"{path}: is {kind or 'not a regular file'}, not {article(what)} {what}"
+                f"{path}: is {kind or 'not a regular file'}, not {indefinite_article(what)} {what}"
                 + (inside_hint(path, what) if stat.S_ISDIR(info.st_mode) else "")
             )
         if info.st_size > limit:
@@ -254,7 +254,7 @@ def read_regular_file(
 FILE_IN_DIRECTORY = {"experiment file": "experiment.yaml", "config file": "config.yaml"}  # what a directory holds
 
 
-def article(noun: str) -> str:
+def indefinite_article(noun: str) -> str:
     return "an" if noun[:1].lower() in "aeiou" else "a"
 
 
@@ -312,9 +312,9 @@ def yaml_line(value) -> str:
 def show_value(value, limit: int = SHOWN_CHARS) -> str:
     """A value for an error message: strings quoted, on one line, cut to `limit`
     characters (a 10,000-character override is shown by its first 80)."""
-    return cut(repr(value) if isinstance(value, str) else yaml_line(value), limit)
+    return truncate(repr(value) if isinstance(value, str) else yaml_line(value), limit)
 
 
-def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+def truncate(text: str, limit: int = SHOWN_CHARS) -> str:
     """Text for an error message, cut to `limit` characters."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

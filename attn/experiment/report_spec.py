@@ -29,7 +29,7 @@ from statistics import NormalDist
 
 from attn.config.loading import integer_problem
 from attn.config.schema import Config
-from attn.config.yamlio import ConfigError, closest, cut, did_you_mean, show_value
+from attn.config.yamlio import ConfigError, closest, did_you_mean, show_value, truncate
 
 REPORT_KEYS = (
     "x",
@@ -67,6 +67,7 @@ EXPECTATION_KEYS = (
     "at",
     "test",
     "edited_after_runs",
+    "budget",
 )
 RATES = ("success_rate", "stall_rate", "divergence_rate")
 # test -> the stats it can judge a better_than claim on; `interval` judges every claim
@@ -93,6 +94,9 @@ class Expectation:
     # freezes the edited claim anew would otherwise hide; the reports and the published text mark it. Not part
     # of the claim's rule (expectation_text), so declaring it changes no verdict and no digest
     edited_after_runs: str = ""
+    # judged as if every run had stopped at this step (its seeds re-classified on their curves up to it, each
+    # arm's best chosen there too): "learns within B steps"; None: the experiment's budget
+    budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ class ReportSpec:
     # headline table is judged on (None: all the file's seeds, both)
     select_on: tuple[int, ...] | None = None
     judge_on: tuple[int, ...] | None = None
+    # each expectation's power from the design alone (id -> report_spec.power), frozen with the claims
+    power: tuple[tuple[str, dict], ...] = ()
 
 
 def check_report(
@@ -144,12 +150,12 @@ def check_report(
         ):
             expected = "one grid key" if role == "best_of" else "a grid key or a list of grid keys"
             raise ConfigError(
-                f"{source}: report: {role}: got {cut(repr(value))}; expected {expected} ({', '.join(grid_keys)})"
+                f"{source}: report: {role}: got {truncate(repr(value))}; expected {expected} ({', '.join(grid_keys)})"
             )
         for name in names:
             if name not in grid_keys:
                 raise ConfigError(
-                    f"{source}: report: {role}: `{cut(name)}` is not a key of the grid"
+                    f"{source}: report: {role}: `{truncate(name)}` is not a key of the grid"
                     f"{did_you_mean(*closest(name, grid_keys))}; expected one of {', '.join(grid_keys)}"
                 )
             if name in role_of:
@@ -167,14 +173,14 @@ def check_report(
     if shared is not None and (best_of is None or shared not in grid_values.get(best_of, ())):
         values = ", ".join(map(str, grid_values.get(best_of, ()))) if best_of else "none: no best_of"
         raise ConfigError(
-            f"{source}: report: shared: got {cut(repr(shared))}; expected one of best_of's values ({values})"
+            f"{source}: report: shared: got {truncate(repr(shared))}; expected one of best_of's values ({values})"
         )
     expect = report.get("expect") or []
     if not isinstance(expect, list):
-        raise ConfigError(f"{source}: report: expect: got {cut(repr(expect))}; expected a list of expectations")
+        raise ConfigError(f"{source}: report: expect: got {truncate(repr(expect))}; expected a list of expectations")
     sensitivity = report.get("sensitivity", False)
     if not isinstance(sensitivity, bool):
-        raise ConfigError(f"{source}: report: sensitivity: got {cut(repr(sensitivity))}; expected true or false")
+        raise ConfigError(f"{source}: report: sensitivity: got {truncate(repr(sensitivity))}; expected true or false")
     if sensitivity and best_of is None:
         raise ConfigError(
             f"{source}: report: sensitivity: got true without a best_of; expected a best_of, the rate "
@@ -183,12 +189,14 @@ def check_report(
     lengths = report.get("lengths", [])
     if not isinstance(lengths, list) or any(integer_problem(n, ge=1) for n in lengths):
         raise ConfigError(
-            f"{source}: report: lengths: got {cut(repr(lengths))}; expected a list of numbers of "
+            f"{source}: report: lengths: got {truncate(repr(lengths))}; expected a list of numbers of "
             f"retrieval pairs, each {integer_problem(0, ge=1)}, e.g. [8, 32, 128]"
         )
     alpha = report.get("alpha", DEFAULT_ALPHA)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-        raise ConfigError(f"{source}: report: alpha: got {cut(repr(alpha))}; expected a level in (0, 1), e.g. 0.05")
+        raise ConfigError(
+            f"{source}: report: alpha: got {truncate(repr(alpha))}; expected a level in (0, 1), e.g. 0.05"
+        )
     select_on, judge_on = _check_held_out(report, seeds, best_of, source)
     spec = ReportSpec(
         tuple(x),
@@ -205,7 +213,7 @@ def check_report(
     if judge_on is not None:
         n_seeds = len(judge_on)  # the verdicts are judged on these seeds only
     checked = [
-        _check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]")
+        _check_expectation(e, spec, grid_values, partial_keys, f"{source}: report: expect[{i}]", budget)
         for i, e in enumerate(expect)
     ]
     ids = [e.id for e in checked]
@@ -214,16 +222,25 @@ def check_report(
             f"{source}: report: expect: the id `{next(i for i in ids if ids.count(i) > 1)}` is used twice"
         )
     points = [_points(e, spec, grid_cells, f"{source}: report: expect[{i}] ({e.id})") for i, e in enumerate(checked)]
+    powers = []
     if n_seeds is not None:
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
-            reason = cannot_fail(e, n_seeds, budget, spec.alpha / max(tested, 1), points[i])
+            level = spec.alpha / max(tested, 1)
+            powers.append((e.id, power(e, n_seeds, budget, level if e.test != "interval" else 0.05, points[i])))
+            reason = cannot_fail(e, n_seeds, budget, level, points[i])
             if reason:
+                needed = seeds_needed(e, budget, level, points[i])
+                more = (
+                    f"; it would need {needed} judging seeds per arm"
+                    if needed is not None
+                    else "; no number of seeds would make it decidable"
+                )
                 raise ConfigError(
-                    f"{source}: report: expect[{i}] ({e.id}): {reason}; restate it as a claim that "
+                    f"{source}: report: expect[{i}] ({e.id}): {reason}{more}, or restate it as a claim that "
                     "some outcome of the runs would refute"
                 )
-    return dataclasses.replace(spec, expect=tuple(checked))
+    return dataclasses.replace(spec, expect=tuple(checked), power=tuple(powers))
 
 
 def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
@@ -240,7 +257,7 @@ def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
         )
     if best_of is None:
         raise ConfigError(
-            f"{source}: report: select_on: got {cut(repr(report['select_on']))} with no best_of; "
+            f"{source}: report: select_on: got {truncate(repr(report['select_on']))} with no best_of; "
             "expected a best_of for the selection seeds to choose"
         )
     known = list(seeds) if seeds is not None else None
@@ -256,14 +273,14 @@ def _check_held_out(report: dict, seeds, best_of, source: str) -> tuple:
         ):
             accepted = f"({', '.join(map(str, known))})" if known is not None else ""
             raise ConfigError(
-                f"{source}: report: {key}: got {cut(repr(value))}; expected a non-empty list of "
+                f"{source}: report: {key}: got {truncate(repr(value))}; expected a non-empty list of "
                 f"distinct seeds of the file's `seeds` {accepted}".rstrip()
             )
         checked[key] = tuple(value)
     both = sorted(set(checked["select_on"]) & set(checked["judge_on"]))
     if both:
         raise ConfigError(
-            f"{source}: report: judge_on: got {cut(repr(report['judge_on']))}, sharing seed(s) "
+            f"{source}: report: judge_on: got {truncate(repr(report['judge_on']))}, sharing seed(s) "
             f"{', '.join(map(str, both))} with select_on; expected seeds disjoint from select_on"
         )
     return checked["select_on"], checked["judge_on"]
@@ -343,6 +360,78 @@ def _points(e: Expectation, spec: ReportSpec, grid_cells, where_: str) -> int:
     return len(xs)
 
 
+def smallest_p(test: str, n: int) -> float:
+    """The smallest one-sided p an exact test reaches on n seeds per arm: n vs 0 of n
+    (McNemar's n discordant pairs all one way, the sign test's n ordered pairs, Fisher's n/n against 0/n)."""
+    return 1 / math.comb(2 * n, n) if test == "fisher" else 0.5**n
+
+
+MAX_SEEDS_SEARCHED = 100_000  # seeds_needed looks no further
+
+
+def seeds_needed(e: Expectation, budget: int | None, level: float, points: int = 1) -> int | None:
+    """The fewest judging seeds per arm with which the expectation could be both confirmed
+    and not confirmed (cannot_fail says ''); None if no number up to MAX_SEEDS_SEARCHED would."""
+    if cannot_fail(e, MAX_SEEDS_SEARCHED, budget, level, points):
+        return None
+    low, high = 1, MAX_SEEDS_SEARCHED  # cannot_fail is monotone in n: more seeds never make a claim less decidable
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if not cannot_fail(e, middle, budget, level, points) else (middle + 1, high)
+    return low
+
+
+def power(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> dict:
+    """What the claim's test can show on n judging seeds per arm, from the design alone (stated before
+    the runs): the smallest p it can reach, the level it is held to (alpha over the tested claims, the
+    strictest step of Holm's procedure), and the smallest effect that could confirm it there."""
+    out = {"test": e.test, "n": n, "level": level}
+    if e.test in ("mcnemar", "sign", "fisher"):
+        out["smallest_p"] = smallest_p(e.test, n)
+        if e.test == "fisher":
+            k = next((k for k in range(1, n + 1) if math.comb(n, k) / math.comb(2 * n, k) <= level), None)
+            out["smallest_effect"] = (
+                f"{k} of {n} against 0 of {n} (a difference of rates of {k / n:.2g})"
+                if k
+                else "none: no split of the seeds reaches the level"
+            )
+        else:
+            d = next((d for d in range(1, n + 1) if 0.5**d <= level), None)
+            pairs = "discordant pairs" if e.test == "mcnemar" else "pairs ordered by their times"
+            out["smallest_effect"] = (
+                f"{d} {pairs}, all in the claim's favour"
+                + (f" (a difference of rates of {d / n:.2g})" if e.test == "mcnemar" else "")
+                if d
+                else "none: no split of the seeds reaches the level"
+            )
+        return out
+    if e.stat in RATES and e.better_than is None:
+        bound = e.above if e.above is not None else e.below
+        wilson = lambda k: _wilson(k, n)  # noqa: E731
+        if e.above is not None:
+            k = next((k for k in range(n + 1) if wilson(k)[0] > bound), None)
+            out["smallest_effect"] = (
+                f"{k} of {n} seeds (its 95% interval then above {bound:g})" if k is not None else "none"
+            )
+        else:
+            k = next((k for k in range(n, -1, -1) if wilson(k)[1] < bound), None)
+            out["smallest_effect"] = (
+                f"at most {k} of {n} seeds (its 95% interval then below {bound:g})" if k is not None else "none"
+            )
+        return out
+    out["smallest_effect"] = "95% intervals wholly on the claimed side"
+    return out
+
+
+def _wilson(k: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson interval of k of n (attn.analysis.stats.wilson_interval's formula, which this layer
+    does not import; tests/test_verdicts_tests.py checks they agree)."""
+    z = NormalDist().inv_cdf(0.975)
+    p, z2 = k / n, z * z
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> str:
     """Why the expectation's rule could never give one of its verdicts,
     "not confirmed" or "confirmed", with `n` seeds per arm, a budget of
@@ -354,11 +443,12 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
     Bonferroni over its points: attn.analysis.verdicts.claim_p), a median
     time's range [0, budget], a loss's and a learning-rate sensitivity's [0, inf)."""
     never = {}  # verdict -> why it cannot happen
+    budget = e.budget if e.budget is not None else budget
     if e.better_than is not None:
         if e.better_than == e.arm:
             return "it compares an arm with itself"
         if e.test in ("mcnemar", "sign", "fisher"):
-            smallest = 0.5**n if e.test != "fisher" else 1 / math.comb(2 * n, n)  # n vs 0 of n
+            smallest = smallest_p(e.test, n)  # n vs 0 of n
             if smallest > level:
                 return (
                     f"the {e.test} test on {n} seeds per arm cannot reach p <= {level:.3g} (its smallest p is "
@@ -426,11 +516,11 @@ def cannot_fail(e: Expectation, n: int, budget: int | None, level: float, points
 def _check_mapping(value, keys: tuple, where_: str) -> None:
     """A mapping whose keys are all of `keys`, or one line naming what is not."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{where_}: got {cut(repr(value))}; expected a mapping with keys {', '.join(keys)}")
+        raise ConfigError(f"{where_}: got {truncate(repr(value))}; expected a mapping with keys {', '.join(keys)}")
     for key in value:
         if key not in keys:
             raise ConfigError(
-                f"{where_}: unknown key `{cut(str(key))}`{did_you_mean(*closest(key, keys))}; "
+                f"{where_}: unknown key `{truncate(str(key))}`{did_you_mean(*closest(key, keys))}; "
                 f"expected {', '.join(keys)}"
             )
 
@@ -442,20 +532,22 @@ def _names(value) -> list[str]:
 def _check_select(select, source: str) -> list[str]:
     if not isinstance(select, list) or not select or not all(isinstance(c, str) for c in select):
         raise ConfigError(
-            f"{source}: report: select: got {cut(repr(select))}; expected a list of criteria such as "
+            f"{source}: report: select: got {truncate(repr(select))}; expected a list of criteria such as "
             f"[{', '.join(DEFAULT_SELECT)}]"
         )
     for criterion in select:
         direction, _, figure = criterion.partition(" ")
         if direction not in ("max", "min") or figure not in SELECTION_FIGURES:
             raise ConfigError(
-                f"{source}: report: select: got {cut(repr(criterion))}; expected 'max <figure>' or "
+                f"{source}: report: select: got {truncate(repr(criterion))}; expected 'max <figure>' or "
                 f"'min <figure>' with a figure of {', '.join(SELECTION_FIGURES)}"
             )
     return select
 
 
-def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str) -> Expectation:
+def _check_expectation(
+    entry, spec: ReportSpec, grid_values: dict, partial_keys, where_: str, budget: int | None = None
+) -> Expectation:
     """One expectation of the file, checked against the grid and the report's layout."""
     _check_mapping(entry, EXPECTATION_KEYS, where_)
     for key in ("id", "claim", "stat", "arm"):
@@ -463,10 +555,10 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
             raise ConfigError(f"{where_}: missing `{key}`")
     if not isinstance(entry["id"], str) or not re.fullmatch(r"[A-Za-z0-9_.-]+", entry["id"]):
         raise ConfigError(
-            f"{where_}: id: got {cut(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
+            f"{where_}: id: got {truncate(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
         )
     if entry["stat"] not in STATS:
-        raise ConfigError(f"{where_}: stat: got {cut(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
+        raise ConfigError(f"{where_}: stat: got {truncate(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
     if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:
         raise ConfigError(f"{where_}: stat: lr_sensitivity needs `sensitivity: true` in the report section")
     arm = _check_arm(entry["arm"], spec, grid_values, partial_keys, f"{where_}: arm")
@@ -486,13 +578,13 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         if key in entry:
             value = entry[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{where_}: {key}: got {cut(repr(value))}; expected a number")
+                raise ConfigError(f"{where_}: {key}: got {truncate(repr(value))}; expected a number")
             bound[key] = float(value)
     at = entry.get("at", "best")
     accepted_at = ["best"] + (["shared"] if spec.shared is not None else []) + (["every"] if spec.best_of else [])
     if at not in accepted_at:
         raise ConfigError(
-            f"{where_}: at: got {cut(repr(at))}; expected {' or '.join(accepted_at)}"
+            f"{where_}: at: got {truncate(repr(at))}; expected {' or '.join(accepted_at)}"
             + ("" if spec.shared is not None else " (the report has no `shared` value)")
         )
     if at == "every" and entry["stat"] == "lr_sensitivity":
@@ -507,18 +599,20 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         )
     where = entry.get("where") or {}
     if not isinstance(where, dict):
-        raise ConfigError(f"{where_}: where: got {cut(repr(where))}; expected a mapping of x key -> list of values")
+        raise ConfigError(
+            f"{where_}: where: got {truncate(repr(where))}; expected a mapping of x key -> list of values"
+        )
     checked_where = []
     for key, values in where.items():
         if key not in spec.x:
             raise ConfigError(
-                f"{where_}: where: `{cut(str(key))}` is not an x key of the report; expected {', '.join(spec.x)}"
+                f"{where_}: where: `{truncate(str(key))}` is not an x key of the report; expected {', '.join(spec.x)}"
             )
         values = values if isinstance(values, list) else [values]
         unknown = [v for v in values if v not in grid_values[key]]
         if unknown or not values:
             raise ConfigError(
-                f"{where_}: where: {key}: got {cut(repr(unknown or values))}; expected values of the "
+                f"{where_}: where: {key}: got {truncate(repr(unknown or values))}; expected values of the "
                 f"grid ({', '.join(map(str, grid_values[key]))})"
             )
         checked_where.append((key, tuple(values)))
@@ -533,15 +627,25 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
     ]
     if test not in accepted:
         raise ConfigError(
-            f"{where_}: test: got {cut(repr(test))}; expected one of {', '.join(accepted)} for "
+            f"{where_}: test: got {truncate(repr(test))}; expected one of {', '.join(accepted)} for "
             f"{'a comparison' if better_than is not None else 'a bound'} on {entry['stat']}"
         )
     edited = entry.get("edited_after_runs", "")
     if "edited_after_runs" in entry and (not isinstance(edited, str) or not edited.strip() or "\n" in edited.strip()):
         raise ConfigError(
-            f"{where_}: edited_after_runs: got {cut(repr(edited))}; expected one line saying what was "
+            f"{where_}: edited_after_runs: got {truncate(repr(edited))}; expected one line saying what was "
             "edited after which runs"
         )
+    within = entry.get("budget")
+    if within is not None and (
+        integer_problem(within, ge=1) or (budget is not None and within > budget) or entry["stat"] == "lr_sensitivity"
+    ):
+        expected = (
+            "no budget: lr_sensitivity is measured at the end"
+            if entry["stat"] == "lr_sensitivity"
+            else f"a step from 1 to the experiment's budget, {budget}"
+        )
+        raise ConfigError(f"{where_}: budget: got {truncate(repr(within))}; expected {expected}")
     return Expectation(
         entry["id"],
         str(entry["claim"]),
@@ -554,6 +658,7 @@ def _check_expectation(entry, spec: ReportSpec, grid_values: dict, partial_keys,
         bound.get("below"),
         test,
         edited.strip(),
+        within,
     )
 
 
@@ -563,14 +668,14 @@ def _check_arm(value, spec: ReportSpec, grid_values: dict, partial_keys, where_:
     optional = [k for k in spec.arm if k in partial_keys]
     if not isinstance(value, dict) or not set(spec.arm) - set(optional) <= set(value) <= set(spec.arm):
         raise ConfigError(
-            f"{where_}: got {cut(repr(value))}; expected a mapping giving each arm key "
+            f"{where_}: got {truncate(repr(value))}; expected a mapping giving each arm key "
             f"({', '.join(spec.arm)}) one of its grid values"
             + (f" (or leaving out {', '.join(optional)}, which some blocks do not set)" if optional else "")
         )
     for key, v in value.items():
         if v not in grid_values[key]:
             raise ConfigError(
-                f"{where_}: {key}: got {cut(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}"
+                f"{where_}: {key}: got {truncate(repr(v))}; expected one of {', '.join(map(str, grid_values[key]))}"
             )
     return tuple((k, value.get(k)) for k in spec.arm)
 
@@ -608,7 +713,8 @@ def expectation_text(e: Expectation) -> str:
         else f"below {e.below:g}"
     )
     where = f"; where {dict(e.where)}" if e.where else ""
-    return f"{e.stat} of {dict(e.arm)} {rule}{where}; at {e.at}; test {e.test}; claim: {e.claim}"
+    within = f"; within {e.budget} steps" if e.budget is not None else ""  # absent: the digests of older claims hold
+    return f"{e.stat} of {dict(e.arm)} {rule}{where}{within}; at {e.at}; test {e.test}; claim: {e.claim}"
 
 
 def claims_record(spec: ReportSpec, seeds) -> dict:
@@ -629,7 +735,10 @@ def claims_record(spec: ReportSpec, seeds) -> dict:
     if spec.select_on is not None:
         section.update(select_on=list(spec.select_on), judge_on=list(spec.judge_on))
     text = json.dumps(section, sort_keys=True, default=str)
-    return {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+    record = {"digest": hashlib.sha256(text.encode()).hexdigest(), "section": json.loads(text)}
+    if spec.power:  # stated before the runs beside the claims; outside the digest, which decides no verdict
+        record["power"] = {claim: dict(figures) for claim, figures in spec.power}
+    return record
 
 
 def claim_changes(frozen: dict, current: dict) -> dict:

@@ -83,12 +83,12 @@ from attn.config.loading import (
 from attn.config.schema import Config, algorithm_keys, all_keys, nearest_key, neutral_keys
 from attn.config.yamlio import (
     ConfigError,
-    cut,
     did_you_mean,
     dump_yaml,
     parse_yaml,
     read_yaml_file,
     show_value,
+    truncate,
     yaml_line,
 )
 from attn.experiment.report_spec import ReportSpec, check_lengths, check_report
@@ -156,7 +156,7 @@ def check_grid_key(key, where: str, seeds: str = "`seeds:`") -> None:
     if key not in all_keys() or key in ("seed", "name", "runs_dir"):
         hint = did_you_mean(nearest_key(str(key)) if key != "seed" else None)
         reason = f"set with {seeds}" if key == "seed" else "not a config field that a grid can vary"
-        raise ConfigError(f"{where}: `{cut(str(key))}`: {reason}{hint}")
+        raise ConfigError(f"{where}: `{truncate(str(key))}`: {reason}{hint}")
 
 
 def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
@@ -172,7 +172,7 @@ def _expand_grid(grid, source: str, n_seeds: int, max_cells: int) -> list[dict]:
             check_grid_key(key, f"{source}: grid")
             if not isinstance(values, list) or not values:
                 raise ConfigError(
-                    f"{source}: grid: {key}: got {cut(repr(values))}; expected a non-empty list of values"
+                    f"{source}: grid: {key}: got {truncate(repr(values))}; expected a non-empty list of values"
                 )
     n_cells = sum(math.prod(len(values) for values in block.values()) for block in blocks) * n_seeds
     if n_cells > max_cells:
@@ -252,7 +252,7 @@ def build_experiment(
     unknown = [k for k in data if k not in EXPERIMENT_KEYS]
     if unknown:
         raise ConfigError(
-            f"{source}: unknown key `{cut(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}"
+            f"{source}: unknown key `{truncate(str(unknown[0]))}`; expected one of {', '.join(EXPERIMENT_KEYS)}"
         )
     for key in ("name", "base", "grid", "seeds"):
         if key not in data:
@@ -261,7 +261,7 @@ def build_experiment(
     seeds = data["seeds"]
     if not isinstance(seeds, list) or not seeds:
         raise ConfigError(
-            f"{source}: seeds: got {cut(repr(seeds))}; expected a non-empty list of distinct integers >= 0"
+            f"{source}: seeds: got {truncate(repr(seeds))}; expected a non-empty list of distinct integers >= 0"
         )
     for seed in seeds:  # the integer rule of every config field (the seed is one), before anything runs
         if integer_problem(seed, ge=0):
@@ -272,10 +272,10 @@ def build_experiment(
     file_overrides = data.get("overrides") or {}
     if not isinstance(file_overrides, dict):
         raise ConfigError(
-            f"{source}: overrides: got {cut(repr(file_overrides))}; expected a mapping of dotted key -> value"
+            f"{source}: overrides: got {truncate(repr(file_overrides))}; expected a mapping of dotted key -> value"
         )
     if not isinstance(data["base"], str) or not data["base"]:
-        raise ConfigError(f"{source}: base: got {cut(repr(data['base']))}; expected the path of a config file")
+        raise ConfigError(f"{source}: base: got {truncate(repr(data['base']))}; expected the path of a config file")
     base_path = path.parent / data["base"]  # an absolute base stays as it is
     try:
         base = read_yaml_file(base_path)
@@ -313,7 +313,7 @@ def build_experiment(
             )
     cells, names = [], set()
     for settings in _only(grid_cells, only, name) if only else grid_cells:
-        shown = ", ".join(f"{k}: {cut(str(v))}" for k, v in settings.items())
+        shown = ", ".join(f"{k}: {truncate(str(v))}" for k, v in settings.items())
         where = f"{source}: grid cell {{{shown}}}"
         config = with_values(base_config, settings, where)  # once per point: the seeds change nothing else
         for seed in seeds:

@@ -201,7 +201,7 @@ def init_params(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarr
     mode = score_param_shapes(spec.score, spec.qk_norm_gain, spec.d_k)
     circuits = {"W_q": ("W_k", spec.d_k, spec.k_width), "W_v": ("W_o", spec.d_v, spec.v_width)}
     for name, shape in param_shapes(spec).items():
-        if name in mode or name in ("W_k", "W_o") and name in params:
+        if name in mode or (name in ("W_k", "W_o") and name in params):
             continue  # the mode's own take no random draw: every mode starts from the same weights
         second, width, carried = circuits.get(name, (None, 0, 0))
         if width == carried:
@@ -253,7 +253,7 @@ def _initial_coordinates(
     return R[:D].copy(), R[D:].copy()
 
 
-def carried_as(spec: ModelSpec) -> dict[str, str]:
+def describe_carried_weights(spec: ModelSpec) -> dict[str, str]:
     """How each circuit's weights are carried and were first drawn, for a run's
     provenance: `materialized` (d_k-wide, as written), `coordinates of the
     drawn weights` (attn.model.widthfree: the same initial model as the
@@ -269,7 +269,7 @@ def carried_as(spec: ModelSpec) -> dict[str, str]:
     return {"W_q, W_k": how(spec.d_k, spec.k_width), "W_v, W_o": how(spec.d_v, spec.v_width)}
 
 
-def materialized(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def materialize_params(params: dict, spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The parameters of a width-free model with its d_k-wide weights formed,
     W = C Q (attn.model.widthfree.materialize): for figures, export and
     checks. `rng`: a generator in the state init_params started from (the
@@ -408,7 +408,7 @@ def forward(
     T = batch.tokens.shape[-2]
     x, embed_cache = pairs.embedding_forward(
         source_ids(batch.tokens, spec), embedding_tables(params, spec, T), positional=spec.positional != "none"
-    )  # (*M, B, T, D) Embedded
+    )  # (*M, B, T, D) LazyEmbeddings
     positions = slice(None) if all_queries else target_positions(batch)
     mask = key_mask(T, spec.causal, spec.mask_self)
     W_q, W_k, spectral = params["W_q"], params["W_k"], None
@@ -521,14 +521,14 @@ def diagnostics(cache, batch: Batch) -> dict:
     positions = cache["positions"]
     rows = batch.target_mask[..., positions]  # (*M, B, P)
     key = batch.target_key[..., positions]  # (*M, B, P)
-    scores, attn = cache["attn"]["scores"], cache["attn"]["attn"]  # (*M, B, P, T)
+    attn_scores, attn = cache["attn"]["scores"], cache["attn"]["attn"]  # (*M, B, P, T) each
     own = np.broadcast_to(np.arange(attn.shape[-1])[positions], rows.shape)  # (*M, B, P): each row's own position
     if rows.ndim == 2:
-        return {"accuracy": accuracy(cache, batch), **_attention_statistics(scores, attn, rows, key, own)}
+        return {"accuracy": accuracy(cache, batch), **_attention_statistics(attn_scores, attn, rows, key, own)}
     # One member at a time, on its own contiguous arrays: numpy orders a
     # reduction by the array's shape, and a member's figures must not depend on the stack.
     members = [
-        _attention_statistics(*(np.ascontiguousarray(a[m]) for a in (scores, attn, rows, key, own)))
+        _attention_statistics(*(np.ascontiguousarray(a[m]) for a in (attn_scores, attn, rows, key, own)))
         for m in range(len(rows))
     ]
     stats = {"accuracy": accuracy(cache, batch)}
@@ -537,14 +537,14 @@ def diagnostics(cache, batch: Batch) -> dict:
     return stats
 
 
-def _attention_statistics(scores, attn, rows, key, own) -> dict[str, float]:
+def _attention_statistics(attn_scores, attn, rows, key, own) -> dict[str, float]:
     """score_std, attn_entropy, saturated_frac, self_attn, target_attn of one model's rows (see diagnostics)."""
-    scores, attn, key, own = scores[rows], attn[rows], key[rows], own[rows]  # (N, T), (N, T), (N,), (N,)
-    unmasked = np.isfinite(scores)
+    attn_scores, attn, key, own = attn_scores[rows], attn[rows], key[rows], own[rows]  # (N, T), (N, T), (N,), (N,)
+    unmasked = np.isfinite(attn_scores)
     safe_attn = np.where(attn > 0, attn, 1)
     entropy = -(attn * np.log(safe_attn)).sum(axis=-1)  # (N,)
     stats = {
-        "score_std": float(scores[unmasked].std(dtype=np.float64)),
+        "score_std": float(attn_scores[unmasked].std(dtype=np.float64)),
         "attn_entropy": float(entropy.mean(dtype=np.float64)),
         "saturated_frac": float((attn.max(axis=-1) > SATURATED).mean()),
         "self_attn": float(attn[np.arange(len(own)), own].mean(dtype=np.float64)),

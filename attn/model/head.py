@@ -24,8 +24,8 @@ import numpy as np
 
 from attn.model import scores, widthfree
 from attn.model.pairs import (
-    Embedded,
     Factored,
+    LazyEmbeddings,
     add_at_positions,
     as_rows,
     factored_with_rows,
@@ -71,13 +71,13 @@ def causal_mask(T: int) -> np.ndarray:
 
 
 def _key_major_product(keys, queries: np.ndarray) -> np.ndarray:
-    """queries @ keys^T, (..., P, T) for keys (..., T, n) (an array or Embedded)
+    """queries @ keys^T, (..., P, T) for keys (..., T, n) (an array or LazyEmbeddings)
     and queries (..., P, n), in an array laid out with the keys outermost in memory.
 
     The softmax reduces over keys, and numpy reduces an outer axis (across
-    rows, vectorised) several times faster than an inner one (along rows of
+    rows, vectorised) faster than an inner one (along rows of
     T, often ~10, entries)."""
-    if isinstance(keys, Embedded):
+    if isinstance(keys, LazyEmbeddings):
         return keys.key_major_product(queries)
     *lead, T, _ = keys.shape
     P = queries.shape[-2]
@@ -87,20 +87,20 @@ def _key_major_product(keys, queries: np.ndarray) -> np.ndarray:
 
 
 def _rows_at(x, positions) -> np.ndarray:
-    """x[..., positions, :] for x (..., T, n), an array or Embedded."""
-    return x.rows(positions) if isinstance(x, Embedded) else x[..., positions, :]
+    """x[..., positions, :] for x (..., T, n), an array or LazyEmbeddings."""
+    return x.rows(positions) if isinstance(x, LazyEmbeddings) else x[..., positions, :]
 
 
 def _weighted_sum(weights: np.ndarray, x) -> np.ndarray:
-    """weights @ x (..., P, n) for weights (..., P, T) and x (..., T, n), an array or Embedded."""
-    return x.weighted_sum(weights) if isinstance(x, Embedded) else weights @ x
+    """weights @ x (..., P, n) for weights (..., P, T) and x (..., T, n), an array or LazyEmbeddings."""
+    return x.weighted_sum(weights) if isinstance(x, LazyEmbeddings) else weights @ x
 
 
 def _formed_or_looked_up(x, association: str, P: int, lookup: bool | None):
-    """X as the association reads it: Embedded (its products taken through its
+    """X as the association reads it: LazyEmbeddings (its products taken through its
     table) where the bilinear association's products with P queries cost less
     so (attn.model.pairs.lookup_is_cheaper) or `lookup` asks; else formed."""
-    if not isinstance(x, Embedded):
+    if not isinstance(x, LazyEmbeddings):
         return x
     if lookup is None:
         lookup = lookup_is_cheaper(len(x.ids), x.shape[-2], x.table.shape[-2], P, x.shape[-1])
@@ -214,7 +214,7 @@ def attention_forward(
     `score`: a score mode beyond s q.k (attn.model.scores): a map of S before the
     mask (softcap, a learned temperature or length scale), or a norm of q and k.
 
-    x may be an array or Embedded (attn.model.pairs): the bilinear association
+    x may be an array or LazyEmbeddings (attn.model.pairs): the bilinear association
     then takes its products through the embedding tables when that is cheaper
     (`lookup` None) or when `lookup` says so, else forms it; with a norm of q
     and k it forms it (every key's x G_k is needed).

@@ -45,7 +45,7 @@ class Factored:
     factors, it is never formed. Each side is kept as the pieces it is
     stacked from along R (lefts[i] (*M, B, R_i, T) with rights[i]): the
     embeddings bin each left piece, and the pieces the head's products
-    binned already (A, dS) are not binned again (Embedded.binned).
+    binned already (A, dS) are not binned again (LazyEmbeddings.binned).
     """
 
     lefts: tuple[np.ndarray, ...]  # each (*M, B, R_i, T)
@@ -120,8 +120,7 @@ def factored_with_rows(lefts: list[np.ndarray], rights: list[np.ndarray], positi
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a^T b for stacks a (..., P, m) and b (..., P, n): (..., m, n), the
     sum over the P positions of their outer products. With P = 1 it is a
-    broadcast product: numpy's matmul is several times slower when the inner
-    dimension is 1."""
+    broadcast product: numpy's matmul is slower when the inner dimension is 1."""
     if a.shape[-2] == 1:
         np.multiply(a.swapaxes(-1, -2), b, out=out)
     else:
@@ -155,7 +154,7 @@ def per_member_matrix(value, like: np.ndarray) -> np.ndarray:
 # Embeddings: out = sum_s table_s[ids_s]
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Embedded:
+class LazyEmbeddings:
     """X (*M, B, T, D), X[..., t, :] = sum_s table[ids[s, ..., t]], kept as
     its stacked table (*M, V, D) and ids (S, *M, B, T): formed on demand
     (`dense`), its rows at a few positions looked up alone (`rows`), and its
@@ -174,7 +173,9 @@ class Embedded:
     table: np.ndarray  # (*M, V, D): the sources' tables stacked
     ids: np.ndarray  # (S, *M, B, T): the row of the stacked table each source adds at each position
     positions_from: int | None = None  # the last source is the position itself, from this row (embedding_forward)
-    _slots_of: dict = field(default_factory=dict, compare=False, repr=False)  # (P, keys_first) -> _slots_for
+    _flat_indices_of: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # (P, keys_first) -> _flat_indices_for
     _binned_of: dict = field(default_factory=dict, compare=False, repr=False)  # id(weights) -> (weights, bins)
 
     @property
@@ -189,8 +190,7 @@ class Embedded:
         """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
         rows, ids = self._flat
         looked_up = rows.take(ids[..., positions], axis=0)  # (S, *M, B, P, D)
-        # the sources summed in their order, in place into a fresh array: at X's size np.add.reduce over
-        # the sources' axis takes about twice as long
+        # the sources summed in their order, in place into a fresh array (np.add.reduce over their axis costs more)
         out = looked_up[0]
         for s in range(1, len(looked_up)):
             out += looked_up[s]
@@ -200,7 +200,7 @@ class Embedded:
         """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
         (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
         products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
-        looked_up = products.take(self._slots_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
+        looked_up = products.take(self._flat_indices_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
         return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
@@ -218,7 +218,9 @@ class Embedded:
         if kept is None:
             kept = self._binned_of[id(weights)] = (
                 weights,
-                _binned(weights, self._bin_slots_for(weights.shape[-2]), self.table.shape[-2], self.positions_from),
+                _binned(
+                    weights, self._binning_indices_for(weights.shape[-2]), self.table.shape[-2], self.positions_from
+                ),
             )
         return kept[1]
 
@@ -232,46 +234,48 @@ class Embedded:
         """(the table as rows (M V, D), the ids as rows of it (S, *M, B, T))."""
         return _flat_lookup(self.ids, self.table)
 
-    def _slots_for(self, P: int, keys_first: bool) -> np.ndarray:
-        """_slots for P query rows per example, formed once per P and layout
+    def _flat_indices_for(self, P: int, keys_first: bool) -> np.ndarray:
+        """_flat_indices for P query rows per example, formed once per P and layout
         (a step's products share them): as the weights are laid out, for the
         bins; keys first (S, T, *M, B, P), as the scores are, for the lookups."""
-        if (P, False) not in self._slots_of:
-            self._slots_of[P, False] = _slots(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
-        if keys_first and (P, True) not in self._slots_of:
-            self._slots_of[P, True] = move_axis(self._slots_of[P, False], -1, 1)  # (S, T, *M, B, P)
-        return self._slots_of[P, keys_first]
+        if (P, False) not in self._flat_indices_of:
+            self._flat_indices_of[P, False] = _flat_indices(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
+        if keys_first and (P, True) not in self._flat_indices_of:
+            self._flat_indices_of[P, True] = move_axis(self._flat_indices_of[P, False], -1, 1)  # (S, T, *M, B, P)
+        return self._flat_indices_of[P, keys_first]
 
-    def _bin_slots_for(self, P: int) -> np.ndarray:
-        """_bin_slots of the P-row slots, formed once per P (the forward's A X and the backward's dS X share them)."""
-        if (P, "binned") not in self._slots_of:
-            self._slots_of[P, "binned"] = _bin_slots(self._slots_for(P, keys_first=False), self.positions_from)
-        return self._slots_of[P, "binned"]
+    def _binning_indices_for(self, P: int) -> np.ndarray:
+        """_binning_indices for P rows, formed once per P (the forward's A X and the backward's dS X share them)."""
+        if (P, "binned") not in self._flat_indices_of:
+            self._flat_indices_of[P, "binned"] = _binning_indices(
+                self._flat_indices_for(P, keys_first=False), self.positions_from
+            )
+        return self._flat_indices_of[P, "binned"]
 
 
-def _slots(ids: np.ndarray, R: int, V: int) -> np.ndarray:
-    """(S, *M, B, R, T): the slot in a flat (*M, B R, V) array of each
+def _flat_indices(ids: np.ndarray, R: int, V: int) -> np.ndarray:
+    """(S, *M, B, R, T): the index in a flat (*M, B R, V) array of each
     (source, example, row, position), for ids (S, *M, B, T)."""
-    return ids[..., None, :] + _row_bins(ids.shape[1:-1], R, V)
+    return ids[..., None, :] + _row_starts(ids.shape[1:-1], R, V)
 
 
-def _bin_slots(slots: np.ndarray, positions_from: int | None) -> np.ndarray:
-    """The slots (_slots) _binned counts into, flat: every source's but a positional last one's (see _binned)."""
-    return (slots if positions_from is None else slots[:-1]).ravel()  # (S' *M B R T,)
+def _binning_indices(flat_indices: np.ndarray, positions_from: int | None) -> np.ndarray:
+    """The flat indices (_flat_indices) _binned counts into, raveled: every source's but a positional last one's."""
+    return (flat_indices if positions_from is None else flat_indices[:-1]).ravel()  # (S' *M B R T,)
 
 
-def _binned(weights: np.ndarray, bin_slots: np.ndarray, V: int, positions_from: int | None = None) -> np.ndarray:
+def _binned(weights: np.ndarray, binning_indices: np.ndarray, V: int, positions_from: int | None = None) -> np.ndarray:
     """weights (*M, B, R, T) summed into the V rows of a table, (*M, B, R, V):
     out[.., r, v] = sum of weights[.., r, t] over the (s, t) whose id is v, at
-    `bin_slots` (_bin_slots). One np.bincount over every (source, example, row,
+    `binning_indices` (_binning_indices). One np.bincount over every (source, example, row,
     position), accumulated in float64, then the weights' dtype: a batch of
     tiny products would cost more. A positional last source (`positions_from`:
     its first row) is not binned: position t adds weights[.., r, t] to row
     positions_from + t alone, so its T columns are the weights themselves,
     as the bincount would have made them."""
-    sources = bin_slots.size // weights.size
+    sources = binning_indices.size // weights.size
     spread = weights if sources == 1 else weights[None].repeat(sources, axis=0)  # (S', *M, B, R, T)
-    binned = np.bincount(bin_slots, spread.ravel(), prod(weights.shape[:-1]) * V)  # (*M B R V,)
+    binned = np.bincount(binning_indices, spread.ravel(), prod(weights.shape[:-1]) * V)  # (*M B R V,)
     binned = binned.astype(weights.dtype).reshape(*weights.shape[:-1], V)
     if positions_from is not None:
         binned[..., positions_from : positions_from + weights.shape[-1]] = weights
@@ -287,7 +291,7 @@ MOVE_COST = 4
 
 @lru_cache(maxsize=64)
 def lookup_is_cheaper(S: int, T: int, V: int, P: int, D: int) -> bool:
-    """Whether Embedded's products with P query rows per example (y X^T and
+    """Whether LazyEmbeddings's products with P query rows per example (y X^T and
     a X, two of each in a step) cost less through the table than with X
     formed. Only with few queries (P < T / 3, as keep_factored): then the
     products with X formed are thin, a matrix-vector product per example, and
@@ -305,7 +309,7 @@ def lookup_is_cheaper(S: int, T: int, V: int, P: int, D: int) -> bool:
 def embedding_forward(ids: np.ndarray, tables: list[np.ndarray], positional: bool = False):
     """Look up and sum rows of several tables: out = sum_s tables[s][ids[s]],
     for integer `ids` (S, *M, ...), row s indexing table s (*M, V_s, D):
-    X as Embedded (*M, ..., D), formed by its consumers as they need it.
+    X as LazyEmbeddings (*M, ..., D), formed by its consumers as they need it.
 
     The tables are looked up as one, stacked (*M, V, D) with V = sum V_s, so
     that the lookup is one take and the backward one product for them all. A
@@ -320,7 +324,7 @@ def embedding_forward(ids: np.ndarray, tables: list[np.ndarray], positional: boo
     table = tables[0] if len(tables) == 1 else np.concatenate(tables, axis=-2)  # (*M, V, D)
     stacked = ids + _table_offsets(sizes, ids.ndim)  # (S, *M, ...): rows of the stacked table
     positions_from = sum(sizes[:-1]) if positional else None
-    x = Embedded(table, stacked, positions_from)
+    x = LazyEmbeddings(table, stacked, positions_from)
     return x, (x, sizes)
 
 
@@ -352,11 +356,11 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
 
     dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
-    the stacked table (Embedded.binned, a piece of L at a time: each bin sums
+    the stacked table (LazyEmbeddings.binned, a piece of L at a time: each bin sums
     its entries in the order one binning of all of L would), (B, R, V), times
     R, and dout is never formed.
     """
-    x, sizes = cache  # x: the Embedded X, its ids (S, *M, ..., T) into its stacked table (*M, V, D)
+    x, sizes = cache  # x: the LazyEmbeddings X, its ids (S, *M, ..., T) into its stacked table (*M, V, D)
     ids, V, lead = x.ids, x.table.shape[-2], x.table.shape[:-2]
     if isinstance(dout, Factored):
         binned = _stacked_rows(tuple(map(x.binned, dout.lefts)))  # (*M, B, R, V)
@@ -369,8 +373,8 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
 
 
 @lru_cache(maxsize=32)
-def _row_bins(batch: tuple[int, ...], R: int, V: int) -> np.ndarray:
-    """(*batch, R, 1): the first bin of each (example, row) of a Factored gradient, V bins apart (read-only)."""
+def _row_starts(batch: tuple[int, ...], R: int, V: int) -> np.ndarray:
+    """(*batch, R, 1): the flat index where each (example, row)'s V bins start, V apart (read-only)."""
     bins = np.arange(int(np.prod(batch)) * R).reshape(*batch, R, 1) * V
     bins.flags.writeable = False
     return bins

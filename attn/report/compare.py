@@ -99,6 +99,7 @@ class GroupRow:
     settings: dict  # the keys that differ between groups and that its task reads -> this group's values
     seeds: list
     statuses: dict  # effective status -> number of runs
+    outcomes: dict  # outcome class (attn.outcomes) -> number of runs that ended so
     stats: dict  # STAT_COLUMNS -> Stat, over the runs counted
     left_out: int = 0  # runs drawn but not counted: they did not finish (module docstring, Statistics)
 
@@ -116,6 +117,7 @@ def group_rows(groups: list[Group], threshold: float, include_unfinished: bool =
                 settings=used_settings(group.settings, keys),
                 seeds=[run.settings.get("seed") for run in group.runs],
                 statuses=dict(Counter(run.status for run in group.runs)),
+                outcomes=dict(Counter(run.outcome for run in group.runs if run.outcome is not None)),
                 stats={column: describe([f[column] for f in figures]) for column in STAT_COLUMNS},
                 left_out=len(group.runs) - len(counted),
             )
@@ -151,6 +153,7 @@ def group_table(rows: list[GroupRow], threshold: float, include_unfinished: bool
         "group",
         "n",
         "status",
+        "outcome",
         "final eval loss",
         "final eval acc",
         "best eval loss",
@@ -166,6 +169,7 @@ def group_table(rows: list[GroupRow], threshold: float, include_unfinished: bool
                 row.label,
                 n,
                 format_statuses(row.statuses),
+                format_statuses(row.outcomes) or "—",
                 format_stat(s["final_eval_loss"], ".4g"),
                 format_stat(s["final_eval_accuracy"], ".3f", ".3f"),
                 format_stat(s["best_eval_loss"], ".4g"),
@@ -206,6 +210,7 @@ def csv_table(rows: list[GroupRow]) -> str:
             "n_left_out",
             "seeds",
             "status",
+            "outcome",
             *[f"{c}_{part}" for c in STAT_COLUMNS for part in ("mean", "std", "n")],
         ]
     )
@@ -219,6 +224,7 @@ def csv_table(rows: list[GroupRow]) -> str:
                 row.left_out,
                 " ".join(format_value(s) for s in row.seeds),
                 "; ".join(f"{k}: {v}" for k, v in sorted(row.statuses.items())),
+                "; ".join(f"{k}: {v}" for k, v in sorted(row.outcomes.items())),
                 *["" if v is None else v for v in stats],
             ]
         )

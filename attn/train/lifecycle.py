@@ -55,7 +55,7 @@ from attn.train.loop import StopFlag
 
 def head_provenance(config: Config) -> dict[str, str]:
     """How the run's head carries W_q, W_k (materialized or width-free) and how it was initialised."""
-    return fast.carried_as(build_spec(config, build_task(config)))
+    return fast.describe_carried_weights(build_spec(config, build_task(config)))
 
 
 def provenance(config_path: str | None, overrides) -> dict:

@@ -25,7 +25,7 @@ the last checkpoint written.
 
 Disk: a stack's members write at the same moments (checkpoints, summaries,
 snapshots), and each durable write waits on fsync. Those waits are made at
-once, one thread per member (Writes), so a stack of M waits about as long
+once, one thread per member (DurableWritePool), so a stack of M waits about as long
 as one run does; a member's own writes keep their order, and the
 iteration goes on once all are on disk.
 
@@ -112,13 +112,13 @@ class Member:
     def lr(self, step: int) -> float:
         return optim_lr(self.config, step)
 
-    def logs(self, step: int) -> bool:
+    def should_log(self, step: int) -> bool:
         return step % self.config.logging.log_every == 0 or step == self.config.train.steps
 
-    def checkpoints(self, step: int) -> bool:
+    def should_checkpoint(self, step: int) -> bool:
         return step % self.config.logging.checkpoint_every == 0 or step == self.config.train.steps
 
-    def ending(self, step: int, fault: tuple[str, str] | None) -> tuple[str, str | None] | None:
+    def ending_at(self, step: int, fault: tuple[str, str] | None) -> tuple[str, str | None] | None:
         """(status, reason) if iteration `step` is the member's last: it
         completed, or diverged with on_nonfinite = stop; else None."""
         if fault is not None and self.config.train.on_nonfinite == "stop":
@@ -141,21 +141,21 @@ def run_stack(
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
     members = [Member(state, i, len(states)) for i, state in enumerate(states)]
-    with Writes(len(members)) as writes:
-        writes.each(_take_over, members)
+    with DurableWritePool(len(members)) as write_pool:
+        write_pool.each(_claim_run_directory, members)
         stack, alive = Stack(states), members  # alive: the members still training, in stack order
         step, last_write = steps_at.pop(), time.perf_counter()
         try:
             # Overflow to inf/NaN is detected and handled here, not warned about.
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 while alive:
-                    alive = _iterate(stack, alive, step, stop, progress, writes)
+                    alive = _iterate(stack, alive, step, stop, progress, write_pool)
                     step += 1
                     if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                        writes.each(_write_summary, alive)
+                        write_pool.each(_write_summary, alive)
                         last_write = time.perf_counter()
         except KeyboardInterrupt:
-            writes.finish()  # the writes under way reach the disk before the summaries say what is there
+            write_pool.finish()  # the writes under way reach the disk before the summaries say what is there
             for member in (m for m in alive if m.summary["status"] == "running"):
                 last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
                 resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
@@ -169,18 +169,18 @@ def run_stack(
     return [member.summary for member in members]
 
 
-class Writes:
-    """The members' disk writes of one moment, made at once, a thread each:
-    while one waits on fsync the others go on, so a stack of M members waits
-    about as long as one run. They only write: what they write is computed
-    in the loop's thread, whose floating-point state (flush to zero,
-    np.errstate) is its own, on the worker's one core. A stack of one
-    writes in the loop's thread."""
+class DurableWritePool:
+    """A thread pool for the members' durable writes (each waits on fsync).
+
+    The writes of one moment run at once, a thread per member, so a stack of M
+    members waits about as long as one run. The threads only write: what they
+    write is computed in the loop's thread, whose floating-point state (flush
+    to zero, np.errstate) is its own. A stack of one writes in the loop's thread."""
 
     def __init__(self, n_members: int):
         self.pool = ThreadPoolExecutor(max_workers=n_members) if n_members > 1 else None
 
-    def __enter__(self) -> Writes:
+    def __enter__(self) -> DurableWritePool:
         return self
 
     def __exit__(self, *_) -> None:
@@ -204,7 +204,9 @@ class Writes:
             self.pool.shutdown(wait=True)
 
 
-def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, progress, writes: Writes) -> list[Member]:
+def _iterate(
+    stack: Stack, members: list[Member], step: int, stop: StopFlag, progress, write_pool: DurableWritePool
+) -> list[Member]:
     """Iteration `step` of the stack (attn.train.reference_loop.train is the
     same iteration for one run, written plainly): every member's batch, loss
     and gradients; a record for those that log; update step + 1 for those
@@ -217,9 +219,9 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
     faults = _faults(stack, loss, grads, len(members))
 
     # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
-    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, writes)
-    endings = [member.ending(step, faults[k]) for k, member in enumerate(members)]
-    going_on = [k for k, ending in enumerate(endings) if ending is None]
+    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, write_pool)
+    endings = [member.ending_at(step, faults[k]) for k, member in enumerate(members)]
+    still_training = [k for k, ending in enumerate(endings) if ending is None]
     mechanisms = {
         k: mechanism_snapshot(
             stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k), stack.member_buffers(k), step
@@ -227,7 +229,7 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
         for k, m in enumerate(members)
         if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)
     }
-    _add_each(writes, members, "mechanism.npz", mechanisms, step)
+    _add_each(write_pool, members, "mechanism.npz", mechanisms, step)
     traces = {
         k: trace_snapshot(
             stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k), stack.member_buffers(k), step
@@ -235,21 +237,22 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
         for k, m in enumerate(members)
         if m.config.logging.mechanism_trace and trace_step(step)
     }
-    _add_each(writes, members, MECHANISM_TRACE, traces, step)
+    _add_each(write_pool, members, MECHANISM_TRACE, traces, step)
     for k, member in enumerate(members):
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
             member.state.nonfinite_steps += 1
 
     # optimiser step for the members that go on with finite values; log; progress
-    measured = [k for k in going_on if records[k] is not None]
-    held = [k for k in range(len(members)) if endings[k] is not None or faults[k] is not None]
-    _apply_update(stack, members, grads, step, records, measured, held)
+    measured = [k for k in still_training if records[k] is not None]
+    # not updated: the members that end here, and those whose values are non-finite
+    not_updated = [k for k in range(len(members)) if endings[k] is not None or faults[k] is not None]
+    _apply_update(stack, members, grads, step, records, measured, not_updated)
     for k, member in enumerate(members):
         log_record(member, records[k], step)
         if endings[k] is None:
             member.state.step = step + 1
-    writes.each(lambda k: finish_run(members[k], *endings[k], step), [k for k in range(len(members)) if endings[k]])
+    write_pool.each(lambda k: finish_run(members[k], *endings[k], step), [k for k in range(len(members)) if endings[k]])
     if progress is not None:
         for k, member in enumerate(members):
             progress(member.index, step, records[k])
@@ -267,12 +270,14 @@ def _iterate(stack: Stack, members: list[Member], step: int, stop: StopFlag, pro
                 members[k], "interrupted", f"stopped by {stopping} at step {step + 1}; checkpoint saved", step + 1
             )
 
-    writes.each(checkpoint, [k for k in going_on if members[k].checkpoints(members[k].state.step) or stopping])
+    write_pool.each(
+        checkpoint, [k for k in still_training if members[k].should_checkpoint(members[k].state.step) or stopping]
+    )
     if stopping:
         return []
-    if len(going_on) < len(members):
-        stack.keep(going_on)
-    return [members[k] for k in going_on]
+    if len(still_training) < len(members):
+        stack.keep(still_training)
+    return [members[k] for k in still_training]
 
 
 def log_record(member: Member, record: dict | None, step: int) -> None:
@@ -342,7 +347,7 @@ class _Clock:
         return (step - self.first_step) / seconds if seconds > 0 else None
 
 
-def _take_over(member: Member) -> None:
+def _claim_run_directory(member: Member) -> None:
     """The member's directory at its start: a resumed run's taken back from
     the process that stopped (records past its checkpoint and dead
     temporaries removed); its summary says it is running."""
@@ -402,13 +407,13 @@ def _measure(
     train_cache,
     batch: Batch,
     faults: list,
-    writes: Writes,
+    write_pool: DurableWritePool,
 ) -> list[dict | None]:
     """A metrics record (without update ratios) for each member that logs
     this step or has non-finite values, None for the others: it evaluates
     the stack on its fixed eval sets, and snapshots a member's attention at
     its first and last step."""
-    logged = [m.logs(step) or faults[k] is not None for k, m in enumerate(members)]
+    logged = [m.should_log(step) or faults[k] is not None for k, m in enumerate(members)]
     if not any(logged):
         return [None] * len(members)
     eval_loss, eval_cache = fast.forward(
@@ -446,7 +451,7 @@ def _measure(
         for k, m in enumerate(members)
         if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)
     }
-    _add_each(writes, members, "attention.npz", snapshots, step)
+    _add_each(write_pool, members, "attention.npz", snapshots, step)
     return records
 
 
@@ -509,10 +514,10 @@ def trace_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, step: i
     return {f"{step}/{name}": np.float64(value) for name, value in numbers.items()}
 
 
-def _add_each(writes: Writes, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
+def _add_each(write_pool: DurableWritePool, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
     """Each member's arrays of this step (member index -> arrays) into its run's file `name`, beside
     those of earlier steps, the members' writes at once."""
-    writes.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
+    write_pool.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
 
 
 def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
@@ -523,9 +528,15 @@ def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
 
 
 def _apply_update(
-    stack: Stack, members: list[Member], grads: dict, step: int, records: list, measured: list[int], held: list[int]
+    stack: Stack,
+    members: list[Member],
+    grads: dict,
+    step: int,
+    records: list,
+    measured: list[int],
+    not_updated: list[int],
 ) -> None:
-    """Clip, step the optimiser of every member but the `held` ones (those
+    """Clip, step the optimiser of every member but the `not_updated` ones (those
     that end here, or whose values are non-finite: their parameters and
     state are put back as they were); for the `measured` members, add the
     update-to-weight ratio ||w_new - w|| / ||w|| of each parameter to their
@@ -534,20 +545,13 @@ def _apply_update(
     if np.isfinite(clip).any():
         optim.clip_by_global_norm(grads, clip, stacked=True)
     before = {n: p.copy() for n, p in stack.params.items()} if measured else {}
-    kept_as_was = (
-        (
-            {n: p[held].copy() for n, p in stack.params.items()},
-            {k: v[held].copy() for k, v in stack.optimizer.state.items()},
-        )
-        if held
-        else None
-    )
+    params_to_restore = {n: p[not_updated].copy() for n, p in stack.params.items()} if not_updated else {}
+    state_to_restore = {k: v[not_updated].copy() for k, v in stack.optimizer.state.items()} if not_updated else {}
     stack.optimizer.step(stack.params, grads, np.array([m.lr(step) for m in members]))
-    if kept_as_was is not None:
-        for n, values in kept_as_was[0].items():
-            stack.params[n][held] = values
-        for key, values in kept_as_was[1].items():
-            stack.optimizer.state[key][held] = values
+    for n, values in params_to_restore.items():
+        stack.params[n][not_updated] = values
+    for key, values in state_to_restore.items():
+        stack.optimizer.state[key][not_updated] = values
     for n, w in before.items():
         norm_w = np.sqrt(optim.squared_norms(w))
         norm_step = np.sqrt(optim.squared_norms(stack.params[n] - w))

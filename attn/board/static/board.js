@@ -6,13 +6,16 @@
 //
 // URL parameters set where it starts: runs=ID,ID or all, groups=ID,ID or all,
 // metric=, x=step|wall_time, yscale=auto|log|linear, yall=1 (every y value, not the bulk), smooth=BETA, filter=,
-// group_by=KEY (a curve per value of a setting over the runs shown), open=RUN_ID (its figures),
+// group_by=KEY (a curve per value of a setting over the runs shown), open=RUN (its figures; the run's name or id),
 // panels=METRIC,METRIC (a grid of panels below the chart, one metric each), poll=SECONDS (default 2),
-// and the hyperparameter views': hp_metric=, hp_value=final|best, hp_x=KEY (the scatter's x), color_by=KEY|none.
+// color_by=KEY|none (the page's colours), and the hyperparameter views': hp_metric=, hp_value=final|best,
+// hp_x=KEY (the scatter's x). With nothing ticked (and no group by) the chart draws the runs shown, or the
+// DEFAULT_RUNS most recently updated of them, and says so.
 //
 // For tests, #chart carries data-series (curves drawn), data-bands (± std
 // bands), data-points (finite points of the curves), data-draws (draws so far), data-ylow/yhigh
-// (the y range chosen) and data-crosses (diverged runs' × drawn); #hp-scatter carries data-points,
+// (the y range chosen), data-crosses (diverged runs' × drawn) and data-references (reference lines);
+// each table row drawn data-color (its colour in every view); #hp-scatter carries data-points,
 // data-crosses, data-clamped (points held to the edge), data-x/xkind/xlog/ylog/categories (its axes),
 // #hp-parallel data-axes, data-lines, data-crosses and data-keys (its axes' keys, the metric last),
 // each data-hover (the run under the pointer).
@@ -22,6 +25,11 @@
   const naturalCompare = board.naturalCompare;
   const X_LABELS = {step: "step", wall_time: "wall time (s)"};
   const DEFAULT_POLL_SECONDS = 2;
+  const DEFAULT_RUNS = 20;  // nothing ticked: the chart draws at most this many runs, the most recently updated
+  const REFERENCE_STYLE = {  // the reference lines' look, as the run figures draw them (attn.train.figures); levels from the runs
+    chance: {label: "chance", stroke: "#666666", dash: [2, 3]},
+    no_retrieval: {label: "no retrieval", stroke: "#8c8c8c", dash: [7, 4]},
+  };
   const params = new URLSearchParams(location.search);
   const embedded = JSON.parse(document.getElementById("board-data").textContent);
   const $ = (id) => document.getElementById(id);
@@ -107,12 +115,14 @@
     state.keys = [...new Set(data.runs.flatMap((run) => Object.keys(run.settings)))];
   }
 
+  // the runs whose records the page needs: the ticked ones and those of ticked groups (even where the filter
+  // hides them: it may let them back in), and every run the curves draw
   function wantedRuns() {
     const wanted = new Set(state.selectedRuns);
-    if ($("group-by").value) shownRuns().forEach((run) => wanted.add(run.id));  // grouped by a setting: every run shown
     for (const group of state.data.groups) {
       if (state.selectedGroups.has(group.id)) group.runs.forEach((id) => wanted.add(id));
     }
+    curveEntries().forEach((entry) => entry.ids.forEach((id) => wanted.add(id)));
     return [...wanted].filter((id) => state.runsById.has(id));
   }
 
@@ -205,10 +215,15 @@
     const threshold = Math.round(state.data.threshold * 100);
     return [
       {key: "name", label: "name", value: (run) => run.name,
-       cell: (run) => element("a", {href: "#", class: "run-link", title: run.path,
-                                    onclick: (event) => { event.preventDefault(); openRun(run.id); }}, run.name)},
+       cell: (run) => element("span", {}, element("span", {class: "swatch row-swatch"}),
+                              element("a", {href: "#", class: "run-link", title: run.path,
+                                            onclick: (event) => { event.preventDefault(); openRun(run.id); }}, run.name))},
       {key: "status", label: "status", value: (run) => run.status,
        cell: (run) => element("span", {class: `status status-${run.status}`, title: run.reason || false}, run.status)},
+      {key: "outcome", label: "outcome", title: "what became of the run (attn.outcomes; filter: outcome=stalled) (sort)",
+       value: (run) => run.outcome,
+       cell: (run) => (run.outcome ? element("span", {class: `outcome outcome-${run.outcome.replace(/\W+/g, "-")}`},
+                                             run.outcome_said || run.outcome) : "—")},
       {key: "step", label: "step", value: (run) => run.step, className: "number",
        cell: (run) => (run.step == null ? "—" : `${run.step}/${run.steps}`)},
       ...state.data.columns.map((column) => ({
@@ -226,7 +241,8 @@
   function groupColumns() {
     const statuses = (group) => Object.entries(group.statuses).map(([s, n]) => `${s} ${n}`).join(", ");
     return [
-      {key: "label", label: "group", value: (group) => group.label, cell: (group) => group.label},
+      {key: "label", label: "group", value: (group) => group.label,
+       cell: (group) => element("span", {}, element("span", {class: "swatch row-swatch"}), group.label)},
       {key: "n", label: "runs", value: (group) => group.runs.length, cell: (group) => String(group.runs.length),
        className: "number"},
       {key: "status", label: "status", value: statuses, cell: statuses},
@@ -244,6 +260,22 @@
     renderTable($("groups"), "groups", groupColumns(), groups, state.selectedGroups, (group) => group.id);
     renderTable($("runs"), "runs", runColumns(), runs, state.selectedRuns, (run) => run.id);
     $("run-count").textContent = `(${runs.length} of ${state.data.runs.length} shown)`;
+    paintTables();
+  }
+
+  // each row drawn marked with its colour in the chart and the hyperparameter views (the one assignment, paint)
+  function paintTables() {
+    const plan = curvePlan();
+    for (const [table, styles] of [["runs", plan.runStyles], ["groups", plan.groupStyles]]) {
+      for (const row of $(table).querySelectorAll("tbody tr")) {
+        const style = styles.get(row.dataset.id), swatch = row.querySelector(".row-swatch");
+        row.dataset.color = style ? style.color : "";
+        if (!swatch) continue;
+        swatch.className = `swatch row-swatch swatch-${style ? style.marker : "circle"}`;
+        swatch.style.background = style ? style.color : "transparent";
+        swatch.title = style ? "its colour in the chart and the hyperparameter views" : "";
+      }
+    }
   }
 
   function applyFilter() {
@@ -253,39 +285,74 @@
       element("li", {}, element("code", {}, error.term), `: ${error.message} (ignored)`)));
     if (state.data) {
       renderTables();
-      if ($("group-by").value) refreshChart();  // runs the filter lets back in may need their records
-      else drawChart();
+      refreshChart();  // runs the filter lets in may need their records (grouped by a setting, or nothing ticked)
     }
   }
 
   // ------------------------------------------------------------------ chart
   // What the curves draw: each ticked group and run (what the filter hides left out), or with group
   // by a setting, a curve per value of it over the runs shown (every other setting and the seeds
-  // pooled), each with the colour of its value (views.valueIndex: the same in every view)
-  function curveEntries() {
-    const shown = new Set(shownRuns().map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
+  // pooled); with nothing ticked, the runs shown (at most DEFAULT_RUNS, the most recently updated).
+  // Their colours are the page's one assignment (paint): every view takes a run's or group's from here.
+  function curvePlan() {
+    const shownList = shownRuns();
+    const shown = new Set(shownList.map((run) => run.id));  // the filter drives the chart: what it hides is not drawn
     const groupBy = $("group-by").value;
+    let entries = [], defaultView = null;
     if (groupBy) {
       const byValue = new Map();
-      for (const run of shownRuns()) {
+      for (const run of shownList) {
         const value = run.settings[groupBy] ?? board.views.NO_VALUE;
         if (!byValue.has(value)) byValue.set(value, []);
         byValue.get(value).push(run.id);
       }
       const name = state.data.columns.find((c) => c.key === groupBy)?.name || groupBy;
       const index = board.views.valueIndex(state.data.runs, groupBy);
-      return [...byValue.keys()].sort(naturalCompare).map((value) =>
+      entries = [...byValue.keys()].sort(naturalCompare).map((value) =>
         ({label: `${name}=${value}`, group: byValue.get(value).length, ids: byValue.get(value), style: index.get(value)}));
+    } else if (!state.selectedRuns.size && !state.selectedGroups.size) {
+      const updated = (run) => (board.isFiniteNumber(run.updated_at) ? run.updated_at : -Infinity);
+      const newest = new Set(shownList.map((run, i) => ({run, i}))
+        .sort((a, b) => updated(b.run) - updated(a.run) || a.i - b.i).slice(0, DEFAULT_RUNS).map(({run}) => run.id));
+      entries = shownList.filter((run) => newest.has(run.id)).map((run, i) => ({label: run.name, group: 0, ids: [run.id], style: i}));
+      defaultView = {drawn: entries.length, of: shownList.length};
+    } else {
+      for (const group of state.data.groups) {
+        const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
+        if (state.selectedGroups.has(group.id) && ids.length) {
+          entries.push({label: group.label, group: group.runs.length, ids, groupId: group.id});
+        }
+      }
+      for (const run of state.data.runs) {
+        if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
+      }
+      entries = entries.map((entry, i) => ({...entry, style: i}));  // the ticked rows: colours in the order drawn
     }
-    const entries = [];
-    for (const group of state.data.groups) {
-      const ids = group.runs.filter((id) => state.runsById.has(id) && shown.has(id));
-      if (state.selectedGroups.has(group.id) && ids.length) entries.push({label: group.label, group: group.runs.length, ids});
+    return {...paint(entries), defaultView};
+  }
+
+  // The page's one colour assignment. Coloured by a setting (colour by) when each curve's runs share one value
+  // of it: the value's place among the setting's sorted values over all runs (views.valueIndex), so a value
+  // keeps its colour whatever is ticked or filtered; else each curve its own (its `style`). A run takes the
+  // colour of the first curve that draws it, a ticked group its curve's.
+  function paint(entries) {
+    const key = $("color-by").value === "none" ? "" : $("color-by").value;
+    const textOf = (id) => state.runsById.get(id)?.settings[key] ?? board.views.NO_VALUE;
+    const byValue = Boolean(key) && entries.every((entry) => new Set(entry.ids.map(textOf)).size <= 1);
+    const index = byValue ? board.views.valueIndex(state.data.runs, key) : null;
+    const painted = entries.map((entry) => (byValue && entry.ids.length
+      ? {...entry, style: index.get(textOf(entry.ids[0])), value: textOf(entry.ids[0])} : entry));
+    const runStyles = new Map(), groupStyles = new Map();
+    for (const entry of painted) {
+      const style = board.views.styleAt(entry.style);
+      entry.ids.forEach((id) => runStyles.has(id) || runStyles.set(id, style));
+      if (entry.groupId && !groupStyles.has(entry.groupId)) groupStyles.set(entry.groupId, style);
     }
-    for (const run of state.data.runs) {
-      if (state.selectedRuns.has(run.id) && shown.has(run.id)) entries.push({label: run.name, group: 0, ids: [run.id]});
-    }
-    return entries.map((entry, i) => ({...entry, style: i}));  // the ticked rows: colours in the order drawn
+    return {entries: painted, colouredBy: byValue ? key : "", runStyles, groupStyles};
+  }
+
+  function curveEntries() {
+    return curvePlan().entries;
   }
 
   // the runs the curves draw (every run of every curve), each once, in the table's order
@@ -296,8 +363,7 @@
 
   // Each curve: its band (smoothed by step, one unit for the whole chart), the raw curve when
   // smoothing, and a cross at the last finite value of each of its runs that diverged.
-  function chartCurves(metric, x, smoothing) {
-    const entries = curveEntries();
+  function chartCurves(metric, x, smoothing, entries = curveEntries()) {
     const recordsOf = (id) => state.records.get(id) || [];
     const unit = smoothing ? board.smoothingUnit(entries.flatMap((e) => e.ids.map((id) => board.series(recordsOf(id), metric).steps))) : 1;
     return entries.map(({label: name, group, ids, style: styleIndex}) => {
@@ -315,72 +381,115 @@
         const placed = board.placed(steps, [recordsOf(id)], x);
         if (placed.index.length) crosses.push([placed.xs[placed.xs.length - 1], values[placed.index[placed.index.length - 1]]]);
       }
-      return {label, xs, band, raw, crosses, allDiverged: ids.length > 0 && diverged.length === ids.length,
+      return {label, ids, xs, band, raw, crosses, allDiverged: ids.length > 0 && diverged.length === ids.length,
               ...board.views.styleAt(styleIndex)};
     });
   }
 
-  // uPlot's data: one x array (the union of the curves' x) and a column per series; null where a
-  // series has no finite value (or no positive one, on a log axis)
-  function aligned(curves, log) {
-    const xs = [...new Set(curves.flatMap((c) => c.xs))].sort((a, b) => a - b);
+  // The reference levels (chance, no retrieval) of a loss metric, from the runs drawn (each run's
+  // summary.references, as it wrote them): drawn when every run drawn has the same ones, as compare draws them.
+  function sharedReferences(metric, curves) {
+    if (!metric.includes("loss")) return {};
+    const found = new Set(curves.flatMap((curve) => curve.ids).map((id) => {
+      const references = state.runsById.get(id)?.references || {};
+      return JSON.stringify(Object.keys(references).sort().map((key) => [key, references[key]]));
+    }));
+    if (found.size !== 1) return {};
+    return Object.fromEntries(JSON.parse([...found][0]).filter(([, value]) => board.isFiniteNumber(value)));
+  }
+
+  // uPlot's data: one x array (the union of the curves' x) and a column per series; `undefined` where a
+  // series has no finite value (or no positive one, on a log axis), which the line passes over, and null
+  // where a group's mean breaks: between two steps averaging a different number of runs (a seed diverged
+  // or stopped), so a mean over n runs is never joined to one over another n. The mean's hover says n.
+  // The reference levels are flat series, kept inside the y range.
+  function aligned(curves, log, references = {}) {
+    const breaks = curves.map((curve) => curve.xs.slice(1).map((x, i) => (curve.band.count[i + 1] !== curve.band.count[i]
+      ? (curve.xs[i] + x) / 2 : null)).filter((x) => x !== null));
+    const xs = [...new Set([...curves.flatMap((c) => c.xs), ...breaks.flat()])].sort((a, b) => a - b);
     const at = new Map(xs.map((x, i) => [x, i]));
-    const column = (curve, values) => {
-      const out = new Array(xs.length).fill(null);
+    const column = (curve, values, gaps = []) => {
+      const out = new Array(xs.length).fill(undefined);
       curve.xs.forEach((x, i) => {
         if (Number.isFinite(values[i]) && (!log || values[i] > 0)) out[at.get(x)] = values[i];
       });
+      gaps.forEach((x) => { out[at.get(x)] = null; });
       return out;
     };
-    const data = [xs], series = [{}], bands = [], bulk = [], tails = [], crosses = [];
+    const present = (values) => values.filter((v) => v != null);
+    const data = [xs], series = [{}], bands = [], bulk = [], tails = [], crosses = [], starts = [];
     let points = 0;
     const value = (u, v) => board.formatNumber(v);
-    for (const curve of curves) {
-      const mean = column(curve, curve.band.mean);
-      points += mean.filter((v) => v !== null).length;
-      (curve.allDiverged ? tails : bulk).push(mean.filter((v) => v !== null));
+    curves.forEach((curve, c) => {
+      const mean = column(curve, curve.band.mean, breaks[c]);
+      points += present(mean).length;
+      (curve.allDiverged ? tails : bulk).push(present(mean));
+      if (!curve.allDiverged && present(mean).length) starts.push(present(mean)[0]);  // where the run began
       if (curve.raw) {  // faint, behind the smoothed curve; the hover shows both
-        const raw = new Array(xs.length).fill(null);
+        const raw = new Array(xs.length).fill(undefined);
         curve.raw.xs.forEach((x, i) => {
           const v = curve.raw.band.mean[i];
           if (at.has(x) && Number.isFinite(v) && (!log || v > 0)) raw[at.get(x)] = v;
         });
+        breaks[c].forEach((x) => { raw[at.get(x)] = null; });
         data.push(raw);
         series.push({label: `${curve.label} (raw)`, class: "raw", stroke: curve.color + "59", dash: curve.dash, width: 1,
-                     spanGaps: true, points: {show: false}, value});
+                     points: {show: false}, value});
       }
       crosses.push(...curve.crosses.map(([cx, cy]) => ({x: cx, y: cy, color: curve.color})));
+      const counts = column(curve, curve.band.count);  // how many runs each point of the mean averages
       data.push(mean);
-      series.push({label: curve.label, stroke: curve.color, dash: curve.dash, width: 1.6, spanGaps: true,
-                   points: {show: curve.xs.length < 5}, value});
+      series.push({label: curve.label, stroke: curve.color, dash: curve.dash, width: 1.6, counts,
+                   points: {show: curve.xs.length < 5},
+                   value: (u, v, s, i) => {  // the counts of the data drawn (drawPanel keeps them on the plot)
+                     const n = u.attnCounts?.[s]?.[i];
+                     return board.formatNumber(v) + (v != null && n > 1 ? ` (n=${n})` : "");
+                   }});
       if (curve.band.std.some(Number.isFinite)) {
         const {lower, upper} = board.edges(curve.band);
         const spread = (values) => values.map((v, i) => (Number.isFinite(curve.band.std[i]) ? v : NaN));
-        const up = column(curve, spread(upper)), down = column(curve, spread(lower));
+        const up = column(curve, spread(upper), breaks[c]), down = column(curve, spread(lower), breaks[c]);
         data.push(up, down);
-        (curve.allDiverged ? tails : bulk).push(up.filter((v) => v !== null), down.filter((v) => v !== null));
+        (curve.allDiverged ? tails : bulk).push(present(up), present(down));
         const edge = {label: `${curve.label} ± std`, class: "band-edge", stroke: "rgba(0,0,0,0)", width: 1,
                       points: {show: false}, value};
         series.push(edge, {...edge});
         bands.push({series: [series.length - 2, series.length - 1], fill: curve.color + "2e"});
       }
-    }
+    });
     // the y range: from the bulk of what is drawn (curves that did not all diverge), or everything
     const everything = $("y-all").checked;
-    const limits = board.robustLimits(bulk.some((a) => a.length) && !everything ? bulk : bulk.concat(tails), log, !everything);
-    return {data, series, bands, points, limits, crosses};
+    let limits = board.robustLimits(bulk.some((a) => a.length) && !everything ? bulk : bulk.concat(tails), log, !everything);
+    if (limits && starts.length) {  // the whole run from its first logged step: its start is never cut off the top
+      const [low, high] = limits, top = Math.max(...starts), bottom = Math.min(...starts);
+      limits = log ? [Math.min(low, bottom / 1.05), Math.max(high, top * 1.05)]
+        : [Math.min(low, bottom - 0.02 * (high - low)), Math.max(high, top + 0.02 * (high - low))];
+    }
+    const referenceLines = [];
+    for (const [key, level] of Object.entries(references)) {
+      if (log && !(level > 0)) continue;
+      const look = REFERENCE_STYLE[key] || {label: key.replace(/_/g, " "), stroke: "#999999", dash: [4, 4]};
+      data.push(xs.map(() => level));
+      series.push({label: `${look.label} (${board.formatNumber(level)})`, class: "reference", stroke: look.stroke,
+                   dash: look.dash, width: 1.2, points: {show: false}, value: () => board.formatNumber(level)});
+      referenceLines.push({level, text: `${look.label} ${board.formatNumber(level)}`, stroke: look.stroke, dash: look.dash});
+      if (limits) {  // inside the axes, with a margin
+        const [low, high] = limits;
+        limits = log ? [Math.min(low, level / 1.12), Math.max(high, level * 1.12)]
+          : [Math.min(low, level - 0.04 * (high - low)), Math.max(high, level + 0.04 * (high - low))];
+      }
+    }
+    return {data, series, bands, points, limits, crosses, references: referenceLines.length, referenceLines};
   }
 
-  // tick labels by their size (a log axis's unlabelled minor ticks come as null)
+  // tick labels by their size, each one distinct (views' tickTexts)
   function tickLabels(u, splits) {
-    return splits.map((v) => (v == null ? "" : board.formatNumber(v)));
+    return board.tickTexts(splits);
   }
 
-  // a log axis's labelled ticks: its decades, every k-th of them when there are more than eight
-  function decades(u, splits) {
-    const powers = splits.filter((v) => v > 0 && Math.abs(Math.log10(v) - Math.round(Math.log10(v))) < 1e-9);
-    const every = Math.max(1, Math.ceil(powers.length / 8));
-    return splits.map((v) => (powers.includes(v) && Math.round(Math.log10(v)) % every === 0 ? v : null));
+  // a log axis's ticks (logTicks): its decades, or within about a decade, round numbers between them
+  function logSplits(u, axis, min, max) {
+    return board.logTicks(min, max);
   }
 
   // a y axis as wide as its widest label
@@ -428,6 +537,38 @@
     holder.dataset.crosses = String(shown);
   }
 
+  // the reference lines again over the curves (a run stalled at chance hides its line), each named at its right end
+  function drawReferences(u, lines) {
+    const context = u.ctx, {left, top, width, height} = u.bbox, ratio = devicePixelRatio;
+    context.save();
+    context.font = `${11 * ratio}px system-ui, sans-serif`;
+    context.textAlign = "right";
+    let lastLabel = -Infinity;  // the lowest label written so far (canvas y): a label that would touch it goes below its line
+    const placed = lines.map((line) => ({...line, y: u.valToPos(line.level, "y", true)})).sort((a, b) => a.y - b.y);
+    for (const line of placed) {
+      const y = line.y;
+      if (!Number.isFinite(y) || y < top || y > top + height) continue;
+      context.strokeStyle = line.stroke;
+      context.lineWidth = 1.2 * ratio;
+      context.setLineDash(line.dash.map((d) => d * ratio));
+      context.beginPath();
+      context.moveTo(left, y);
+      context.lineTo(left + width, y);
+      context.stroke();
+      context.setLineDash([]);
+      const below = y - 14 * ratio < lastLabel;
+      context.textBaseline = below ? "top" : "bottom";
+      const at = below ? y + 2 * ratio : y - 2 * ratio;
+      lastLabel = below ? at + 12 * ratio : at;
+      context.lineWidth = 3 * ratio;
+      context.strokeStyle = "rgba(255,255,255,0.9)";
+      context.strokeText(line.text, left + width - 4 * ratio, at);
+      context.fillStyle = "#333";
+      context.fillText(line.text, left + width - 4 * ratio, at);
+    }
+    context.restore();
+  }
+
   function chartOptions(panel, metric, x, log, built) {
     const bound = (id) => ($(id).value === "" ? null : Number($(id).value));
     return {
@@ -444,11 +585,12 @@
         y: {...(log ? {distr: 3, log: 10} : {}), range: (u, min, max) => panel.yLimits || [min, max]},
       },
       axes: [{label: X_LABELS[x], values: tickLabels},
-             {label: metric, values: tickLabels, size: panel.main ? axisWidth : axisWidthOf, ...(log ? {filter: decades} : {})}],
+             {label: metric, values: tickLabels, size: panel.main ? axisWidth : axisWidthOf,
+              ...(log ? {splits: logSplits, filter: (u, splits) => splits} : {})}],
       cursor: {drag: {x: true, y: false, setScale: false}},
       legend: {live: true},
       hooks: {
-        draw: [(u) => drawCrosses(u, panel.crosses || [], panel.el)],
+        draw: [(u) => drawReferences(u, panel.built?.referenceLines || []), (u) => drawCrosses(u, panel.crosses || [], panel.el)],
         setSelect: [(u) => {
           if (u.select.width < 4) return;
           $("x-from").value = Number(u.posToVal(u.select.left, "x").toPrecision(4));
@@ -470,6 +612,7 @@
   function drawChart(force = false) {
     for (const panel of allPanels()) drawPanel(panel, force);
     drawHparams();
+    paintTables();
     state.plot = mainPanel.plot;
     state.plotShape = mainPanel.shape;
     state.yLimits = mainPanel.yLimits;
@@ -484,36 +627,49 @@
   function drawPanel(panel, force = false) {
     const holder = panel.el;
     const metric = panel.metric(), x = $("x").value, smoothing = Number($("smoothing").value);
-    const curves = metric ? chartCurves(metric, x, smoothing) : [];
+    const plan = curvePlan();
+    const curves = metric ? chartCurves(metric, x, smoothing, plan.entries) : [];
     const yscale = $("yscale").value;
-    const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range)
+    const log = yscale === "auto" ? board.logScale(metric, curves.map((c) => c.band), state.data.wide_range, state.data.log_metrics)
                                   : yscale === "log";
-    const built = aligned(curves, log);
+    const built = aligned(curves, log, sharedReferences(metric, curves));
     panel.yLimits = built.limits;
     panel.crosses = built.crosses;
     panel.built = built;
     const empty = built.points === 0;
     if (panel.main) {
+      const runsThere = state.data.runs.length > 0 && plan.defaultView?.of !== 0;
       $("chart-empty").textContent = curves.length && empty
-        ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs ticked yet.`
-        : "Tick runs or groups below to draw their curves; drag across the chart to set the x range, double-click to reset it.";
+        ? `No finite ${log ? "positive " : ""}values of ${metric} in the runs drawn yet.`
+        : !state.data.runs.length ? "No runs to draw yet: they appear here as they start."
+        : !runsThere ? "No run passes the filter."
+        : "The rows ticked are hidden by the filter; tick others below, or clear the selection to draw the runs shown.";
       $("chart-empty").hidden = curves.length > 0 && !empty;
-      $("chart-note").textContent = new Set(curves.map((c) => c.color)).size < curves.length
-        ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+      const view = plan.defaultView;
+      $("chart-default").textContent = view && view.drawn
+        ? `Nothing ticked: drawing ${view.drawn === view.of ? `all ${view.drawn} runs` : `the ${view.drawn} most recently updated of ${view.of} runs`}` +
+          `${$("filter").value.trim() ? " the filter shows" : ""}; tick runs or groups below to choose. ` +
+          "Drag across the chart to set the x range, double-click to reset it."
         : "";
+      $("chart-default").hidden = !$("chart-default").textContent;
+      $("chart-note").textContent = new Set(curves.map((c) => c.color)).size < curves.length && !plan.colouredBy
+        ? `${curves.length} curves: the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, each repeat with its own dash (after ${PALETTE.length * DASHES.length} the dashes repeat too).`
+        : plan.colouredBy && curves.length ? `Coloured by ${columnName(plan.colouredBy)} (colour by): curves of one value share its colour.` : "";
     } else if (panel.note) {
-      panel.note.textContent = empty ? (curves.length ? `no finite values of ${metric} in the runs ticked yet` : "tick runs or groups below") : "";
+      panel.note.textContent = empty ? (curves.length ? `no finite values of ${metric} in the runs drawn yet` : "nothing to draw: tick runs or groups below") : "";
     }
-    const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => s.label)]);
+    const shape = JSON.stringify([metric, x, log, $("y-all").checked, built.series.map((s) => [s.label, s.stroke])]);
     if (panel.plot && (force || empty || shape !== panel.shape)) {
       panel.plot.destroy();
       panel.plot = null;
     }
     if (!empty) {
       if (panel.plot) {
+        panel.plot.attnCounts = built.series.map((s) => s.counts);
         panel.plot.setData(built.data);
       } else {
         panel.plot = new uPlot(chartOptions(panel, metric, x, log, built), built.data, holder);
+        panel.plot.attnCounts = built.series.map((s) => s.counts);
         panel.plot.over.addEventListener("dblclick", () => {
           $("x-from").value = $("x-to").value = "";
           refreshChart(true);
@@ -522,16 +678,16 @@
     }
     panel.shape = shape;
     Object.assign(holder.dataset, {metric, series: String(empty ? 0 : curves.length), bands: String(empty ? 0 : built.bands.length),
-                                   points: String(built.points), log: String(log),
+                                   points: String(built.points), log: String(log), references: String(empty ? 0 : built.references),
                                    ylow: String(built.limits ? built.limits[0] : ""), yhigh: String(built.limits ? built.limits[1] : "")});
   }
 
   // ------------------------------------------------------------------ hyperparameter views
   // A metric's final or best value per run (the snapshot's `ends`, taken over every record) against a
   // setting, and parallel coordinates over the settings that differ among the runs drawn, the metric
-  // last. The runs are the curves' (drawnRuns: the selection, the filter, group-by), each coloured by
-  // the value of the colour setting (views.valueIndex, as the curves grouped by it). What was drawn
-  // is kept in `hp` for the hover (and tests).
+  // last. The runs are the curves' (drawnRuns: the selection, the filter, group-by), each in its colour
+  // in the chart (paint: the value of the colour setting, or its curve's). What was drawn is kept in `hp`
+  // for the hover (and tests).
   const NO_VALUE = board.views.NO_VALUE;
   const hp = {rows: [], settings: [], scatter: null, parallel: null, hover: {scatter: null, parallel: null}};  // hover: run ids
 
@@ -555,11 +711,10 @@
   }
 
   // each run drawn that logged the metric: {run, end, value (final or best; null: not finite), style}
-  function hpRows(choice) {
-    const index = choice.color ? board.views.valueIndex(state.data.runs, choice.color) : null;
+  function hpRows(choice, plan) {
     return drawnRuns().filter((run) => run.ends && run.ends[choice.metric]).map((run) => {
       const end = run.ends[choice.metric];
-      const style = board.views.styleAt(index ? index.get(run.settings[choice.color] ?? NO_VALUE) : 0);
+      const style = plan.runStyles.get(run.id) || board.views.styleAt(0);
       return {run, end, value: choice.which === "best" ? end.best : end.final, style};
     });
   }
@@ -575,8 +730,9 @@
   function hpMetricAxis(choice, rows) {
     const values = rows.map((row) => row.value).filter(board.isFiniteNumber);
     const yscale = $("yscale").value;
-    const log = yscale === "auto" ? board.logScale(choice.metric, [{low: values, high: values}], state.data.wide_range)
-                                  : yscale === "log";
+    const log = yscale === "auto"
+      ? board.logScale(choice.metric, [{low: values, high: values}], state.data.wide_range, state.data.log_metrics)
+      : yscale === "log";
     return board.views.metricAxis(metricLabel(choice), values, log && values.some((v) => v > 0), $("y-all").checked);
   }
 
@@ -592,8 +748,8 @@
 
   function drawHparams() {
     if (!state.data) return;
-    const choice = hpChoice();
-    const rows = choice.metric && choice.x ? hpRows(choice) : [];
+    const choice = hpChoice(), plan = curvePlan();
+    const rows = choice.metric && choice.x ? hpRows(choice, plan) : [];
     hp.rows = rows;
     hp.settings = differingSettings(rows);
     hp.metricAxis = rows.length ? hpMetricAxis(choice, rows) : null;
@@ -605,7 +761,7 @@
     $("hp-views").hidden = empty;
     const without = drawnRuns().length - rows.length;
     $("hp-note").textContent = without && !empty ? `${without} of the runs drawn above have not logged ${choice.metric}.` : "";
-    renderColorLegend(choice, rows);
+    renderColorLegend(plan, rows);
     drawHpScatter(choice);
     drawHpParallel(choice);
   }
@@ -649,18 +805,22 @@
     });
   }
 
-  // one legend for both views: a swatch per value of the colour setting among the runs drawn
-  function renderColorLegend(choice, rows) {
+  // one legend for both views: a swatch per value of the colour setting among the runs drawn, or (colours
+  // by curve) per curve
+  function renderColorLegend(plan, rows) {
     const legend = $("hp-legend");
-    if (!choice.color || !rows.length) {
+    if (!rows.length) {
       legend.replaceChildren();
       return;
     }
     const counts = new Map();
-    for (const row of rows) {
-      const text = settingItem(row.run, choice.color).text;
-      if (!counts.has(text)) counts.set(text, {style: row.style, n: 0});
-      counts.get(text).n += 1;
+    const drawn = new Set(rows.map((row) => row.run.id));
+    for (const entry of plan.entries) {
+      const n = entry.ids.filter((id) => drawn.has(id)).length;
+      if (!n) continue;
+      const text = plan.colouredBy ? entry.value : entry.label;
+      if (!counts.has(text)) counts.set(text, {style: board.views.styleAt(entry.style), n: 0});
+      counts.get(text).n += n;
     }
     const entries = [...counts.entries()].sort((a, b) => a[1].style.index - b[1].style.index);
     const repeats = entries.some(([, {style}]) => style.index >= PALETTE.length);
@@ -668,8 +828,8 @@
       const swatch = element("span", {class: `swatch swatch-${style.marker}`});
       swatch.style.background = style.color;
       return element("li", {"data-value": text, "data-color": style.color}, swatch,
-                     `${columnName(choice.color)}=${text} `, element("span", {class: "hint"}, `(${n})`));
-    }), ...(repeats ? [element("li", {class: "hint"}, `the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length} values, ` +
+                     plan.colouredBy ? `${columnName(plan.colouredBy)}=${text} ` : `${text} `, element("span", {class: "hint"}, `(${n})`));
+    }), ...(repeats ? [element("li", {class: "hint"}, `the ${PALETTE.length} colours repeat beyond the first ${PALETTE.length}, ` +
                                    "each repeat with its own marker and dash")] : []));
   }
 
@@ -743,9 +903,30 @@
     renderOnChange("hp-columns", state.data.columns, () => {
       const columns = state.data.columns.map((c) => [c.key, c.name]);
       choose($("hp-x"), columns, columns[0]?.[0]);
-      const other = columns.find(([key]) => key !== $("hp-x").value)?.[0];
-      choose($("color-by"), [["none", "—"], ...columns], $("group-by").value || other || "none");
+      choose($("color-by"), [["none", "— (per curve)"], ...columns], $("group-by").value || varyingSetting() || "none");
     });
+  }
+
+  // the setting that varies, for colour by: of the settings that differ between the runs (the seed aside),
+  // the one with the fewest values, leaving out one that only follows the scatter's x (the same runs apart,
+  // as d_v followed d_k), unless nothing else varies; "" when only the seed does
+  function varyingSetting() {
+    const runs = state.data.runs;
+    const partition = (key) => {  // which runs share a value, whatever the values are
+      const first = new Map();
+      return JSON.stringify(runs.map((run, i) => {
+        const value = run.settings[key] ?? NO_VALUE;
+        if (!first.has(value)) first.set(value, i);
+        return first.get(value);
+      }));
+    };
+    const keys = state.data.columns.map((c) => c.key).filter((key) => key !== "seed");
+    const size = (key) => new Set(runs.map((run) => run.settings[key] ?? NO_VALUE)).size;
+    const fewest = (candidates) => candidates.reduce((best, key) => (best === null || size(key) < size(best) ? key : best), null);
+    const x = $("hp-x").value;
+    const apart = keys.filter((key) => !x || key === x || partition(key) !== partition(x));
+    const notX = apart.filter((key) => key !== x);
+    return fewest(notX.length ? notX : keys) || "";
   }
 
   // ------------------------------------------------------------------ downloads
@@ -822,7 +1003,7 @@
       metric: $("metric").value, x: $("x").value === "step" ? "" : $("x").value,
       yscale: $("yscale").value === "auto" ? "" : $("yscale").value, yall: $("y-all").checked ? "1" : "",
       group_by: $("group-by").value, smooth: Number($("smoothing").value) ? $("smoothing").value : "",
-      filter: $("filter").value, panels: panelMetrics().join(","), open: state.openRun || "",
+      filter: $("filter").value, panels: panelMetrics().join(","), open: openRunParam(),
       hp_metric: controlValue("hp-metric"), hp_value: $("hp-value").value === "best" ? "best" : "",
       hp_x: controlValue("hp-x"), color_by: controlValue("color-by"),
     };
@@ -921,6 +1102,20 @@
     }
   }
 
+  // the id of the run that open= (or a click) names: its id, else its name
+  function openRunId() {
+    const wanted = state.openRun;
+    if (wanted == null || state.runsById.has(wanted)) return wanted;
+    return state.data?.runs.find((run) => run.name === wanted)?.id ?? null;
+  }
+
+  // the open run as the URL writes it: its name when no other run has it, else its id
+  function openRunParam() {
+    const run = state.runsById.get(openRunId());
+    if (!run) return state.openRun || "";
+    return state.data.runs.filter((other) => other.name === run.name).length === 1 ? run.name : run.id;
+  }
+
   function openRun(id) {
     state.openRun = id;
     renderRunDetails();
@@ -930,10 +1125,10 @@
 
   function renderRunDetails() {
     const section = $("run-details");
-    const run = state.runsById.get(state.openRun);
+    const run = state.runsById.get(openRunId());
     section.hidden = !run;
     if (!run) return;
-    renderOnChange("run-details", [run.id, run.status, run.figures, run.reason], () => {
+    renderOnChange("run-details", [run.id, run.status, run.figures, run.reason, run.outcome_said], () => {
       let figures;
       if (run.figures.length) figures = figuresOf(run);
       else if (embedded) {
@@ -948,7 +1143,7 @@
         element("h2", {}, `Run ${run.name} `, element("button", {type: "button", class: "close",
                                                                   onclick: () => { state.openRun = null; renderRunDetails(); writeViewToURL(); }}, "close")),
         element("p", {}, element("code", {}, run.path), ` · ${run.status}` + (run.reason ? ` (${run.reason})` : "") +
-                (settings ? ` · ${settings}` : "")),
+                (run.outcome_said ? ` · ${run.outcome_said}` : "") + (settings ? ` · ${settings}` : "")),
         figures,
         element("div", {id: "run-page"}, element("p", {class: "hint"}, "reading its config…")));
       loadRunPage(run.id);
@@ -971,7 +1166,7 @@
       $("run-page")?.replaceChildren(element("p", {class: "bad"}, `cannot read its config: ${error.message}`));
       return;
     }
-    if (state.openRun !== id || !$("run-page")) return;
+    if (openRunId() !== id || !$("run-page")) return;
     if (!page) {
       $("run-page").replaceChildren(element("p", {class: "hint"}, "no config for this run in this page"));
       return;
@@ -1114,7 +1309,7 @@
         takeData(JSON.parse(text));
         renderAll();
       }
-      if (await fetchRecords()) drawChart();
+      if (state.viewReady && await fetchRecords()) drawChart();  // the first poll: the view is not set yet
       setLive(`live · updated ${new Date().toLocaleTimeString()}`);
     } catch (error) {
       setLive(`cannot reach the board (${error.message}); retrying`, true);
@@ -1133,11 +1328,19 @@
     if (params.get("hp_value") === "best") $("hp-value").value = "best";
     $("y-all").checked = params.get("yall") === "1";
     $("smoothing-value").textContent = $("smoothing").value;
+    $("group-by").addEventListener("change", () => {  // grouped by a setting: coloured by it (each curve one value)
+      if (!$("group-by").value) return;
+      $("color-by").value = $("group-by").value;
+      delete askedByURL["color-by"];
+    });
     for (const id of ["metric", "x", "yscale", "x-from", "x-to", "y-all", "group-by"]) $(id).addEventListener("change", () => refreshChart(true));
     for (const id of ["hp-metric", "hp-value", "hp-x", "color-by"]) {
       $(id).addEventListener("change", () => {
         delete askedByURL[id];  // the user's choice, not the URL's, from now on
-        drawHparams();
+        if (id === "color-by") {  // the page's colours: the curves and the tables' marks too
+          paintTables();
+          drawChart(true);
+        } else drawHparams();
         writeViewToURL();
       });
     }
@@ -1151,11 +1354,11 @@
       drawChart();
     });
     $("filter").addEventListener("input", applyFilter);
-    $("clear-selection").addEventListener("click", () => {
+    $("clear-selection").addEventListener("click", () => {  // back to the runs shown (curvePlan)
       state.selectedRuns.clear();
       state.selectedGroups.clear();
       renderTables();
-      drawChart();
+      refreshChart();
     });
     window.addEventListener("resize", () => {
       allPanels().forEach((panel) => panel.plot?.setSize({width: Math.max(panel.el.clientWidth, 300), height: panel.height}));
@@ -1185,6 +1388,7 @@
     })();
   }
 
-  board.page = {state, hp, formatG, drawChart, drawHparams, naturalCompare, csvOf, panels: () => allPanels()};
+  board.page = {state, hp, formatG, drawChart, drawHparams, naturalCompare, csvOf, panels: () => allPanels(), curvePlan,
+                DEFAULT_RUNS};
   start();
 })(window.AttnBoard = window.AttnBoard || {});

@@ -14,7 +14,14 @@
 //   groupCurve(runs, ...)       curves.group_curve: x = the step, or the mean wall time of
 //                               the runs that logged that step
 //   edges(band)                 Band.edges: mean ± std clipped to [low, high]
-//   logScale(metric, ...)       compare_figure.log_scale with yscale auto
+//   logScale(metric, ...)       compare_figure.log_scale with yscale auto; also log for a metric whose name
+//                               holds one of the snapshot's log_metrics (gradient norms, update ratios)
+//   niceTicks(low, high, n)     about n ticks at round numbers (1, 2 or 5 times a power of ten)
+//   logTicks(low, high)         a log axis's ticks: its decades (every k-th of more than eight); with fewer
+//                               than three, 1-2-5 of each decade, then 1..9, then round numbers as on a
+//                               linear axis, so an axis within one decade has labels too
+//   tickTexts(values)           their labels by size (formatNumber), with more digits when two would read
+//                               the same
 //
 // tests/test_board.py holds groupCurve to curves.group_curve on the same runs.
 "use strict";
@@ -162,14 +169,63 @@
     };
   }
 
-  function logScale(metric, bands, wideRange) {
-    if (metric.includes("loss")) return true;
+  function logScale(metric, bands, wideRange, logMetrics = ["loss"]) {
+    if (logMetrics.some((word) => metric.includes(word))) return true;
     const values = bands.flatMap((b) => b.low.concat(b.high));
     if (!values.length) return false;
     const low = values.reduce((a, b) => Math.min(a, b)), high = values.reduce((a, b) => Math.max(a, b));
     return low > 0 && high > wideRange * low;
   }
 
+  const exact = (value) => Number(value.toPrecision(12));  // 3 * 0.1 as 0.3
+
+  function niceTicks(low, high, count = 5) {
+    const span = high - low;
+    if (!(span > 0)) return Number.isFinite(low) ? [low] : [];
+    let best = null;
+    const top = Math.ceil(Math.log10(span));
+    for (let power = top - 3; power <= top; power++) {
+      for (const multiple of [1, 2, 5]) {
+        const step = multiple * 10 ** power;
+        const first = Math.ceil(low / step - 1e-9), last = Math.floor(high / step + 1e-9), n = last - first + 1;
+        const miss = Math.abs(n - count) + (n < 2 ? 100 : 0);
+        if (best === null || miss < best.miss) best = {step, first, last, miss};
+      }
+    }
+    const ticks = [];
+    for (let k = best.first; k <= best.last; k++) ticks.push(k === 0 ? 0 : exact(k * best.step));
+    return ticks;
+  }
+
+  function logTicks(low, high) {
+    if (!(low > 0 && high > low)) return niceTicks(low, high);
+    const inside = (values) => values.filter((v) => v >= low * (1 - 1e-9) && v <= high * (1 + 1e-9));
+    const powers = [];
+    for (let k = Math.floor(Math.log10(low)); k <= Math.ceil(Math.log10(high)); k++) powers.push(k);
+    const decades = inside(powers.map((k) => Number(`1e${k}`)));
+    if (decades.length >= 3) {
+      const every = Math.ceil(decades.length / 8);
+      return decades.filter((v) => Math.round(Math.log10(v)) % every === 0);
+    }
+    for (const multiples of [[1, 2, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]]) {
+      const ticks = inside(powers.flatMap((k) => multiples.map((m) => exact(m * Number(`1e${k}`)))));
+      if (ticks.length >= 3) return ticks;
+    }
+    return niceTicks(low, high, 4).filter((v) => v > 0);
+  }
+
+  function tickTexts(values) {
+    const texts = values.map((v) => (isFiniteNumber(v) ? formatNumber(v) : ""));
+    const shown = texts.filter(Boolean);
+    if (new Set(shown).size === shown.length) return texts;
+    for (let digits = 4; digits <= 12; digits++) {
+      const finer = values.map((v) => (isFiniteNumber(v) ? String(Number(v.toPrecision(digits))) : ""));
+      const kept = finer.filter(Boolean);
+      if (new Set(kept).size === kept.length) return finer;
+    }
+    return texts;
+  }
+
   Object.assign(board, {isFiniteNumber, series, ema, smoothingUnit, robustLimits, formatNumber, runCurve, bandStats,
-                        groupCurve, placed, edges, logScale});
+                        groupCurve, placed, edges, logScale, niceTicks, logTicks, tickTexts});
 })(window.AttnBoard = window.AttnBoard || {});

@@ -1,10 +1,11 @@
 // The filter box: terms separated by spaces, all of which a run must pass.
 //
-//   d_k=256  scale=none  eval_loss<0.1  status=running  seed!=0  copy
+//   d_k=256  scale=none  eval_loss<0.1  status=running  outcome=stalled  seed!=0  copy
 //
 // A term is FIELD OP VALUE with OP one of = == != < <= > >=, or a bare word,
-// which the run's name must contain. FIELD is name, status, group,
-// experiment, step, a metric of the table (eval_loss and eval_accuracy are
+// which the run's name must contain. FIELD is name, status, outcome (the
+// run's class: learned, "learned then lost", stalled, slow, diverged; none
+// while it runs), group, experiment, step, a metric of the table (eval_loss and eval_accuracy are
 // the final ones; best_eval_loss, best_eval_accuracy, steps_to_99), or a
 // setting by its dotted key or any suffix of it that names one key (d_k,
 // model.d_k). A number compares as a number; anything else compares, with
@@ -22,7 +23,7 @@
     best_eval_accuracy: "best_eval_accuracy", steps_to_99: "steps_to_99", step: "step",
   };
   // field -> the run's property: the page adds group_label and experiment_name to each run
-  const TEXT_FIELDS = {name: "name", status: "status", group: "group_label", experiment: "experiment_name"};
+  const TEXT_FIELDS = {name: "name", status: "status", outcome: "outcome", group: "group_label", experiment: "experiment_name"};
   const COMPARE = {
     "=": (a, b) => a === b, "==": (a, b) => a === b, "!=": (a, b) => a !== b,
     "<": (a, b) => a < b, "<=": (a, b) => a <= b, ">": (a, b) => a > b, ">=": (a, b) => a >= b,

@@ -61,29 +61,10 @@
   // ------------------------------------------------------------------ axes
   const identity = (v) => v;
 
-  // ticks at nice round numbers (1, 2 or 5 times a power of ten) between low and high
-  function niceTicks(low, high, count) {
-    const span = high - low;
-    if (!(span > 0)) return [low];
-    const raw = span / count, power = 10 ** Math.floor(Math.log10(raw));
-    const step = [1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw);
-    const ticks = [];
-    for (let v = Math.ceil(low / step) * step; v <= high + step * 1e-9; v += step) ticks.push(Math.abs(v) < step * 1e-9 ? 0 : v);
-    return ticks;
-  }
-
-  // the decades between low and high (> 0); with fewer than three, also their 2x and 5x
-  function logTicks(low, high) {
-    const decades = [];
-    for (let k = Math.floor(Math.log10(low)); k <= Math.ceil(Math.log10(high)); k++) decades.push(10 ** k);
-    const inside = (values) => values.filter((v) => v >= low * (1 - 1e-9) && v <= high * (1 + 1e-9));
-    const major = inside(decades);
-    if (major.length >= 3) return major;
-    const ticks = inside(decades.flatMap((d) => [d, 2 * d, 5 * d]));
-    return ticks.length >= 2 ? ticks : niceTicks(low, high, 4);
-  }
-
-  const labelled = (values) => values.map((value) => ({value, text: board.formatNumber(value)}));
+  const labelled = (values) => {
+    const texts = board.tickTexts(values);
+    return values.map((value, i) => ({value, text: texts[i]}));
+  };
 
   // a numeric axis from low to high, `pad` of its length left empty at each end; ticks: [{value, text}]
   function numericAxis(label, low, high, log, pad, ticks) {
@@ -106,7 +87,7 @@
       const log = low > 0 && high > WIDE_SETTING * low;
       const texts = new Map(items.map((item) => [item.raw, item.text]));  // a setting's few values as the table writes them
       const ticks = texts.size <= 8 ? [...texts].sort((x, y) => x[0] - y[0]).map(([value, text]) => ({value, text}))
-        : labelled(log ? logTicks(low, high) : niceTicks(low, high, 5));
+        : labelled(log ? board.logTicks(low, high) : board.niceTicks(low, high, 5));
       const axis = numericAxis(label, low, high, log, 0.06, ticks);
       return {...axis, at: (item) => axis.at(item.raw)};
     }
@@ -120,7 +101,7 @@
     const every = board.robustLimits([values], log, false) || (log ? [0.1, 10] : [0, 1]);
     const bulk = all ? every : board.robustLimits([values], log, true) || every;
     const [low, high] = [every[0], bulk[1]];  // only the top is cut: a run's low value is never off the axis
-    return numericAxis(label, low, high, log, 0, labelled(log ? logTicks(low, high) : niceTicks(low, high, 5)));
+    return numericAxis(label, low, high, log, 0, labelled(log ? board.logTicks(low, high) : board.niceTicks(low, high, 5)));
   }
 
   // ------------------------------------------------------------------ canvas
