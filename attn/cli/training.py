@@ -251,11 +251,12 @@ def cmd_demo(args) -> int:
     """The claim in two minutes: DEMO_CONFIGS trained as `attn train` trains
     them (one stack when they share their shapes) into --runs-dir, a run
     already finished there with the same config reused; then one figure of
-    both (attn.train.figures.demo_figure), each run's outcome printed."""
+    both (attn.report.demo), each run's outcome printed."""
     from threadpoolctl import threadpool_limits
 
     from attn.config.loading import flatten_config
     from attn.config.schema import neutral_keys
+    from attn.report import demo
     from attn.store import runstate
     from attn.train import figures
 
@@ -310,7 +311,7 @@ def cmd_demo(args) -> int:
         f"seed {first.seed}, {first.train.steps} steps"
     )
     title = f"attn demo: {len(run_dirs)} runs that differ only in {', '.join(differ) or 'nothing'} ({shared})"
-    fig = figures.demo_figure(run_dirs, labels, list(DEMO_COLORS[: len(run_dirs)]), title)
+    fig = demo.demo_figure(run_dirs, labels, list(DEMO_COLORS[: len(run_dirs)]), title)
     path = figures.save_figure(fig, Path(first.runs_dir) / "demo.png", tight=False)
     print(f"figure: {path}")
     return EXIT_OK
