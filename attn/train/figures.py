@@ -141,9 +141,10 @@ def theory_score_std(model: dict) -> float | None:
     scale, d_k, gain = model.get("scale", "sqrt"), model.get("d_k"), model.get("qk_gain", 1.0)
     if model.get("score", "dot") != "dot" or scale not in SCORE_SCALES or not isinstance(d_k, int):
         return None
-    if not isinstance(gain, (int, float)):
+    exponent = model.get("qk_gain_exponent", 0.0)  # the gain as attn.config.loading.qk_gain makes it
+    if not isinstance(gain, (int, float)) or not isinstance(exponent, (int, float)):
         return None
-    return score_scale(scale, d_k) * math.sqrt(d_k) * gain**2
+    return score_scale(scale, d_k) * math.sqrt(d_k) * (gain * d_k**exponent) ** 2
 
 
 def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
