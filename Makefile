@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train demo lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 # .venv/.runtime, touched last, says .venv was made whole: a .venv without it (a make cut short by Ctrl-C or a
@@ -33,6 +33,12 @@ train: $(VENV)/.runtime
 	@ATTN_VIA_MAKE=train $(PY) -m attn train $(TRAIN_ARGS); status=$$?; \
 	if [ $$status = 3 ]; then echo "make train: the run diverged (its loss or weights went non-finite): a result, kept with its metrics and figures" >&2; exit 0; fi; \
 	exit $$status
+
+## make demo [ARGS="--runs-dir runs/demo2"]: the claim in about a minute: configs/wide.yaml (1/sqrt(d_k)) and
+## configs/wide_unscaled.yaml trained side by side into runs/demo (a run already finished there with the same config
+## is reused, never overwritten), then runs/demo/demo.png: both losses from step 0, where the queries look, the mechanism
+demo: $(VENV)/.runtime
+	$(PY) -m attn demo $(ARGS)
 
 ## make compare RUNS="runs/sqrt_dk/*" [ARGS="--metric eval_loss --smooth 0.9 --x wall_time"]
 # set -f: the shell leaves globs to attn, which expands them itself (** too) and skips the files they match

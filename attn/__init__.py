@@ -1,6 +1,6 @@
 """attn: one attention head by hand in numpy, and why QK^T is divided by sqrt(d_k).
 
-The Python API is the names in API, each documented in README's table
+The Python API is the names in API, each documented in docs/api.md's table
 (tests/test_readme.py keeps the two the same): `import attn; attn.train_run(attn.load_config(None))`.
 Each is imported from where it lives on first use (module __getattr__), so
 `import attn` alone loads none of attn's modules, numpy or matplotlib.

@@ -22,7 +22,7 @@ from attn.cli import common
 from attn.config import schema
 from attn.config.loading import load_config
 from attn.store import arrayfiles, locks, runs, runstate
-from attn.train import lifecycle
+from attn.train import lifecycle, loop
 
 # Adam (a step count and moments to carry on), warm-up, a budget that is no multiple of log_every or
 # checkpoint_every, and both snapshots (attention at the end, mechanism at a step before the extension);
@@ -76,7 +76,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     )
     assert our_meta == their_meta
     assert_same_arrays(ours, theirs)
-    for snapshot in ("attention.npz", "mechanism.npz"):
+    for snapshot in ("attention.npz", "mechanism.npz", loop.MECHANISM_TRACE):
         assert_same_arrays(arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot))
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)
     assert (summary["status"], summary["step"], summary["steps"], summary["final"], summary["best"]) == (

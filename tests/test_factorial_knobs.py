@@ -65,3 +65,11 @@ def test_reports_say_which_wide_cells_share_their_seeds_initial_draws():
     assert shared_initial_draws(load_experiment(root / "sqrt_dk.yaml", "/nonexistent")) == [65536, 1048576]
     assert shared_initial_draws(load_experiment(root / "two_factors.yaml", "/nonexistent")) == []
     assert shared_draws_lines([]) == [] and "65536, 1048576" in shared_draws_lines([65536, 1048576])[0]
+
+
+def test_the_run_figures_theory_line_uses_the_gain_the_run_started_with():
+    from attn.train.figures import theory_score_std
+
+    model = {"scale": "none", "d_k": 4096, "qk_gain": 1.0, "qk_gain_exponent": -0.25}
+    assert theory_score_std(model) == pytest.approx(1.0)  # Var(q.k) = 1 at init: the exponent's purpose
+    assert theory_score_std({**model, "qk_gain_exponent": 0.0}) == pytest.approx(64.0)

@@ -26,7 +26,7 @@ from helpers import TINY, without_timing
 from attn.cli import common
 from attn.config.loading import load_config
 from attn.store import arrayfiles, runs
-from attn.train import lifecycle
+from attn.train import lifecycle, loop
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}
@@ -99,7 +99,7 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
     assert our_meta == their_meta and ours.keys() == theirs.keys()
     for key in ours:
         np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
-    for snapshot in ("attention.npz", "mechanism.npz"):
+    for snapshot in ("attention.npz", "mechanism.npz", loop.MECHANISM_TRACE):
         ours, theirs = arrayfiles.load_arrays(run_dir / snapshot), arrayfiles.load_arrays(reference / snapshot)
         assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k], equal_nan=True) for k in ours)
     summary, expected = runs.read_summary(run_dir), runs.read_summary(reference)

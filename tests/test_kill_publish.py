@@ -7,6 +7,11 @@ nothing of the killed one behind. make test kills at a sample of the
 writes (one in the middle, the last before the swap, the swap,
 experiments/README.md);
 make test-faults at every one.
+
+Two publishes at once, as real processes: one publishes, the other is
+refused in one line naming the first (experiments/'s lock), and nothing
+published is lost. make test runs one race and a publish refused while
+another process holds the lock; make test-faults twenty races.
 """
 
 import os
@@ -17,7 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import verification, write_experiment_file
+from helpers import facts_in, verification, write_experiment_file
 
 from attn import publish
 from attn.experiment import verify
@@ -30,6 +35,22 @@ PUBLISH = (
     "import sys; from pathlib import Path; from attn import publish; repo = Path(sys.argv[1]); "
     "publish.REPO, publish.RESULTS = repo, repo / 'experiments' / 'results'; "
     "publish.publish(None, Path(sys.argv[2]))"
+)
+PUBLISH_CLI = """
+import sys
+from pathlib import Path
+from attn import cli
+from attn.train import denormals
+with denormals.flushing(False):  # as the CLI imports it
+    from attn import publish
+repo = Path(sys.argv[1])
+publish.REPO, publish.RESULTS = repo, repo / "experiments" / "results"
+sys.exit(cli.main(["publish", "--runs-dir", sys.argv[2]]))
+"""  # `attn publish --runs-dir RUNS` in the repository given
+HOLD_LOCK = (  # experiments/'s lock held, as a publish holds it, until stdin closes
+    "import sys; from pathlib import Path; from attn.store import locks; "
+    "lock = locks.RunLock(Path(sys.argv[1]) / 'experiments', 'publish'); lock.__enter__(); "
+    "print('held', flush=True); sys.stdin.read()"
 )
 
 
@@ -145,7 +166,7 @@ def kill_at(published, points) -> None:
             monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")
             publish.publish(None, new_runs)
         assert tree(repo) == new, f"killed after write {k}: publish again does not finish it"
-        assert [p.name for p in (repo / "experiments").iterdir() if p.name.startswith(".")] == []
+        assert [p.name for p in (repo / "experiments").iterdir() if p.name.startswith(".") and p.name != ".lock"] == []
         assert not list(repo.rglob("*.tmp"))
 
 
@@ -158,3 +179,62 @@ def test_publish_killed_at_a_sample_of_its_writes_leaves_the_old_or_the_new_set(
 @pytest.mark.faults
 def test_publish_killed_at_every_one_of_its_writes_leaves_the_old_or_the_new_set(published):
     kill_at(published, range(1, published[-1] + 1))
+
+
+def publish_cli(repo: Path, runs_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", PUBLISH_CLI, str(repo), str(runs_dir)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def race(published, trials: int) -> None:
+    """Two `attn publish` of the new runs at once on a copy of the old repository, `trials` times: each exits
+    0, or 2 with one line naming the publish holding the lock; the new set is published whole, nothing of
+    the old one is lost on the way, and nothing of either is left beside it."""
+    root, old_repo, new_runs, old, new, writes = published
+    repo = root / "race"
+    for trial in range(trials):
+        shutil.rmtree(repo, ignore_errors=True)
+        shutil.copytree(old_repo, repo)
+        first, second = publish_cli(repo, new_runs), publish_cli(repo, new_runs)
+        outcomes = [(p.wait(timeout=120), p.stdout.read(), p.stderr.read()) for p in (first, second)]
+        assert sorted(code for code, _, _ in outcomes) in ([0, 0], [0, 2]), (trial, outcomes)
+        for code, _, err in outcomes:
+            if code == 2:
+                assert err.count("\n") == 1 and facts_in(err, "experiments: in use by attn publish (pid"), trial
+        assert tree(repo) == new, f"trial {trial}: two publishes at once left another set than one publish"
+        assert [p.name for p in (repo / "experiments").iterdir() if p.name.startswith(".") and p.name != ".lock"] == []
+
+
+def test_two_publishes_at_once_publish_one_set_and_lose_nothing(published):
+    race(published, trials=1)
+
+
+@pytest.mark.faults
+def test_two_publishes_at_once_twenty_times_publish_one_set_and_lose_nothing(published):
+    race(published, trials=20)
+
+
+def test_a_publish_is_refused_in_one_line_while_another_process_holds_the_publish_lock(published):
+    root, old_repo, new_runs, old, new, writes = published
+    repo = root / "held"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(old_repo, repo)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(repo)], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        refused = publish_cli(repo, new_runs)
+        _, err = refused.communicate(timeout=120)
+        assert refused.returncode == 2 and err.count("\n") == 1
+        assert facts_in(err, f"{repo / 'experiments'}: in use by attn publish (pid {holder.pid} ")
+        assert tree(repo) == old, "a refused publish touches nothing"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert publish_cli(repo, new_runs).wait(timeout=120) == 0 and tree(repo) == new

@@ -1,4 +1,4 @@
-"""The house: every module of attn sits in one row of README's layout table, and every import (at module
+"""The house: every module of attn sits in one row of the layout table (docs/layout.md), and every import (at module
 level or inside a function, by dotted module name) goes to a row below its own, or within its own row to a
 module listed before it: data flows one way, between packages and inside each. And a public name says one thing:
 no two modules define it, but for the twins named in SAME_ON_PURPOSE."""
@@ -12,8 +12,8 @@ PACKAGE = REPO / "attn"
 
 
 def layout() -> dict[str, tuple[int, int]]:
-    """Dotted module -> (its row in README's layout table, its place in the row)."""
-    table = (REPO / "README.md").read_text().split("## Layout", 1)[1].split("| package | modules | job |", 1)[1]
+    """Dotted module -> (its row in the layout table, docs/layout.md, its place in the row)."""
+    table = (REPO / "docs" / "layout.md").read_text().split("| package | modules | job |", 1)[1]
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
     placed = {}
     for depth, row in enumerate(rows):
@@ -51,7 +51,7 @@ def imported(tree: ast.AST) -> list[tuple[str, int]]:
 def test_every_module_is_in_the_layout_table_once():
     placed = layout()
     packages = {m for m in MODULES if MODULES[m].name == "__init__.py"}
-    assert set(MODULES) - packages - {"attn"} - set(placed) == set(), "modules README's layout table does not place"
+    assert set(MODULES) - packages - {"attn"} - set(placed) == set(), "modules docs/layout.md's table does not place"
     assert set(placed) - set(MODULES) == set(), "the table names modules that do not exist"
 
 

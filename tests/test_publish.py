@@ -92,11 +92,13 @@ def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypa
     assert json.loads((results / "report.json").read_text()) == data
     text = (repo / "README.md").read_text()
     assert text.startswith("# attn\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old numbers" not in text
-    assert "The generated paragraph, 7/10 seeds." in text and "**inconclusive** — claim b (`b`)" in text
+    assert "| Claim b | inconclusive | — | 95% interval |" in text  # the findings, one row per claim
+    assert "The generated paragraph, 7/10 seeds." not in text  # the paragraphs are in experiments/README.md
     assert (
         "every verdict agrees; seeds that learned, the same count in all three in 2 of 3 cells; Sandybridge "
         "left 3 of the 4 runs finite in both bit for bit as they were ("
-    ) in text
+    ) in (repo / "experiments" / "README.md").read_text()
+    assert "`attn verify experiments/sqrt_dk.yaml`): every verdict agrees ([verify.md]" in text  # README: brief
     assert "The generated paragraph, 7/10 seeds." in (repo / "experiments" / "README.md").read_text()
     assert repo / "README.md" in written
 
@@ -140,7 +142,7 @@ def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anythi
         (tmp_path / "runs" / name / "report.json").write_text(json.dumps(report({})))
         with pytest.raises(runs.RunError, match=rf"NAME '{re.escape(name)}'.*expected one of real$"):
             publish.publish([name], tmp_path / "runs")
-    assert [p.name for p in (tmp_path / "experiments").iterdir()] == ["real.yaml"]  # no results, no README
+    assert [p.name for p in (tmp_path / "experiments").iterdir() if p.name != ".lock"] == ["real.yaml"]  # nothing
 
 
 def bench_result(attn_ms: float, jax_ms: float) -> dict:
@@ -229,7 +231,7 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
     assert json.loads((results / "sqrt_dk" / "report.json").read_text())["headline"] == "The published paragraph."
     text = (repo / "README.md").read_text()
     assert "stale text" not in text and "| default | 1 | 0.6 (0.54–0.66) | jax bilinear |" in text
-    assert "The published paragraph." in text and "Unpublished." not in text
+    assert "| Claim a | confirmed |" in text and "refuted" not in text
     capsys.readouterr()
     assert cli.main(["publish", "--bench", "sqrt_dk"]) == 2
     assert facts_in(capsys.readouterr().err, "--bench", "sqrt_dk")
@@ -273,8 +275,9 @@ def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path
     runs.write_json(
         tmp_path / "x" / "verify.json",
         {
+            "experiment": "x",
             "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
-            "expectations": [{"id": "a"}],
+            "expectations": [{"id": "a", "verdicts": {"as run": "confirmed"}, "agree": True}],
             "agree": True,
             "cells": [],
             "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 0, "runs": 3}},
@@ -441,32 +444,52 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
     assert "| 16 | none | — | 2/4 | 3/4 |" in text and "| 16 | none | 1 | 1/4 | 2/4 |" in text
 
 
-def test_the_results_block_adds_the_score_modes_comparison_when_it_has_a_report():
-    headline = report({"a": "confirmed"}, headline="The headline paragraph.")
-    alone = publish.results_block({"sqrt_dk": headline}, changes={})
-    assert "The headline paragraph." in alone and "Which fix does what" not in alone
-    scores = {**report({}, headline="Which mode learned where."), "sensitivity_table": "| arm | d_k = 16 |\n|---|---|"}
-    both = publish.results_block({"sqrt_dk": headline, "scores": scores}, changes={})
-    assert both.index("The headline paragraph.") < both.index("Which mode learned where.")
-    assert "experiments/results/scores/lr_sensitivity.png" in both and "| arm |" not in both  # the table: elsewhere
-    wide = publish.results_block(
-        {"sqrt_dk": headline, "scores": scores, "scores_wide": report({"w-a": "confirmed", "w-b": "not confirmed"})},
-        changes={},
+def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_other_experiment(tmp_path, monkeypatch):
+    """README's block is short: the headline's claims one row each (claim, verdict, effect, test), its
+    paragraph of intervals and p-values only in experiments/README.md; then one line per other experiment,
+    the two comparisons of score modes first, the boundary experiments by their number, the rest after."""
+    headline = report({"a": "confirmed"}, headline="Scope: plain SGD; 20 seeds. The headline paragraph.")
+    headline["layout"] = {"x": ["model.d_k"], "best_of": "optim.lr"}
+    headline["expectations"][0].update(
+        test="mcnemar",
+        p_holm=0.0004,
+        points=[
+            {"x": [64], "p": 1e-6, "effect": {"name": "difference of rates", "value": 1.0, "low": 0.8, "high": 1.0}},
+            {"x": [256], "p": 1e-4, "effect": {"name": "difference of rates", "value": 0.9, "low": 0.6, "high": 1.0}},
+        ],
     )
-    assert wide.index("Which mode learned where.") < wide.index("**The fixes at width**")
-    assert "confirmed: `w-a`; not confirmed: `w-b`" in wide
+    monkeypatch.setattr(publish, "REPO", tmp_path)  # no experiment files: each report's own description
+    scores = {**report({"s": "confirmed", "t": "not confirmed"}), "description": "Every fix. Its arms."}
     boundary = {
         **report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
-        "description": "Where the claim stops holding, 7: the query's own position.",
+        "description": "Where the claim stops holding, 7: the query's own position. More words.",
     }
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
-    with_boundary = publish.results_block(
-        {"sqrt_dk": headline, "mask_self": boundary, "width": earlier, "lengths": report({"l": "confirmed"})},
+    block = publish.results_block(
+        {
+            "sqrt_dk": headline,
+            "mask_self": boundary,
+            "width": earlier,
+            "lengths": {**report({}), "description": "Length."},
+            "scores_wide": report({"w-a": "confirmed"}),
+            "scores": scores,
+        },
+        tmp_path,
         changes={},
     )
-    lines = [x for x in with_boundary.splitlines() if x.startswith("- [`")]
-    assert [x.split("`")[1] for x in lines] == ["width", "mask_self"]  # by their number; lengths is none
-    assert lines[1].endswith("confirmed: `masked-a`, `masked-c`; inconclusive: `masked-b`")
+    assert "The headline paragraph." not in block and "in scope: plain SGD; 20 seeds." in block
+    [row] = [line for line in block.splitlines() if line.startswith("| Claim a")]
+    assert row == (
+        "| Claim a | confirmed | difference of rates 0.9 [0.6, 1] at d_k 256, the weakest of 2 "
+        "| exact McNemar, Holm p 0.0004 |"
+    )
+    lines = [x for x in block.splitlines() if x.startswith("- [`")]
+    assert [x.split("`")[1] for x in lines] == ["scores", "scores_wide", "width", "mask_self", "lengths"]
+    assert lines[0] == (
+        "- [`scores`](experiments/results/scores/report.md) — Every fix: 1 confirmed, 1 not confirmed; not yet verified"
+    )
+    assert facts_in(lines[3], "the query's own position:", "2 confirmed, 1 inconclusive")
+    assert "no claims" in lines[4]
 
 
 def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
@@ -732,10 +755,16 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
     frozen = {"a": "as frozen", "b": "changed", "c": "added after the runs began"}
     for e in changed["expectations"]:
         e["frozen"] = frozen[e["id"]]
-    assert (
-        publish.verdict_summary(changed)
-        == "confirmed: `a`, `b` (changed); inconclusive: `c` (added after the runs began)"
-    )
+    rows = [
+        line
+        for line in publish.results_block({publish.HEADLINE: changed}, changes={}).splitlines()
+        if "| Claim" in line
+    ]
+    assert [row.split(" | ")[1] for row in rows] == [
+        "confirmed",
+        "confirmed (changed)",
+        "inconclusive (added after the runs began)",
+    ]
     assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
 
 
@@ -752,8 +781,8 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
     assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, changes={})
     assert (
-        "- [`edge`](experiments/results/edge/report.md) (runs from 3 code states, 2 of them uncommitted or "
-        "unrecorded): confirmed: `a`" in block
+        "- [`edge`](experiments/results/edge/report.md) — Where the claim stops holding, 1: what it tests (runs from "
+        "3 code states, 2 of them uncommitted or unrecorded): 1 confirmed; not yet verified" in block
     )
 
 
@@ -762,6 +791,7 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
     runs.write_json(
         tmp_path / "edge" / "verify.json",
         {
+            "experiment": "edge",
             "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
             "agree": False,
             "cells": [],
@@ -788,7 +818,7 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
         "code_states": {"abc1234": 4},
     }
     block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path, changes={})
-    assert f"confirmed: `a`; inconclusive: `b`; re-runs differ: {flips}" in block
+    assert "1 confirmed, 1 inconclusive; re-runs differ on `b`" in block
 
 
 def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design_now_does_not(tmp_path, monkeypatch):
@@ -840,17 +870,14 @@ def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_use
     reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
     assert publish.design_changes(reports) == {}
     block = publish.results_block(reports, tmp_path)
-    assert facts_in(
-        block, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
-    )
-    assert "- **inconclusive** — claim b (`b`)" in block
+    assert "| Claim a | confirmed (edited after its runs) |" in block and "| Claim b | inconclusive |" in block
     text = publish.experiments_readme(reports, tmp_path)
-    assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
-    annotated = publish.as_their_files_say(reports, {})["sqrt_dk"]
-    assert publish.verdict_summary(annotated) == "confirmed: `a` (edited after its runs); inconclusive: `b`"
-    assert "edited after" not in publish.verdict_summary(
-        publish.as_their_files_say(reports, {"sqrt_dk": "redesigned"})["sqrt_dk"]
+    assert facts_in(
+        text, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
     )
+    assert "- **inconclusive** — claim b (`b`)" in text
+    assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
+    assert "edited after" not in publish.results_block(reports, tmp_path, changes={"sqrt_dk": "redesigned"})
 
 
 def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
@@ -866,7 +893,7 @@ def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_
     before = sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*"))
     assert cli.main(["publish", "--text-only"]) == 0
     assert sorted(p.relative_to(repo) for p in (repo / "experiments" / "results").rglob("*")) == before
-    assert "The published paragraph." in (repo / "README.md").read_text()
+    assert "| Claim a | confirmed |" in (repo / "README.md").read_text()
     assert "The published paragraph." in (repo / "experiments" / "README.md").read_text()
     capsys.readouterr()
     assert cli.main(["publish", "--text-only", "sqrt_dk"]) == 2
@@ -1160,4 +1187,288 @@ def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lack
     }
     block = publish.results_block({"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary}, tmp_path, changes={})
     line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
-    assert line.endswith("confirmed: `masked-a`; not yet re-run on a second BLAS kernel or with the materialized head")
+    assert line.endswith(
+        "1 confirmed; every verdict agrees so far, not yet re-run on a second BLAS kernel or with the materialized head"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Issue 46: what publish reads and writes at its edges
+# ---------------------------------------------------------------------------
+HAND_WRITTEN = "## The model\n\nHand-written, never generated.\n\n## Speed\n\nAlso by hand.\n\n"
+
+
+def published_repo(tmp_path, monkeypatch):
+    """repo/ with two experiments (sqrt_dk, edge) published from runs/ (reports, figures, a benchmark), its README
+    a results block and a bench block among hand-written sections; (repo, runs_dir, the published results)."""
+    repo, runs_dir = tmp_path / "repo", tmp_path / "runs"
+    readme = (
+        f"# attn\n\nWhat and why.\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n{HAND_WRITTEN}"
+        f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n\nThe end.\n"
+    )
+    results = publish_into(repo, monkeypatch, readme)
+    write_experiment_file(repo, "edge")
+    for name in ("sqrt_dk", "edge"):
+        (runs_dir / name).mkdir(parents=True)
+        runs.write_json(runs_dir / name / "report.json", report({f"{name}-a": "confirmed"}))
+        (runs_dir / name / "report.md").write_text(f"# {name}\n")
+        (runs_dir / name / "headline.png").write_bytes(b"\x89PNG " + name.encode())
+    (runs_dir / "bench").mkdir()
+    runs.write_json(runs_dir / "bench" / "bench-20261201-100000.json", bench_result(0.6, 1.0))
+    (runs_dir / "bench" / "bench-20261201-100000.md").write_text("# bench\n")
+    publish.publish(None, runs_dir)
+    return repo, runs_dir, results
+
+
+def snapshot(repo) -> dict[str, bytes]:
+    """Every file publish writes or keeps: experiments/ (its lock aside) and README.md."""
+    files = {p: p.read_bytes() for p in sorted((repo / "experiments").rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        **{str(p.relative_to(repo)): data for p, data in files.items()},
+        "README.md": (repo / "README.md").read_bytes(),
+    }
+
+
+def outside_blocks(readme: str) -> list[str]:
+    """README's text outside its generated blocks, piece by piece."""
+    pieces = re.split(
+        "|".join(
+            re.escape(begin) + ".*?" + re.escape(end)
+            for begin, end in ((publish.RESULTS_BEGIN, publish.RESULTS_END), (publish.BENCH_BEGIN, publish.BENCH_END))
+        ),
+        readme,
+        flags=re.S,
+    )
+    return pieces
+
+
+HOSTILE = (
+    f"{publish.BENCH_BEGIN} {publish.RESULTS_END} {publish.BENCH_END} <!-- x --> <script>alert(1)</script> "
+    "<img src=x onerror=alert(2)> [click](javascript:alert(3)) <javascript:alert(4)>\n[ref]: javascript:alert(5)\n"
+    "\n## A heading of its own"
+)
+
+
+def test_report_and_experiment_file_text_holding_block_markers_and_html_never_leaves_its_place(tmp_path, monkeypatch):
+    """A claim, a headline, an experiment file's description and a benchmark's field holding README's block
+    markers, HTML and javascript: links, through publish into README.md and experiments/README.md: the
+    README is unchanged outside its blocks, nothing in either file is markup or a link, and publishing the
+    text again changes nothing (no block swallowed, none grown)."""
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    readme_before = (repo / "README.md").read_text()
+    hostile = report({"a": "confirmed"}, headline=f"Scope: {HOSTILE}. The paragraph {HOSTILE}")
+    hostile["expectations"][0]["claim"] = f"a claim {HOSTILE}"
+    runs.write_json(runs_dir / "sqrt_dk" / "report.json", hostile)
+    (repo / "experiments" / "edge.yaml").write_text(
+        (repo / "experiments" / "edge.yaml").read_text() + f"description: {json.dumps(HOSTILE)}\n"
+    )
+    bench = bench_result(0.6, 1.0)
+    bench["machine"]["cpu"] = HOSTILE
+    runs.write_json(runs_dir / "bench" / "bench-20261201-110000.json", bench)
+    (runs_dir / "bench" / "bench-20261201-110000.md").write_text("# bench\n")
+    publish.publish(None, runs_dir)
+    readme, experiments_text = (repo / "README.md").read_text(), (repo / "experiments" / "README.md").read_text()
+    assert outside_blocks(readme) == outside_blocks(readme_before) and readme.count(HAND_WRITTEN) == 1
+    for marker in (publish.RESULTS_BEGIN, publish.RESULTS_END, publish.BENCH_BEGIN, publish.BENCH_END):
+        assert readme.count(marker) == 1 and marker not in experiments_text
+    for text in (readme, experiments_text):
+        assert "A claim" in readme and "<script" not in text and "<img" not in text and "<!-- x" not in text
+        assert "](javascript:" not in text and "<javascript:" not in text and "\n[ref]:" not in text
+        assert "\n## A heading of its own" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in readme, "shown as text, not dropped"
+    for _ in range(2):
+        publish.publish_text()
+        assert (repo / "README.md").read_text() == readme
+        assert (repo / "experiments" / "README.md").read_text() == experiments_text
+
+
+def test_a_block_is_found_by_its_marker_lines_and_generated_text_holding_a_marker_is_refused():
+    readme = (
+        f"# attn\n\nThe block opens at `{publish.RESULTS_BEGIN}`.\n\n{publish.RESULTS_BEGIN}\nold\n"
+        f"{publish.RESULTS_END}\n\nafter, quoting {publish.RESULTS_END}\n"
+    )
+    assert publish.with_block(readme, publish.RESULTS_BEGIN, publish.RESULTS_END, "new") == readme.replace(
+        f"{publish.RESULTS_BEGIN}\nold\n", f"{publish.RESULTS_BEGIN}\n\nnew\n\n"
+    )
+    with pytest.raises(runs.RunError, match="holds a block marker"):
+        publish.with_block(readme, publish.RESULTS_BEGIN, publish.RESULTS_END, f"x\n{publish.BENCH_END}\n")
+    twice = readme + f"\n{publish.RESULTS_END}\n"
+    with pytest.raises(runs.RunError) as info:
+        publish.with_block(twice, publish.RESULTS_BEGIN, publish.RESULTS_END, "new")
+    assert facts_in(str(info.value), "README.md", "found 1 and 2", "git checkout -- README.md")
+
+
+def test_a_verification_made_by_uncommitted_code_is_refused_unless_allowed_and_then_said(tmp_path, monkeypatch):
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    (runs_dir / "verify").mkdir()
+    dirty = verification({"float64": "confirmed"}, experiment="sqrt_dk")
+    dirty["platforms"]["float64"]["attn_commit"] = ["abc1234-dirty"]
+    before = snapshot(repo)
+    for verification_only, report_dir in ((False, runs_dir / "sqrt_dk"), (True, results / "sqrt_dk")):
+        runs.write_json(
+            runs_dir / "verify" / "sqrt_dk.json",
+            {**dirty, "as_run": verify.as_run_record(report_dir / "report.json", verification_only)},
+        )
+        with pytest.raises(runs.RunError) as info:
+            publish.publish(["sqrt_dk"], runs_dir, verification_only=verification_only)
+        assert facts_in(str(info.value), "sqrt_dk.json", "float64: abc1234-dirty", "--allow-mixed")
+        assert snapshot(repo) == before and not results.with_name(".results.new").exists()
+    publish.publish(["sqrt_dk"], runs_dir, verification_only=True, allow_mixed=True)
+    said = "by uncommitted or unrecorded code (float64: abc1234-dirty)"
+    assert said in (repo / "experiments" / "README.md").read_text() and said in (repo / "README.md").read_text()
+    clean = {**dirty, "as_run": verify.as_run_record(results / "sqrt_dk" / "report.json", True)}
+    clean["platforms"] = {**dirty["platforms"], "float64": {"attn_commit": ["abc1234"]}}
+    runs.write_json(runs_dir / "verify" / "sqrt_dk.json", clean)
+    publish.publish(["sqrt_dk"], runs_dir, verification_only=True)
+    assert "uncommitted" not in (repo / "experiments" / "README.md").read_text()
+
+
+def damaged(path, kind: str) -> None:
+    text = path.read_bytes()
+    data = json.loads(text)
+    path.write_bytes(
+        {
+            "truncated": lambda: text[: len(text) // 2],
+            "a list": lambda: b"[1, 2]",
+            "empty": lambda: b"{}",
+            "no headline": lambda: json.dumps({k: v for k, v in data.items() if k != "headline"}).encode(),
+            "expectations as text": lambda: json.dumps({**data, "expectations": "x"}).encode(),
+            "platform a number": lambda: json.dumps({**data, "platform": 5}).encode(),
+            "a verdict a list": lambda: json.dumps(
+                {**data, "expectations": [{**e, "verdict": [1]} for e in data.get("expectations", [])]}
+            ).encode(),
+            "not UTF-8": lambda: b"\xff\xfe" + text,
+            "too deep": lambda: b"[" * 100000 + b"]" * 100000,
+            "no machine": lambda: json.dumps({k: v for k, v in data.items() if k != "machine"}).encode(),
+            "platforms a list": lambda: json.dumps({**data, "platforms": []}).encode(),
+        }[kind]()
+    )
+
+
+REPORT_DAMAGE = [
+    "truncated",
+    "a list",
+    "empty",
+    "no headline",
+    "expectations as text",
+    "platform a number",
+    "a verdict a list",
+    "not UTF-8",
+    "too deep",
+]
+
+
+@pytest.mark.parametrize(
+    "where, kind, command",
+    [
+        *[("runs/sqrt_dk/report.json", kind, ["sqrt_dk"]) for kind in REPORT_DAMAGE],
+        *[("experiments/results/edge/report.json", kind, ["sqrt_dk"]) for kind in REPORT_DAMAGE[:4] + ["not UTF-8"]],
+        *[("experiments/results/edge/report.json", kind, ["--text-only"]) for kind in REPORT_DAMAGE[:4]],
+        ("experiments/results/edge/report.json", "not UTF-8", ["--text-only"]),
+        ("runs/bench/bench-20261201-100000.json", "no machine", ["sqrt_dk"]),
+        ("runs/bench/bench-20261201-100000.json", "no machine", ["--bench"]),
+        ("runs/bench/bench-20261201-100000.json", "a list", ["--bench"]),
+        ("experiments/results/bench.json", "truncated", ["--text-only"]),
+        ("experiments/results/bench.json", "no machine", ["--text-only"]),
+        ("runs/verify/sqrt_dk.json", "platforms a list", ["sqrt_dk"]),
+        ("runs/verify/sqrt_dk.json", "truncated", ["sqrt_dk", "--verification-only"]),
+    ],
+)
+def test_a_damaged_json_file_gives_one_line_naming_it_and_nothing_is_staged_or_lost(
+    tmp_path, monkeypatch, capsys, where, kind, command
+):
+    from attn import cli
+
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    if "verify" in where:  # a verification of the report it would go beside, but for its damage
+        reported = (results if "--verification-only" in command else runs_dir) / "sqrt_dk" / "report.json"
+        (runs_dir / "verify").mkdir()
+        runs.write_json(
+            runs_dir / "verify" / "sqrt_dk.json",
+            {
+                **verification({"float64": "confirmed"}, experiment="sqrt_dk"),
+                "as_run": verify.as_run_record(reported, False),
+            },
+        )
+    path = (runs_dir.parent if where.startswith("runs/") else repo) / where
+    damaged(path, kind)
+    before = snapshot(repo)
+    capsys.readouterr()
+    assert cli.main(["publish", *command, "--runs-dir", str(runs_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: ") and err.count("\n") == 1
+    assert snapshot(repo) == before and not results.with_name(".results.new").exists()
+
+
+def test_symbolic_links_are_never_published_through_and_each_is_named_in_one_line(tmp_path, monkeypatch):
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    before = snapshot(repo)
+    (runs_dir / "sqrt_dk" / "x.png").symlink_to(outside / "secret.txt")
+    with pytest.raises(runs.RunError) as info:
+        publish.publish(["sqrt_dk"], runs_dir)
+    assert facts_in(str(info.value), str(runs_dir / "sqrt_dk" / "x.png"), "symbolic link")
+    assert snapshot(repo) == before
+    (runs_dir / "sqrt_dk" / "x.png").unlink()
+    for link, target in (("evil", outside), ("edge/evil.png", outside / "secret.txt")):
+        (results / link).symlink_to(target)
+        for call in (lambda: publish.publish(["sqrt_dk"], runs_dir), publish.publish_text):
+            with pytest.raises(runs.RunError) as info:
+                call()
+            assert facts_in(str(info.value), str(results / link), "symbolic link")
+        assert (results / link).is_symlink() and (outside / "secret.txt").stat().st_nlink == 1
+        (results / link).unlink()
+    assert snapshot(repo) == before
+    results.rename(tmp_path / "elsewhere")
+    results.symlink_to(tmp_path / "elsewhere")
+    for _ in range(2):
+        with pytest.raises(runs.RunError) as info:
+            publish.publish(["sqrt_dk"], runs_dir)
+        assert facts_in(str(info.value), f"{results}: is a symbolic link")
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["bench.json", "bench.md", "edge", "sqrt_dk"]
+
+
+def test_a_report_published_again_keeps_its_verification_and_another_report_does_not(tmp_path, monkeypatch):
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    (runs_dir / "verify").mkdir()
+    runs.write_json(
+        runs_dir / "verify" / "sqrt_dk.json",
+        {
+            **verification({"float64": "confirmed"}, experiment="sqrt_dk"),
+            "as_run": verify.as_run_record(runs_dir / "sqrt_dk" / "report.json", False),
+        },
+    )
+    publish.publish(["sqrt_dk"], runs_dir)
+    (runs_dir / "verify" / "sqrt_dk.json").unlink()
+    verified = (results / "sqrt_dk" / "verify.json").read_bytes()
+    publish.publish(["sqrt_dk"], runs_dir)  # the same report, byte for byte
+    assert (results / "sqrt_dk" / "verify.json").read_bytes() == verified
+    assert (
+        "Not yet re-run"
+        not in (repo / "experiments" / "README.md").read_text().split("## sqrt_dk")[1].split("\n## ")[0]
+    )
+    runs.write_json(runs_dir / "sqrt_dk" / "report.json", report({"sqrt_dk-a": "inconclusive"}))
+    publish.publish(["sqrt_dk"], runs_dir)  # another report: the verification is of the one it replaces
+    assert not (results / "sqrt_dk" / "verify.json").exists()
+
+
+def test_a_very_long_commit_is_shown_cut_where_publish_refuses_it(tmp_path, monkeypatch):
+    repo, runs_dir, results = published_repo(tmp_path, monkeypatch)
+    commit = "a" * 5000 + "-dirty"
+    runs.write_json(
+        runs_dir / "bench" / "bench-20261202-100000.json", {**bench_result(0.6, 1.0), "attn_commit": commit}
+    )
+    (runs_dir / "bench" / "bench-20261202-100000.md").write_text("# bench\n")
+    with pytest.raises(runs.RunError) as info:
+        publish.publish(None, runs_dir, bench_only=True)
+    assert len(str(info.value)) < 400 and facts_in(str(info.value), "5006 characters", "--allow-mixed")
+    (runs_dir / "bench" / "bench-20261202-100000.json").unlink()
+    note = f"Not one clean commit: 4 from uncommitted or unrecorded code ({commit})."
+    runs.write_json(
+        runs_dir / "sqrt_dk" / "report.json", {**report({}), "code_states": {commit: 4}, "code_state_note": note}
+    )
+    with pytest.raises(runs.RunError) as info:
+        publish.publish(["sqrt_dk"], runs_dir)
+    assert len(str(info.value)) < 400 and facts_in(str(info.value), "a… (", " characters)", "--allow-mixed")

@@ -14,7 +14,6 @@ from helpers import TINY
 
 import attn
 from attn import publish
-from attn.bench.suite import summary_markdown
 from attn.config.loading import load_config
 from attn.experiment.spec import load_experiment
 
@@ -24,13 +23,23 @@ DOCS = sorted((REPO / "docs").glob("*.md"))
 
 
 def test_readme_is_short_enough_to_read_and_starts_with_the_two_commands():
-    assert len(README.splitlines()) <= 300
+    """What a reader needs, within limits that long lines cannot meet: the two commands near the top, the
+    headline figure and the findings in the results, the rest a link away."""
+    lines = README.splitlines()
+    assert len(lines) <= 300 and len(README) <= 20_000
+    assert [n for n, line in enumerate(lines, 1) if len(line) > 400] == [], "break the line, or move it to docs/"
     first_block = README.split("```sh\n", 1)[1].split("```", 1)[0]
     assert [line.split()[:2] for line in first_block.splitlines()] == [["make", "train"], ["make", "test"]]
+    assert {line.split()[1] for line in lines[:40] if line.startswith(("make train", "make test"))} == {"train", "test"}
+    results = README.split(publish.RESULTS_BEGIN, 1)[1].split(publish.RESULTS_END, 1)[0]
+    assert f"![the headline](experiments/results/{publish.HEADLINE}/headline.png)" in results
+    claims = json.loads((REPO / "experiments" / "results" / publish.HEADLINE / "report.json").read_text())
+    rows = [line for line in results.splitlines() if line.startswith("| ") and not line.startswith("| claim |")]
+    assert [row.split(" | ")[1].split(" (")[0] for row in rows] == [e["verdict"] for e in claims["expectations"]]
 
 
 def api_table() -> dict[str, str]:
-    section = README.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "api.md").read_text()
     return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(attn\.[\w.]+)\(([^`]*)\)` \| .+ \|$", section, re.M)}
 
 
@@ -67,7 +76,8 @@ def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results(
         publish.with_block(README, publish.RESULTS_BEGIN, publish.RESULTS_END, publish.results_block(reports)) == README
     ), "run `make publish`; do not edit the block"
     bench = json.loads((results / "bench.json").read_text())
-    assert publish.with_block(README, publish.BENCH_BEGIN, publish.BENCH_END, summary_markdown(bench)) == README
+    block = publish.bench_block(bench, results / "bench.json")
+    assert publish.with_block(README, publish.BENCH_BEGIN, publish.BENCH_END, block) == README
     assert (REPO / "experiments" / "README.md").read_text() == publish.experiments_readme(reports)
 
 
@@ -100,17 +110,17 @@ def test_every_shipped_experiment_loads_and_make_ablations_runs_it(path, tmp_pat
     assert path.stem in ablations
 
 
-def test_every_experiment_with_claims_has_its_place_in_readmes_results_block():
-    """The block lists the headline, the two comparisons of score modes and each numbered boundary
-    experiment; an experiment with claims and none of those places would be published but never shown."""
+def test_every_published_experiment_has_its_line_in_readmes_results_block_and_boundaries_their_own_number():
+    """The block's findings are the headline's; every other experiment published has a line linking its
+    report (one published but never shown would be lost to a reader); the boundary experiments are
+    numbered, each number once."""
+    results = README.split(publish.RESULTS_BEGIN, 1)[1].split(publish.RESULTS_END, 1)[0]
+    for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
+        if path.parent.name != publish.HEADLINE:
+            assert f"- [`{path.parent.name}`](experiments/results/{path.parent.name}/report.md)" in results
     numbers = {}
     for path in sorted((REPO / "experiments").glob("*.yaml")):
-        experiment = load_experiment(path)
-        found = publish.BOUNDARY.match(experiment.description.strip())
+        found = publish.BOUNDARY.match(load_experiment(path).description.strip())
         if found:
             numbers.setdefault(int(found.group(1)), []).append(path.stem)
-        elif experiment.report.expect:
-            assert path.stem in (publish.HEADLINE, publish.COMPARISON, publish.WIDE_COMPARISON, publish.FACTORS), (
-                path.stem
-            )
     assert {n: names for n, names in numbers.items() if len(names) > 1} == {}

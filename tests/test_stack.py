@@ -52,6 +52,10 @@ def assert_same_run(a, b):
     for key in ca:
         if key != "meta":
             assert np.array_equal(ca[key], cb[key]), key
+    assert (a / loop.MECHANISM_TRACE).exists(), "every member traces its rows (logging.mechanism_trace)"
+    for snapshot in ("mechanism.npz", loop.MECHANISM_TRACE):
+        sa, sb = arrayfiles.load_arrays(a / snapshot), arrayfiles.load_arrays(b / snapshot)
+        assert sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k], equal_nan=True) for k in sa), snapshot
 
 
 MEMBERS = [

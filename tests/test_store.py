@@ -251,6 +251,7 @@ def test_each_grid_point_is_validated_once_and_gives_the_config_a_file_would(tmp
         overrides = [f"{k}={json.dumps(v)}" for k, v in cell.settings] + [
             f"seed={cell.seed}",
             "logging.plots=false",
+            "logging.mechanism_trace=false",
             "logging.keep_checkpoints=1",
         ]
         assert cell.config == load_config(REPO / "configs/default.yaml", overrides)

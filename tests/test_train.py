@@ -110,10 +110,12 @@ def test_the_run_directory_holds_every_file_and_nothing_half_written(learned):
         "loss.png",
         "attention.png",
         "diagnostics.png",
+        "mechanism.png",
+        "mechanism_trace.npz",
     } <= names
     assert not [n for n in names if n.endswith(".tmp") or n.startswith(".") and n != locks.LOCK_NAME]
     assert (learned["run_dir"] / locks.LOCK_NAME).read_bytes() == b""  # released: no holder recorded
-    for figure in ("loss.png", "attention.png", "diagnostics.png"):
+    for figure in ("loss.png", "attention.png", "diagnostics.png", "mechanism.png"):
         assert (learned["run_dir"] / figure).read_bytes().startswith(PNG_SIGNATURE)
 
 

@@ -295,7 +295,7 @@ def summary_markdown(result: dict) -> str:
     if "work" in result:
         targets.append(work_line(result["work"]))
     if targets:
-        lines += ["", "Sweeps: " + "; ".join(targets) + "."]
+        lines += ["", "Sweeps:", "", *(f"- {target}" for target in targets)]  # a line each: README keeps lines short
     return "\n".join(lines) + "\n"
 
 

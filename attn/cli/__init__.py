@@ -5,6 +5,7 @@
     attn train --fork RUN_DIR[@STEP] [key=value ...] [--name NAME]   a new run from its checkpoint
     attn config [CONFIG] [key=value ...]     resolved config; no CONFIG: the schema
     attn plot RUN_DIR ...                     redraw a run's figures
+    attn demo [key=value ...] [--runs-dir D]  the scaled head and its unscaled twin, trained, in one figure
     attn sweep EXPERIMENT [--workers N]       run an experiment's grid, then its report
     attn sweep CONFIG --grid KEY=V1,V2 ... [--seeds 0-4] [--name N] [key=value ...]
     attn report EXPERIMENT                    rewrite an experiment's report
@@ -15,7 +16,7 @@ Options, positionals and key=value overrides mix in any order
 (parse_intermixed_args).
     attn runs [PATH] [--status S]             list runs
     attn board [PATH ...] [--port N]          the live run board in a browser (--static DIR: as files)
-    attn export PATH ... --tensorboard DIR    runs' metrics as TensorBoard event files
+    attn export PATH ... --tensorboard DIR --mlflow FILE   runs as TensorBoard event files, into an MLflow store
     attn bench [--sizes default,wide,copy,large] [--headline]   the training step against PyTorch and JAX
     attn bench --board                        the board with 1,200 runs and a 200 MB metrics.jsonl
 
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-OVERRIDE_COMMANDS = ("train", "config", "sweep", "report")  # the commands that take key=value overrides
+OVERRIDE_COMMANDS = ("train", "config", "sweep", "report", "demo")  # the commands that take key=value overrides
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:

@@ -519,7 +519,8 @@ def add_commands(sub) -> None:
         "--allow-mixed",
         action="store_true",
         help="publish reports whose runs come from several code states or uncommitted code (they say "
-        "so), and a benchmark of uncommitted or unknown code (it names its commit)",
+        "so), verifications re-run by uncommitted or unrecorded code (the text says so), and a benchmark of "
+        "uncommitted or unknown code (it names its commit)",
     )
     p.add_argument(
         "--verification-only",

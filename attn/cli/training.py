@@ -1,4 +1,5 @@
-"""`attn train` (fresh, --resume, --fork), `attn config` and `attn plot`: one run, its config, its figures."""
+"""`attn train` (fresh, --resume, --fork), `attn config`, `attn plot` and `attn demo`: one run, its config,
+its figures; the scaled head and its unscaled twin side by side."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from attn.model.fast import describe_carried_weights
 from attn.model.widthfree import WIDTH_FREE_QK_NORM, WIDTH_FREE_QK_NORM_GAINS, WIDTH_FREE_SCORES
 from attn.optim import SUBSPACE_OPTIMIZERS
 from attn.store import locks, runs
-from attn.text import format_number, summary_figures
+from attn.text import format_number, format_value, summary_figures
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
 
@@ -242,6 +243,118 @@ def cmd_plot(args) -> int:
     return EXIT_OK
 
 
+DEMO_CONFIGS = ("configs/wide.yaml", "configs/wide_unscaled.yaml")  # the scaled head at d_k 2^20, its unscaled twin
+DEMO_COLORS = ("#1f77b4", "#d62728")  # as every report draws scale=sqrt and scale=none
+DEMO_RUNS_DIR = "runs/demo"
+
+
+def cmd_demo(args) -> int:
+    """The claim in two minutes: DEMO_CONFIGS trained as `attn train` trains
+    them (one stack when they share their shapes) into --runs-dir, a run
+    already finished there with the same config reused; then one figure of
+    both (attn.report.demo), each run's outcome printed."""
+    from threadpoolctl import threadpool_limits
+
+    from attn.config.loading import flatten_config
+    from attn.config.schema import neutral_keys
+    from attn.report import demo
+    from attn.store import runstate
+    from attn.train import figures
+
+    for path in DEMO_CONFIGS:
+        if not Path(path).is_file():
+            raise UsageError(f"demo: {path}: no such file; run attn demo from the repository root, as make demo does")
+    overrides = [*args.overrides, f"runs_dir={args.runs_dir}"]
+    configs = [_load_run_config(path, overrides) for path in DEMO_CONFIGS]
+    run_dirs, fresh = [], []
+    stop = StopFlag()
+    restore_signals = install_stop_handlers(stop)
+    try:
+        with contextlib.ExitStack() as held:
+            for path, config in zip(DEMO_CONFIGS, configs):
+                reused = lifecycle.finished_run(config, Path(config.runs_dir), Path(path).stem)
+                if reused is not None:
+                    print(f"reusing {reused}: it ended with this config (remove it to train it again)", file=sys.stderr)
+                    run_dirs.append(reused)
+                    continue
+                run_dir = held.enter_context(lifecycle.new_run(config, path, overrides, Path(path).stem))
+                print(f"run directory: {run_dir}", file=sys.stderr)
+                run_dirs.append(run_dir)
+                fresh.append(runstate.prepare(config, run_dir))
+            with threadpool_limits(limits=1):  # the same numbers; two BLAS threads on products this small only thrash
+                failed = _train_demo(fresh, stop)
+    finally:
+        restore_signals()
+    summaries = [runs.read_summary(run_dir) or {} for run_dir in run_dirs]
+    flat = [flatten_config(to_dict(config)) for config in configs]
+    differ = [k for k in flat[0] if k not in neutral_keys() and any(f.get(k) != flat[0][k] for f in flat)]
+    labels = []
+    for run_dir, summary, settings in zip(run_dirs, summaries, flat):
+        line = (
+            f"{run_dir}: {summary.get('status', 'failed')}: step {summary.get('step', 0)}/{summary.get('steps', '?')}"
+        )
+        print(line + (f"  {summary_figures(summary)}" if summary.get("final") else ""))
+        what = summary.get("outcome_said") or summary.get("status", "failed")
+        reached = (summary.get("best") or {}).get("steps_to_99")
+        labels.append(
+            f"{run_dir.name} ({', '.join(f'{k} {format_value(settings[k])}' for k in differ)}): {what}"
+            + (f", 99% at step {reached}" if reached is not None else "")
+        )
+    if failed or any(s.get("status") not in ("completed", "diverged") for s in summaries):
+        for run_dir, summary in zip(run_dirs, summaries):
+            if summary.get("status") == "interrupted" and (run_dir / "checkpoint.npz").exists():
+                print(f"resume with: attn train --resume {run_dir}", file=sys.stderr)
+        print("figure: not drawn (a run did not end)", file=sys.stderr)
+        return EXIT_SIGNAL.get(stop.reason, 130) if stop.reason else EXIT_FAILED
+    first = configs[0]
+    shared = (
+        f"{first.task.name}, d_k {first.model.d_k}, {first.optim.name} lr {show_value(first.optim.lr)}, "
+        f"seed {first.seed}, {first.train.steps} steps"
+    )
+    title = f"attn demo: {len(run_dirs)} runs that differ only in {', '.join(differ) or 'nothing'} ({shared})"
+    fig = demo.demo_figure(run_dirs, labels, list(DEMO_COLORS[: len(run_dirs)]), title)
+    path = figures.save_figure(fig, Path(first.runs_dir) / "demo.png", tight=False)
+    print(f"figure: {path}")
+    return EXIT_OK
+
+
+def _train_demo(states: list, stop: StopFlag) -> bool:
+    """Train the demo's fresh runs, one stack per shape (attn.train.stack),
+    a line per run every tenth of its budget; whether training failed."""
+    from attn.train.stack import stack_key
+
+    names = [state.run_dir.name for state in states]
+    width = max((len(n) for n in names), default=0)
+
+    def progress(states_of, member, step, record):
+        state = states_of[member]
+        every = max(1, state.config.train.steps // 10)
+        if record is not None and (step % every == 0 or step == state.config.train.steps):
+            print(
+                f"{state.run_dir.name:<{width}}  step {step:>6}/{state.config.train.steps}  "
+                f"eval_loss {format_number(record['eval_loss'], '.4g')}  "
+                f"eval_acc {format_number(record['eval_accuracy'], '.3f')}  "
+                f"score_std {format_number(record['score_std'], '.3g')}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    stacks: dict = {}
+    for state in states:
+        stacks.setdefault(stack_key(state.config), []).append(state)
+    for group in stacks.values():
+        try:
+            lifecycle.execute_stack(group, stop=stop, progress=lambda m, step, r, g=group: progress(g, m, step, r))
+        except KeyboardInterrupt:  # a second signal: each run recorded where it stopped
+            return True
+        except Exception as err:
+            print(f"error: run failed: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
+            return True
+        if stop.reason:
+            return True
+    return False
+
+
 def add_commands(sub) -> None:
     """The train, config and plot commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
     p = sub.add_parser("train", help="train one run")
@@ -264,6 +377,12 @@ def add_commands(sub) -> None:
     p = sub.add_parser("config", help="print the schema, or a resolved config")
     p.add_argument("items", nargs="*", metavar="[CONFIG] key=value")
     p.set_defaults(func=cmd_config)
+    p = sub.add_parser("demo", help="train the scaled head and its unscaled twin; both in one figure")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to both configs")
+    p.add_argument(
+        "--runs-dir", default=DEMO_RUNS_DIR, help=f"where the runs and demo.png go (default {DEMO_RUNS_DIR})"
+    )
+    p.set_defaults(func=cmd_demo)
     p = sub.add_parser("plot", help="redraw the figures of run directories")
     p.add_argument("run_dirs", nargs="+")
     p.set_defaults(func=cmd_plot)

@@ -153,28 +153,58 @@ def cmd_board(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from attn.report import tensorboard
+    from attn.report import exports
     from attn.train.lifecycle import check_directory_path
 
-    check_directory_path(args.tensorboard, "--tensorboard")
-    out = Path(args.tensorboard)
-    try:
-        exported = tensorboard.export_runs(args.paths, out)
-    except OSError as err:
-        raise UsageError(
-            f"--tensorboard {out}: cannot write: {err.strerror}; choose a directory you can write to"
-        ) from None
-    if not exported.written:  # every run found was skipped: nothing was exported
-        raise runs.RunError("export: no run exported: " + "; ".join(f"{s.path}: {s.reason}" for s in exported.skipped))
-    for skipped in exported.skipped:
-        say(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
-    for run_dir, path, steps in exported.written:
-        say(f"{path}  ({steps} steps of {run_dir})")
-    say(
-        f"attn export: {len(exported.written)} runs as TensorBoard event files; view them with "
-        f"tensorboard --logdir {out}",
-        file=sys.stderr,
-    )
+    targets = {}  # flag -> (its path, the check that its library is installed, the writer, how to view what it wrote)
+    if args.tensorboard is not None:
+        from attn.report import tensorboard
+
+        check_directory_path(args.tensorboard, "--tensorboard")
+        view = f"TensorBoard event files; view them with tensorboard --logdir {args.tensorboard}"
+        targets["--tensorboard"] = (
+            args.tensorboard,
+            tensorboard.require_tensorboard,
+            tensorboard.write_event_files,
+            view,
+        )
+    if args.mlflow is not None:
+        from attn.report import mlflow_export  # imports mlflow, for seconds: only when asked for
+
+        if not str(args.mlflow).strip() or Path(args.mlflow).is_dir():
+            raise UsageError(f"--mlflow {args.mlflow!r}: not a file path; choose a file, e.g. --mlflow mlflow.db")
+        uri = mlflow_export.tracking_uri(args.mlflow)
+        view = f"MLflow runs in {args.mlflow}; view them with mlflow ui --backend-store-uri {uri}"
+        targets["--mlflow"] = (args.mlflow, mlflow_export.require_mlflow, mlflow_export.write_to_store, view)
+    if not targets:
+        raise UsageError("export: nothing to write: give --tensorboard DIR, --mlflow FILE or both")
+    found, skipped = exports.find_runs(args.paths)
+    if not found:  # every run found was skipped: nothing was exported
+        raise runs.RunError("export: no run exported: " + "; ".join(f"{s.path}: {s.reason}" for s in skipped))
+    for one in skipped:
+        say(f"skipped {one.path}: {one.reason}", file=sys.stderr)
+    for flag, (_, require, _, _) in targets.items():
+        try:
+            require()
+        except exports.MissingLibrary as err:
+            raise UsageError(f"{flag}: {err}") from None
+    for flag, (out, _, write, view) in targets.items():
+        try:
+            exported = write(found, Path(out))
+        except exports.DestinationError as err:
+            raise UsageError(f"{flag} {out}: {err}") from None
+        except OSError as err:
+            raise UsageError(
+                f"{flag} {out}: cannot write: {runs.describe_os_error(err)}; choose a place you can write to"
+            ) from None
+        for one in exported.skipped:
+            say(f"skipped {one.path}: {one.reason}", file=sys.stderr)
+        for written in exported.written:
+            run = written.found.run
+            new = "" if written.new_steps is None else f", {written.new_steps} new"
+            note = "" if written.found.finished else f"; {run.status}, not finished: the steps it has so far"
+            say(f"{written.where}  ({written.steps} steps{new} of {run.path}{note})")
+        say(f"attn export: {len(exported.written)} runs as {view}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -388,12 +418,16 @@ def add_commands(sub) -> None:
         help="measure the board of another checkout (e.g. a git archive of an older commit) instead of this one",
     )
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("export", help="write runs' metrics in another format: TensorBoard event files")
+    p = sub.add_parser("export", help="write runs into TensorBoard event files or an MLflow store")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
     p.add_argument(
         "--tensorboard",
-        required=True,
         metavar="DIR",
         help="write DIR/<run>/events.out.tfevents.* (open with tensorboard --logdir DIR)",
+    )
+    p.add_argument(
+        "--mlflow",
+        metavar="FILE",
+        help="write into the SQLite MLflow store FILE (open with mlflow ui --backend-store-uri sqlite:///FILE)",
     )
     p.set_defaults(func=cmd_export)

@@ -331,6 +331,14 @@ class LoggingConfig:
         per_member=True,
         forkable=True,
     )
+    mechanism_trace: bool = config_field(
+        True,
+        "also measure them at steps 0, 1, 2, 5, 10, 20, 50, ... and keep their medians "
+        "(mechanism_trace.npz), for the run's mechanism figure",
+        neutral=True,
+        per_member=True,
+        forkable=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ Each (cell, seed) is one run directory named after its settings, e.g.
 runs/sqrt_dk/d_k-64_scale-none_seed-3, or lr_mult-W_k0.1-W_q0.1_seed-0 for
 a mapping (its items sorted by key); names hold only [A-Za-z0-9._=-].
 A sweep (attn.experiment.sweep) draws no per-run figures unless asked (`plots`):
-logging.plots of every cell is set from it. A cell keeps only its last
+logging.plots of every cell is set from it, and so is logging.mechanism_trace
+(the rows' medians over training that only a run's mechanism.png draws) unless
+the base config, the file's overrides or the command's set it. A cell keeps only its last
 checkpoint (logging.keep_checkpoints 1) unless the base config, the
 overrides or the grid set logging.keep_checkpoints.
 
@@ -288,6 +290,8 @@ def build_experiment(
     if runs_dir is not None:
         base["runs_dir"] = runs_dir
     set_dotted(base, "logging.plots", plots)
+    if not isinstance(base.get("logging"), dict) or "mechanism_trace" not in base["logging"]:
+        set_dotted(base, "logging.mechanism_trace", plots)  # the trace is drawn only in a run's own figures
     if not isinstance(base.get("logging"), dict) or "keep_checkpoints" not in base["logging"]:
         set_dotted(base, "logging.keep_checkpoints", SWEEP_KEEP_CHECKPOINTS)  # unless the file or an override asks
     base_config = validate(

@@ -2,11 +2,15 @@
 group's mean with its ± std band (attn.analysis.curves); references and the threshold drawn.
 
 Axes. --xlim LOW,HIGH fixes the x range of every panel (runs of very
-different lengths on one axis), and the y range follows what is drawn in it:
+different lengths on one axis), and the y range follows what is drawn in it,
+always holding each curve's first point (step 0) and the reference lines:
 its bulk (attn.store.runs.robust_limits: a diverged run's tail, and the groups
 whose every run diverged, do not set it; a × marks where such a run ended,
 held to the axis edge with its value when off it), or every finite value
 drawn with robust=False (`attn compare --all-y`, the board's "all y values").
+--yscale auto (log_scale) draws losses, gradient norms and update ratios on a
+log axis; a log axis of few decades is labelled in plain numbers
+(attn.train.figures.label_log_axis).
 A long legend goes below the panels, in as many columns as fit the figure's
 width, its labels wrapped to fit, and the figure grows to hold it.
 
@@ -102,12 +106,19 @@ def legend_layout(texts: list[str], width: float) -> tuple[list[str], int, int]:
     return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 
 
+LOG_METRICS = ("grad_norm", "update_ratio")  # --yscale auto draws these (and their per-parameter keys) on a log axis
+
+
 def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
-    """yscale auto: log for loss metrics, and for positive values spanning more than WIDE_RANGE."""
+    """yscale auto: log for loss metrics, gradient norms and update ratios
+    (which fall by orders of magnitude as rows saturate), and for positive
+    values spanning more than WIDE_RANGE."""
     if yscale != "auto":
         return yscale == "log"
+    if "loss" in metric or metric.split("/")[0] in LOG_METRICS:
+        return True
     values = np.concatenate([np.concatenate([b.low, b.high]) for b in bands]) if bands else np.array([])
-    return "loss" in metric or (len(values) > 0 and values.min() > 0 and values.max() > WIDE_RANGE * values.min())
+    return len(values) > 0 and values.min() > 0 and values.max() > WIDE_RANGE * values.min()
 
 
 def group_styles(groups: list[Group], ignore=()) -> list[dict]:
@@ -214,6 +225,7 @@ def _draw_panel(
         ax.set_yscale("log", nonpositive="clip")
     extents = [[0.0, 1.0]] if "accuracy" in metric and not log else []
     tails = []  # values of groups whose every run diverged: they set the range only if nothing else is drawn
+    held = []  # what the range always holds: each group's first value drawn (step 0) and the reference lines
     crosses = []  # (x, y, colour) of each diverged run's last finite value
     alpha = 0.18 if len(groups) <= 4 else 0.1
     for group, style, text, (xs, band), raw in zip(groups, styles, texts, curves, raws):
@@ -224,6 +236,7 @@ def _draw_panel(
         drawn = (xs >= xlim[0]) & (xs <= xlim[1]) if xlim else np.ones(len(xs), dtype=bool)  # what sets the y range
         into = tails if group.runs and all(r.status == "diverged" for r in group.runs) else extents
         into.append(band.mean[drawn])
+        held += list(band.mean[drawn & np.isfinite(band.mean)][:1])
         if spread.any():
             lower, upper = band.edges()
             into += [lower[spread & drawn], upper[spread & drawn]]
@@ -235,12 +248,15 @@ def _draw_panel(
                 crosses.append((run_xs[-1], values[placed[-1]], style["color"]))
     if references:
         figures.draw_references(ax, references)
-        extents.append([v for v in references.values() if v is not None])
+        held += [v for v in references.values() if v is not None]
     if threshold is not None:
         ax.axhline(threshold, color="0.3", linestyle="-.", linewidth=0.8, label=f"threshold {threshold:g}")
     limits = _limits(extents if any(len(e) for e in extents) and robust else extents + tails, log, robust)
+    limits = figures.hold(limits, held, log)
     if limits:
         ax.set_ylim(*limits)
+    if log:
+        figures.label_log_axis(ax.yaxis)
     for cross_x, cross_y, colour in crosses:
         ax.plot(
             cross_x,

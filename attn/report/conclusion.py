@@ -278,7 +278,7 @@ def _evidence(j: dict, layout: Layout) -> str:
 
 
 def headline(judged: list[dict], layout: Layout, scope_text: str) -> str:
-    """The paragraph for README and the results text: the scope, then each
+    """The paragraph for report.md and experiments/README.md: the scope, then each
     expectation with its verdict, its test and the evidence (attn.analysis.verdicts:
     for a tested claim the effect size with its 95% interval and the p-values,
     Holm-corrected; else the intervals), and the count by verdict. Per-cell

@@ -9,8 +9,9 @@
     curves.png      per-seed eval accuracy where a judged cell's seeds split
                     between outcome classes (drawn only if one does)
     mechanism.png   score std at init against theory, saturated rows, the
-                    gradient of saturated and other rows, its concentration,
-                    and each row's softmax Jacobian against its bound
+                    gradient of saturated and other rows (▼ where a median is
+                    0, off the log axis), its concentration, and each row's
+                    softmax Jacobian against its bound
     loss_curves.png eval loss over training per x, each seed and the median
     score_growth.png the std of the scores over training, the same way: which
                     arms keep the logits from growing
@@ -25,7 +26,6 @@ clipped to the bulk of the values and marked).
 from __future__ import annotations
 
 import math
-import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -35,7 +35,7 @@ from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.store.runs import series
 from attn.text import format_value
-from attn.train.figures import save_figure
+from attn.train.figures import save_figure, wrapped
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {
@@ -86,17 +86,44 @@ def dodged(positions: list, k: int, n: int, log: bool) -> list:
 
 
 def x_axis(ax, xs: list[tuple], layout) -> dict:
-    """x value -> position: the value on a log axis when every x is one positive number, else categories."""
+    """x value -> position: the value on a log axis when every x is one positive number, else categories.
+    Labels that would overlap at the panel's width are turned (untangle)."""
     values = [x[0] for x in xs] if all(len(x) == 1 for x in xs) else None
     if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
         ax.set_xscale("log")
-        ax.set_xticks(values, [format_value(v) for v in values])
+        labels = [format_value(v) for v in values]
+        ax.set_xticks(values, labels)
         ax.minorticks_off()
         ax.set_xlim(min(values) / 10**X_MARGIN_DECADES, max(values) * 10**X_MARGIN_DECADES)  # from the data
+        low, high = (math.log10(v) for v in ax.get_xlim())
+        untangle(ax, [(math.log10(v) - low) / (high - low) for v in values], labels)
         return {x: x[0] for x in xs}
-    ax.set_xticks(range(len(xs)), [layout.x_label(x) for x in xs])
+    labels = [layout.x_label(x) for x in xs]
+    ax.set_xticks(range(len(xs)), labels)
     ax.set_xlim(-0.5, len(xs) - 0.5)
+    untangle(ax, [(i + 0.5) / len(xs) for i in range(len(xs))], labels)
     return {x: i for i, x in enumerate(xs)}
+
+
+TICK_POINTS = 10  # matplotlib's tick label size ("medium")
+TURNED_POINTS = 8
+
+
+def untangle(ax, fractions: list[float], labels: list[str]) -> None:
+    """Turn the x tick labels (at these fractions of the panel's width) by
+    40 degrees, smaller, when two neighbours would overlap side by side
+    (16384 beside 65536 on a narrow panel): a label's width is taken as
+    0.6 of its font size per character."""
+    width = ax.get_position().width * ax.figure.get_size_inches()[0] * 72  # points
+    crowded = any(
+        (b - a) * width < 0.6 * TICK_POINTS * (len(left) + len(right)) / 2 + 4
+        for a, b, left, right in zip(fractions, fractions[1:], labels, labels[1:])
+    )
+    if crowded:
+        ax.tick_params(axis="x", labelrotation=40, labelsize=TURNED_POINTS)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+            label.set_rotation_mode("anchor")
 
 
 def bulk_limits(values, log: bool) -> tuple[float, float] | None:
@@ -114,14 +141,12 @@ def bulk_limits(values, log: bool) -> tuple[float, float] | None:
 
 def suptitle(fig, text: str, fontsize: float = 9) -> None:
     """The figure's title, wrapped to its width so that it is never cut at either side."""
-    chars = max(20, int(fig.get_size_inches()[0] * 72 / (0.56 * fontsize)) - 4)
-    fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+    fig.suptitle(wrapped(text, fig.get_size_inches()[0], fontsize), fontsize=fontsize)
 
 
 def wrapped_title(ax, text: str, fontsize: float = 9) -> None:
     """A panel's title, wrapped to the panel's width."""
-    width = ax.get_position().width * ax.figure.get_size_inches()[0]
-    ax.set_title(textwrap.fill(text, max(20, int(width * 72 / (0.56 * fontsize)) - 2)), fontsize=fontsize)
+    ax.set_title(wrapped(text, ax.get_position().width * ax.figure.get_size_inches()[0], fontsize), fontsize=fontsize)
 
 
 def legend_below(fig, handles, labels, ncol=None) -> None:
@@ -387,6 +412,9 @@ def curves_figure(mixed, layout, path):
     return save_figure(fig, path, tight=False)
 
 
+ZERO_MEDIAN = "a median of 0, off the log axis: at least half of those rows pass a gradient of exactly 0"
+
+
 def mechanism_figure(best, layout, colors, steps, path):
     fig, axes = panels(6, width=3.6, height=3.0)
     xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
@@ -401,7 +429,7 @@ def mechanism_figure(best, layout, colors, steps, path):
     ]
     for ax, (title, key, yscale) in zip(axes, panel_specs):
         position = x_axis(ax, xs, layout)
-        drawn = []
+        drawn, zeros = [], 0
         for arm in arms:
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
             px = [p for p, _ in cells]
@@ -422,8 +450,20 @@ def mechanism_figure(best, layout, colors, steps, path):
                     ([median(c.mechanism(later, key)) for _, c in cells], "o--", {"markerfacecolor": "none"}),
                 ]
             for values, style, extra in lines:
-                ax.plot(px, values, style, color=colors[arm], **extra)
-                drawn += [v for v in values if np.isfinite(v)]
+                values = np.asarray(values, dtype=float)
+                off = (values <= 0) if yscale == "log" else np.zeros(len(values), dtype=bool)  # NaN: False
+                ax.plot(px, np.where(off, np.nan, values), style, color=colors[arm], **extra)
+                drawn += [v for v in values[~off] if np.isfinite(v)]
+                if off.any():  # a median of 0 has no place on a log axis: a ▼ at its foot, and a word
+                    zeros += 1
+                    ax.plot(
+                        np.asarray(px)[off],
+                        np.zeros(off.sum()),
+                        "v",
+                        color=colors[arm],
+                        transform=ax.get_xaxis_transform(),
+                        clip_on=False,
+                    )
         empty = key is not None and not drawn
         ax.set_yscale("linear" if empty else yscale)
         if empty:  # an empty panel says why, with no y values to read
@@ -438,6 +478,8 @@ def mechanism_figure(best, layout, colors, steps, path):
                 color="0.4",
             )
             ax.set_yticks([])
+        elif zeros:  # said once, in the legend
+            handles[ZERO_MEDIAN] = ax.plot([], [], "v", color="0.3")[0]
         ax.set_title(title, fontsize=7.5)
         ax.set_xlabel(layout.x_name, fontsize=8)
         ax.grid(True, which="major", alpha=0.25)
@@ -461,10 +503,11 @@ def mechanism_figure(best, layout, colors, steps, path):
     ax.grid(True, alpha=0.25)
     suptitle(
         fig,
-        "why an unscaled head stops learning: the mechanism, measured on the eval set's query rows (median over seeds)",
+        f"score std, saturated rows and per-row gradients at steps {first} and {later}, measured on the eval set's "
+        "query rows at each arm's best setting (median over seeds)",
         fontsize=9,
     )
-    legend_below(fig, list(handles.values()), list(handles))
+    legend_below(fig, list(handles.values()), list(handles), ncol=min(len(handles), 3))
     return save_figure(fig, path, tight=False)
 
 

@@ -1,263 +1,246 @@
-"""Runs' metrics as TensorBoard event files, written by hand: no TensorFlow, TensorBoard or protobuf.
+"""Runs as TensorBoard event files, written through tensorboard's own protobufs, plugin helpers and record writer.
 
-    attn export RUNS ... --tensorboard DIR     DIR/<run name>/events.out.tfevents.<time>.<host>.attn
+    attn export RUNS ... --tensorboard DIR     DIR/<run name>/events.out.tfevents.<start>.<host>.attn
 
-An event file is a sequence of TFRecords: a little-endian uint64 length, the masked CRC32C of
-those 8 bytes, the data, and the masked CRC32C of the data. Each record holds one `Event`
-protobuf (tensorflow/core/util/event.proto): the first a `file_version` of "brain.Event:2", then
-one per logged step with `wall_time`, `step` and a `Summary` whose values are `simple_value`
-scalars, one per metric of that record (each finite number but `step`; a metric missing or null
-at a step is left out there). Encoded with exactly the fields that TensorBoard's scalar reader
-needs:
+One event file per run (the optional `tensorboard` package, attn[tensorboard]) for each dashboard:
 
-    Event:   1 wall_time (double)  2 step (int64)  3 file_version (string)  5 summary (Summary)
-    Summary: 1 value (repeated Value)
-    Value:   1 tag (string)  2 simple_value (float)
+    Scalars   each finite metric of each metrics.jsonl record at its step (`eval_loss`, `grad_norm/W_q`, ...),
+              and summary.json's best values as `best/<metric>` at the step each was reached
+    HParams   a session per run: the flattened config (`model.d_k`, `optim.lr`, ...; a null value left out),
+              the run's `status` and, once it has ended, its `outcome`; its metrics are summary.json's final
+              ones (the last value of each scalar) and best ones
+    Text      `config` (config.yaml), `summary` (summary.json) and `outcome`
+    Images    `figures/<name>`: each figure of the run (loss, attention at init and end, ...) at its last step
 
-wall_time is config.yaml's modification time (when the run was created) plus the record's own
-`wall_time` (seconds since the run started) where it has one. A run's earlier export (a file
-ending in .attn in its directory under DIR) is replaced, so exporting again never doubles a curve.
-read_events reads such files back, checking every CRC (a test vector and, where TensorBoard is
-installed, its own reader hold it to the format).
+Beside the runs, DIR/events.out.tfevents.0.experiment.attn holds the HParams experiment: every setting with
+the values seen (a string's values, a number's range) and the metrics, for the runs exported now and those it
+named before, so the dashboard lists the settings that differ first and shows the headline metrics.
+
+Event times are the run's start plus each record's `wall_time`. Each file is written whole under a temporary
+name and renamed over the earlier export (any file of ours, ending in .attn, in its directory), so exporting
+again never doubles a curve.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from attn.analysis import grouping
+from attn.config.yamlio import yaml_line
+from attn.report.exports import Exported, Found, Written, missing, unreadable
 from attn.store import runs
 
-FILE_VERSION = "brain.Event:2"
+try:  # the optional tensorboard package: write_event_files says how to install it when it is missing
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
+    from tensorboard.plugins.hparams import metadata as hparams_metadata
+    from tensorboard.plugins.hparams import summary_v2 as hparams_summary
+    from tensorboard.plugins.text import summary_v2 as text_summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+except ImportError:
+    RecordWriter = None
+
 SUFFIX = ".attn"  # ours: replaced by the next export; TensorBoard reads any name holding "tfevents"
+EXPERIMENT_FILE = f"events.out.tfevents.0.experiment{SUFFIX}"
+FILE_VERSION = "brain.Event:2"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}  # PNG colour type (grey, RGB, grey and alpha, RGBA) -> channels
 
 
-# ---------------------------------------------------------------------------
-# TFRecord framing
-# ---------------------------------------------------------------------------
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
+def hparams(found: Found) -> dict:
+    """The run's HParams: each config value set (null ones left out) as a bool, number or string (a mapping or
+    list as YAML writes it), its status and, where it has one, its outcome."""
+    values = {
+        key: value if isinstance(value, (bool, int, float, str)) else yaml_line(value)
+        for key, value in found.run.settings.items()
+        if value is not None
+    }
+    values["status"] = found.run.status
+    if found.outcome:
+        values["outcome"] = found.outcome
+    return values
 
 
-_TABLE = _crc32c_table()
+def best_points(found: Found) -> list[tuple[str, int, float]]:
+    """(metric, step, value) of summary.json's best values: `eval_loss` at `eval_loss_step`."""
+    best = found.run.summary.get("best") or {}
+    return [
+        (key, int(best.get(f"{key}_step", found.last_step)), float(value))
+        for key, value in best.items()
+        if not key.endswith("_step") and runs.is_finite_number(value)
+    ]
 
 
-def crc32c(data: bytes) -> int:
-    """CRC-32C (Castagnoli), as TFRecord uses it: crc32c(b"123456789") == 0xE3069283."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+def headline_metrics(found: Found) -> set[str]:
+    """The scalars the HParams dashboard shows for the run: summary.json's final ones and its best values (those
+    with the step they were reached at; not `steps_to_99`, which a run that never reached 99% lacks, and the
+    parallel coordinates leave out a run lacking one)."""
+    final, best = found.run.summary.get("final") or {}, found.run.summary.get("best") or {}
+    return {key for key in final if key != "step"} | {f"best/{key}" for key in best if f"{key}_step" in best}
 
 
-def masked_crc(data: bytes) -> int:
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+def png_size(data: bytes) -> tuple[int, int, int]:
+    """(height, width, channels) from a PNG's header."""
+    width, height, _, colour = struct.unpack(">IIBB", data[16:26])
+    return height, width, PNG_CHANNELS.get(colour, 4)
 
 
-def frame(data: bytes) -> bytes:
-    """One TFRecord."""
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data))
+def code_block(text: str) -> str:
+    """Text that TensorBoard's Markdown shows as it is: each line indented four spaces."""
+    return "\n".join("    " + line for line in text.splitlines())
 
 
-# ---------------------------------------------------------------------------
-# The protobuf, by hand
-# ---------------------------------------------------------------------------
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # int64: negative numbers as ten bytes, as protobuf encodes them
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+def scalar(tag: str, value: float):
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)])
 
 
-def _bytes_field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def encode_event(
-    wall_time: float, step: int = 0, scalars: dict | None = None, file_version: str | None = None
-) -> bytes:
-    """An Event: wall_time, step, and a file_version or a Summary of simple_value scalars."""
-    out = b"\x09" + struct.pack("<d", wall_time)
-    if step:
-        out += b"\x10" + _varint(step)
-    if file_version is not None:
-        out += _bytes_field(3, file_version.encode())
-    if scalars:
-        values = b"".join(
-            _bytes_field(1, _bytes_field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
-            for tag, value in scalars.items()
+def run_events(found: Found) -> list:
+    """The run's Events, in order; OSError when one of its files cannot be read."""
+    run, start = found.run, found.started
+    end = found.wall_time(run.records[-1]) if run.records else start
+    trial = found.name.as_posix()
+    session = hparams_summary.hparams_pb(hparams(found), trial_id=trial, start_time_secs=start)
+    events = [event_pb2.Event(wall_time=start, summary=session)]
+    for record in run.records:
+        values = [
+            summary_pb2.Summary.Value(tag=key, simple_value=value)
+            for key, value in record.items()
+            if key != "step" and runs.is_finite_number(value)
+        ]
+        events.append(
+            event_pb2.Event(
+                wall_time=found.wall_time(record), step=record["step"], summary=summary_pb2.Summary(value=values)
+            )
         )
-        out += _bytes_field(5, values)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Reading back
-# ---------------------------------------------------------------------------
-class EventFileError(ValueError):
-    """A damaged event file: a short record or a CRC that does not match; str() names the file and offset."""
-
-
-@dataclass(frozen=True)
-class Event:
-    wall_time: float
-    step: int
-    file_version: str | None
-    scalars: dict  # tag -> simple_value
-
-
-def _fields(data: bytes):
-    """(field number, wire type, value) of each field of a protobuf message."""
-    at = 0
-    while at < len(data):
-        key, at = _read_varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, at = _read_varint(data, at)
-        elif wire == 1:
-            value, at = data[at : at + 8], at + 8
-        elif wire == 2:
-            length, at = _read_varint(data, at)
-            value, at = data[at : at + length], at + length
-        elif wire == 5:
-            value, at = data[at : at + 4], at + 4
-        else:
-            raise ValueError(f"wire type {wire}: not read")
-        yield number, wire, value
-
-
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
-def decode_event(data: bytes) -> Event:
-    wall_time, step, version, scalars = 0.0, 0, None, {}
-    for number, _, value in _fields(data):
-        if number == 1:
-            wall_time = struct.unpack("<d", value)[0]
-        elif number == 2:
-            step = value - (1 << 64) if value >= 1 << 63 else value
-        elif number == 3:
-            version = value.decode()
-        elif number == 5:
-            for summary_number, _, entry in _fields(value):
-                if summary_number != 1:
-                    continue
-                tag, simple = None, None
-                for value_number, wire, item in _fields(entry):
-                    if value_number == 1:
-                        tag = item.decode()
-                    elif value_number == 2 and wire == 5:
-                        simple = struct.unpack("<f", item)[0]
-                if tag is not None and simple is not None:
-                    scalars[tag] = simple
-    return Event(wall_time, step, version, scalars)
-
-
-def read_events(path: Path) -> list[Event]:
-    """Every event of an event file, each record's CRCs checked (EventFileError if one fails)."""
-    data, at, events = Path(path).read_bytes(), 0, []
-    while at < len(data):
-        if at + 12 > len(data):
-            raise EventFileError(f"{path}: offset {at}: a record's header is cut short")
-        header = data[at : at + 8]
-        (length,) = struct.unpack("<Q", header)
-        if struct.unpack("<I", data[at + 8 : at + 12])[0] != masked_crc(header):
-            raise EventFileError(f"{path}: offset {at}: the length's CRC does not match")
-        body = data[at + 12 : at + 12 + length]
-        crc = data[at + 12 + length : at + 16 + length]
-        if len(body) != length or len(crc) != 4:
-            raise EventFileError(f"{path}: offset {at}: a record is cut short")
-        if struct.unpack("<I", crc)[0] != masked_crc(body):
-            raise EventFileError(f"{path}: offset {at}: the data's CRC does not match")
-        events.append(decode_event(body))
-        at += 16 + length
+    for key, step, value in best_points(found):
+        events.append(event_pb2.Event(wall_time=end, step=step, summary=scalar(f"best/{key}", value)))
+    texts = {
+        "config": code_block((run.path / "config.yaml").read_text()),
+        "summary": code_block(json.dumps(run.summary, indent=2)),
+    }
+    if found.outcome:
+        texts["outcome"] = found.outcome
+    for tag, text in texts.items():
+        events.append(event_pb2.Event(wall_time=end, step=found.last_step, summary=text_summary.text_pb(tag, text)))
+    for figure in found.figures:
+        data = figure.read_bytes()
+        if not data.startswith(PNG_SIGNATURE) or len(data) < 26:  # not a PNG, though so named: no image to show
+            continue
+        height, width, channels = png_size(data)
+        image = summary_pb2.Summary.Image(height=height, width=width, colorspace=channels, encoded_image_string=data)
+        value = summary_pb2.Summary.Value(tag=f"figures/{figure.stem}", image=image)
+        events.append(event_pb2.Event(wall_time=end, step=found.last_step, summary=summary_pb2.Summary(value=[value])))
     return events
 
 
-# ---------------------------------------------------------------------------
-# Runs to event files
-# ---------------------------------------------------------------------------
-def _scalars(record: dict) -> dict:
-    return {
-        key: float(value)
-        for key, value in record.items()
-        if key != "step" and runs.is_finite_number(value) and not isinstance(value, bool)
-    }
+def _typed(value) -> tuple[str, object]:
+    """A value with its kind, so that True and 1 stay apart in a set."""
+    if isinstance(value, bool):
+        return "bool", value
+    return ("number", float(value)) if isinstance(value, (int, float)) else ("string", str(value))
 
 
-def write_run_events(run_dir: Path, out_dir: Path) -> tuple[Path, int]:
-    """The run's metrics.jsonl as one event file in out_dir (made if need be; an earlier export of
-    ours in it replaced): (its path, the number of steps written). RunError for a damaged run file."""
-    records = runs.read_metrics(run_dir)
+def read_experiment(path: Path):
+    """The HParams experiment of an earlier export (EXPERIMENT_FILE), or None."""
+    if not path.is_file():
+        return None
+    for event in EventFileLoader(str(path)).Load():
+        for value in event.summary.value:
+            if value.tag == hparams_metadata.EXPERIMENT_TAG:
+                return hparams_metadata.parse_experiment_plugin_data(value.metadata.plugin_data.content)
+    return None
+
+
+def experiment_event(found: list[Found], earlier, now: float):
+    """The HParams experiment of the runs exported now and those the earlier one named: each setting with its
+    values (a discrete domain of strings or booleans, a number's range; a setting of mixed kinds none), whether
+    they differ, and the headline metrics."""
+    seen: dict[str, set] = {}
+    metrics = set()
+    for info in earlier.hparam_infos if earlier else ():
+        values = seen.setdefault(info.name, set())
+        if info.HasField("domain_interval"):
+            values |= {("number", info.domain_interval.min_value), ("number", info.domain_interval.max_value)}
+        for value in info.domain_discrete.values if info.HasField("domain_discrete") else ():
+            kind = value.WhichOneof("kind")
+            values.add(("bool", value.bool_value) if kind == "bool_value" else ("string", value.string_value))
+    metrics |= {info.name.tag for info in earlier.metric_infos} if earlier else set()
+    for one in found:
+        for key, value in hparams(one).items():
+            seen.setdefault(key, set()).add(_typed(value))
+        metrics |= headline_metrics(one)
+    infos = []
+    for name, values in sorted(seen.items()):
+        kinds, plain = {kind for kind, _ in values}, [value for _, value in values]
+        info = api_pb2.HParamInfo(name=name, differs=len(values) > 1)
+        if kinds == {"number"}:
+            hparams_summary.RealInterval(min(plain), max(plain)).update_hparam_info(info)
+        elif len(kinds) == 1:
+            hparams_summary.Discrete(plain).update_hparam_info(info)
+        else:
+            info.type = api_pb2.DATA_TYPE_STRING
+        infos.append(info)
+    experiment = api_pb2.Experiment(
+        hparam_infos=infos,
+        metric_infos=[api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag)) for tag in sorted(metrics)],
+        time_created_secs=now,
+    )
+    content = plugin_data_pb2.HParamsPluginData(experiment=experiment)
+    value = summary_pb2.Summary.Value(
+        tag=hparams_metadata.EXPERIMENT_TAG,
+        metadata=hparams_metadata.create_summary_metadata(content),
+        tensor=hparams_metadata.NULL_TENSOR,
+    )
+    return event_pb2.Event(wall_time=now, summary=summary_pb2.Summary(value=[value]))
+
+
+def write_events(events: list, path: Path) -> None:
+    """The events as one event file at path (its directory made if need be): written whole, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.parent / f".attn-export.{os.getpid()}.tmp"  # no "tfevents" in it: TensorBoard never reads it
     try:
-        started = (Path(run_dir) / "config.yaml").stat().st_mtime
-    except OSError:
-        started = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob(f"events.out.tfevents.*{SUFFIX}"):
-        old.unlink()
-    path = out_dir / f"events.out.tfevents.{int(started)}.{socket.gethostname()}{SUFFIX}"
-    temporary = out_dir / f".{path.name}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as out:
-        out.write(frame(encode_event(started, file_version=FILE_VERSION)))
-        for record in records:
-            offset = record.get("wall_time")
-            wall = started + (offset if runs.is_finite_number(offset) and math.isfinite(offset) else 0.0)
-            out.write(frame(encode_event(wall, int(record["step"]), _scalars(record))))
-    os.replace(temporary, path)
-    return path, len(records)
+        with open(temporary, "wb") as out:
+            writer = RecordWriter(out)
+            for event in [event_pb2.Event(wall_time=events[0].wall_time, file_version=FILE_VERSION), *events]:
+                writer.write(event.SerializeToString())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
-@dataclass(frozen=True)
-class Exported:
-    written: list  # (run directory, event file, steps)
-    skipped: list  # grouping.Skipped
+def require_tensorboard() -> None:
+    """MissingLibrary unless the tensorboard package is installed."""
+    if RecordWriter is None:
+        raise missing("tensorboard", "tensorboard")
 
 
-def export_runs(paths, out_dir: Path) -> Exported:
-    """Every run at or below the PATHs (as `attn compare` finds them) into out_dir/<its name>: its path
-    below the PATH it was found under (a PATH that is a run: its own name). RunError when no run is found."""
-    run_dirs, skipped = grouping.find_run_dirs(paths)
-    wanted = {d.resolve() for d in run_dirs}
-    named, seen = [], set()
-    for path in grouping.expand_paths(paths):
-        for run_dir in grouping.walk_runs(path):
-            real = run_dir.resolve()
-            if real in wanted and real not in seen:
-                seen.add(real)
-                below = run_dir.relative_to(path)
-                named.append((run_dir, Path(real.name) if below == Path(".") else below))
-    written = []
-    for run_dir, name in named:
+def write_event_files(found: list[Found], out_dir: Path) -> Exported:
+    """Each run (exports.find_runs) into out_dir/<its name>, and the HParams experiment beside them; a run whose
+    files can no longer be read skipped. MissingLibrary without tensorboard; OSError when out_dir cannot be
+    written."""
+    require_tensorboard()
+    out_dir = Path(out_dir)
+    written, skipped, exported = [], [], []
+    for one in found:
         try:
-            path, steps = write_run_events(run_dir, Path(out_dir) / name)
-        except runs.RunError as err:
-            skipped.append(grouping.Skipped(run_dir, " ".join(str(err).removeprefix(f"{run_dir}/").split())))
+            events = run_events(one)
+        except (OSError, UnicodeDecodeError) as err:  # a file of the run gone or unreadable since it was read
+            skipped.append(grouping.Skipped(one.run.path, unreadable(err)))
             continue
-        written.append((run_dir, path, steps))
+        path = out_dir / one.name / f"events.out.tfevents.{int(one.started)}.{socket.gethostname()}{SUFFIX}"
+        write_events(events, path)
+        for old in path.parent.glob(f"events.out.tfevents.*{SUFFIX}"):  # an earlier export of the run
+            if old not in (path, path.parent / EXPERIMENT_FILE):
+                old.unlink()
+        written.append(Written(one, str(path), len(one.run.records)))
+        exported.append(one)
+    if exported:
+        earlier = read_experiment(out_dir / EXPERIMENT_FILE)
+        write_events([experiment_event(exported, earlier, time.time())], out_dir / EXPERIMENT_FILE)
     return Exported(written, skipped)

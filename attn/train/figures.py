@@ -1,12 +1,27 @@
 """Figures of one run, drawn from its directory only (never from live objects),
 so any run, finished or not, can be re-plotted: `python -m attn plot runs/<run>`.
 
-    loss.png         train and eval loss against step (log y), chance and
-                     no-retrieval levels drawn
+    loss.png         train and eval loss against step (log y) from step 0, with
+                     the chance and no-retrieval levels inside the axes
     attention.png    attention weights of a few eval examples, at init and at
                      the end; the key each query should read is circled
     diagnostics.png  score std, attention entropy, saturated rows, and the
-                     gradient norms of W_q and W_k over training
+                     gradient norms of W_q and W_k (log) over training, from step 0
+    mechanism.png    score std against s·√d_k·g² (its spread at init in theory),
+                     the saturated rows, and ‖∇W_q‖ of saturated and of other
+                     rows over training (mechanism_trace.npz and mechanism.npz:
+                     attn.model.mechanism's row statistics, their medians)
+
+Its panels (draw_series, draw_score_std, draw_row_gradients, set_limits)
+also draw `attn demo`'s figure (attn.report.demo).
+
+Axes. A y range holds every value drawn, or for a run that went non-finite
+the bulk of them (attn.store.runs.robust_limits: a diverged tail does not
+flatten the rest), and always the value at step 0 and the reference lines
+(hold). A log axis spanning few decades is labelled in plain numbers
+(label_log_axis), so a curve at chance never reads as falling. A value of
+0, which no log axis can show, is a ▼ at the axis' foot (a float32
+gradient through a saturated row is exactly 0).
 
 Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
 """
@@ -14,14 +29,25 @@ Uses matplotlib's object API with the Agg canvas: no display, no pyplot state.
 from __future__ import annotations
 
 import io
+import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
+from attn.model import mechanism
+from attn.model.head import SCORE_SCALES, score_scale
 from attn.store import arrayfiles, runs
+from attn.store.runs import robust_limits
+from attn.train.loop import MECHANISM_TRACE
 
 REFERENCE_STYLE = {"chance": ("chance", ":", "0.4"), "no_retrieval": ("no retrieval", "--", "0.55")}
+ZERO_LABEL = "▼ 0 (below any log axis)"
+ROW_KINDS = ("other", "saturated")  # mechanism.summary's grad_W_q_median_<kind>
+LABELLED_DECADES = 3  # a log axis holding fewer whole powers of ten than this is labelled in plain numbers
+TITLE_POINTS = 9
 
 
 def draw_references(ax, references: dict) -> None:
@@ -41,13 +67,16 @@ def plot_run(run_dir: Path) -> list[Path]:
     records = runs.read_metrics(run_dir)
     summary = runs.read_summary(run_dir) or {}
     attention = read_attention(run_dir / "attention.npz") if (run_dir / "attention.npz").exists() else None
-    written = [
-        _loss_figure(run_dir, records, summary),
-        _diagnostics_figure(run_dir, records, summary.get("status") == "diverged"),
-    ]
+    rows = read_mechanism_rows(run_dir)
+    model = runs.read_config_dict(run_dir).get("model") or {}
+    figures = {
+        "loss.png": loss_figure(run_dir.name, records, summary),
+        "diagnostics.png": diagnostics_figure(run_dir.name, records, summary),
+        "mechanism.png": training_mechanism_figure(run_dir.name, records, summary, rows, theory_score_std(model)),
+    }
     if attention is not None:
-        written.append(_attention_figure(run_dir, attention))
-    return written
+        figures["attention.png"] = attention_figure(run_dir.name, attention)
+    return [save_figure(fig, run_dir / name, tight=name != "attention.png") for name, fig in figures.items()]
 
 
 def read_attention(path: Path) -> dict[str, np.ndarray]:
@@ -74,6 +103,50 @@ def read_attention(path: Path) -> dict[str, np.ndarray]:
     return data
 
 
+def read_mechanism_rows(run_dir: Path) -> dict[int, dict[str, float]]:
+    """step -> attn.model.mechanism.summary of the eval set's query rows at that
+    step: from mechanism.npz (every row, at step 0 and logging.mechanism_step)
+    and mechanism_trace.npz (the summaries themselves, at log-spaced steps);
+    {} for a run with neither. RunError naming a file that is not as written."""
+    found: dict[int, dict[str, float]] = {}
+    for name in ("mechanism.npz", MECHANISM_TRACE):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        by_step: dict[int, dict] = {}
+        for key, values in arrayfiles.load_arrays(path).items():
+            step, slash, statistic = key.partition("/")
+            if not (slash and step.isdigit() and statistic):
+                raise runs.RunError(
+                    f"{path}: array {key!r} is not named <step>/<statistic>; delete it or move the run away"
+                )
+            by_step.setdefault(int(step), {})[statistic] = values
+        for step, arrays in by_step.items():
+            try:
+                numbers = (
+                    {k: float(v) for k, v in arrays.items()} if name == MECHANISM_TRACE else mechanism.summary(arrays)
+                )
+            except (KeyError, TypeError, ValueError) as err:
+                raise runs.RunError(
+                    f"{path}: step {step}'s arrays are not the rows' statistics ({type(err).__name__}: {err}); "
+                    "delete it or move the run away"
+                ) from None
+            found.setdefault(step, {}).update(numbers)
+    return dict(sorted(found.items()))
+
+
+def theory_score_std(model: dict) -> float | None:
+    """s·√d_k·g², the scores' std at init for s q.k with q, k components of
+    variance g² (README's model): for `dot` scores under a known scale, else None."""
+    scale, d_k, gain = model.get("scale", "sqrt"), model.get("d_k"), model.get("qk_gain", 1.0)
+    if model.get("score", "dot") != "dot" or scale not in SCORE_SCALES or not isinstance(d_k, int):
+        return None
+    exponent = model.get("qk_gain_exponent", 0.0)  # the gain as attn.config.loading.qk_gain makes it
+    if not isinstance(gain, (int, float)) or not isinstance(exponent, (int, float)):
+        return None
+    return score_scale(scale, d_k) * math.sqrt(d_k) * (gain * d_k**exponent) ** 2
+
+
 def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     """Render to memory, then write atomically (a crash never leaves half a PNG)."""
     if tight:
@@ -85,9 +158,19 @@ def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     return path
 
 
-def _title(run_dir: Path, summary: dict) -> str:
+def wrapped(text: str, inches: float, points: float = TITLE_POINTS) -> str:
+    """Text wrapped to `inches` at a font of `points`: a title never cut at the figure's edges."""
+    return textwrap.fill(text, max(20, int(inches * 72 / (0.56 * points)) - 4))
+
+
+def run_title(name: str, summary: dict) -> str:
+    """'<run>  [completed · learned]', '<run>  [diverged: <reason>]': status, reason and outcome."""
     status = summary.get("status", "?")
-    return f"{run_dir.name}  [{status}{': ' + summary['reason'] if summary.get('reason') else ''}]"
+    said = summary.get("outcome_said")
+    words = status + (f": {summary['reason']}" if summary.get("reason") else "")
+    if said and said != status:
+        words += f" · {said}"
+    return f"{name}  [{words}]"
 
 
 def ended_non_finite(records: list[dict], key: str) -> bool:
@@ -96,34 +179,128 @@ def ended_non_finite(records: list[dict], key: str) -> bool:
     return bool(logged) and not runs.is_finite_number(logged[-1])
 
 
-def draw_series(ax, records: list[dict], key: str, label: str, log: bool, diverged: bool = False) -> list:
-    """Plot a metric's finite (on a log axis, positive) values; a × at the last
-    one if the metric then went non-finite or the run diverged. Returns the values drawn."""
+def draw_series(ax, records: list[dict], key: str, label: str, log: bool, diverged: bool = False, **style) -> list:
+    """Plot a metric's finite values; a × at the last one if the metric then
+    went non-finite or the run diverged. On a log axis a value of 0 (or below)
+    breaks the line and is a ▼ at the axis' foot (mark_zeros). Returns the
+    values drawn (for the y range)."""
     x, y = runs.series(records, key)
-    if log:
-        keep = y > 0
-        x, y = x[keep], y[keep]
     if not len(x):
         return []
-    (line,) = ax.plot(x, y, label=label, linewidth=1.4, marker="." if len(x) < 5 else None)
-    if diverged or ended_non_finite(records, key):
+    shown = np.where(y > 0, y, np.nan) if log else y
+    (line,) = ax.plot(x, shown, label=label, linewidth=1.4, marker="." if len(x) < 5 else None, **style)
+    if log:
+        mark_zeros(ax, x[y <= 0], line.get_color())
+    last = np.flatnonzero(np.isfinite(shown))
+    if (diverged or ended_non_finite(records, key)) and len(last):
         ax.plot(
-            x[-1],
-            y[-1],
+            x[last[-1]],
+            shown[last[-1]],
             marker="x",
             markersize=8,
             linestyle="none",
             color=line.get_color(),
             label="diverged (last finite value)",
         )
-    return [y]
+    return [shown[np.isfinite(shown)]]
 
 
-def set_robust_ylim(ax, drawn: list, log: bool) -> None:
-    """y range from the bulk of what is drawn (runs.robust_limits): a diverged tail does not flatten the rest."""
-    limits = runs.robust_limits(drawn, log)
+def mark_zeros(ax, steps, color) -> None:
+    """A ▼ at the foot of a log axis at each step whose value is 0 (or below): drawn, and said in the legend."""
+    if not len(steps):
+        return
+    ax.plot(
+        steps,
+        np.zeros(len(steps)),
+        marker="v",
+        markersize=6,
+        linestyle="none",
+        color=color,
+        transform=ax.get_xaxis_transform(),  # x in data, y in axes fraction: at the foot whatever the range
+        clip_on=False,
+        label=ZERO_LABEL,
+    )
+
+
+def hold(limits: tuple[float, float] | None, values, log: bool) -> tuple[float, float] | None:
+    """`limits` widened (with a 5% margin) to hold every finite value of
+    `values` (positive, on a log axis): what a figure must never hide, such
+    as step 0 and the reference lines."""
+    kept = np.asarray([v for v in values if v is not None], dtype=float)
+    kept = kept[np.isfinite(kept) & ((kept > 0) if log else True)]
+    if limits is None:
+        return robust_limits([kept], log, robust=False) if len(kept) else None
+    outside = kept[(kept < limits[0]) | (kept > limits[1])]
+    return robust_limits([np.asarray(limits), outside], log, robust=False) if len(outside) else limits
+
+
+def first_values(records: list[dict], keys) -> list[float]:
+    """Each metric's first finite value (step 0's, for a run that logged it)."""
+    found = []
+    for key in keys:
+        _, values = runs.series(records, key)
+        found += list(values[:1])
+    return found
+
+
+def label_log_axis(axis) -> None:
+    """Tick labels on a log axis (ax.yaxis or ax.xaxis, its range set) that a
+    reader can read whatever its span: matplotlib labels only whole powers of
+    ten, so an axis spanning less than a few has one label or none. An axis
+    within one decade gets evenly spaced plain-number ticks (2, 2.5, 3, 3.5),
+    one within a few 1, 2, 5 × 10^k, each labelled; a wider one keeps
+    matplotlib's powers of ten."""
+    low, high = sorted(axis.get_view_interval())
+    if not (low > 0 and math.isfinite(high)):
+        return
+    powers = math.floor(math.log10(high)) - math.ceil(math.log10(low)) + 1
+    if powers >= LABELLED_DECADES:
+        return
+    ticks = []
+    if high / low >= 10:
+        for subs in ((1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9)):
+            ticks = [
+                m * 10.0**k
+                for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                for m in subs
+                if low <= m * 10.0**k <= high
+            ]
+            if len(ticks) >= 3:
+                break
+    if len(ticks) < 3:
+        ticks = [t for t in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high) if low <= t <= high]
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def plain_number(value: float) -> str:
+    """A tick label: 0.05, 2.5, 20000 as written; beyond that range m×10^k."""
+    if value == 0 or 1e-4 <= abs(value) < 1e6:
+        return f"{value:.6g}"
+    exponent = math.floor(math.log10(abs(value)))
+    mantissa = f"{value / 10**exponent:.3g}"
+    return f"$10^{{{exponent}}}$" if mantissa == "1" else f"${mantissa}\\times10^{{{exponent}}}$"
+
+
+def went_non_finite(summary: dict, records: list[dict]) -> bool:
+    """Whether the run diverged or skipped a non-finite step: its values may have grown by orders of magnitude."""
+    return (
+        summary.get("status") == "diverged"
+        or bool(summary.get("nonfinite_steps"))
+        or any("nonfinite" in r for r in records)
+    )
+
+
+def set_limits(ax, drawn: list, held, log: bool, robust: bool) -> None:
+    """The y range: every value drawn, or with `robust` (a run that went
+    non-finite) their bulk (robust_limits), holding the values in `held`
+    either way; a log axis labelled to read."""
+    limits = hold(robust_limits(drawn, log, robust), held, log)
     if limits:
         ax.set_ylim(*limits)
+    if log:
+        label_log_axis(ax.yaxis)
 
 
 def one_legend(ax, **kwargs) -> None:
@@ -134,7 +311,8 @@ def one_legend(ax, **kwargs) -> None:
         ax.legend(list(unique.values()), list(unique.keys()), **kwargs)
 
 
-def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
+def loss_figure(name: str, records: list[dict], summary: dict) -> Figure:
+    """Train and eval loss from step 0, the chance and no-retrieval levels inside the axes."""
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
     ax.set_yscale("log")
@@ -143,38 +321,42 @@ def _loss_figure(run_dir: Path, records: list[dict], summary: dict) -> Path:
         drawn += draw_series(ax, records, key, label, log=True, diverged=summary.get("status") == "diverged")
     references = summary.get("references", {})
     draw_references(ax, references)
-    drawn.append([v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None])
-    set_robust_ylim(ax, drawn, log=True)
+    levels = [v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None]
+    held = first_values(records, ("train_loss", "eval_loss")) + levels
+    set_limits(ax, drawn, held, log=True, robust=went_non_finite(summary, records))
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(_title(run_dir, summary), fontsize=9)
+    ax.set_title(wrapped(run_title(name, summary), 7), fontsize=TITLE_POINTS)
     ax.grid(True, which="both", alpha=0.25)
     one_legend(ax, fontsize=8)
-    return save_figure(fig, run_dir / "loss.png")
+    return fig
 
 
-def _diagnostics_figure(run_dir: Path, records: list[dict], diverged: bool = False) -> Path:
+def diagnostics_figure(name: str, records: list[dict], summary: dict) -> Figure:
+    """Score std, attention entropy, saturated rows and ‖∇W_q‖, ‖∇W_k‖ (log), from step 0."""
+    diverged, robust = summary.get("status") == "diverged", went_non_finite(summary, records)
     fig = Figure(figsize=(10, 6.5))
     panels = [
         ("score_std", "std of scores s·q·k", "linear"),
         ("attn_entropy", "attention entropy (nats)", "linear"),
-        ("saturated_frac", "rows with max weight > 0.99", "linear"),
+        ("saturated_frac", "rows with max weight > 0.99", "fraction"),
         (("grad_norm/W_q", "grad_norm/W_k"), "‖∇W_q‖, ‖∇W_k‖", "log"),
     ]
     for i, (keys, title, yscale) in enumerate(panels):
         ax = fig.add_subplot(2, 2, i + 1)
-        ax.set_yscale(yscale)
+        log = yscale == "log"
+        ax.set_yscale("log" if log else "linear")
+        keys = keys if isinstance(keys, tuple) else (keys,)
         values = []
-        for key in keys if isinstance(keys, tuple) else (keys,):
-            values += draw_series(ax, records, key, key.split("/")[-1], log=yscale == "log", diverged=diverged)
-        drawn = len(values)
+        for key in keys:
+            values += draw_series(ax, records, key, key.split("/")[-1], log=log, diverged=diverged)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
-        if not drawn:  # an empty panel says why
+        if not values:  # an empty panel says why
             ax.text(
                 0.5,
                 0.5,
-                "no finite" + (" positive" if yscale == "log" else "") + " value logged",
+                "no finite" + (" positive" if log else "") + " value logged",
                 transform=ax.transAxes,
                 ha="center",
                 va="center",
@@ -182,29 +364,126 @@ def _diagnostics_figure(run_dir: Path, records: list[dict], diverged: bool = Fal
                 color="0.4",
             )
             continue
-        set_robust_ylim(ax, values, log=yscale == "log")
-        ax.grid(True, alpha=0.25)
+        if yscale == "fraction":
+            ax.set_ylim(-0.03, 1.03)
+        else:
+            set_limits(ax, values, first_values(records, keys), log, robust)
+        ax.grid(True, which="both" if log else "major", alpha=0.25)
         if len(ax.get_legend_handles_labels()[0]) > 1:
             one_legend(ax, fontsize=8)
-    fig.suptitle(f"{run_dir.name}: attention diagnostics (eval set, target rows)", fontsize=10)
-    return save_figure(fig, run_dir / "diagnostics.png")
+    fig.suptitle(wrapped(f"{name}: attention diagnostics (eval set, target rows)", 10, 10), fontsize=10)
+    return fig
 
 
-def _attention_figure(run_dir: Path, data: dict[str, np.ndarray]) -> Path:
+def draw_attention(ax, weights: np.ndarray, target_mask: np.ndarray, target_key: np.ndarray, points: float = 7):
+    """One example's attention map (T, T), the key each query should read circled in red; returns the image."""
+    image = ax.imshow(weights, vmin=0, vmax=1, cmap="viridis")
+    targets = np.nonzero(target_mask & (target_key >= 0))[0]
+    ax.scatter(target_key[targets], targets, s=40, facecolors="none", edgecolors="red", linewidths=1)
+    ax.set_xlabel("key position", fontsize=points)
+    ax.set_ylabel("query position", fontsize=points)
+    ax.tick_params(labelsize=points - 1)
+    return image
+
+
+def attention_figure(name: str, data: dict[str, np.ndarray]) -> Figure:
     moments = [k for k in ("attn_init", "attn_final") if k in data]
     n = data[moments[0]].shape[0]
     fig = Figure(figsize=(2.6 * n + 0.8, 2.7 * len(moments) + 0.3))
     for row, moment in enumerate(moments):
         for i in range(n):
             ax = fig.add_subplot(len(moments), n, row * n + i + 1)
-            weights = data[moment][i]  # (T, T)
-            image = ax.imshow(weights, vmin=0, vmax=1, cmap="viridis")
-            targets = np.nonzero(data["target_mask"][i] & (data["target_key"][i] >= 0))[0]
-            ax.scatter(data["target_key"][i][targets], targets, s=40, facecolors="none", edgecolors="red", linewidths=1)
+            image = draw_attention(ax, data[moment][i], data["target_mask"][i], data["target_key"][i])
             ax.set_title(f"{moment.removeprefix('attn_')} · example {i}", fontsize=8)
-            ax.set_xlabel("key position", fontsize=7)
-            ax.set_ylabel("query position", fontsize=7)
-            ax.tick_params(labelsize=6)
     fig.colorbar(image, ax=fig.axes, shrink=0.8, label="attention weight")
-    fig.suptitle(f"{run_dir.name}: where each query looks (red: the key it should read)", fontsize=9)
-    return save_figure(fig, run_dir / "attention.png", tight=False)
+    fig.suptitle(f"{name}: where each query looks (red: the key it should read)", fontsize=9)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# The mechanism over training
+# ---------------------------------------------------------------------------
+def step_axis(ax, last_step: int) -> None:
+    """x from step 0 on a log scale past step 1 (symlog): the first steps,
+    where the rows saturate or not, as wide as the last thousand."""
+    ax.set_xscale("symlog", linthresh=1, linscale=0.4)
+    ax.set_xlim(0, max(last_step, 1) * 1.15)
+    ticks = [0] + [10**k for k in range(0, int(math.log10(max(last_step, 1))) + 1)]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("step (0, then a log scale)", fontsize=8)
+
+
+def draw_score_std(ax, records: list[dict], theory: float | None, color=None, label: str = "score std") -> list:
+    """The scores' std over training (log) and, dashed, s·√d_k·g²; returns the values that set the range."""
+    drawn = draw_series(ax, records, "score_std", label, log=True, color=color)
+    if theory is not None:
+        ax.axhline(theory, color=color or "0.3", linestyle="--", linewidth=1, label=f"s·√d_k·g² = {theory:.3g}")
+        drawn.append([theory])
+    return drawn + [first_values(records, ("score_std",))]
+
+
+def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=None, whole: bool = True) -> list:
+    """‖∇W_q‖ over training: the median row's share, of saturated rows (×,
+    dashed) and of the others (●), where there are such rows; a median of 0
+    is a ▼ at the axis' foot; with `whole`, the gradient of the batch's loss (train, grey)."""
+    drawn = []
+    if whole:
+        drawn += draw_series(ax, records, "grad_norm/W_q", "whole ‖∇W_q‖ (train batch)", log=True, color="0.65")
+    for key, style, what in zip(ROW_KINDS, ("o-", "x--"), ("other rows", "saturated rows")):
+        steps = np.array([s for s, r in rows.items() if math.isfinite(r.get(f"grad_W_q_median_{key}", math.nan))])
+        values = np.array([rows[s][f"grad_W_q_median_{key}"] for s in steps])
+        if not len(steps):
+            continue
+        positive = values > 0
+        (line,) = ax.plot(
+            steps,
+            np.where(positive, values, np.nan),
+            style,
+            color=color,
+            markersize=4,
+            linewidth=1.1,
+            label=f"median row, {what} (eval)",
+        )
+        mark_zeros(ax, steps[~positive], line.get_color())
+        drawn.append(values[positive])
+    return drawn
+
+
+def training_mechanism_figure(
+    name: str, records: list[dict], summary: dict, rows: dict, theory: float | None
+) -> Figure:
+    """Score std against s·√d_k·g², the saturated rows, and ‖∇W_q‖ of saturated and other rows, over training."""
+    fig = Figure(figsize=(13, 4.3))
+    axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
+    last = max([r["step"] for r in records] + list(rows) + [1])
+    ax = axes[0]
+    ax.set_yscale("log")
+    robust = went_non_finite(summary, records)
+    set_limits(ax, draw_score_std(ax, records, theory), [], log=True, robust=robust)
+    ax.set_title(
+        "std of the scores s·q·k"
+        + (" (dashed: s·√d_k·g², at init in theory)" if theory is not None else " (no theory line: not dot scores)"),
+        fontsize=8.5,
+    )
+    ax = axes[1]
+    draw_series(ax, records, "saturated_frac", "saturated rows", log=False)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title("saturated rows: largest attention weight > 0.99", fontsize=8.5)
+    ax = axes[2]
+    ax.set_yscale("log")
+    set_limits(ax, draw_row_gradients(ax, rows, records), [], log=True, robust=robust)
+    ax.set_title("‖∇W_q‖: the whole, and one row's share (median)", fontsize=8.5)
+    measured = any(math.isfinite(r.get(f"grad_W_q_median_{k}", math.nan)) for r in rows.values() for k in ROW_KINDS)
+    if not measured:  # the panel says why it holds no row
+        why = "q and k pass through a norm (qk_norm)" if rows else "logging.mechanism_step null, no trace"
+        ax.text(0.5, 0.5, f"no row's gradient measured:\n{why}", transform=ax.transAxes, ha="center", fontsize=8)
+    for ax in axes:
+        step_axis(ax, last)
+        ax.grid(True, which="major", alpha=0.25)
+        if ax.get_legend_handles_labels()[0]:
+            one_legend(ax, fontsize=7)
+    title = f"{run_title(name, summary)}: score std, saturated rows and ‖∇W_q‖ over training (eval set's query rows)"
+    fig.suptitle(wrapped(title, 13, 10), fontsize=10)
+    return fig

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from attn import outcomes
 from attn.config.loading import build_spec, build_task, check_run_name, flatten_config, load_run_config
-from attn.config.schema import Config, fork_keys, not_forked_because, to_dict
+from attn.config.schema import Config, fork_keys, neutral_keys, not_forked_because, to_dict
 from attn.config.yamlio import ConfigError, show_value
 from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
@@ -188,6 +191,28 @@ def config_of(run_dir: Path) -> Config:
         raise ConfigError(f"{err}; move the run directory away") from None
 
 
+def finished_run(config: Config, runs_dir: Path, name: str) -> Path | None:
+    """The newest run in runs_dir named `name` or `name-N` that ended (completed
+    or diverged: attn.outcomes.ENDED) with this config, neutral keys aside, and
+    holds every snapshot the config asks for: a run `attn demo` reuses rather
+    than trains again. None if there is none; a damaged run is passed over."""
+    found = []
+    for candidate in Path(runs_dir).glob(f"{glob.escape(name)}*"):
+        if candidate.name != name and not re.fullmatch(re.escape(name) + r"-\d+", candidate.name):
+            continue
+        try:
+            if (runs.read_summary(candidate) or {}).get("status") not in outcomes.ENDED:
+                continue
+            if config_difference(config_of(candidate), config, ignore=neutral_keys()):
+                continue
+        except (runs.RunError, ConfigError):
+            continue
+        if config.logging.mechanism_trace and not (candidate / loop.MECHANISM_TRACE).exists():
+            continue  # made before runs traced their rows: its mechanism figure would lack them
+        found.append(candidate)
+    return max(found, key=lambda run: (run / "summary.json").stat().st_mtime) if found else None
+
+
 def config_difference(a: Config, b: Config, ignore=()) -> list[str]:
     """'key: a -> b' for every field that differs, except the keys in `ignore`."""
     flat_a, flat_b = flatten_config(to_dict(a)), flatten_config(to_dict(b))
@@ -296,8 +321,9 @@ def prepare_resume(config: Config, run_dir: Path) -> runstate.RunState:
     runs.read_run_config(run_dir, complete=True)
     logged = {record["step"] for record in runs.read_metrics(run_dir)}
     runs.read_summary(run_dir)
-    if (run_dir / "attention.npz").exists():
-        arrayfiles.load_arrays(run_dir / "attention.npz")
+    for snapshot in ("attention.npz", "mechanism.npz", loop.MECHANISM_TRACE):  # each added to as the run goes on
+        if (run_dir / snapshot).exists():
+            arrayfiles.load_arrays(run_dir / snapshot)
     last = runstate.checkpoint_file(run_dir)
     try:
         state = runstate.prepare(config, run_dir, resume=last.exists())
@@ -431,7 +457,7 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
     """The fork's run directory (new_run; default name <source>-fork-<step>),
     made a copy of its source at the fork's step before its config.yaml is
     written: the checkpoint (as the fork's own), the records before that step,
-    the attention snapshot at step 0 and the mechanism measurements before it."""
+    the attention snapshot at step 0 and the mechanism measurements (and their trace) before it."""
 
     def fill(run_dir: Path) -> None:
         runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
@@ -441,7 +467,10 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
         )
         for snapshot, kept in (
             ("attention.npz", lambda key: key != "attn_final"),
-            ("mechanism.npz", lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step),
+            *(
+                (name, lambda key: key.split("/")[0].isdigit() and int(key.split("/")[0]) < plan.step)
+                for name in ("mechanism.npz", loop.MECHANISM_TRACE)
+            ),
         ):
             if (plan.source / snapshot).exists():
                 arrays = arrayfiles.load_arrays(plan.source / snapshot)

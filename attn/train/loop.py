@@ -230,6 +230,14 @@ def _iterate(
         if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)
     }
     _add_each(write_pool, members, "mechanism.npz", mechanisms, step)
+    traces = {
+        k: trace_snapshot(
+            stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k), stack.member_buffers(k), step
+        )
+        for k, m in enumerate(members)
+        if m.config.logging.mechanism_trace and trace_step(step)
+    }
+    _add_each(write_pool, members, MECHANISM_TRACE, traces, step)
     for k, member in enumerate(members):
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
@@ -486,6 +494,24 @@ def mechanism_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, ste
     `step`, named '<step>/<statistic>' for mechanism.npz."""
     rows = mechanism.row_statistics(params, spec, eval_batch, buffers)
     return {f"{step}/{name}": values for name, values in rows.items()}
+
+
+MECHANISM_TRACE = "mechanism_trace.npz"  # the rows' summaries at log-spaced steps, for the run's mechanism figure
+
+
+def trace_step(step: int) -> bool:
+    """Whether logging.mechanism_trace measures the rows at `step`: 0, 1, 2, 5, 10, 20, 50, 100, ...
+    (1, 2 or 5 times a power of ten), so that the first steps are seen as well as the last."""
+    while step >= 10 and step % 10 == 0:
+        step //= 10
+    return step in (0, 1, 2, 5)
+
+
+def trace_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, step: int) -> dict:
+    """attn.model.mechanism.summary of the eval set's query rows at `step` (their
+    medians, not every row: a few numbers a step), named '<step>/<number>' for mechanism_trace.npz."""
+    numbers = mechanism.summary(mechanism.row_statistics(params, spec, eval_batch, buffers))
+    return {f"{step}/{name}": np.float64(value) for name, value in numbers.items()}
 
 
 def _add_each(write_pool: DurableWritePool, members: list[Member], name: str, arrays_of: dict, step: int) -> None:

@@ -1,0 +1,306 @@
+"""A run's figures show what happened to it (issue 44 item 4): the loss from
+step 0 with the chance and no-retrieval lines inside the axes, the
+diagnostics from step 0, readable ticks on a log axis of few decades, a
+diverged run's title whole, and each run's own mechanism figure over
+training; the experiment's mechanism figure with x labels that do not
+overlap and a word for a median off its log axis; `attn demo`."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import TINY
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from attn import cli
+from attn.analysis.curves import band_stats
+from attn.analysis.grouping import Run, group_runs
+from attn.config.loading import load_config
+from attn.report import compare_figure, experiment_figures
+from attn.store import arrayfiles, runs
+from attn.train import figures, lifecycle, loop
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCES = {"chance": 2.772588722239781, "no_retrieval": 1.7983973799733117}
+STEPS = list(range(0, 1510, 10))
+
+
+def records_of(losses, score_std=None, grads=None) -> list[dict]:
+    """Metric records at STEPS with these losses (train and eval), score std and ‖∇W_q‖ (= ‖∇W_k‖)."""
+    out = []
+    for i, (step, loss) in enumerate(zip(STEPS, losses)):
+        grad = 0.5 if grads is None else grads[i]
+        out.append(
+            {
+                "step": step,
+                "train_loss": loss * 1.02,
+                "eval_loss": loss,
+                "eval_accuracy": 0.5,
+                "score_std": 3.3 + 0.001 * i if score_std is None else score_std[i],
+                "attn_entropy": 1.0,
+                "saturated_frac": 0.0,
+                "grad_norm/W_q": grad,
+                "grad_norm/W_k": grad,
+            }
+        )
+    return out
+
+
+LEARNED = [max(3.3 * math.exp(-s / 20), 1e-4 * (1 + 0.1 * math.sin(s))) for s in STEPS]  # the bulk near 1e-4
+STALLED = [3.7] + [2.75 + 0.04 * math.sin(s) for s in STEPS[1:]]  # at chance from step 10
+
+
+def made_run(tmp_path: Path, name: str, records: list[dict], **summary) -> Path:
+    config = load_config(None, [*TINY, f"runs_dir={tmp_path}"])
+    run_dir = lifecycle.create(config, name=name)
+    for record in records:
+        runs.append_metrics(run_dir, record)
+    runs.write_json(
+        run_dir / "summary.json",
+        {"status": "completed", "step": records[-1]["step"], "references": REFERENCES, **summary},
+    )
+    return run_dir
+
+
+def drawn(run_dir: Path, monkeypatch) -> dict:
+    """plot_run's figures by file name, drawn (laid out as saved) but not written."""
+    made = {}
+
+    def keep(fig, path, tight=True):
+        if tight:
+            fig.tight_layout()
+        FigureCanvasAgg(fig).draw()
+        made[Path(path).name] = fig
+        return path
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    figures.plot_run(run_dir)
+    return made
+
+
+def holds(ax, *values) -> bool:
+    low, high = ax.get_ylim()
+    return all(low <= v <= high for v in values)
+
+
+def labelled(axis) -> list[str]:
+    """The tick labels a reader sees on an axis (drawn): inside its range, with text."""
+    low, high = sorted(axis.get_view_interval())
+    ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+    return [
+        t.label1.get_text()
+        for t in ticks
+        if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high
+    ]
+
+
+def test_the_loss_figure_holds_step_0_and_the_reference_lines(tmp_path, monkeypatch):
+    made = drawn(made_run(tmp_path, "learned", records_of(LEARNED)), monkeypatch)
+    [ax] = made["loss.png"].axes
+    assert ax.get_yscale() == "log"
+    assert holds(ax, LEARNED[0], LEARNED[0] * 1.02, *REFERENCES.values(), min(LEARNED))
+
+
+def test_a_loss_at_chance_is_drawn_on_a_log_axis_with_ticks_a_reader_can_read(tmp_path, monkeypatch):
+    made = drawn(made_run(tmp_path, "stalled", records_of(STALLED)), monkeypatch)
+    [ax] = made["loss.png"].axes
+    low, high = ax.get_ylim()
+    assert math.log10(high / low) < 1 and holds(ax, STALLED[0], *REFERENCES.values())
+    assert plain_numbers(labelled(ax.yaxis)) >= 3, labelled(ax.yaxis)
+
+
+def plain_numbers(labels: list[str]) -> int:
+    """How many labels there are, each a plain number a reader reads at once (2.5, 0.05), else 0."""
+    try:
+        return len([float(text) for text in labels])
+    except ValueError:
+        return 0
+
+
+def test_a_log_axis_of_a_decade_or_two_is_labelled_in_plain_numbers(tmp_path, monkeypatch):
+    grads = list(np.geomspace(0.9, 0.05, len(STEPS)))  # 1.3 decades: matplotlib labels only 0.1 and 1
+    made = drawn(made_run(tmp_path, "narrow", records_of(LEARNED, grads=grads)), monkeypatch)
+    grad_ax = made["diagnostics.png"].axes[3]
+    assert plain_numbers(labelled(grad_ax.yaxis)) >= 3, labelled(grad_ax.yaxis)
+
+
+def test_the_diagnostics_hold_step_0_and_draw_gradient_norms_on_a_log_axis(tmp_path, monkeypatch):
+    score_std = [1.01] + [3.32 + 0.001 * i for i in range(len(STEPS) - 1)]  # step 0 far below the rest
+    made = drawn(made_run(tmp_path, "diag", records_of(LEARNED, score_std=score_std)), monkeypatch)
+    score_ax, _, _, grad_ax = made["diagnostics.png"].axes
+    assert holds(score_ax, 1.01, max(score_std))
+    assert grad_ax.get_yscale() == "log"
+
+
+def test_a_diverged_run_keeps_its_whole_title_inside_the_figure(tmp_path, monkeypatch):
+    reason = "non-finite loss at step 497; largest weight in E_pos: |w| = 2.89e+27"
+    run_dir = made_run(
+        tmp_path, "retrieval_unscaled-20260101-120000", records_of(STALLED[:50]), status="diverged", reason=reason
+    )
+    fig = drawn(run_dir, monkeypatch)["loss.png"]
+    title = fig.axes[0].title
+    box = title.get_window_extent(fig.canvas.get_renderer())
+    assert "|w| = 2.89e+27" in title.get_text().replace("\n", " ")
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width
+
+
+def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradients(tmp_path, monkeypatch):
+    grads = [0.5] + [0.0] * (len(STEPS) - 1)  # every gradient exactly 0 after step 0: saturated rows pass none
+    run_dir = made_run(tmp_path, "mech", records_of(STALLED, grads=grads))
+    trace = {}
+    for step in (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000):
+        trace.update(
+            {
+                f"{step}/saturated_frac": 1.0,
+                f"{step}/grad_W_q_median_saturated": 0.0,
+                f"{step}/grad_W_q_median_other": 0.3,
+            }
+        )
+    arrayfiles.save_arrays(run_dir / loop.MECHANISM_TRACE, {k: np.float64(v) for k, v in trace.items()})
+    std_ax, saturated_ax, grad_ax = drawn(run_dir, monkeypatch)["mechanism.png"].axes
+    config = lifecycle.config_of(run_dir)
+    theory = config.model.d_k**-0.5 * math.sqrt(config.model.d_k) * config.model.qk_gain**2  # s √d_k g², s = 1/√d_k
+    assert any(list(line.get_ydata()) == [theory, theory] for line in std_ax.get_lines()), "the theory line"
+    assert std_ax.get_yscale() == grad_ax.get_yscale() == "log" and holds(std_ax, theory, 3.3)
+    assert saturated_ax.get_ylim()[0] <= 0 and saturated_ax.get_ylim()[1] >= 1
+    lines = {line.get_label(): line for line in grad_ax.get_lines()}
+    assert figures.ZERO_LABEL in lines, "a median of 0 is said, not dropped"
+    assert len(lines[figures.ZERO_LABEL].get_xdata()) >= 1
+    other = [label for label in lines if "other rows" in label]
+    assert other and list(lines[other[0]].get_xdata()) == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+
+
+def test_a_run_traces_its_rows_at_log_spaced_steps_unless_asked_not_to(tmp_path):
+    for trace in ("true", "false"):
+        config = load_config(
+            None, [*TINY, "train.steps=60", f"logging.mechanism_trace={trace}", f"runs_dir={tmp_path}"]
+        )
+        run_dir = lifecycle.create(config, name=f"trace-{trace}")
+        lifecycle.execute(config, run_dir)
+        path = run_dir / loop.MECHANISM_TRACE
+        assert path.exists() == (trace == "true")
+        if path.exists():
+            steps = sorted({int(key.split("/")[0]) for key in arrayfiles.load_arrays(path)})
+            assert steps == [0, 1, 2, 5, 10, 20, 50]
+        assert sorted({int(k.split("/")[0]) for k in arrayfiles.load_arrays(run_dir / "mechanism.npz")}) == [0, 10]
+
+
+def test_compare_draws_gradient_norms_and_update_ratios_on_log_axes_by_default():
+    def band(*values):
+        return band_stats([(np.arange(len(values)), np.array(values, dtype=float))])
+
+    assert compare_figure.log_scale("grad_norm/W_q", [band(0.4, 0.5, 0.45)])
+    assert compare_figure.log_scale("update_ratio/W_k", [band(0.01, 0.02)])
+    assert compare_figure.log_scale("grad_norm", [band(1.0, 2.0)])
+    assert not compare_figure.log_scale("grad_norm/W_q", [band(0.4, 0.5)], yscale="linear")
+
+
+def test_compare_holds_step_0_and_the_references_of_a_learned_run(tmp_path):
+    run = Run(tmp_path / "a", {"model.scale": "sqrt", "seed": 0}, records_of(LEARNED), {}, "completed")
+    fig = compare_figure.draw_comparison(group_runs([run]), ["eval_loss"], references=REFERENCES)
+    assert holds(fig.axes[0], LEARNED[0], *REFERENCES.values())
+
+
+class Cell:
+    """A judged cell's mechanism medians: the saturated rows' gradient 0 from d_k 65536 (it left the log axis)."""
+
+    n, seeds = 1, ()
+
+    def __init__(self, d_k: int, scale: str):
+        self.d_k, self.scale = d_k, scale
+        self.theory_score_std = math.sqrt(d_k) if scale == "none" else 1.0
+
+    def at_init(self, key):
+        return [self.theory_score_std]
+
+    def mechanism(self, step, key):
+        if key.endswith("_median_saturated"):
+            return [0.0 if self.d_k >= 65536 else 1e-3 / self.d_k] if self.scale == "none" else [math.nan]
+        return [0.5]
+
+
+D_K = (16, 64, 256, 1024, 4096, 16384, 65536, 1048576)
+
+
+class Layout:
+    x_name, best_of = "d_k", None
+
+    @staticmethod
+    def arm_label(arm):
+        return f"scale={arm[0]}"
+
+    @staticmethod
+    def x_label(x):
+        return str(x[0])
+
+
+def x_labels_apart(ax, renderer) -> bool:
+    """Whether no two x tick labels overlap as drawn: level ones by their boxes; turned ones
+    (parallel strips a line high) when the ticks are at least a line apart across the text."""
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert len(labels) == len(D_K)
+    angle = math.radians(labels[0].get_rotation())
+    if angle == 0:
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        return not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    ticks = np.sort(ax.transData.transform([(x, 1.0) for x in ax.get_xticks()])[:, 0])  # pixels
+    line = labels[0].get_fontsize() * ax.figure.dpi / 72
+    return bool(np.diff(ticks).min() * math.sin(angle) >= line)
+
+
+def test_the_experiment_mechanism_figure_says_what_it_measures_with_x_labels_apart(monkeypatch):
+    made = []
+    monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, tight=True: made.append(fig))
+    best = {((d_k,), (scale,)): Cell(d_k, scale) for d_k in D_K for scale in ("sqrt", "none")}
+    colors = {("sqrt",): "C0", ("none",): "C3"}
+    experiment_figures.mechanism_figure(best, Layout(), colors, [0, 10], Path("mechanism.png"))
+    [fig] = made
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    assert "why" not in fig._suptitle.get_text() and "stops learning" not in fig._suptitle.get_text()
+    for ax in fig.axes[:5]:
+        assert x_labels_apart(ax, renderer), ax.get_title()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("median of 0" in text and "off the log axis" in text for text in legend), legend
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """`attn demo` on a budget where the scaled head has learned (200 steps), twice."""
+    import os
+
+    here = os.getcwd()
+    os.chdir(REPO)
+    try:
+        out = tmp_path_factory.mktemp("demo")
+        codes = [cli.main(["demo", "train.steps=200", "--runs-dir", str(out)]) for _ in range(2)]
+    finally:
+        os.chdir(here)
+    return out, codes
+
+
+def test_the_demo_trains_the_pair_and_draws_one_figure_with_both_outcomes(demo):
+    out, codes = demo
+    assert codes == [0, 0]
+    assert (out / "demo.png").read_bytes().startswith(b"\x89PNG")
+    outcomes = {name: runs.read_summary(out / name)["outcome"] for name in ("wide", "wide_unscaled")}
+    assert outcomes == {"wide": "learned", "wide_unscaled": "stalled"}
+    assert (out / "wide" / "mechanism.png").exists() and (out / "wide_unscaled" / "mechanism.png").exists()
+
+
+def test_a_second_demo_reuses_the_runs_it_made(demo):
+    out, _ = demo
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["wide", "wide_unscaled"]
+
+
+def test_a_sweep_traces_the_rows_only_where_it_draws_each_run_or_is_asked_to(tmp_path):
+    from attn.experiment import spec
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    path = tmp_path / "e.yaml"
+    path.write_text("name: e\nbase: base.yaml\ngrid: {optim.lr: [0.1]}\nseeds: [0]\n")
+    cells = {plots: spec.load_experiment(path, plots=plots).cells[0] for plots in (False, True)}
+    assert {plots: cell.config.logging.mechanism_trace for plots, cell in cells.items()} == {False: False, True: True}
+    path.write_text(path.read_text() + "overrides: {logging.mechanism_trace: true}\n")
+    assert spec.load_experiment(path, plots=False).cells[0].config.logging.mechanism_trace
