@@ -182,8 +182,13 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
     loaded = load_experiment(experiment, str(tmp_path / "runs"))
     digest = report_spec.claims_record(loaded.report, {c.seed for c in loaded.cells})["digest"]
     (tmp_path / "runs" / "tiny" / "report.json").write_text(
-        json.dumps(  # as if swept: its one run finished
-            {"expectations": [], "claims": {"digest": digest}, "cells": [{"n": 1, "unfinished": {}}]}
+        json.dumps(  # as if swept: its one run finished (what verify reads of a report: verify.REPORT_READ)
+            {
+                "expectations": [],
+                "claims": {"digest": digest},
+                "platform": {},
+                "cells": [{"n": 1, "unfinished": {}, "settings": {}, "success_rate": {"k": 0, "n": 1}, "seeds": []}],
+            }
         )
     )
     verify = subprocess.Popen(

@@ -274,11 +274,11 @@ def cmd_demo(args) -> int:
             for path, config in zip(DEMO_CONFIGS, configs):
                 reused = lifecycle.finished_run(config, Path(config.runs_dir), Path(path).stem)
                 if reused is not None:
-                    print(f"reusing {reused}: it ended with this config (remove it to train it again)", file=sys.stderr)
+                    say(f"reusing {reused}: it ended with this config (remove it to train it again)", file=sys.stderr)
                     run_dirs.append(reused)
                     continue
                 run_dir = held.enter_context(lifecycle.new_run(config, path, overrides, Path(path).stem))
-                print(f"run directory: {run_dir}", file=sys.stderr)
+                say(f"run directory: {run_dir}", file=sys.stderr)
                 run_dirs.append(run_dir)
                 fresh.append(runstate.prepare(config, run_dir))
             with threadpool_limits(limits=1):  # the same numbers; two BLAS threads on products this small only thrash
@@ -293,7 +293,7 @@ def cmd_demo(args) -> int:
         line = (
             f"{run_dir}: {summary.get('status', 'failed')}: step {summary.get('step', 0)}/{summary.get('steps', '?')}"
         )
-        print(line + (f"  {summary_figures(summary)}" if summary.get("final") else ""))
+        say(line + (f"  {summary_figures(summary)}" if summary.get("final") else ""))
         what = summary.get("outcome_said") or summary.get("status", "failed")
         reached = (summary.get("best") or {}).get("steps_to_99")
         labels.append(
@@ -303,8 +303,8 @@ def cmd_demo(args) -> int:
     if failed or any(s.get("status") not in ("completed", "diverged") for s in summaries):
         for run_dir, summary in zip(run_dirs, summaries):
             if summary.get("status") == "interrupted" and (run_dir / "checkpoint.npz").exists():
-                print(f"resume with: attn train --resume {run_dir}", file=sys.stderr)
-        print("figure: not drawn (a run did not end)", file=sys.stderr)
+                say(f"resume with: attn train --resume {run_dir}", file=sys.stderr)
+        say("figure: not drawn (a run did not end)", file=sys.stderr)
         return EXIT_SIGNAL.get(stop.reason, 130) if stop.reason else EXIT_FAILED
     first = configs[0]
     shared = (
@@ -314,7 +314,7 @@ def cmd_demo(args) -> int:
     title = f"attn demo: {len(run_dirs)} runs that differ only in {', '.join(differ) or 'nothing'} ({shared})"
     fig = demo.demo_figure(run_dirs, labels, list(DEMO_COLORS[: len(run_dirs)]), title)
     path = figures.save_figure(fig, Path(first.runs_dir) / "demo.png", tight=False)
-    print(f"figure: {path}")
+    say(f"figure: {path}")
     return EXIT_OK
 
 
@@ -330,7 +330,7 @@ def _train_demo(states: list, stop: StopFlag) -> bool:
         state = states_of[member]
         every = max(1, state.config.train.steps // 10)
         if record is not None and (step % every == 0 or step == state.config.train.steps):
-            print(
+            say(
                 f"{state.run_dir.name:<{width}}  step {step:>6}/{state.config.train.steps}  "
                 f"eval_loss {format_number(record['eval_loss'], '.4g')}  "
                 f"eval_acc {format_number(record['eval_accuracy'], '.3f')}  "
@@ -348,7 +348,7 @@ def _train_demo(states: list, stop: StopFlag) -> bool:
         except KeyboardInterrupt:  # a second signal: each run recorded where it stopped
             return True
         except Exception as err:
-            print(f"error: run failed: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
+            say(f"error: run failed: {type(err).__name__}: {one_line(str(err))}", file=sys.stderr)
             return True
         if stop.reason:
             return True
