@@ -196,9 +196,9 @@ def test_attn_runs_reads_a_huge_metrics_file_a_line_at_a_time(tmp_path, capsys):
     run_dir = write_run(tmp_path / "runs" / "big")
     line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     with open(run_dir / "metrics.jsonl", "a") as grown:
-        for step in range(line["step"] + 1, line["step"] + 60_001):
+        for step in range(line["step"] + 1, line["step"] + 30_001):
             grown.write(json.dumps({**line, "step": step, "eval_loss": 0.125}) + "\n")
-    assert (run_dir / "metrics.jsonl").stat().st_size > 12 << 20
+    assert (run_dir / "metrics.jsonl").stat().st_size > 6 << 20
     tracemalloc.start()
     try:
         assert cli.main(["runs", str(tmp_path / "runs")]) == 0
