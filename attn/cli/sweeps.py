@@ -29,7 +29,7 @@ from attn.train.loop import StopFlag
 
 
 def cmd_sweep(args) -> int:
-    from attn.experiment import sweep
+    from attn.experiment import sweep, timeline
 
     with flagged({"address": "--executor"}):
         if args.executor:
@@ -39,51 +39,63 @@ def cmd_sweep(args) -> int:
         executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
-        restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
+        record = timeline.Timeline(experiment.directory, sweep.worker_slots(executor), len(experiment.cells))
         try:
-            outcomes = _run_sweep(experiment, executor, stop)
+            return _sweep_and_report(args, experiment, executor, stop, last_one_out, record)
         finally:
-            restore_signals()
-        failed = [o for o in outcomes if o.action == "failed"]
-        print(sweep_summary(experiment, outcomes), file=sys.stderr)
-        for outcome in failed:
-            print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
-        unknown = [o for o in outcomes if o.action == "unknown"]
-        if unknown:  # no report until every cell is accounted for
-            print(
-                f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
-                f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
-                f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
-                file=sys.stderr,
-            )
-            print(experiment.directory)
-            return EXIT_FAILED
-        if stop.reason:
-            print(
-                f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
-                file=sys.stderr,
-            )
-            print(experiment.directory)
-            return EXIT_SIGNAL.get(stop.reason, 130)
-        report_failed = False
-        if not args.report:
-            print(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
-        elif not last_one_out():
-            print(
-                f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
-                f"writes it; or: attn report {experiment.path})",
-                file=sys.stderr,
-            )
-        else:
-            try:
+            record.close()
+            if record.error:
+                print(f"timeline: not written ({record.error}); the runs and report are not affected", file=sys.stderr)
+
+
+def _sweep_and_report(args, experiment, executor, stop: StopFlag, last_one_out, record) -> int:
+    """cmd_sweep's sweep, its summary and its report, each phase into the sweep's timeline `record`."""
+    restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
+    try:
+        outcomes = _run_sweep(experiment, executor, stop, record)
+    finally:
+        restore_signals()
+    failed = [o for o in outcomes if o.action == "failed"]
+    print(sweep_summary(experiment, outcomes), file=sys.stderr)
+    for outcome in failed:
+        print(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+    unknown = [o for o in outcomes if o.action == "unknown"]
+    if unknown:  # no report until every cell is accounted for
+        print(
+            f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
+            f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
+            f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
+            file=sys.stderr,
+        )
+        print(experiment.directory)
+        return EXIT_FAILED
+    if stop.reason:
+        print(
+            f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
+            file=sys.stderr,
+        )
+        print(experiment.directory)
+        return EXIT_SIGNAL.get(stop.reason, 130)
+    report_failed = False
+    if not args.report:
+        print(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
+    elif not last_one_out():
+        print(
+            f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
+            f"writes it; or: attn report {experiment.path})",
+            file=sys.stderr,
+        )
+    else:
+        try:
+            with record.phase("report"):
                 print_report(experiment)
-            except Exception as err:  # the runs are done and kept; only the summary of them failed
-                print(
-                    f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
-                    f"attn report {experiment.path} writes it again)",
-                    file=sys.stderr,
-                )
-                report_failed = True
+        except Exception as err:  # the runs are done and kept; only the summary of them failed
+            print(
+                f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
+                f"attn report {experiment.path} writes it again)",
+                file=sys.stderr,
+            )
+            report_failed = True
     print(experiment.directory)
     return EXIT_FAILED if failed or report_failed else EXIT_OK
 
@@ -236,7 +248,7 @@ def _few(names: list[str], shown: int = 3) -> str:
     return (", ".join(names[:shown]) or "none") + more
 
 
-def _run_sweep(experiment, executor, stop: StopFlag) -> list:
+def _run_sweep(experiment, executor, stop: StopFlag, record=None) -> list:
     """Run the experiment's cells, showing their progress (SweepProgress)."""
     from attn.experiment import sweep
 
@@ -258,7 +270,9 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
 
     try:
         with executor:
-            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
+            return sweep.run_experiment(
+                experiment, executor, progress.ended_with, should_stop, progress.started, record=record
+            )
     finally:
         progress.close()
 

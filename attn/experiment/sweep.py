@@ -47,12 +47,12 @@ from typing import Callable
 
 from attn.config.schema import to_dict
 from attn.config.yamlio import ArgumentError, ConfigError
-from attn.experiment import report_spec
+from attn.experiment import report_spec, timeline
 from attn.experiment.spec import Cell, Experiment, config_change, result_change
 from attn.store import locks, processes, runs, runstate
 from attn.text import summary_figures
 from attn.train import lifecycle
-from attn.train.loop import StopFlag
+from attn.train.loop import StopFlag, WriteLog
 from attn.train.stack import members_per_stack, stack_cost, stack_key
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -86,15 +86,23 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
+    return run_cells_timed(cells, experiment_dir, experiment_file)[0]
+
+
+def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str) -> tuple[list[CellAction], dict]:
+    """run_cells, and the stack's record for the sweep's timeline (attn.experiment.timeline.StackClock)."""
+    clock, write_log = timeline.StackClock(), WriteLog()
     if _worker_stop.reason:
-        return [
+        cancelled = [
             CellAction(
                 c.name, "cancelled", "not started", f"the sweep was stopped by {_worker_stop.reason} before it started"
             )
             for c in cells
         ]
+        return cancelled, clock.record(write_log, len(cells), 0)
     _one_blas_thread()
     outcomes: dict[str, CellAction] = {}
+    trained = 0
     with contextlib.ExitStack() as held:
         ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
         for cell in cells:
@@ -103,22 +111,26 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
                 outcomes[cell.name] = prepared
             else:
                 ready.setdefault(prepared.step, []).append((cell, prepared))
+        clock.training()
         for group in ready.values():
             if _started is not None:
                 _started.put([cell.name for cell, _ in group])
             start = time.perf_counter()
             try:
-                summaries = lifecycle.execute_stack([state for _, state in group], stop=_worker_stop)
+                summaries = lifecycle.execute_stack(
+                    [state for _, state in group], stop=_worker_stop, write_log=write_log
+                )
             except (runs.RunError, ConfigError) as err:  # the run directories, their files
                 summaries = [{"status": "failed", "reason": str(err)}] * len(group)
             except Exception as err:  # recorded in the run directories; never stops the other cells
                 summaries = [{"status": "failed", "reason": f"{type(err).__name__}: {err}"}] * len(group)
             share = (time.perf_counter() - start) / len(group)
+            trained += len(group)
             for (cell, state), summary in zip(group, summaries):
                 action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
                 detail = summary["reason"] if action == "failed" else _figures(summary)
                 outcomes[cell.name] = CellAction(cell.name, action, summary["status"], detail, share)
-    return [outcomes[cell.name] for cell in cells]
+    return [outcomes[cell.name] for cell in cells], clock.record(write_log, len(cells), trained)
 
 
 def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack):
@@ -277,6 +289,15 @@ def default_executor(workers: int | None = None) -> Executor:
     return LocalPool(workers)
 
 
+def worker_slots(executor: Executor) -> int:
+    """How many stacks the executor trains at once: a local pool's workers, a Dask cluster's threads."""
+    if isinstance(executor, DaskExecutor):
+        with contextlib.suppress(Exception):
+            return max(1, sum(w.get("nthreads", 1) for w in executor.client.scheduler_info()["workers"].values()))
+        return 1
+    return getattr(executor, "_max_workers", None) or os.cpu_count() or 1
+
+
 def check_address(address: str) -> None:
     """ArgumentError unless `address` has the form dask://HOST:PORT (an IPv6 HOST in brackets)."""
     host, _, port = address.removeprefix("dask://").rpartition(":")
@@ -351,6 +372,7 @@ def run_experiment(
     on_outcome: Callable[[CellAction], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     on_start: Callable[[list[str]], None] | None = None,
+    record: timeline.Timeline | None = None,
 ) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
@@ -360,14 +382,29 @@ def run_experiment(
     it) is `unknown`, status UNKNOWN, detail the executor's lost(). With a LocalPool, on_start(cell names) is called
     as each stack starts training (the cells it trains, not those skipped),
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
-    (a start that arrives later is dropped); other executors report no starts."""
-    experiment.directory.mkdir(parents=True, exist_ok=True)
-    freeze_claims(experiment)
-    with _stop_signals_blocked():  # a local pool spawns its workers here
-        futures: dict[Future, list[Cell]] = {
-            executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
-            for stack in plan_stacks(experiment.cells)
+    (a start that arrives later is dropped); other executors report no starts.
+    `record`: the sweep's timeline, given its plan and train phases and each stack."""
+    phase = record.phase if record is not None else lambda _name: contextlib.nullcontext()
+    with phase("plan"):
+        experiment.directory.mkdir(parents=True, exist_ok=True)
+        freeze_claims(experiment)
+        plan = plan_stacks(experiment.cells)
+        with _stop_signals_blocked():  # a local pool spawns its workers here
+            futures: dict[Future, list[Cell]] = {
+                executor.submit(run_cells_timed, stack, str(experiment.directory), str(experiment.path)): stack
+                for stack in plan
+            }
+        planned = {
+            id(stack): {"stack": index, "cost": stack_cost([c.config for c in stack])}
+            for index, stack in enumerate(plan)
         }
+    with phase("train"):
+        return _collect(futures, executor, planned, on_outcome, should_stop, on_start, record)
+
+
+def _collect(futures, executor, planned, on_outcome, should_stop, on_start, record) -> list[CellAction]:
+    """run_experiment's outcomes as the stacks end (see there); each stack's timing, with its place in
+    the plan and its cost (`planned`), into `record`."""
     outcomes, pending, ended, cancelled = [], set(futures), set(), set()
     while pending:
         done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
@@ -381,7 +418,9 @@ def run_experiment(
         for future in done:
             stack = futures[future]
             try:
-                arrived = future.result()
+                arrived, timing = future.result()
+                if record is not None:
+                    record.stack({**timing, **planned[id(stack)]})
             except CancelledError:  # by this sweep's stop, or by a cluster that lost its scheduler
                 arrived = (
                     [
