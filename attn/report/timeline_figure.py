@@ -60,8 +60,14 @@ def draw_timeline(records: list[dict], summary: dict, path: Path) -> Path:
     grid = fig.add_gridspec(2, 1, height_ratios=[1 + 0.4 * len(workers), 1.4])
     ax, bars = fig.add_subplot(grid[0]), fig.add_subplot(grid[1])
 
-    def span(row: int, start: float, end: float, kind: str, height: float = 0.7) -> None:
-        ax.broken_barh([(start - t0, max(end - start, 0.0))], (row - height / 2, height), color=COLORS[kind], lw=0)
+    def span(row: int, start: float, end: float, kind: str, height: float = 0.7, edge: bool = False) -> None:
+        ax.broken_barh(
+            [(start - t0, max(end - start, 0.0))],
+            (row - height / 2, height),
+            facecolor=COLORS[kind],
+            edgecolor="white" if edge else "none",
+            lw=0.5 if edge else 0,
+        )
 
     for phase in (r for r in records if r["event"] == "phase"):
         span(0, phase["start"], phase["end"], phase["name"] if phase["name"] in COLORS else "train")
@@ -71,7 +77,7 @@ def draw_timeline(records: list[dict], summary: dict, path: Path) -> Path:
             span(row, mine[0]["worker_start"], mine[0]["start"], "spawning")
         for r in mine:
             span(row, r["start"], r["trained"], "preparing")
-            span(row, r["trained"], r["end"], "training")
+            span(row, r["trained"], r["end"], "training", edge=True)  # white edges: where one stack ends
             for offset, seconds in r.get("write_moments", []):
                 start = r["start"] + offset
                 span(row, start, start + max(seconds, (last_end - t0) / 2000), "writes", height=0.45)
