@@ -3,7 +3,8 @@ runs/<experiment>/, stacked (attn.train.stack) and in parallel.
 
 The experiment file itself, its grid and its cells are attn.experiment.spec's.
 Cells of one shape train as one stack (plan_stacks: at most
-attn.train.stack.members_per_stack of them, the costliest stacks first). Re-running
+attn.train.stack.members_per_stack of them, the costliest stacks first; the
+last stacks split, split_tail, so that the workers finish together). Re-running
 an experiment skips runs that finished (completed or diverged), resumes
 interrupted, stale or failed runs from their checkpoint, and starts the
 rest; a finished or resumable run whose config.yaml differs from the
@@ -34,7 +35,9 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import queue
 import signal
@@ -86,11 +89,20 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
-    return run_cells_timed(cells, experiment_dir, experiment_file)[0]
+    return list(run_cells_timed(cells, experiment_dir, experiment_file))
 
 
-def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str) -> tuple[list[CellAction], dict]:
-    """run_cells, and the stack's record for the sweep's timeline (attn.experiment.timeline.StackClock)."""
+class StackOutcomes(list):
+    """run_cells' outcomes, one per cell, carrying `timing`: the stack's record for the sweep's
+    timeline (attn.experiment.timeline.StackClock)."""
+
+    def __init__(self, outcomes: list[CellAction], timing: dict):
+        super().__init__(outcomes)
+        self.timing = timing
+
+
+def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str) -> StackOutcomes:
+    """run_cells, with the stack's record for the sweep's timeline."""
     clock, write_log = timeline.StackClock(), WriteLog()
     if _worker_stop.reason:
         cancelled = [
@@ -99,14 +111,16 @@ def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str
             )
             for c in cells
         ]
-        return cancelled, clock.record(write_log, len(cells), 0)
+        return StackOutcomes(cancelled, clock.record(write_log, len(cells), 0))
     _one_blas_thread()
     outcomes: dict[str, CellAction] = {}
     trained = 0
+    # what made the stack's runs (the code's commit, the machine, the BLAS), asked once a stack: it asks git
+    made = functools.cache(lambda: lifecycle.provenance(experiment_file, []))
     with contextlib.ExitStack() as held:
         ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
         for cell in cells:
-            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
+            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held, made)
             if isinstance(prepared, CellAction):
                 outcomes[cell.name] = prepared
             else:
@@ -130,12 +144,13 @@ def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str
                 action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
                 detail = summary["reason"] if action == "failed" else _figures(summary)
                 outcomes[cell.name] = CellAction(cell.name, action, summary["status"], detail, share)
-    return [outcomes[cell.name] for cell in cells], clock.record(write_log, len(cells), trained)
+    return StackOutcomes([outcomes[cell.name] for cell in cells], clock.record(write_log, len(cells), trained))
 
 
-def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack):
+def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack, made: Callable[[], dict]):
     """Take the cell's run directory (its RunLock, entered on `held`) and
-    the state to train it from; or the outcome that says why not."""
+    the state to train it from; or the outcome that says why not. `made`:
+    the provenance of the stack's new runs (lifecycle.provenance)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(locks.RunLock(run_dir, "sweep"))
@@ -157,14 +172,14 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
     except runs.RunError as err:
         return CellAction(cell.name, "failed", "failed", str(err))
     try:
-        return _prepare_locked_cell(cell, run_dir, experiment_file)
+        return _prepare_locked_cell(cell, run_dir, experiment_file, made)
     except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
         return CellAction(cell.name, "failed", "failed", str(err))
     except Exception as err:
         return CellAction(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
 
 
-def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
+def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str, made: Callable[[], dict]):
     """Under the run's lock: skip a finished run (one made with another
     algorithm too: spec.result_change), refuse a changed config, else the
     state to resume or start it from (only from a run of this very config)."""
@@ -190,7 +205,8 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
         run_dir,
         to_dict(cell.config),
         {
-            **lifecycle.provenance(experiment_file, []),
+            **made(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "experiment": experiment_file,
             "cell": dict(cell.settings),
             "seed": cell.seed,
@@ -220,17 +236,42 @@ def _one_blas_thread() -> None:
 
 
 def plan_stacks(cells) -> list[list[Cell]]:
-    """The cells as stacks to train: those of one shape (stack_key)
-    together, at most members_per_stack of them; the most costly
-    stacks first (stack_cost), so that the workers finish together."""
+    """The cells as stacks to train, in the order to hand them out: those of
+    one shape (stack_key) together, as few stacks of at most members_per_stack
+    as hold them, their sizes differing by one at most (20 cells of a shape
+    that stacks 16: 10 and 10, not 16 and 4); the most costly stacks first
+    (stack_cost), so that the long ones start early."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(stack_key(cell.config), []).append(cell)
     stacks = []
     for group in groups.values():
-        size = members_per_stack(group[0].config)
-        stacks += [group[i : i + size] for i in range(0, len(group), size)]
+        stacks += _even_parts(group, -(-len(group) // members_per_stack(group[0].config)))
     return sorted(stacks, key=lambda stack: -stack_cost([c.config for c in stack]))
+
+
+def split_tail(stacks: list[list[Cell]], workers: int) -> list[list[Cell]]:
+    """The planned stacks (plan_stacks), their last ones split so that the workers finish together: a
+    stack handed out when `remaining` work is left (its own cost and that of every stack after it) is
+    split into even parts of at most remaining / workers each (to single cells at most), since a worker
+    that takes more than its share of what is left trains on while the others run out of work. A member
+    of a stack trains as it would alone (attn.train.stack), so splitting one changes no run's numbers."""
+    if workers < 2:
+        return list(stacks)
+    planned, remaining = [], 0
+    for stack in reversed(stacks):
+        cost = stack_cost([c.config for c in stack])
+        remaining += cost
+        parts = min(len(stack), math.ceil(cost * workers / remaining))
+        planned += reversed(_even_parts(stack, parts))
+    return planned[::-1]
+
+
+def _even_parts(cells: list[Cell], parts: int) -> list[list[Cell]]:
+    """cells in order as `parts` runs of consecutive cells, their sizes differing by one at most."""
+    size, larger = divmod(len(cells), parts)
+    bounds = [i * size + min(i, larger) for i in range(parts + 1)]
+    return [cells[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _figures(summary: dict) -> str:
@@ -290,12 +331,13 @@ def default_executor(workers: int | None = None) -> Executor:
 
 
 def worker_slots(executor: Executor) -> int:
-    """How many stacks the executor trains at once: a local pool's workers, a Dask cluster's threads."""
+    """How many stacks the executor trains at once: a local pool's workers, a Dask cluster's threads;
+    one for an executor that does not say."""
     if isinstance(executor, DaskExecutor):
         with contextlib.suppress(Exception):
             return max(1, sum(w.get("nthreads", 1) for w in executor.client.scheduler_info()["workers"].values()))
         return 1
-    return getattr(executor, "_max_workers", None) or os.cpu_count() or 1
+    return getattr(executor, "_max_workers", None) or 1
 
 
 def check_address(address: str) -> None:
@@ -388,16 +430,20 @@ def run_experiment(
     with phase("plan"):
         experiment.directory.mkdir(parents=True, exist_ok=True)
         freeze_claims(experiment)
-        plan = plan_stacks(experiment.cells)
+        plan = split_tail(plan_stacks(experiment.cells), worker_slots(executor))
         with _stop_signals_blocked():  # a local pool spawns its workers here
             futures: dict[Future, list[Cell]] = {
                 executor.submit(run_cells_timed, stack, str(experiment.directory), str(experiment.path)): stack
                 for stack in plan
             }
-        planned = {
-            id(stack): {"stack": index, "cost": stack_cost([c.config for c in stack])}
-            for index, stack in enumerate(plan)
-        }
+        planned = (
+            {
+                id(stack): {"stack": index, "cost": stack_cost([c.config for c in stack])}
+                for index, stack in enumerate(plan)
+            }
+            if record is not None
+            else {}
+        )
     with phase("train"):
         return _collect(futures, executor, planned, on_outcome, should_stop, on_start, record)
 
@@ -418,9 +464,9 @@ def _collect(futures, executor, planned, on_outcome, should_stop, on_start, reco
         for future in done:
             stack = futures[future]
             try:
-                arrived, timing = future.result()
-                if record is not None:
-                    record.stack({**timing, **planned[id(stack)]})
+                arrived = future.result()
+                if record is not None and getattr(arrived, "timing", None) is not None:
+                    record.stack({**arrived.timing, **planned[id(stack)]})
             except CancelledError:  # by this sweep's stop, or by a cluster that lost its scheduler
                 arrived = (
                     [

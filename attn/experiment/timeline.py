@@ -57,10 +57,11 @@ class StackClock:
     def __init__(self):
         self.start, self.cpu_start = time.time(), time.process_time()
         self.trained: float | None = None
+        self.cpu_preparing = 0.0
 
     def training(self) -> None:
         if self.trained is None:
-            self.trained = time.time()
+            self.trained, self.cpu_preparing = time.time(), time.process_time() - self.cpu_start
 
     def record(self, write_log, cells: int, trained_cells: int) -> dict:
         """The stack's record (write_log: the attn.train.loop.WriteLog its loops were given)."""
@@ -72,6 +73,7 @@ class StackClock:
             "trained": self.trained if self.trained is not None else end,
             "end": end,
             "cpu": time.process_time() - self.cpu_start,
+            "cpu_preparing": self.cpu_preparing,
             "cpu_total": cpu_seconds(),
             "writes": write_log.seconds,
             "write_moments": [
