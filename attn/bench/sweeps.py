@@ -186,16 +186,24 @@ def headline_work(progress, only: tuple[str, ...] = ()) -> dict:
 THIS_CODE = "this checkout"
 
 
-def headline_sweep(runs_dir: Path, workers: int, only: tuple[str, ...] = (), code: Path | None = None) -> dict:
+def headline_sweep(
+    runs_dir: Path,
+    workers: int,
+    only: tuple[str, ...] = (),
+    code: Path | None = None,
+    experiment: Path = HEADLINE,
+) -> dict:
     """`attn sweep experiments/sqrt_dk.yaml --workers N [--only ...]` into runs_dir, in a
-    child process running `code`'s checkout (default: this one): its wall time, the
-    CPU seconds of the child and every process it waited for (its workers), cores
-    busy on average, its exit code, and its timeline's records and summary (None
-    for code that writes no timeline)."""
+    child process running `code`'s checkout (default: this one; `experiment`: another
+    file of this checkout): its wall time, the CPU seconds of the child and every
+    process it waited for (its workers), cores busy on average, its exit code, and
+    its timeline's records and summary (None for code that writes no timeline)."""
+    from attn.config.yamlio import read_yaml_file
     from attn.experiment import timeline
 
     root = Path(code).resolve() if code is not None else REPO
-    command = [sys.executable, "-m", "attn", "sweep", str(root / HEADLINE.relative_to(REPO))]
+    experiment = root / Path(experiment).resolve().relative_to(REPO) if code is not None else Path(experiment)
+    command = [sys.executable, "-m", "attn", "sweep", str(experiment)]
     command += ["--runs-dir", str(runs_dir), "--workers", str(workers)]
     command += [argument for text in only for argument in ("--only", text)]
     env = {**os.environ, "PYTHONPATH": str(root), "CI": "true"}
@@ -204,7 +212,7 @@ def headline_sweep(runs_dir: Path, workers: int, only: tuple[str, ...] = (), cod
     done = subprocess.run(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - start
     cpu = timeline.cpu_seconds(resource.RUSAGE_CHILDREN) - before
-    path = Path(runs_dir) / "sqrt_dk" / timeline.TIMELINE_FILE
+    path = Path(runs_dir) / read_yaml_file(experiment, "experiment file")["name"] / timeline.TIMELINE_FILE
     records = timeline.read_timeline(path) if path.exists() else []
     return {
         "code": THIS_CODE if code is None else str(code),
