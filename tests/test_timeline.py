@@ -99,22 +99,18 @@ def synthetic() -> list[dict]:
     """Two workers; A trains two stacks (a gap of 0.5 s between), B one that ends 2 s before A's last."""
     sweep_id = {"sweep": "s"}
     stack = {"event": "stack", "write_moments": [], "cells": 1, "trained_cells": 1, "worker_start": 0.5, **sweep_id}
+    # worker, start, training began, end, CPU-s in the stack, of it while preparing, worker's CPU-s so far, writes
+    stacks = [
+        ("A", 2.0, 2.5, 6.0, 3.0, 0.25, 4.0, 0.5),
+        ("B", 2.2, 2.4, 8.0, 5.5, 0.2, 6.5, 0.2),
+        ("A", 6.5, 7.0, 10.0, 3.2, 0.4, 7.2, 0.3),
+    ]
+    fields = ("worker", "start", "trained", "end", "cpu", "cpu_preparing", "cpu_total", "writes")
     return [
         {"event": "sweep", "start": 0.0, "workers": 2, "cores": 2, "runs": 3, **sweep_id},
         {"event": "phase", "name": "start-up", "start": 0.0, "end": 1.0, "cpu": 0.5, **sweep_id},
         {"event": "phase", "name": "plan", "start": 1.0, "end": 1.5, "cpu": 0.25, **sweep_id},
-        {**stack, "worker": "A", "start": 2.0, "trained": 2.5, "end": 6.0, "cpu": 3.0, "cpu_total": 4.0, "writes": 0.5},
-        {**stack, "worker": "B", "start": 2.2, "trained": 2.4, "end": 8.0, "cpu": 5.5, "cpu_total": 6.5, "writes": 0.2},
-        {
-            **stack,
-            "worker": "A",
-            "start": 6.5,
-            "trained": 7.0,
-            "end": 10.0,
-            "cpu": 3.2,
-            "cpu_total": 7.2,
-            "writes": 0.3,
-        },
+        *({**stack, **dict(zip(fields, values))} for values in stacks),
         {"event": "phase", "name": "train", "start": 1.5, "end": 10.2, "cpu": 0.1, **sweep_id},
         {"event": "phase", "name": "report", "start": 10.5, "end": 12.0, "cpu": 1.5, **sweep_id},
         {"event": "end", "end": 12.0, "cpu_self": 2.5, "cpu_children": 0.0, **sweep_id},
@@ -132,6 +128,7 @@ def test_cores_busy_and_idle_time_by_cause_of_a_synthetic_timeline():
     # after the last stack: 2 slots x 2 s, less the main's CPU then (its report, and 0.15 CPU-s in no phase)
     assert idle["end"] == pytest.approx(4.0 - 1.5 - 0.15)
     assert idle["writes"] == pytest.approx(1.0)
+    assert idle["preparing"] == pytest.approx((0.5 - 0.25) + (0.2 - 0.2) + (0.5 - 0.4))  # off the CPU while preparing
     assert sum(idle.values()) == pytest.approx(2 * 12.0 - 16.2)
     assert summary["stack_seconds"] == pytest.approx(4.0 + 5.8 + 3.5) and summary["preparing_s"] == pytest.approx(1.2)
 
@@ -195,3 +192,30 @@ def test_the_bench_sweeps_the_headline_in_a_child_and_counts_its_cpu(tmp_path):
     assert measured["cores_busy"] == measured["cpu_s"] / measured["wall_s"]
     assert measured["timeline"]["runs"] == 4 and measured["timeline"]["cpu_s"] <= measured["cpu_s"]
     assert measured["timeline_records"][0]["event"] == "sweep"
+
+
+def test_the_bench_writes_the_headlines_figures_and_compares_the_codes_it_swept(tmp_path):
+    from attn.bench import suite, sweeps
+
+    summary = timeline.summarise(synthetic())
+    measured = [
+        {"round": 1, "code": sweeps.THIS_CODE, "exit_code": 0, "wall_s": 12.0, "cpu_s": 16.2, "cores_busy": 1.35},
+        {"round": 1, "code": "/tmp/before", "exit_code": 0, "wall_s": 15.0, "cpu_s": 18.0, "cores_busy": 1.2},
+    ]
+    measured[0].update(timeline=summary, timeline_records=synthetic())
+    measured[1].update(timeline=None, timeline_records=[])
+    headline = {"experiment": "experiments/sqrt_dk.yaml", "only": ["model.d_k=16"], "runs": 3, "workers": 2}
+    headline.update(stacks=3, wall_s=12.0, cpu_s=16.2, cores_busy=1.35, efficiency=0.5, measured=measured)
+    work = {"only": ["model.d_k=16"], "runs": 3, "head_multiply_adds": 6e9, "matmul_rate_per_core": 1e9, "cores": 2}
+    machine = {"cpu": "x", "cores": 2, "blas": "b", "openblas_coretype": None}
+    result = {"date": "d", "machine": machine, "rivals": {}, "timings": [], "headline": headline}
+    result["work"] = {**work, "least_seconds": 3.0}
+    paths = suite.write(result, tmp_path)
+    assert paths["json"].name.startswith("headline-") and paths["timeline1"].read_bytes().startswith(PNG_SIGNATURE)
+    stored = json.loads(paths["json"].read_text())
+    assert [m.get("timeline_records") for m in stored["headline"]["measured"]] == [None, None]
+    assert timeline.read_timeline(tmp_path / stored["headline"]["measured"][0]["timeline_files"][1]) == synthetic()
+    table = paths["md"].read_text()
+    assert "| 1 | /tmp/before | 15.0 | 18.0 | 1.20 | 0 | — |" in table
+    assert "1.35 cores busy on average (NOT met at ≥ 1.8)" in table
+    assert "16 CPU-s (37% of it per CPU-second)" in table  # the floor's 6 core-seconds over 16.2 CPU-seconds

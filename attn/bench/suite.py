@@ -108,7 +108,7 @@ def work_line(work: dict, headline: dict | None = None) -> str:
             f", so meeting ≤ {TARGET_HEADLINE_SECONDS:.0f} s would need {share:.0%} of that rate, sustained, "
             "from any implementation of this algorithm"
         )
-    if headline is not None and headline["runs"] == work["runs"]:
+    if headline is not None and "cpu_s" in headline and headline["runs"] == work["runs"]:
         floor_cpu = work["least_seconds"] * work["cores"]
         line += (
             f"; measured: {headline['wall_s']:.0f} s wall ({work['least_seconds'] / headline['wall_s']:.0%} of "
@@ -243,7 +243,14 @@ def bench_markdown(result: dict) -> str:
 
 def headline_lines(h: dict) -> list[str]:
     """The headline's sweep: wall time, CPU seconds, cores busy (against the targets), its timeline's
-    idle core-seconds by cause and phases, and every measurement when there were several."""
+    idle core-seconds by cause and phases, and every measurement when there were several (of a
+    benchmark made before the sweep's CPU seconds were measured: its wall time and efficiency)."""
+    if "measured" not in h:
+        return [
+            f"The headline experiment ({h['experiment']}: {h['runs']} runs in {h['stacks']} stacks) on "
+            f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
+            f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}."
+        ]
     part = f", {_only(h['only'])}" if h.get("only") else ""
     stacks = f" in {h['stacks']} stacks" if h.get("stacks") else ""
     target = TARGET_CORES_BUSY_SHARE * h["workers"]

@@ -160,6 +160,7 @@ IDLE_CAUSES = {
     "waiting": "a worker waiting for work between stacks",
     "tail": "a worker with no work left while another still trains (the tail)",
     "end": "after the last stack (the main process's report and figures)",
+    "preparing": "a stack's runs being claimed and prepared, off the CPU (their locks, config files' fsyncs)",
     "writes": "a stack's loop waiting on its durable writes (fsync)",
     "other": "the rest: in stacks but off the CPU (other processes' load, page faults), "
     "less the main process's CPU while stacks ran",
@@ -175,8 +176,9 @@ def summarise(records: list[dict]) -> dict:
     its last stack, before the last stack ends) or after the last stack, where
     the main process's CPU in those serial phases (and a worker's before its
     first stack) is taken off the idle time. In stacks it is idle while its
-    loop waits on writes. Whatever idle time is left is `other`, so the causes
-    sum to workers x wall - CPU."""
+    runs are prepared but for the CPU that takes, and while its loop waits on
+    writes. Whatever idle time is left is `other`, so the causes sum to
+    workers x wall - CPU."""
     header = next(r for r in records if r["event"] == "sweep")
     stacks = sorted((r for r in records if r["event"] == "stack"), key=lambda r: r["start"])
     phases = {r["name"]: r for r in records if r["event"] == "phase"}
@@ -209,6 +211,9 @@ def summarise(records: list[dict]) -> dict:
         "waiting": sum(b["start"] - a["end"] for rs in by_worker.values() for a, b in zip(rs, rs[1:])),
         "tail": sum(last_end - rs[-1]["end"] for rs in by_worker.values()),
         "end": slots * (t1 - last_end) - main_cpu_after,
+        "preparing": sum(
+            max(0.0, r["trained"] - r["start"] - r["cpu_preparing"]) for r in stacks if "cpu_preparing" in r
+        ),
         "writes": sum(r["writes"] for r in stacks),
     }
     idle["other"] = slots * wall - cpu - sum(idle.values())

@@ -44,6 +44,7 @@ CAUSE_LABELS = {
     "waiting": "waiting for work",
     "tail": "tail",
     "end": "after last stack",
+    "preparing": "preparing runs (off CPU)",
     "writes": "durable writes",
     "other": "other (off CPU in stacks)",
 }
