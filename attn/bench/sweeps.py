@@ -93,7 +93,7 @@ def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
     return {
         "workers": workers,
         "runs": len(outcomes),
-        "stacks": len(sweep.plan_stacks(experiment.cells)),
+        "stacks": len(sweep.split_tail(sweep.plan_stacks(experiment.cells), workers)),
         "completed": sum(o.status == "completed" for o in outcomes),
         "diverged": sum(o.status == "diverged" for o in outcomes),
         "wall_s": wall,
