@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train demo lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train demo demo-figure lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 # .venv/.runtime, touched last, says .venv was made whole: a .venv without it (a make cut short by Ctrl-C or a
@@ -39,6 +39,12 @@ train: $(VENV)/.runtime
 ## is reused, never overwritten), then runs/demo/demo.png: both losses from step 0, where the queries look, the mechanism
 demo: $(VENV)/.runtime
 	$(PY) -m attn demo $(ARGS)
+
+## make demo-figure: README's picture, experiments/results/demo.png, from a make demo into a temporary directory
+demo-figure: $(VENV)/.runtime
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PY) -m attn demo --runs-dir $$tmp >/dev/null; cp $$tmp/demo.png experiments/results/demo.png; \
+	echo "experiments/results/demo.png: $$(wc -c < experiments/results/demo.png) bytes"
 
 ## make compare RUNS="runs/sqrt_dk/*" [ARGS="--metric eval_loss --smooth 0.9 --x wall_time"]
 # set -f: the shell leaves globs to attn, which expands them itself (** too) and skips the files they match

@@ -245,7 +245,7 @@ def test_the_report_is_summed_up_by_its_verdicts_and_its_path(tmp_path, monkeypa
     monkeypatch.setattr(
         experiment_report,
         "write_report",
-        lambda experiment: {"json": tmp_path / "report.json", "md": tmp_path / "report.md"},
+        lambda experiment, known=None: {"json": tmp_path / "report.json", "md": tmp_path / "report.md"},
     )
     cli_sweeps.print_report(None)
     assert capsys.readouterr().err.splitlines() == [

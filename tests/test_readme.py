@@ -29,8 +29,10 @@ def test_readme_is_short_enough_to_read_and_starts_with_the_two_commands():
     assert len(lines) <= 300 and len(README) <= 20_000
     assert [n for n, line in enumerate(lines, 1) if len(line) > 400] == [], "break the line, or move it to docs/"
     first_block = README.split("```sh\n", 1)[1].split("```", 1)[0]
-    assert [line.split()[:2] for line in first_block.splitlines()] == [["make", "train"], ["make", "test"]]
+    commands = [line.split()[:2] for line in first_block.splitlines()]
+    assert commands[:2] == [["make", "train"], ["make", "test"]] and ["make", "demo"] in commands  # then the demo
     assert {line.split()[1] for line in lines[:40] if line.startswith(("make train", "make test"))} == {"train", "test"}
+    assert "![make demo" in README.split("## What the experiments show")[0]  # the picture the demo draws, first
     results = README.split(publish.RESULTS_BEGIN, 1)[1].split(publish.RESULTS_END, 1)[0]
     assert f"![the headline](experiments/results/{publish.HEADLINE}/headline.png)" in results
     claims = json.loads((REPO / "experiments" / "results" / publish.HEADLINE / "report.json").read_text())

@@ -30,6 +30,7 @@ import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -356,39 +357,96 @@ class Excluded:
 
 
 def collect(
-    experiment, config_change, threshold: float = outcomes.THRESHOLD
+    experiment, config_change, threshold: float = outcomes.THRESHOLD, known: KnownRuns | None = None
 ) -> tuple[list[CellResult], list[Excluded]]:
     """Every cell's runs (module docstring: which runs), and the runs left
     out; `config_change(stored, config)` lists how a run's config (a Config)
-    differs from its cell's. A cell with no run holding a summary is not listed."""
+    differs from its cell's. A cell with no run holding a summary is not listed.
+    `known`: runs read before (KnownRuns), taken as read while their files are unchanged."""
     cells: dict[str, CellResult] = {}
     excluded = []
     for cell in experiment.cells:
         run_dir = experiment.directory / cell.name
-        if not (run_dir / "config.yaml").is_file():
-            continue
-        loaded, skipped = load_runs([run_dir])
-        if skipped:
-            excluded.append(Excluded(cell.name, skipped[0].reason))
-            continue
-        run = loaded[0]
-        if not run.summary:
-            continue  # not started
-        try:
-            difference = config_change(config_from_mapping(run.config_yaml, str(run_dir / "config.yaml")), cell.config)
-        except ConfigError as err:
-            excluded.append(Excluded(cell.name, f"config.yaml is not a valid config: {err}"))
-            continue
-        if difference:
-            excluded.append(Excluded(cell.name, "config differs from the experiment's: " + "; ".join(difference)))
+        entry = known.entry(run_dir, config_change, threshold) if known is not None else None
+        kind, value = entry if entry is not None else cell_run(run_dir, cell, config_change, threshold)
+        if kind == "excluded":
+            excluded.append(Excluded(cell.name, value))
+        if kind not in ("seed", "unfinished"):
             continue
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
             theory = math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * qk_gain(cell.config) ** 2
             cells[key] = CellResult(dict(cell.settings), theory)
-        if run.status in runs.FINISHED:
-            cells[key].seeds.append(seed_of(run, cell.seed, threshold))
+        if kind == "seed":
+            cells[key].seeds.append(value)
         else:
-            cells[key].unfinished_runs[cell.seed] = run.status
+            cells[key].unfinished_runs[cell.seed] = value
     return list(cells.values()), excluded
+
+
+def cell_run(run_dir: Path, cell, config_change, threshold: float) -> tuple[str, object]:
+    """What a cell's run directory gives collect(): ("absent", None) without a config.yaml,
+    ("excluded", reason), ("not started", None) without a summary, ("seed", its Seed)
+    when finished, else ("unfinished", its status)."""
+    if not (run_dir / "config.yaml").is_file():
+        return "absent", None
+    loaded, skipped = load_runs([run_dir])
+    if skipped:
+        return "excluded", skipped[0].reason
+    run = loaded[0]
+    if not run.summary:
+        return "not started", None
+    try:
+        difference = config_change(config_from_mapping(run.config_yaml, str(run_dir / "config.yaml")), cell.config)
+    except ConfigError as err:
+        return "excluded", f"config.yaml is not a valid config: {err}"
+    if difference:
+        return "excluded", "config differs from the experiment's: " + "; ".join(difference)
+    if run.status in runs.FINISHED:
+        return "seed", seed_of(run, cell.seed, threshold)
+    return "unfinished", run.status
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "mechanism.npz")  # the files cell_run reads
+
+
+class KnownRuns:
+    """Finished runs read ahead of a report (cell_run), each kept with the state of the files it
+    was read from (RUN_FILES: inode, size, modification time, taken before reading): collect()
+    takes a run as read while its files are as they were, and reads it again otherwise. A sweep
+    reads its runs as they finish, while other runs train, so that its report rereads none."""
+
+    def __init__(self, config_change, threshold: float = outcomes.THRESHOLD):
+        self.config_change, self.threshold = config_change, threshold
+        self.entries: dict[Path, tuple[tuple, tuple[str, object]]] = {}
+
+    def read(self, run_dir: Path, cell) -> None:
+        """Read the cell's run now, if it is finished; a run that cannot be read is left to collect()."""
+        before = _file_states(run_dir)
+        try:
+            entry = cell_run(run_dir, cell, self.config_change, self.threshold)
+        except Exception:  # collect() reads it again and says what is wrong
+            return
+        if entry[0] == "seed":
+            self.entries[Path(run_dir)] = (before, entry)
+
+    def entry(self, run_dir: Path, config_change, threshold: float) -> tuple[str, object] | None:
+        """The run as read before, if it was read for this config_change and threshold and its files are unchanged."""
+        known = self.entries.get(Path(run_dir))
+        if known is None or config_change is not self.config_change or threshold != self.threshold:
+            return None
+        before, entry = known
+        return entry if _file_states(run_dir) == before else None
+
+
+def _file_states(run_dir: Path) -> tuple:
+    states = []
+    for name in RUN_FILES:
+        try:
+            stat = (Path(run_dir) / name).stat()
+        except OSError:
+            states.append(None)
+            continue
+        states.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    return tuple(states)

@@ -2,11 +2,17 @@
 
     attn bench [--sizes default,wide,copy,large] [--threads 1,2] [--steps 50] [--warmup 10]
                [--rivals torch,torch.compile,jax] [--no-processes] [--headline] [--out runs/bench]
+    attn bench --headline --only model.d_k=65536 [--headline-code DIR --rounds 2]
 
 The step timings (attn.bench.timing, one child process per thread count),
 then, unless --no-processes, the peak memory of a training process at each
 size and the sweep measurements (attn.bench.sweeps); --headline adds the
-headline experiment's wall time. The targets are ratios measured side by
+headline experiment's wall time, CPU seconds and cores busy, with its
+timeline (attn.experiment.timeline) as a figure beside the result. With
+--only, the headline's part that it leaves is measured alone (nothing else
+is timed, and the files are named headline-<time>, so that `attn publish`
+never takes them for a benchmark); --headline-code DIR sweeps another
+checkout's code in alternating rounds with this one. The targets are ratios measured side by
 side in one run: attn's step over the fastest rival's (at most
 step_target(size) at every thread count), the sweep's efficiency (at least
 TARGET_EFFICIENCY) and the speed-up of one worker per core over one worker
@@ -17,6 +23,7 @@ and function calls of any kind, the overhead that is the step at small sizes.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -36,6 +43,7 @@ TARGET_EFFICIENCY = 0.8
 TARGET_SPEEDUP = 1.8
 TARGET_OLD_GRID_SECONDS = 30.0
 TARGET_HEADLINE_SECONDS = 300.0
+TARGET_CORES_BUSY_SHARE = 0.9  # issue 49: the headline keeps >= 1.8 of 2 cores busy on average
 
 
 def run_suite(
@@ -47,8 +55,14 @@ def run_suite(
     headline: bool = False,
     frameworks=rivals.FRAMEWORKS,
     progress: Callable[[str], None] = lambda message: None,
+    only: tuple[str, ...] = (),
+    other_code: Path | None = None,
+    rounds: int = 1,
 ) -> dict:
-    """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed)."""
+    """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed).
+    With `only` (the headline's --only restrictions), the headline's part alone and its work
+    (attn.bench.sweeps.headline_wall_time: `other_code`, `rounds`); nothing else is timed."""
+    headline_alone = bool(only)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "warmup": warmup,
@@ -62,31 +76,51 @@ def run_suite(
             **lifecycle.platform_facts(),
         },
         "rivals": {f: ("installed" if rivals.available(f) else "not installed") for f in frameworks},
-        "timings": [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads],
+        "timings": []
+        if headline_alone
+        else [timing.timed_in_child(sizes, n, warmup, steps, progress, frameworks) for n in threads],
     }
-    if processes:
+    if processes and not headline_alone:
         result["memory"] = []
         for name in sizes:
             progress(f"peak memory of a training process at size {name}")
             result["memory"].append(sweeps.training_peak_memory(name))
         result["sweep"] = sweeps.sweep_scaling(progress)
-    result["work"] = sweeps.headline_work(progress)
-    if headline:
-        result["headline"] = sweeps.headline_wall_time(progress)
+    result["work"] = sweeps.headline_work(progress, only)
+    if headline or headline_alone:
+        result["headline"] = sweeps.headline_wall_time(progress, only, other_code, rounds)
     return result
 
 
-def work_line(work: dict) -> str:
-    """The headline's counted work and the least time it takes here, against the headline target."""
+def work_line(work: dict, headline: dict | None = None) -> str:
+    """The headline's counted work and the least time it takes here, against the headline target; with the
+    headline measured (of the same runs), its wall time, CPU seconds and cores busy against that floor."""
     share = work["least_seconds"] / TARGET_HEADLINE_SECONDS
-    return (
-        f"the headline's head products alone ({work['runs']} runs) are {work['head_multiply_adds'] / 1e12:.3g} "
-        f"T multiply-adds: at least {work['least_seconds']:.0f} s on {work['cores']} cores at this machine's "
-        f"{2 * work['matmul_rate_per_core'] / 1e9:.0f} GFLOP/s per core (a {sweeps.PEAK_PRODUCT_SIZE}³ float32 "
-        f"product at 1 thread), so meeting ≤ {TARGET_HEADLINE_SECONDS:.0f} s would need {share:.0%} of that rate, "
-        f"sustained, "
-        "from any implementation of this algorithm"
+    part = f", {_only(work['only'])}" if work.get("only") else ""
+    line = (
+        f"the headline's head products alone ({work['runs']} runs{part}) are "
+        f"{work['head_multiply_adds'] / 1e12:.3g} T multiply-adds: at least {work['least_seconds']:.0f} s on "
+        f"{work['cores']} cores at this machine's {2 * work['matmul_rate_per_core'] / 1e9:.0f} GFLOP/s per core "
+        f"(a {sweeps.PEAK_PRODUCT_SIZE}³ float32 product at 1 thread)"
     )
+    if not work.get("only"):
+        line += (
+            f", so meeting ≤ {TARGET_HEADLINE_SECONDS:.0f} s would need {share:.0%} of that rate, sustained, "
+            "from any implementation of this algorithm"
+        )
+    if headline is not None and "cpu_s" in headline and headline["runs"] == work["runs"]:
+        floor_cpu = work["least_seconds"] * work["cores"]
+        line += (
+            f"; measured: {headline['wall_s']:.0f} s wall ({work['least_seconds'] / headline['wall_s']:.0%} of "
+            f"that rate on {work['cores']} cores), {headline['cpu_s']:.0f} CPU-s "
+            f"({floor_cpu / headline['cpu_s']:.0%} of it per CPU-second), {headline['cores_busy']:.2f} of "
+            f"{work['cores']} cores busy on average"
+        )
+    return line
+
+
+def _only(only: list[str]) -> str:
+    return " ".join(f"--only {text}" for text in only)
 
 
 def step_target(size: str) -> float:
@@ -154,13 +188,16 @@ def bench_markdown(result: dict) -> str:
         f"numpy with {machine['blas']}; OPENBLAS_CORETYPE={machine['openblas_coretype']}; rivals: "
         + ", ".join(f"{k} {v}" for k, v in result["rivals"].items())
         + ".",
-        "",
-        f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
-        f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
-        "rivals in attn's algorithm (projected) and reassociated (bilinear):",
-        "",
-        steps_table(result),
     ]
+    if result["timings"]:
+        lines += [
+            "",
+            f"Training step (forward, backward, SGD update; float32), median (interquartile range) of "
+            f"{result['steps']} steps after {result['warmup']} warm-up steps, every side in alternating rounds; "
+            "rivals in attn's algorithm (projected) and reassociated (bilinear):",
+            "",
+            steps_table(result),
+        ]
     for t in result["timings"]:
         if "width" in t:
             lines += ["", f"At {t['threads']} thread(s): " + width_line(t["width"])]
@@ -198,16 +235,83 @@ def bench_markdown(result: dict) -> str:
                 f"≤ {TARGET_OLD_GRID_SECONDS:.0f} s)."
             )
     if "headline" in result:
-        h = result["headline"]
-        lines += [
-            "",
+        lines += ["", *headline_lines(result["headline"])]
+    if "work" in result:
+        lines += ["", f"Work: {work_line(result['work'], result.get('headline'))}."]
+    return "\n".join(lines) + "\n"
+
+
+def headline_lines(h: dict) -> list[str]:
+    """The headline's sweep: wall time, CPU seconds, cores busy (against the targets), its timeline's
+    idle core-seconds by cause and phases, and every measurement when there were several (of a
+    benchmark made before the sweep's CPU seconds were measured: its wall time and efficiency)."""
+    if "measured" not in h:
+        return [
             f"The headline experiment ({h['experiment']}: {h['runs']} runs in {h['stacks']} stacks) on "
             f"{h['workers']} workers: {h['wall_s']:.0f} s ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
-            f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}.",
+            f"≤ {TARGET_HEADLINE_SECONDS:.0f} s), efficiency {h['efficiency']:.0%}."
         ]
-    if "work" in result:
-        lines += ["", f"Work: {work_line(result['work'])}."]
-    return "\n".join(lines) + "\n"
+    part = f", {_only(h['only'])}" if h.get("only") else ""
+    stacks = f" in {h['stacks']} stacks" if h.get("stacks") else ""
+    target = TARGET_CORES_BUSY_SHARE * h["workers"]
+    wall = (
+        f"{h['wall_s']:.0f} s wall ({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at "
+        f"≤ {TARGET_HEADLINE_SECONDS:.0f} s)"
+        if not h.get("only")
+        else f"{h['wall_s']:.0f} s wall"
+    )
+    mine = [m for m in h["measured"] if m["code"] == sweeps.THIS_CODE]
+    median = f"median of {len(mine)}: " if len(mine) > 1 else ""
+    lines = [
+        f"The headline experiment ({h['experiment']}{part}: {h['runs']} runs{stacks}) swept as `attn sweep` "
+        f"does, report included, on {h['workers']} workers: {median}{wall}, {h['cpu_s']:.0f} CPU-s of every "
+        f"process, {h['cores_busy']:.2f} cores busy on average ({_met(h['cores_busy'] >= target)} at "
+        f"≥ {target:.2g})" + (f", efficiency {h['efficiency']:.0%}" if h.get("efficiency") is not None else "") + ".",
+    ]
+    first = next((m for m in mine if m["timeline"]), None)
+    if first is not None:
+        lines += ["", timeline_line(first["timeline"], first.get("timeline_files", []))]
+    if len(h["measured"]) > 1:
+        rows = [
+            [
+                str(m["round"]),
+                m["code"],
+                f"{m['wall_s']:.1f}",
+                f"{m['cpu_s']:.1f}",
+                f"{m['cores_busy']:.2f}",
+                str(m["exit_code"]),
+                ", ".join(m.get("timeline_files", [])) or "—",
+            ]
+            for m in h["measured"]
+        ]
+        lines += [
+            "",
+            "Each sweep of the headline, in the order run (side by side: the codes alternate, so that load "
+            "elsewhere hits both alike):",
+            "",
+            markdown_table(["round", "code", "wall s", "CPU s", "cores busy", "exit", "timeline"], rows),
+        ]
+    return lines
+
+
+def timeline_line(summary: dict, files: list[str]) -> str:
+    """A sweep's timeline in one paragraph: idle core-seconds by cause, the main process's phases, the stacks."""
+    from attn.experiment.timeline import IDLE_CAUSES
+
+    idle = summary["core_idle_s"]
+    causes = "; ".join(f"{IDLE_CAUSES[c]} {idle[c]:.1f}" for c in IDLE_CAUSES if c in idle)
+    phases = ", ".join(f"{name} {p['seconds']:.1f} s ({p['cpu_s']:.1f} CPU-s)" for name, p in summary["phases"].items())
+    shown = f" (figure: {', '.join(files)}, beside this file)" if files else ""
+    return (
+        f"Its timeline{shown}: {summary['workers']} cores x {summary['wall_s']:.1f} s = "
+        f"{summary['workers'] * summary['wall_s']:.1f} core-seconds, {summary['cpu_s']:.1f} of them used; "
+        f"idle core-seconds by cause: {causes}. Main process: {phases}. Stacks: "
+        f"{summary['stack_seconds']:.1f} s in all ({summary['stack_cpu_s']:.1f} CPU-s), "
+        f"{summary['preparing_s']:.1f} s of it preparing runs, {summary['core_idle_s']['writes']:.1f} s "
+        f"waiting on {summary['write_moments']} moments of durable writes; the first began "
+        f"{summary['first_stack_s']:.1f} s after the sweep's process, the last ended at "
+        f"{summary['last_stack_end_s']:.1f} s."
+    )
 
 
 def width_line(width: dict) -> str:
@@ -293,18 +397,37 @@ def summary_markdown(result: dict) -> str:
             f"({_met(h['wall_s'] <= TARGET_HEADLINE_SECONDS)} at ≤ {TARGET_HEADLINE_SECONDS:.0f} s)"
         )
     if "work" in result:
-        targets.append(work_line(result["work"]))
+        targets.append(work_line(result["work"], result.get("headline")))
     if targets:
         lines += ["", "Sweeps:", "", *(f"- {target}" for target in targets)]  # a line each: README keeps lines short
     return "\n".join(lines) + "\n"
 
 
 def write(result: dict, out_dir: Path) -> dict[str, Path]:
-    """bench-<time>.json and .md in out_dir; returns their paths."""
+    """bench-<time>.json and .md in out_dir (headline-<time> when the headline's part was measured
+    alone), with each headline sweep's timeline beside them (-timeline[-N].jsonl and .png, drawn by
+    attn.report.timeline_figure); returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    kind = "headline" if result.get("headline", {}).get("only") else "bench"
+    stem = out_dir / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
+    measured = result.get("headline", {}).get("measured", [])
+    with_timeline = [m for m in measured if m.get("timeline_records")]
+    for n, m in enumerate(with_timeline, start=1):
+        name = f"{stem.name}-timeline" + (f"-{n}" if len(with_timeline) > 1 else "")
+        records = m.pop("timeline_records")
+        runs.write_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+        paths[f"timeline{n}"] = _draw_timeline(records, m["timeline"], out_dir / f"{name}.png")
+        m["timeline_files"] = [f"{name}.png", f"{name}.jsonl"]
+    for m in measured:
+        m.pop("timeline_records", None)
     runs.write_json(paths["json"], result)
     runs.write_atomic(paths["md"], bench_markdown(result).encode())
     return paths
+
+
+def _draw_timeline(records: list[dict], summary: dict, path: Path) -> Path:
+    from attn.report.timeline_figure import draw_timeline  # matplotlib only when a timeline is drawn
+
+    return draw_timeline(records, summary, path)

@@ -14,14 +14,19 @@
   product rate (a large product at one thread), so the time any
   implementation of the same algorithm needs at least is known beside the
   time attn takes;
-- optionally, the headline experiment itself (experiments/sqrt_dk.yaml),
-  its wall time on every core.
+- optionally, the headline experiment itself (experiments/sqrt_dk.yaml, or
+  the part of it some --only restrictions leave) swept as `attn sweep` sweeps it,
+  report included, in a child process on every core: its wall time, the CPU
+  seconds of the child and its workers, the cores they kept busy on average,
+  and the sweep's timeline (attn.experiment.timeline); with another checkout's
+  code, both swept in alternating rounds, so that load elsewhere hits both alike.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -88,7 +93,7 @@ def timed_sweep(experiment_file: Path, workers: int, runs_dir: Path) -> dict:
     return {
         "workers": workers,
         "runs": len(outcomes),
-        "stacks": len(sweep.plan_stacks(experiment.cells)),
+        "stacks": len(sweep.split_tail(sweep.plan_stacks(experiment.cells), workers)),
         "completed": sum(o.status == "completed" for o in outcomes),
         "diverged": sum(o.status == "diverged" for o in outcomes),
         "wall_s": wall,
@@ -155,19 +160,21 @@ def matmul_rate(repeats: int = 7) -> float:
     return n**3 / best
 
 
-def headline_work(progress) -> dict:
-    """The headline's head multiply-adds over every run's training steps, and
-    the least wall time they take on every core at matmul_rate (evaluation,
-    embeddings, softmax and the optimiser come on top)."""
+def headline_work(progress, only: tuple[str, ...] = ()) -> dict:
+    """The headline's head multiply-adds over every run's training steps (the
+    runs its `only` restrictions leave), and the least wall time they take on
+    every core at matmul_rate (evaluation, embeddings, softmax and the
+    optimiser come on top)."""
     from attn.experiment.spec import load_experiment
     from attn.train.stack import head_step_cost
 
     progress("the headline's work, counted, and this machine's matrix-product rate")
-    experiment = load_experiment(HEADLINE, runs_dir=tempfile.gettempdir())
+    experiment = load_experiment(HEADLINE, runs_dir=tempfile.gettempdir(), only=only)
     multiply_adds = sum(cell.config.train.steps * head_step_cost(cell.config) for cell in experiment.cells)
     rate, cores = matmul_rate(), os.cpu_count() or 1
     return {
         "experiment": str(HEADLINE.relative_to(REPO)),
+        "only": list(only),
         "runs": len(experiment.cells),
         "head_multiply_adds": multiply_adds,
         "matmul_rate_per_core": rate,
@@ -176,9 +183,83 @@ def headline_work(progress) -> dict:
     }
 
 
-def headline_wall_time(progress) -> dict:
-    """timed_sweep of experiments/sqrt_dk.yaml on every core, into a temporary directory."""
+THIS_CODE = "this checkout"
+
+
+def headline_sweep(
+    runs_dir: Path,
+    workers: int,
+    only: tuple[str, ...] = (),
+    code: Path | None = None,
+    experiment: Path = HEADLINE,
+) -> dict:
+    """`attn sweep experiments/sqrt_dk.yaml --workers N [--only ...]` into runs_dir, in a
+    child process running `code`'s checkout (default: this one; `experiment`: another
+    file of this checkout): its wall time, the CPU seconds of the child and every
+    process it waited for (its workers), cores busy on average, its exit code, and
+    its timeline's records and summary (None for code that writes no timeline)."""
+    from attn.config.yamlio import read_yaml_file
+    from attn.experiment import timeline
+
+    root = Path(code).resolve() if code is not None else REPO
+    experiment = root / Path(experiment).resolve().relative_to(REPO) if code is not None else Path(experiment)
+    command = [sys.executable, "-m", "attn", "sweep", str(experiment)]
+    command += ["--runs-dir", str(runs_dir), "--workers", str(workers)]
+    command += [argument for text in only for argument in ("--only", text)]
+    env = {**os.environ, "PYTHONPATH": str(root), "CI": "true"}
+    before = timeline.cpu_seconds(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    cpu = timeline.cpu_seconds(resource.RUSAGE_CHILDREN) - before
+    path = Path(runs_dir) / read_yaml_file(experiment, "experiment file")["name"] / timeline.TIMELINE_FILE
+    records = timeline.read_timeline(path) if path.exists() else []
+    return {
+        "code": THIS_CODE if code is None else str(code),
+        "exit_code": done.returncode,
+        "error": None if done.returncode == 0 else done.stderr.strip().splitlines()[-1:],
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cores_busy": cpu / wall,
+        "timeline": timeline.summarise(records) if records else None,
+        "timeline_records": records,
+    }
+
+
+def headline_wall_time(progress, only: tuple[str, ...] = (), other_code: Path | None = None, rounds: int = 1) -> dict:
+    """headline_sweep of experiments/sqrt_dk.yaml (its `only` cells) on every core, into a
+    temporary directory, `rounds` times; with other_code, that checkout's sweep too, the two
+    alternating (this, other; then other, this). Each measurement, and the median wall time,
+    CPU seconds and cores busy of this checkout's."""
+    from attn.experiment.spec import load_experiment
+
     cores = os.cpu_count() or 1
-    progress(f"the headline experiment ({HEADLINE.name}) with {cores} worker(s)")
-    with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
-        return {"experiment": str(HEADLINE.relative_to(REPO)), **timed_sweep(HEADLINE, cores, Path(tmp))}
+    runs = len(load_experiment(HEADLINE, runs_dir=tempfile.gettempdir(), only=only).cells)
+    measured = []
+    for round_ in range(rounds):
+        codes = [None] if other_code is None else [None, other_code] if round_ % 2 == 0 else [other_code, None]
+        for code in codes:
+            progress(
+                f"the headline experiment ({HEADLINE.name}{''.join(' --only ' + o for o in only)}: {runs} runs) "
+                f"with {cores} worker(s), {THIS_CODE if code is None else code}, round {round_ + 1} of {rounds}"
+            )
+            with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+                measured.append({"round": round_ + 1, **headline_sweep(Path(tmp), cores, only, code)})
+    mine = [m for m in measured if m["code"] == THIS_CODE]
+    timelines = [m["timeline"] for m in mine if m["timeline"]]
+    return {
+        "experiment": str(HEADLINE.relative_to(REPO)),
+        "only": list(only),
+        "runs": runs,
+        "workers": cores,
+        "stacks": timelines[0]["stacks"] if timelines else None,
+        "wall_s": _median([m["wall_s"] for m in mine]),
+        "cpu_s": _median([m["cpu_s"] for m in mine]),
+        "cores_busy": _median([m["cores_busy"] for m in mine]),
+        "efficiency": _median([t["efficiency"] for t in timelines]) if timelines else None,
+        "measured": measured,
+    }
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import shlex
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from attn.cli.common import (
@@ -26,12 +28,13 @@ from attn.cli.common import (
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError, read_yaml_file, truncate
 from attn.experiment.verify import VARIANTS
+from attn.store import runs
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
 
 
 def cmd_sweep(args) -> int:
-    from attn.experiment import sweep
+    from attn.experiment import sweep, timeline
 
     with flagged({"address": "--executor"}):
         if args.executor:
@@ -41,51 +44,68 @@ def cmd_sweep(args) -> int:
         executor = sweep.executor_from_address(args.executor) if args.executor else sweep.default_executor(args.workers)
     stop = StopFlag()
     with sweep.active_sweep(experiment) as last_one_out:
-        restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
+        record = timeline.Timeline(experiment.directory, sweep.worker_slots(executor), len(experiment.cells))
         try:
-            outcomes = _run_sweep(experiment, executor, stop)
+            return _sweep_and_report(args, experiment, executor, stop, last_one_out, record)
         finally:
-            restore_signals()
-        failed = [o for o in outcomes if o.action == "failed"]
-        say(sweep_summary(experiment, outcomes), file=sys.stderr)
-        for outcome in failed:
-            say(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
-        unknown = [o for o in outcomes if o.action == "unknown"]
-        if unknown:  # no report until every cell is accounted for
+            record.close()
+            if record.error:
+                say(f"timeline: not written ({record.error}); the runs and report are not affected", file=sys.stderr)
+
+
+def _sweep_and_report(args, experiment, executor, stop: StopFlag, last_one_out, record) -> int:
+    """cmd_sweep's sweep, its summary and its report, each phase into the sweep's timeline `record`;
+    the runs read for the report as they finish (ReadAhead)."""
+    read_ahead = ReadAhead(experiment) if args.report else None
+    restore_signals = install_stop_handlers(stop, second_stops_at_once=False)
+    outcomes = None
+    try:
+        outcomes = _run_sweep(experiment, executor, stop, record, read_ahead)
+    finally:
+        restore_signals()
+        # a stopped or failed sweep writes no report: the runs waiting to be read are left
+        known = read_ahead.stop(finish=outcomes is not None and not stop.reason) if read_ahead is not None else None
+    failed = [o for o in outcomes if o.action == "failed"]
+    say(sweep_summary(experiment, outcomes), file=sys.stderr)
+    for outcome in failed:
+        say(f"failed: {outcome.cell}: {outcome.detail}", file=sys.stderr)
+    unknown = [o for o in outcomes if o.action == "unknown"]
+    if unknown:  # no report until every cell is accounted for
+        say(
+            f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
+            f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
+            f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
+            file=sys.stderr,
+        )
+        say(experiment.directory)
+        return EXIT_FAILED
+    if stop.reason:
+        say(
+            f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
+            file=sys.stderr,
+        )
+        say(experiment.directory)
+        return EXIT_SIGNAL.get(stop.reason, 130)
+    report_failed = False
+    if not args.report:
+        say(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
+    elif not last_one_out():
+        say(
+            f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
+            f"writes it; or: attn report {experiment.path})",
+            file=sys.stderr,
+        )
+    else:
+        try:
+            with record.phase("report"):
+                print_report(experiment, known)
+        except Exception as err:  # the runs are done and kept; only the summary of them failed
             say(
-                f"error: the Dask scheduler at {args.executor} was lost mid-sweep: what became of {len(unknown)} "
-                f"of {len(outcomes)} runs is unknown (a worker may still be training them), so no report is "
-                f"written; run the same command again to finish the rest: {shlex.join(['attn', *sys.argv[1:]])}",
+                f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
+                f"attn report {experiment.path} writes it again)",
                 file=sys.stderr,
             )
-            say(experiment.directory)
-            return EXIT_FAILED
-        if stop.reason:
-            say(
-                f"stopped by {stop.reason}: interrupted runs are checkpointed; re-run the same command to resume",
-                file=sys.stderr,
-            )
-            say(experiment.directory)
-            return EXIT_SIGNAL.get(stop.reason, 130)
-        report_failed = False
-        if not args.report:
-            say(f"report: not written (--no-report; attn report {experiment.path} writes it)", file=sys.stderr)
-        elif not last_one_out():
-            say(
-                f"report: left to another sweep of {experiment.name} that is still running (the last to finish "
-                f"writes it; or: attn report {experiment.path})",
-                file=sys.stderr,
-            )
-        else:
-            try:
-                print_report(experiment)
-            except Exception as err:  # the runs are done and kept; only the summary of them failed
-                say(
-                    f"error: report failed: {type(err).__name__}: {one_line(str(err))} (the runs are kept; "
-                    f"attn report {experiment.path} writes it again)",
-                    file=sys.stderr,
-                )
-                report_failed = True
+            report_failed = True
     say(experiment.directory)
     return EXIT_FAILED if failed or report_failed else EXIT_OK
 
@@ -238,8 +258,42 @@ def _few(names: list[str], shown: int = 3) -> str:
     return (", ".join(names[:shown]) or "none") + more
 
 
-def _run_sweep(experiment, executor, stop: StopFlag) -> list:
-    """Run the experiment's cells, showing their progress (SweepProgress)."""
+class ReadAhead:
+    """The runs of a sweep read for its report as they finish (attn.analysis.results.KnownRuns),
+    in a thread of the sweep's process, which otherwise waits on its workers while they train:
+    the report then reads only the runs that changed since (none, as a rule)."""
+
+    def __init__(self, experiment):
+        from attn.analysis.results import KnownRuns
+        from attn.experiment.spec import result_change
+
+        self.known, self.directory = KnownRuns(result_change), experiment.directory
+        self.cells = {cell.name: cell for cell in experiment.cells}
+        self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._read, name="report read-ahead", daemon=True)
+        self.thread.start()
+
+    def ended(self, outcome) -> None:
+        """A cell's outcome: a run this sweep trained to its end is read next."""
+        if outcome.action in ("ran", "resumed") and outcome.status in runs.FINISHED:
+            self.waiting.put(outcome.cell)
+
+    def _read(self) -> None:
+        while (name := self.waiting.get()) is not None:
+            if not self.abandoned:
+                self.known.read(self.directory / name, self.cells[name])
+
+    def stop(self, finish: bool = True):
+        """The runs read, once those already waiting are (finish) or without them."""
+        self.abandoned = not finish
+        self.waiting.put(None)
+        self.thread.join()
+        return self.known
+
+
+def _run_sweep(experiment, executor, stop: StopFlag, record=None, read_ahead: ReadAhead | None = None) -> list:
+    """Run the experiment's cells, showing their progress (SweepProgress); each outcome to `read_ahead`."""
     from attn.experiment import sweep
 
     total = len(experiment.cells)
@@ -258,9 +312,14 @@ def _run_sweep(experiment, executor, stop: StopFlag) -> list:
             forwarded = True
         return stop.reason is not None
 
+    def on_outcome(outcome) -> None:
+        progress.ended_with(outcome)
+        if read_ahead is not None:
+            read_ahead.ended(outcome)
+
     try:
         with executor:
-            return sweep.run_experiment(experiment, executor, progress.ended_with, should_stop, progress.started)
+            return sweep.run_experiment(experiment, executor, on_outcome, should_stop, progress.started, record=record)
     finally:
         progress.close()
 
@@ -280,11 +339,12 @@ def sweep_summary(experiment, outcomes: list) -> str:
     )
 
 
-def print_report(experiment) -> None:
-    """Write the report; print its expectations' verdicts (from report.json) and its path."""
+def print_report(experiment, known=None) -> None:
+    """Write the report (`known`: runs read ahead, attn.analysis.results.KnownRuns); print its
+    expectations' verdicts (from report.json) and its path."""
     from attn.report import experiment_report
 
-    paths = experiment_report.write_report(experiment)
+    paths = experiment_report.write_report(experiment, known)
     judged = json.loads(paths["json"].read_text()).get("expectations") or []
     for expectation in judged:
         say(

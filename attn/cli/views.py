@@ -264,6 +264,20 @@ def cmd_bench(args) -> int:
             "(make bench installs requirements-bench.txt)",
             file=sys.stderr,
         )
+    if (args.headline_code or args.rounds != 1) and not (args.headline or args.only):
+        given = "--headline-code" if args.headline_code else "--rounds"
+        raise UsageError(f"bench: {given}: applies to the headline's sweep; expected it with --headline or --only")
+    if args.headline_code and not (Path(args.headline_code) / "attn" / "__main__.py").is_file():
+        raise UsageError(
+            f"bench: --headline-code: got {args.headline_code}; expected a checkout of attn (a directory holding "
+            "attn/__main__.py, e.g. one made with git worktree add or git archive)"
+        )
+    only = tuple(args.only or ())
+    if only:
+        from attn.bench.sweeps import HEADLINE
+        from attn.experiment.spec import load_experiment
+
+        load_experiment(HEADLINE, runs_dir=str(args.out), only=only)  # a bad --only says so before anything runs
     result = suite.run_suite(
         args.sizes,
         args.threads,
@@ -273,6 +287,9 @@ def cmd_bench(args) -> int:
         headline=args.headline,
         frameworks=args.rivals,
         progress=lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
+        only=only,
+        other_code=Path(args.headline_code) if args.headline_code else None,
+        rounds=args.rounds,
     )
     paths = suite.write(result, Path(args.out))
     say(suite.bench_markdown(result))
@@ -397,7 +414,27 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--headline",
         action="store_true",
-        help="also time the headline experiment: every run of experiments/sqrt_dk.yaml, on its workers",
+        help="also time the headline experiment: every run of experiments/sqrt_dk.yaml swept on every core, report "
+        "included: wall time, CPU seconds, cores busy, and its timeline as a figure beside the result",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="KEY=V1,V2,...",
+        help="time only the headline's cells whose grid KEY is one of these values (repeat: all must hold), "
+        "and nothing else: a quick before/after measure; its files are headline-<time>.*, never published",
+    )
+    p.add_argument(
+        "--headline-code",
+        metavar="DIR",
+        help="also sweep the headline with another checkout's code (e.g. git worktree add DIR main), "
+        "alternating with this one in each round",
+    )
+    p.add_argument(
+        "--rounds",
+        type=integer_at_least(1),
+        default=1,
+        help="how many times to sweep the headline (each code once a round; default: 1)",
     )
     p.add_argument(
         "--board",

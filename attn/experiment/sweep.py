@@ -3,7 +3,8 @@ runs/<experiment>/, stacked (attn.train.stack) and in parallel.
 
 The experiment file itself, its grid and its cells are attn.experiment.spec's.
 Cells of one shape train as one stack (plan_stacks: at most
-attn.train.stack.members_per_stack of them, the costliest stacks first). Re-running
+attn.train.stack.members_per_stack of them, the costliest stacks first; the
+last stacks split, split_tail, so that the workers finish together). Re-running
 an experiment skips runs that finished (completed or diverged), resumes
 interrupted, stale or failed runs from their checkpoint, and starts the
 rest; a finished or resumable run whose config.yaml differs from the
@@ -34,7 +35,9 @@ the workers, and runs_dir must be a path they share.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import os
 import queue
 import signal
@@ -47,12 +50,12 @@ from typing import Callable
 
 from attn.config.schema import to_dict
 from attn.config.yamlio import ArgumentError, ConfigError
-from attn.experiment import report_spec
+from attn.experiment import report_spec, timeline
 from attn.experiment.spec import Cell, Experiment, config_change, result_change
 from attn.store import locks, processes, runs, runstate
 from attn.text import summary_figures
 from attn.train import lifecycle
-from attn.train.loop import StopFlag
+from attn.train.loop import StopFlag, WriteLog
 from attn.train.stack import members_per_stack, stack_cost, stack_key
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -86,44 +89,68 @@ def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> l
     holds it (skipped-locked). Each run's RunLock is taken before its state
     is read and held until its stack ends. Every problem comes back as a
     `failed` outcome, never as an exception; one outcome per cell, in order."""
+    return list(run_cells_timed(cells, experiment_dir, experiment_file))
+
+
+class StackOutcomes(list):
+    """run_cells' outcomes, one per cell, carrying `timing`: the stack's record for the sweep's
+    timeline (attn.experiment.timeline.StackClock)."""
+
+    def __init__(self, outcomes: list[CellAction], timing: dict):
+        super().__init__(outcomes)
+        self.timing = timing
+
+
+def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str) -> StackOutcomes:
+    """run_cells, with the stack's record for the sweep's timeline."""
+    clock, write_log = timeline.StackClock(), WriteLog()
     if _worker_stop.reason:
-        return [
+        cancelled = [
             CellAction(
                 c.name, "cancelled", "not started", f"the sweep was stopped by {_worker_stop.reason} before it started"
             )
             for c in cells
         ]
+        return StackOutcomes(cancelled, clock.record(write_log, len(cells), 0))
     _one_blas_thread()
     outcomes: dict[str, CellAction] = {}
+    trained = 0
+    # what made the stack's runs (the code's commit, the machine, the BLAS), asked once a stack: it asks git
+    made = functools.cache(lambda: lifecycle.provenance(experiment_file, []))
     with contextlib.ExitStack() as held:
         ready: dict[int, list[tuple[Cell, runstate.RunState]]] = {}  # start step -> the cells to train from it
         for cell in cells:
-            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held)
+            prepared = _claim(cell, Path(experiment_dir) / cell.name, experiment_file, held, made)
             if isinstance(prepared, CellAction):
                 outcomes[cell.name] = prepared
             else:
                 ready.setdefault(prepared.step, []).append((cell, prepared))
+        clock.training()
         for group in ready.values():
             if _started is not None:
                 _started.put([cell.name for cell, _ in group])
             start = time.perf_counter()
             try:
-                summaries = lifecycle.execute_stack([state for _, state in group], stop=_worker_stop)
+                summaries = lifecycle.execute_stack(
+                    [state for _, state in group], stop=_worker_stop, write_log=write_log
+                )
             except (runs.RunError, ConfigError) as err:  # the run directories, their files
                 summaries = [{"status": "failed", "reason": str(err)}] * len(group)
             except Exception as err:  # recorded in the run directories; never stops the other cells
                 summaries = [{"status": "failed", "reason": f"{type(err).__name__}: {err}"}] * len(group)
             share = (time.perf_counter() - start) / len(group)
+            trained += len(group)
             for (cell, state), summary in zip(group, summaries):
                 action = "failed" if summary["status"] == "failed" else "resumed" if state.resumed else "ran"
                 detail = summary["reason"] if action == "failed" else _figures(summary)
                 outcomes[cell.name] = CellAction(cell.name, action, summary["status"], detail, share)
-    return [outcomes[cell.name] for cell in cells]
+    return StackOutcomes([outcomes[cell.name] for cell in cells], clock.record(write_log, len(cells), trained))
 
 
-def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack):
+def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.ExitStack, made: Callable[[], dict]):
     """Take the cell's run directory (its RunLock, entered on `held`) and
-    the state to train it from; or the outcome that says why not."""
+    the state to train it from; or the outcome that says why not. `made`:
+    the provenance of the stack's new runs (lifecycle.provenance)."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(locks.RunLock(run_dir, "sweep"))
@@ -145,14 +172,14 @@ def _claim(cell: Cell, run_dir: Path, experiment_file: str, held: contextlib.Exi
     except runs.RunError as err:
         return CellAction(cell.name, "failed", "failed", str(err))
     try:
-        return _prepare_locked_cell(cell, run_dir, experiment_file)
+        return _prepare_locked_cell(cell, run_dir, experiment_file, made)
     except (runs.RunError, ConfigError) as err:  # the run directory, its files, its checkpoint
         return CellAction(cell.name, "failed", "failed", str(err))
     except Exception as err:
         return CellAction(cell.name, "failed", "failed", f"{type(err).__name__}: {err}")
 
 
-def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
+def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str, made: Callable[[], dict]):
     """Under the run's lock: skip a finished run (one made with another
     algorithm too: spec.result_change), refuse a changed config, else the
     state to resume or start it from (only from a run of this very config)."""
@@ -178,7 +205,8 @@ def _prepare_locked_cell(cell: Cell, run_dir: Path, experiment_file: str):
         run_dir,
         to_dict(cell.config),
         {
-            **lifecycle.provenance(experiment_file, []),
+            **made(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "experiment": experiment_file,
             "cell": dict(cell.settings),
             "seed": cell.seed,
@@ -208,17 +236,42 @@ def _one_blas_thread() -> None:
 
 
 def plan_stacks(cells) -> list[list[Cell]]:
-    """The cells as stacks to train: those of one shape (stack_key)
-    together, at most members_per_stack of them; the most costly
-    stacks first (stack_cost), so that the workers finish together."""
+    """The cells as stacks to train, in the order to hand them out: those of
+    one shape (stack_key) together, as few stacks of at most members_per_stack
+    as hold them, their sizes differing by one at most (20 cells of a shape
+    that stacks 16: 10 and 10, not 16 and 4); the most costly stacks first
+    (stack_cost), so that the long ones start early."""
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:
         groups.setdefault(stack_key(cell.config), []).append(cell)
     stacks = []
     for group in groups.values():
-        size = members_per_stack(group[0].config)
-        stacks += [group[i : i + size] for i in range(0, len(group), size)]
+        stacks += _even_parts(group, -(-len(group) // members_per_stack(group[0].config)))
     return sorted(stacks, key=lambda stack: -stack_cost([c.config for c in stack]))
+
+
+def split_tail(stacks: list[list[Cell]], workers: int) -> list[list[Cell]]:
+    """The planned stacks (plan_stacks), their last ones split so that the workers finish together: a
+    stack handed out when `remaining` work is left (its own cost and that of every stack after it) is
+    split into even parts of at most remaining / workers each (to single cells at most), since a worker
+    that takes more than its share of what is left trains on while the others run out of work. A member
+    of a stack trains as it would alone (attn.train.stack), so splitting one changes no run's numbers."""
+    if workers < 2:
+        return list(stacks)
+    planned, remaining = [], 0
+    for stack in reversed(stacks):
+        cost = stack_cost([c.config for c in stack])
+        remaining += cost
+        parts = min(len(stack), math.ceil(cost * workers / remaining))
+        planned += reversed(_even_parts(stack, parts))
+    return planned[::-1]
+
+
+def _even_parts(cells: list[Cell], parts: int) -> list[list[Cell]]:
+    """cells in order as `parts` runs of consecutive cells, their sizes differing by one at most."""
+    size, larger = divmod(len(cells), parts)
+    bounds = [i * size + min(i, larger) for i in range(parts + 1)]
+    return [cells[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _figures(summary: dict) -> str:
@@ -275,6 +328,16 @@ class LocalPool(ProcessPoolExecutor):
 
 def default_executor(workers: int | None = None) -> Executor:
     return LocalPool(workers)
+
+
+def worker_slots(executor: Executor) -> int:
+    """How many stacks the executor trains at once: a local pool's workers, a Dask cluster's threads;
+    one for an executor that does not say."""
+    if isinstance(executor, DaskExecutor):
+        with contextlib.suppress(Exception):
+            return max(1, sum(w.get("nthreads", 1) for w in executor.client.scheduler_info()["workers"].values()))
+        return 1
+    return getattr(executor, "_max_workers", None) or 1
 
 
 def check_address(address: str) -> None:
@@ -351,6 +414,7 @@ def run_experiment(
     on_outcome: Callable[[CellAction], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     on_start: Callable[[list[str]], None] | None = None,
+    record: timeline.Timeline | None = None,
 ) -> list[CellAction]:
     """Submit every stack of cells (plan_stacks), report each cell's outcome
     as its stack ends; never stops on a failure. Once should_stop() is true,
@@ -360,14 +424,33 @@ def run_experiment(
     it) is `unknown`, status UNKNOWN, detail the executor's lost(). With a LocalPool, on_start(cell names) is called
     as each stack starts training (the cells it trains, not those skipped),
     within STOP_POLL_SECONDS, and never after one of those cells' outcome
-    (a start that arrives later is dropped); other executors report no starts."""
-    experiment.directory.mkdir(parents=True, exist_ok=True)
-    freeze_claims(experiment)
-    with _stop_signals_blocked():  # a local pool spawns its workers here
-        futures: dict[Future, list[Cell]] = {
-            executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
-            for stack in plan_stacks(experiment.cells)
-        }
+    (a start that arrives later is dropped); other executors report no starts.
+    `record`: the sweep's timeline, given its plan and train phases and each stack."""
+    phase = record.phase if record is not None else lambda _name: contextlib.nullcontext()
+    with phase("plan"):
+        experiment.directory.mkdir(parents=True, exist_ok=True)
+        freeze_claims(experiment)
+        plan = split_tail(plan_stacks(experiment.cells), worker_slots(executor))
+        with _stop_signals_blocked():  # a local pool spawns its workers here
+            futures: dict[Future, list[Cell]] = {
+                executor.submit(run_cells_timed, stack, str(experiment.directory), str(experiment.path)): stack
+                for stack in plan
+            }
+        planned = (
+            {
+                id(stack): {"stack": index, "cost": stack_cost([c.config for c in stack])}
+                for index, stack in enumerate(plan)
+            }
+            if record is not None
+            else {}
+        )
+    with phase("train"):
+        return _collect(futures, executor, planned, on_outcome, should_stop, on_start, record)
+
+
+def _collect(futures, executor, planned, on_outcome, should_stop, on_start, record) -> list[CellAction]:
+    """run_experiment's outcomes as the stacks end (see there); each stack's timing, with its place in
+    the plan and its cost (`planned`), into `record`."""
     outcomes, pending, ended, cancelled = [], set(futures), set(), set()
     while pending:
         done, pending = wait(pending, timeout=STOP_POLL_SECONDS, return_when=FIRST_COMPLETED)
@@ -382,6 +465,8 @@ def run_experiment(
             stack = futures[future]
             try:
                 arrived = future.result()
+                if record is not None and getattr(arrived, "timing", None) is not None:
+                    record.stack({**arrived.timing, **planned[id(stack)]})
             except CancelledError:  # by this sweep's stop, or by a cluster that lost its scheduler
                 arrived = (
                     [

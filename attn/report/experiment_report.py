@@ -36,6 +36,7 @@ from attn.analysis.results import (
     SELF_ATTENDING,
     CellResult,
     Excluded,
+    KnownRuns,
     cells_lr_sensitivity,
     collect,
     in_order,
@@ -388,12 +389,13 @@ def claims_lines(claims: dict) -> list[str]:
 # ---------------------------------------------------------------------------
 # Writing it all
 # ---------------------------------------------------------------------------
-def write_report(experiment: Experiment) -> dict[str, Path]:
+def write_report(experiment: Experiment, known: KnownRuns | None = None) -> dict[str, Path]:
     """Compute the report of an experiment from its run directories and write
     report.json, report.md, report.csv and the figures into the experiment
-    directory, holding its locks.RunLock (one report writer at a time)."""
+    directory, holding its locks.RunLock (one report writer at a time).
+    `known`: runs read ahead (attn.analysis.results.KnownRuns, for result_change)."""
     out = experiment.directory
-    cells, excluded = collect(experiment, result_change)
+    cells, excluded = collect(experiment, result_change, known=known)
     if not any(c.seeds for c in cells):
         left_out = f" ({len(excluded)} left out: {excluded[0].name}: {excluded[0].reason}, ...)" if excluded else ""
         raise runs.RunError(

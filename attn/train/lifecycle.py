@@ -511,18 +511,24 @@ def execute(
         return execute_stack([state], stop=stop, progress=member_progress)[0]
 
 
-def execute_stack(states: list[runstate.RunState], *, stop: StopFlag | None = None, progress=None) -> list[dict]:
-    """Train runs of one shape as one stack (train.run_stack) and draw each
-    run's figures if its config asks; the caller holds every run's RunLock.
-    Errors during training are recorded in each run directory not yet
-    finished, then re-raised."""
+def execute_stack(
+    states: list[runstate.RunState],
+    *,
+    stop: StopFlag | None = None,
+    progress=None,
+    write_log: loop.WriteLog | None = None,
+) -> list[dict]:
+    """Train runs of one shape as one stack (train.run_stack; `write_log` a
+    loop.WriteLog of its durable writes) and draw each run's figures if its
+    config asks; the caller holds every run's RunLock. Errors during training
+    are recorded in each run directory not yet finished, then re-raised."""
     with warnings.catch_warnings():
         # model.diagnostics takes the std of no scores when every score is non-finite; the record holds null there.
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
         allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
         try:
             with denormals.flushing():  # a saturated head's gradients are not computed in microcode
-                summaries = loop.run_stack(states, stop=stop, progress=progress)
+                summaries = loop.run_stack(states, stop=stop, progress=progress, write_log=write_log)
         except Exception as err:
             for state in states:
                 if (runs.read_summary(state.run_dir) or {}).get("status") == "running":

@@ -27,7 +27,9 @@ Disk: a stack's members write at the same moments (checkpoints, summaries,
 snapshots), and each durable write waits on fsync. Those waits are made at
 once, one thread per member (DurableWritePool), so a stack of M waits about as long
 as one run does; a member's own writes keep their order, and the
-iteration goes on once all are on disk.
+iteration goes on once all are on disk. A WriteLog given to run_stack keeps
+when each of those moments began and how long the loop waited on it (a
+sweep's timeline, attn.experiment.timeline).
 
 This module never prints; `progress(step, record)` is called after every
 iteration (record is None except on logged steps).
@@ -132,16 +134,18 @@ def run_stack(
     *,
     stop: StopFlag | None = None,
     progress: Callable[[int, int, dict | None], None] | None = None,
+    write_log: WriteLog | None = None,
 ) -> list[dict]:
     """Train every member from its state to its end; returns their final
     summaries (also in each summary.json), in the order of `states`.
-    `progress(member index, step, record)` after each member's iteration."""
+    `progress(member index, step, record)` after each member's iteration;
+    `write_log` is told of every moment the loop waited on durable writes."""
     steps_at = {s.step for s in states}
     if len(steps_at) != 1 or len({stack_key(s.config) for s in states}) != 1:
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
     members = [Member(state, i, len(states)) for i, state in enumerate(states)]
-    with DurableWritePool(len(members)) as write_pool:
+    with DurableWritePool(len(members), write_log) as write_pool:
         write_pool.each(_claim_run_directory, members)
         stack, alive = Stack(states), members  # alive: the members still training, in stack order
         step, last_write = steps_at.pop(), time.perf_counter()
@@ -169,16 +173,36 @@ def run_stack(
     return [member.summary for member in members]
 
 
+class WriteLog:
+    """The moments a loop waited on its durable writes: (start, seconds) each, start
+    by time.time(); the first MAX_MOMENTS kept one by one, the seconds of all summed."""
+
+    MAX_MOMENTS = 256  # a run that checkpoints every few steps keeps its total, not every moment
+
+    def __init__(self):
+        self.moments: list[tuple[float, float]] = []
+        self.seconds = 0.0
+        self.count = 0
+
+    def add(self, start: float, seconds: float) -> None:
+        self.seconds += seconds
+        self.count += 1
+        if len(self.moments) < self.MAX_MOMENTS:
+            self.moments.append((start, seconds))
+
+
 class DurableWritePool:
     """A thread pool for the members' durable writes (each waits on fsync).
 
     The writes of one moment run at once, a thread per member, so a stack of M
     members waits about as long as one run. The threads only write: what they
     write is computed in the loop's thread, whose floating-point state (flush
-    to zero, np.errstate) is its own. A stack of one writes in the loop's thread."""
+    to zero, np.errstate) is its own. A stack of one writes in the loop's thread.
+    Each moment's wait is told to `write_log`, if one is given."""
 
-    def __init__(self, n_members: int):
+    def __init__(self, n_members: int, write_log: WriteLog | None = None):
         self.pool = ThreadPoolExecutor(max_workers=n_members) if n_members > 1 else None
+        self.write_log = write_log
 
     def __enter__(self) -> DurableWritePool:
         return self
@@ -189,14 +213,21 @@ class DurableWritePool:
     def each(self, write: Callable, items: list) -> None:
         """write(item) for every item, returning when all are done; an error
         is raised once every write has ended (the first item's that failed)."""
-        if self.pool is None or len(items) < 2:
-            for item in items:
-                write(item)
+        if not items:
             return
-        errors = [future.exception() for future in [self.pool.submit(write, item) for item in items]]
-        for error in errors:
-            if error is not None:
-                raise error
+        start, began = time.perf_counter(), time.time()
+        try:
+            if self.pool is None or len(items) < 2:
+                for item in items:
+                    write(item)
+                return
+            errors = [future.exception() for future in [self.pool.submit(write, item) for item in items]]
+            for error in errors:
+                if error is not None:
+                    raise error
+        finally:
+            if self.write_log is not None:
+                self.write_log.add(began, time.perf_counter() - start)
 
     def finish(self) -> None:
         """Wait for the writes under way; no more are taken."""
