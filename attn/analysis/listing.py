@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attn import outcomes
 from attn.analysis.grouping import (
+    Run,
     final_figures,
     load_runs,
     natural_key,
@@ -39,6 +41,7 @@ class ListedRun:
     final: tuple  # (eval loss, eval accuracy) last logged, (None, None) after a divergence
     age: float | None  # seconds since the last heartbeat (or since config.yaml was written)
     disk: int = 0  # bytes the run directory takes on disk (runs.disk_use)
+    outcome: str | None = None  # attn.outcomes' class once the run has ended
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,18 @@ class Listing:
     skipped: list  # list[Skipped]
 
 
-def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None) -> Listing:
-    """The runs at or below path (or path/experiment), optionally only those with an effective status."""
+def list_runs(
+    path: Path = RUNS_ROOT, status: str | None = None, experiment: str | None = None, outcome: str | None = None
+) -> Listing:
+    """The runs at or below path (or path/experiment), optionally only those with an effective status
+    and only those that ended with an outcome class (attn.outcomes)."""
     root = Path(path)
     if not root.is_dir():
         raise runs.RunError(f"{root}: no such directory; expected a directory of runs (default {RUNS_ROOT})")
     if status is not None and status not in LIST_STATUSES:
         raise ArgumentError("status", f"got {status!r}; expected one of {', '.join(LIST_STATUSES)}")
+    if outcome is not None and outcome not in outcomes.OUTCOMES:
+        raise ArgumentError("outcome", f"got {outcome!r}; expected one of {', '.join(outcomes.OUTCOMES)}")
     base = root
     if experiment is not None:
         base = root / experiment
@@ -73,6 +81,9 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
     loaded, skipped = load_runs(walk_runs(base), last_record_only=True)  # the last record is all a row shows
     if status is not None:
         loaded = [run for run in loaded if run.status == status]
+    classes = {run.path: outcome_of(run) for run in loaded}
+    if outcome is not None:
+        loaded = [run for run in loaded if classes[run.path] == outcome]
     keys = [k for k in table_keys(loaded) if k != "task.name"]  # the task has its own column
     now = time.time()
     rows = [
@@ -89,10 +100,27 @@ def list_runs(path: Path = RUNS_ROOT, status: str | None = None, experiment: str
                 else (run.path / "config.yaml").stat().st_mtime
             ),
             disk=runs.disk_use(run.path),
+            outcome=classes[run.path],
         )
         for run in loaded
     ]
     return Listing(keys, short_names(keys, among=[k for run in loaded for k in run.settings]), rows, skipped)
+
+
+def outcome_of(run: Run) -> str | None:
+    """The run's outcome class: its summary's, or, for a run that ended before runs named theirs, from
+    its eval curve streamed past (three numbers a record kept: a listing's memory stays small)."""
+    if run.status not in outcomes.ENDED:
+        return None
+    said = run.summary.get("outcome")
+    if said in outcomes.OUTCOMES:
+        return said
+    curve = [
+        {"step": r["step"], "eval_accuracy": r.get("eval_accuracy"), "eval_loss": r.get("eval_loss")}
+        for r in runs.iter_metrics(run.path)
+    ]
+    ended = outcomes.of_run(curve, {**run.summary, "status": run.status})
+    return None if ended is None else ended.outcome
 
 
 def format_age(seconds: float | None) -> str:

@@ -65,16 +65,20 @@ def cmd_compare(args) -> int:
 def cmd_runs(args) -> int:
     from attn.analysis import listing as listings
 
-    with flagged({"status": "--status", "experiment": "--experiment"}):
-        listing = listings.list_runs(Path(args.path), args.status, args.experiment)
+    with flagged({"status": "--status", "experiment": "--experiment", "outcome": "--outcome"}):
+        listing = listings.list_runs(Path(args.path), args.status, args.experiment, args.outcome)
     for skipped in listing.skipped:
         say(f"skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
     if not listing.rows:
-        say(f"no runs in {args.path}" + (f" with status {args.status}" if args.status else ""), file=sys.stderr)
+        which = " and".join(
+            f" with {name} {value}" for name, value in (("status", args.status), ("outcome", args.outcome)) if value
+        )
+        say(f"no runs in {args.path}{which}", file=sys.stderr)
         return EXIT_OK
     header = [
         "name",
         "status",
+        "outcome",
         "task",
         *(listing.names[k] for k in listing.keys),
         "eval_loss",
@@ -86,6 +90,7 @@ def cmd_runs(args) -> int:
         [
             row.name,
             row.status,
+            row.outcome or "—",
             row.task,
             *(format_value(row.settings[k]) if k in row.settings else "—" for k in listing.keys),
             "—" if row.final[0] is None else f"{row.final[0]:.4g}",
@@ -325,8 +330,8 @@ def add_commands(sub) -> None:
         "--yscale",
         default="auto",
         choices=["auto", "log", "linear"],
-        help="y axes; auto: log for metrics named *loss* and for positive values spanning "
-        "more than 3 decades, else linear",
+        help="y axes; auto: log for losses, gradient norms and update ratios and for positive values "
+        "spanning more than 3 decades, else linear",
     )
     p.add_argument(
         "--out",
@@ -375,6 +380,12 @@ def add_commands(sub) -> None:
         help="only runs with this status (running, completed, diverged, interrupted, failed, stale, unknown)",
     )
     p.add_argument("--experiment", metavar="NAME", help="only the runs under PATH/NAME")
+    p.add_argument(
+        "--outcome",
+        choices=outcomes.OUTCOMES,
+        metavar="CLASS",
+        help="only runs that ended so: " + ", ".join(outcomes.OUTCOMES) + " (attn/outcomes.py)",
+    )
     p.set_defaults(func=cmd_runs)
     p = sub.add_parser("board", help="serve the run board: runs and experiments in a browser, live")
     p.add_argument(
