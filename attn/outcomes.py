@@ -188,14 +188,24 @@ def classify(
 def of_run(records: list[dict], summary: dict, threshold: float = THRESHOLD) -> RunOutcome | None:
     """The outcome of a run from its metrics records and summary.json (status,
     steps, references); None while it has not ended (ENDED)."""
+    return of_curve(
+        [r["step"] for r in records],
+        [_finite_or(r.get("eval_accuracy"), math.nan) for r in records],
+        [_finite_or(r.get("eval_loss"), math.nan) for r in records],
+        summary,
+        threshold,
+    )
+
+
+def of_curve(steps, eval_accuracy, eval_loss, summary: dict, threshold: float = THRESHOLD) -> RunOutcome | None:
+    """of_run from the eval curve alone, as arrays (a caller that streams a long file keeps three numbers a record)."""
     if summary.get("status") not in ENDED:
         return None
-    steps = [r["step"] for r in records]
     references = summary.get("references") or {}
     return classify(
         steps,
-        [_finite_or(r.get("eval_accuracy"), math.nan) for r in records],
-        [_finite_or(r.get("eval_loss"), math.nan) for r in records],
+        eval_accuracy,
+        eval_loss,
         diverged=summary["status"] == "diverged",
         budget=int(summary.get("steps") or 0),
         chance_loss=_finite_or(references.get("chance"), math.nan),

@@ -596,8 +596,19 @@ def test_ages_read_like_ls():
 def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys):
     assert cli.main(["runs", str(root)]) == 0
     header, *lines = capsys.readouterr().out.splitlines()
-    assert header.split() == ["name", "status", "task", "scale", "seed", "eval_loss", "eval_acc", "age", "disk"]
-    assert [line.split()[:5] for line in lines] == [
+    assert header.split() == [
+        "name",
+        "status",
+        "outcome",
+        "task",
+        "scale",
+        "seed",
+        "eval_loss",
+        "eval_acc",
+        "age",
+        "disk",
+    ]
+    assert [line.split()[:2] + line.split()[3:6] for line in lines] == [
         [f"exp/{scale}-s{seed}", "completed", "retrieval", scale, str(seed)]
         for scale in sorted(SCALES)
         for seed in SEEDS
@@ -615,6 +626,7 @@ def test_runs_command_lists_runs_with_the_settings_that_differ(root, zoo, capsys
         "stale": "stale",
         "torn": "completed",
     }
-    assert listed["diverged"][5:7] == ["—", "—"]  # no final figures after a divergence
-    assert listed["torn"][5] == f"{runs.read_metrics(zoo / 'torn')[-1]['eval_loss']:.4g}"
+    assert listed["diverged"][2] == "diverged" and listed["running"][2] == "—"  # no outcome before the end
+    assert listed["diverged"][6:8] == ["—", "—"]  # no final figures after a divergence
+    assert listed["torn"][6] == f"{runs.read_metrics(zoo / 'torn')[-1]['eval_loss']:.4g}"
     assert "skipped" in captured.err and "bad_config" in captured.err and "bad_line" in captured.err

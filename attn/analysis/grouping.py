@@ -78,18 +78,22 @@ class Run:
         return self.config_yaml.get("provenance") or {}
 
     @property
+    def said_outcome(self) -> str | None:
+        """summary.json's outcome class, if it is one and agrees with the run's status (a diverged run
+        is `diverged`, no other is); None before the run ended or where the summary says none."""
+        said = self.summary.get("outcome")
+        if self.status not in outcomes.ENDED or said not in outcomes.OUTCOMES:
+            return None
+        return said if (said == outcomes.DIVERGED) == (self.status == "diverged") else None
+
+    @property
     def outcome(self) -> str | None:
-        """Its outcome class (attn.outcomes): summary.json's, or from its records for a run that ended
+        """Its outcome class (attn.outcomes): said_outcome, or from its records for a run that ended
         before runs named theirs; None while it has not ended."""
         if self.status not in outcomes.ENDED:
             return None
-        said = self.summary.get("outcome")
-        if (
-            isinstance(said, str)
-            and said in outcomes.OUTCOMES
-            and (said == outcomes.DIVERGED) == (self.status == "diverged")
-        ):
-            return said
+        if self.said_outcome is not None:
+            return self.said_outcome
         try:
             ended = outcomes.of_run(self.records, {**self.summary, "status": self.status})
         except (ValueError, KeyError, TypeError):  # records a damaged file left out of order or without steps

@@ -10,7 +10,9 @@ status is its effective one (locks.effective_status: `stale` for a
 
 from __future__ import annotations
 
+import math
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,17 +112,19 @@ def list_runs(
 def outcome_of(run: Run) -> str | None:
     """The run's outcome class: its summary's, or, for a run that ended before runs named theirs, from
     its eval curve streamed past (three numbers a record kept: a listing's memory stays small)."""
-    if run.status not in outcomes.ENDED:
-        return None
-    said = run.summary.get("outcome")
-    if said in outcomes.OUTCOMES:
-        return said
-    curve = [
-        {"step": r["step"], "eval_accuracy": r.get("eval_accuracy"), "eval_loss": r.get("eval_loss")}
-        for r in runs.iter_metrics(run.path)
-    ]
-    ended = outcomes.of_run(curve, {**run.summary, "status": run.status})
+    if run.status not in outcomes.ENDED or run.said_outcome is not None:
+        return run.said_outcome
+    steps, accuracy, loss = array("q"), array("d"), array("d")
+    for record in runs.iter_metrics(run.path):
+        steps.append(record["step"])
+        accuracy.append(_number(record.get("eval_accuracy")))
+        loss.append(_number(record.get("eval_loss")))
+    ended = outcomes.of_curve(steps, accuracy, loss, {**run.summary, "status": run.status})
     return None if ended is None else ended.outcome
+
+
+def _number(value) -> float:
+    return float(value) if runs.is_finite_number(value) else math.nan
 
 
 def format_age(seconds: float | None) -> str:
