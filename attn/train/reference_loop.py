@@ -59,6 +59,8 @@ def train(state: RunState, stop=None) -> dict:
                 last_record = record
             if _is_mechanism_step(config, step):
                 _save_mechanism(state, step)
+            if config.logging.mechanism_trace and _is_trace_step(step):
+                _save_trace(state, step)
             if fault is not None:
                 record["nonfinite"] = "".join(fault)
                 state.nonfinite_steps += 1
@@ -109,6 +111,14 @@ def _is_checkpointed(config, updates: int) -> bool:
 def _is_mechanism_step(config, step: int) -> bool:
     """Whether iteration `step` measures each query row's saturation and gradient (mechanism.npz)."""
     return config.logging.mechanism_step is not None and step in (0, config.logging.mechanism_step)
+
+
+def _is_trace_step(step: int) -> bool:
+    """Whether logging.mechanism_trace measures the rows at iteration `step`: 0, 1, 2, 5, 10, 20, 50, 100, ...
+    (1, 2 or 5 times a power of ten), so that the first steps are seen as well as the last."""
+    while step >= 10 and step % 10 == 0:
+        step //= 10
+    return step in (0, 1, 2, 5)
 
 
 def _learning_rate(config, step: int) -> float:
@@ -192,6 +202,13 @@ def _save_mechanism(state: RunState, step: int) -> None:
     rows = mechanism.row_statistics(state.params, state.spec, state.eval_batch, state.buffers)
     arrays = {f"{step}/{name}": values for name, values in rows.items()}
     _save_arrays(state.run_dir / "mechanism.npz", arrays, beside_earlier=step > 0)
+
+
+def _save_trace(state: RunState, step: int) -> None:
+    """mechanism_trace.npz: the medians of the eval query rows' statistics at `step` (mechanism.summary)."""
+    numbers = mechanism.summary(mechanism.row_statistics(state.params, state.spec, state.eval_batch, state.buffers))
+    arrays = {f"{step}/{name}": np.float64(value) for name, value in numbers.items()}
+    _save_arrays(state.run_dir / "mechanism_trace.npz", arrays, beside_earlier=step > 0)
 
 
 def _save_arrays(path, arrays: dict, beside_earlier: bool) -> None:
