@@ -255,11 +255,8 @@ def _finish(state: RunState, summary: dict, clock: _Clock, last_record, status: 
         steps_per_sec=clock.rate_since_start(end_step),
         **runs.heartbeat_fields(),  # who wrote it: time, host, process
     )
-    outcome = outcomes.of_run(runs.read_metrics(state.run_dir), summary)  # learned, stalled, ...: attn.outcomes
-    if outcome is not None:  # a run that completed or diverged
-        detail = ("reached_step", "left_plateau_step", "sat_at", "slow_kind")
-        summary.update(outcome=outcome.outcome, outcome_said=outcome.said())
-        summary["outcome_detail"] = {name: getattr(outcome, name) for name in detail}
+    if status in outcomes.ENDED:  # completed or diverged: learned, stalled, ... (attn.outcomes)
+        summary.update(outcomes.summary_fields(runs.read_metrics(state.run_dir), summary))
     runs.write_json(state.run_dir / "summary.json", summary)
     return summary
 
