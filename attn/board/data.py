@@ -62,7 +62,6 @@ MAX_FILE_BYTES = 512 << 20  # a file the board serves, or its static export copi
 HIGHER_IS_BETTER = (
     "accuracy",
 )  # a metric whose name holds one of these is best at its highest; any other at its lowest
-LOG_METRICS = ("loss", "grad_norm", "update_ratio")  # a metric whose name holds one of these: a log y axis by default
 
 
 class NotFound(LookupError):
@@ -571,7 +570,7 @@ class Board:
             "title": self.title,
             "threshold": THRESHOLD,
             "wide_range": compare_figure.WIDE_RANGE,
-            "log_metrics": LOG_METRICS,
+            "log_metrics": compare_figure.LOG_METRICS,  # the y scale auto makes log, as compare's
             "best_highest": sorted(m for m in metrics if best_is_highest(m)),  # best at their highest; the rest lowest
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,
