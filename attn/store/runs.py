@@ -697,10 +697,11 @@ def json_shape_problem(value, shape, where: str = "") -> str | None:
     return f"{at} is {_json_kind(value)}, expected {JSON_TYPES[shape]}"
 
 
-def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:
-    """Keep only records with step < keep_before_step (atomically). Returns how many were dropped.
-    Only the directory's RunLock holder may call it."""
-    records = read_metrics(run_dir)
+def truncate_metrics(run_dir: Path, keep_before_step: int, source: Path | None = None) -> int:
+    """Keep only records with step < keep_before_step (atomically): of run_dir's own metrics.jsonl, or of
+    the run directory `source`'s (a fork's records, its source's up to the fork). Returns how many were
+    dropped. Only the directory's RunLock holder may call it."""
+    records = read_metrics(run_dir if source is None else source)
     kept = [r for r in records if r["step"] < keep_before_step]
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept)
     write_atomic(Path(run_dir) / "metrics.jsonl", text.encode())
