@@ -214,6 +214,24 @@ def of_curve(steps, eval_accuracy, eval_loss, summary: dict, threshold: float = 
     )
 
 
+def summary_fields(records: list[dict], summary: dict) -> dict:
+    """What summary.json says of a run's outcome once it has ended (of_run): `outcome` (its class),
+    `outcome_said` (RunOutcome.said) and `outcome_detail` (what the class rests on); {} before it ended."""
+    outcome = of_run(records, summary)
+    if outcome is None:
+        return {}
+    return {
+        "outcome": outcome.outcome,
+        "outcome_said": outcome.said(),
+        "outcome_detail": {
+            "reached_step": outcome.reached_step,
+            "left_plateau_step": outcome.left_plateau_step,
+            "sat_at": outcome.sat_at,
+            "slow_kind": outcome.slow_kind,
+        },
+    }
+
+
 def definitions(
     threshold: float = THRESHOLD,
     plateau_fraction: float = PLATEAU_FRACTION,

@@ -70,7 +70,6 @@ import shutil
 import stat
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from attn.analysis.grouping import short_names
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
@@ -585,140 +584,69 @@ def _is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _is_texts(value) -> bool:
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _is_text(value) -> bool:
-    return isinstance(value, str)
-
-
 def _is_id(value) -> bool:  # a claim's id, as an experiment file accepts it (attn.experiment.report_spec)
     return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.-]+", value) is not None
 
 
-def _text_or_null(value) -> bool:
-    return value is None or isinstance(value, str)
-
-
-def _map_of(check: Callable[[object], bool]) -> Callable[[object], bool]:
-    return lambda value: isinstance(value, dict) and all(isinstance(k, str) and check(v) for k, v in value.items())
-
-
-# What publish reads of each file, by field: (required, the check, what is accepted). A list of objects is
-# checked entry by entry against the shape given in place of a check.
-EFFECT = {
-    "name": (True, _is_text, "text"),
-    "value": (True, _is_number, "a number"),
-    "low": (True, _is_number, "a number"),
-    "high": (True, _is_number, "a number"),
-    "bound": (False, _text_or_null, "text"),
-}
+# What publish reads of each file, by field, as runs.json_shape_problem's shapes (runs.MayLack: a field a file
+# may lack).
+NUMBER = runs.Check(_is_number, "a number")
+COUNT = runs.Check(_is_count, "a count")
+TEXT_OR_NULL = runs.Check(lambda v: v is None or isinstance(v, str), "text or null")
+ID = runs.Check(_is_id, "letters, digits, '_', '.' or '-'")
+VALUE = runs.Check(lambda v: isinstance(v, (str, int, float)) or v is None, "a value")
+RUN_COUNTS = {"same": COUNT, "runs": COUNT}
+EFFECT = {"name": str, "value": NUMBER, "low": NUMBER, "high": NUMBER, "bound": runs.MayLack(TEXT_OR_NULL)}
 POINT = {
-    "x": (
-        True,
-        lambda v: isinstance(v, list) and all(x is None or isinstance(x, (str, int, float)) for x in v),
-        "a list of values",
-    ),
+    "x": [VALUE],
     **{
-        key: (False, _is_number, "a number")
+        key: runs.MayLack(NUMBER)
         for key in ("value", "low", "high", "other_value", "other_low", "other_high", "p", "p_reverse")
     },
-    "n": (False, _is_count, "a count"),
-    "pairs": (False, _is_count, "a count"),
-    "setting": (False, lambda v: isinstance(v, (str, int, float)) or v is None, "a value"),
-    "note": (False, _is_text, "text"),
-    "verdict": (False, _is_text, "text"),
-    "effect": (False, EFFECT, None),
+    "n": runs.MayLack(COUNT),
+    "pairs": runs.MayLack(COUNT),
+    "setting": runs.MayLack(VALUE),
+    "note": runs.MayLack(str),
+    "verdict": runs.MayLack(str),
+    "effect": runs.MayLack(EFFECT),
 }
 EXPECTATION = {
-    "id": (True, _is_id, "letters, digits, '_', '.' or '-'"),
-    "claim": (True, _is_text, "text"),
-    "verdict": (True, lambda v: v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE), "a verdict"),
-    "rule": (False, _is_text, "text"),
-    "test": (False, lambda v: v in ("interval", "mcnemar", "sign", "fisher"), "a test"),
-    "frozen": (False, _text_or_null, "text"),
-    "edited_after_runs": (False, _text_or_null, "text"),
-    "p_holm": (False, _is_number, "a number"),
-    "points": (False, [POINT], None),
+    "id": ID,
+    "claim": str,
+    "verdict": runs.Check(lambda v: v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE), "a verdict"),
+    "rule": runs.MayLack(str),
+    "test": runs.MayLack(runs.Check(lambda v: v in ("interval", "mcnemar", "sign", "fisher"), "a test")),
+    "frozen": runs.MayLack(TEXT_OR_NULL),
+    "edited_after_runs": runs.MayLack(TEXT_OR_NULL),
+    "p_holm": runs.MayLack(NUMBER),
+    "points": runs.MayLack([POINT]),
 }
 REPORT = {
-    "description": (True, _is_text, "text"),
-    "runs": (True, _is_count, "a count"),
-    "headline": (True, _is_text, "text"),
-    "platform": (True, _map_of(_is_texts), "an object of lists of text"),
-    "expectations": (True, [EXPECTATION], None),
-    "code_state_note": (False, _text_or_null, "text"),
-    "code_states": (False, _map_of(_is_count), "an object of counts"),
-    "claims": (False, {"digest": (False, _text_or_null, "text")}, None),
-    "layout": (
-        False,
-        {
-            "x": (False, _is_texts, "a list of text"),
-            "best_of": (False, _text_or_null, "text"),
-        },
-        None,
-    ),
+    "description": str,
+    "runs": COUNT,
+    "headline": str,
+    "platform": runs.EachValue([str]),
+    "expectations": [EXPECTATION],
+    "code_state_note": runs.MayLack(TEXT_OR_NULL),
+    "code_states": runs.MayLack(runs.EachValue(COUNT)),
+    "claims": runs.MayLack({"digest": runs.MayLack(TEXT_OR_NULL)}),
+    "layout": runs.MayLack({"x": runs.MayLack([str]), "best_of": runs.MayLack(TEXT_OR_NULL)}),
 }
 VERIFICATION = {
-    "experiment": (True, _is_text, "text"),
-    "as_run": (False, lambda v: v is None or (isinstance(v, dict) and _text_or_null(v.get("sha256"))), "an object"),
-    "platforms": (True, _map_of(_map_of(lambda v: v is None or isinstance(v, (str, list)))), "an object of objects"),
-    "expectations": (
-        True,
-        [
-            {
-                "id": (True, _is_id, "letters, digits, '_', '.' or '-'"),
-                "verdicts": (True, _map_of(_is_text), "an object of verdicts"),
-                "agree": (True, lambda v: isinstance(v, bool), "true or false"),
-            }
-        ],
-        None,
+    "experiment": str,
+    "as_run": runs.MayLack(
+        runs.Check(lambda v: v is None or (isinstance(v, dict) and TEXT_OR_NULL.accepts(v.get("sha256"))), "an object")
     ),
-    "agree": (True, lambda v: isinstance(v, bool), "true or false"),
-    "materialized": (False, _text_or_null, "text"),
-    "cells": (
-        False,
-        [
-            {
-                "settings": (True, lambda v: isinstance(v, dict), "an object"),
-                "learned": (True, _map_of(_is_text), "an object of counts as text"),
-                "same": (True, lambda v: isinstance(v, bool), "true or false"),
-            }
-        ],
-        None,
+    "platforms": runs.EachValue(
+        runs.EachValue(runs.Check(lambda v: v is None or isinstance(v, (str, list)), "text or a list"))
     ),
-    "unchanged": (
-        False,
-        _map_of(lambda v: isinstance(v, dict) and _is_count(v.get("same")) and _is_count(v.get("runs"))),
-        "an object of {same, runs} counts",
-    ),
-    "remade": (False, lambda v: isinstance(v, dict) and _is_count(v.get("same")) and _is_count(v.get("runs")), ""),
+    "expectations": [{"id": ID, "verdicts": runs.EachValue(str), "agree": bool}],
+    "agree": bool,
+    "materialized": runs.MayLack(TEXT_OR_NULL),
+    "cells": runs.MayLack([{"settings": dict, "learned": runs.EachValue(str), "same": bool}]),
+    "unchanged": runs.MayLack(runs.EachValue(RUN_COUNTS)),
+    "remade": runs.MayLack(RUN_COUNTS),
 }
-
-
-def _problem(value, shape, where: str) -> str | None:
-    """What in `value` does not fit `shape` (a dict of fields, or [a shape] for a list of them): 'field: got
-    <value>; expected <what>', the field by its path; None if it fits."""
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where}: got {_kind(value)}; expected a list"
-        return next(filter(None, (_problem(entry, shape[0], f"{where}[{i}]") for i, entry in enumerate(value))), None)
-    if not isinstance(value, dict):
-        return f"{where + ': ' if where else ''}got {_kind(value)}; expected an object"
-    for key, (required, check, what) in shape.items():
-        field = f"{where}.{key}" if where else key
-        if key not in value:
-            if required:
-                return f"{field}: missing"
-            continue
-        if isinstance(check, (dict, list)):
-            problem = _problem(value[key], check, field)
-            if problem:
-                return problem
-        elif not check(value[key]):
-            return f"{field}: got {_shortened(json.dumps(value[key])[:60])}; expected {what}"
-    return None
 
 
 def read_report(path: Path, name: str, published: bool) -> dict:
@@ -729,7 +657,7 @@ def read_report(path: Path, name: str, published: bool) -> dict:
         else f"write it again with `attn report experiments/{name}.yaml`"
     )
     report = _read_json(path, remedy)
-    problem = _problem(report, REPORT, "")
+    problem = runs.json_shape_problem(report, REPORT)
     if problem:
         raise runs.RunError(f"{path}: {problem}; {remedy}")
     return report
@@ -739,7 +667,7 @@ def read_verification(path: Path, name: str) -> dict:
     """A verify.json as publish reads it (VERIFICATION); RunError, one line, for one it cannot be made from."""
     remedy = f"verify again (`attn verify experiments/{name}.yaml`; finished re-runs are kept)"
     verification = _read_json(path, remedy)
-    problem = _problem(verification, VERIFICATION, "")
+    problem = runs.json_shape_problem(verification, VERIFICATION)
     if problem:
         raise runs.RunError(f"{path}: {problem}; {remedy}")
     return verification

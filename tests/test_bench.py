@@ -150,6 +150,18 @@ def test_the_headline_work_is_counted_per_run_and_a_wide_width_free_run_costs_wh
     assert f"{work['least_seconds']:.0f} s" in suite.work_line(work)
 
 
+def test_a_headline_sweep_that_fails_is_no_measurement_of_the_headline(monkeypatch):
+    """A sweep of this checkout that exits non-zero (a run or its report failed) stops the bench with its error,
+    never reported as the headline's wall time."""
+    from attn.bench import sweeps
+
+    failed = {"code": sweeps.THIS_CODE, "exit_code": 1, "error": ["failed: a cell: boom"], "wall_s": 2.0}
+    failed.update(cpu_s=3.0, cores_busy=1.5, timeline=None, timeline_records=[])
+    monkeypatch.setattr(sweeps, "headline_sweep", lambda *args, **kwargs: dict(failed))
+    with pytest.raises(RuntimeError, match="exit 1"):
+        sweeps.headline_wall_time(lambda message: None, only=("model.d_k=16",))
+
+
 @pytest.mark.skipif(not denormals.can_flush(), reason="subnormals cannot be flushed on this platform")
 def test_the_subnormal_comparison_times_gradients_that_are_subnormal_and_flushed_ones_that_are_not():
     spec, params, batches = timing.subnormal_state()

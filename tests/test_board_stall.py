@@ -18,6 +18,7 @@ import time
 import pytest
 from test_board import browser, chart, click, errors_logged, open_page, row_ids, serving, set_filter, text_of, wait_for  # noqa: F401
 
+from attn.analysis import grouping
 from attn.board import STATIC_DIR, data, export
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
@@ -119,6 +120,23 @@ def test_each_run_names_its_outcome_and_carries_its_reference_levels(pair):
         "wide/unscaled-s1": ("stalled", "stalled (at chance)", REFERENCES),
     }
     assert {"grad_norm", "update_ratio", "loss"} <= set(snapshot["log_metrics"])
+
+
+def test_a_summary_outcome_that_is_no_class_or_disagrees_with_the_status_is_classified_as_compare_does(tmp_path):
+    """The board takes summary.json's outcome as grouping.Run.said_outcome does (compare, `attn runs`): a class
+    that agrees with the run's status; else the run is classified from its records, or has none yet."""
+    records = [record(step, "none", 0) for step in range(0, STEPS + 1, 10)]
+    write_run(tmp_path / "bogus", records=records, outcome=("finished nicely", "finished nicely"))
+    write_run(tmp_path / "not-diverged", records=records, outcome=("diverged", "diverged"))
+    write_run(tmp_path / "running", records=records, status="running", outcome=("learned", "learned"))
+    shown = {run["name"]: (run["outcome"], run["outcome_said"]) for run in data.Board([tmp_path]).snapshot()["runs"]}
+    compared = {run.path.name: run.outcome for run in grouping.load_runs(sorted(tmp_path.iterdir()))[0]}
+    assert shown == {
+        "bogus": ("stalled", "stalled (at chance)"),
+        "not-diverged": ("stalled", "stalled (at chance)"),
+        "running": (None, None),  # not ended yet
+    }
+    assert {name: outcome for name, (outcome, _) in shown.items()} == compared
 
 
 def test_with_nothing_ticked_the_page_draws_the_runs_with_their_reference_lines(browser, pair, tmp_path):  # noqa: F811

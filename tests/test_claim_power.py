@@ -55,13 +55,13 @@ def test_a_claim_no_number_of_seeds_decides_says_so():
 
 
 def test_power_of_a_paired_test_names_the_smallest_effect_that_confirms_it():
-    figures = power(comparison(), 20, 1500, 0.05 / 4)
+    figures = power(comparison(), 20, 0.05 / 4)
     assert figures["smallest_p"] == 0.5**20 and figures["n"] == 20 and figures["level"] == 0.0125
     assert figures["smallest_effect"].startswith("7 discordant pairs")  # 0.5**7 = 0.0078 <= 0.0125 < 0.5**6
 
 
 def test_power_of_a_bound_is_the_count_that_puts_its_interval_past_the_bound():
-    figures = power(bound(above=0.5), 20, 1500, 0.05)
+    figures = power(bound(above=0.5), 20, 0.05)
     k = int(figures["smallest_effect"].split()[0])
     assert stats.wilson_interval(k, 20)[0] > 0.5 >= stats.wilson_interval(k - 1, 20)[0]
 

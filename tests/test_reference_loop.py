@@ -45,7 +45,7 @@ CASES = {
     "non-finite, continue": ["optim.lr=20", "model.scale=none", "train.on_nonfinite=continue"],
     "non-finite, stop": ["optim.lr=20", "model.scale=none"],
 }
-SNAPSHOTS = ("attention.npz", "mechanism.npz")
+SNAPSHOTS = ("attention.npz", "mechanism.npz", "mechanism_trace.npz")
 RESULT_KEYS = (
     "status",
     "reason",

@@ -170,12 +170,20 @@ def interval(cell: CellResult, stat: str, sensitivities: dict | None = None, key
     return (math.nan if rate["rate"] is None else rate["rate"]), rate["low"], rate["high"]
 
 
-def judge(expectation: Expectation, cells: list[CellResult], layout: Layout, sensitivities: dict | None = None) -> dict:
+def judge(
+    expectation: Expectation,
+    cells: list[CellResult],
+    layout: Layout,
+    sensitivities: dict | None = None,
+    cells_at_budget: dict[int, list[CellResult]] | None = None,
+) -> dict:
     """The expectation's verdict and, at each x it covers, the numbers behind
     it; lr_sensitivity is read from `sensitivities` ((x, arm) -> lr_sensitivity). A claim with a
-    `budget` is judged on the cells as if every run had stopped there, each arm's best chosen there too."""
+    `budget` is judged on the cells as if every run had stopped there, each arm's best chosen there too
+    (at_budget; `cells_at_budget`: budget -> those cells, made once for the claims that share it)."""
     if expectation.budget is not None:
-        cells = [at_budget(cell, expectation.budget) for cell in cells]
+        made = (cells_at_budget or {}).get(expectation.budget)
+        cells = made if made is not None else [at_budget(cell, expectation.budget) for cell in cells]
     chosen = (
         at_every(cells, layout)
         if expectation.at == "every"
@@ -266,7 +274,9 @@ def judge_all(
     points'); it is refuted if the opposite holds at any (the smallest of
     its points' opposite p, times their number)."""
     alpha = layout.spec.alpha if alpha is None else alpha
-    judged = [judge(e, cells, layout, sensitivities) for e in expectations]
+    budgets = {e.budget for e in expectations if e.budget is not None}  # each seed re-classified once a budget
+    cells_at_budget = {budget: [at_budget(cell, budget) for cell in cells] for budget in budgets}
+    judged = [judge(e, cells, layout, sensitivities, cells_at_budget) for e in expectations]
     tested = [j for j in judged if j["test"] != "interval"]
     # a claim's adjusted p, and each of its points', at the claim's step of Holm's procedure (its
     # multiplier and floor), so a point never reads "confirmed" at a level its claim was not held to

@@ -245,6 +245,12 @@ def headline_wall_time(progress, only: tuple[str, ...] = (), other_code: Path | 
             )
             with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
                 measured.append({"round": round_ + 1, **headline_sweep(Path(tmp), cores, only, code)})
+            if code is None and measured[-1]["exit_code"] != 0:  # its wall time is not the headline's
+                error = " | ".join(measured[-1]["error"] or []) or "no message"
+                raise RuntimeError(
+                    f"the headline sweep of {THIS_CODE} failed (round {round_ + 1}, exit "
+                    f"{measured[-1]['exit_code']}): {error}"
+                )
     mine = [m for m in measured if m["code"] == THIS_CODE]
     timelines = [m["timeline"] for m in mine if m["timeline"]]
     return {

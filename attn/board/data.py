@@ -62,7 +62,6 @@ MAX_FILE_BYTES = 512 << 20  # a file the board serves, or its static export copi
 HIGHER_IS_BETTER = (
     "accuracy",
 )  # a metric whose name holds one of these is best at its highest; any other at its lowest
-LOG_METRICS = ("loss", "grad_norm", "update_ratio")  # a metric whose name holds one of these: a log y axis by default
 
 
 class NotFound(LookupError):
@@ -320,14 +319,17 @@ class _Metrics:
 
 
 def _outcome(run: grouping.Run) -> dict:
-    """The run's outcome class and its words: summary.json's (a run that ended since it was written
-    there), else attn.outcomes.of_run of the records held (an older run; a downsampled one's kept
-    records); {} while it has not ended."""
-    summary = run.summary or {}
-    if summary.get("outcome"):
-        return {"outcome": summary["outcome"], "outcome_said": summary.get("outcome_said") or summary["outcome"]}
+    """The run's outcome class and its words: summary.json's where grouping.Run.said_outcome takes it (as
+    compare and `attn runs` do), else attn.outcomes.of_run of the records held (an older run; a downsampled
+    one's kept records); {} while it has not ended."""
+    said = run.said_outcome
+    if said is not None:
+        words = run.summary.get("outcome_said")
+        return {"outcome": said, "outcome_said": words if isinstance(words, str) and words else said}
+    if run.status not in outcomes.ENDED:
+        return {}
     try:
-        found = outcomes.of_run(run.records, summary)
+        found = outcomes.of_run(run.records, {**run.summary, "status": run.status})
     except (ValueError, KeyError, TypeError):  # records or summary that cannot be classified: no outcome shown
         return {}
     return {} if found is None else {"outcome": found.outcome, "outcome_said": found.said()}
@@ -568,7 +570,7 @@ class Board:
             "title": self.title,
             "threshold": THRESHOLD,
             "wide_range": compare_figure.WIDE_RANGE,
-            "log_metrics": LOG_METRICS,
+            "log_metrics": compare_figure.LOG_METRICS,  # the y scale auto makes log, as compare's
             "best_highest": sorted(m for m in metrics if best_is_highest(m)),  # best at their highest; the rest lowest
             "columns": [{"key": k, "name": names[k]} for k in keys],
             "metrics": metrics,

@@ -300,7 +300,7 @@ def cmd_demo(args) -> int:
             f"{run_dir.name} ({', '.join(f'{k} {format_value(settings[k])}' for k in differ)}): {what}"
             + (f", 99% at step {reached}" if reached is not None else "")
         )
-    if failed or any(s.get("status") not in ("completed", "diverged") for s in summaries):
+    if failed or any(s.get("status") not in runs.FINISHED for s in summaries):
         for run_dir, summary in zip(run_dirs, summaries):
             if summary.get("status") == "interrupted" and (run_dir / "checkpoint.npz").exists():
                 say(f"resume with: attn train --resume {run_dir}", file=sys.stderr)

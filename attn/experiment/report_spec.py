@@ -227,7 +227,7 @@ def check_report(
         tested = sum(e.test != "interval" for e in checked)
         for i, e in enumerate(checked):
             level = spec.alpha / max(tested, 1)
-            powers.append((e.id, power(e, n_seeds, budget, level if e.test != "interval" else 0.05, points[i])))
+            powers.append((e.id, power(e, n_seeds, level if e.test != "interval" else 0.05)))
             reason = cannot_fail(e, n_seeds, budget, level, points[i])
             if reason:
                 needed = seeds_needed(e, budget, level, points[i])
@@ -381,7 +381,7 @@ def seeds_needed(e: Expectation, budget: int | None, level: float, points: int =
     return low
 
 
-def power(e: Expectation, n: int, budget: int | None, level: float, points: int = 1) -> dict:
+def power(e: Expectation, n: int, level: float) -> dict:
     """What the claim's test can show on n judging seeds per arm, from the design alone (stated before
     the runs): the smallest p it can reach, the level it is held to (alpha over the tested claims, the
     strictest step of Holm's procedure), and the smallest effect that could confirm it there."""

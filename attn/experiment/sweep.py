@@ -82,16 +82,6 @@ class CellAction:
     train_seconds: float = 0.0  # this cell's share of its stack's training time (the stack's over its members)
 
 
-def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> list[CellAction]:
-    """Train cells of one shape into experiment_dir/<cell name> as one stack
-    (attn.train.loop; those resuming from different steps as one stack per step),
-    each unless the sweep was stopped, the run finished, or another writer
-    holds it (skipped-locked). Each run's RunLock is taken before its state
-    is read and held until its stack ends. Every problem comes back as a
-    `failed` outcome, never as an exception; one outcome per cell, in order."""
-    return list(run_cells_timed(cells, experiment_dir, experiment_file))
-
-
 class StackOutcomes(list):
     """run_cells' outcomes, one per cell, carrying `timing`: the stack's record for the sweep's
     timeline (attn.experiment.timeline.StackClock)."""
@@ -101,8 +91,14 @@ class StackOutcomes(list):
         self.timing = timing
 
 
-def run_cells_timed(cells: list[Cell], experiment_dir: str, experiment_file: str) -> StackOutcomes:
-    """run_cells, with the stack's record for the sweep's timeline."""
+def run_cells(cells: list[Cell], experiment_dir: str, experiment_file: str) -> StackOutcomes:
+    """Train cells of one shape into experiment_dir/<cell name> as one stack
+    (attn.train.loop; those resuming from different steps as one stack per step),
+    each unless the sweep was stopped, the run finished, or another writer
+    holds it (skipped-locked). Each run's RunLock is taken before its state
+    is read and held until its stack ends. Every problem comes back as a
+    `failed` outcome, never as an exception; one outcome per cell, in order,
+    with the stack's record for the sweep's timeline (StackOutcomes.timing)."""
     clock, write_log = timeline.StackClock(), WriteLog()
     if _worker_stop.reason:
         cancelled = [
@@ -433,7 +429,7 @@ def run_experiment(
         plan = split_tail(plan_stacks(experiment.cells), worker_slots(executor))
         with _stop_signals_blocked():  # a local pool spawns its workers here
             futures: dict[Future, list[Cell]] = {
-                executor.submit(run_cells_timed, stack, str(experiment.directory), str(experiment.path)): stack
+                executor.submit(run_cells, stack, str(experiment.directory), str(experiment.path)): stack
                 for stack in plan
             }
         planned = (

@@ -521,7 +521,7 @@ REPORT_READ = {  # what verify reads of a report (runs.json_shape_problem's shap
         {
             "settings": dict,
             "n": int,
-            "unfinished": dict,
+            "unfinished": runs.EachValue(int),
             "success_rate": {"k": int, "n": int},
             "seeds": [{"seed": object, "final_loss": object}],
         }
@@ -536,10 +536,6 @@ def checked_report(experiment: Experiment, directory: Path, what: str) -> dict:
     report = runs.read_report_json(directory)
     path = directory / runs.REPORT_FILE
     problem = runs.json_shape_problem(report, REPORT_READ)
-    if problem is None and not all(
-        isinstance(n, int) and not isinstance(n, bool) for c in report["cells"] for n in c["unfinished"].values()
-    ):
-        problem = "`cells[].unfinished` holds other than integers"
     if problem:
         raise runs.RunError(
             f"verify: {path} ({what}): unreadable: {problem}; write it again with `attn report {experiment.path}`"

@@ -106,7 +106,8 @@ def legend_layout(texts: list[str], width: float) -> tuple[list[str], int, int]:
     return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 
 
-LOG_METRICS = ("grad_norm", "update_ratio")  # --yscale auto draws these (and their per-parameter keys) on a log axis
+# --yscale auto (and the board's y scale auto): a metric whose name holds one of these is drawn on a log axis
+LOG_METRICS = ("loss", "grad_norm", "update_ratio")
 
 
 def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
@@ -115,7 +116,7 @@ def log_scale(metric: str, bands: list[Band], yscale: str = "auto") -> bool:
     values spanning more than WIDE_RANGE."""
     if yscale != "auto":
         return yscale == "log"
-    if "loss" in metric or metric.split("/")[0] in LOG_METRICS:
+    if any(word in metric for word in LOG_METRICS):
         return True
     values = np.concatenate([np.concatenate([b.low, b.high]) for b in bands]) if bands else np.array([])
     return len(values) > 0 and values.min() > 0 and values.max() > WIDE_RANGE * values.min()

@@ -35,7 +35,7 @@ from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.store.runs import series
 from attn.text import format_value
-from attn.train.figures import save_figure, wrapped
+from attn.train.figures import mark_zeros, save_figure, wrapped
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {
@@ -456,14 +456,7 @@ def mechanism_figure(best, layout, colors, steps, path):
                 drawn += [v for v in values[~off] if np.isfinite(v)]
                 if off.any():  # a median of 0 has no place on a log axis: a ▼ at its foot, and a word
                     zeros += 1
-                    ax.plot(
-                        np.asarray(px)[off],
-                        np.zeros(off.sum()),
-                        "v",
-                        color=colors[arm],
-                        transform=ax.get_xaxis_transform(),
-                        clip_on=False,
-                    )
+                    mark_zeros(ax, np.asarray(px)[off], colors[arm])
         empty = key is not None and not drawn
         ax.set_yscale("linear" if empty else yscale)
         if empty:  # an empty panel says why, with no y values to read

@@ -134,7 +134,7 @@ def load_checkpoint(path: Path, param_shapes: dict, optim_template: dict, dtype:
 
 
 def _read_array(npz, key: str, path: Path) -> np.ndarray:
-    """One array of the .npz, its header already checked (_declared_bytes)."""
+    """One array of the .npz, its header already checked (_check_header)."""
     try:
         return npz[key]
     except (ValueError, zipfile.BadZipFile, EOFError, OSError) as err:

@@ -631,22 +631,58 @@ def _json_kind(value) -> str:
     )
 
 
-JSON_TYPES = {str: "a string", int: "an integer", dict: "an object", list: "a list", object: "any value"}
+JSON_TYPES = {
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+    object: "any value",
+}
+
+
+class Check(typing.NamedTuple):
+    """A leaf of a JSON shape (json_shape_problem): the values `accepts` takes, which `what` names."""
+
+    accepts: typing.Callable[[object], bool]
+    what: str
+
+
+class MayLack(typing.NamedTuple):
+    """A key of an object's shape (json_shape_problem) that the object may lack; where it holds one, of `shape`."""
+
+    shape: object
+
+
+class EachValue(typing.NamedTuple):
+    """An object whose every value, whatever its key, is of `shape` (json_shape_problem)."""
+
+    shape: object
 
 
 def json_shape_problem(value, shape, where: str = "") -> str | None:
-    """What in JSON read back does not have `shape`, or None: a shape is a type (str, int, dict, list or
-    object, any value), [shape] a list of that shape, or {key: shape} an object holding at least those
-    keys, each of its shape. '`cells[2].n` is a string, expected an integer'."""
+    """What in JSON read back does not have `shape`, or None: a shape is a type (str, int, bool, dict, list
+    or object, any value), a Check, [shape] a list of that shape, EachValue(shape) an object of values of
+    that shape, or {key: shape} an object holding at least those keys (but the MayLack ones), each of its
+    shape. '`cells[2].n` is a string, expected an integer'."""
     at = f"`{where}`" if where else "the file"
+    if isinstance(shape, Check):
+        return None if shape.accepts(value) else f"{at} is {_json_kind(value)}, expected {shape.what}"
+    if isinstance(shape, (dict, EachValue)) and not isinstance(value, dict):
+        return f"{at} is {_json_kind(value)}, expected an object"
+    if isinstance(shape, EachValue):
+        return next(
+            (p for key, item in value.items() if (p := json_shape_problem(item, shape.shape, f"{where}[{key!r:.40}]"))),
+            None,
+        )
     if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{at} is {_json_kind(value)}, expected an object"
         for key, inner in shape.items():
             inside = f"{where}.{key}" if where else key
             if key not in value:
+                if isinstance(inner, MayLack):
+                    continue
                 return f"`{inside}` is missing"
-            problem = json_shape_problem(value[key], inner, inside)
+            problem = json_shape_problem(value[key], inner.shape if isinstance(inner, MayLack) else inner, inside)
             if problem:
                 return problem
         return None
@@ -661,10 +697,11 @@ def json_shape_problem(value, shape, where: str = "") -> str | None:
     return f"{at} is {_json_kind(value)}, expected {JSON_TYPES[shape]}"
 
 
-def truncate_metrics(run_dir: Path, keep_before_step: int) -> int:
-    """Keep only records with step < keep_before_step (atomically). Returns how many were dropped.
-    Only the directory's RunLock holder may call it."""
-    records = read_metrics(run_dir)
+def truncate_metrics(run_dir: Path, keep_before_step: int, source: Path | None = None) -> int:
+    """Keep only records with step < keep_before_step (atomically): of run_dir's own metrics.jsonl, or of
+    the run directory `source`'s (a fork's records, its source's up to the fork). Returns how many were
+    dropped. Only the directory's RunLock holder may call it."""
+    records = read_metrics(run_dir if source is None else source)
     kept = [r for r in records if r["step"] < keep_before_step]
     text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept)
     write_atomic(Path(run_dir) / "metrics.jsonl", text.encode())

@@ -461,10 +461,7 @@ def new_fork(plan: ForkPlan, overrides=(), name: str | None = None):
 
     def fill(run_dir: Path) -> None:
         runstate.save_checkpoint(dataclasses.replace(plan.state, run_dir=run_dir))
-        kept = [r for r in runs.read_metrics(plan.source) if r["step"] < plan.step]  # a damaged line: the source's
-        runs.write_atomic(
-            run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept).encode()
-        )
+        runs.truncate_metrics(run_dir, plan.step, source=plan.source)  # a damaged line: the source's
         for snapshot, kept in (
             ("attention.npz", lambda key: key != "attn_final"),
             *(

@@ -333,25 +333,9 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
         final=_final_figures(member.final_record),
         steps_per_sec=member.clock.rate_since_start(end_step),
     )
-    member.summary.update(outcome_fields(runs.read_metrics(member.run_dir), member.summary))
+    if status in outcomes.ENDED:  # learned, stalled, ...: the class every report uses
+        member.summary.update(outcomes.summary_fields(runs.read_metrics(member.run_dir), member.summary))
     _write_summary(member)
-
-
-def outcome_fields(records: list[dict], summary: dict) -> dict:
-    """summary.json's `outcome` (attn.outcomes: the class every report uses) and what it rests on."""
-    outcome = outcomes.of_run(records, summary)
-    if outcome is None:
-        return {}
-    return {
-        "outcome": outcome.outcome,
-        "outcome_said": outcome.said(),
-        "outcome_detail": {
-            "reached_step": outcome.reached_step,
-            "left_plateau_step": outcome.left_plateau_step,
-            "sat_at": outcome.sat_at,
-            "slow_kind": outcome.slow_kind,
-        },
-    }
 
 
 class _Clock:

@@ -59,6 +59,8 @@ def train(state: RunState, stop=None) -> dict:
                 last_record = record
             if _is_mechanism_step(config, step):
                 _save_mechanism(state, step)
+            if config.logging.mechanism_trace and _is_trace_step(step):
+                _save_trace(state, step)
             if fault is not None:
                 record["nonfinite"] = "".join(fault)
                 state.nonfinite_steps += 1
@@ -109,6 +111,14 @@ def _is_checkpointed(config, updates: int) -> bool:
 def _is_mechanism_step(config, step: int) -> bool:
     """Whether iteration `step` measures each query row's saturation and gradient (mechanism.npz)."""
     return config.logging.mechanism_step is not None and step in (0, config.logging.mechanism_step)
+
+
+def _is_trace_step(step: int) -> bool:
+    """Whether logging.mechanism_trace measures the rows at iteration `step`: 0, 1, 2, 5, 10, 20, 50, 100, ...
+    (1, 2 or 5 times a power of ten), so that the first steps are seen as well as the last."""
+    while step >= 10 and step % 10 == 0:
+        step //= 10
+    return step in (0, 1, 2, 5)
 
 
 def _learning_rate(config, step: int) -> float:
@@ -194,6 +204,13 @@ def _save_mechanism(state: RunState, step: int) -> None:
     _save_arrays(state.run_dir / "mechanism.npz", arrays, beside_earlier=step > 0)
 
 
+def _save_trace(state: RunState, step: int) -> None:
+    """mechanism_trace.npz: the medians of the eval query rows' statistics at `step` (mechanism.summary)."""
+    numbers = mechanism.summary(mechanism.row_statistics(state.params, state.spec, state.eval_batch, state.buffers))
+    arrays = {f"{step}/{name}": np.float64(value) for name, value in numbers.items()}
+    _save_arrays(state.run_dir / "mechanism_trace.npz", arrays, beside_earlier=step > 0)
+
+
 def _save_arrays(path, arrays: dict, beside_earlier: bool) -> None:
     """Write `arrays` to path; with beside_earlier, beside (and over) those it holds already."""
     if beside_earlier and path.exists():
@@ -238,11 +255,8 @@ def _finish(state: RunState, summary: dict, clock: _Clock, last_record, status: 
         steps_per_sec=clock.rate_since_start(end_step),
         **runs.heartbeat_fields(),  # who wrote it: time, host, process
     )
-    outcome = outcomes.of_run(runs.read_metrics(state.run_dir), summary)  # learned, stalled, ...: attn.outcomes
-    if outcome is not None:  # a run that completed or diverged
-        detail = ("reached_step", "left_plateau_step", "sat_at", "slow_kind")
-        summary.update(outcome=outcome.outcome, outcome_said=outcome.said())
-        summary["outcome_detail"] = {name: getattr(outcome, name) for name in detail}
+    if status in outcomes.ENDED:  # completed or diverged: learned, stalled, ... (attn.outcomes)
+        summary.update(outcomes.summary_fields(runs.read_metrics(state.run_dir), summary))
     runs.write_json(state.run_dir / "summary.json", summary)
     return summary
 

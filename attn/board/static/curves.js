@@ -14,8 +14,8 @@
 //   groupCurve(runs, ...)       curves.group_curve: x = the step, or the mean wall time of
 //                               the runs that logged that step
 //   edges(band)                 Band.edges: mean ± std clipped to [low, high]
-//   logScale(metric, ...)       compare_figure.log_scale with yscale auto; also log for a metric whose name
-//                               holds one of the snapshot's log_metrics (gradient norms, update ratios)
+//   logScale(metric, ...)       compare_figure.log_scale with yscale auto: log for a metric whose name holds
+//                               one of the snapshot's log_metrics (compare_figure.LOG_METRICS), or a wide range
 //   niceTicks(low, high, n)     about n ticks at round numbers (1, 2 or 5 times a power of ten)
 //   logTicks(low, high)         a log axis's ticks: its decades (every k-th of more than eight); with fewer
 //                               than three, 1-2-5 of each decade, then 1..9, then round numbers as on a
@@ -169,7 +169,7 @@
     };
   }
 
-  function logScale(metric, bands, wideRange, logMetrics = ["loss"]) {
+  function logScale(metric, bands, wideRange, logMetrics) {
     if (logMetrics.some((word) => metric.includes(word))) return true;
     const values = bands.flatMap((b) => b.low.concat(b.high));
     if (!values.length) return false;
