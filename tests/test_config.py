@@ -643,3 +643,9 @@ def test_d_v_does_not_follow_d_k():
     config = load_config(None, ["model.d_k=1024"])
     assert config.model.d_v == 32
     assert build_spec(config, build_task(config)).d_v == 32
+
+
+def test_a_null_d_v_as_older_runs_recorded_it_still_means_d_k():
+    """Runs made before d_v had a default wrote `d_v: null`; they resume, fork and report as they ran."""
+    config = load_config(None, ["model.d_k=1024", "model.d_v=null"])
+    assert config.model.d_v is None and build_spec(config, build_task(config)).d_v == 1024

@@ -287,6 +287,11 @@ def build_task(config: Config) -> RetrievalTask | CopyTask:
     return CopyTask(t.vocab_size, t.length, t.mode, t.shift)
 
 
+def value_width(config: Config) -> int:
+    """d_v: model.d_v, or d_k where it is null (as runs made before d_v had a default recorded it)."""
+    return config.model.d_k if config.model.d_v is None else config.model.d_v
+
+
 def qk_gain(config: Config) -> float:
     """The init gain of W_q and W_k: model.qk_gain times d_k ** model.qk_gain_exponent."""
     m = config.model
@@ -303,7 +308,7 @@ def build_spec(config: Config, task) -> ModelSpec:
         n_classes=task.n_classes,
         d_model=m.d_model,
         d_k=m.d_k,
-        d_v=m.d_v,
+        d_v=value_width(config),
         scale=m.scale,
         causal=m.causal,
         mask_self=m.mask_self,
@@ -348,7 +353,7 @@ def runs_width_free(config: Config, task) -> bool:
             task.seq_len,
             m.d_model,
             m.d_k,
-            m.d_v,
+            value_width(config),
             width_free=True,
             normed=m.score in scores.NORMED_MODES,
         )

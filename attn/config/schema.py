@@ -110,8 +110,11 @@ SEED_FIXES_DATA = "the seed fixes the batches and the eval set, which a fork con
 class ModelConfig:
     d_model: int = config_field(64, "width of the embeddings and of the head's output", gt=0)
     d_k: int = config_field(32, "width of queries and keys", gt=0)
-    d_v: int = config_field(
-        32, "width of values; it does not follow d_k (the experiments vary the query-key circuit only)", gt=0
+    d_v: typing.Optional[int] = config_field(
+        32,
+        "width of values; it does not follow d_k (the experiments vary the query-key circuit only); "
+        "null, as runs made before it had a default recorded it, means d_k",
+        gt=0,
     )
     scale: str = config_field(
         "sqrt",

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attn.config.loading import build_task, runs_width_free
+from attn.config.loading import build_task, runs_width_free, value_width
 from attn.config.yamlio import yaml_line
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, only_argument
@@ -163,7 +163,7 @@ def materialized_plan(experiment: Experiment) -> MaterializedPlan:
     (--only KEY=values); no pass where no cell would change."""
 
     def wide(cell) -> int:
-        return max(cell.config.model.d_k, cell.config.model.d_v or cell.config.model.d_k)
+        return max(cell.config.model.d_k, value_width(cell.config))
 
     free = {cell.name for cell in experiment.cells if runs_width_free(cell.config, build_task(cell.config))}
     fits = frozenset(c.name for c in experiment.cells if c.name in free and wide(c) <= MATERIALIZED_WIDTH)
