@@ -96,6 +96,10 @@ BENCH_END = "<!-- /bench -->"
 COPIED = ("report.md", runs.REPORT_FILE, runs.SEEDS_FILE, "report.csv", "*.png")
 
 
+class MixedCode(runs.RunError):
+    """Results made by code other than one clean commit: published only when the caller allows mixed code."""
+
+
 def publish(
     names: list[str] | None = None,
     runs_dir: Path = REPO / "runs",
@@ -180,16 +184,16 @@ def _publish_checked(names: list[str] | None, runs_dir: Path, allow_mixed: bool,
                 _check_replaces_nothing(verifications[name][".json"], verification, RESULTS / name / "verify.json")
             unclean = unclean_reruns(verification)
             if unclean and not allow_mixed:
-                raise runs.RunError(
+                raise MixedCode(
                     f"{verifications[name]['.json']}: its re-runs ran uncommitted or unrecorded code "
                     f"({unclean}); verify with committed code (commit or stash the change, then `attn verify "
-                    f"experiments/{name}.yaml` again), or pass --allow-mixed to publish it as it is"
+                    f"experiments/{name}.yaml` again)"
                 )
         note = report.get("code_state_note")
         if note and not allow_mixed and not verification_only:
-            raise runs.RunError(
+            raise MixedCode(
                 f"{runs_dir / name}: {_shortened(note[0].lower() + note[1:].rstrip('.'))}; publish runs of one "
-                "clean commit (re-run them), or pass --allow-mixed to publish them as they are"
+                "clean commit (re-run them)"
             )
     bench = None if verification_only else _newest_bench(runs_dir, allow_mixed)
     _check_published(RESULTS, replaced=() if verification_only else names, bench_replaced=bench is not None)
@@ -275,9 +279,9 @@ def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
             if isinstance(commit, str) and commit
             else f"does not say which commit it timed (attn_commit: {_shown(repr(commit))})"
         )
-        raise runs.RunError(
+        raise MixedCode(
             f"{newest}: {said}; publish a benchmark of one clean commit (run `attn bench` "
-            "from it, or move this one out of the way), or pass --allow-mixed to publish it as it is"
+            "from it, or move this one out of the way)"
         )
     for path in (newest, newest.with_suffix(".md")):
         _regular_file(path)

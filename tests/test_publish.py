@@ -241,7 +241,9 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
 
 
 @pytest.mark.parametrize("commit", ["abc1234-dirty", None, ""])
-def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tmp_path, monkeypatch, commit):
+def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tmp_path, monkeypatch, capsys, commit):
+    from attn import cli
+
     repo = tmp_path / "repo"
     results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.BENCH_BEGIN}\nold\n{publish.BENCH_END}\n")
     bench = tmp_path / "runs" / "bench"
@@ -251,11 +253,12 @@ def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tm
     (tmp_path / "runs" / "sqrt_dk").mkdir()
     runs.write_json(tmp_path / "runs" / "sqrt_dk" / "report.json", report({}))
     for bench_only in (True, False):
-        with pytest.raises(runs.RunError) as info:
+        with pytest.raises(publish.MixedCode) as info:
             publish.publish(None, tmp_path / "runs", bench_only=bench_only)
-        assert facts_in(
-            str(info.value), "bench-20261201-100000.json", "--allow-mixed", *(["abc1234-dirty"] if commit else [])
-        )
+        assert facts_in(str(info.value), "bench-20261201-100000.json", *(["abc1234-dirty"] if commit else []))
+        assert "--allow-mixed" not in str(info.value), "the library names no CLI flag (attn.cli maps it)"
+        assert cli.main(["publish", "--runs-dir", str(tmp_path / "runs"), *(["--bench"] if bench_only else [])]) == 2
+        assert facts_in(capsys.readouterr().err, "bench-20261201-100000.json", "--allow-mixed")
         assert not results.exists() and not results.with_name(".results.new").exists()
         assert "old" in (repo / "README.md").read_text(), "nothing is touched"
     publish.publish(None, tmp_path / "runs", allow_mixed=True, bench_only=True)
@@ -1309,9 +1312,9 @@ def test_a_verification_made_by_uncommitted_code_is_refused_unless_allowed_and_t
             runs_dir / "verify" / "sqrt_dk.json",
             {**dirty, "as_run": verify.as_run_record(report_dir / "report.json", verification_only)},
         )
-        with pytest.raises(runs.RunError) as info:
+        with pytest.raises(publish.MixedCode) as info:
             publish.publish(["sqrt_dk"], runs_dir, verification_only=verification_only)
-        assert facts_in(str(info.value), "sqrt_dk.json", "float64: abc1234-dirty", "--allow-mixed")
+        assert facts_in(str(info.value), "sqrt_dk.json", "float64: abc1234-dirty")
         assert snapshot(repo) == before and not results.with_name(".results.new").exists()
     publish.publish(["sqrt_dk"], runs_dir, verification_only=True, allow_mixed=True)
     said = "by uncommitted or unrecorded code (float64: abc1234-dirty)"
@@ -1461,14 +1464,14 @@ def test_a_very_long_commit_is_shown_cut_where_publish_refuses_it(tmp_path, monk
         runs_dir / "bench" / "bench-20261202-100000.json", {**bench_result(0.6, 1.0), "attn_commit": commit}
     )
     (runs_dir / "bench" / "bench-20261202-100000.md").write_text("# bench\n")
-    with pytest.raises(runs.RunError) as info:
+    with pytest.raises(publish.MixedCode) as info:
         publish.publish(None, runs_dir, bench_only=True)
-    assert len(str(info.value)) < 400 and facts_in(str(info.value), "5006 characters", "--allow-mixed")
+    assert len(str(info.value)) < 400 and facts_in(str(info.value), "5006 characters")
     (runs_dir / "bench" / "bench-20261202-100000.json").unlink()
     note = f"Not one clean commit: 4 from uncommitted or unrecorded code ({commit})."
     runs.write_json(
         runs_dir / "sqrt_dk" / "report.json", {**report({}), "code_states": {commit: 4}, "code_state_note": note}
     )
-    with pytest.raises(runs.RunError) as info:
+    with pytest.raises(publish.MixedCode) as info:
         publish.publish(["sqrt_dk"], runs_dir)
-    assert len(str(info.value)) < 400 and facts_in(str(info.value), "a… (", " characters)", "--allow-mixed")
+    assert len(str(info.value)) < 400 and facts_in(str(info.value), "a… (", " characters)")

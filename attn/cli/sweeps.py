@@ -453,17 +453,20 @@ def cmd_publish(args) -> int:
             f"publish: --bench with {given}: it publishes the newest benchmark alone; expected it "
             "without experiments or other modes"
         )
-    written = (
-        publish.publish_text()
-        if args.text_only
-        else publish.publish(
-            args.names or None,
-            Path(args.runs_dir),
-            allow_mixed=args.allow_mixed,
-            verification_only=args.verification_only,
-            bench_only=args.bench,
+    try:
+        written = (
+            publish.publish_text()
+            if args.text_only
+            else publish.publish(
+                args.names or None,
+                Path(args.runs_dir),
+                allow_mixed=args.allow_mixed,
+                verification_only=args.verification_only,
+                bench_only=args.bench,
+            )
         )
-    )
+    except publish.MixedCode as error:
+        raise publish.MixedCode(f"{error}, or pass --allow-mixed to publish it as it is") from None
     for path in written:
         say(path)
     return EXIT_OK

@@ -428,6 +428,7 @@ class Findings:
     claims: dict  # the claims frozen before the runs, against the file's now
     code_states: dict  # each code state the runs were made with -> its number of runs
     stalls: dict  # (x, arm) -> what its stalled and learned runs did (attn.analysis.results.stall_mechanism)
+    shared_draws: list[int]  # the d_k whose cells start a seed from the same deviates (shared_initial_draws)
 
 
 def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Excluded]) -> Findings:
@@ -486,6 +487,7 @@ def findings(experiment: Experiment, cells: list[CellResult], excluded: list[Exc
         claims,
         code_states(cells),
         stalls,
+        shared_initial_draws(experiment),
     )
 
 
@@ -529,7 +531,7 @@ def report_json(found: Findings) -> dict:
         "cells_in_file": len(experiment.cells),
         "platform": found.platform,
         "definitions": outcomes.definitions(),
-        "shared_initial_draws": shared_initial_draws(experiment),
+        "shared_initial_draws": found.shared_draws,
         "layout": {
             "x": layout.x,
             "arm": layout.arm,
@@ -915,7 +917,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
             text += [findings_table(judged, layout.x_name, layout.names.get(layout.best_of)), ""]
         text += [f"![headline]({os.path.relpath(p, experiment.directory)})" for p in headline_figure]
         text += [""] if headline_figure else []
-    text += shared_draws_lines(shared_initial_draws(experiment))  # how independent the verdicts above are
+    text += shared_draws_lines(found.shared_draws)  # how independent the verdicts above are
     text += ["## In one paragraph (generated)", "", found.headline, ""]
     for title, chosen in (
         ("each arm at its own best " + (layout.best_of or "setting"), best),

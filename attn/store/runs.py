@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn import outcomes
 from attn.config.schema import all_keys
 from attn.config.yamlio import (
     ConfigError,
@@ -76,7 +77,7 @@ from attn.config.yamlio import (
 from attn.store.processes import pid_alive, writer_identity
 
 STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
-FINISHED = ("completed", "diverged")  # the statuses whose last figures are final: a run with one is never resumed
+FINISHED = outcomes.ENDED  # the statuses whose last figures are final: a run with one is never resumed
 MAX_SUMMARY_BYTES = 1 << 20  # summary.json is a few kB
 MAX_METRICS_BYTES = 256 << 20  # ~150,000 records of ~1.7 kB: far more than any run here logs
 MAX_METRICS_LINE_BYTES = 1 << 20  # one record: ~1.7 kB
