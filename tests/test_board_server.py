@@ -7,6 +7,7 @@ import json
 import os
 import re
 import select
+import shutil
 import socket
 import threading
 import time
@@ -291,8 +292,11 @@ def chromium():
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    yield driver
-    driver.quit()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)  # Chromium's profile is not the test's to leave behind
 
 
 SVG = """<svg xmlns="http://www.w3.org/2000/svg"><script>
