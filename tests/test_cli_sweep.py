@@ -84,7 +84,8 @@ def test_grid_values_are_typed_as_overrides_are():
 
 @pytest.fixture(scope="module")
 def grid_sweep(tmp_path_factory):
-    """attn sweep CONFIG --grid ... --grid ... --seeds 0-1 through cli.main, one worker process."""
+    """attn sweep CONFIG --grid ... --grid ... --seeds 0-1 through cli.main, one worker process. Its report draws
+    no figures (most of a report's time; the tests here read its lines, and tests/test_report.py the figures)."""
     root = tmp_path_factory.mktemp("cli_sweep")
     argv = [
         "sweep",
@@ -102,6 +103,7 @@ def grid_sweep(tmp_path_factory):
         "1",
     ]
     with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
         err = io.StringIO()
         monkeypatch.setattr("sys.stderr", err)
         out = io.StringIO()
@@ -297,9 +299,11 @@ def test_only_runs_part_of_an_experiment_and_a_report_counts_either_algorithms_r
     assert code == 2 and "--only" in err and "64, 256" in err
 
 
-def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(tmp_path, capsys):
+def test_a_report_asks_each_run_about_longer_contexts_with_the_runs_own_config(tmp_path, capsys, monkeypatch):
     """A run of the cell made with the other algorithm (materialized W_q, W_k of width d_k) is restored from
-    its checkpoint by its own config, not the cell's (width-free coordinates)."""
+    its checkpoint by its own config, not the cell's (width-free coordinates). Its report draws no figures (read
+    here is report.json, whose lengths rows come from the restored runs)."""
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
     (tmp_path / "base.yaml").write_text(
         "task: {name: retrieval, n_pairs: 4, n_keys: 128, eval_size: 32}\nmodel: {d_model: 8, positional: none}\n"
         "train: {steps: 10, batch_size: 16}\nlogging: {log_every: 5, plots: false, attention_examples: 0}\n"

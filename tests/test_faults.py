@@ -36,7 +36,16 @@ from attn.store import locks, runs
 from attn.train import lifecycle
 
 pytestmark = pytest.mark.faults
-distributed = pytest.importorskip("distributed")
+distributed = None  # dask.distributed, imported by the fixture below when a test here runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def distributed_installed():
+    """Imported as a test of this module starts (make test-faults), not as make test's workers collect it
+    (each would import it, ~0.5 CPU-s, for tests it deselects)."""
+    global distributed
+    distributed = pytest.importorskip("distributed")
+
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "CI": "true", "PYTHONPATH": str(REPO)}

@@ -63,14 +63,16 @@ def made_run(tmp_path: Path, name: str, records: list[dict], **summary) -> Path:
     return run_dir
 
 
-def drawn(run_dir: Path, monkeypatch) -> dict:
-    """plot_run's figures by file name, drawn (laid out as saved) but not written."""
+def drawn(run_dir: Path, monkeypatch, name: str) -> dict:
+    """plot_run's figures by file name, none written; the one `name`d drawn (laid out as saved), the others
+    made but not drawn (rendering is most of a figure's time, and each test here reads one figure)."""
     made = {}
 
     def keep(fig, path, tight=True):
-        if tight:
-            fig.tight_layout()
-        FigureCanvasAgg(fig).draw()
+        if Path(path).name == name:
+            if tight:
+                fig.tight_layout()
+            FigureCanvasAgg(fig).draw()
         made[Path(path).name] = fig
         return path
 
@@ -96,14 +98,14 @@ def labelled(axis) -> list[str]:
 
 
 def test_the_loss_figure_holds_step_0_and_the_reference_lines(tmp_path, monkeypatch):
-    made = drawn(made_run(tmp_path, "learned", records_of(LEARNED)), monkeypatch)
+    made = drawn(made_run(tmp_path, "learned", records_of(LEARNED)), monkeypatch, "loss.png")
     [ax] = made["loss.png"].axes
     assert ax.get_yscale() == "log"
     assert holds(ax, LEARNED[0], LEARNED[0] * 1.02, *REFERENCES.values(), min(LEARNED))
 
 
 def test_a_loss_at_chance_is_drawn_on_a_log_axis_with_ticks_a_reader_can_read(tmp_path, monkeypatch):
-    made = drawn(made_run(tmp_path, "stalled", records_of(STALLED)), monkeypatch)
+    made = drawn(made_run(tmp_path, "stalled", records_of(STALLED)), monkeypatch, "loss.png")
     [ax] = made["loss.png"].axes
     low, high = ax.get_ylim()
     assert math.log10(high / low) < 1 and holds(ax, STALLED[0], *REFERENCES.values())
@@ -120,14 +122,14 @@ def plain_numbers(labels: list[str]) -> int:
 
 def test_a_log_axis_of_a_decade_or_two_is_labelled_in_plain_numbers(tmp_path, monkeypatch):
     grads = list(np.geomspace(0.9, 0.05, len(STEPS)))  # 1.3 decades: matplotlib labels only 0.1 and 1
-    made = drawn(made_run(tmp_path, "narrow", records_of(LEARNED, grads=grads)), monkeypatch)
+    made = drawn(made_run(tmp_path, "narrow", records_of(LEARNED, grads=grads)), monkeypatch, "diagnostics.png")
     grad_ax = made["diagnostics.png"].axes[3]
     assert plain_numbers(labelled(grad_ax.yaxis)) >= 3, labelled(grad_ax.yaxis)
 
 
 def test_the_diagnostics_hold_step_0_and_draw_gradient_norms_on_a_log_axis(tmp_path, monkeypatch):
     score_std = [1.01] + [3.32 + 0.001 * i for i in range(len(STEPS) - 1)]  # step 0 far below the rest
-    made = drawn(made_run(tmp_path, "diag", records_of(LEARNED, score_std=score_std)), monkeypatch)
+    made = drawn(made_run(tmp_path, "diag", records_of(LEARNED, score_std=score_std)), monkeypatch, "diagnostics.png")
     score_ax, _, _, grad_ax = made["diagnostics.png"].axes
     assert holds(score_ax, 1.01, max(score_std))
     assert grad_ax.get_yscale() == "log"
@@ -138,7 +140,7 @@ def test_a_diverged_run_keeps_its_whole_title_inside_the_figure(tmp_path, monkey
     run_dir = made_run(
         tmp_path, "retrieval_unscaled-20260101-120000", records_of(STALLED[:50]), status="diverged", reason=reason
     )
-    fig = drawn(run_dir, monkeypatch)["loss.png"]
+    fig = drawn(run_dir, monkeypatch, "loss.png")["loss.png"]
     title = fig.axes[0].title
     box = title.get_window_extent(fig.canvas.get_renderer())
     assert "|w| = 2.89e+27" in title.get_text().replace("\n", " ")
@@ -158,7 +160,7 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
             }
         )
     arrayfiles.save_arrays(run_dir / loop.MECHANISM_TRACE, {k: np.float64(v) for k, v in trace.items()})
-    std_ax, saturated_ax, grad_ax = drawn(run_dir, monkeypatch)["mechanism.png"].axes
+    std_ax, saturated_ax, grad_ax = drawn(run_dir, monkeypatch, "mechanism.png")["mechanism.png"].axes
     config = lifecycle.config_of(run_dir)
     theory = config.model.d_k**-0.5 * math.sqrt(config.model.d_k) * config.model.qk_gain**2  # s √d_k g², s = 1/√d_k
     assert any(list(line.get_ydata()) == [theory, theory] for line in std_ax.get_lines()), "the theory line"

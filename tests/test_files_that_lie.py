@@ -196,9 +196,10 @@ def test_attn_runs_reads_a_huge_metrics_file_a_line_at_a_time(tmp_path, capsys):
     run_dir = write_run(tmp_path / "runs" / "big")
     line = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     with open(run_dir / "metrics.jsonl", "a") as grown:
-        for step in range(line["step"] + 1, line["step"] + 30_001):
+        for step in range(line["step"] + 1, line["step"] + 10_001):
             grown.write(json.dumps({**line, "step": step, "eval_loss": 0.125}) + "\n")
-    assert (run_dir / "metrics.jsonl").stat().st_size > 6 << 20
+    size = (run_dir / "metrics.jsonl").stat().st_size
+    assert size > 2 << 20
     tracemalloc.start()
     try:
         assert cli.main(["runs", str(tmp_path / "runs")]) == 0
@@ -206,7 +207,9 @@ def test_attn_runs_reads_a_huge_metrics_file_a_line_at_a_time(tmp_path, capsys):
     finally:
         tracemalloc.stop()
     assert "0.125" in capsys.readouterr().out, "the last record's figures"
-    assert peak < 4 << 20, f"{peak} bytes traced: the file was held whole"
+    # Held whole, the file's text alone would be its size; read a line at a time, the peak is a fraction of it
+    # (about a quarter at this size, a fifth at 8 MB: what grows with the lines is far less than the lines).
+    assert peak < size // 2, f"{peak} bytes traced for a file of {size}: the file was held whole"
 
 
 def test_a_line_longer_than_any_record_is_refused_by_its_number(tmp_path):

@@ -4,6 +4,7 @@ module listed before it: data flows one way, between packages and inside each. A
 no two modules define it, but for the twins named in SAME_ON_PURPOSE."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def dotted(path: Path) -> str:
 
 
 MODULES = {dotted(p): p for p in PACKAGE.rglob("*.py")}
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for every test here (the tests only read it)."""
+    return ast.parse(path.read_text())
 
 
 def imported(tree: ast.AST) -> list[tuple[str, int]]:
@@ -61,7 +68,7 @@ def test_no_module_imports_one_above_it():
     for source, path in sorted(MODULES.items()):
         if source not in placed:
             continue
-        for target, line in imported(ast.parse(path.read_text())):
+        for target, line in imported(parsed(path)):
             if target in placed and target != source and placed[target] >= placed[source]:
                 upward.append(f"{path.relative_to(REPO)}:{line} imports {target}")
     assert upward == []
@@ -90,11 +97,12 @@ SAME_ON_PURPOSE = {
 }
 
 
+@functools.cache
 def public_names() -> dict[str, set[str]]:
     """Public top-level function or class name -> the modules defining it."""
     defined: dict[str, set[str]] = {}
     for module, path in MODULES.items():
-        for node in ast.parse(path.read_text()).body:
+        for node in parsed(path).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
                 "_"
             ):
@@ -103,10 +111,9 @@ def public_names() -> dict[str, set[str]]:
 
 
 def test_no_public_name_is_defined_in_two_modules():
+    defined = public_names()
     twice = {
-        name: modules
-        for name, modules in public_names().items()
-        if len(modules) > 1 and modules != SAME_ON_PURPOSE.get(name)
+        name: modules for name, modules in defined.items() if len(modules) > 1 and modules != SAME_ON_PURPOSE.get(name)
     }
     assert twice == {}
-    assert all(public_names()[name] == modules for name, modules in SAME_ON_PURPOSE.items())
+    assert all(defined[name] == modules for name, modules in SAME_ON_PURPOSE.items())

@@ -15,13 +15,22 @@ from matplotlib.image import imsave
 from attn import cli
 from attn.analysis import grouping
 from attn.config.yamlio import parse_yaml
-from attn.report import mlflow_export
 from attn.store import runs
 
-pytest.importorskip("mlflow", reason="the mlflow package is not installed (optional: attn[mlflow])")
+mlflow_export = ViewType = MlflowClient = None  # imported by the fixture below when a test here runs
 
-from mlflow.entities import ViewType  # noqa: E402 (only with mlflow)
-from mlflow.tracking import MlflowClient  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def mlflow_installed():
+    """MLflow (and attn.report.mlflow_export, which imports it) imported as a test of this module starts: the
+    import costs ~1.5 CPU-s, which every make test worker paid as it collected the module, running its tests
+    or not."""
+    global mlflow_export, ViewType, MlflowClient
+    pytest.importorskip("mlflow", reason="the mlflow package is not installed (optional: attn[mlflow])")
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    from attn.report import mlflow_export
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ does, their generated blocks are what `attn publish` makes from the
 committed results, every link leads somewhere, and every shipped config
 and experiment file loads."""
 
+import functools
 import json
 import re
 import subprocess
@@ -20,6 +21,13 @@ from attn.experiment.spec import load_experiment
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 DOCS = sorted((REPO / "docs").glob("*.md"))
+
+
+@functools.cache
+def shipped_experiment(path: Path):
+    """An experiment file of experiments/, read and validated (every cell's config built) once for the tests
+    here, which only read it."""
+    return load_experiment(path)
 
 
 def test_readme_is_short_enough_to_read_and_starts_with_the_two_commands():
@@ -106,8 +114,8 @@ def test_every_shipped_config_loads(path):
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_experiment_loads_and_make_ablations_runs_it(path, tmp_path):
-    load_experiment(path, runs_dir=str(tmp_path))
+def test_every_shipped_experiment_loads_and_make_ablations_runs_it(path):
+    assert shipped_experiment(path).cells
     ablations = re.search(r"^ABLATIONS := (.+)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
     assert path.stem in ablations
 
@@ -122,7 +130,7 @@ def test_every_published_experiment_has_its_line_in_readmes_results_block_and_bo
             assert f"- [`{path.parent.name}`](experiments/results/{path.parent.name}/report.md)" in results
     numbers = {}
     for path in sorted((REPO / "experiments").glob("*.yaml")):
-        found = publish.BOUNDARY.match(load_experiment(path).description.strip())
+        found = publish.BOUNDARY.match(shipped_experiment(path).description.strip())
         if found:
             numbers.setdefault(int(found.group(1)), []).append(path.stem)
     assert {n: names for n, names in numbers.items() if len(names) > 1} == {}

@@ -884,9 +884,15 @@ def held_out_experiment(tmp_path, held_out=True, outcome_of=None):
     return report_of(experiment, figures=False)
 
 
-def test_held_out_seeds_choose_a_different_rate_than_all_seeds_and_only_the_judge_seeds_judge(tmp_path):
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """held_out_experiment's report as the file declares it (chosen on seeds 0, 1; judged on 2-9): the tests
+    below only read it."""
+    return held_out_experiment(tmp_path_factory.mktemp("held") / "held")
+
+
+def test_held_out_seeds_choose_a_different_rate_than_all_seeds_and_only_the_judge_seeds_judge(tmp_path, held):
     everyone = held_out_experiment(tmp_path / "all", held_out=False)
-    held = held_out_experiment(tmp_path / "held")
     assert best_lr(everyone)[(64, "sqrt")] == 0.1 and best_lr(held)[(64, "sqrt")] == 0.01
     learns, beats = held.expectation("learns"), held.expectation("beats-none")
     assert learns["points"][0]["n"] == len(HELD_JUDGE) and learns["points"][0]["value"] == 0  # 0/8 at 0.01
@@ -903,11 +909,11 @@ def test_held_out_seeds_choose_a_different_rate_than_all_seeds_and_only_the_judg
     assert {r["scale"]: (float(r["lr"]), int(r["seeds"])) for r in rows} == {"sqrt": (0.01, 8), "none": (0.01, 8)}
 
 
-def test_a_selection_seeds_outcome_never_moves_a_verdict_and_a_judge_seeds_can(tmp_path):
+def test_a_selection_seeds_outcome_never_moves_a_verdict_and_a_judge_seeds_can(tmp_path, held):
     def verdicts(report):
         return {e["id"]: (e["verdict"], [p.get("value") for p in e["points"]]) for e in report.data["expectations"]}
 
-    before = verdicts(held_out_experiment(tmp_path / "before"))
+    before = verdicts(held)
     # seed 0 (selection) stalls at the chosen rate 0.01: 1/2 still beats 0/2, and no verdict moves
     assert verdicts(held_out_experiment(tmp_path / "selection", outcome_of={(0.01, 0): STALLED})) == before
     # the judge seeds learn at 0.01: both verdicts move
@@ -1014,8 +1020,7 @@ def test_the_phase_figure_frames_each_arms_chosen_rate_with_held_out_seeds(tmp_p
 # ---------------------------------------------------------------------------
 # report.md opens with its judged result: the findings table, the headline figure; the selection seeds after
 # ---------------------------------------------------------------------------
-def test_report_md_opens_with_its_judged_result_and_the_selection_seeds_come_after(tmp_path, classes):
-    held = held_out_experiment(tmp_path / "held")
+def test_report_md_opens_with_its_judged_result_and_the_selection_seeds_come_after(held, classes):
     order = [
         "## The result",
         "## In one paragraph",

@@ -1,7 +1,8 @@
 """Sweeps through the real CLI, in subprocesses, with real signals: Ctrl-C
 to the whole process group and SIGTERM to the sweep alone stop it with every
 started run checkpointed and the rest not started, and re-running the command
-resumes them to the same metrics as an uninterrupted sweep; two sweeps over
+resumes them to the same metrics as an uninterrupted sweep (make test: Ctrl-C
+mid-run; make test-faults: each way in turn); two sweeps over
 one experiment started at once run every cell exactly once; a failing run is
 reported when it fails; bad experiment files are refused in one line; on a
 non-terminal the progress is one plain line per run."""
@@ -181,19 +182,22 @@ def test_two_sweeps_at_once_run_every_cell_exactly_once(reference):
     )
 
 
-def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(reference, tmp_path):
-    """Ctrl-C (to the process group) as the sweep starts, Ctrl-C mid-run,
-    SIGTERM to the sweep alone mid-run, then the same command to the end."""
+def ctrl_c(pid: int) -> None:
+    os.killpg(pid, signal.SIGINT)  # to the process group, as a terminal's Ctrl-C: the sweep and its workers
+
+
+def sigterm(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)  # to the sweep alone
+
+
+def interrupted_then_resumed(reference, tmp_path, interruptions) -> None:
+    """Each of `interruptions` (signal, when(sweep) holds, send(pid)) stops a sweep of the reference's
+    experiment in turn; then the same command runs it to the end, to the uninterrupted metrics."""
     experiment, reference_dir, _ = reference
     runs_dir = tmp_path / "runs"
     experiment_dir = runs_dir / experiment.stem
     checkpointed = set()
-    ctrl_c, sigterm = (lambda pid: os.killpg(pid, signal.SIGINT)), (lambda pid: os.kill(pid, signal.SIGTERM))
-    for signum, when, send in (
-        (signal.SIGINT, Sweep.printed_its_header, ctrl_c),
-        (signal.SIGINT, Sweep.started_a_run, ctrl_c),
-        (signal.SIGTERM, Sweep.started_a_run, sigterm),
-    ):
+    for signum, when, send in interruptions:
         code, seen = interrupt(experiment, runs_dir, when, send)
         assert code == EXIT_SIGNAL[signum.name]
         assert {action for action, _, _ in seen.values()} <= {"ran", "resumed", "cancelled"}
@@ -220,6 +224,28 @@ def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(r
         )
         resumed, uninterrupted = runs.read_summary(experiment_dir / cell), runs.read_summary(reference_dir / cell)
         assert (resumed["final"], resumed["best"]) == (uninterrupted["final"], uninterrupted["best"])
+
+
+def test_an_interrupted_sweep_checkpoints_and_resumes_to_the_uninterrupted_metrics(reference, tmp_path):
+    """Ctrl-C (to the process group) mid-run: the runs started are checkpointed, the third stack (two
+    workers) is not started; then the same command to the end. Every way of stopping it, one after another:
+    make test-faults (the next test)."""
+    interrupted_then_resumed(reference, tmp_path, [(signal.SIGINT, Sweep.started_a_run, ctrl_c)])
+
+
+@pytest.mark.faults
+def test_interrupted_sweeps_checkpoint_and_resume_to_the_uninterrupted_metrics(reference, tmp_path):
+    """Ctrl-C (to the process group) as the sweep starts, Ctrl-C mid-run,
+    SIGTERM to the sweep alone mid-run, then the same command to the end."""
+    interrupted_then_resumed(
+        reference,
+        tmp_path,
+        [
+            (signal.SIGINT, Sweep.printed_its_header, ctrl_c),
+            (signal.SIGINT, Sweep.started_a_run, ctrl_c),
+            (signal.SIGTERM, Sweep.started_a_run, sigterm),
+        ],
+    )
 
 
 def test_a_failing_run_is_reported_when_it_fails_and_the_others_complete(tmp_path):

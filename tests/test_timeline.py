@@ -14,6 +14,7 @@ from attn import cli
 from attn.analysis import results
 from attn.experiment import spec as experiments
 from attn.experiment import sweep, timeline
+from attn.report import experiment_figures
 from attn.store import arrayfiles, runs
 
 STEPS = ["train.steps=12", "logging.log_every=4", "logging.checkpoint_every=6"]
@@ -38,23 +39,29 @@ def write_experiment(tmp_path, seeds, grid=None, name="tl"):
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """A sweep through the CLI on 2 workers, report included; the report's reads of runs outside the
-    read-ahead thread counted."""
+    read-ahead thread counted; the figures its report drew (name -> path)."""
     tmp = tmp_path_factory.mktemp("timeline")
     path = write_experiment(tmp, seeds=range(5))
-    read, cell_run = [], results.cell_run
+    read, cell_run, drawn, draw_all = [], results.cell_run, {}, experiment_figures.draw_all
 
     def counted(*args, **kwargs):
         read.append(threading.current_thread().name)
         return cell_run(*args, **kwargs)
 
+    def drawing(*args, **kwargs):
+        drawn.update(draw_all(*args, **kwargs))
+        return drawn
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(results, "cell_run", counted)
+        patch.setattr(experiment_figures, "draw_all", drawing)
         assert cli.main(["sweep", str(path), "--runs-dir", str(tmp / "runs"), "--workers", "2"]) == 0
-    return experiments.load_experiment(path, str(tmp / "runs")), read
+    assert drawn, "the sweep's report drew its figures"
+    return experiments.load_experiment(path, str(tmp / "runs")), read, dict(drawn)
 
 
 def test_a_sweep_records_its_phases_and_each_stack(swept):
-    experiment, _ = swept
+    experiment, _, _ = swept
     records = timeline.read_timeline(experiment.directory / timeline.TIMELINE_FILE)
     assert [r["event"] for r in records][:1] == ["sweep"] and records[-1]["event"] == "end"
     assert [r["name"] for r in records if r["event"] == "phase"] == ["start-up", "plan", "train", "report"]
@@ -73,16 +80,19 @@ def test_a_sweep_records_its_phases_and_each_stack(swept):
     assert sum(summary["core_idle_s"].values()) == pytest.approx(2 * summary["wall_s"] - summary["cpu_s"])
 
 
-def test_the_sweeps_report_reads_no_run_again_and_is_the_report_of_its_runs(swept, capsys):
-    experiment, read = swept
+def test_the_sweeps_report_reads_no_run_again_and_is_the_report_of_its_runs(swept, capsys, monkeypatch):
+    experiment, read, drawn = swept
     assert len(read) == len(experiment.cells) and set(read) == {"report read-ahead"}
     written = {name: (experiment.directory / name).read_bytes() for name in ("report.json", "report.md")}
+    # The report made again from the runs alone, its figures not drawn again (most of a report's time): the files
+    # the sweep's report drew are named, as they were, in the report.md compared here.
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: dict(drawn))
     assert cli.main(["report", str(experiment.path), "--runs-dir", str(experiment.directory.parent)]) == 0
     assert {name: (experiment.directory / name).read_bytes() for name in written} == written
 
 
 def test_a_run_read_ahead_is_read_again_once_its_files_change(swept):
-    experiment, _ = swept
+    experiment, _, _ = swept
     cell = experiment.cells[0]
     run_dir = experiment.directory / cell.name
     known = results.KnownRuns(experiments.result_change)
