@@ -1,0 +1,377 @@
+"""What each fast-path device (attn.bench.devices) saves, measured side by side with it switched off.
+
+- steps: at each of `make bench`'s sizes (one run, one training step a call) and at each d_k of the
+  headline (a stack of the members the sweep's plan gives it, LOG_EVERY training steps and the eval the loop
+  makes on its logged step a call), the device on and, in the same alternating rounds
+  (attn.bench.timing.time_interleaved), each device off alone, all devices off together (the width-free
+  head aside: the headline's widest cells need it) and a second copy of "on" (the control: its ratio is the
+  noise of the measurement). Per cell: each side's median over the "on" median. The headline's share
+  of a device: its extra time at each d_k, per member-step, summed over the d_k (every d_k holds the same
+  member-steps in the headline) over the same sum with every device on.
+- sweeps: the headline's part that --only leaves swept as `attn sweep` sweeps it (attn.bench.sweeps),
+  with the devices that act outside the step (the fsync pool, the allocator, flush-to-zero in trained
+  runs) off in every process, and with every device off together, alternating with all on.
+
+The table (attn.bench.device_gains.table) gives each device's gains and its verdict under issue 48's rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from attn import optim
+from attn.bench import devices, timing
+from attn.bench.devices import BY_KEY, DEVICES
+from attn.model import fast
+from attn.store import runstate
+from attn.train import allocator, denormals
+from attn.train.stack import Stack, members_per_stack
+
+HEADLINE_D_K = (16, 64, 256, 1024, 4096, 16384, 65536, 1 << 20)
+STEP_DEVICES = tuple(d.key for d in DEVICES if d.scope in ("step", "build") or d.key == "ftz")
+ALL_OFF = "all off"  # every step device off together but the width-free head
+CONTROL = "on (again)"
+REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
+REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
+SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
+
+
+def _stepper(step: Callable[[], None], off: tuple[str, ...]) -> Callable[[], None]:
+    """step() with the devices `off` switched off around it, and flushing subnormals as training does."""
+
+    def call():
+        with devices.switched_off(off):
+            with denormals.flushing():  # looked up now: switched off, it keeps subnormals
+                step()
+
+    return call
+
+
+def size_step(name: str, off: tuple[str, ...]) -> Callable[[], None]:
+    """One training step of `make bench`'s size `name` (its own run), built with `off` switched off."""
+    config = timing.size_config(name)
+    with devices.switched_off([k for k in off if BY_KEY[k].scope == "build"]):
+        task, spec, params, optimizer, gens = runstate.build(config)
+    return timing.attn_stepper(config, spec, params, optimizer, timing.batch_pool(task, gens, config))
+
+
+LOG_EVERY = 10  # the headline's logging.log_every: a call is this many steps and one eval
+
+
+def headline_stack_configs(d_k: int, width_free: bool = True) -> list:
+    """The configs of the headline's first planned stack at `d_k` (attn.experiment.sweep.plan_stacks): its
+    scales, rates and seeds mixed as the sweep mixes them; without the width-free head, as many as would
+    stack materialized (members_per_stack)."""
+    from attn.experiment.spec import load_experiment
+    from attn.experiment.sweep import plan_stacks
+
+    experiment = load_experiment(timing.REPO / "experiments" / "sqrt_dk.yaml", runs_dir=tempfile.gettempdir())
+    cells = [c for c in experiment.cells if c.config.model.d_k == d_k]
+    stack = [c.config for c in next(s for s in plan_stacks(cells))]
+    if not width_free:
+        with devices.switched_off(["widthfree"]):
+            stack = stack[: members_per_stack(stack[0])]
+    return stack
+
+
+def headline_step(d_k: int, off: tuple[str, ...]) -> tuple[Callable[[], None], int]:
+    """(call, members): LOG_EVERY training steps of a stack of the headline's cells at `d_k`, then the
+    eval the loop makes at a logged step (forward on the eval sets, diagnostics, gradient norms)."""
+    with devices.switched_off([k for k in off if BY_KEY[k].scope == "build"]):
+        configs = headline_stack_configs(d_k, width_free="widthfree" not in off)
+        with tempfile.TemporaryDirectory() as tmp:  # prepare writes nothing
+            states = [runstate.prepare(c, Path(tmp) / str(i)) for i, c in enumerate(configs)]
+        stack = Stack(states)
+    task, lrs = states[0].task, np.array([c.optim.lr for c in configs])
+    gens = [s.gens.data for s in states]
+
+    def call():
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            for _ in range(LOG_EVERY):
+                batch = task.sample_stack(gens, configs[0].train.batch_size)
+                loss, grads, cache = fast.loss_and_grads(stack.params, stack.spec, batch, stack.scales, stack.buffers)
+                stack.optimizer.step(stack.params, grads, lrs)
+            eval_loss, eval_cache = fast.forward(stack.params, stack.spec, stack.eval_batch, scale=stack.scales)
+            fast.diagnostics(eval_cache, stack.eval_batch)
+            fast.accuracy(cache, batch)
+            {n: optim.squared_norms(g) for n, g in grads.items()}
+
+    return call, len(configs)
+
+
+def sides(keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """side name -> the devices it switches off: on, each alone, all off (the width-free head kept), the control."""
+    return {
+        "on": (),
+        **{k: (k,) for k in keys},
+        ALL_OFF: tuple(k for k in keys if k != "widthfree"),
+        CONTROL: (),
+    }
+
+
+def measure_cell(
+    build: Callable[[tuple[str, ...]], tuple[Callable, int]],
+    keys: tuple[str, ...],
+    rounds: int,
+    calls: int,
+    warmup: int,
+    what: str,
+    progress,
+    slow: tuple[str, ...] = (),
+) -> dict:
+    """Every side of `sides(keys)` built by build(off) -> (call, members), timed in `rounds` alternating
+    rounds of `calls` calls each (one a round for the `slow` sides): each side's median seconds per call and
+    per member-call, and its ratio to "on"."""
+    built = {name: build(off) for name, off in sides(keys).items()}
+    steppers = {name: _stepper(call, sides(keys)[name]) for name, (call, _) in built.items()}
+    for name, step in steppers.items():
+        for _ in range(1 if name in slow else warmup):
+            step()
+    progress(f"{what}: timing {len(steppers)} sides in {rounds} rounds")
+    work = {name: (step, 1 if name in slow else calls) for name, step in steppers.items()}
+    times = timing.time_interleaved(work, rounds)
+    on = float(np.median(times["on"])) / built["on"][1]
+    result = {}
+    for name, seconds in times.items():
+        per_member = float(np.median(seconds)) / built[name][1]
+        result[name] = {
+            "median_s": float(np.median(seconds)),
+            "members": built[name][1],
+            "per_member_s": per_member,
+            "ratio": per_member / on,
+            "n": len(seconds),
+        }
+    return result
+
+
+def measure_steps(
+    sizes: list[str], d_ks: list[int], rounds: int, calls: int, warmup: int, progress, keys=STEP_DEVICES
+) -> dict:
+    """measure_cell at each bench size (a step a call) and each headline d_k (a stack, LOG_EVERY steps a call)."""
+    denormals.set_flushing(False)  # this thread keeps subnormals unless a side flushes them, as training does
+    allocator.keep_freed_memory()  # as every run does
+    result = {"sizes": {}, "headline": {}}
+    for name in sizes:
+        result["sizes"][name] = measure_cell(
+            lambda off: (size_step(name, off), 1), keys, rounds, calls, warmup, name, progress
+        )
+    for d_k in d_ks:
+        slow = ("widthfree",) if d_k > 1 << 14 else ()  # materialized, a call takes seconds
+        result["headline"][str(d_k)] = measure_cell(
+            lambda off: headline_step(d_k, off), keys, rounds, calls, warmup, f"d_k {d_k}", progress, slow
+        )
+    return result
+
+
+def headline_share(headline: dict, side: str) -> float | None:
+    """The headline's extra time with `side` off, as a share of its time with every device on: the extra
+    per member-step summed over its d_k (each holds the same member-steps), over the sum of "on"."""
+    if not headline:
+        return None
+    on = sum(cell["on"]["per_member_s"] for cell in headline.values())
+    return sum(cell[side]["per_member_s"] - cell["on"]["per_member_s"] for cell in headline.values()) / on
+
+
+def measure_sweeps(only: tuple[str, ...], rounds: int, progress) -> dict:
+    """The headline's `only` part swept as `attn sweep` sweeps it: all on, each of SWEEP_DEVICES off, every
+    device off (the width-free head kept), alternating in `rounds` rounds (the order turned each round)."""
+    from attn.bench import sweeps
+
+    variants = {"on": (), **{k: (k,) for k in SWEEP_DEVICES}, ALL_OFF: tuple(k for k in BY_KEY if k != "widthfree")}
+    measured = {name: [] for name in variants}
+    for round_ in range(rounds):
+        order = list(variants) if round_ % 2 == 0 else list(variants)[::-1]
+        for name in order:
+            progress(f"sweep {' '.join(only)} with {name} off, round {round_ + 1} of {rounds}")
+            with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+                env = devices.sweep_environment(variants[name], Path(tmp), timing.REPO) if variants[name] else None
+                swept = sweeps.headline_sweep(Path(tmp) / "runs", os.cpu_count() or 1, only, env=env)
+            if swept["exit_code"] != 0:
+                raise RuntimeError(f"the sweep with {name} off failed: {' | '.join(swept['error'] or [])}")
+            measured[name].append({k: swept[k] for k in ("wall_s", "cpu_s", "cores_busy")})
+    on = float(np.median([m["wall_s"] for m in measured["on"]]))
+    return {
+        "only": list(only),
+        "rounds": rounds,
+        "variants": {
+            name: {
+                "off": list(keys),
+                "wall_s": float(np.median([m["wall_s"] for m in measured[name]])),
+                "ratio": float(np.median([m["wall_s"] for m in measured[name]])) / on,
+                "measured": measured[name],
+            }
+            for name, keys in variants.items()
+        },
+    }
+
+
+def verdicts(result: dict) -> dict[str, str]:
+    """Each device's verdict under issue 48's rule: removed if it saves less than REMOVE_BELOW of the headline
+    (its share, from the sweeps where it acts outside the step, else from the steps) and is not required;
+    kept otherwise. Whether all removed together stay within REMOVED_AT_MOST is the all-off side's."""
+    said = {}
+    for device in DEVICES:
+        share = device_share(result, device.key)
+        if device.required:
+            said[device.key] = "keep (required)"
+        elif share is None:
+            said[device.key] = "not measured"
+        else:
+            said[device.key] = "keep" if share >= REMOVE_BELOW else "remove"
+    return said
+
+
+def device_share(result: dict, key: str) -> float | None:
+    """The headline's extra time with device `key` off: from the sweeps for those measured there, else the steps."""
+    swept = result.get("sweeps", {}).get("variants", {})
+    if key in swept:
+        return swept[key]["ratio"] - 1
+    if key in result.get("steps", {}).get("headline", {}).get(str(HEADLINE_D_K[0]), {}):
+        return headline_share(result["steps"]["headline"], key)
+    return None
+
+
+def _percent(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{(ratio - 1) * 100:+.0f}%"
+
+
+def table(result: dict) -> str:
+    """The devices' table (Markdown): each device, what off means, its step-time change off at each bench size and
+    headline d_k, its share of the headline, and the verdict; then the all-off and control rows, and the sweeps."""
+    steps = result.get("steps", {})
+    sizes, cells = steps.get("sizes", {}), steps.get("headline", {})
+    said = verdicts(result)
+    header = [
+        "device",
+        "off: its plain alternative",
+        *[f"{name}" for name in sizes],
+        *[f"d_k {d_k}" for d_k in cells],
+        "headline share",
+        "verdict",
+    ]
+
+    def row(key: str, name: str, off: str, verdict: str) -> list[str]:
+        share = device_share(result, key) if key in BY_KEY else headline_share(cells, key)
+        return [
+            name,
+            off,
+            *[_percent(sizes[s][key]["ratio"]) if key in sizes[s] else "—" for s in sizes],
+            *[_percent(cells[c][key]["ratio"]) if key in cells[c] else "—" for c in cells],
+            "—" if share is None else f"{share * 100:+.1f}%",
+            verdict,
+        ]
+
+    rows = [row(d.key, d.name, d.off, said[d.key] + (f": {d.required}" if d.required else "")) for d in DEVICES]
+    rows.append(row(ALL_OFF, "all of them off", "every device above off together but the width-free head", "—"))
+    rows.append(row(CONTROL, "none off (control)", "a second copy of the on side: the noise", "—"))
+    from attn.text import markdown_table
+
+    lines = [
+        f"Measured {result['date']} on {result['machine']}, attn {result['attn_commit'] or 'of unknown commit'}, "
+        f"1 thread. Each cell: the time with the device off over the time with every device on, minus one "
+        f"(+12% = the device saves 12%), median of {steps.get('rounds', '?')} alternating rounds; the bench "
+        f"sizes a training step, the headline's d_k a stack of its cells ({LOG_EVERY} steps and an eval). The "
+        "headline share: the extra time per member-step summed over its d_k, over the same sum with every "
+        "device on" + (" (for the devices also swept, the sweep's wall time)." if result.get("sweeps") else "."),
+        "",
+        markdown_table(header, rows),
+    ]
+    sweeps = result.get("sweeps")
+    if sweeps:
+        parts = [
+            f"{name} off {v['wall_s']:.0f} s ({_percent(v['ratio'])})"
+            for name, v in sweeps["variants"].items()
+            if name != "on"
+        ]
+        lines += [
+            "",
+            f"The headline's `--only {' '.join(sweeps['only'])}` swept as `attn sweep` sweeps it on every core, "
+            f"median of {sweeps['rounds']} alternating rounds: all on {sweeps['variants']['on']['wall_s']:.0f} s; "
+            + "; ".join(parts)
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def child_main(argv: list[str] | None = None) -> int:
+    """python -m attn.bench.device_gains: measure_steps at one BLAS thread, progress lines, then one JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m attn.bench.device_gains")
+    parser.add_argument("--sizes", default=",".join(timing.SIZES))
+    parser.add_argument("--d-k", default=",".join(map(str, HEADLINE_D_K)))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--devices", default=",".join(STEP_DEVICES))
+    args = parser.parse_args(argv)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        result = measure_steps(
+            [s for s in args.sizes.split(",") if s],
+            [int(d) for d in args.d_k.split(",") if d],
+            args.rounds,
+            args.calls,
+            args.warmup,
+            lambda message: print(f"{timing.PROGRESS_PREFIX}{message}", flush=True),
+            tuple(k for k in args.devices.split(",") if k),
+        )
+    print(json.dumps({**result, "rounds": args.rounds}), flush=True)
+    return 0
+
+
+def steps_in_child(sizes, d_ks, rounds: int, calls: int, warmup: int, progress, keys=STEP_DEVICES) -> dict:
+    """measure_steps in a fresh one-thread child (as attn.bench.timing.timed_in_child), its progress passed on."""
+    command = [sys.executable, "-m", "attn.bench.device_gains", "--sizes", ",".join(sizes)]
+    command += ["--d-k", ",".join(map(str, d_ks)), "--rounds", str(rounds), "--calls", str(calls)]
+    command += ["--warmup", str(warmup), "--devices", ",".join(keys)]
+    child = subprocess.Popen(
+        command,
+        cwd=timing.REPO,
+        env=timing.child_environment(1),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    result, other = None, []
+    for line in child.stdout:
+        if line.startswith("{"):
+            result = json.loads(line)
+        elif line.startswith(timing.PROGRESS_PREFIX):
+            progress(line.removeprefix(timing.PROGRESS_PREFIX).rstrip())
+        else:
+            other = (other + [line.rstrip()])[-5:]
+    if child.wait() != 0 or result is None:
+        raise RuntimeError(f"the devices' timing child failed: {' | '.join(other)}")
+    return result
+
+
+def measure(
+    sizes, d_ks, rounds: int, calls: int, warmup: int, progress, only: tuple[str, ...] = (), sweep_rounds: int = 0
+) -> dict:
+    """The devices' result: the steps (steps_in_child), and with `only` the sweeps (measure_sweeps)."""
+    from attn.train import lifecycle
+
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "attn_commit": lifecycle.source_revision(),
+        "machine": f"{lifecycle.cpu_model()}",
+        "devices": {d.key: {"name": d.name, "where": d.where, "off": d.off, "scope": d.scope} for d in DEVICES},
+        "steps": steps_in_child(sizes, d_ks, rounds, calls, warmup, progress) if (sizes or d_ks) else {},
+    }
+    if only and sweep_rounds:
+        result["sweeps"] = measure_sweeps(only, sweep_rounds, progress)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())
