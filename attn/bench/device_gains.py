@@ -37,13 +37,16 @@ from attn.store import runstate
 from attn.train import allocator, denormals
 from attn.train.stack import Stack, members_per_stack
 
+HEADLINE = timing.REPO / "experiments" / "sqrt_dk.yaml"
 HEADLINE_D_K = (16, 64, 256, 1024, 4096, 16384, 65536, 1 << 20)
+MATERIALIZED_UP_TO = 1 << 16  # the width-free head is switched off at most this wide: at 2^20 a run needs GiBs
 STEP_DEVICES = tuple(d.key for d in DEVICES if d.scope in ("step", "build") or d.key == "ftz")
 ALL_OFF = "all off"  # every step device off together but the width-free head
 CONTROL = "on (again)"
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
+ROUNDS, CALLS, WARMUP = 5, 4, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
 
 
 def _stepper(step: Callable[[], None], off: tuple[str, ...]) -> Callable[[], None]:
@@ -75,9 +78,8 @@ def headline_stack_configs(d_k: int, width_free: bool = True) -> list:
     from attn.experiment.spec import load_experiment
     from attn.experiment.sweep import plan_stacks
 
-    experiment = load_experiment(timing.REPO / "experiments" / "sqrt_dk.yaml", runs_dir=tempfile.gettempdir())
-    cells = [c for c in experiment.cells if c.config.model.d_k == d_k]
-    stack = [c.config for c in next(s for s in plan_stacks(cells))]
+    experiment = load_experiment(HEADLINE, runs_dir=tempfile.gettempdir(), only=(f"model.d_k={d_k}",))
+    stack = [c.config for c in plan_stacks(experiment.cells)[0]]
     if not width_free:
         with devices.switched_off(["widthfree"]):
             stack = stack[: members_per_stack(stack[0])]
@@ -87,8 +89,8 @@ def headline_stack_configs(d_k: int, width_free: bool = True) -> list:
 def headline_step(d_k: int, off: tuple[str, ...]) -> tuple[Callable[[], None], int]:
     """(call, members): LOG_EVERY training steps of a stack of the headline's cells at `d_k`, then the
     eval the loop makes at a logged step (forward on the eval sets, diagnostics, gradient norms)."""
+    configs = headline_stack_configs(d_k, width_free="widthfree" not in off)
     with devices.switched_off([k for k in off if BY_KEY[k].scope == "build"]):
-        configs = headline_stack_configs(d_k, width_free="widthfree" not in off)
         with tempfile.TemporaryDirectory() as tmp:  # prepare writes nothing
             states = [runstate.prepare(c, Path(tmp) / str(i)) for i, c in enumerate(configs)]
         stack = Stack(states)
@@ -166,9 +168,10 @@ def measure_steps(
             lambda off: (size_step(name, off), 1), keys, rounds, calls, warmup, name, progress
         )
     for d_k in d_ks:
+        here = tuple(k for k in keys if k != "widthfree" or d_k <= MATERIALIZED_UP_TO)
         slow = ("widthfree",) if d_k > 1 << 14 else ()  # materialized, a call takes seconds
         result["headline"][str(d_k)] = measure_cell(
-            lambda off: headline_step(d_k, off), keys, rounds, calls, warmup, f"d_k {d_k}", progress, slow
+            lambda off: headline_step(d_k, off), here, rounds, calls, warmup, f"d_k {d_k}", progress, slow
         )
     return result
 
@@ -303,14 +306,37 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(result: dict, out_dir: Path) -> dict[str, Path]:
+    """devices-<time>.json and .md (its table) in out_dir; their paths."""
+    from attn.store import runs
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"devices-{time.strftime('%Y%m%d-%H%M%S')}"
+    runs.write_json(stem.with_suffix(".json"), result)
+    runs.write_atomic(stem.with_suffix(".md"), table(result).encode())
+    return {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md")}
+
+
+def newest(out_dir: Path) -> dict | None:
+    """The newest devices-*.json in out_dir with steps measured, its sweeps those of the newest with sweeps
+    (a sweep measured later than the steps, or earlier, joins them); None if there is none."""
+    results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
+    with_steps = [r for r in results if r.get("steps")]
+    with_sweeps = [r for r in results if r.get("sweeps")]
+    if not with_steps:
+        return None
+    return {**with_steps[-1], **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {})}
+
+
 def child_main(argv: list[str] | None = None) -> int:
     """python -m attn.bench.device_gains: measure_steps at one BLAS thread, progress lines, then one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m attn.bench.device_gains")
     parser.add_argument("--sizes", default=",".join(timing.SIZES))
     parser.add_argument("--d-k", default=",".join(map(str, HEADLINE_D_K)))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--calls", type=int, default=CALLS)
+    parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--devices", default=",".join(STEP_DEVICES))
     args = parser.parse_args(argv)
     from threadpoolctl import threadpool_limits

@@ -262,6 +262,8 @@ def cmd_bench(args) -> int:
         say(out / f"board-{stamp}.json")
         return EXIT_OK
 
+    if args.devices:
+        return _bench_devices(args)
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
         say(
@@ -299,6 +301,38 @@ def cmd_bench(args) -> int:
     paths = suite.write(result, Path(args.out))
     say(suite.bench_markdown(result))
     for path in paths.values():
+        say(path)
+    return EXIT_OK
+
+
+def _bench_devices(args) -> int:
+    """attn bench --devices: each fast-path device's gain (attn.bench.device_gains), its files, the docs' table."""
+    from attn import publish
+    from attn.bench import device_gains
+
+    if args.headline_code or args.headline:
+        raise UsageError(
+            "bench --devices: --headline, --headline-code: expected --only to sweep a part of the headline"
+        )
+    only = tuple(args.only or ())
+    if only:
+        from attn.experiment.spec import load_experiment
+
+        load_experiment(device_gains.HEADLINE, runs_dir=str(args.out), only=only)  # a bad --only says so first
+    result = device_gains.measure(
+        args.sizes,
+        device_gains.HEADLINE_D_K,
+        device_gains.ROUNDS,
+        device_gains.CALLS,
+        device_gains.WARMUP,
+        lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
+        only,
+        args.rounds,
+    )
+    paths = device_gains.write(result, Path(args.out))
+    published = publish.write_devices_block(device_gains.newest(Path(args.out)))
+    say(device_gains.table(result))
+    for path in (*paths.values(), published):
         say(path)
     return EXIT_OK
 
@@ -446,6 +480,13 @@ def add_commands(sub) -> None:
         type=integer_at_least(1),
         default=1,
         help="how many times to sweep the headline (each code once a round; default: 1)",
+    )
+    p.add_argument(
+        "--devices",
+        action="store_true",
+        help="instead, each fast-path device's gain, side by side with it switched off (attn.bench.devices), at "
+        "these sizes and the headline's d_k; with --only, also that part of the headline swept with the devices "
+        "outside the step off (--rounds rounds); the table goes into docs/bench.md",
     )
     p.add_argument(
         "--board",
