@@ -127,6 +127,7 @@ def _cell(ratio_of: dict) -> dict:
 def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
     cell = _cell({"on": 1.0, "bilinear": 2.0, "bins": 1.01, "widthfree": 1.02, "all off": 2.1, "on (again)": 1.0})
     result = {
+        "devices": {d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES},
         "date": "2026-12-05",
         "machine": "cpu",
         "attn_commit": "abc",

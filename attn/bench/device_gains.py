@@ -47,6 +47,7 @@ REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the hea
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
 ROUNDS, CALLS, WARMUP = 5, 4, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
+PROCESS_ROUNDS = 2  # rounds of children with a process device on and off
 
 
 def _stepper(step: Callable[[], None], off: tuple[str, ...]) -> Callable[[], None]:
@@ -112,7 +113,10 @@ def headline_step(d_k: int, off: tuple[str, ...]) -> tuple[Callable[[], None], i
 
 
 def sides(keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """side name -> the devices it switches off: on, each alone, all off (the width-free head kept), the control."""
+    """side name -> the devices it switches off: on, each alone, all off (the width-free head kept), the control;
+    with no devices, "on" alone."""
+    if not keys:
+        return {"on": ()}
     return {
         "on": (),
         **{k: (k,) for k in keys},
@@ -133,7 +137,8 @@ def measure_cell(
 ) -> dict:
     """Every side of `sides(keys)` built by build(off) -> (call, members), timed in `rounds` alternating
     rounds of `calls` calls each (one a round for the `slow` sides): each side's median seconds per call and
-    per member-call, and its ratio to "on"."""
+    per member-call, and its ratio to "on". Seconds of this process's CPU (it computes in one thread): on a
+    loaded machine the wall time holds the waits for a core, as much noise as a small device's gain."""
     built = {name: build(off) for name, off in sides(keys).items()}
     steppers = {name: _stepper(call, sides(keys)[name]) for name, (call, _) in built.items()}
     for name, step in steppers.items():
@@ -141,7 +146,7 @@ def measure_cell(
             step()
     progress(f"{what}: timing {len(steppers)} sides in {rounds} rounds")
     work = {name: (step, 1 if name in slow else calls) for name, step in steppers.items()}
-    times = timing.time_interleaved(work, rounds)
+    times = timing.time_interleaved(work, rounds, time.process_time)
     on = float(np.median(times["on"])) / built["on"][1]
     result = {}
     for name, seconds in times.items():
@@ -159,13 +164,14 @@ def measure_cell(
 def measure_steps(
     sizes: list[str], d_ks: list[int], rounds: int, calls: int, warmup: int, progress, keys=STEP_DEVICES
 ) -> dict:
-    """measure_cell at each bench size (a step a call) and each headline d_k (a stack, LOG_EVERY steps a call)."""
+    """measure_cell at each bench size (a step a call, LOG_EVERY times the calls) and each headline d_k (a stack,
+    LOG_EVERY steps a call)."""
     denormals.set_flushing(False)  # this thread keeps subnormals unless a side flushes them, as training does
     allocator.keep_freed_memory()  # as every run does
     result = {"sizes": {}, "headline": {}}
     for name in sizes:
         result["sizes"][name] = measure_cell(
-            lambda off: (size_step(name, off), 1), keys, rounds, calls, warmup, name, progress
+            lambda off: (size_step(name, off), 1), keys, rounds, calls * LOG_EVERY, warmup, name, progress
         )
     for d_k in d_ks:
         here = tuple(k for k in keys if k != "widthfree" or d_k <= MATERIALIZED_UP_TO)
@@ -223,14 +229,16 @@ def verdicts(result: dict) -> dict[str, str]:
     (its share, from the sweeps where it acts outside the step, else from the steps) and is not required;
     kept otherwise. Whether all removed together stay within REMOVED_AT_MOST is the all-off side's."""
     said = {}
-    for device in DEVICES:
-        share = device_share(result, device.key)
-        if device.required:
-            said[device.key] = "keep (required)"
+    for key, device in result["devices"].items():
+        share = device_share(result, key)
+        if device.get("required"):
+            said[key] = "keep (required)"
         elif share is None:
-            said[device.key] = "not measured"
+            said[key] = "not measured"
+        elif share >= REMOVE_BELOW:
+            said[key] = "keep"
         else:
-            said[device.key] = "keep" if share >= REMOVE_BELOW else "remove"
+            said[key] = "keep (trivial code)" if device.get("trivial") else "remove"
     return said
 
 
@@ -264,7 +272,7 @@ def table(result: dict) -> str:
     ]
 
     def row(key: str, name: str, off: str, verdict: str) -> list[str]:
-        share = device_share(result, key) if key in BY_KEY else headline_share(cells, key)
+        share = device_share(result, key) if key in result["devices"] else headline_share(cells, key)
         return [
             name,
             off,
@@ -274,7 +282,10 @@ def table(result: dict) -> str:
             verdict,
         ]
 
-    rows = [row(d.key, d.name, d.off, said[d.key] + (f": {d.required}" if d.required else "")) for d in DEVICES]
+    rows = [
+        row(key, d["name"], d["off"], said[key] + (f": {d['required']}" if d.get("required") else ""))
+        for key, d in result["devices"].items()
+    ]
     rows.append(row(ALL_OFF, "all of them off", "every device above off together but the width-free head", "—"))
     rows.append(row(CONTROL, "none off (control)", "a second copy of the on side: the noise", "—"))
     from attn.text import markdown_table
@@ -303,7 +314,35 @@ def table(result: dict) -> str:
             + "; ".join(parts)
             + ".",
         ]
+    code = result.get("code")
+    if code:
+        lines += ["", code_line(code)]
     return "\n".join(lines) + "\n"
+
+
+def code_line(code: dict) -> str:
+    """All removed against none: this checkout's step over the other's at each cell, the headline's share, and
+    the sweeps of both when measured."""
+    cells = [f"{name} {_percent(c['ratio'])}" for part in ("sizes", "headline") for name, c in code[part].items()]
+    cells = [f"d_k {text}" if text[0].isdigit() else text for text in cells]
+    share = code.get("headline_share")
+    line = (
+        f"All removed against none: every device on, this checkout's library against {code['other']} in "
+        f"alternating children ({code['rounds']} rounds), its time over the other's minus one: "
+        + ", ".join(cells)
+        + ("" if share is None else f"; the headline's share {share * 100:+.1f}%")
+    )
+    sweep = code.get("sweep")
+    if sweep:
+        walls = {}
+        for m in sweep["measured"]:
+            walls.setdefault(m["code"], []).append(m["wall_s"])
+        this, other = (float(np.median(walls[k])) for k in walls)
+        line += (
+            f"; the headline's `--only {' '.join(sweep['only'])}` swept on {sweep['workers']} workers, median of "
+            f"{len(walls[next(iter(walls))])}: {this:.0f} s against {other:.0f} s ({_percent(this / other)})"
+        )
+    return line + "."
 
 
 def write(result: dict, out_dir: Path) -> dict[str, Path]:
@@ -319,14 +358,19 @@ def write(result: dict, out_dir: Path) -> dict[str, Path]:
 
 
 def newest(out_dir: Path) -> dict | None:
-    """The newest devices-*.json in out_dir with steps measured, its sweeps those of the newest with sweeps
-    (a sweep measured later than the steps, or earlier, joins them); None if there is none."""
+    """The newest devices-*.json in out_dir with steps measured, its sweeps and its code comparison those of
+    the newest with them (measured later than the steps, or earlier, they join them); None if there is none."""
     results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
     with_steps = [r for r in results if r.get("steps")]
     with_sweeps = [r for r in results if r.get("sweeps")]
+    with_code = [r for r in results if r.get("code")]
     if not with_steps:
         return None
-    return {**with_steps[-1], **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {})}
+    return {
+        **with_steps[-1],
+        **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
+        **({"code": with_code[-1]["code"]} if with_code else {}),
+    }
 
 
 def child_main(argv: list[str] | None = None) -> int:
@@ -355,8 +399,20 @@ def child_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def steps_in_child(sizes, d_ks, rounds: int, calls: int, warmup: int, progress, keys=STEP_DEVICES) -> dict:
-    """measure_steps in a fresh one-thread child (as attn.bench.timing.timed_in_child), its progress passed on."""
+def steps_in_child(
+    sizes,
+    d_ks,
+    rounds: int,
+    calls: int,
+    warmup: int,
+    progress,
+    keys=STEP_DEVICES,
+    env: dict | None = None,
+    code: Path = timing.REPO,
+) -> dict:
+    """measure_steps in a fresh one-thread child (as attn.bench.timing.timed_in_child), its progress passed on;
+    `env`: more environment (devices.sweep_environment: devices switched off in the child); `code`: the
+    checkout whose attn it runs."""
     command = [sys.executable, "-m", "attn.bench.device_gains", "--sizes", ",".join(sizes)]
     command += ["--d-k", ",".join(map(str, d_ks)), "--rounds", str(rounds), "--calls", str(calls)]
     command += ["--warmup", str(warmup), "--devices", ",".join(keys)]
@@ -381,19 +437,103 @@ def steps_in_child(sizes, d_ks, rounds: int, calls: int, warmup: int, progress, 
     return result
 
 
+PROCESS_STEP_DEVICES = ("allocator",)  # set once per process: timed in children, on and off alternating
+
+
+def process_steps(sizes, d_ks, rounds: int, calls: int, warmup: int, progress, steps: dict) -> None:
+    """For each of PROCESS_STEP_DEVICES, the "on" side timed in fresh children with the device on and off,
+    alternating for `rounds` rounds (the order turned each round); its median per member-call over the
+    on children's, added to `steps` (measure_steps' result) as that device's side at each cell."""
+    for key in PROCESS_STEP_DEVICES:
+        measured = {"on": [], "off": []}
+        for round_ in range(rounds):
+            for variant in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
+                progress(f"{key} {variant}, round {round_ + 1} of {rounds}")
+                with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
+                    env = devices.sweep_environment([key], Path(tmp), timing.REPO) if variant == "off" else None
+                    measured[variant].append(steps_in_child(sizes, d_ks, 1, calls, warmup, progress, (), env))
+        for part in ("sizes", "headline"):
+            for cell, sides_ in steps.get(part, {}).items():
+                on, off = (
+                    float(np.median([m[part][cell]["on"]["per_member_s"] for m in measured[v]])) for v in ("on", "off")
+                )
+                sides_[key] = {"per_member_s": sides_["on"]["per_member_s"] * off / on, "ratio": off / on, "n": rounds}
+
+
+MEASURING_CODE = ("attn/bench/devices.py", "attn/bench/device_gains.py", "attn/bench/timing.py")
+
+
+def code_steps(other: Path, sizes, d_ks, rounds: int, calls: int, warmup: int, progress) -> dict:
+    """Every device on, this checkout's library against `other`'s (a checkout made before devices were
+    removed: all removed against none), in fresh children alternating for `rounds` rounds (the order turned
+    each round), each measuring with this checkout's MEASURING_CODE (copied into `other`): per cell, this
+    checkout's median per member-call over the other's, and the headline's share (headline_share)."""
+    import shutil
+
+    for path in MEASURING_CODE:
+        shutil.copyfile(timing.REPO / path, Path(other) / path)
+    measured = {"this": [], "other": []}
+    for round_ in range(rounds):
+        for variant in ("this", "other") if round_ % 2 == 0 else ("other", "this"):
+            progress(f"every device on, {variant} checkout, round {round_ + 1} of {rounds}")
+            code = timing.REPO if variant == "this" else Path(other).resolve()
+            measured[variant].append(steps_in_child(sizes, d_ks, 1, calls, warmup, progress, (), code=code))
+    cells = {}
+    for part in ("sizes", "headline"):
+        cells[part] = {}
+        for cell in measured["this"][0][part]:
+            this, that = (
+                float(np.median([m[part][cell]["on"]["per_member_s"] for m in measured[v]])) for v in ("this", "other")
+            )
+            cells[part][cell] = {"this_s": this, "other_s": that, "ratio": this / that}
+    shares = {
+        c: {"on": {"per_member_s": v["other_s"]}, "this": {"per_member_s": v["this_s"]}}
+        for c, v in cells["headline"].items()
+    }
+    return {
+        "other": str(other),
+        "rounds": rounds,
+        **cells,
+        "headline_share": headline_share(shares, "this") if shares else None,
+    }
+
+
 def measure(
-    sizes, d_ks, rounds: int, calls: int, warmup: int, progress, only: tuple[str, ...] = (), sweep_rounds: int = 0
+    sizes,
+    d_ks,
+    rounds: int,
+    calls: int,
+    warmup: int,
+    progress,
+    only: tuple[str, ...] = (),
+    sweep_rounds: int = 0,
+    other: Path | None = None,
 ) -> dict:
-    """The devices' result: the steps (steps_in_child), and with `only` the sweeps (measure_sweeps)."""
+    """The devices' result: the steps (steps_in_child, process_steps), with `only` the sweeps (measure_sweeps);
+    with `other` (a checkout before devices were removed) instead this checkout against it (code_steps, and
+    with `only` the sweep of both, attn.bench.sweeps.headline_wall_time)."""
     from attn.train import lifecycle
 
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "attn_commit": lifecycle.source_revision(),
         "machine": f"{lifecycle.cpu_model()}",
-        "devices": {d.key: {"name": d.name, "where": d.where, "off": d.off, "scope": d.scope} for d in DEVICES},
-        "steps": steps_in_child(sizes, d_ks, rounds, calls, warmup, progress) if (sizes or d_ks) else {},
+        "devices": {
+            d.key: {"name": d.name, "where": d.where, "off": d.off, "scope": d.scope, "required": d.required}
+            for d in DEVICES
+        },
+        "steps": steps_in_child(sizes, d_ks, rounds, calls, warmup, progress) if (sizes or d_ks) and not other else {},
     }
+    if other is not None:
+        result["code"] = code_steps(other, sizes, d_ks, max(rounds // 2, 2), calls, warmup, progress)
+        if only:
+            from attn.bench import sweeps
+
+            result["code"]["sweep"] = sweeps.headline_wall_time(progress, only, other, max(sweep_rounds, 2))
+        return result
+    if result["steps"]:
+        result["steps"]["process_rounds"] = PROCESS_ROUNDS
+        process_steps(sizes, d_ks, PROCESS_ROUNDS, calls, warmup, progress, result["steps"])
     if only and sweep_rounds:
         result["sweeps"] = measure_sweeps(only, sweep_rounds, progress)
     return result

@@ -310,10 +310,11 @@ def _bench_devices(args) -> int:
     from attn import publish
     from attn.bench import device_gains
 
-    if args.headline_code or args.headline:
-        raise UsageError(
-            "bench --devices: --headline, --headline-code: expected --only to sweep a part of the headline"
-        )
+    if args.headline:
+        raise UsageError("bench --devices: --headline: expected --only to sweep a part of the headline")
+    other = Path(args.headline_code) if args.headline_code else None
+    if other is not None and not (other / "attn" / "__main__.py").is_file():
+        raise UsageError(f"bench --devices: --headline-code: got {other}; expected a checkout of attn")
     only = tuple(args.only or ())
     if only:
         from attn.experiment.spec import load_experiment
@@ -328,6 +329,7 @@ def _bench_devices(args) -> int:
         lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
         only,
         args.rounds,
+        other,
     )
     paths = device_gains.write(result, Path(args.out))
     published = publish.write_devices_block(device_gains.newest(Path(args.out)))
@@ -486,7 +488,8 @@ def add_commands(sub) -> None:
         action="store_true",
         help="instead, each fast-path device's gain, side by side with it switched off (attn.bench.devices), at "
         "these sizes and the headline's d_k; with --only, also that part of the headline swept with the devices "
-        "outside the step off (--rounds rounds); the table goes into docs/bench.md",
+        "outside the step off (--rounds rounds); with --headline-code DIR, every device on, this checkout against "
+        "DIR's (all removed against none: steps, and the --only sweep); the table goes into docs/bench.md",
     )
     p.add_argument(
         "--board",
