@@ -46,7 +46,7 @@ CONTROL = "on (again)"
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
-ROUNDS, CALLS, WARMUP = 5, 4, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
+ROUNDS, CALLS, WARMUP = 8, 2, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
 PROCESS_ROUNDS = 2  # rounds of children with a process device on and off
 
 
@@ -136,9 +136,12 @@ def measure_cell(
     slow: tuple[str, ...] = (),
 ) -> dict:
     """Every side of `sides(keys)` built by build(off) -> (call, members), timed in `rounds` alternating
-    rounds of `calls` calls each (one a round for the `slow` sides): each side's median seconds per call and
-    per member-call, and its ratio to "on". Seconds of this process's CPU (it computes in one thread): on a
-    loaded machine the wall time holds the waits for a core, as much noise as a small device's gain."""
+    rounds of `calls` calls each (one a round for the `slow` sides): each side's median seconds per call, and
+    its ratio to every device on per member-call: in each round, the side's median over the median of the
+    two "on" copies' calls in that round (the control's over the first copy's alone), then the median over
+    the rounds, so that a slow spell of the machine, which both sides of a round share, cancels. Seconds of
+    this process's CPU (it computes in one thread): on a loaded machine the wall time holds the waits for a
+    core, as much noise as a small device's gain."""
     built = {name: build(off) for name, off in sides(keys).items()}
     steppers = {name: _stepper(call, sides(keys)[name]) for name, (call, _) in built.items()}
     for name, step in steppers.items():
@@ -147,15 +150,28 @@ def measure_cell(
     progress(f"{what}: timing {len(steppers)} sides in {rounds} rounds")
     work = {name: (step, 1 if name in slow else calls) for name, step in steppers.items()}
     times = timing.time_interleaved(work, rounds, time.process_time)
-    on = float(np.median(times["on"])) / built["on"][1]
+
+    def in_round(name: str, r: int) -> list[float]:
+        n = work[name][1]
+        return times[name][r * n : (r + 1) * n]
+
+    references = {name: ("on",) if name == CONTROL or CONTROL not in times else ("on", CONTROL) for name in times}
+    on = float(np.median(times["on"] + times.get(CONTROL, []))) / built["on"][1]
     result = {}
     for name, seconds in times.items():
-        per_member = float(np.median(seconds)) / built[name][1]
+        ratios = [
+            float(np.median(in_round(name, r)))
+            / built[name][1]
+            / (float(np.median([t for ref in references[name] for t in in_round(ref, r)])) / built["on"][1])
+            for r in range(rounds)
+        ]
+        ratio = 1.0 if name == "on" else float(np.median(ratios))
         result[name] = {
             "median_s": float(np.median(seconds)),
             "members": built[name][1],
-            "per_member_s": per_member,
-            "ratio": per_member / on,
+            "per_member_s": ratio * on,
+            "ratio": ratio,
+            "round_ratios": ratios,
             "n": len(seconds),
         }
     return result
@@ -184,11 +200,13 @@ def measure_steps(
 
 def headline_share(headline: dict, side: str) -> float | None:
     """The headline's extra time with `side` off, as a share of its time with every device on: the extra
-    per member-step summed over its d_k (each holds the same member-steps), over the sum of "on"."""
-    if not headline:
+    per member-step (its ratio less one, times "on") summed over its d_k (each holds the same member-steps),
+    over the sum of "on"; over the d_k where `side` was measured."""
+    measured = [cell for cell in headline.values() if side in cell]  # the width-free head: not off at 2^20
+    if not measured:
         return None
-    on = sum(cell["on"]["per_member_s"] for cell in headline.values())
-    return sum(cell[side]["per_member_s"] - cell["on"]["per_member_s"] for cell in headline.values()) / on
+    on = sum(cell["on"]["per_member_s"] for cell in measured)
+    return sum(cell["on"]["per_member_s"] * (cell[side]["ratio"] - 1) for cell in measured) / on
 
 
 def measure_sweeps(only: tuple[str, ...], rounds: int, progress) -> dict:
@@ -487,8 +505,7 @@ def code_steps(other: Path, sizes, d_ks, rounds: int, calls: int, warmup: int, p
             )
             cells[part][cell] = {"this_s": this, "other_s": that, "ratio": this / that}
     shares = {
-        c: {"on": {"per_member_s": v["other_s"]}, "this": {"per_member_s": v["this_s"]}}
-        for c, v in cells["headline"].items()
+        c: {"on": {"per_member_s": v["other_s"]}, "this": {"ratio": v["ratio"]}} for c, v in cells["headline"].items()
     }
     return {
         "other": str(other),
