@@ -43,6 +43,9 @@ MATERIALIZED_UP_TO = 1 << 16  # the width-free head is switched off at most this
 STEP_DEVICES = tuple(d.key for d in DEVICES if d.scope in ("step", "build") or d.key == "ftz")
 ALL_OFF = "all off"  # every step device off together but the width-free head
 CONTROL = "on (again)"
+# Devices off together beside each alone: those issue 48's rule would remove, whose removal together must cost
+# at most REMOVED_AT_MOST of the headline.
+TOGETHER = {}
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
@@ -121,6 +124,7 @@ def sides(keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         "on": (),
         **{k: (k,) for k in keys},
         ALL_OFF: tuple(k for k in keys if k != "widthfree"),
+        **{name: together for name, together in TOGETHER.items() if set(together) <= set(keys)},
         CONTROL: (),
     }
 
@@ -363,7 +367,7 @@ def code_line(code: dict) -> str:
     return line + "."
 
 
-def write(result: dict, out_dir: Path) -> dict[str, Path]:
+def write_devices(result: dict, out_dir: Path) -> dict[str, Path]:
     """devices-<time>.json and .md (its table) in out_dir; their paths."""
     from attn.store import runs
 
@@ -391,7 +395,7 @@ def newest(out_dir: Path) -> dict | None:
     }
 
 
-def child_main(argv: list[str] | None = None) -> int:
+def _child_main(argv: list[str] | None = None) -> int:
     """python -m attn.bench.device_gains: measure_steps at one BLAS thread, progress lines, then one JSON line."""
     parser = argparse.ArgumentParser(prog="python -m attn.bench.device_gains")
     parser.add_argument("--sizes", default=",".join(timing.SIZES))
@@ -515,7 +519,7 @@ def code_steps(other: Path, sizes, d_ks, rounds: int, calls: int, warmup: int, p
     }
 
 
-def measure(
+def measure_devices(
     sizes,
     d_ks,
     rounds: int,
@@ -557,4 +561,4 @@ def measure(
 
 
 if __name__ == "__main__":
-    sys.exit(child_main())
+    sys.exit(_child_main())

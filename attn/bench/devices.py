@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from attn.config import loading
-from attn.model import fast, head, pairs, scores
+from attn.model import head, pairs
 from attn.train import allocator, denormals, loop
 
 ENVIRONMENT = "ATTN_BENCH_DEVICES_OFF"  # comma-separated Device.key of the devices a sweep's processes switch off
@@ -62,12 +61,6 @@ def _never(*_args, **_kwargs) -> bool:
 _choose_association_formed = functools.lru_cache(maxsize=64)(head.choose_association.__wrapped__)
 
 
-def _unkept_binned(self: pairs.LazyEmbeddings, weights: np.ndarray) -> np.ndarray:
-    """LazyEmbeddings.binned without keeping the bins of an array already binned: each call bins afresh."""
-    indices = self._binning_indices_for(weights.shape[-2])
-    return pairs._binned(weights, indices, self.table.shape[-2], self.positions_from)
-
-
 def _row_major_product(keys, queries: np.ndarray) -> np.ndarray:
     """queries @ keys^T (..., P, T) as numpy lays it out (rows of T): head._key_major_product without
     the keys outermost; through the tables, the lookups summed in the scores' own layout."""
@@ -93,38 +86,8 @@ def _row_major_cross_entropy(logits: np.ndarray, targets: np.ndarray, target_mas
 
 
 def _plain_product(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b in numpy's layout, whatever `like`'s (pairs._product_laid_out_as without the transpose trick)."""
+    """a @ b in numpy's layout, whatever `like`'s (pairs._product_laid_out_as without the transpose)."""
     return a @ b
-
-
-class _MethodReductions:
-    """A ufunc whose .reduce goes through the array method (a.sum(), a.max(), a.any(), a.all()), as
-    code written without the ufunc rule would; every other use is the ufunc's own."""
-
-    def __init__(self, ufunc: np.ufunc, method: str):
-        self._ufunc, self._method = ufunc, method
-
-    def __call__(self, *args, **kwargs):
-        return self._ufunc(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._ufunc, name)
-
-    def reduce(self, a, axis=0, dtype=None, out=None, keepdims=False):
-        extra = {"dtype": dtype} if dtype is not None and self._method == "sum" else {}
-        return getattr(np.asarray(a), self._method)(axis=axis, out=out, keepdims=keepdims, **extra)
-
-
-def _numpy_with_method_reductions() -> types.ModuleType:
-    """numpy's namespace with add, maximum, logical_or and logical_and reducing through the array methods."""
-    plain = types.ModuleType("numpy")
-    plain.__dict__.update(np.__dict__)
-    for ufunc, method in ((np.add, "sum"), (np.maximum, "max"), (np.logical_or, "any"), (np.logical_and, "all")):
-        setattr(plain, ufunc.__name__, _MethodReductions(ufunc, method))
-    return plain
-
-
-_NUMPY_WITH_METHODS = _numpy_with_method_reductions()
 
 
 class _SerialWritePool(loop.DurableWritePool):
@@ -179,13 +142,6 @@ DEVICES = (
         lambda: [(pairs, "merge_is_cheaper", _never)],
     ),
     Device(
-        "bins",
-        "bin reuse",
-        "attn.model.pairs.LazyEmbeddings.binned (kept by id(weights))",
-        "A and dS binned again by the embeddings' backward",
-        lambda: [(pairs.LazyEmbeddings, "binned", _unkept_binned)],
-    ),
-    Device(
         "keymajor",
         "key-major layouts",
         "attn.model.head._key_major_product, LazyEmbeddings.key_major_product; "
@@ -202,13 +158,8 @@ DEVICES = (
         "attn.model.pairs._product_laid_out_as",
         "dW_k = a @ b in numpy's layout, whatever W_kᵀ's",
         lambda: [(pairs, "_product_laid_out_as", _plain_product)],
-    ),
-    Device(
-        "ufuncs",
-        "ufunc reductions",
-        "np.add.reduce, np.maximum.reduce (pairs, head, fast, scores, attn.optim)",
-        "the array methods a.sum(), a.max(), a.any(), a.all()",
-        lambda: [(module, "np", _NUMPY_WITH_METHODS) for module in (pairs, head, fast, scores, _optim())],
+        required="without it a stacked run's numbers differ in the last bits from the same run alone "
+        "(tests/test_reference_loop)",
     ),
     Device(
         "ftz",
@@ -238,20 +189,11 @@ DEVICES = (
 BY_KEY = {device.key: device for device in DEVICES}
 
 
-def _optim():
-    from attn import optim
-
-    return optim
-
-
 @contextlib.contextmanager
 def switched_off(keys):
     """Inside, the devices of `keys` (Device.key) are off: their plain alternatives in their place."""
     patches = [patch for key in keys for patch in BY_KEY[key].patches()]
-    before = [
-        (owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
-        for owner, name, _ in patches
-    ]
+    before = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     try:
         for owner, name, plain in patches:
             setattr(owner, name, plain)

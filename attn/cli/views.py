@@ -320,7 +320,7 @@ def _bench_devices(args) -> int:
         from attn.experiment.spec import load_experiment
 
         load_experiment(device_gains.HEADLINE, runs_dir=str(args.out), only=only)  # a bad --only says so first
-    result = device_gains.measure(
+    result = device_gains.measure_devices(
         args.sizes,
         device_gains.HEADLINE_D_K,
         device_gains.ROUNDS,
@@ -331,7 +331,7 @@ def _bench_devices(args) -> int:
         args.rounds,
         other,
     )
-    paths = device_gains.write(result, Path(args.out))
+    paths = device_gains.write_devices(result, Path(args.out))
     published = publish.write_devices_block(device_gains.newest(Path(args.out)))
     say(device_gains.table(result))
     for path in (*paths.values(), published):
