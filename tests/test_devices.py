@@ -54,13 +54,12 @@ def _path(key: str, run) -> object:
         "bilinear": head["association"],
         "lookups": type(head["x"]).__name__,
         "factored": dx_type.__name__,
-        "merged": head.get("query_map", (None, (None,) * 6))[1][4] is not None,
         "keymajor": head["scores"].flags.c_contiguous,
         "weightlayout": grads["W_k"].flags.c_contiguous,
     }.get(key)
 
 
-@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "merged", "keymajor", "weightlayout"])
+@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "keymajor", "weightlayout"])
 def test_a_device_switched_off_takes_its_plain_path_to_the_same_loss(key):
     off = _loss_and_grads((key,))
     assert off[0] == pytest.approx(ON[0], rel=1e-12)
@@ -110,7 +109,7 @@ def _cell(ratio_of: dict) -> dict:
 
 
 def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
-    cell = _cell({"on": 1.0, "bilinear": 2.0, "merged": 1.01, "widthfree": 1.02, "all off": 2.1, "on (again)": 1.0})
+    cell = _cell({"on": 1.0, "bilinear": 2.0, "keymajor": 1.01, "widthfree": 1.02, "all off": 2.1, "on (again)": 1.0})
     result = {
         "devices": {d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES},
         "date": "2026-12-05",
@@ -124,11 +123,11 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         },
     }
     said = device_gains.verdicts(result)
-    assert said["bilinear"] == "keep" and said["merged"] == "remove" and said["fsyncpool"] == "remove"
+    assert said["bilinear"] == "keep" and said["keymajor"] == "remove" and said["fsyncpool"] == "remove"
     assert said["widthfree"].startswith("keep") and said["lookups"] == "not measured"
     assert device_gains.device_share(result, "bilinear") == pytest.approx(1.0)
     doc = tmp_path / "bench.md"
     doc.write_text(f"# speed\n\n{publish.DEVICES_BEGIN}\nstale table\n{publish.DEVICES_END}\n")
     publish.write_devices_block(result, doc)
     text = doc.read_text()
-    assert "stale table" not in text and "| merged maps |" in text and "+100%" in text
+    assert "stale table" not in text and "| key-major layouts |" in text and "+100%" in text

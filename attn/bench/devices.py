@@ -135,13 +135,6 @@ DEVICES = (
         lambda: [(head, "keep_factored", _never), (head, "choose_association", _choose_association_formed)],
     ),
     Device(
-        "merged",
-        "merged maps",
-        "attn.model.pairs.merge_is_cheaper, factorised_linear_forward",
-        "always chained, (x U) V: W_QK = W_q W_kᵀ and W_OV = W_v W_o never formed",
-        lambda: [(pairs, "merge_is_cheaper", _never)],
-    ),
-    Device(
         "keymajor",
         "key-major layouts",
         "attn.model.head._key_major_product, LazyEmbeddings.key_major_product; "
