@@ -109,9 +109,22 @@ def _cell(ratio_of: dict) -> dict:
 
 
 def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
-    cell = _cell({"on": 1.0, "bilinear": 2.0, "keymajor": 1.01, "widthfree": 1.02, "all off": 2.1, "on (again)": 1.0})
+    cell = _cell(
+        {
+            "on": 1.0,
+            "bilinear": 2.0,
+            "keymajor": 1.01,
+            "gone": 1.03,
+            "widthfree": 1.02,
+            "all off": 2.1,
+            "on (again)": 1.0,
+        }
+    )
     result = {
-        "devices": {d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES},
+        "devices": {
+            **{d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES},
+            "gone": {"name": "a device removed since", "off": "plain", "required": None},
+        },
         "date": "2026-12-05",
         "machine": "cpu",
         "attn_commit": "abc",
@@ -131,3 +144,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
     publish.write_devices_block(result, doc)
     text = doc.read_text()
     assert "stale table" not in text and "| key-major layouts |" in text and "+100%" in text
+    assert (
+        said["gone"] == "remove"
+        and "| a device removed since | plain | +3% | +3% | +3% | +3.0% | remove | removed |" in text
+    )

@@ -251,7 +251,7 @@ def verdicts(result: dict) -> dict[str, str]:
     (its share, from the sweeps where it acts outside the step, else from the steps) and is not required;
     kept otherwise. Whether all removed together stay within REMOVED_AT_MOST is the all-off side's."""
     said = {}
-    for key, device in result["devices"].items():
+    for key, device in devices_now(result).items():
         share = device_share(result, key)
         if device.get("required"):
             said[key] = "keep (required)"
@@ -262,6 +262,19 @@ def verdicts(result: dict) -> dict[str, str]:
         else:
             said[key] = "keep (trivial code)" if device.get("trivial") else "remove"
     return said
+
+
+def devices_now(result: dict) -> dict[str, dict]:
+    """The devices the result measured, each with what this checkout says of it: why it is required (if it
+    is), and whether it is still here (`now`: kept, or removed since the measurement)."""
+    return {
+        key: {
+            **device,
+            **({"required": BY_KEY[key].required} if key in BY_KEY else {}),
+            "now": "kept" if key in BY_KEY else "removed",
+        }
+        for key, device in result["devices"].items()
+    }
 
 
 def device_share(result: dict, key: str) -> float | None:
@@ -290,10 +303,11 @@ def table(result: dict) -> str:
         *[f"{name}" for name in sizes],
         *[f"d_k {d_k}" for d_k in cells],
         "headline share",
-        "verdict",
+        "verdict (issue 48's rule)",
+        "in this checkout",
     ]
 
-    def row(key: str, name: str, off: str, verdict: str) -> list[str]:
+    def row(key: str, name: str, off: str, verdict: str, now: str = "—") -> list[str]:
         share = device_share(result, key) if key in result["devices"] else headline_share(cells, key)
         return [
             name,
@@ -302,11 +316,12 @@ def table(result: dict) -> str:
             *[_percent(cells[c][key]["ratio"]) if key in cells[c] else "—" for c in cells],
             "—" if share is None else f"{share * 100:+.1f}%",
             verdict,
+            now,
         ]
 
     rows = [
-        row(key, d["name"], d["off"], said[key] + (f": {d['required']}" if d.get("required") else ""))
-        for key, d in result["devices"].items()
+        row(key, d["name"], d["off"], said[key] + (f": {d['required']}" if d.get("required") else ""), d["now"])
+        for key, d in devices_now(result).items()
     ]
     rows.append(row(ALL_OFF, "all of them off", "every device above off together but the width-free head", "—"))
     rows.append(row(CONTROL, "none off (control)", "a second copy of the on side: the noise", "—"))
