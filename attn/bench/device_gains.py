@@ -49,6 +49,9 @@ TOGETHER = {}
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
+# Those whose share of the headline only a sweep measures: the fsync pool acts outside the step, and flush-to-zero
+# in trained, saturated runs (the steps time runs near their start, where no gradient is subnormal yet).
+SWEEP_ONLY = ("fsyncpool", "ftz")
 ROUNDS, CALLS, WARMUP = 8, 2, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
 PROCESS_ROUNDS = 2  # rounds of children with a process device on and off
 
@@ -256,7 +259,7 @@ def verdicts(result: dict) -> dict[str, str]:
         if device.get("required"):
             said[key] = "keep (required)"
         elif share is None:
-            said[key] = "not measured"
+            said[key] = "keep (not measured: a sweep measures it, --only)"
         elif share >= REMOVE_BELOW:
             said[key] = "keep"
         else:
@@ -282,6 +285,8 @@ def device_share(result: dict, key: str) -> float | None:
     swept = result.get("sweeps", {}).get("variants", {})
     if key in swept:
         return swept[key]["ratio"] - 1
+    if key in SWEEP_ONLY:
+        return None
     if key in result.get("steps", {}).get("headline", {}).get(str(HEADLINE_D_K[0]), {}):
         return headline_share(result["steps"]["headline"], key)
     return None
