@@ -2,6 +2,7 @@
 path it names, the loss and gradients stay those of every device on (float64: to rounding), everything is
 put back after; the table's verdicts follow issue 48's rule; the table fills docs/bench.md's block."""
 
+import json
 import os
 import subprocess
 import sys
@@ -152,3 +153,23 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         said["gone"] == "remove"
         and "| a device removed since | plain | +3% | +3% | +3% | +3.0% | remove | removed |" in text
     )
+
+
+def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sweeps(tmp_path):
+    meta = {"bilinear": {"name": "bilinear association", "off": "projected", "required": None}}
+
+    def result(commit, ratio, **more):
+        cell = _cell({"on": 1.0, "bilinear": ratio})
+        steps = {"sizes": {}, "headline": {"16": cell}, "rounds": 8}
+        return {"attn_commit": commit, "devices": meta, "date": "d", "machine": "m", "steps": steps, **more}
+
+    for name, r in {
+        "devices-1.json": result("old", 9.0),
+        "devices-2.json": result("new", 2.0),
+        "devices-3.json": result("new", 3.0),
+        "devices-4.json": {"attn_commit": "new", "devices": meta, "steps": {}, "code": {"other": "before"}},
+    }.items():
+        (tmp_path / name).write_text(json.dumps(r))
+    joined = device_gains.newest(tmp_path)
+    assert joined["steps"]["runs"] == 2 and joined["steps"]["headline"]["16"]["bilinear"]["ratio"] == 2.5
+    assert joined["code"] == {"other": "before"}

@@ -335,7 +335,8 @@ def table(result: dict) -> str:
     lines = [
         f"Measured {result['date']} on {result['machine']}, attn {result['attn_commit'] or 'of unknown commit'}, "
         f"1 thread. Each cell: the time with the device off over the time with every device on, minus one "
-        f"(+12% = the device saves 12%), median of {steps.get('rounds', '?')} alternating rounds; the bench "
+        f"(+12% = the device saves 12%), median over {steps.get('runs', 1)} measurement(s) of that code of each's "
+        f"median of {steps.get('rounds', '?')} alternating rounds; the bench "
         f"sizes a training step, the headline's d_k a stack of its cells ({LOG_EVERY} steps and an eval). The "
         "headline share: the extra time per member-step summed over its d_k, over the same sum with every "
         "device on" + (" (for the devices also swept, the sweep's wall time)." if result.get("sweeps") else "."),
@@ -400,19 +401,45 @@ def write_devices(result: dict, out_dir: Path) -> dict[str, Path]:
 
 
 def newest(out_dir: Path) -> dict | None:
-    """The newest devices-*.json in out_dir with steps measured, its sweeps and its code comparison those of
-    the newest with them (measured later than the steps, or earlier, they join them); None if there is none."""
+    """The step measurements of the newest commit measured in out_dir (devices-*.json), pooled (pooled_steps),
+    with the sweeps and the code comparison of the newest result that has them (measured later than the
+    steps, or earlier, they join them); None if no result has steps."""
     results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
     with_steps = [r for r in results if r.get("steps")]
     with_sweeps = [r for r in results if r.get("sweeps")]
     with_code = [r for r in results if r.get("code")]
     if not with_steps:
         return None
+    same = [
+        r
+        for r in with_steps
+        if r["attn_commit"] == with_steps[-1]["attn_commit"] and r["devices"] == with_steps[-1]["devices"]
+    ]
     return {
         **with_steps[-1],
+        "steps": pooled_steps([r["steps"] for r in same]),
         **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
         **({"code": with_code[-1]["code"]} if with_code else {}),
     }
+
+
+def pooled_steps(measured: list[dict]) -> dict:
+    """Step measurements of one code pooled: each side's ratio at each cell the median over the measurements,
+    every device on the median seconds per member-call; `runs` how many were pooled."""
+    last = measured[-1]
+    pooled = {"rounds": last.get("rounds"), "runs": len(measured)}
+    for part in ("sizes", "headline"):
+        pooled[part] = {}
+        for cell, sides_ in last.get(part, {}).items():
+            pooled[part][cell] = {}
+            for side in sides_:
+                found = [m[part][cell][side] for m in measured if side in m.get(part, {}).get(cell, {})]
+                pooled[part][cell][side] = {
+                    "ratio": float(np.median([f["ratio"] for f in found])),
+                    "per_member_s": float(np.median([f["per_member_s"] for f in found])),
+                    "n": len(found),
+                }
+    return pooled
 
 
 def _child_main(argv: list[str] | None = None) -> int:
