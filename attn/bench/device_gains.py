@@ -49,9 +49,10 @@ TOGETHER = {}
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
-# Those whose share of the headline only a sweep measures: the fsync pool acts outside the step, and flush-to-zero
-# in trained, saturated runs (the steps time runs near their start, where no gradient is subnormal yet).
-SWEEP_ONLY = ("fsyncpool", "ftz")
+# Those whose share of the headline only a sweep measures: the fsync pool and the allocator act on the whole
+# process (its writes; its heap over every allocation, the eval's and the checkpoints' too), and flush-to-zero in
+# trained, saturated runs (the steps time runs near their start, where no gradient is subnormal yet).
+SWEEP_ONLY = SWEEP_DEVICES
 ROUNDS, CALLS, WARMUP = 8, 2, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
 PROCESS_ROUNDS = 2  # rounds of children with a process device on and off
 
