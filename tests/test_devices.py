@@ -55,11 +55,12 @@ def _path(key: str, run) -> object:
         "bilinear": head["association"],
         "lookups": type(head["x"]).__name__,
         "factored": dx_type.__name__,
+        "keymajor": head["scores"].flags.c_contiguous,
         "weightlayout": grads["W_k"].flags.c_contiguous,
     }.get(key)
 
 
-@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "weightlayout"])
+@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "keymajor", "weightlayout"])
 def test_a_device_switched_off_takes_its_plain_path_to_the_same_loss(key):
     off = _loss_and_grads((key,))
     assert off[0] == pytest.approx(ON[0], rel=1e-12)
@@ -113,7 +114,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         {
             "on": 1.0,
             "bilinear": 2.0,
-            "lookups": 1.01,
+            "keymajor": 1.01,
             "gone": 1.03,
             "widthfree": 1.02,
             "all off": 2.1,
@@ -136,14 +137,18 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         },
     }
     said = device_gains.verdicts(result)
-    assert said["bilinear"] == "keep" and said["lookups"] == "remove" and said["fsyncpool"] == "remove"
-    assert said["widthfree"].startswith("keep") and said["ftz"].startswith("keep (not")
+    assert said["bilinear"] == "keep" and said["keymajor"] == "remove" and said["fsyncpool"] == "remove"
+    assert (
+        said["widthfree"].startswith("keep")
+        and said["lookups"].startswith("keep (not measured")
+        and said["ftz"].startswith("keep (not")
+    )
     assert device_gains.device_share(result, "bilinear") == pytest.approx(1.0)
     doc = tmp_path / "bench.md"
     doc.write_text(f"# speed\n\n{publish.DEVICES_BEGIN}\nstale table\n{publish.DEVICES_END}\n")
     publish.write_devices_block(result, doc)
     text = doc.read_text()
-    assert "stale table" not in text and "| lookups through the tables |" in text and "+100%" in text
+    assert "stale table" not in text and "| key-major layouts |" in text and "+100%" in text
     assert (
         said["gone"] == "remove"
         and "| a device removed since | plain | +3% | +3% | +3% | +3.0% | remove | removed |" in text

@@ -51,8 +51,9 @@ def test_products_through_the_tables_equal_those_with_x_formed(rng, members, P):
     np.testing.assert_allclose(x.rows(positions), formed[..., positions, :], rtol=1e-13, atol=1e-13)
     y = rng.standard_normal((*members, B, P, D))
     weights = rng.standard_normal((*members, B, P, T))
-    scores = x.product_with(y)
+    scores = x.key_major_product(y)
     np.testing.assert_allclose(scores, y @ formed.swapaxes(-1, -2), rtol=1e-12, atol=1e-12)
+    assert np.moveaxis(scores, -1, 0).flags.c_contiguous, "keys outermost, as the softmax reads them"
     np.testing.assert_allclose(x.weighted_sum(weights), weights @ formed, rtol=1e-12, atol=1e-12)
 
 
@@ -61,7 +62,7 @@ def test_float32_products_stay_float32(rng):
     ids = np.stack([rng.integers(0, 5, (B, T)), np.broadcast_to(np.arange(T), (B, T))])
     x, _ = pairs.embedding_forward(ids, tables)
     y, weights = rng.standard_normal((B, 1, D), dtype=np.float32), rng.random((B, 1, T), dtype=np.float32)
-    assert x.product_with(y).dtype == x.weighted_sum(weights).dtype == x.dense().dtype == np.float32
+    assert x.key_major_product(y).dtype == x.weighted_sum(weights).dtype == x.dense().dtype == np.float32
 
 
 def retrieval_spec(**kw) -> ModelSpec:

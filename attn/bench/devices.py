@@ -61,6 +61,30 @@ def _never(*_args, **_kwargs) -> bool:
 _choose_association_formed = functools.lru_cache(maxsize=64)(head.choose_association.__wrapped__)
 
 
+def _row_major_product(keys, queries: np.ndarray) -> np.ndarray:
+    """queries @ keys^T (..., P, T) as numpy lays it out (rows of T): head._key_major_product without
+    the keys outermost; through the tables, the lookups summed in the scores' own layout."""
+    if isinstance(keys, pairs.LazyEmbeddings):
+        y = queries
+        products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ keys._table_transposed  # (*M, B P, V)
+        return np.add.reduce(products.take(keys._flat_indices_for(y.shape[-2], keys_first=False)), axis=0)
+    return queries @ keys.swapaxes(-1, -2)
+
+
+def _row_major_cross_entropy(logits: np.ndarray, targets: np.ndarray, target_mask: np.ndarray):
+    """pairs.cross_entropy_forward with the classes innermost, as the logits come: its cache the same."""
+    z = logits - np.maximum.reduce(logits, axis=-1, keepdims=True)  # (*M, B, T, C)
+    onehot = np.arange(z.shape[-1]) == targets[..., None]  # (*M, B, T, C) bool
+    picked = np.add.reduce(z * onehot, axis=-1)
+    np.exp(z, out=z)
+    sum_exp = np.add.reduce(z, axis=-1)
+    z /= sum_exp[..., None]
+    counts = np.add.reduce(target_mask, axis=(-2, -1), keepdims=True)
+    weight = np.divide(target_mask, counts, dtype=logits.dtype)
+    loss = np.add.reduce((np.log(sum_exp) - picked) * weight, axis=(-2, -1), dtype=logits.dtype)
+    return loss, (z, onehot, weight)
+
+
 def _plain_product(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b in numpy's layout, whatever `like`'s (pairs._product_laid_out_as without the transpose)."""
     return a @ b
@@ -109,6 +133,17 @@ DEVICES = (
         "attn.model.pairs.Factored, keep_factored; head._key_value_backward",
         "dX formed (B, T, D); the embeddings' gradient one one-hot product",
         lambda: [(head, "keep_factored", _never), (head, "choose_association", _choose_association_formed)],
+    ),
+    Device(
+        "keymajor",
+        "key-major layouts",
+        "attn.model.head._key_major_product, LazyEmbeddings.key_major_product; "
+        "pairs.cross_entropy_forward (classes outermost)",
+        "S = Q Kᵀ and the logits' softmax in numpy's own layout (keys, classes innermost)",
+        lambda: [
+            (head, "_key_major_product", _row_major_product),
+            (pairs, "cross_entropy_forward", _row_major_cross_entropy),
+        ],
     ),
     Device(
         "weightlayout",

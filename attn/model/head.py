@@ -36,6 +36,7 @@ from attn.model.pairs import (
     linear_forward,
     lookup_is_cheaper,
     member_axes,
+    move_axis,
     per_member_matrix,
     softmax_backward,
     softmax_forward,
@@ -70,11 +71,20 @@ def causal_mask(T: int) -> np.ndarray:
     return mask
 
 
-def _product_with_keys(keys, queries: np.ndarray) -> np.ndarray:
-    """queries @ keys^T, (..., P, T) for keys (..., T, n) (an array or LazyEmbeddings) and queries (..., P, n)."""
+def _key_major_product(keys, queries: np.ndarray) -> np.ndarray:
+    """queries @ keys^T, (..., P, T) for keys (..., T, n) (an array or LazyEmbeddings)
+    and queries (..., P, n), in an array laid out with the keys outermost in memory.
+
+    The softmax reduces over keys, and numpy reduces an outer axis (across
+    rows, vectorised) faster than an inner one (along rows of
+    T, often ~10, entries)."""
     if isinstance(keys, LazyEmbeddings):
-        return keys.product_with(queries)
-    return queries @ keys.swapaxes(-1, -2)
+        return keys.key_major_product(queries)
+    *lead, T, _ = keys.shape
+    P = queries.shape[-2]
+    transposed = move_axis(np.empty((T, *lead, P), dtype=keys.dtype), 0, -2)  # (..., T, P), keys outermost
+    np.matmul(keys, queries.swapaxes(-1, -2), out=transposed)
+    return transposed.swapaxes(-1, -2)  # (..., P, T)
 
 
 def _rows_at(x, positions) -> np.ndarray:
@@ -231,14 +241,14 @@ def attention_forward(
             k, key_norm = scores.norm_forward(k, score.g_k, norm, score.norm_width)
             q_scaled, query_norm = scores.norm_forward(q_scaled, score.g_q, norm, score.norm_width)
         q_scaled *= scale[..., None]  # Q_s = s Q (the scale broadcast over examples)
-        logits = _product_with_keys(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
+        logits = _key_major_product(k, q_scaled)  # S = Q_s K^T: (*M, B, P, T)
     elif norm is not None:
         logits, q_circuit, norm_cache = _normed_forward(x, x_q, W_q, W_k, scale, score)  # (*M, B, P, T), (*M, B, P, D)
     else:
         q_circuit, query_map = factorised_linear_forward(
             x_q, W_q, W_k.swapaxes(-1, -2), scale
         )  # X_Q W_QK: (*M, B, P, D)
-        logits = _product_with_keys(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
+        logits = _key_major_product(x, q_circuit)  # S = X_Q W_QK X^T: (*M, B, P, T)
     logits, transform = scores.transform_forward(logits, score, mask, queries)
     if mask is not None:
         logits[..., mask[queries]] = -np.inf
@@ -288,8 +298,8 @@ def _normed_forward(x: np.ndarray, x_q: np.ndarray, W_q, W_k, scale, score: scor
     unnormed, query_map = linear_forward(x_q, M)  # X_Q M: (*M, B, P, D)
     factor = query_inverse[..., None] * scale[..., None]  # s r_q: (*M, B, P, 1)
     q_circuit = unnormed * factor  # (*M, B, P, D)
-    raw = _product_with_keys(x, q_circuit)  # s r_q X_Q M X^T: (*M, B, P, T)
-    logits = raw * key_inverse[..., None, :]
+    raw = _key_major_product(x, q_circuit)  # s r_q X_Q M X^T: (*M, B, P, T), keys outermost
+    logits = raw * key_inverse[..., None, :]  # the same layout (an elementwise product keeps it)
     return (
         logits,
         q_circuit,
@@ -347,7 +357,8 @@ def attention_backward(dout, cache, dx_queries=None):
 
 
 def _score_gradient(dattn_t: np.ndarray, cache) -> tuple[np.ndarray, dict]:
-    """dS from dA through the softmax and the score mode's map; and that map's parameter gradients."""
+    """dS from dA (given keys-outermost, as _key_major_product leaves it)
+    through the softmax and the score mode's map; and that map's parameter gradients."""
     dscores = softmax_backward(dattn_t, cache["attn"])  # zero where masked
     return scores.transform_backward(dscores, cache["transform"])
 
@@ -360,7 +371,7 @@ def _projected_backward(dout, cache, dx_queries):
         cache["attn"],
     )  # (*M, B, T, d_k), (*M, B, T, d_v), (*M, B, P, d_k), (*M, B, P, T)
     dcontext, dW_o, _ = linear_backward(dout, cache["output"])  # (*M, B, P, d_v), (*M, d_v, D)
-    dscores, grads = _score_gradient(_product_with_keys(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
+    dscores, grads = _score_gradient(_key_major_product(v, dcontext), cache)  # dA = dC V^T; dS: (*M, B, P, T)
     dq = dscores @ k  # (*M, B, P, d_k)
     dq *= cache["scale"][..., None]  # Q_s = s Q
     if cache["query_norm"] is not None:
@@ -434,7 +445,7 @@ def _bilinear_backward(dout, cache, dx_queries):
     """
     x, attn, q_circuit = cache["x"], cache["attn"], cache["q_circuit"]  # (*M, B, T, D), (*M, B, P, T), (*M, B, P, D)
     dattended, dW_v, dW_o = factorised_linear_backward(dout, cache["value_map"])  # (*M, B, P, D)
-    dscores, grads = _score_gradient(_product_with_keys(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
+    dscores, grads = _score_gradient(_key_major_product(x, dattended), cache)  # dA = d(AX) X^T; dS: (*M, B, P, T)
     dx_keys = None
     if "norm_cache" in cache:  # with a norm of q and k: dS becomes dS', the unnormed product's
         dscores, dx_q, dx_keys, query_grads = _normed_backward(dscores, x, cache["scale"], cache["norm_cache"])

@@ -157,7 +157,7 @@ class LazyEmbeddings:
     positions_from: int | None = None  # the last source is the position itself, from this row (embedding_forward)
     _flat_indices_of: dict = field(
         default_factory=dict, compare=False, repr=False
-    )  # P -> _flat_indices_for, (P, "binned") -> _binning_indices_for
+    )  # (P, keys_first) -> _flat_indices_for
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -177,10 +177,12 @@ class LazyEmbeddings:
             out += looked_up[s]
         return out
 
-    def product_with(self, y: np.ndarray) -> np.ndarray:
-        """y X^T (*M, B, P, T) for y (*M, B, P, D): (y table^T)[ids], summed over the sources."""
+    def key_major_product(self, y: np.ndarray) -> np.ndarray:
+        """y X^T (*M, B, P, T) for y (*M, B, P, D), laid out keys outermost
+        (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
         products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
-        return products.take(self._flat_indices_for(y.shape[-2])).sum(axis=0)  # (S, *M, B, P, T) summed over S
+        looked_up = products.take(self._flat_indices_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
+        return move_axis(looked_up.sum(axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (binned)."""
@@ -202,16 +204,22 @@ class LazyEmbeddings:
         """(the table as rows (M V, D), the ids as rows of it (S, *M, B, T))."""
         return _flat_lookup(self.ids, self.table)
 
-    def _flat_indices_for(self, P: int) -> np.ndarray:
-        """_flat_indices (S, *M, B, P, T) for P query rows per example, formed once per P (a step shares them)."""
-        if P not in self._flat_indices_of:
-            self._flat_indices_of[P] = _flat_indices(self.ids, P, self.table.shape[-2])
-        return self._flat_indices_of[P]
+    def _flat_indices_for(self, P: int, keys_first: bool) -> np.ndarray:
+        """_flat_indices for P query rows per example, formed once per P and layout
+        (a step's products share them): as the weights are laid out, for the
+        bins; keys first (S, T, *M, B, P), as the scores are, for the lookups."""
+        if (P, False) not in self._flat_indices_of:
+            self._flat_indices_of[P, False] = _flat_indices(self.ids, P, self.table.shape[-2])  # (S, *M, B, P, T)
+        if keys_first and (P, True) not in self._flat_indices_of:
+            self._flat_indices_of[P, True] = move_axis(self._flat_indices_of[P, False], -1, 1)  # (S, T, *M, B, P)
+        return self._flat_indices_of[P, keys_first]
 
     def _binning_indices_for(self, P: int) -> np.ndarray:
         """_binning_indices for P rows, formed once per P (the forward's A X and the backward's dS X share them)."""
         if (P, "binned") not in self._flat_indices_of:
-            self._flat_indices_of[P, "binned"] = _binning_indices(self._flat_indices_for(P), self.positions_from)
+            self._flat_indices_of[P, "binned"] = _binning_indices(
+                self._flat_indices_for(P, keys_first=False), self.positions_from
+            )
         return self._flat_indices_of[P, "binned"]
 
 
@@ -464,22 +472,24 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     needs and which gives the predicted class for accuracy at no extra cost,
     as its first entry.
     """
-    z = logits - logits.max(axis=-1, keepdims=True)  # (*M, B, T, C) shifted logits
-    onehot = _classes(z.shape[-1]) == targets[..., None]  # (*M, B, T, C) bool
-    picked = (z * onehot).sum(axis=-1)  # (*M, B, T) z[target]
+    z = move_axis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see attn.model.head._key_major_product)
+    z -= z.max(axis=0)  # shifted logits
+    onehot = _classes(z.shape[0], targets.ndim) == targets  # (C, *M, B, T) bool
+    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
-    sum_exp = z.sum(axis=-1)  # (*M, B, T)
-    z /= sum_exp[..., None]  # softmax
+    sum_exp = z.sum(axis=0)  # (*M, B, T)
+    z /= sum_exp
+    probs = move_axis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
     counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1) ints
     weight = np.divide(target_mask, counts, dtype=logits.dtype)  # (*M, B, T): each in the logits' dtype, then divided
     loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
-    return loss, (z, onehot, weight)
+    return loss, (probs, move_axis(onehot, 0, -1), weight)
 
 
 @lru_cache(maxsize=32)
-def _classes(C: int) -> np.ndarray:
-    """The class indices 0..C-1 (read-only)."""
-    classes = np.arange(C)
+def _classes(C: int, ndim: int) -> np.ndarray:
+    """(C, 1, ...) the class indices, to broadcast against targets of `ndim` axes (read-only)."""
+    classes = np.arange(C).reshape(-1, *[1] * ndim)
     classes.flags.writeable = False
     return classes
 
