@@ -263,21 +263,25 @@ def verdicts(result: dict) -> dict[str, str]:
             said[key] = "keep (not measured: a sweep measures it, --only)"
         elif share >= REMOVE_BELOW:
             said[key] = "keep"
+        elif device.get("kept"):
+            said[key] = f"remove, but kept: {device['kept']}"
         else:
-            said[key] = "keep (trivial code)" if device.get("trivial") else "remove"
+            said[key] = "remove"
     return said
 
 
 def devices_now(result: dict) -> dict[str, dict]:
     """The devices the result measured, each with what this checkout says of it: why it is required (if it
     is), and whether it is still here (`now`: kept, or removed since the measurement)."""
+    order = [d.key for d in DEVICES]
+    measured = sorted(result["devices"], key=lambda key: (order.index(key) if key in order else len(order), key))
     return {
         key: {
-            **device,
-            **({"required": BY_KEY[key].required} if key in BY_KEY else {}),
+            **result["devices"][key],
+            **({"required": BY_KEY[key].required, "kept": BY_KEY[key].kept} if key in BY_KEY else {}),
             "now": "kept" if key in BY_KEY else "removed",
         }
-        for key, device in result["devices"].items()
+        for key in measured
     }
 
 
@@ -301,7 +305,8 @@ def table(result: dict) -> str:
     """The devices' table (Markdown): each device, what off means, its step-time change off at each bench size and
     headline d_k, its share of the headline, and the verdict; then the all-off and control rows, and the sweeps."""
     steps = result.get("steps", {})
-    sizes, cells = steps.get("sizes", {}), steps.get("headline", {})
+    sizes = {name: steps["sizes"][name] for name in timing.SIZES if name in steps.get("sizes", {})}
+    cells = {d_k: steps["headline"][d_k] for d_k in sorted(steps.get("headline", {}), key=int)}
     said = verdicts(result)
     header = [
         "device",
@@ -335,6 +340,7 @@ def table(result: dict) -> str:
 
     lines = [
         f"Measured {result['date']} on {result['machine']}, attn {result['attn_commit'] or 'of unknown commit'}, "
+        f"{steps.get('runs', 1)} time(s), "
         f"1 thread. Each cell: the time with the device off over the time with every device on, minus one "
         f"(+12% = the device saves 12%), median over {steps.get('runs', 1)} measurement(s) of that code of each's "
         f"median of {steps.get('rounds', '?')} alternating rounds; the bench "
@@ -367,7 +373,8 @@ def table(result: dict) -> str:
 def code_line(code: dict) -> str:
     """All removed against none: this checkout's step over the other's at each cell, the headline's share, and
     the sweeps of both when measured."""
-    cells = [f"{name} {_percent(c['ratio'])}" for part in ("sizes", "headline") for name, c in code[part].items()]
+    ordered = [*[s for s in timing.SIZES if s in code["sizes"]], *sorted(code["headline"], key=int)]
+    cells = [f"{name} {_percent({**code['sizes'], **code['headline']}[name]['ratio'])}" for name in ordered]
     cells = [f"d_k {text}" if text[0].isdigit() else text for text in cells]
     share = code.get("headline_share")
     line = (
@@ -411,17 +418,20 @@ def newest(out_dir: Path) -> dict | None:
     with_code = [r for r in results if r.get("code")]
     if not with_steps:
         return None
-    same = [
-        r
-        for r in with_steps
-        if r["attn_commit"] == with_steps[-1]["attn_commit"] and r["devices"] == with_steps[-1]["devices"]
-    ]
+    same = [r for r in with_steps if _code(r) == _code(with_steps[-1]) and r["devices"] == with_steps[-1]["devices"]]
     return {
         **with_steps[-1],
         "steps": pooled_steps([r["steps"] for r in same]),
         **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
         **({"code": with_code[-1]["code"]} if with_code else {}),
     }
+
+
+def _code(result: dict) -> str | None:
+    """The commit a result measured, its working tree's changes aside: a measurement writes docs/bench.md, so the
+    next one of the same commit finds its tree dirty, and is taken as of the same code."""
+    commit = result.get("attn_commit")
+    return commit.removesuffix("-dirty") if commit else commit
 
 
 def pooled_steps(measured: list[dict]) -> dict:
@@ -578,7 +588,7 @@ def measure_devices(
     sweep_rounds: int = 0,
     other: Path | None = None,
 ) -> dict:
-    """The devices' result: the steps (steps_in_child, process_steps), with `only` the sweeps (measure_sweeps);
+    """The devices' result: the steps (steps_in_child, process_steps), or with `only` the sweeps (measure_sweeps);
     with `other` (a checkout before devices were removed) instead this checkout against it (code_steps, and
     with `only` the sweep of both, attn.bench.sweeps.headline_wall_time)."""
     from attn.train import lifecycle
@@ -591,7 +601,9 @@ def measure_devices(
             d.key: {"name": d.name, "where": d.where, "off": d.off, "scope": d.scope, "required": d.required}
             for d in DEVICES
         },
-        "steps": steps_in_child(sizes, d_ks, rounds, calls, warmup, progress) if (sizes or d_ks) and not other else {},
+        "steps": steps_in_child(sizes, d_ks, rounds, calls, warmup, progress)
+        if (sizes or d_ks) and not other and not only
+        else {},
     }
     if other is not None:
         result["code"] = code_steps(other, sizes, d_ks, max(rounds // 2, 2), calls, warmup, progress)

@@ -262,7 +262,7 @@ def cmd_bench(args) -> int:
         say(out / f"board-{stamp}.json")
         return EXIT_OK
 
-    if args.devices:
+    if args.devices or args.devices_table:
         return _bench_devices(args)
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
@@ -310,6 +310,14 @@ def _bench_devices(args) -> int:
     from attn import publish
     from attn.bench import device_gains
 
+    if args.devices_table:
+        result = device_gains.newest(Path(args.out))
+        if result is None:
+            raise UsageError(
+                f"bench --devices-table: no devices-*.json with steps in {args.out}; run attn bench --devices"
+            )
+        say(publish.write_devices_block(result))
+        return EXIT_OK
     if args.headline:
         raise UsageError("bench --devices: --headline: expected --only to sweep a part of the headline")
     other = Path(args.headline_code) if args.headline_code else None
@@ -487,9 +495,14 @@ def add_commands(sub) -> None:
         "--devices",
         action="store_true",
         help="instead, each fast-path device's gain, side by side with it switched off (attn.bench.devices), at "
-        "these sizes and the headline's d_k; with --only, also that part of the headline swept with the devices "
+        "these sizes and the headline's d_k; with --only, instead that part of the headline swept with the devices "
         "outside the step off (--rounds rounds); with --headline-code DIR, every device on, this checkout against "
         "DIR's (all removed against none: steps, and the --only sweep); the table goes into docs/bench.md",
+    )
+    p.add_argument(
+        "--devices-table",
+        action="store_true",
+        help="write docs/bench.md's devices table from the measurements in --out (devices-*.json), measuring nothing",
     )
     p.add_argument(
         "--board",
