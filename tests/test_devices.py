@@ -125,6 +125,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         "devices": {
             **{d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES},
             "gone": {"name": "a device removed since", "off": "plain", "required": None},
+            "went": {"name": "another", "off": "plain", "required": None},
         },
         "date": "2026-12-05",
         "machine": "cpu",
@@ -137,7 +138,9 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         },
     }
     said = device_gains.verdicts(result)
-    assert said["bilinear"] == "keep" and said["keymajor"].startswith("remove, but kept") and said["fsyncpool"] == "remove"
+    assert (
+        said["bilinear"] == "keep" and said["keymajor"].startswith("remove, but kept") and said["fsyncpool"] == "remove"
+    )
     assert (
         said["widthfree"].startswith("keep")
         and said["lookups"].startswith("keep (not measured")

@@ -334,6 +334,10 @@ def table(result: dict) -> str:
         row(key, d["name"], d["off"], said[key] + (f": {d['required']}" if d.get("required") else ""), d["now"])
         for key, d in devices_now(result).items()
     ]
+    together = [
+        side for side in next(iter(cells.values()), {}) if side not in (*result["devices"], "on", ALL_OFF, CONTROL)
+    ]
+    rows += [row(side, f"{side} off together", "each of these off, all at once", "—") for side in together]
     rows.append(row(ALL_OFF, "all of them off", "every device above off together but the width-free head", "—"))
     rows.append(row(CONTROL, "none off (control)", "a second copy of the on side: the noise", "—"))
     from attn.text import markdown_table
@@ -364,6 +368,16 @@ def table(result: dict) -> str:
             + "; ".join(parts)
             + ".",
         ]
+    removed = sorted(key for key, d in devices_now(result).items() if d["now"] == "removed")
+    side = next((t for t in together if sorted(t.split(", ")) == removed), None)
+    if side is not None:
+        share = headline_share(cells, side)
+        lines += [
+            "",
+            f"The devices removed in this checkout ({', '.join(removed)}), off together side by side with all on: "
+            f"{share * 100:+.1f}% of the headline ({'within' if share <= REMOVED_AT_MOST else 'NOT within'} "
+            f"issue 48's {REMOVED_AT_MOST:.0%} for all removals together).",
+        ]
     code = result.get("code")
     if code:
         lines += ["", code_line(code)]
@@ -378,8 +392,9 @@ def code_line(code: dict) -> str:
     cells = [f"d_k {text}" if text[0].isdigit() else text for text in cells]
     share = code.get("headline_share")
     line = (
-        f"All removed against none: every device on, this checkout's library against {code['other']} in "
-        f"alternating children ({code['rounds']} rounds), its time over the other's minus one: "
+        f"All removed against none, process against process: every device on, this checkout's library against "
+        f"{code['other']} in alternating children ({code['rounds']} rounds: noisier than sides of one process), "
+        "its time over the other's minus one: "
         + ", ".join(cells)
         + ("" if share is None else f"; the headline's share {share * 100:+.1f}%")
     )
