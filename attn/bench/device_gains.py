@@ -343,8 +343,8 @@ def table(result: dict) -> str:
     from attn.text import markdown_table
 
     lines = [
-        f"Measured {result['date']} on {result['machine']}, attn {result['attn_commit'] or 'of unknown commit'}, "
-        f"{steps.get('runs', 1)} time(s), "
+        f"Measured on {result['machine']}, {steps.get('runs', 1)} time(s), the newest {result['date']}, attn "
+        f"{', '.join(map(str, result.get('commits') or [result['attn_commit']]))} (one library code), "
         f"1 thread. Each cell: the time with the device off over the time with every device on, minus one "
         f"(+12% = the device saves 12%), median over {steps.get('runs', 1)} measurement(s) of that code of each's "
         f"median of {steps.get('rounds', '?')} alternating rounds; the bench "
@@ -424,7 +424,8 @@ def write_devices(result: dict, out_dir: Path) -> dict[str, Path]:
 
 
 def newest(out_dir: Path) -> dict | None:
-    """The step measurements of the newest commit measured in out_dir (devices-*.json), pooled (pooled_steps),
+    """The step measurements in out_dir (devices-*.json) of the newest one's library code (_library), pooled
+    (pooled_steps), its commits listed (`commits`),
     with the sweeps and the code comparison of the newest result that has them (measured later than the
     steps, or earlier, they join them); None if no result has steps."""
     results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
@@ -433,20 +434,45 @@ def newest(out_dir: Path) -> dict | None:
     with_code = [r for r in results if r.get("code")]
     if not with_steps:
         return None
-    same = [r for r in with_steps if _code(r) == _code(with_steps[-1]) and r["devices"] == with_steps[-1]["devices"]]
+    same = [
+        r for r in with_steps if _library(r) == _library(with_steps[-1]) and r["devices"] == with_steps[-1]["devices"]
+    ]
     return {
         **with_steps[-1],
+        "commits": sorted({r["attn_commit"] for r in same}),
         "steps": pooled_steps([r["steps"] for r in same]),
         **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
         **({"code": with_code[-1]["code"]} if with_code else {}),
     }
 
 
-def _code(result: dict) -> str | None:
-    """The commit a result measured, its working tree's changes aside: a measurement writes docs/bench.md, so the
-    next one of the same commit finds its tree dirty, and is taken as of the same code."""
-    commit = result.get("attn_commit")
-    return commit.removesuffix("-dirty") if commit else commit
+LIBRARY = (
+    "attn/model",
+    "attn/train",
+    "attn/optim.py",
+    "attn/tasks.py",
+    "attn/config",
+    "attn/store",
+)  # what a step runs
+
+
+def _library(result: dict) -> tuple:
+    """What code a result's steps ran: the git trees of LIBRARY at the commit it measured (so that measurements of
+    commits that differ in the bench's own code or the docs pool), or the commit itself where git cannot tell. Its
+    working tree's changes aside: a measurement writes docs/bench.md, so the next one of the same commit finds its
+    tree dirty."""
+    commit = (result.get("attn_commit") or "").removesuffix("-dirty")
+    try:
+        trees = subprocess.run(
+            ["git", "rev-parse", *(f"{commit}:{path}" for path in LIBRARY)],
+            cwd=timing.REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return (commit,)
+    return tuple(trees.stdout.split()) if commit and trees.returncode == 0 else (commit,)
 
 
 def pooled_steps(measured: list[dict]) -> dict:
