@@ -51,8 +51,6 @@ def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     with FlopCounterMode(display=False) as counter:
         loss(weights, *arrays).backward()
     costs = head.head_costs(B, T, T, D, spec.d_k, spec.d_v)
-    if formulation == "bilinear":  # the rival merges a map where that is cheaper; attn chains them
-        costs["bilinear"] = rivals.bilinear_cost(costs["bilinear"], B * T, D, spec.d_k, spec.d_v)
     assert counter.get_total_flops() == 2 * costs[formulation] + 3 * 2 * B * T * D * C
 
 
@@ -122,12 +120,11 @@ def test_a_short_bench_writes_its_json_and_table(tmp_path):
 # the bins' slots are flattened once per X, the table transposed once per X and the cross-entropy's backward
 # takes a scalar upstream gradient; 175 since the embeddings' gradient reuses the bins of A and dS that the
 # head's A X and dS X made (attn.model.pairs.LazyEmbeddings.binned), binning only the query rows' own; 180 since
-# that reuse, the ufunc reductions and the merged maps were removed (issue 48: each saved under 5% of the headline,
-# measured side by side in docs/bench.md's devices table).
+# that reuse and the ufunc reductions were removed (issue 48: each saved under 5% of the headline, measured side
+# by side in docs/bench.md's devices table).
 DEFAULT_STEP_NUMPY_CALLS = 180
-# The copy size's (a query at every position: X and its gradient formed, Factored.dense): 149 since 6d8eb63; 153
-# since issue 48's removals (above).
-COPY_STEP_NUMPY_CALLS = 153
+# The copy size's (a query at every position: X and its gradient formed, Factored.dense): 149 since 6d8eb63.
+COPY_STEP_NUMPY_CALLS = 149
 
 
 @pytest.mark.parametrize("size, most", [("default", DEFAULT_STEP_NUMPY_CALLS), ("copy", COPY_STEP_NUMPY_CALLS)])

@@ -55,12 +55,13 @@ def _path(key: str, run) -> object:
         "bilinear": head["association"],
         "lookups": type(head["x"]).__name__,
         "factored": dx_type.__name__,
+        "merged": head.get("query_map", (None, (None,) * 6))[1][4] is not None,
         "keymajor": head["scores"].flags.c_contiguous,
         "weightlayout": grads["W_k"].flags.c_contiguous,
     }.get(key)
 
 
-@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "keymajor", "weightlayout"])
+@pytest.mark.parametrize("key", ["bilinear", "lookups", "factored", "merged", "keymajor", "weightlayout"])
 def test_a_device_switched_off_takes_its_plain_path_to_the_same_loss(key):
     off = _loss_and_grads((key,))
     assert off[0] == pytest.approx(ON[0], rel=1e-12)
@@ -116,6 +117,8 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
             "bilinear": 2.0,
             "keymajor": 1.01,
             "gone": 1.03,
+            "went": 1.01,
+            "gone, went": 1.12,
             "widthfree": 1.02,
             "all off": 2.1,
             "on (again)": 1.0,
@@ -138,9 +141,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         },
     }
     said = device_gains.verdicts(result)
-    assert (
-        said["bilinear"] == "keep" and said["keymajor"].startswith("remove, but kept") and said["fsyncpool"] == "remove"
-    )
+    assert said["bilinear"] == "keep" and said["keymajor"] == "remove" and said["fsyncpool"] == "remove"
     assert (
         said["widthfree"].startswith("keep")
         and said["lookups"].startswith("keep (not measured")
@@ -152,6 +153,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
     publish.write_devices_block(result, doc)
     text = doc.read_text()
     assert "stale table" not in text and "| key-major layouts |" in text and "+100%" in text
+    assert "(gone, went), off together side by side with all on: +12.0% of the headline (NOT within" in text
     assert (
         said["gone"] == "remove"
         and "| a device removed since | plain | +3% | +3% | +3% | +3.0% | remove | removed |" in text

@@ -18,7 +18,7 @@ from attn.model import fast, gradcheck, head, pairs, reference
 from attn.model.fast import Batch, ModelSpec
 
 B, T, D, DK, DV = 3, 5, 6, 3, 4  # the gradient tests' shapes: T != d_k, odd d_k, d_v != d_k
-WIDE_DK = 7  # d_k > d_model
+WIDE_DK = 7  # d_k > d_model: the bilinear head merges W_q W_k^T into one D x D matrix
 AGREE = 1e-12
 ASSOCIATIONS = ("projected", "bilinear")
 
@@ -177,14 +177,15 @@ def test_each_association_of_the_head_matches_finite_differences(rng, members, a
     assert max(r.rel_error for r in report.values()) < 1e-6, gradcheck.format_report(report)
 
 
-def test_factorised_linear_matches_finite_differences(rng):
+@pytest.mark.parametrize("merged", (False, True))
+def test_factorised_linear_matches_finite_differences_either_way(rng, merged):
     x, U, V = rng.standard_normal((B, T, D)), rng.standard_normal((D, DK)), rng.standard_normal((DK, DV))
     dout = rng.standard_normal((B, T, DV))
-    out, cache = pairs.factorised_linear_forward(x, U, V)
+    out, cache = pairs.factorised_linear_forward(x, U, V, merged=merged)
     assert close(out, x @ U @ V)
     dx, dU, dV = pairs.factorised_linear_backward(dout, cache)
     report = gradcheck.check_gradients(
-        lambda: float((pairs.factorised_linear_forward(x, U, V)[0] * dout).sum()),
+        lambda: float((pairs.factorised_linear_forward(x, U, V, merged=merged)[0] * dout).sum()),
         {"x": x, "U": U, "V": V},
         {"x": dx, "U": dU, "V": dV},
     )
@@ -201,6 +202,7 @@ def test_the_association_rule_follows_the_cost_model():
     for shape in itertools.product((8, 64), (1, 8), (9,), (16, 64), (8, 256), (8, 32)):
         costs = head.head_costs(*shape)
         assert head.choose_association(*shape) == min(costs, key=lambda k: (costs[k], k != "projected"))
+    assert pairs.merge_is_cheaper(64, 64, 4096, 64) and not pairs.merge_is_cheaper(64, 64, 16, 64)
 
 
 def test_float32_stays_float32_through_a_stack(rng):

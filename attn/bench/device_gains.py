@@ -263,8 +263,6 @@ def verdicts(result: dict) -> dict[str, str]:
             said[key] = "keep (not measured: a sweep measures it, --only)"
         elif share >= REMOVE_BELOW:
             said[key] = "keep"
-        elif device.get("kept"):
-            said[key] = f"remove, but kept: {device['kept']}"
         else:
             said[key] = "remove"
     return said
@@ -278,7 +276,7 @@ def devices_now(result: dict) -> dict[str, dict]:
     return {
         key: {
             **result["devices"][key],
-            **({"required": BY_KEY[key].required, "kept": BY_KEY[key].kept} if key in BY_KEY else {}),
+            **({"required": BY_KEY[key].required} if key in BY_KEY else {}),
             "now": "kept" if key in BY_KEY else "removed",
         }
         for key in measured
@@ -392,9 +390,9 @@ def code_line(code: dict) -> str:
     cells = [f"d_k {text}" if text[0].isdigit() else text for text in cells]
     share = code.get("headline_share")
     line = (
-        f"All removed against none, process against process: every device on, this checkout's library against "
-        f"{code['other']} in alternating children ({code['rounds']} rounds: noisier than sides of one process), "
-        "its time over the other's minus one: "
+        f"All removed against none, process against process: every device on, attn {code.get('this')}'s library "
+        f"against {code['other']}'s in alternating children ({code['rounds']} rounds: noisier than sides of one "
+        "process), its time over the other's minus one: "
         + ", ".join(cells)
         + ("" if share is None else f"; the headline's share {share * 100:+.1f}%")
     )

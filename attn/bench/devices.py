@@ -45,7 +45,6 @@ class Device:
     patches: Callable[[], list[tuple[object, str, object]]]
     scope: str = "step"
     required: str | None = None  # why it stays whatever it saves, if it must
-    kept: str | None = None  # why it stays though it saves less than the rule asks
 
 
 def _projected_only(B, P, T, D, d_k, d_v, width_free=False, normed=False) -> str:
@@ -136,6 +135,13 @@ DEVICES = (
         lambda: [(head, "keep_factored", _never), (head, "choose_association", _choose_association_formed)],
     ),
     Device(
+        "merged",
+        "merged maps",
+        "attn.model.pairs.merge_is_cheaper, factorised_linear_forward",
+        "always chained, (x U) V: W_QK = W_q W_kᵀ and W_OV = W_v W_o never formed",
+        lambda: [(pairs, "merge_is_cheaper", _never)],
+    ),
+    Device(
         "keymajor",
         "key-major layouts",
         "attn.model.head._key_major_product, LazyEmbeddings.key_major_product; "
@@ -145,8 +151,6 @@ DEVICES = (
             (head, "_key_major_product", _row_major_product),
             (pairs, "cross_entropy_forward", _row_major_cross_entropy),
         ],
-        kept="removed with the other three below 5%, all four cost more than the rule's 10% (the line below the "
-        "table); the largest of them, and the only one whose removal moves make train's metrics",
     ),
     Device(
         "weightlayout",

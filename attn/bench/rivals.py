@@ -7,8 +7,7 @@ operations (OPS) so that PyTorch and JAX compute exactly the same thing:
     projected   S = s (X_Q W_q) (X W_k)^T,         out = (A (X W_v)) W_o
     bilinear    S = (X_Q W_QK) X^T,                out = (A X) W_OV
                 (W_QK = s W_q W_k^T and W_OV = W_v W_o applied as two
-                products or one, as merge_is_cheaper decides: attn chains them always,
-                a rival takes the cheaper, so that the yardstick is the strongest)
+                products or one, as attn.model.pairs.merge_is_cheaper decides)
     loss = mean over target positions of -log softmax(H W_out + b)[target]
 
 with the query side at the positions where some example has a target
@@ -28,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from attn.model import fast
+from attn.model import fast, pairs
 from attn.model.fast import Batch, ModelSpec
 
 FORMULATIONS = ("projected", "bilinear")
@@ -75,27 +74,6 @@ def _ops(framework: str) -> dict[str, Callable]:
     }
 
 
-def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
-    """Whether x (U V) costs a rival's bilinear formulation fewer multiply-adds than (x U) V, forward and
-    backward together, for `rows` rows of x: merged 3 n_in rank n_out + 3 rows n_in n_out against chained
-    3 rows rank (n_in + n_out) (map_cost)."""
-    return map_cost(rows, n_in, rank, n_out, merged=True) < map_cost(rows, n_in, rank, n_out, merged=False)
-
-
-def map_cost(rows: int, n_in: int, rank: int, n_out: int, merged: bool) -> int:
-    """Multiply-adds of x U V forward and backward (one of each product forward, two backward)."""
-    return 3 * n_in * rank * n_out + 3 * rows * n_in * n_out if merged else 3 * rows * rank * (n_in + n_out)
-
-
-def bilinear_cost(head_cost: int, rows: int, D: int, d_k: int, d_v: int) -> int:
-    """A rival's bilinear formulation in multiply-adds: attn's (head_cost, its maps chained) with each map
-    as the rival takes it (merge_is_cheaper)."""
-    for rank in (d_k, d_v):
-        merged = merge_is_cheaper(rows, D, rank, D)
-        head_cost += map_cost(rows, D, rank, D, merged) - map_cost(rows, D, rank, D, False)
-    return head_cost
-
-
 def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, batch_size: int) -> Callable:
     """loss(params, tokens, targets, target_mask) in the framework (module docstring)."""
     ops = _ops(framework)
@@ -103,8 +81,8 @@ def loss_function(spec: ModelSpec, framework: str, formulation: str, positions, 
     query_rows = np.arange(T)[positions]
     P = len(query_rows)
     s = spec.score_scale
-    merge_qk = merge_is_cheaper(batch_size * P, D, spec.d_k, D)
-    merge_ov = merge_is_cheaper(batch_size * P, D, spec.d_v, D)
+    merge_qk = pairs.merge_is_cheaper(batch_size * P, D, spec.d_k, D)
+    merge_ov = pairs.merge_is_cheaper(batch_size * P, D, spec.d_v, D)
     masked = ops["array"](np.triu(np.ones((T, T), dtype=bool), k=1)[query_rows]) if spec.causal else None
     sinusoids = (
         ops["array"](np.array(fast.sinusoidal_positions(T, D, spec.n_sources**-0.5, spec.dtype)))

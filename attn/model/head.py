@@ -120,7 +120,7 @@ def head_costs(
                    formed   N_q T d + 2 N_k D d
                    factored 2 B P T D + 2 N_q D d          (keep_factored)
     bilinear    S = X_Q W_QK X^T, out = (A X) W_OV, never forming K or V:
-        the two maps (factorised_linear: 6 N_q D d_k and 6 N_q D d_v)
+        the two maps (factorised_linear, each chained or merged, the cheaper)
         + 4 N_q T D (S, A X and their backward) + 2 N_q T D if dX is formed.
         With a norm of q and k (`normed`, qk_norm: attn.model.scores.gram_forward),
         the query map is the Gram form: 7 D^2 d_k for M, G_q, G_k and their
@@ -144,8 +144,8 @@ def head_costs(
         + (2 * B * P * T * D + 2 * Nq * D * d if factored else Nq * T * d + 2 * Nk * D * d)
     )
 
-    def map_cost(rank: int) -> int:  # (x U) V: forward x U and h V, backward two of each
-        return 3 * Nq * rank * 2 * D
+    def map_cost(rank: int) -> int:
+        return min(3 * Nq * rank * 2 * D, 3 * D * rank * D + 3 * Nq * D * D)
 
     query_map = 7 * D * D * d_k + 2 * Nk * D * D + 5 * Nq * D * D if normed else map_cost(d_k)
     bilinear = query_map + map_cost(d_v) + 4 * Nq * T * D + (0 if factored else 2 * Nq * T * D)
@@ -207,8 +207,8 @@ def attention_forward(
                     and s applied to the queries: S = (s X_Q W_q) K^T
         bilinear    S = X_Q W_QK X^T,   out = (A X) W_OV,
                     W_QK = s W_q W_k^T (D x D),  W_OV = W_v W_o (D x D),
-                    each applied as a product of its two factors
-                    (factorised_linear_forward), never formed;
+                    each applied as a product of its two factors or formed,
+                    whichever is cheaper (factorised_linear_forward);
                     with a norm of q and k, S = s r_q r_k X_Q M X^T and
                     the rows' inverse norms r from G_q, G_k (_normed_forward)
 

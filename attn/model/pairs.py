@@ -392,32 +392,69 @@ def linear_backward(dout: np.ndarray, cache):
 # --------------------------------------------------------------------------
 # A linear map through a product of two matrices: out = x U V
 # --------------------------------------------------------------------------
-def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=None):
+def merge_is_cheaper(rows: int, n_in: int, rank: int, n_out: int) -> bool:
+    """Whether x (U V) costs fewer multiply-adds than (x U) V, forward and
+    backward together, for `rows` rows of x:
+
+        chained  (x U) V:  3 rows rank (n_in + n_out)
+        merged   x (U V):  3 n_in rank n_out + 3 rows n_in n_out
+
+    (forward one of each product, backward two: the input's and the weight's
+    gradient). Merging wins when the rank is large and the rows are many."""
+    return n_in * rank * n_out + rows * n_in * n_out < rows * rank * (n_in + n_out)
+
+
+def factorised_linear_forward(x: np.ndarray, U: np.ndarray, V: np.ndarray, scale=None, merged: bool | None = None):
     """out = s x U V for x (*M, ..., n_in), U (*M, n_in, r), V (*M, r, n_out),
     s a scalar or one per member (*M, 1, 1), or None for none (s = 1, no multiply):
 
-        h = s (x U),  out = h V
+        chained:  h = s (x U),  out = h V
+        merged:   W = s (U V),  out = x W        (W: n_in x n_out, formed once)
 
-    s multiplies the product h, never U itself.
+    The same map either way; `merged` None picks the cheaper (merge_is_cheaper).
+    s multiplies the smaller product (h or W), never U itself.
     """
-    rows = as_rows(x, member_axes(U))  # (*M, N, n_in)
-    hidden = rows @ U  # (*M, N, r)
-    if scale is not None:
-        hidden *= scale
-    out = hidden @ V
-    return out.reshape(*x.shape[:-1], V.shape[-1]), (x.shape, (rows, U, V, scale, hidden))
+    members = member_axes(U)
+    n_in, rank, n_out = *U.shape[-2:], V.shape[-1]
+    rows = as_rows(x, members)  # (*M, N, n_in)
+    if merged is None:
+        merged = merge_is_cheaper(rows.shape[-2], n_in, rank, n_out)
+    if merged:
+        W = U @ V  # (*M, n_in, n_out)
+        if scale is not None:
+            W *= scale
+        out = rows @ W
+        cache = (rows, U, V, scale, W, None)
+    else:
+        hidden = rows @ U  # (*M, N, r)
+        if scale is not None:
+            hidden *= scale
+        out = hidden @ V
+        cache = (rows, U, V, scale, None, hidden)
+    return out.reshape(*x.shape[:-1], n_out), (x.shape, cache)
 
 
 def factorised_linear_backward(dout: np.ndarray, cache):
-    """(dx, dU, dV) of out = s x U V:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh."""
-    x_shape, (rows, U, V, scale, hidden) = cache
+    """(dx, dU, dV) of out = s x U V:
+
+    chained:  dV = h^T dout,  dh = s dout V^T,  dx = dh U^T,  dU = x^T dh
+    merged:   dW = x^T dout,  dx = dout W^T,  dU = s dW V^T,  dV = s U^T dW
+    """
+    x_shape, (rows, U, V, scale, W, hidden) = cache
     dout2 = as_rows(dout, member_axes(U))  # (*M, N, n_out)
-    dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
-    dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
-    if scale is not None:
-        dhidden *= scale
-    dx = dhidden @ U.swapaxes(-1, -2)
-    dU = rows.swapaxes(-1, -2) @ dhidden
+    if W is not None:
+        dW = rows.swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
+        dx = dout2 @ W.swapaxes(-1, -2)
+        if scale is not None:
+            dW *= scale
+        dU, dV = dW @ V.swapaxes(-1, -2), _product_laid_out_as(V, U.swapaxes(-1, -2), dW)
+    else:
+        dV = _product_laid_out_as(V, hidden.swapaxes(-1, -2), dout2)
+        dhidden = dout2 @ V.swapaxes(-1, -2)  # (*M, N, r)
+        if scale is not None:
+            dhidden *= scale
+        dx = dhidden @ U.swapaxes(-1, -2)
+        dU = rows.swapaxes(-1, -2) @ dhidden
     return dx.reshape(x_shape), dU, dV
 
 
