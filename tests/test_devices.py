@@ -160,7 +160,8 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
     )
 
 
-def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sweeps(tmp_path):
+def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sweeps(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_gains, "_library", lambda result: (result["attn_commit"].replace("HEAD", "new"),))
     meta = {"bilinear": {"name": "bilinear association", "off": "projected", "required": None}}
 
     def result(commit, ratio, **more):
@@ -177,4 +178,4 @@ def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sw
         (tmp_path / name).write_text(json.dumps(r))
     joined = device_gains.newest(tmp_path)
     assert joined["steps"]["runs"] == 2 and joined["steps"]["headline"]["16"]["bilinear"]["ratio"] == 2.5
-    assert joined["code"] == {"other": "before"}
+    assert joined["code"] == {"other": "before", "this": "new"}  # made by this checkout's library ("HEAD": new)

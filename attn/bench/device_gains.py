@@ -423,13 +423,15 @@ def write_devices(result: dict, out_dir: Path) -> dict[str, Path]:
 
 def newest(out_dir: Path) -> dict | None:
     """The step measurements in out_dir (devices-*.json) of the newest one's library code (_library), pooled
-    (pooled_steps), its commits listed (`commits`),
+    (pooled_steps), its commits listed (`commits`); the code comparison of the newest made by this checkout's
+    library;
     with the sweeps and the code comparison of the newest result that has them (measured later than the
     steps, or earlier, they join them); None if no result has steps."""
     results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
     with_steps = [r for r in results if r.get("steps")]
     with_sweeps = [r for r in results if r.get("sweeps")]
-    with_code = [r for r in results if r.get("code")]
+    here = _library({"attn_commit": "HEAD"})
+    with_code = [r for r in results if r.get("code") and _library(r) == here]  # of this checkout's library alone
     if not with_steps:
         return None
     same = [
@@ -440,7 +442,7 @@ def newest(out_dir: Path) -> dict | None:
         "commits": sorted({r["attn_commit"] for r in same}),
         "steps": pooled_steps([r["steps"] for r in same]),
         **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
-        **({"code": with_code[-1]["code"]} if with_code else {}),
+        **({"code": {**with_code[-1]["code"], "this": with_code[-1]["attn_commit"]}} if with_code else {}),
     }
 
 
