@@ -38,7 +38,7 @@ def squared_norm(a: np.ndarray) -> float:
     the result does not depend on the number of BLAS threads."""
     a64 = np.asarray(a, dtype=np.float64)  # a copy unless a is float64 already (an array or a scalar)
     squares = np.multiply(a64, a64, out=a64 if a64 is not a else None)  # in place when asarray copied
-    return float(np.add.reduce(squares, axis=None))  # np.sum's own reduction, without its wrapper
+    return float(squares.sum())
 
 
 def squared_norms(a: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ def squared_norms(a: np.ndarray) -> np.ndarray:
     stack by its shape)."""
     squares = np.array(a, dtype=np.float64, order="C")  # a copy: (M, ...), each member's slice contiguous
     np.multiply(squares, squares, out=squares)
-    return np.array([np.add.reduce(member, axis=None) for member in squares])
+    return np.array([member.sum() for member in squares])
 
 
 def global_norm(grads: dict[str, np.ndarray]) -> float:

@@ -338,7 +338,7 @@ def test_factored_gradients_reach_embeddings_as_the_formed_array_would(rng):
     """embedding_backward and add_at_positions give the same for
     Factored(L, R) as for the array L^T R it stands for."""
     left, right = rng.standard_normal((B, 2, T)), rng.standard_normal((B, 2, D))
-    factored = pairs.Factored((left,), (right,))
+    factored = pairs.Factored(left, right)
     dense = factored.dense()
     np.testing.assert_allclose(dense, np.einsum("brt,brd->btd", left, right), rtol=1e-12)
     positions, values = np.array([0, T - 1]), rng.standard_normal((B, 2, D))

@@ -221,41 +221,9 @@ def test_a_positional_source_is_binned_as_the_weights_themselves(rng, members, d
     weights = rng.standard_normal((*members, B, 2, T)).astype(dtype)
     np.testing.assert_array_equal(copied.weighted_sum(weights), counted.weighted_sum(weights))
     dx = pairs.Factored(
-        (rng.standard_normal((*members, B, 3, T)).astype(dtype),),
-        (rng.standard_normal((*members, B, 3, D)).astype(dtype),),
+        rng.standard_normal((*members, B, 3, T)).astype(dtype), rng.standard_normal((*members, B, 3, D)).astype(dtype)
     )
     for by_copy, by_count in zip(
         pairs.embedding_backward(dx, copied_cache), pairs.embedding_backward(dx, counted_cache)
     ):
         np.testing.assert_array_equal(by_copy, by_count)
-
-
-@pytest.mark.parametrize("members", [(), (3,)])
-def test_the_embeddings_gradient_bins_each_piece_once_and_as_binning_them_all_at_once(rng, members):
-    """Factored pieces binned already (A X, dS X) are not binned again, and the
-    gradient is bit for bit the one of binning the stacked pieces in one go."""
-    tables = [rng.standard_normal((*members, V, D)).astype(np.float32) for V in (5, 6, T)]
-    ids = np.stack(
-        [
-            rng.integers(0, 5, (*members, B, T)),
-            rng.integers(0, 6, (*members, B, T)),
-            np.broadcast_to(np.arange(T), (*members, B, T)),
-        ]
-    )
-    lefts = tuple(rng.standard_normal((*members, B, R, T)).astype(np.float32) for R in (1, 2, 1))
-    rights = tuple(rng.standard_normal((*members, B, R, D)).astype(np.float32) for R in (1, 2, 1))
-    x, cache = pairs.embedding_forward(ids, tables, positional=True)
-    for left in lefts[:2]:
-        x.weighted_sum(left)  # the head's products bin A and dS
-    binned = []
-    original = pairs._binned
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pairs, "_binned", lambda weights, *rest: binned.append(weights) or original(weights, *rest))
-        pieces = pairs.embedding_backward(pairs.Factored(lefts, rights), cache)
-    assert [id(w) for w in binned] == [id(lefts[2])], "only the piece not binned before"
-    _, fresh_cache = pairs.embedding_forward(ids, tables, positional=True)
-    at_once = pairs.embedding_backward(
-        pairs.Factored((np.concatenate(lefts, axis=-2),), (np.concatenate(rights, axis=-2),)), fresh_cache
-    )
-    for by_piece, whole in zip(pieces, at_once):
-        np.testing.assert_array_equal(by_piece, whole)

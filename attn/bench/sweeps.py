@@ -192,12 +192,14 @@ def headline_sweep(
     only: tuple[str, ...] = (),
     code: Path | None = None,
     experiment: Path = HEADLINE,
+    env: dict | None = None,
 ) -> dict:
     """`attn sweep experiments/sqrt_dk.yaml --workers N [--only ...]` into runs_dir, in a
     child process running `code`'s checkout (default: this one; `experiment`: another
     file of this checkout): its wall time, the CPU seconds of the child and every
     process it waited for (its workers), cores busy on average, its exit code, and
-    its timeline's records and summary (None for code that writes no timeline)."""
+    its timeline's records and summary (None for code that writes no timeline). `env`: more environment
+    for the child (attn.bench.devices.sweep_environment: devices switched off in its every process)."""
     from attn.config.yamlio import read_yaml_file
     from attn.experiment import timeline
 
@@ -206,7 +208,7 @@ def headline_sweep(
     command = [sys.executable, "-m", "attn", "sweep", str(experiment)]
     command += ["--runs-dir", str(runs_dir), "--workers", str(workers)]
     command += [argument for text in only for argument in ("--only", text)]
-    env = {**os.environ, "PYTHONPATH": str(root), "CI": "true"}
+    env = {**os.environ, "PYTHONPATH": str(root), "CI": "true", **(env or {})}
     before = timeline.cpu_seconds(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -262,6 +262,8 @@ def cmd_bench(args) -> int:
         say(out / f"board-{stamp}.json")
         return EXIT_OK
 
+    if args.devices or args.devices_table:
+        return _bench_devices(args)
     missing = [f for f in args.rivals if not rivals.available(f)]
     if missing:
         say(
@@ -299,6 +301,48 @@ def cmd_bench(args) -> int:
     paths = suite.write(result, Path(args.out))
     say(suite.bench_markdown(result))
     for path in paths.values():
+        say(path)
+    return EXIT_OK
+
+
+def _bench_devices(args) -> int:
+    """attn bench --devices: each fast-path device's gain (attn.bench.device_gains), its files, the docs' table."""
+    from attn import publish
+    from attn.bench import device_gains
+
+    if args.devices_table:
+        result = device_gains.newest(Path(args.out))
+        if result is None:
+            raise UsageError(
+                f"bench --devices-table: no devices-*.json with steps in {args.out}; run attn bench --devices"
+            )
+        say(publish.write_devices_block(result))
+        return EXIT_OK
+    if args.headline:
+        raise UsageError("bench --devices: --headline: expected --only to sweep a part of the headline")
+    other = Path(args.headline_code) if args.headline_code else None
+    if other is not None and not (other / "attn" / "__main__.py").is_file():
+        raise UsageError(f"bench --devices: --headline-code: got {other}; expected a checkout of attn")
+    only = tuple(args.only or ())
+    if only:
+        from attn.experiment.spec import load_experiment
+
+        load_experiment(device_gains.HEADLINE, runs_dir=str(args.out), only=only)  # a bad --only says so first
+    result = device_gains.measure_devices(
+        args.sizes,
+        device_gains.HEADLINE_D_K,
+        device_gains.ROUNDS,
+        device_gains.CALLS,
+        device_gains.WARMUP,
+        lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
+        only,
+        args.rounds,
+        other,
+    )
+    paths = device_gains.write_devices(result, Path(args.out))
+    published = publish.write_devices_block(device_gains.newest(Path(args.out)))
+    say(device_gains.table(result))
+    for path in (*paths.values(), published):
         say(path)
     return EXIT_OK
 
@@ -446,6 +490,19 @@ def add_commands(sub) -> None:
         type=integer_at_least(1),
         default=1,
         help="how many times to sweep the headline (each code once a round; default: 1)",
+    )
+    p.add_argument(
+        "--devices",
+        action="store_true",
+        help="instead, each fast-path device's gain, side by side with it switched off (attn.bench.devices), at "
+        "these sizes and the headline's d_k; with --only, instead that part of the headline swept with the devices "
+        "outside the step off (--rounds rounds); with --headline-code DIR, every device on, this checkout against "
+        "DIR's (all removed against none: steps, and the --only sweep); the table goes into docs/bench.md",
+    )
+    p.add_argument(
+        "--devices-table",
+        action="store_true",
+        help="write docs/bench.md's devices table from the measurements in --out (devices-*.json), measuring nothing",
     )
     p.add_argument(
         "--board",

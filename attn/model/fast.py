@@ -356,8 +356,8 @@ def key_mask(T: int, causal: bool, mask_self: bool) -> np.ndarray | None:
 def target_positions(batch: Batch):
     """Positions along T where some example of the batch has a target: a
     slice of all T if every position has one, else an index array."""
-    with_target = np.logical_or.reduce(batch.target_mask.reshape(-1, batch.target_mask.shape[-1]), axis=0)  # (T,)
-    return slice(None) if np.logical_and.reduce(with_target) else with_target.nonzero()[0]
+    with_target = batch.target_mask.reshape(-1, batch.target_mask.shape[-1]).any(axis=0)  # (T,)
+    return slice(None) if with_target.all() else with_target.nonzero()[0]
 
 
 def embedding_tables(params: dict, spec: ModelSpec, T: int) -> list[np.ndarray]:

@@ -40,6 +40,7 @@ from attn.model.pairs import (
     per_member_matrix,
     softmax_backward,
     softmax_forward,
+    stacked_rows,
     sum_of_outer_products,
 )
 
@@ -427,7 +428,7 @@ def _key_value_backward(dscores, q_scaled, attn, dcontext, kv_projection, key_no
     left_x = left @ x  # [dS X; A X]  (*M, B, 2P, D)
     dW_k = as_rows(left_x[..., :P, :], members).swapaxes(-1, -2) @ as_rows(q_scaled, members)  # (*M, D, d_k)
     dW_v = as_rows(left_x[..., P:, :], members).swapaxes(-1, -2) @ as_rows(dcontext, members)  # (*M, D, d_v)
-    return Factored((left,), (right,)), dW_k, dW_v, None
+    return Factored(left, right), dW_k, dW_v, None
 
 
 def _bilinear_backward(dout, cache, dx_queries):
@@ -458,7 +459,7 @@ def _bilinear_backward(dout, cache, dx_queries):
     if dx_keys is None and keep_factored(x.shape[-2], attn.shape[-2]):
         dx = factored_with_rows([dscores, attn], [q_circuit, dattended], cache["queries"], dx_q)
     else:
-        dx = Factored((dscores, attn), (q_circuit, dattended)).dense()  # (*M, B, T, D)
+        dx = Factored(stacked_rows([dscores, attn]), stacked_rows([q_circuit, dattended])).dense()  # (*M, B, T, D)
         if dx_keys is not None:
             dx += dx_keys  # through the keys' norms
         dx = add_at_positions(dx, cache["queries"], dx_q)

@@ -8,10 +8,6 @@ Each layer is a pair in the CS231n style:
 Forward caches exactly what backward needs; backward never recomputes the
 forward. No state, no I/O, no configs: plain numpy arrays in, arrays out, and
 the dtype of the inputs is the dtype of the outputs (float32 stays float32).
-Reductions on the training path are the ufuncs' own (np.add.reduce,
-np.maximum.reduce): the array methods (a.sum(), a.max()) reach the same
-reduction through a Python wrapper that costs more than the reduction at
-these sizes.
 
 Members. Every pair also computes M models at once (attn.train.stack's stacked
 runs): each weight then carries a leading member axis, W (M, n_in, n_out),
@@ -42,34 +38,20 @@ class Factored:
     products. When few query positions carry the loss, the gradient reaching
     X is of low rank R (a few per query), and its consumers, the embeddings,
     need it only through onehot^T value (see embedding_backward): kept as
-    factors, it is never formed. Each side is kept as the pieces it is
-    stacked from along R (lefts[i] (*M, B, R_i, T) with rights[i]): the
-    embeddings bin each left piece, and the pieces the head's products
-    binned already (A, dS) are not binned again (LazyEmbeddings.binned).
+    factors, it is never formed.
     """
 
-    lefts: tuple[np.ndarray, ...]  # each (*M, B, R_i, T)
-    rights: tuple[np.ndarray, ...]  # each (*M, B, R_i, n)
-
-    @property
-    def left(self) -> np.ndarray:
-        """The left pieces stacked, (*M, B, R, T)."""
-        return _stacked_rows(self.lefts)
-
-    @property
-    def right(self) -> np.ndarray:
-        """The right pieces stacked, (*M, B, R, n)."""
-        return _stacked_rows(self.rights)
+    left: np.ndarray  # (*M, B, R, T)
+    right: np.ndarray  # (*M, B, R, n)
 
     def dense(self) -> np.ndarray:
         """The (*M, B, T, n) array itself."""
-        left, right = self.left, self.right  # each side stacked once
-        out = np.empty((*left.shape[:-2], left.shape[-1], right.shape[-1]), dtype=right.dtype)
-        sum_of_outer_products(left, right, out=out)
+        out = np.empty((*self.left.shape[:-2], self.left.shape[-1], self.right.shape[-1]), dtype=self.right.dtype)
+        sum_of_outer_products(self.left, self.right, out=out)
         return out
 
 
-def _stacked_rows(pieces: tuple[np.ndarray, ...]) -> np.ndarray:
+def stacked_rows(pieces: list[np.ndarray]) -> np.ndarray:
     """The pieces (..., R_i, n) stacked along R: (..., R, n)."""
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=-2)
 
@@ -104,7 +86,7 @@ def add_at_positions(grad, positions, values: np.ndarray):
     indicator e_p on the left, the values on the right).
     """
     if isinstance(grad, Factored):
-        return factored_with_rows(list(grad.lefts), list(grad.rights), positions, values)
+        return factored_with_rows([grad.left], [grad.right], positions, values)
     grad[..., positions, :] += values
     return grad
 
@@ -114,7 +96,7 @@ def factored_with_rows(lefts: list[np.ndarray], rights: list[np.ndarray], positi
     the `positions`: the factors' pieces (lefts (*M, B, R_i, T), rights
     (*M, B, R_i, n)), and `values` (*M, B, P, n) added at those positions."""
     indicator = _position_indicator(values.shape[:-2], lefts[0].shape[-1], positions, values.dtype)  # (*M, B, P, T)
-    return Factored((*lefts, indicator), (*rights, values))
+    return Factored(stacked_rows([*lefts, indicator]), stacked_rows([*rights, values]))
 
 
 def sum_of_outer_products(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
@@ -176,7 +158,6 @@ class LazyEmbeddings:
     _flat_indices_of: dict = field(
         default_factory=dict, compare=False, repr=False
     )  # (P, keys_first) -> _flat_indices_for
-    _binned_of: dict = field(default_factory=dict, compare=False, repr=False)  # id(weights) -> (weights, bins)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -190,7 +171,7 @@ class LazyEmbeddings:
         """X[..., positions, :] (*M, B, P, D), only those rows looked up."""
         rows, ids = self._flat
         looked_up = rows.take(ids[..., positions], axis=0)  # (S, *M, B, P, D)
-        # the sources summed in their order, in place into a fresh array (np.add.reduce over their axis costs more)
+        # the sources summed in their order, in place into a fresh array (a sum over their axis costs more)
         out = looked_up[0]
         for s in range(1, len(looked_up)):
             out += looked_up[s]
@@ -201,7 +182,7 @@ class LazyEmbeddings:
         (T, *M, B, P) in memory, as attn.model.head._key_major_product's."""
         products = y.reshape(*y.shape[:-3], -1, y.shape[-1]) @ self._table_transposed  # (*M, B P, V)
         looked_up = products.take(self._flat_indices_for(y.shape[-2], keys_first=True))  # (S, T, *M, B, P)
-        return move_axis(np.add.reduce(looked_up, axis=0), 0, -1)  # (*M, B, P, T), a view
+        return move_axis(looked_up.sum(axis=0), 0, -1)  # (*M, B, P, T), a view
 
     def weighted_sum(self, weights: np.ndarray) -> np.ndarray:
         """weights X (*M, B, P, D) for weights (*M, B, P, T): bin(weights) table (binned)."""
@@ -209,20 +190,9 @@ class LazyEmbeddings:
         return products.reshape(*weights.shape[:-1], self.table.shape[-1])
 
     def binned(self, weights: np.ndarray) -> np.ndarray:
-        """bin(weights) (*M, B, R, V) for weights (*M, B, R, T) (_binned), binned
-        once per array: the embeddings' gradient (embedding_backward) bins
-        the attention A and the score gradient dS, which the head's A X and
-        dS X binned already. The step never changes either in place; the
-        entry holds the array, so its id is not another's while X lives."""
-        kept = self._binned_of.get(id(weights))
-        if kept is None:
-            kept = self._binned_of[id(weights)] = (
-                weights,
-                _binned(
-                    weights, self._binning_indices_for(weights.shape[-2]), self.table.shape[-2], self.positions_from
-                ),
-            )
-        return kept[1]
+        """bin(weights) (*M, B, R, V) for weights (*M, B, R, T) (_binned)."""
+        indices = self._binning_indices_for(weights.shape[-2])
+        return _binned(weights, indices, self.table.shape[-2], self.positions_from)
 
     @cached_property
     def _table_transposed(self) -> np.ndarray:
@@ -356,18 +326,17 @@ def embedding_backward(dout, cache) -> list[np.ndarray]:
 
     dout may be Factored (dout[b] = L_b^T R_b, ids (S, B, T)); then, by
     associativity, dtable = sum_b (L_b onehot_b)^T R_b: L binned by row of
-    the stacked table (LazyEmbeddings.binned, a piece of L at a time: each bin sums
-    its entries in the order one binning of all of L would), (B, R, V), times
-    R, and dout is never formed.
+    the stacked table (LazyEmbeddings.binned), (B, R, V), times R, and dout
+    is never formed.
     """
     x, sizes = cache  # x: the LazyEmbeddings X, its ids (S, *M, ..., T) into its stacked table (*M, V, D)
     ids, V, lead = x.ids, x.table.shape[-2], x.table.shape[:-2]
     if isinstance(dout, Factored):
-        binned = _stacked_rows(tuple(map(x.binned, dout.lefts)))  # (*M, B, R, V)
+        binned = x.binned(dout.left)  # (*M, B, R, V)
         dtable = as_rows(binned, len(lead)).swapaxes(-1, -2) @ as_rows(dout.right, len(lead))  # (*M, V, D)
     else:
         columns = ids.reshape(len(sizes), *lead, 1, -1)  # (S, *M, 1, N)
-        onehot = np.logical_or.reduce(np.arange(V)[:, None] == columns, axis=0).astype(dout.dtype)  # (*M, V, N)
+        onehot = (np.arange(V)[:, None] == columns).any(axis=0).astype(dout.dtype)  # (*M, V, N)
         dtable = onehot @ as_rows(dout, len(lead))  # (*M, V, D)
     return [dtable[..., start:stop, :] for start, stop in _table_bounds(sizes)]
 
@@ -416,7 +385,7 @@ def linear_backward(dout: np.ndarray, cache):
     dout2 = as_rows(dout, members)  # (*M, N, n_out)
     dx = (dout2 @ W.swapaxes(-1, -2)).reshape(x.shape)  # (*M, ..., n_in)
     dW = as_rows(x, members).swapaxes(-1, -2) @ dout2  # (*M, n_in, n_out)
-    db = np.add.reduce(dout2, axis=-2) if has_bias else None
+    db = dout2.sum(axis=-2) if has_bias else None
     return dx, dW, db
 
 
@@ -492,7 +461,9 @@ def factorised_linear_backward(dout: np.ndarray, cache):
 def _product_laid_out_as(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b in the memory layout of `like`: computed as (b^T a^T)^T when
     `like` is a transposed view (W_k^T), so that the gradient is as
-    contiguous as its weight and the optimiser walks it in order."""
+    contiguous as its weight and the optimiser walks it in order. numpy then
+    takes a stack's product as it takes one run's: without it the stacked
+    loop and its one-run twin differ in the last bits (tests/test_reference_loop)."""
     if like.ndim >= 2 and like.swapaxes(-1, -2).flags.c_contiguous and not like.flags.c_contiguous:
         return (b.swapaxes(-1, -2) @ a.swapaxes(-1, -2)).swapaxes(-1, -2)
     return a @ b
@@ -507,9 +478,9 @@ def softmax_forward(scores: np.ndarray):
     Subtracting the row max keeps exp() finite for any finite scores, so
     scores of +-1e4 give a valid distribution. -inf entries become exact 0.
     """
-    probs = scores - np.maximum.reduce(scores, axis=-1, keepdims=True)
+    probs = scores - scores.max(axis=-1, keepdims=True)
     np.exp(probs, out=probs)
-    probs /= np.add.reduce(probs, axis=-1, keepdims=True)
+    probs /= probs.sum(axis=-1, keepdims=True)
     return probs, probs
 
 
@@ -520,7 +491,7 @@ def softmax_backward(dprobs: np.ndarray, probs: np.ndarray) -> np.ndarray:
     Masked entries have P = 0 and so receive exactly zero gradient.
     """
     dscores = dprobs * probs
-    dscores -= probs * np.add.reduce(dscores, axis=-1, keepdims=True)
+    dscores -= probs * dscores.sum(axis=-1, keepdims=True)
     return dscores
 
 
@@ -539,16 +510,16 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray, target_mask: 
     as its first entry.
     """
     z = move_axis(logits, -1, 0).copy()  # (C, *M, B, T): classes outermost (see attn.model.head._key_major_product)
-    z -= np.maximum.reduce(z, axis=0)  # shifted logits
+    z -= z.max(axis=0)  # shifted logits
     onehot = _classes(z.shape[0], targets.ndim) == targets  # (C, *M, B, T) bool
-    picked = np.add.reduce(z * onehot, axis=0)  # (*M, B, T) z[target]
+    picked = (z * onehot).sum(axis=0)  # (*M, B, T) z[target]
     np.exp(z, out=z)
-    sum_exp = np.add.reduce(z, axis=0)  # (*M, B, T)
+    sum_exp = z.sum(axis=0)  # (*M, B, T)
     z /= sum_exp
     probs = move_axis(z, 0, -1)  # (*M, B, T, C) softmax, a view of z
-    counts = np.add.reduce(target_mask, axis=(-2, -1), keepdims=True)  # (*M, 1, 1) ints
+    counts = target_mask.sum(axis=(-2, -1), keepdims=True)  # (*M, 1, 1) ints
     weight = np.divide(target_mask, counts, dtype=logits.dtype)  # (*M, B, T): each in the logits' dtype, then divided
-    loss = np.add.reduce((np.log(sum_exp) - picked) * weight, axis=(-2, -1), dtype=logits.dtype)
+    loss = ((np.log(sum_exp) - picked) * weight).sum(axis=(-2, -1), dtype=logits.dtype)
     return loss, (probs, move_axis(onehot, 0, -1), weight)
 
 

@@ -144,7 +144,7 @@ def _mean(x: np.ndarray, width: int | None) -> np.ndarray:
     """The mean over the last axis (keepdims), or its sum over `width`."""
     if width is None:
         return x.mean(axis=-1, keepdims=True)
-    return np.add.reduce(x, axis=-1, keepdims=True) / x.dtype.type(width)
+    return x.sum(axis=-1, keepdims=True) / x.dtype.type(width)
 
 
 def norm_backward(dout: np.ndarray, cache):
@@ -166,7 +166,7 @@ def norm_backward(dout: np.ndarray, cache):
     rows = product.reshape(*product.shape[:members], -1, product.shape[-1])  # (*M, N, d_k)
     # summed over the rows axis: row after row into each dimension, whatever the stack (a sum over
     # the contiguous axis would need the (d_k, N) transpose, a copy as large as the keys)
-    dgain = np.add.reduce(rows, axis=-2)  # (*M, d_k)
+    dgain = rows.sum(axis=-2)  # (*M, d_k)
     return dx, dgain.sum(axis=-1, keepdims=True) if gain_shape[-1] == 1 else dgain
 
 
@@ -210,7 +210,7 @@ def gram_backward(dM: np.ndarray, dG_q: np.ndarray, dG_k: np.ndarray, cache):
         dW_k -= dW_k.mean(axis=-1, keepdims=True)
     if gains is None:
         return dW_q, dW_k, None, None
-    dgains = np.add.reduce(seen_q * through_keys, axis=-2)  # (*M, d_k): each column summed over the D rows
+    dgains = (seen_q * through_keys).sum(axis=-2)  # (*M, d_k): each column summed over the D rows
     if gains.shape[-1] == 1:
         dgains = dgains.sum(axis=-1, keepdims=True)  # (*M, 1)
     return dW_q, dW_k, dgains * g_k, dgains * g_q
