@@ -521,17 +521,26 @@ def errors_logged(driver) -> list[str]:
 
 
 def images_shown(driver, section: str) -> list[str]:
-    """The names of the figures in a section, once each has loaded (scrolled to: they load lazily)."""
-    images = driver.find_elements("css selector", f"{section} img")
-    for image in images:
-        driver.execute_script("arguments[0].scrollIntoView()", image)
-        wait_for(
-            driver,
-            lambda image=image: driver.execute_script(
-                "return arguments[0].complete && arguments[0].naturalWidth > 0", image
-            ),
-        )
-    return [image.get_attribute("alt") for image in images]
+    """The names of the figures in a section, once each has loaded (scrolled to: they load lazily); read again
+    from the start if the page re-draws the section meanwhile (its polls do)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for attempt in range(3):
+        try:
+            images = driver.find_elements("css selector", f"{section} img")
+            for image in images:
+                driver.execute_script("arguments[0].scrollIntoView()", image)
+                wait_for(
+                    driver,
+                    lambda image=image: driver.execute_script(
+                        "return arguments[0].complete && arguments[0].naturalWidth > 0", image
+                    ),
+                )
+            return [image.get_attribute("alt") for image in images]
+        except StaleElementReferenceException:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def open_page(driver, url: str, n_runs: int) -> None:
@@ -661,10 +670,11 @@ def test_draw_figures_button_asks_the_server_to_draw_them(browser, served):
     )
     drawn = sorted(p.name for p in Path(run["path"]).glob("*.png"))
     assert "loss.png" in drawn
-    wait_for(
+    wait_for(  # the alts read in one script: the panel is re-drawn while the page polls (no stale elements)
         browser,
         lambda: (
-            [image.get_attribute("alt") for image in browser.find_elements("css selector", "#run-details img")] == drawn
+            browser.execute_script("return [...document.querySelectorAll('#run-details img')].map(image => image.alt)")
+            == drawn
         ),
     )
     assert images_shown(browser, "#run-details") == drawn
