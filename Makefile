@@ -155,9 +155,11 @@ lint: $(VENV)/.dev
 
 ## make test: lint, then the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first.
 ## --dist loadscope: each test module runs on one worker, so a module-scoped fixture (a sweep, a trained pair, runs
-## signalled through the CLI) is made once, not once on each worker that got some of its tests
+## signalled through the CLI) is made once, not once on each worker that got some of its tests. Bytecode is cached
+## (PYTHONDONTWRITEBYTECODE unset, __pycache__ is git-ignored): every worker and every attn child the tests start
+## would otherwise compile attn from source again
 test: browser $(VENV)/.dev lint
-	$(PY) -m pytest -q -n 2 --dist loadscope -m "not faults" $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "not faults" $(ARGS)
 
 ## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the
 ## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)
