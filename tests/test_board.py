@@ -540,7 +540,6 @@ def images_shown(driver, section: str) -> list[str]:
         except StaleElementReferenceException:
             if attempt == 2:
                 raise
-    raise AssertionError("unreachable")
 
 
 def open_page(driver, url: str, n_runs: int) -> None:
