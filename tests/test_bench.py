@@ -164,6 +164,34 @@ def test_a_headline_sweep_that_fails_is_no_measurement_of_the_headline(monkeypat
         sweeps.headline_wall_time(lambda message: None, only=("model.d_k=16",))
 
 
+def test_several_codes_sweep_once_a_round_each_taking_every_place_in_turn(monkeypatch, tmp_path):
+    """--headline-code given twice: three codes a round, the order turned by one each round, this checkout's
+    medians taken over its own sweeps alone."""
+    from attn.bench import sweeps
+
+    order = []
+
+    def sweep(directory, cores, only, code):
+        order.append(code)
+        wall = 10.0 if code is None else 99.0
+        return {
+            "code": sweeps.THIS_CODE if code is None else str(code),
+            "exit_code": 0,
+            "error": None,
+            "wall_s": wall,
+            "cpu_s": 2 * wall,
+            "cores_busy": 2.0,
+            "timeline": None,
+            "timeline_records": [],
+        }
+
+    monkeypatch.setattr(sweeps, "headline_sweep", sweep)
+    a, b = tmp_path / "a", tmp_path / "b"
+    result = sweeps.headline_wall_time(lambda message: None, ("model.d_k=16",), (a, b), rounds=3)
+    assert order == [None, a, b, a, b, None, b, None, a]
+    assert len(result["measured"]) == 9 and result["wall_s"] == 10.0
+
+
 @pytest.mark.skipif(not denormals.can_flush(), reason="subnormals cannot be flushed on this platform")
 def test_the_subnormal_comparison_times_gradients_that_are_subnormal_and_flushed_ones_that_are_not():
     spec, params, batches = timing.subnormal_state()

@@ -2,7 +2,7 @@
 
     attn bench [--sizes default,wide,copy,large] [--threads 1,2] [--steps 50] [--warmup 10]
                [--rivals torch,torch.compile,jax] [--no-processes] [--headline] [--out runs/bench]
-    attn bench --headline --only model.d_k=65536 [--headline-code DIR --rounds 2]
+    attn bench --headline --only model.d_k=65536 [--headline-code DIR ... --rounds 2]
 
 The step timings (attn.bench.timing, one child process per thread count),
 then, unless --no-processes, the peak memory of a training process at each
@@ -11,8 +11,8 @@ headline experiment's wall time, CPU seconds and cores busy, with its
 timeline (attn.experiment.timeline) as a figure beside the result. With
 --only, the headline's part that it leaves is measured alone (nothing else
 is timed, and the files are named headline-<time>, so that `attn publish`
-never takes them for a benchmark); --headline-code DIR sweeps another
-checkout's code in alternating rounds with this one. The targets are ratios measured side by
+never takes them for a benchmark); --headline-code DIR (repeatable) sweeps other
+checkouts' code in the same rounds as this one, the order turned each round. The targets are ratios measured side by
 side in one run: attn's step over the fastest rival's (at most
 step_target(size) at every thread count), the sweep's efficiency (at least
 TARGET_EFFICIENCY) and the speed-up of one worker per core over one worker
@@ -56,12 +56,12 @@ def run_suite(
     frameworks=rivals.FRAMEWORKS,
     progress: Callable[[str], None] = lambda message: None,
     only: tuple[str, ...] = (),
-    other_code: Path | None = None,
+    other_codes: tuple[Path, ...] = (),
     rounds: int = 1,
 ) -> dict:
     """Every measurement, as one JSON-ready dict; `frameworks`: the rivals to time (those installed).
     With `only` (the headline's --only restrictions), the headline's part alone and its work
-    (attn.bench.sweeps.headline_wall_time: `other_code`, `rounds`); nothing else is timed."""
+    (attn.bench.sweeps.headline_wall_time: `other_codes`, `rounds`); nothing else is timed."""
     headline_alone = bool(only)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -88,7 +88,7 @@ def run_suite(
         result["sweep"] = sweeps.sweep_scaling(progress)
     result["work"] = sweeps.headline_work(progress, only)
     if headline or headline_alone:
-        result["headline"] = sweeps.headline_wall_time(progress, only, other_code, rounds)
+        result["headline"] = sweeps.headline_wall_time(progress, only, other_codes, rounds)
     return result
 
 

@@ -228,18 +228,22 @@ def headline_sweep(
     }
 
 
-def headline_wall_time(progress, only: tuple[str, ...] = (), other_code: Path | None = None, rounds: int = 1) -> dict:
+def headline_wall_time(
+    progress, only: tuple[str, ...] = (), other_codes: tuple[Path, ...] = (), rounds: int = 1
+) -> dict:
     """headline_sweep of experiments/sqrt_dk.yaml (its `only` cells) on every core, into a
-    temporary directory, `rounds` times; with other_code, that checkout's sweep too, the two
-    alternating (this, other; then other, this). Each measurement, and the median wall time,
-    CPU seconds and cores busy of this checkout's."""
+    temporary directory, `rounds` times; with other_codes, those checkouts' sweeps too, every
+    code once a round, the order turned by one each round (this, A, B; then A, B, this; ...) so
+    that each code takes each place in turn. Each measurement, and the median wall time, CPU
+    seconds and cores busy of this checkout's."""
     from attn.experiment.spec import load_experiment
 
     cores = os.cpu_count() or 1
     runs = len(load_experiment(HEADLINE, runs_dir=tempfile.gettempdir(), only=only).cells)
     measured = []
     for round_ in range(rounds):
-        codes = [None] if other_code is None else [None, other_code] if round_ % 2 == 0 else [other_code, None]
+        codes = [None, *other_codes]
+        codes = codes[round_ % len(codes) :] + codes[: round_ % len(codes)]
         for code in codes:
             progress(
                 f"the headline experiment ({HEADLINE.name}{''.join(' --only ' + o for o in only)}: {runs} runs) "

@@ -274,11 +274,12 @@ def cmd_bench(args) -> int:
     if (args.headline_code or args.rounds != 1) and not (args.headline or args.only):
         given = "--headline-code" if args.headline_code else "--rounds"
         raise UsageError(f"bench: {given}: applies to the headline's sweep; expected it with --headline or --only")
-    if args.headline_code and not (Path(args.headline_code) / "attn" / "__main__.py").is_file():
-        raise UsageError(
-            f"bench: --headline-code: got {args.headline_code}; expected a checkout of attn (a directory holding "
-            "attn/__main__.py, e.g. one made with git worktree add or git archive)"
-        )
+    for code in args.headline_code or ():
+        if not (Path(code) / "attn" / "__main__.py").is_file():
+            raise UsageError(
+                f"bench: --headline-code: got {code}; expected a checkout of attn (a directory holding "
+                "attn/__main__.py, e.g. one made with git worktree add or git archive)"
+            )
     only = tuple(args.only or ())
     if only:
         from attn.bench.sweeps import HEADLINE
@@ -295,7 +296,7 @@ def cmd_bench(args) -> int:
         frameworks=args.rivals,
         progress=lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
         only=only,
-        other_code=Path(args.headline_code) if args.headline_code else None,
+        other_codes=tuple(Path(code) for code in args.headline_code or ()),
         rounds=args.rounds,
     )
     paths = suite.write(result, Path(args.out))
@@ -320,7 +321,9 @@ def _bench_devices(args) -> int:
         return EXIT_OK
     if args.headline:
         raise UsageError("bench --devices: --headline: expected --only to sweep a part of the headline")
-    other = Path(args.headline_code) if args.headline_code else None
+    if len(args.headline_code or ()) > 1:
+        raise UsageError(f"bench --devices: --headline-code: got {len(args.headline_code)} checkouts; expected one")
+    other = Path(args.headline_code[0]) if args.headline_code else None
     if other is not None and not (other / "attn" / "__main__.py").is_file():
         raise UsageError(f"bench --devices: --headline-code: got {other}; expected a checkout of attn")
     only = tuple(args.only or ())
@@ -481,9 +484,10 @@ def add_commands(sub) -> None:
     )
     p.add_argument(
         "--headline-code",
+        action="append",
         metavar="DIR",
-        help="also sweep the headline with another checkout's code (e.g. git worktree add DIR main), "
-        "alternating with this one in each round",
+        help="also sweep the headline with another checkout's code (e.g. git worktree add DIR main) in each "
+        "round, the order turned each round; repeat for several",
     )
     p.add_argument(
         "--rounds",
