@@ -179,3 +179,17 @@ def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sw
     joined = device_gains.newest(tmp_path)
     assert joined["steps"]["runs"] == 2 and joined["steps"]["headline"]["16"]["bilinear"]["ratio"] == 2.5
     assert joined["code"] == {"other": "before", "this": "new"}  # made by this checkout's library ("HEAD": new)
+
+
+def test_a_sweep_alone_in_an_empty_out_directory_says_the_docs_table_was_not_written(tmp_path, monkeypatch, capsys):
+    """attn bench --devices --only into a directory without step measurements: its files, exit 0, docs untouched."""
+    from attn.cli import main
+
+    meta = {d.key: {"name": d.name, "off": d.off, "required": d.required} for d in devices.DEVICES}
+    swept = {"only": ["model.d_k=16"], "rounds": 1, "variants": {"on": {"wall_s": 10.0, "ratio": 1.0}}}
+    result = {"devices": meta, "date": "d", "machine": "m", "attn_commit": "abc", "steps": {}, "sweeps": swept}
+    monkeypatch.setattr(device_gains, "measure_devices", lambda *args, **kwargs: result)
+    monkeypatch.setattr(publish, "write_devices_block", lambda *args: pytest.fail("the docs' table was written"))
+    assert main(["bench", "--devices", "--only", "model.d_k=16", "--out", str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("devices-*.json"))) == 1
+    assert "not written" in capsys.readouterr().out

@@ -343,10 +343,14 @@ def _bench_devices(args) -> int:
         other,
     )
     paths = device_gains.write_devices(result, Path(args.out))
-    published = publish.write_devices_block(device_gains.newest(Path(args.out)))
+    pooled = device_gains.newest(Path(args.out))
     say(device_gains.table(result))
-    for path in (*paths.values(), published):
+    for path in paths.values():
         say(path)
+    if pooled is None:  # a sweep or code comparison alone: the docs' table joins it to the steps measured in --out
+        say(f"{publish.BENCH_DOC.name}: not written: no step measurements in {args.out} (attn bench --devices)")
+    else:
+        say(publish.write_devices_block(pooled))
     return EXIT_OK
 
 
