@@ -16,7 +16,7 @@ from attn.bench import device_gains, devices
 from attn.config.loading import load_config
 from attn.model import fast, pairs
 from attn.store import runstate
-from attn.train import allocator, denormals, loop
+from attn.train import denormals
 
 ROOT = Path(__file__).resolve().parent.parent
 # Retrieval with one query of 17 positions, d_k wider than 2 d_model: every step device acts here.
@@ -76,15 +76,10 @@ def test_the_width_free_head_switched_off_is_materialized():
     assert _state()[0].width_free  # and on, at the same config, width-free
 
 
-def test_the_devices_outside_the_step_switched_off_and_put_back():
-    with devices.switched_off(["allocator", "fsyncpool", "ftz"]):
-        assert allocator.keep_freed_memory() is False
-        with loop.DurableWritePool(3) as pool:
-            assert pool.pool is None
+def test_flush_to_zero_switched_off_and_put_back():
+    with devices.switched_off(["ftz"]):
         with denormals.flushing():
             assert denormals._bits() in (None, 0)  # kept: not flushed
-    with loop.DurableWritePool(3) as pool:
-        assert pool.pool is not None
     if denormals.can_flush():
         with denormals.flushing():
             assert denormals._bits() == denormals.FTZ_DAZ
@@ -100,10 +95,10 @@ def test_every_patch_is_put_back_after_the_block():
 
 
 def test_a_sweep_environment_switches_devices_off_in_a_fresh_process(tmp_path):
-    env = {**os.environ, **devices.sweep_environment(["fsyncpool"], tmp_path, ROOT)}
-    code = "from attn.train import loop; print(loop.DurableWritePool.__name__)"
+    env = {**os.environ, **devices.sweep_environment(["ftz"], tmp_path, ROOT)}
+    code = "from attn.train import denormals; print(denormals.flushing.__name__)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "_SerialWritePool"
+    assert out.strip() == "_keeping_subnormals"
 
 
 def _cell(ratio_of: dict) -> dict:
@@ -137,16 +132,12 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
         "sweeps": {
             "only": ["model.d_k=64"],
             "rounds": 2,
-            "variants": {"on": {"wall_s": 10.0, "ratio": 1.0}, "fsyncpool": {"wall_s": 10.1, "ratio": 1.01}},
+            "variants": {"on": {"wall_s": 10.0, "ratio": 1.0}, "ftz": {"wall_s": 10.1, "ratio": 1.01}},
         },
     }
     said = device_gains.verdicts(result)
-    assert said["bilinear"] == "keep" and said["keymajor"] == "remove" and said["fsyncpool"] == "remove"
-    assert (
-        said["widthfree"].startswith("keep")
-        and said["lookups"].startswith("keep (not measured")
-        and said["ftz"].startswith("keep (not")
-    )
+    assert said["bilinear"] == "keep" and said["keymajor"] == "remove" and said["ftz"] == "remove"
+    assert said["widthfree"].startswith("keep") and said["lookups"].startswith("keep (not measured")
     assert device_gains.device_share(result, "bilinear") == pytest.approx(1.0)
     doc = tmp_path / "bench.md"
     doc.write_text(f"# speed\n\n{publish.DEVICES_BEGIN}\nstale table\n{publish.DEVICES_END}\n")
@@ -193,3 +184,26 @@ def test_a_sweep_alone_in_an_empty_out_directory_says_the_docs_table_was_not_wri
     assert main(["bench", "--devices", "--only", "model.d_k=16", "--out", str(tmp_path)]) == 0
     assert len(list(tmp_path.glob("devices-*.json"))) == 1
     assert "not written" in capsys.readouterr().out
+
+
+def test_a_step_child_runs_the_attn_of_the_checkout_it_is_given(tmp_path, monkeypatch):
+    """steps_in_child(code=DIR) starts its child in DIR with DIR first on its path: DIR's library is measured
+    (code_steps sets this checkout against an older one)."""
+    seen = {}
+
+    class Child:
+        stdout = iter(['{"sizes": {}, "headline": {}}\n'])
+
+        def wait(self):
+            return 0
+
+    def popen(command, cwd, env, **kwargs):
+        seen.update(cwd=cwd, path=env["PYTHONPATH"])
+        return Child()
+
+    monkeypatch.setattr(device_gains.subprocess, "Popen", popen)
+    assert device_gains.steps_in_child(["default"], [], 1, 1, 0, lambda m: None, (), code=tmp_path) == {
+        "sizes": {},
+        "headline": {},
+    }
+    assert seen == {"cwd": tmp_path, "path": str(tmp_path)}

@@ -149,24 +149,15 @@ def test_only_runs_of_one_shape_and_step_stack():
         loop.run_stack([runstate.prepare(config(), "unused"), runstate.prepare(config("model.d_k=16"), "unused")])
 
 
-def test_the_members_writes_of_one_moment_run_at_once_and_a_stack_of_one_in_the_loops_thread():
+def test_the_members_writes_of_one_moment_are_made_in_order_in_the_loops_thread_and_the_wait_logged():
     import threading
 
-    members = 4
-    together = threading.Barrier(members, timeout=10)  # broken (an error) unless all four wait at once
-    threads = []
-
-    def write(_):
-        together.wait()
-        threads.append(threading.current_thread())
-
-    with loop.DurableWritePool(members) as writes:
-        writes.each(write, list(range(members)))
-    assert len(set(threads)) == members and threading.current_thread() not in threads
-
-    alone = []
-    loop.DurableWritePool(1).each(lambda _: alone.append(threading.current_thread()), [0])
-    assert alone == [threading.current_thread()]
+    made, log = [], loop.WriteLog()
+    loop.DurableWrites(log).each(lambda k: made.append((k, threading.current_thread())), [0, 1, 2])
+    assert made == [(k, threading.current_thread()) for k in range(3)]
+    assert log.count == 1 and len(log.moments) == 1
+    loop.DurableWrites(log).each(lambda k: None, [])
+    assert log.count == 1  # no writes, no moment
 
 
 def test_a_failed_write_is_raised_once_the_others_are_done():
@@ -177,6 +168,6 @@ def test_a_failed_write_is_raised_once_the_others_are_done():
             raise OSError("disk full")
         done.append(k)
 
-    with loop.DurableWritePool(3) as writes, pytest.raises(OSError, match="disk full"):
-        writes.each(write, [0, 1, 2])
+    with pytest.raises(OSError, match="disk full"):
+        loop.DurableWrites().each(write, [0, 1, 2])
     assert sorted(done) == [1, 2]

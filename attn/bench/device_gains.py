@@ -9,8 +9,8 @@
   of a device: its extra time at each d_k, per member-step, summed over the d_k (every d_k holds the same
   member-steps in the headline) over the same sum with every device on.
 - sweeps: the headline's part that --only leaves swept as `attn sweep` sweeps it (attn.bench.sweeps),
-  with the devices that act outside the step (the fsync pool, the allocator, flush-to-zero in trained
-  runs) off in every process, and with every device off together, alternating with all on.
+  with the device that acts outside the step (flush-to-zero in trained runs) off in every process, and with
+  every device off together, alternating with all on.
 
 The table (attn.bench.device_gains.table) gives each device's gains and its verdict under issue 48's rule.
 """
@@ -34,7 +34,7 @@ from attn.bench import devices, timing
 from attn.bench.devices import BY_KEY, DEVICES
 from attn.model import fast
 from attn.store import runstate
-from attn.train import allocator, denormals
+from attn.train import denormals
 from attn.train.stack import Stack, members_per_stack
 
 HEADLINE = timing.REPO / "experiments" / "sqrt_dk.yaml"
@@ -48,13 +48,12 @@ CONTROL = "on (again)"
 TOGETHER = {}
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
-SWEEP_DEVICES = ("fsyncpool", "allocator", "ftz")
-# Those whose share of the headline only a sweep measures: the fsync pool and the allocator act on the whole
-# process (its writes; its heap over every allocation, the eval's and the checkpoints' too), and flush-to-zero in
-# trained, saturated runs (the steps time runs near their start, where no gradient is subnormal yet).
-SWEEP_ONLY = SWEEP_DEVICES
+# Those whose share of the headline only a sweep measures: flush-to-zero acts in trained, saturated runs (the steps
+# time runs near their start, where no gradient is subnormal yet). The allocator and the fsync pool were measured
+# so too, and removed (docs/bench.md keeps their rows).
+SWEEP_DEVICES = ("ftz",)
+SWEEP_ONLY = (*SWEEP_DEVICES, "allocator", "fsyncpool")
 ROUNDS, CALLS, WARMUP = 8, 2, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
-PROCESS_ROUNDS = 2  # rounds of children with a process device on and off
 
 
 def _stepper(step: Callable[[], None], off: tuple[str, ...]) -> Callable[[], None]:
@@ -191,7 +190,6 @@ def measure_steps(
     """measure_cell at each bench size (a step a call, LOG_EVERY times the calls) and each headline d_k (a stack,
     LOG_EVERY steps a call)."""
     denormals.set_flushing(False)  # this thread keeps subnormals unless a side flushes them, as training does
-    allocator.keep_freed_memory()  # as every run does
     result = {"sizes": {}, "headline": {}}
     for name in sizes:
         result["sizes"][name] = measure_cell(
@@ -318,11 +316,12 @@ def table(result: dict) -> str:
 
     def row(key: str, name: str, off: str, verdict: str, now: str = "—") -> list[str]:
         share = device_share(result, key) if key in result["devices"] else headline_share(cells, key)
+        timed = key not in SWEEP_ONLY or key in STEP_DEVICES  # one that acts on the whole process: its sweep alone
         return [
             name,
             off,
-            *[_percent(sizes[s][key]["ratio"]) if key in sizes[s] else "—" for s in sizes],
-            *[_percent(cells[c][key]["ratio"]) if key in cells[c] else "—" for c in cells],
+            *[_percent(sizes[s][key]["ratio"]) if timed and key in sizes[s] else "—" for s in sizes],
+            *[_percent(cells[c][key]["ratio"]) if timed and key in cells[c] else "—" for c in cells],
             "—" if share is None else f"{share * 100:+.1f}%",
             verdict,
             now,
@@ -355,7 +354,7 @@ def table(result: dict) -> str:
     sweeps = result.get("sweeps")
     if sweeps:
         parts = [
-            f"{name} off {v['wall_s']:.0f} s ({_percent(v['ratio'])})"
+            f"{name}{'' if name == ALL_OFF else ' off'} {v['wall_s']:.0f} s ({_percent(v['ratio'])})"
             for name, v in sweeps["variants"].items()
             if name != "on"
         ]
@@ -528,19 +527,17 @@ def steps_in_child(
     warmup: int,
     progress,
     keys=STEP_DEVICES,
-    env: dict | None = None,
     code: Path = timing.REPO,
 ) -> dict:
     """measure_steps in a fresh one-thread child (as attn.bench.timing.timed_in_child), its progress passed on;
-    `env`: more environment (devices.sweep_environment: devices switched off in the child); `code`: the
-    checkout whose attn it runs."""
+    `code`: the checkout whose attn it runs."""
     command = [sys.executable, "-m", "attn.bench.device_gains", "--sizes", ",".join(sizes)]
     command += ["--d-k", ",".join(map(str, d_ks)), "--rounds", str(rounds), "--calls", str(calls)]
     command += ["--warmup", str(warmup), "--devices", ",".join(keys)]
     child = subprocess.Popen(
         command,
-        cwd=timing.REPO,
-        env=timing.child_environment(1),
+        cwd=code,
+        env={**timing.child_environment(1), "PYTHONPATH": str(code)},  # that checkout's attn, not this one's
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -556,29 +553,6 @@ def steps_in_child(
     if child.wait() != 0 or result is None:
         raise RuntimeError(f"the devices' timing child failed: {' | '.join(other)}")
     return result
-
-
-PROCESS_STEP_DEVICES = ("allocator",)  # set once per process: timed in children, on and off alternating
-
-
-def process_steps(sizes, d_ks, rounds: int, calls: int, warmup: int, progress, steps: dict) -> None:
-    """For each of PROCESS_STEP_DEVICES, the "on" side timed in fresh children with the device on and off,
-    alternating for `rounds` rounds (the order turned each round); its median per member-call over the
-    on children's, added to `steps` (measure_steps' result) as that device's side at each cell."""
-    for key in PROCESS_STEP_DEVICES:
-        measured = {"on": [], "off": []}
-        for round_ in range(rounds):
-            for variant in ("on", "off") if round_ % 2 == 0 else ("off", "on"):
-                progress(f"{key} {variant}, round {round_ + 1} of {rounds}")
-                with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
-                    env = devices.sweep_environment([key], Path(tmp), timing.REPO) if variant == "off" else None
-                    measured[variant].append(steps_in_child(sizes, d_ks, 1, calls, warmup, progress, (), env))
-        for part in ("sizes", "headline"):
-            for cell, sides_ in steps.get(part, {}).items():
-                on, off = (
-                    float(np.median([m[part][cell]["on"]["per_member_s"] for m in measured[v]])) for v in ("on", "off")
-                )
-                sides_[key] = {"per_member_s": sides_["on"]["per_member_s"] * off / on, "ratio": off / on, "n": rounds}
 
 
 MEASURING_CODE = ("attn/bench/devices.py", "attn/bench/device_gains.py", "attn/bench/timing.py")
@@ -629,7 +603,7 @@ def measure_devices(
     sweep_rounds: int = 0,
     other: Path | None = None,
 ) -> dict:
-    """The devices' result: the steps (steps_in_child, process_steps), or with `only` the sweeps (measure_sweeps);
+    """The devices' result: the steps (steps_in_child), or with `only` the sweeps (measure_sweeps);
     with `other` (a checkout before devices were removed) instead this checkout against it (code_steps, and
     with `only` the sweep of both, attn.bench.sweeps.headline_wall_time)."""
     from attn.train import lifecycle
@@ -651,11 +625,8 @@ def measure_devices(
         if only:
             from attn.bench import sweeps
 
-            result["code"]["sweep"] = sweeps.headline_wall_time(progress, only, other, max(sweep_rounds, 2))
+            result["code"]["sweep"] = sweeps.headline_wall_time(progress, only, (other,), max(sweep_rounds, 2))
         return result
-    if result["steps"]:
-        result["steps"]["process_rounds"] = PROCESS_ROUNDS
-        process_steps(sizes, d_ks, PROCESS_ROUNDS, calls, warmup, progress, result["steps"])
     if only and sweep_rounds:
         result["sweeps"] = measure_sweeps(only, sweep_rounds, progress)
     return result

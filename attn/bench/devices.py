@@ -6,9 +6,9 @@
 The library has no flags for them. A device is switched off here, from the bench's side, by putting its
 plain alternative in place of its decision function (a cost rule answers "no") or of the function that is
 the device, for as long as the block runs; the same loss comes out, to float rounding. A device that acts
-once per process (the allocator, the fsync pool, flush-to-zero in a sweep) is switched off in every process
-of a sweep through ENVIRONMENT, which the sitecustomize module that `sweep_environment` writes reads when
-Python starts (a sweep's workers are spawned, so a patch in the parent would not reach them).
+once per process (flush-to-zero in a sweep) is switched off in every process of a sweep through
+ENVIRONMENT, which the sitecustomize module that `sweep_environment` writes reads when Python starts (a
+sweep's workers are spawned, so a patch in the parent would not reach them).
 
 attn.bench.device_gains measures what each saves, side by side with it off.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from attn.config import loading
 from attn.model import head, pairs
-from attn.train import allocator, denormals, loop
+from attn.train import denormals
 
 ENVIRONMENT = "ATTN_BENCH_DEVICES_OFF"  # comma-separated Device.key of the devices a sweep's processes switch off
 
@@ -88,13 +88,6 @@ def _row_major_cross_entropy(logits: np.ndarray, targets: np.ndarray, target_mas
 def _plain_product(like: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b in numpy's layout, whatever `like`'s (pairs._product_laid_out_as without the transpose)."""
     return a @ b
-
-
-class _SerialWritePool(loop.DurableWritePool):
-    """DurableWritePool without its threads: every member's durable write in the loop's thread, one after another."""
-
-    def __init__(self, n_members: int, write_log=None):
-        super().__init__(1, write_log)
 
 
 @contextlib.contextmanager
@@ -167,22 +160,6 @@ DEVICES = (
         "attn.train.denormals",
         "subnormal floats kept (numpy's default): computed in microcode",
         lambda: [(denormals, "flushing", _keeping_subnormals), (denormals, "set_flushing", _never)],
-        scope="process",
-    ),
-    Device(
-        "allocator",
-        "the allocator",
-        "attn.train.allocator.keep_freed_memory",
-        "glibc's own thresholds: large temporaries mapped and unmapped each step",
-        lambda: [(allocator, "keep_freed_memory", _never)],
-        scope="process",
-    ),
-    Device(
-        "fsyncpool",
-        "the fsync pool",
-        "attn.train.loop.DurableWritePool",
-        "a stack's durable writes one after another in the loop's thread",
-        lambda: [(loop, "DurableWritePool", _SerialWritePool)],
         scope="process",
     ),
 )

@@ -24,12 +24,10 @@ may be half-updated): status `interrupted`, and resuming continues from
 the last checkpoint written.
 
 Disk: a stack's members write at the same moments (checkpoints, summaries,
-snapshots), and each durable write waits on fsync. Those waits are made at
-once, one thread per member (DurableWritePool), so a stack of M waits about as long
-as one run does; a member's own writes keep their order, and the
-iteration goes on once all are on disk. A WriteLog given to run_stack keeps
-when each of those moments began and how long the loop waited on it (a
-sweep's timeline, attn.experiment.timeline).
+snapshots), each durable write waiting on its fsync, one member after
+another (DurableWrites), and the iteration goes on once all are on disk.
+A WriteLog given to run_stack keeps when each of those moments began and
+how long the loop waited on it (a sweep's timeline, attn.experiment.timeline).
 
 This module never prints; `progress(step, record)` is called after every
 iteration (record is None except on logged steps).
@@ -39,7 +37,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -145,31 +142,30 @@ def run_stack(
         raise ValueError("the members of a stack share their shapes (stack_key) and start at one step")
     stop = stop or StopFlag()
     members = [Member(state, i, len(states)) for i, state in enumerate(states)]
-    with DurableWritePool(len(members), write_log) as write_pool:
-        write_pool.each(_claim_run_directory, members)
-        stack, alive = Stack(states), members  # alive: the members still training, in stack order
-        step, last_write = steps_at.pop(), time.perf_counter()
-        try:
-            # Overflow to inf/NaN is detected and handled here, not warned about.
-            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                while alive:
-                    alive = _iterate(stack, alive, step, stop, progress, write_pool)
-                    step += 1
-                    if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
-                        write_pool.each(_write_summary, alive)
-                        last_write = time.perf_counter()
-        except KeyboardInterrupt:
-            write_pool.finish()  # the writes under way reach the disk before the summaries say what is there
-            for member in (m for m in alive if m.summary["status"] == "running"):
-                last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
-                resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
-                member.summary.update(
-                    status="interrupted",
-                    reason=f"stopped immediately during step {step}; {resumable}",
-                    wall_time=member.clock.elapsed(),
-                )
-                _write_summary(member)
-            raise
+    writes = DurableWrites(write_log)
+    writes.each(_claim_run_directory, members)
+    stack, alive = Stack(states), members  # alive: the members still training, in stack order
+    step, last_write = steps_at.pop(), time.perf_counter()
+    try:
+        # Overflow to inf/NaN is detected and handled here, not warned about.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            while alive:
+                alive = _iterate(stack, alive, step, stop, progress, writes)
+                step += 1
+                if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
+                    writes.each(_write_summary, alive)
+                    last_write = time.perf_counter()
+    except KeyboardInterrupt:
+        for member in (m for m in alive if m.summary["status"] == "running"):
+            last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
+            resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
+            member.summary.update(
+                status="interrupted",
+                reason=f"stopped immediately during step {step}; {resumable}",
+                wall_time=member.clock.elapsed(),
+            )
+            _write_summary(member)
+        raise
     return [member.summary for member in members]
 
 
@@ -191,52 +187,35 @@ class WriteLog:
             self.moments.append((start, seconds))
 
 
-class DurableWritePool:
-    """A thread pool for the members' durable writes (each waits on fsync).
+class DurableWrites:
+    """The members' durable writes of one moment, made in the loop's thread one after another (each waits
+    on its fsync); the moment's wait is told to `write_log`, if one is given."""
 
-    The writes of one moment run at once, a thread per member, so a stack of M
-    members waits about as long as one run. The threads only write: what they
-    write is computed in the loop's thread, whose floating-point state (flush
-    to zero, np.errstate) is its own. A stack of one writes in the loop's thread.
-    Each moment's wait is told to `write_log`, if one is given."""
-
-    def __init__(self, n_members: int, write_log: WriteLog | None = None):
-        self.pool = ThreadPoolExecutor(max_workers=n_members) if n_members > 1 else None
+    def __init__(self, write_log: WriteLog | None = None):
         self.write_log = write_log
 
-    def __enter__(self) -> DurableWritePool:
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.finish()
-
     def each(self, write: Callable, items: list) -> None:
-        """write(item) for every item, returning when all are done; an error
-        is raised once every write has ended (the first item's that failed)."""
+        """write(item) for every item; an error is raised once every write has been made (the first that
+        failed), so that one member's failed write leaves the others' on disk."""
         if not items:
             return
         start, began = time.perf_counter(), time.time()
+        errors = []
         try:
-            if self.pool is None or len(items) < 2:
-                for item in items:
+            for item in items:
+                try:
                     write(item)
-                return
-            errors = [future.exception() for future in [self.pool.submit(write, item) for item in items]]
-            for error in errors:
-                if error is not None:
-                    raise error
+                except Exception as error:  # raised below, once the others are written
+                    errors.append(error)
         finally:
             if self.write_log is not None:
                 self.write_log.add(began, time.perf_counter() - start)
-
-    def finish(self) -> None:
-        """Wait for the writes under way; no more are taken."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        if errors:
+            raise errors[0]
 
 
 def _iterate(
-    stack: Stack, members: list[Member], step: int, stop: StopFlag, progress, write_pool: DurableWritePool
+    stack: Stack, members: list[Member], step: int, stop: StopFlag, progress, writes: DurableWrites
 ) -> list[Member]:
     """Iteration `step` of the stack (attn.train.reference_loop.train is the
     same iteration for one run, written plainly): every member's batch, loss
@@ -250,7 +229,7 @@ def _iterate(
     faults = _faults(stack, loss, grads, len(members))
 
     # measure; who ends here (the last iteration only measures; a non-finite value may end a run)
-    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, write_pool)
+    records = _measure(stack, members, step, loss, grads, train_cache, batch, faults, writes)
     endings = [member.ending_at(step, faults[k]) for k, member in enumerate(members)]
     still_training = [k for k, ending in enumerate(endings) if ending is None]
     mechanisms = {
@@ -260,7 +239,7 @@ def _iterate(
         for k, m in enumerate(members)
         if m.config.logging.mechanism_step is not None and step in (0, m.config.logging.mechanism_step)
     }
-    _add_each(write_pool, members, "mechanism.npz", mechanisms, step)
+    _add_each(writes, members, "mechanism.npz", mechanisms, step)
     traces = {
         k: trace_snapshot(
             stack.member_params(k), m.state.spec, member_batch(stack.eval_batch, k), stack.member_buffers(k), step
@@ -268,7 +247,7 @@ def _iterate(
         for k, m in enumerate(members)
         if m.config.logging.mechanism_trace and trace_step(step)
     }
-    _add_each(write_pool, members, MECHANISM_TRACE, traces, step)
+    _add_each(writes, members, MECHANISM_TRACE, traces, step)
     for k, member in enumerate(members):
         if faults[k] is not None:
             records[k]["nonfinite"] = "".join(faults[k])
@@ -283,7 +262,7 @@ def _iterate(
         log_record(member, records[k], step)
         if endings[k] is None:
             member.state.step = step + 1
-    write_pool.each(lambda k: finish_run(members[k], *endings[k], step), [k for k in range(len(members)) if endings[k]])
+    writes.each(lambda k: finish_run(members[k], *endings[k], step), [k for k in range(len(members)) if endings[k]])
     if progress is not None:
         for k, member in enumerate(members):
             progress(member.index, step, records[k])
@@ -301,7 +280,7 @@ def _iterate(
                 members[k], "interrupted", f"stopped by {stopping} at step {step + 1}; checkpoint saved", step + 1
             )
 
-    write_pool.each(
+    writes.each(
         checkpoint, [k for k in still_training if members[k].should_checkpoint(members[k].state.step) or stopping]
     )
     if stopping:
@@ -422,7 +401,7 @@ def _measure(
     train_cache,
     batch: Batch,
     faults: list,
-    write_pool: DurableWritePool,
+    writes: DurableWrites,
 ) -> list[dict | None]:
     """A metrics record (without update ratios) for each member that logs
     this step or has non-finite values, None for the others: it evaluates
@@ -466,7 +445,7 @@ def _measure(
         for k, m in enumerate(members)
         if logged[k] and attention_examples(m.config) and step in (0, m.config.train.steps)
     }
-    _add_each(write_pool, members, "attention.npz", snapshots, step)
+    _add_each(writes, members, "attention.npz", snapshots, step)
     return records
 
 
@@ -529,10 +508,10 @@ def trace_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, step: i
     return {f"{step}/{name}": np.float64(value) for name, value in numbers.items()}
 
 
-def _add_each(write_pool: DurableWritePool, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
+def _add_each(writes: DurableWrites, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
     """Each member's arrays of this step (member index -> arrays) into its run's file `name`, beside
     those of earlier steps, the members' writes at once."""
-    write_pool.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
+    writes.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
 
 
 def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
