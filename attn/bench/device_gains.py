@@ -377,7 +377,7 @@ def table(result: dict) -> str:
         ]
     code = result.get("code")
     if code:
-        lines += ["", code_line(code)]
+        lines += ["", code_line({"this": result["attn_commit"], **code})]  # newest() names the commit itself
     return "\n".join(lines) + "\n"
 
 
