@@ -275,11 +275,7 @@ def cmd_bench(args) -> int:
         given = "--headline-code" if args.headline_code else "--rounds"
         raise UsageError(f"bench: {given}: applies to the headline's sweep; expected it with --headline or --only")
     for code in args.headline_code or ():
-        if not (Path(code) / "attn" / "__main__.py").is_file():
-            raise UsageError(
-                f"bench: --headline-code: got {code}; expected a checkout of attn (a directory holding "
-                "attn/__main__.py, e.g. one made with git worktree add or git archive)"
-            )
+        _check_checkout(code, "bench")
     only = tuple(args.only or ())
     if only:
         from attn.bench.sweeps import HEADLINE
@@ -306,6 +302,15 @@ def cmd_bench(args) -> int:
     return EXIT_OK
 
 
+def _check_checkout(code, command: str) -> None:
+    """UsageError unless `code` (a --headline-code) is a checkout of attn."""
+    if not (Path(code) / "attn" / "__main__.py").is_file():
+        raise UsageError(
+            f"{command}: --headline-code: got {code}; expected a checkout of attn (a directory holding "
+            "attn/__main__.py, e.g. one made with git worktree add or git archive)"
+        )
+
+
 def _bench_devices(args) -> int:
     """attn bench --devices: each fast-path device's gain (attn.bench.device_gains), its files, the docs' table."""
     from attn import publish
@@ -324,8 +329,8 @@ def _bench_devices(args) -> int:
     if len(args.headline_code or ()) > 1:
         raise UsageError(f"bench --devices: --headline-code: got {len(args.headline_code)} checkouts; expected one")
     other = Path(args.headline_code[0]) if args.headline_code else None
-    if other is not None and not (other / "attn" / "__main__.py").is_file():
-        raise UsageError(f"bench --devices: --headline-code: got {other}; expected a checkout of attn")
+    if other is not None:
+        _check_checkout(other, "bench --devices")
     only = tuple(args.only or ())
     if only:
         from attn.experiment.spec import load_experiment
