@@ -93,6 +93,17 @@ def test_the_coordinates_span_the_initial_weights_and_form_them_again():
         assert close(formed(carried, q_qk, q_ov)[name], value), name
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [17, 300])
+def test_the_coordinates_without_the_basis_are_those_with_it_bit_for_bit(dtype, width):
+    rng = np.random.default_rng(width)
+    first, second = (rng.standard_normal((D, width)).astype(dtype) for _ in range(2))
+    with_basis, without = widthfree.coordinates(first, second), widthfree.coordinates(first, second, basis=False)
+    assert without[2] is None and with_basis[2].shape == (2 * D, width)
+    for a, b in zip(with_basis[:2], without[:2]):
+        assert a.dtype == b.dtype == np.dtype(dtype) and a.tobytes() == b.tobytes()
+
+
 @pytest.mark.parametrize("where", ["every", "last"])
 @pytest.mark.parametrize("mode", MODES, ids=mode_id)
 def test_loss_and_every_gradient_equal_the_textbook_models(mode, where):

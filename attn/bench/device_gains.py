@@ -9,8 +9,8 @@
   of a device: its extra time at each d_k, per member-step, summed over the d_k (every d_k holds the same
   member-steps in the headline) over the same sum with every device on.
 - sweeps: the headline's part that --only leaves swept as `attn sweep` sweeps it (attn.bench.sweeps),
-  with the device that acts outside the step (flush-to-zero in trained runs) off in every process, and with
-  every device off together, alternating with all on.
+  with the devices that act outside the step (flush-to-zero in trained runs, the allocator) off in every
+  process, and with every device off together, alternating with all on.
 
 The table (attn.bench.device_gains.table) gives each device's gains and its verdict under issue 48's rule.
 """
@@ -34,7 +34,7 @@ from attn.bench import devices, timing
 from attn.bench.devices import BY_KEY, DEVICES
 from attn.model import fast
 from attn.store import runstate
-from attn.train import denormals
+from attn.train import allocator, denormals
 from attn.train.stack import Stack, members_per_stack
 
 HEADLINE = timing.REPO / "experiments" / "sqrt_dk.yaml"
@@ -49,10 +49,10 @@ TOGETHER = {}
 REMOVE_BELOW = 0.05  # issue 48: a device saving less than this share of the headline is removed ...
 REMOVED_AT_MOST = 0.10  # ... as long as all removed together cost at most this share of it
 # Those whose share of the headline only a sweep measures: flush-to-zero acts in trained, saturated runs (the steps
-# time runs near their start, where no gradient is subnormal yet). The allocator and the fsync pool were measured
-# so too, and removed (docs/bench.md keeps their rows).
-SWEEP_DEVICES = ("ftz",)
-SWEEP_ONLY = (*SWEEP_DEVICES, "allocator", "fsyncpool")
+# time runs near their start, where no gradient is subnormal yet), the allocator on a worker's whole heap, over
+# every stack it trains. The fsync pool was measured so too, and removed (docs/bench.md keeps its row).
+SWEEP_DEVICES = ("ftz", "allocator")
+SWEEP_ONLY = (*SWEEP_DEVICES, "fsyncpool")
 ROUNDS, CALLS, WARMUP = 8, 2, 2  # the steps' alternating rounds, calls of each side a round, untimed calls first
 
 
@@ -190,6 +190,7 @@ def measure_steps(
     """measure_cell at each bench size (a step a call, LOG_EVERY times the calls) and each headline d_k (a stack,
     LOG_EVERY steps a call)."""
     denormals.set_flushing(False)  # this thread keeps subnormals unless a side flushes them, as training does
+    allocator.keep_freed_memory()  # as every stack of runs does
     result = {"sizes": {}, "headline": {}}
     for name in sizes:
         result["sizes"][name] = measure_cell(

@@ -6,7 +6,7 @@
 The library has no flags for them. A device is switched off here, from the bench's side, by putting its
 plain alternative in place of its decision function (a cost rule answers "no") or of the function that is
 the device, for as long as the block runs; the same loss comes out, to float rounding. A device that acts
-once per process (flush-to-zero in a sweep) is switched off in every process of a sweep through
+once per process (flush-to-zero in a sweep, the allocator) is switched off in every process of a sweep through
 ENVIRONMENT, which the sitecustomize module that `sweep_environment` writes reads when Python starts (a
 sweep's workers are spawned, so a patch in the parent would not reach them).
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from attn.config import loading
 from attn.model import head, pairs
-from attn.train import denormals
+from attn.train import allocator, denormals
 
 ENVIRONMENT = "ATTN_BENCH_DEVICES_OFF"  # comma-separated Device.key of the devices a sweep's processes switch off
 
@@ -160,6 +160,14 @@ DEVICES = (
         "attn.train.denormals",
         "subnormal floats kept (numpy's default): computed in microcode",
         lambda: [(denormals, "flushing", _keeping_subnormals), (denormals, "set_flushing", _never)],
+        scope="process",
+    ),
+    Device(
+        "allocator",
+        "the allocator",
+        "attn.train.allocator.keep_freed_memory",
+        "glibc's own thresholds: large temporaries mapped and unmapped each step",
+        lambda: [(allocator, "keep_freed_memory", _never)],
         scope="process",
     ),
 )

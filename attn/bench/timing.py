@@ -50,7 +50,7 @@ from attn.config.schema import Config
 from attn.model import fast, head, pairs
 from attn.model.fast import Batch, ModelSpec
 from attn.store import runstate
-from attn.train import denormals
+from attn.train import allocator, denormals
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO / "configs" / "default.yaml"
@@ -389,6 +389,7 @@ def measure(
         import torch
 
         torch.set_num_threads(threads)
+    allocator.keep_freed_memory()  # as attn.train.lifecycle.execute_stack does for every stack of runs
     return {
         "threads": threads,
         "blas": blas_info(),

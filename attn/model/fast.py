@@ -248,7 +248,7 @@ def _initial_coordinates(
     if widthfree.sampled_directly(D, width):
         first = rng.standard_normal((D, width), dtype=dtype) * dtype.type(std_first)
         second = rng.standard_normal(second_shape, dtype=dtype) * dtype.type(std_second)
-        return widthfree.coordinates(first, second if second_shape[0] == D else second.T)[:2]
+        return widthfree.coordinates(first, second if second_shape[0] == D else second.T, basis=False)[:2]
     R = widthfree.bartlett(np.repeat([std_first, std_second], D), width, rng, dtype)  # (2D, 2D)
     return R[:D].copy(), R[D:].copy()
 

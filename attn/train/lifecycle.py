@@ -49,7 +49,7 @@ from attn.config.schema import Config, fork_keys, neutral_keys, not_forked_becau
 from attn.config.yamlio import ConfigError, show_value
 from attn.model import fast
 from attn.store import arrayfiles, locks, runs, runstate
-from attn.train import denormals, loop
+from attn.train import allocator, denormals, loop
 from attn.train.loop import StopFlag
 
 
@@ -522,6 +522,7 @@ def execute_stack(
     with warnings.catch_warnings():
         # model.diagnostics takes the std of no scores when every score is non-finite; the record holds null there.
         warnings.filterwarnings("ignore", "Degrees of freedom <= 0 for slice", RuntimeWarning)
+        allocator.keep_freed_memory()  # a step's large temporaries are reused, not faulted in afresh
         try:
             with denormals.flushing():  # a saturated head's gradients are not computed in microcode
                 summaries = loop.run_stack(states, stop=stop, progress=progress, write_log=write_log)
