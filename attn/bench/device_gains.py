@@ -226,7 +226,8 @@ def measure_sweeps(only: tuple[str, ...], rounds: int, progress) -> dict:
     for round_ in range(rounds):
         order = list(variants) if round_ % 2 == 0 else list(variants)[::-1]
         for name in order:
-            progress(f"sweep {' '.join(only)} with {name} off, round {round_ + 1} of {rounds}")
+            said = "every device on" if name == "on" else name if name == ALL_OFF else f"{name} off"
+            progress(f"sweep {' '.join(only)} with {said}, round {round_ + 1} of {rounds}")
             with tempfile.TemporaryDirectory(prefix="attn-bench-") as tmp:
                 env = devices.sweep_environment(variants[name], Path(tmp), timing.REPO) if variants[name] else None
                 swept = sweeps.headline_sweep(Path(tmp) / "runs", os.cpu_count() or 1, only, env=env)
