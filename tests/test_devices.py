@@ -172,6 +172,31 @@ def test_the_newest_commit_s_measurements_are_pooled_and_joined_by_the_newest_sw
     assert joined["code"] == {"other": "before", "this": "new"}  # made by this checkout's library ("HEAD": new)
 
 
+def test_a_device_swept_only_by_an_older_measurement_keeps_that_figure_and_its_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_gains, "_library", lambda result: ("lib",))
+    meta = {"ftz": {"name": "flush-to-zero", "off": "kept", "required": None}}
+
+    def swept(commit, **variants):
+        on = {"on": {"wall_s": 100.0, "ratio": 1.0}}
+        ratios = {k: {"wall_s": 100.0 * r, "ratio": r} for k, r in variants.items()}
+        sweeps = {"only": ["model.d_k=64"], "rounds": 2, "variants": {**on, **ratios}}
+        return {"attn_commit": commit, "devices": meta, "date": f"day {commit}", "machine": "m", "sweeps": sweeps}
+
+    steps = {"sizes": {}, "headline": {"16": _cell({"on": 1.0, "ftz": 1.0})}, "rounds": 8}
+    for name, r in {
+        "devices-1.json": swept("a", fsyncpool=0.97, ftz=1.2),
+        "devices-2.json": {"attn_commit": "b", "devices": meta, "date": "d", "machine": "m", "steps": steps},
+        "devices-3.json": swept("c", ftz=1.14, allocator=1.06),
+    }.items():
+        (tmp_path / name).write_text(json.dumps(r))
+    joined = device_gains.newest(tmp_path)
+    shares = {k: device_gains.device_share(joined, k) for k in ("ftz", "allocator", "fsyncpool")}
+    assert shares == pytest.approx({"ftz": 0.14, "allocator": 0.06, "fsyncpool": -0.03})  # ftz: the newest
+    assert [e["attn_commit"] for e in joined["sweeps"]["earlier"]] == ["a"]
+    text = device_gains.table(joined)
+    assert "fsyncpool off 97 s (-3%)" in text and "Earlier, by attn a on day a" in text and "ftz off 120 s" not in text
+
+
 def test_a_sweep_alone_in_an_empty_out_directory_says_the_docs_table_was_not_written(tmp_path, monkeypatch, capsys):
     """attn bench --devices --only into a directory without step measurements: its files, exit 0, docs untouched."""
     from attn.cli import main

@@ -285,9 +285,10 @@ def devices_now(result: dict) -> dict[str, dict]:
 
 def device_share(result: dict, key: str) -> float | None:
     """The headline's extra time with device `key` off: from the sweeps for those measured there, else the steps."""
-    swept = result.get("sweeps", {}).get("variants", {})
-    if key in swept:
-        return swept[key]["ratio"] - 1
+    sweeps = result.get("sweeps", {})
+    for swept in (sweeps, *sweeps.get("earlier", [])):
+        if key in swept.get("variants", {}):
+            return swept["variants"][key]["ratio"] - 1
     if key in SWEEP_ONLY:
         return None
     if key in result.get("steps", {}).get("headline", {}).get(str(HEADLINE_D_K[0]), {}):
@@ -355,18 +356,12 @@ def table(result: dict) -> str:
     ]
     sweeps = result.get("sweeps")
     if sweeps:
-        parts = [
-            f"{name}{'' if name == ALL_OFF else ' off'} {v['wall_s']:.0f} s ({_percent(v['ratio'])})"
-            for name, v in sweeps["variants"].items()
-            if name != "on"
-        ]
-        lines += [
-            "",
-            f"The headline's `--only {' '.join(sweeps['only'])}` swept as `attn sweep` sweeps it on every core, "
-            f"median of {sweeps['rounds']} alternating rounds: all on {sweeps['variants']['on']['wall_s']:.0f} s; "
-            + "; ".join(parts)
-            + ".",
-        ]
+        lines += ["", sweep_line(sweeps, "The headline's")]
+        for earlier in sweeps.get("earlier", []):
+            lines += [
+                "",
+                sweep_line(earlier, f"Earlier, by attn {earlier['attn_commit']} on {earlier['date']}, the headline's"),
+            ]
     removed = sorted(key for key, d in devices_now(result).items() if d["now"] == "removed")
     side = next((t for t in together if sorted(t.split(", ")) == removed), None)
     if side is not None:
@@ -381,6 +376,41 @@ def table(result: dict) -> str:
     if code:
         lines += ["", code_line({"this": result["attn_commit"], **code})]  # newest() names the commit itself
     return "\n".join(lines) + "\n"
+
+
+def sweep_line(sweeps: dict, opening: str) -> str:
+    """One sweep measurement's wall times: all on, then each variant's and its ratio to all on."""
+    parts = [
+        f"{name}{'' if name == ALL_OFF else ' off'} {v['wall_s']:.0f} s ({_percent(v['ratio'])})"
+        for name, v in sweeps["variants"].items()
+        if name != "on"
+    ]
+    return (
+        f"{opening} `--only {' '.join(sweeps['only'])}` swept as `attn sweep` sweeps it on every core, median of "
+        f"{sweeps['rounds']} alternating rounds: all on {sweeps['variants']['on']['wall_s']:.0f} s; "
+        + "; ".join(parts)
+        + "."
+    )
+
+
+def joined_sweeps(results: list[dict]) -> dict:
+    """The newest result's sweeps, with `earlier`: each older result's sweeps of the devices that no newer one
+    swept (beside its own all-on side), so that a device measured once keeps its figure until measured again."""
+    joined = dict(results[-1]["sweeps"])
+    seen = set(joined["variants"])
+    earlier = []
+    for result in reversed(results[:-1]):
+        swept = result["sweeps"]
+        new = {k: v for k, v in swept["variants"].items() if k not in seen and k not in ("on", ALL_OFF)}
+        if new:
+            on = swept["variants"]["on"]
+            earlier.append(
+                {**swept, "variants": {"on": on, **new}, "attn_commit": result["attn_commit"], "date": result["date"]}
+            )
+            seen |= set(new)
+    if earlier:
+        joined["earlier"] = earlier
+    return joined
 
 
 def code_line(code: dict) -> str:
@@ -426,8 +456,9 @@ def newest(out_dir: Path) -> dict | None:
     """The step measurements in out_dir (devices-*.json) of the newest one's library code (_library), pooled
     (pooled_steps), its commits listed (`commits`); the code comparison of the newest made by this checkout's
     library;
-    with the sweeps and the code comparison of the newest result that has them (measured later than the
-    steps, or earlier, they join them); None if no result has steps."""
+    with the sweeps of the newest result that has them, and each device's sweep that only an older one has
+    (joined_sweeps), and the code comparison of the newest (measured later than the steps, or earlier, they
+    join them); None if no result has steps."""
     results = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("devices-*.json"))]
     with_steps = [r for r in results if r.get("steps")]
     with_sweeps = [r for r in results if r.get("sweeps")]
@@ -442,7 +473,7 @@ def newest(out_dir: Path) -> dict | None:
         **with_steps[-1],
         "commits": sorted({r["attn_commit"] for r in same}),
         "steps": pooled_steps([r["steps"] for r in same]),
-        **({"sweeps": with_sweeps[-1]["sweeps"]} if with_sweeps else {}),
+        **({"sweeps": joined_sweeps(with_sweeps)} if with_sweeps else {}),
         **({"code": {**with_code[-1]["code"], "this": with_code[-1]["attn_commit"]}} if with_code else {}),
     }
 
