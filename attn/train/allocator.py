@@ -5,14 +5,14 @@ threshold (128 KiB at start, raised as large blocks are freed) with a fresh
 mmap and unmaps it on free, and hands heap memory above its trim threshold
 back to the kernel. A training step creates and drops the same large
 temporaries every step (X, [K V], the embedding gathers), so each step
-faults them in again, page by page (at the large size of `make bench`,
-about 1,900 minor faults a forward pass). Fixing both
+faults them in again, page by page (docs/bench.md's devices table gives
+what that costs a sweep). Fixing both
 thresholds with mallopt keeps freed blocks in the heap for the next step
 (up to 32 MiB a block, glibc's ceiling on 64-bit); the price is that the
 process keeps its peak heap until it exits.
 
-A process-wide setting: the run entry points call `keep_freed_memory()`
-once (attn.train.lifecycle.execute, the benchmark); it does nothing where the C
+A process-wide setting: every stack of runs calls `keep_freed_memory()`
+(attn.train.lifecycle.execute_stack), and so do the benchmarks; it does nothing where the C
 library has no glibc mallopt (macOS, musl).
 """
 
