@@ -51,11 +51,11 @@ def billion_laughs(levels: int = 9) -> str:
 def publish_into(repo, monkeypatch, readme: str | None = None):
     """attn.publish pointed at `repo` (its REPO and RESULTS), with repo/experiments/sqrt_dk.yaml
     (write_experiment_file) and a README.md of `readme` (default: the results block alone); repo/experiments/results."""
-    from attn import publish
+    from attn import publish, results_text
 
     write_experiment_file(repo, "sqrt_dk")
     (repo / "README.md").write_text(
-        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n" if readme is None else readme
+        f"# attn\n\n{results_text.RESULTS_BEGIN}\n{results_text.RESULTS_END}\n" if readme is None else readme
     )
     monkeypatch.setattr(publish, "REPO", repo)
     monkeypatch.setattr(publish, "RESULTS", repo / "experiments" / "results")

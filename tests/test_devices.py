@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import publish
+from attn import publish, results_text
 from attn.bench import device_gains, devices
 from attn.config.loading import load_config
 from attn.model import fast, pairs
@@ -140,7 +140,7 @@ def test_the_verdicts_follow_the_rule_and_the_table_fills_the_block(tmp_path):
     assert said["widthfree"].startswith("keep") and said["lookups"].startswith("keep (not measured")
     assert device_gains.device_share(result, "bilinear") == pytest.approx(1.0)
     doc = tmp_path / "bench.md"
-    doc.write_text(f"# speed\n\n{publish.DEVICES_BEGIN}\nstale table\n{publish.DEVICES_END}\n")
+    doc.write_text(f"# speed\n\n{results_text.DEVICES_BEGIN}\nstale table\n{results_text.DEVICES_END}\n")
     publish.write_devices_block(result, doc)
     text = doc.read_text()
     assert "stale table" not in text and "| key-major layouts |" in text and "+100%" in text

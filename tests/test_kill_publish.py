@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers import facts_in, verification, write_experiment_file
 
-from attn import publish
+from attn import publish, results_text
 from attn.experiment import verify
 from attn.store import runs
 
@@ -116,8 +116,8 @@ def published(tmp_path_factory):
     for name in ("sqrt_dk", "scores"):
         write_experiment_file(old_repo, name)
     (old_repo / "README.md").write_text(
-        f"# attn\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n"
-        f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n"
+        f"# attn\n\n{results_text.RESULTS_BEGIN}\nnone yet\n{results_text.RESULTS_END}\n\n"
+        f"{results_text.BENCH_BEGIN}\nnone yet\n{results_text.BENCH_END}\n"
     )
     (old_repo / "experiments" / "results").mkdir()
     (old_repo / "experiments" / "results" / "board.png").write_bytes(b"kept as it is")

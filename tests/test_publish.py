@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from helpers import facts_in, publish_into, verification, write_experiment_file
 
-from attn import publish
+from attn import publish, results_text
 from attn.config.yamlio import ConfigError
 from attn.experiment import verify
 from attn.store import runs
@@ -53,7 +53,9 @@ def verifiable(experiment, verdicts: dict) -> dict:
 def test_publish_copies_reports_and_writes_the_text_from_them(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     publish_into(
-        repo, monkeypatch, f"# attn\n\nbefore\n\n{publish.RESULTS_BEGIN}\nold numbers\n{publish.RESULTS_END}\n\nafter\n"
+        repo,
+        monkeypatch,
+        f"# attn\n\nbefore\n\n{results_text.RESULTS_BEGIN}\nold numbers\n{results_text.RESULTS_END}\n\nafter\n",
     )
     run_dir = tmp_path / "runs" / "sqrt_dk"
     run_dir.mkdir(parents=True)
@@ -128,7 +130,7 @@ def test_publish_without_reports_or_a_results_block_says_so(tmp_path, monkeypatc
     with pytest.raises(runs.RunError, match="no experiment has a report yet"):
         publish.publish(None, tmp_path / "runs")
     with pytest.raises(runs.RunError, match="README.md has no generated block"):
-        publish.with_block("# no block\n", publish.RESULTS_BEGIN, publish.RESULTS_END, "text")
+        results_text.with_block("# no block\n", results_text.RESULTS_BEGIN, results_text.RESULTS_END, "text")
 
 
 def test_publish_refuses_a_name_that_is_not_an_experiment_before_touching_anything(tmp_path, monkeypatch):
@@ -178,8 +180,8 @@ def test_publish_fills_the_bench_block_from_the_newest_benchmark(tmp_path, monke
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
     readme = (
-        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
-        f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n"
+        f"# attn\n\n{results_text.RESULTS_BEGIN}\n{results_text.RESULTS_END}\n\n"
+        f"{results_text.BENCH_BEGIN}\nstale text\n{results_text.BENCH_END}\n"
     )
     (repo / "README.md").write_text(readme)
     monkeypatch.setattr(publish, "REPO", repo)
@@ -213,8 +215,8 @@ def test_a_benchmark_is_published_alone_leaving_the_published_reports_as_they_ar
     results = publish_into(
         repo,
         monkeypatch,
-        f"# attn\n\n{publish.RESULTS_BEGIN}\n{publish.RESULTS_END}\n\n"
-        f"{publish.BENCH_BEGIN}\nstale text\n{publish.BENCH_END}\n",
+        f"# attn\n\n{results_text.RESULTS_BEGIN}\n{results_text.RESULTS_END}\n\n"
+        f"{results_text.BENCH_BEGIN}\nstale text\n{results_text.BENCH_END}\n",
     )
     (results / "sqrt_dk").mkdir(parents=True)
     runs.write_json(
@@ -245,7 +247,7 @@ def test_a_benchmark_of_uncommitted_or_unknown_code_is_refused_unless_allowed(tm
     from attn import cli
 
     repo = tmp_path / "repo"
-    results = publish_into(repo, monkeypatch, f"# attn\n\n{publish.BENCH_BEGIN}\nold\n{publish.BENCH_END}\n")
+    results = publish_into(repo, monkeypatch, f"# attn\n\n{results_text.BENCH_BEGIN}\nold\n{results_text.BENCH_END}\n")
     bench = tmp_path / "runs" / "bench"
     bench.mkdir(parents=True)
     runs.write_json(bench / "bench-20261201-100000.json", {**bench_result(0.6, 1.0), "attn_commit": commit})
@@ -272,11 +274,9 @@ def test_publishing_a_benchmark_alone_needs_one(tmp_path, monkeypatch):
     assert facts_in(str(info.value), str(tmp_path / "runs" / "bench"), "attn bench")
 
 
-def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(publish, "RESULTS", tmp_path)
-    (tmp_path / "x").mkdir()
-    runs.write_json(
-        tmp_path / "x" / "verify.json",
+def test_the_verification_line_says_when_every_re_run_changed_every_run():
+    line = results_text.verification_line(
+        "x",
         {
             "experiment": "x",
             "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}},
@@ -286,16 +286,11 @@ def test_the_verification_line_says_when_every_re_run_changed_every_run(tmp_path
             "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 0, "runs": 3}},
         },
     )
-    assert (
-        "every verdict agrees; each re-run changed the path of every run that stayed finite ("
-        in publish.verification_line("x")
-    )
+    assert "every verdict agrees; each re-run changed the path of every run that stayed finite (" in line
 
 
-def test_an_experiment_not_yet_verified_says_so_and_how_to_verify_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(publish, "RESULTS", tmp_path)
-    (tmp_path / "x").mkdir()
-    line = publish.verification_line("x")
+def test_an_experiment_not_yet_verified_says_so_and_how_to_verify_it():
+    line = results_text.verification_line("x", None)
     assert line.startswith("Not yet re-run") and "`attn verify experiments/x.yaml`" in line
 
 
@@ -447,7 +442,7 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
     assert "| 16 | none | — | 2/4 | 3/4 |" in text and "| 16 | none | 1 | 1/4 | 2/4 |" in text
 
 
-def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_other_experiment(tmp_path, monkeypatch):
+def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_other_experiment(tmp_path):
     """README's block is short: the headline's claims one row each (claim, verdict, effect, test), its
     paragraph of intervals and p-values only in experiments/README.md; then one line per other experiment,
     the two comparisons of score modes first, the boundary experiments by their number, the rest after."""
@@ -461,14 +456,13 @@ def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_
             {"x": [256], "p": 1e-4, "effect": {"name": "difference of rates", "value": 0.9, "low": 0.6, "high": 1.0}},
         ],
     )
-    monkeypatch.setattr(publish, "REPO", tmp_path)  # no experiment files: each report's own description
     scores = {**report({"s": "confirmed", "t": "not confirmed"}), "description": "Every fix. Its arms."}
     boundary = {
         **report({"masked-a": "confirmed", "masked-b": "inconclusive", "masked-c": "confirmed"}),
         "description": "Where the claim stops holding, 7: the query's own position. More words.",
     }
     earlier = {**report({"w": "confirmed"}), "description": "Where the claim stops holding, 2: width."}
-    block = publish.results_block(
+    block = results_text.results_block(
         {
             "sqrt_dk": headline,
             "mask_self": boundary,
@@ -477,7 +471,8 @@ def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_
             "scores_wide": report({"w-a": "confirmed"}),
             "scores": scores,
         },
-        tmp_path,
+        {},
+        tmp_path,  # no experiment files: each report's own description
         changes={},
     )
     assert "The headline paragraph." not in block and "in scope: plain SGD; 20 seeds." in block
@@ -760,7 +755,9 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
         e["frozen"] = frozen[e["id"]]
     rows = [
         line
-        for line in publish.results_block({publish.HEADLINE: changed}, changes={}).splitlines()
+        for line in results_text.results_block(
+            {results_text.HEADLINE: changed}, {}, publish.REPO, changes={}
+        ).splitlines()
         if "| Claim" in line
     ]
     assert [row.split(" | ")[1] for row in rows] == [
@@ -768,21 +765,26 @@ def test_a_claim_restated_or_added_after_the_runs_says_so_in_the_results_text():
         "confirmed (changed)",
         "inconclusive (added after the runs began)",
     ]
-    assert publish.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
+    assert results_text.verdict_lines(changed)[1] == "- **confirmed** — claim b (`b` (changed))"
 
 
 def test_results_from_several_code_states_say_so_beside_their_verdicts():
     mixed = report({"a": "confirmed"})
     mixed["description"] = "Where the claim stops holding, 1: what it tests"
     mixed["platform"]["attn_commit"] = ["abc1234", "def5678-dirty", "None"]  # an older report: its commits alone
-    assert publish.code_states_said(mixed) == "runs from 3 code states, 2 of them uncommitted or unrecorded"
-    assert publish.code_states_said({**mixed, "code_states": {"abc1234": 3, "0123abc": 1}}) == "runs from 2 code states"
+    assert results_text.code_states_said(mixed) == "runs from 3 code states, 2 of them uncommitted or unrecorded"
     assert (
-        publish.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}})
+        results_text.code_states_said({**mixed, "code_states": {"abc1234": 3, "0123abc": 1}})
+        == "runs from 2 code states"
+    )
+    assert (
+        results_text.code_states_said({**mixed, "code_states": {"abc1234-dirty": 4}})
         == "runs from uncommitted or unrecorded code"
     )
-    assert publish.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
-    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, changes={})
+    assert results_text.code_states_said({**mixed, "code_states": {"abc1234": 4}}) == ""
+    block = results_text.results_block(
+        {results_text.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, {}, publish.REPO, changes={}
+    )
     assert (
         "- [`edge`](experiments/results/edge/report.md) — Where the claim stops holding, 1: what it tests (runs from "
         "3 code states, 2 of them uncommitted or unrecorded): 1 confirmed; not yet verified" in block
@@ -814,27 +816,30 @@ def test_a_claim_a_re_run_flipped_is_named_with_each_verdict_and_where_it_came(t
         },
     )
     flips = "`b`: inconclusive as run and in Sandybridge, confirmed in float64"
-    assert f"some verdicts differ ({flips})" in publish.verification_line("edge", tmp_path)
+    verifications = publish.read_verifications(tmp_path)
+    assert f"some verdicts differ ({flips})" in results_text.verification_line("edge", verifications["edge"])
     edge = {
         **report({"a": "confirmed", "b": "inconclusive"}),
         "description": "Where the claim stops holding, 1: what it tests",
         "code_states": {"abc1234": 4},
     }
-    block = publish.results_block({publish.HEADLINE: report({"h": "confirmed"}), "edge": edge}, tmp_path, changes={})
+    block = results_text.results_block(
+        {results_text.HEADLINE: report({"h": "confirmed"}), "edge": edge}, verifications, publish.REPO, changes={}
+    )
     assert "1 confirmed, 1 inconclusive; re-runs differ on `b`" in block
 
 
-def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design_now_does_not(tmp_path, monkeypatch):
-    monkeypatch.setattr(publish, "REPO", tmp_path)
+def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design_now_does_not(tmp_path):
     write_experiment_file(tmp_path, "sqrt_dk", runs=4)
     write_experiment_file(tmp_path, "edge", runs=6)
     edge = {**report({"e": "confirmed"}), "description": "Where the claim stops holding, 1: an edge."}
     reports = {"sqrt_dk": report({"h": "confirmed"}), "edge": edge, "gone": report({"g": "confirmed"})}
-    changes = publish.design_changes(reports)
+    changes = results_text.design_changes(reports, tmp_path)
     assert set(changes) == {"edge", "gone"} and facts_in(changes["edge"], "edge.yaml", "6 runs, not 4")
     digested = {**report({"h": "confirmed"}), "claims": {"digest": "0" * 64}}  # claims other than the file's now
-    assert facts_in(publish.design_changes({"sqrt_dk": digested})["sqrt_dk"], "other claims or seeds")
-    block, text = publish.results_block(reports, tmp_path), publish.experiments_readme(reports, tmp_path)
+    assert facts_in(results_text.design_changes({"sqrt_dk": digested}, tmp_path)["sqrt_dk"], "other claims or seeds")
+    block = results_text.results_block(reports, {}, tmp_path)
+    text = results_text.experiments_readme(reports, {}, tmp_path / "experiments" / "results", tmp_path)
     edge_line = next(line for line in block.splitlines() if line.startswith("- [`edge`]"))
     assert "an earlier design of the file, re-run pending" in edge_line
     assert facts_in(text.split("## edge")[1], "earlier design", "6 runs, not 4", "attn sweep experiments/edge.yaml")
@@ -842,9 +847,8 @@ def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design
 
 
 def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_used_where_the_design_is_the_same(
-    tmp_path, monkeypatch
+    tmp_path,
 ):
-    monkeypatch.setattr(publish, "REPO", tmp_path)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "tiny.yaml").write_text(
         "task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n"
@@ -871,23 +875,23 @@ def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_use
         )
     )
     reports = {"sqrt_dk": report({"a": "confirmed", "b": "inconclusive"})}
-    assert publish.design_changes(reports) == {}
-    block = publish.results_block(reports, tmp_path)
+    assert results_text.design_changes(reports, tmp_path) == {}
+    block = results_text.results_block(reports, {}, tmp_path)
     assert "| Claim a | confirmed (edited after its runs) |" in block and "| Claim b | inconclusive |" in block
-    text = publish.experiments_readme(reports, tmp_path)
+    text = results_text.experiments_readme(reports, {}, tmp_path / "experiments" / "results", tmp_path)
     assert facts_in(
         text, "(`a`; edited after runs of its seeds had been seen", "weakened from 0.9 after the runs of abc1234"
     )
     assert "- **inconclusive** — claim b (`b`)" in text
     assert "The design, its words corrected since." in text and "what it tests" not in text  # same runs and claims
-    assert "edited after" not in publish.results_block(reports, tmp_path, changes={"sqrt_dk": "redesigned"})
+    assert "edited after" not in results_text.results_block(reports, {}, tmp_path, changes={"sqrt_dk": "redesigned"})
 
 
 def test_the_text_alone_is_written_from_what_is_published_and_takes_no_name(tmp_path, monkeypatch, capsys):
     from attn import cli
 
     repo = tmp_path / "repo"
-    publish_into(repo, monkeypatch, f"# attn\n\n{publish.RESULTS_BEGIN}\nold\n{publish.RESULTS_END}\n")
+    publish_into(repo, monkeypatch, f"# attn\n\n{results_text.RESULTS_BEGIN}\nold\n{results_text.RESULTS_END}\n")
     (repo / "experiments" / "results" / "sqrt_dk").mkdir(parents=True)
     runs.write_json(
         repo / "experiments" / "results" / "sqrt_dk" / "report.json",
@@ -1178,8 +1182,7 @@ def test_a_verification_published_alone_never_drops_re_runs_it_cannot_be_merged_
     assert json.loads((published / "verify.json").read_text())["as_run"]["sha256"] == digest
 
 
-def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lacks(tmp_path, monkeypatch):
-    monkeypatch.setattr(publish, "RESULTS", tmp_path)
+def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lacks(tmp_path):
     (tmp_path / "mask_self").mkdir()
     runs.write_json(
         tmp_path / "mask_self" / "verify.json", verification({"float64": "confirmed"}, experiment="mask_self")
@@ -1188,7 +1191,12 @@ def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lack
         **report({"masked-a": "confirmed"}),
         "description": "Where the claim stops holding, 7: the query's own position.",
     }
-    block = publish.results_block({"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary}, tmp_path, changes={})
+    block = results_text.results_block(
+        {"sqrt_dk": report({"a": "confirmed"}), "mask_self": boundary},
+        publish.read_verifications(tmp_path),
+        publish.REPO,
+        changes={},
+    )
     line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
     assert line.endswith(
         "1 confirmed; every verdict agrees so far, not yet re-run on a second BLAS kernel or with the materialized head"
@@ -1206,8 +1214,9 @@ def published_repo(tmp_path, monkeypatch):
     a results block and a bench block among hand-written sections; (repo, runs_dir, the published results)."""
     repo, runs_dir = tmp_path / "repo", tmp_path / "runs"
     readme = (
-        f"# attn\n\nWhat and why.\n\n{publish.RESULTS_BEGIN}\nnone yet\n{publish.RESULTS_END}\n\n{HAND_WRITTEN}"
-        f"{publish.BENCH_BEGIN}\nnone yet\n{publish.BENCH_END}\n\nThe end.\n"
+        f"# attn\n\nWhat and why.\n\n{results_text.RESULTS_BEGIN}\nnone yet\n{results_text.RESULTS_END}\n\n"
+        f"{HAND_WRITTEN}"
+        f"{results_text.BENCH_BEGIN}\nnone yet\n{results_text.BENCH_END}\n\nThe end.\n"
     )
     results = publish_into(repo, monkeypatch, readme)
     write_experiment_file(repo, "edge")
@@ -1237,7 +1246,10 @@ def outside_blocks(readme: str) -> list[str]:
     pieces = re.split(
         "|".join(
             re.escape(begin) + ".*?" + re.escape(end)
-            for begin, end in ((publish.RESULTS_BEGIN, publish.RESULTS_END), (publish.BENCH_BEGIN, publish.BENCH_END))
+            for begin, end in (
+                (results_text.RESULTS_BEGIN, results_text.RESULTS_END),
+                (results_text.BENCH_BEGIN, results_text.BENCH_END),
+            )
         ),
         readme,
         flags=re.S,
@@ -1246,7 +1258,8 @@ def outside_blocks(readme: str) -> list[str]:
 
 
 HOSTILE = (
-    f"{publish.BENCH_BEGIN} {publish.RESULTS_END} {publish.BENCH_END} <!-- x --> <script>alert(1)</script> "
+    f"{results_text.BENCH_BEGIN} {results_text.RESULTS_END} {results_text.BENCH_END} <!-- x --> "
+    "<script>alert(1)</script> "
     "<img src=x onerror=alert(2)> [click](javascript:alert(3)) <javascript:alert(4)>\n[ref]: javascript:alert(5)\n"
     "\n## A heading of its own"
 )
@@ -1272,7 +1285,12 @@ def test_report_and_experiment_file_text_holding_block_markers_and_html_never_le
     publish.publish(None, runs_dir)
     readme, experiments_text = (repo / "README.md").read_text(), (repo / "experiments" / "README.md").read_text()
     assert outside_blocks(readme) == outside_blocks(readme_before) and readme.count(HAND_WRITTEN) == 1
-    for marker in (publish.RESULTS_BEGIN, publish.RESULTS_END, publish.BENCH_BEGIN, publish.BENCH_END):
+    for marker in (
+        results_text.RESULTS_BEGIN,
+        results_text.RESULTS_END,
+        results_text.BENCH_BEGIN,
+        results_text.BENCH_END,
+    ):
         assert readme.count(marker) == 1 and marker not in experiments_text
     for text in (readme, experiments_text):
         assert "A claim" in readme and "<script" not in text and "<img" not in text and "<!-- x" not in text
@@ -1287,17 +1305,19 @@ def test_report_and_experiment_file_text_holding_block_markers_and_html_never_le
 
 def test_a_block_is_found_by_its_marker_lines_and_generated_text_holding_a_marker_is_refused():
     readme = (
-        f"# attn\n\nThe block opens at `{publish.RESULTS_BEGIN}`.\n\n{publish.RESULTS_BEGIN}\nold\n"
-        f"{publish.RESULTS_END}\n\nafter, quoting {publish.RESULTS_END}\n"
+        f"# attn\n\nThe block opens at `{results_text.RESULTS_BEGIN}`.\n\n{results_text.RESULTS_BEGIN}\nold\n"
+        f"{results_text.RESULTS_END}\n\nafter, quoting {results_text.RESULTS_END}\n"
     )
-    assert publish.with_block(readme, publish.RESULTS_BEGIN, publish.RESULTS_END, "new") == readme.replace(
-        f"{publish.RESULTS_BEGIN}\nold\n", f"{publish.RESULTS_BEGIN}\n\nnew\n\n"
-    )
+    assert results_text.with_block(
+        readme, results_text.RESULTS_BEGIN, results_text.RESULTS_END, "new"
+    ) == readme.replace(f"{results_text.RESULTS_BEGIN}\nold\n", f"{results_text.RESULTS_BEGIN}\n\nnew\n\n")
     with pytest.raises(runs.RunError, match="holds a block marker"):
-        publish.with_block(readme, publish.RESULTS_BEGIN, publish.RESULTS_END, f"x\n{publish.BENCH_END}\n")
-    twice = readme + f"\n{publish.RESULTS_END}\n"
+        results_text.with_block(
+            readme, results_text.RESULTS_BEGIN, results_text.RESULTS_END, f"x\n{results_text.BENCH_END}\n"
+        )
+    twice = readme + f"\n{results_text.RESULTS_END}\n"
     with pytest.raises(runs.RunError) as info:
-        publish.with_block(twice, publish.RESULTS_BEGIN, publish.RESULTS_END, "new")
+        results_text.with_block(twice, results_text.RESULTS_BEGIN, results_text.RESULTS_END, "new")
     assert facts_in(str(info.value), "README.md", "found 1 and 2", "git checkout -- README.md")
 
 

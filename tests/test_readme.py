@@ -14,7 +14,7 @@ import pytest
 from helpers import TINY
 
 import attn
-from attn import publish
+from attn import publish, results_text
 from attn.config.loading import load_config
 from attn.experiment.spec import load_experiment
 
@@ -41,9 +41,9 @@ def test_readme_is_short_enough_to_read_and_starts_with_the_two_commands():
     assert commands[:2] == [["make", "train"], ["make", "test"]] and ["make", "demo"] in commands  # then the demo
     assert {line.split()[1] for line in lines[:40] if line.startswith(("make train", "make test"))} == {"train", "test"}
     assert "![make demo" in README.split("## What the experiments show")[0]  # the picture the demo draws, first
-    results = README.split(publish.RESULTS_BEGIN, 1)[1].split(publish.RESULTS_END, 1)[0]
-    assert f"![the headline](experiments/results/{publish.HEADLINE}/headline.png)" in results
-    claims = json.loads((REPO / "experiments" / "results" / publish.HEADLINE / "report.json").read_text())
+    results = README.split(results_text.RESULTS_BEGIN, 1)[1].split(results_text.RESULTS_END, 1)[0]
+    assert f"![the headline](experiments/results/{results_text.HEADLINE}/headline.png)" in results
+    claims = json.loads((REPO / "experiments" / "results" / results_text.HEADLINE / "report.json").read_text())
     rows = [line for line in results.splitlines() if line.startswith("| ") and not line.startswith("| claim |")]
     assert [row.split(" | ")[1].split(" (")[0] for row in rows] == [e["verdict"] for e in claims["expectations"]]
 
@@ -82,13 +82,17 @@ def test_attn_train_run_trains_a_run_as_attn_train_does(tmp_path):
 def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results():
     results = REPO / "experiments" / "results"
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
-    assert (
-        publish.with_block(README, publish.RESULTS_BEGIN, publish.RESULTS_END, publish.results_block(reports)) == README
-    ), "run `make publish`; do not edit the block"
+    verifications = publish.read_verifications(results)
+    block = results_text.results_block(reports, verifications, REPO)
+    assert results_text.with_block(README, results_text.RESULTS_BEGIN, results_text.RESULTS_END, block) == README, (
+        "run `make publish`; do not edit the block"
+    )
     bench = json.loads((results / "bench.json").read_text())
-    block = publish.bench_block(bench, results / "bench.json")
-    assert publish.with_block(README, publish.BENCH_BEGIN, publish.BENCH_END, block) == README
-    assert (REPO / "experiments" / "README.md").read_text() == publish.experiments_readme(reports)
+    block = results_text.bench_block(bench, results / "bench.json")
+    assert results_text.with_block(README, results_text.BENCH_BEGIN, results_text.BENCH_END, block) == README
+    assert (REPO / "experiments" / "README.md").read_text() == results_text.experiments_readme(
+        reports, verifications, results, REPO
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,13 +128,13 @@ def test_every_published_experiment_has_its_line_in_readmes_results_block_and_bo
     """The block's findings are the headline's; every other experiment published has a line linking its
     report (one published but never shown would be lost to a reader); the boundary experiments are
     numbered, each number once."""
-    results = README.split(publish.RESULTS_BEGIN, 1)[1].split(publish.RESULTS_END, 1)[0]
+    results = README.split(results_text.RESULTS_BEGIN, 1)[1].split(results_text.RESULTS_END, 1)[0]
     for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
-        if path.parent.name != publish.HEADLINE:
+        if path.parent.name != results_text.HEADLINE:
             assert f"- [`{path.parent.name}`](experiments/results/{path.parent.name}/report.md)" in results
     numbers = {}
     for path in sorted((REPO / "experiments").glob("*.yaml")):
-        found = publish.BOUNDARY.match(shipped_experiment(path).description.strip())
+        found = results_text.BOUNDARY.match(shipped_experiment(path).description.strip())
         if found:
             numbers.setdefault(int(found.group(1)), []).append(path.stem)
     assert {n: names for n, names in numbers.items() if len(names) > 1} == {}

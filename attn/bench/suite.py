@@ -349,7 +349,7 @@ def lookup_line(compared: list[dict]) -> str:
 
 
 def summary_markdown(result: dict) -> str:
-    """The short form for README (attn.publish): per size and thread count,
+    """The short form for README (attn.results_text.bench_block): per size and thread count,
     attn against the fastest rival, then the sweep and headline targets."""
     machine = result["machine"]
     rows = [
