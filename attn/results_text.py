@@ -1,9 +1,8 @@
 """The text made from published results: experiments/README.md whole and README.md's results and bench blocks,
 every number from a report.json, a verify.json or a benchmark; and how a generated block (docs/bench.md's devices
-block too) is put between its markers. Nothing here
-reads a global path or writes a file: each function takes the results directory (where the figures are) and
-the repository root (where the experiment files are) it is made from, and the verifications as attn.publish
-read and checked them; attn.publish writes the text.
+block too) is put between its markers. Nothing here reads a global path or writes a file: each function takes the
+results directory (where the figures are) and the repository root (where the experiment files are) it is made
+from, and the verifications as attn.publish read and checked them; attn.publish writes the text.
 
 experiments/README.md (experiments_readme): each experiment's description, its generated paragraph, its
 verdicts, its verification and its figures. README's results block (results_block) is short: the headline's
