@@ -350,7 +350,7 @@ def _texts(reports: dict[str, dict], results: Path, bench: dict | None) -> tuple
     for name in reports:
         if not _is_id(name):  # a published result's name is its experiment file's, and goes into paths and links
             raise runs.RunError(
-                f"{RESULTS / shown(name)}: not an experiment's name (letters, digits, '_', '.' or '-'); move it out "
+                f"{results / shown(name)}: not an experiment's name (letters, digits, '_', '.' or '-'); move it out "
                 "of experiments/results"
             )
     verifications = read_verifications(results)
