@@ -491,7 +491,9 @@ def wait_for(driver, condition, timeout: float = 10.0):
 
 
 def click(driver, css: str) -> None:
-    """Click an element as a person would: scrolled to the middle first (the table header is sticky)."""
+    """Click an element as a person would: scrolled to the middle first (the table header is sticky), once no
+    refresh is in flight (a chart re-drawn meanwhile moves what lies below it, and a click would land elsewhere)."""
+    wait_for(driver, lambda: driver.execute_script("return (document.body.dataset.busy ?? '0') === '0'"))
     element = driver.find_element("css selector", css)
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
     element.click()

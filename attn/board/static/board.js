@@ -18,7 +18,8 @@
 // each table row drawn data-color (its colour in every view); #hp-scatter carries data-points,
 // data-crosses, data-clamped (points held to the edge), data-x/xkind/xlog/ylog/categories (its axes),
 // #hp-parallel data-axes, data-lines, data-crosses and data-keys (its axes' keys, the metric last),
-// each data-hover (the run under the pointer).
+// each data-hover (the run under the pointer); <body> carries data-busy (refreshes in flight: records fetched, then
+// every view re-drawn, which moves what lies below the chart), so a script clicks only once the layout is still.
 "use strict";
 (function (board) {
   const {PALETTE, DASHES} = board.views;  // the colours every view shares (hparams.js)
@@ -1070,12 +1071,23 @@
   }
 
   async function refreshChart(force = false) {
+    setBusy(+1);
     try {
       await fetchRecords();
     } catch (error) {
       setLive(`cannot fetch records: ${error.message}`, true);
     }
-    drawChart(force);
+    try {
+      drawChart(force);
+    } finally {
+      setBusy(-1);
+    }
+  }
+
+  let busy = 0;  // refreshes in flight (<body data-busy>)
+  function setBusy(change) {
+    busy += change;
+    document.body.dataset.busy = String(busy);
   }
 
   // ------------------------------------------------------------------ a run's figures, experiments
@@ -1300,6 +1312,7 @@
   }
 
   async function poll(seconds) {
+    setBusy(+1);
     try {
       const response = await fetch("api/board", {cache: "no-cache"});
       const text = await response.text();
@@ -1313,6 +1326,8 @@
       setLive(`live · updated ${new Date().toLocaleTimeString()}`);
     } catch (error) {
       setLive(`cannot reach the board (${error.message}); retrying`, true);
+    } finally {
+      setBusy(-1);
     }
     setTimeout(() => poll(seconds), seconds * 1000);
   }
