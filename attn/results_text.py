@@ -27,7 +27,7 @@ from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.bench.suite import summary_markdown
 from attn.experiment import report_spec, verify
 from attn.experiment.spec import load_experiment
-from attn.report import experiment_report
+from attn.report import claims_table, experiment_report
 from attn.store import runs
 from attn.text import and_list
 
@@ -116,8 +116,8 @@ def verdict_lines(report: dict) -> list[str]:
 
 
 def _claim_id(expectation: dict) -> str:
-    """`id`, and how it stands to the claims frozen before the runs (experiment_report.claim_standing)."""
-    standing = experiment_report.claim_standing(expectation)
+    """`id`, and how it stands to the claims frozen before the runs (claims_table.claim_standing)."""
+    standing = claims_table.claim_standing(expectation)
     return f"`{expectation['id']}`" + (f" ({standing})" if standing else "")
 
 
@@ -313,7 +313,7 @@ def results_block(
     reports: dict[str, dict], verifications: dict[str, dict], repo: Path, changes: dict[str, str] | None = None
 ) -> str:
     """README's results block, inside its markers, short: the headline's figure, its scope, its findings as a
-    table of one row per claim (experiment_report.findings_table: verdict, the number it rests on with its
+    table of one row per claim (claims_table.findings_table: verdict, the number it rests on with its
     interval, the test) and its verification; then one line for each other experiment published, linking its
     report: what it tests, its verdicts counted, how its re-runs stand. The paragraphs of intervals and
     p-values are in experiments/README.md alone. The verifications: name -> as attn.publish.read_verification
@@ -343,7 +343,7 @@ def results_block(
         f"**The headline** ([`{HEADLINE}`](experiments/results/{HEADLINE}/report.md){'; ' + said if said else ''})"
         + (f", in scope: {scope.group(1)}." if scope else "."),
         "",
-        experiment_report.findings_table(
+        claims_table.findings_table(
             headline["expectations"],
             " / ".join(names[k] for k in layout.get("x", [])) or "x",
             names.get(layout.get("best_of")),

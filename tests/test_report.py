@@ -1048,7 +1048,7 @@ def point(x, value=None, low=None, high=None, **more) -> dict:
 
 
 def test_a_claims_effect_is_said_at_the_point_that_decides_its_verdict():
-    from attn.report.experiment_report import effect_said
+    from attn.report.claims_table import effect_said
 
     bound = {
         "claim": "learns",

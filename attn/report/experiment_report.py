@@ -45,8 +45,6 @@ from attn.analysis.results import (
     stall_mechanism,
 )
 from attn.analysis.verdicts import (
-    CONFIRMED,
-    NOT_CONFIRMED,
     Layout,
     at_every,
     edge_notes,
@@ -59,7 +57,7 @@ from attn.config.loading import build_task, config_from_mapping, runs_width_free
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, result_change
 from attn.model import widthfree
-from attn.report import experiment_figures
+from attn.report import claims_table, experiment_figures
 from attn.report.conclusion import arm_sentences, counts_summary, effect_bound, headline, scope
 from attn.store import locks, runs
 from attn.text import format_value, json_number, markdown_table, settings_json, value_of
@@ -726,156 +724,6 @@ def sensitivity_rows(sensitivities: dict, layout: Layout) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------
-# The judged result, one row per claim (report.md's opening; README's results block)
-# ---------------------------------------------------------------------------
-TEST_NAMES = {"interval": "95% interval", "mcnemar": "exact McNemar", "sign": "sign test", "fisher": "Fisher's exact"}
-
-
-def findings_table(expectations: list[dict], x_name: str, setting_name: str | None = None) -> str:
-    """The judged claims (report.json's expectations) as a short table, one row each: the claim, its verdict
-    (with claim_standing), the number it rests on with its 95% interval (effect_said) and the test, with the
-    Holm-adjusted p of a tested claim. Every point's numbers are in the report's "Expectations, judged"."""
-    rows = [
-        [
-            e["claim"][:1].upper() + e["claim"][1:],
-            e["verdict"] + (f" ({standing})" if (standing := claim_standing(e)) else ""),
-            effect_said(e, x_name, setting_name),
-            TEST_NAMES.get(e.get("test", "interval"), str(e.get("test")))
-            + ("" if e.get("test", "interval") == "interval" else f", Holm p {_number(e.get('p_holm'))}"),
-        ]
-        for e in expectations
-    ]
-    return markdown_table(["claim", "verdict", "effect [95% interval]", "test"], rows)
-
-
-def claim_standing(expectation: dict) -> str:
-    """How a claim stands to the claims frozen before its runs, unless as frozen ('changed', 'added after the
-    runs began'), or 'edited after its runs' (its file's edited_after_runs); '' for a claim as frozen."""
-    if expectation.get("edited_after_runs"):
-        return "edited after its runs"
-    frozen = expectation.get("frozen")
-    return "" if frozen in (None, "as frozen") else str(frozen)
-
-
-def effect_said(expectation: dict, x_name: str, setting_name: str | None = None) -> str:
-    """'difference of rates 0.95 [0.704, 0.991] at d_k 4096, the weakest of 4': the number a verdict rests on
-    with its interval, at the point that decides it (deciding_point), or at each point where all agree."""
-    points = expectation.get("points") or []
-    if not points:
-        return "—"
-    point = deciding_point(expectation)
-    numbers = _point_numbers(point, expectation)
-    if len(points) == 1:
-        return f"{numbers} at {_point_where(point, x_name, setting_name)}"
-    if all(_point_numbers(p, expectation) == numbers for p in points):
-        return f"{numbers} at each of {len(points)} points ({_span(points, x_name, setting_name)})"
-    return f"{numbers} at {_point_where(point, x_name, setting_name)}, the weakest of {len(points)}"
-
-
-def deciding_point(expectation: dict) -> dict:
-    """The point of a claim that decides its verdict: one without evidence (its note) first; of a tested
-    claim, the largest p (its p is theirs; among equal p, the effect interval nearest no effect), or the
-    smallest opposite p of one refuted; of a bound, one with the claim's verdict, or of a confirmed one the
-    interval nearest the bound."""
-    points = expectation["points"]
-    noted = [p for p in points if "note" in p]
-    if noted:
-        return noted[0]
-    rule = str(expectation.get("rule", ""))
-    apart = re.search(r" (higher|lower) than of ", rule)
-    if expectation.get("test", "interval") != "interval":
-        if expectation["verdict"] == NOT_CONFIRMED:
-            return min(points, key=lambda p: _as_float(p.get("p_reverse"), math.inf))
-
-        def effect_margin(p: dict) -> float:  # how far its effect interval keeps from no effect (0, or 1 for a ratio)
-            effect = p.get("effect") or {}
-            null = 1.0 if "ratio" in str(effect.get("name")) else 0.0
-            if apart is None:
-                return 0.0
-            if apart.group(1) == "higher":
-                return _as_float(effect.get("low"), math.inf) - null
-            return null - _as_float(effect.get("high"), -math.inf)
-
-        return max(points, key=lambda p: (_as_float(p.get("p"), -math.inf), -_finite_or(effect_margin(p), math.inf)))
-    if expectation["verdict"] != CONFIRMED:
-        return next((p for p in points if p.get("verdict") == expectation["verdict"]), points[0])
-    bound = re.search(r" (above|below) (\S+) \(its 95% interval wholly", rule)
-    if bound:
-        try:
-            level = float(bound.group(2))
-        except ValueError:
-            return points[0]
-        margin = (
-            (lambda p: _as_float(p.get("low"), math.inf) - level)
-            if bound.group(1) == "above"
-            else (lambda p: level - _as_float(p.get("high"), -math.inf))
-        )
-    elif apart:
-        margin = (
-            (lambda p: _as_float(p.get("low"), math.inf) - _as_float(p.get("other_high"), -math.inf))
-            if apart.group(1) == "higher"
-            else (lambda p: _as_float(p.get("other_low"), math.inf) - _as_float(p.get("high"), -math.inf))
-        )
-    else:
-        return points[0]
-    return min(points, key=lambda p: _finite_or(margin(p), math.inf))
-
-
-def _finite_or(value: float, instead: float) -> float:
-    return instead if math.isnan(value) else value
-
-
-def _point_numbers(point: dict, expectation: dict) -> str:
-    if "note" in point:
-        return str(point["note"])
-    if "effect" in point:
-        e = point["effect"]
-        return f"{e['name']} {effect_bound(e)}{_number(e['value'])} [{_number(e['low'])}, {_number(e['high'])}]"
-    stat = str(expectation.get("rule", "")).split(" ", 1)[0]
-    said = f"{_number(point.get('value'))} [{_number(point.get('low'))}, {_number(point.get('high'))}]"
-    if "other_value" in point:
-        said += (
-            f" vs {_number(point['other_value'])} "
-            f"[{_number(point.get('other_low'))}, {_number(point.get('other_high'))}]"
-        )
-    return f"{stat.replace('_', ' ')} {said}" if stat in report_spec.STATS else said
-
-
-def _point_where(point: dict, x_name: str, setting_name: str | None) -> str:
-    where = f"{x_name} {' / '.join(map(str, point['x']))}" if point.get("x") else "all runs"
-    if "setting" in point and setting_name:
-        where += f" at {setting_name} {format_value(point['setting'])}"
-    return where
-
-
-def _span(points: list[dict], x_name: str, setting_name: str | None) -> str:
-    """'d_k 16 to 1048576', and the setting's span where the points are at each setting ('d_k 1048576, lr
-    0.001 to 1'): the first and last of a claim's points."""
-
-    def spanned(values: list[str]) -> str:
-        return values[0] if values[0] == values[-1] else f"{values[0]} to {values[-1]}"
-
-    said = f"{x_name} {spanned([' / '.join(map(str, p.get('x') or ['all runs'])) for p in points])}"
-    if setting_name and all("setting" in p for p in points):
-        said += f", {setting_name} {spanned([format_value(p['setting']) for p in points])}"
-    return said
-
-
-def _as_float(value, missing: float) -> float:
-    """A number as report.json writes one (inf as text, NaN as null), as a float; `missing` for none."""
-    if value in ("inf", "-inf"):
-        return float(value)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else missing
-
-
-def _number(value) -> str:
-    """3 significant figures; 'inf' as it is; '—' for no number (None, NaN)."""
-    if isinstance(value, str):
-        return value
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
-
-
 def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     experiment, layout, cells, keys = found.experiment, found.layout, found.cells, found.keys
     best, shared, judged, steps, excluded, sensitivities, at_lengths = (
@@ -914,7 +762,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
     if judged or headline_figure:
         text += ["## The result", ""]
         if judged:
-            text += [findings_table(judged, layout.x_name, layout.names.get(layout.best_of)), ""]
+            text += [claims_table.findings_table(judged, layout.x_name, layout.names.get(layout.best_of)), ""]
         text += [f"![headline]({os.path.relpath(p, experiment.directory)})" for p in headline_figure]
         text += [""] if headline_figure else []
     text += shared_draws_lines(found.shared_draws)  # how independent the verdicts above are
