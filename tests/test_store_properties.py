@@ -36,9 +36,10 @@ from attn.train import lifecycle
 
 REPO = Path(__file__).resolve().parents[1]
 CAMPAIGN = os.environ.get("HYPOTHESIS_PROFILE") == "campaign"
-# No example database, and Hypothesis's other files in a temporary directory: nothing written into the source tree.
-HYPOTHESIS_HOME = tempfile.TemporaryDirectory(prefix="attn-hypothesis-")
-set_hypothesis_home_dir(HYPOTHESIS_HOME.name)
+# No example database, and Hypothesis's other files (its Unicode tables, the same every session: computing them
+# afresh costs a session seconds) in a cache directory of the user's: nothing written into the source tree.
+HYPOTHESIS_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attn-hypothesis"
+set_hypothesis_home_dir(HYPOTHESIS_HOME)
 settings.register_profile(
     "default", max_examples=10, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -506,13 +506,21 @@ _DECIDERS = {"task": "task.name", "mode": "task.mode", "score": "model.score"}
 def read_only_by() -> dict[str, list[tuple[str, str]]]:
     """Dotted key -> every (setting, the value it must have) for the field to be read, for every
     field read only sometimes (copy's shift: task.name copy and task.mode shift)."""
-    out = {}
-    for section, cls in (("task", TaskConfig), ("model", ModelConfig)):
+    return {key: list(conditions) for key, conditions in _read_only_by(TaskConfig, ModelConfig)}
+
+
+@functools.lru_cache(maxsize=None)
+def _read_only_by(task_cls, model_cls) -> tuple:
+    """read_only_by's (key, conditions) pairs, read off these section classes once (every config loaded asks)."""
+    found = ()
+    for section, cls in (("task", task_cls), ("model", model_cls)):
         for f in dataclasses.fields(cls):
-            conditions = [(decider, f.metadata[meta]) for meta, decider in _DECIDERS.items() if f.metadata.get(meta)]
+            conditions = tuple(
+                (decider, f.metadata[meta]) for meta, decider in _DECIDERS.items() if f.metadata.get(meta)
+            )
             if conditions:
-                out[f"{section}.{f.name}"] = conditions
-    return out
+                found += ((f"{section}.{f.name}", conditions),)
+    return found
 
 
 def first_unmet_condition(key: str, flat: dict) -> tuple[str, str] | None:
@@ -531,12 +539,17 @@ def unread_keys(flat: dict) -> set[str]:
 
 def unread_with_keys() -> dict[str, tuple]:
     """Dotted key -> its config_field(unread_with=...) settings, for every field that has some."""
-    return {
-        f"{section}.{f.name}": f.metadata["unread_with"]
-        for section, cls in (("task", TaskConfig), ("model", ModelConfig), ("optim", OptimConfig))
+    return dict(_unread_with_keys(TaskConfig, ModelConfig, OptimConfig))
+
+
+@functools.lru_cache(maxsize=None)
+def _unread_with_keys(task_cls, model_cls, optim_cls) -> tuple:
+    return tuple(
+        (f"{section}.{f.name}", f.metadata["unread_with"])
+        for section, cls in (("task", task_cls), ("model", model_cls), ("optim", optim_cls))
         for f in dataclasses.fields(cls)
         if f.metadata.get("unread_with")
-    }
+    )
 
 
 def unread_because(key: str, flat: dict) -> dict | None:

@@ -57,7 +57,7 @@ from attn.config.loading import build_task, config_from_mapping, runs_width_free
 from attn.experiment import report_spec
 from attn.experiment.spec import Experiment, result_change
 from attn.model import widthfree
-from attn.report import claims_table, experiment_figures
+from attn.report import claims_table
 from attn.report.conclusion import arm_sentences, counts_summary, effect_bound, headline, scope
 from attn.store import locks, runs
 from attn.text import format_value, json_number, markdown_table, settings_json, value_of
@@ -580,6 +580,8 @@ def _write(experiment: Experiment, cells: list[CellResult], excluded: list[Exclu
     }
     runs.write_report_json(out, report_json(found))  # every cell and seed: compact, it is read by programs
     runs.write_atomic(paths["csv"], _csv_text(cell_rows(found.ordered, found.layout, found.keys)).encode())
+    from attn.report import experiment_figures  # matplotlib: imported by the reports that draw, not by publish
+
     paths.update(
         experiment_figures.draw_all(
             experiment,

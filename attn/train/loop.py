@@ -107,6 +107,19 @@ class Member:
         }
         self.clock = _Clock(state.wall_time, state.step)
         self.final_record = None
+        self.written: dict[str, dict] = {}  # array file name -> the arrays this member last wrote to it
+
+    def add_arrays(self, name: str, arrays: dict, keep: bool) -> None:
+        """The run's array file `name` written with `arrays`; with keep, beside (and over) those it holds,
+        read from disk only if this member has not written it yet (a resumed run's first time)."""
+        path = self.run_dir / name
+        if keep:
+            earlier = self.written.get(name)
+            if earlier is None and path.exists():
+                earlier = arrayfiles.load_arrays(path)
+            arrays = {**(earlier or {}), **arrays}
+        arrayfiles.save_arrays(path, arrays)
+        self.written[name] = arrays
 
     def lr(self, step: int) -> float:
         return optim_lr(self.config, step)
@@ -511,7 +524,7 @@ def trace_snapshot(params: dict, spec, eval_batch: Batch, buffers: dict, step: i
 def _add_each(writes: DurableWrites, members: list[Member], name: str, arrays_of: dict, step: int) -> None:
     """Each member's arrays of this step (member index -> arrays) into its run's file `name`, beside
     those of earlier steps, the members' writes at once."""
-    writes.each(lambda k: add_arrays(members[k].run_dir / name, arrays_of[k], keep=step > 0), list(arrays_of))
+    writes.each(lambda k: members[k].add_arrays(name, arrays_of[k], keep=step > 0), list(arrays_of))
 
 
 def add_arrays(path: Path, arrays: dict, keep: bool) -> None:
