@@ -132,6 +132,32 @@ def test_a_child_whose_parent_died_as_it_started_ends_before_running_its_command
     assert finished.returncode == -signal.SIGTERM
 
 
+def test_a_childs_stderr_lines_are_handed_on_as_they_come_and_returned_whole(tmp_path):
+    """on_line sees each line before the child goes on (the child waits for the file the first line's handler
+    writes, and fails without it), and the finished process holds them all."""
+    from attn.store import processes
+
+    go = tmp_path / "go"
+    child = (
+        "import os, sys, time; print('first', file=sys.stderr, flush=True);"
+        f"deadline = time.monotonic() + {PATIENCE};"
+        f"[time.sleep(0.01) for _ in iter(lambda: os.path.exists({str(go)!r}) or time.monotonic() > deadline, True)];"
+        f"sys.exit(0 if os.path.exists({str(go)!r}) else 4) if print('second', file=sys.stderr) is None else 5"
+    )
+    seen = []
+
+    def on_line(line):
+        seen.append(line)
+        go.touch()
+
+    done = processes.run_child(
+        [sys.executable, "-c", child], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, on_line=on_line
+    )
+    assert (done.returncode, seen, done.stderr) == (0, ["first", "second"], "first\nsecond\n")
+    with pytest.raises(ValueError, match="on_line"):
+        processes.run_child([sys.executable, "-c", "pass"], on_line=print)
+
+
 def children_of(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of every live process whose parent is pid."""
     found = []

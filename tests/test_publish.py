@@ -699,6 +699,37 @@ def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     assert asked == [], "a kernel this CPU lacks is refused before the float64 re-run, not after it"
 
 
+def test_a_re_run_says_each_run_as_its_sweep_ends_it(tmp_path, monkeypatch):
+    """A re-run can take hours: each '[k/N] cell: ...' line its sweep prints goes on, named by the re-run, as
+    it comes; the sweep's other lines do not."""
+    import sys
+
+    from attn.experiment.spec import build_experiment
+    from attn.store import processes
+
+    (tmp_path / "base.yaml").write_text("task: {name: retrieval, n_pairs: 4}\nmodel: {d_model: 8}\ntrain: {steps: 2}\n")
+    data = {"name": "w", "base": "base.yaml", "grid": {"model.d_k": [16]}, "seeds": [0, 1]}
+    experiment = build_experiment(data, tmp_path / "w.yaml", str(tmp_path / "runs"))
+    report = verify.variant_directory(experiment, "float64") / "w" / runs.REPORT_FILE
+    sweep_says = [
+        "sweep w: 2 runs",
+        "[1/2] a: ran, completed  learned",
+        "started b",
+        "[2/2] b: ran, completed  stalled",
+    ]
+    script = "import pathlib, sys; print(*sys.argv[2:], sep='\\n', file=sys.stderr); p = pathlib.Path(sys.argv[1]);"
+    script += "p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{}')"
+    told = processes.run_child
+    monkeypatch.setattr(
+        processes,
+        "run_child",
+        lambda command, **options: told([sys.executable, "-c", script, str(report), *sweep_says], **options),
+    )
+    said = []
+    assert verify.rerun(experiment, "float64", [["dtype=float64"]], {}, 1, said.append) == report.parent
+    assert said[1:] == ["float64: [1/2] a: ran, completed  learned", "float64: [2/2] b: ran, completed  stalled"]
+
+
 def test_verify_compares_only_reports_of_every_run_under_the_claims_the_file_has_now(tmp_path, monkeypatch):
     """A report written mid-sweep, or before the claims changed, is refused, not compared; and a re-run's
     report left by an earlier verify never stands in for the re-run's own."""

@@ -57,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -75,6 +76,7 @@ KERNELS = ("Sandybridge", "SkylakeX", "Nehalem")  # OpenBLAS core types to try a
 # the widest d_k (d_v) the materialized re-run carries as d_k-wide weights: the widest the headline ran
 # materialized before width-free training (issue 21); a wider one's step costs d_k / 4096 times as much
 MATERIALIZED_WIDTH = 4096
+RUN_ENDED = re.compile(r"\[\d+/\d+\] ")  # the line a sweep prints as each run ends (attn.cli.sweeps)
 
 
 def running_kernel(env: dict | None = None) -> str | None:
@@ -121,7 +123,8 @@ def rerun(
 ) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
     pass (each its overrides and options); with several passes (each --only
-    a part), then `attn report` of the whole; the directory of its report."""
+    a part), then `attn report` of the whole; the directory of its report.
+    Each run's end, as the sweep says it ('[k/N] cell: ...'), goes to `progress` as it comes."""
     runs_dir = variant_directory(experiment, variant)
     report = runs_dir / experiment.name / runs.REPORT_FILE
     parts = ["--no-report"] if len(passes) > 1 else []  # each pass a part: one report of the whole, at the end
@@ -136,7 +139,11 @@ def rerun(
     for last, command in enumerate(commands, start=1 - len(commands)):
         progress(f"{variant}: attn {' '.join(command)}")
         done = processes.run_child(
-            [sys.executable, "-m", "attn", *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [sys.executable, "-m", "attn", *command],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            on_line=lambda line: progress(f"{variant}: {line}") if RUN_ENDED.match(line) else None,
         )
         if done.returncode != 0 or (last == 0 and not report.exists()):
             lines = done.stderr.strip().splitlines()

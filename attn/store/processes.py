@@ -21,6 +21,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
+from typing import Callable
 
 
 def writer_identity() -> dict:
@@ -91,6 +92,7 @@ def run_child(
     text: bool = True,
     on_death: int = signal.SIGTERM,
     cwd: Path | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run command as a child in its own process group (a terminal's Ctrl-C
     reaches this process alone) that ends with this one: SIGINT/SIGTERM
@@ -98,7 +100,11 @@ def run_child(
     (then ChildStopped); any other exit here (an exception) kills the group;
     and, on Linux, the kernel sends the child `on_death` if this process
     dies without a word (SIGKILL). Returns the finished process, as
-    subprocess.run does."""
+    subprocess.run does. `on_line`, with stderr=PIPE (text, stdout not a
+    pipe): each line of the child's stderr as it comes, without its newline
+    (a long child's progress), all of them returned as well."""
+    if on_line is not None and (stderr != subprocess.PIPE or stdout == subprocess.PIPE or not text):
+        raise ValueError("run_child: on_line reads a text stderr pipe, beside a stdout that is not a pipe")
     parent = os.getpid()
     received: list[int] = []
     started: list[subprocess.Popen] = []  # the child, once Popen has returned
@@ -138,7 +144,16 @@ def run_child(
         if unsent:
             pass_on(unsent[0])
         try:
-            out, err = process.communicate()
+            if on_line is None:
+                out, err = process.communicate()
+            else:
+                lines = []
+                for line in process.stderr:
+                    lines.append(line)
+                    on_line(line.rstrip("\n"))
+                out, err = None, "".join(lines)
+                process.stderr.close()
+                process.wait()
         except BaseException:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
