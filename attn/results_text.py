@@ -221,6 +221,16 @@ def flips_said(result: dict) -> str:
     return "; ".join(said)
 
 
+def x_ranges(report: dict, names: dict[str, str]) -> list[str]:
+    """'d_k 16 to 1048576 (8 values)': each numeric x key of the report's layout over the values its cells ran."""
+    ranges = []
+    for key in (report.get("layout") or {}).get("x", []):
+        values = {c["settings"].get(key) for c in report.get("cells", [])} - {None}
+        if len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            ranges.append(f"{names.get(key, key)} {min(values)} to {max(values)} ({len(values)} values)")
+    return ranges
+
+
 def verification_line(name: str, verification: dict | None, brief: bool = False) -> str:
     """How `name`'s published report was re-run (its verification, as attn.publish.read_verification reads
     it; None if none) and what its verdicts did; `brief` (README): without each cell's count and the runs each
@@ -341,7 +351,11 @@ def results_block(
         f"![the headline](experiments/results/{HEADLINE}/headline.png)",
         "",
         f"**The headline** ([`{HEADLINE}`](experiments/results/{HEADLINE}/report.md){'; ' + said if said else ''})"
-        + (f", in scope: {scope.group(1)}." if scope else "."),
+        + (
+            f", in scope: {scope.group(1)}" + "".join(f"; {part}" for part in x_ranges(headline, names)) + "."
+            if scope
+            else "."
+        ),
         "",
         claims_table.findings_table(
             headline["expectations"],

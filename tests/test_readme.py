@@ -53,6 +53,30 @@ def api_table() -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(attn\.[\w.]+)\(([^`]*)\)` \| .+ \|$", section, re.M)}
 
 
+def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_report():
+    """The words before the two commands say what experiments found: each claim they cite by id (`a-claim-id`)
+    is one of a published report's, confirmed there, and the paragraph names that experiment."""
+    opening = README.split("On a fresh machine", 1)[0]
+    cited = re.findall(r"`([a-z0-9]+(?:-[a-z0-9_]+)+)`", opening)
+    assert len(cited) >= 4, opening
+    verdicts = {}
+    for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
+        for expectation in json.loads(path.read_text())["expectations"]:
+            verdicts[expectation["id"]] = (expectation["verdict"], path.parent.name)
+    for claim in cited:
+        assert claim in verdicts, f"{claim}: no published report has it"
+        verdict, experiment = verdicts[claim]
+        assert verdict == "confirmed", (claim, verdict, experiment)
+
+
+def test_the_headlines_scope_line_names_the_widths_it_ran():
+    """The scope line says over which d_k the headline's claims hold (the paper's own 64 among them)."""
+    report = json.loads((REPO / "experiments" / "results" / results_text.HEADLINE / "report.json").read_text())
+    widths = sorted({c["settings"]["model.d_k"] for c in report["cells"]})
+    line = next(line for line in README.splitlines() if line.startswith("**The headline**"))
+    assert 64 in widths and f"d_k {widths[0]} to {widths[-1]} ({len(widths)} values)" in line, line
+
+
 def test_the_api_table_lists_exactly_the_public_functions_and_they_exist():
     documented = api_table()
     assert list(documented) == [f"attn.{name}" for name in attn.API]
