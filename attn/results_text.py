@@ -22,6 +22,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from attn import outcomes
 from attn.analysis.grouping import short_names
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.bench.suite import summary_markdown
@@ -104,6 +105,7 @@ def markdown_safe(value):
 
 
 def verdict_lines(report: dict) -> list[str]:
+    earlier = set(on_earlier_plateau_rule(report))
     return [
         f"- **{e['verdict']}** — {e['claim']} "
         + (
@@ -111,7 +113,25 @@ def verdict_lines(report: dict) -> list[str]:
             if e.get("edited_after_runs")
             else f"({_claim_id(e)})"
         )
+        + (f" {EARLIER_RULE_SAID}" if e["id"] in earlier else "")
         for e in report["expectations"]
+    ]
+
+
+EARLIER_RULE_SAID = (
+    f"(judged under the earlier definition of leaving the plateau, {outcomes.EARLIER_PLATEAU_RULE}, which a seed at "
+    "chance can meet by noise: the report was made before issue 45)"
+)
+
+
+def on_earlier_plateau_rule(report: dict) -> list[str]:
+    """The ids of the report's claims on a statistic that rests on when a seed leaves the plateau
+    (outcomes.PLATEAU_STATS), where the report was made under the earlier rule (its definitions say so)."""
+    said = str(report.get("definitions", ""))  # as read, or made markdown_safe (its < and > escaped)
+    if not any(rule in said for rule in (outcomes.EARLIER_PLATEAU_RULE, markdown_safe(outcomes.EARLIER_PLATEAU_RULE))):
+        return []
+    return [
+        e["id"] for e in report["expectations"] if str(e.get("rule", "")).split(" ", 1)[0] in outcomes.PLATEAU_STATS
     ]
 
 
@@ -393,7 +413,8 @@ def results_block(
             lines.append(
                 f"- [`{name}`](experiments/results/{name}/report.md)"
                 f"{' — ' + title if (title := _title(reports[name]['description'])) else ''}"
-                f"{' (' + said + ')' if said else ''}: {verdict_counts(reports[name])}; "
+                f"{' (' + said + ')' if said else ''}: {verdict_counts(reports[name])}"
+                f"{earlier_rule_count(reports[name])}; "
                 f"{_verification_said(markdown_safe(verifications.get(name)))}"
             )
         lines.append("")
@@ -413,6 +434,12 @@ def verdict_counts(report: dict) -> str:
         ", ".join(f"{verdicts.count(v)} {v}" for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE) if v in verdicts)
         or "no claims"
     )
+
+
+def earlier_rule_count(report: dict) -> str:
+    """' (1 of them on the earlier definition of stalled)' where on_earlier_plateau_rule finds claims, else ''."""
+    n = len(on_earlier_plateau_rule(report))
+    return f" ({n} of them on the earlier definition of stalled)" if n else ""
 
 
 def _verification_said(result: dict | None) -> str:

@@ -663,6 +663,31 @@ def test_a_materialized_re_runs_unchanged_count_is_over_the_runs_it_re_ran():
     assert verify.unchanged_runs(reports, {"materialized": rerun}) == {"materialized": {"same": 0, "runs": 1}}
 
 
+def test_a_stall_claim_judged_under_the_earlier_plateau_rule_is_marked_so_and_others_are_not():
+    """Reports made before issue 45 let a seed leave the plateau on its accuracy too: their claims on a statistic
+    that rests on that rule (stall_rate) are marked in the text, read raw or made markdown_safe; success and time
+    claims, and reports under the current rule, are not."""
+    from attn import outcomes
+
+    def report(definitions):
+        return {
+            "definitions": definitions,
+            "expectations": [
+                {"id": "s", "rule": "stall_rate of scale=none below 0.3", "verdict": "confirmed", "claim": "c"},
+                {"id": "l", "rule": "success_rate of scale=sqrt above 0.5", "verdict": "confirmed", "claim": "c"},
+            ],
+        }
+
+    earlier = report(f"... leaves the plateau at the first logged step with {outcomes.EARLIER_PLATEAU_RULE} ...")
+    for read in (earlier, results_text.markdown_safe(earlier)):
+        assert results_text.on_earlier_plateau_rule(read) == ["s"]
+        assert results_text.earlier_rule_count(read) == " (1 of them on the earlier definition of stalled)"
+        lines = results_text.verdict_lines(read)
+        assert [results_text.EARLIER_RULE_SAID in line for line in lines] == [True, False]
+    now = report(outcomes.definitions())
+    assert results_text.on_earlier_plateau_rule(now) == [] and results_text.earlier_rule_count(now) == ""
+
+
 def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     from attn.experiment.spec import build_experiment
 
