@@ -30,7 +30,7 @@ from attn.experiment import report_spec, verify
 from attn.experiment.spec import load_experiment
 from attn.report import claims_table, experiment_report
 from attn.store import runs
-from attn.text import and_list
+from attn.text import and_list, markdown_table
 
 HEADLINE = "sqrt_dk"
 # README's line for each other experiment: these first, in this order, then the boundary experiments by number
@@ -327,6 +327,7 @@ def experiments_readme(
             text += [design_said(name, changes), ""]
         text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
+        text += verdicts_by_point(report)
         text += [verification_line(name, verifications.get(name)), ""]
         figures = sorted(p.name for p in (results / name).glob("*.png"))
         text += [
@@ -337,6 +338,41 @@ def experiments_readme(
         if "headline.png" in figures:
             text += [f"![{name}](results/{name}/headline.png)", ""]
     return "\n".join(text)
+
+
+def verdicts_by_point(report: dict) -> list[str]:
+    """Where a design judges several claims at each of several x points (a factorial's contrasts, one point
+    each), a table of them by point: which are confirmed, not confirmed and inconclusive there, each with its
+    effect. It says what decides where, as the verdicts say it. [] for other designs."""
+    at: dict[tuple, list[dict]] = {}
+    for e in report["expectations"]:
+        if len(e.get("points") or []) == 1:
+            at.setdefault(tuple(e["points"][0].get("x") or ()), []).append(e)
+    at = {x: claims for x, claims in at.items() if len(claims) > 1}
+    if len(at) < 2:
+        return []
+
+    def said(e: dict) -> str:
+        effect = e["points"][0].get("effect") or {}
+        value = effect.get("value")
+        return f"`{e['id']}`" + (f" ({effect.get('name', 'effect')} {value:.3g})" if isinstance(value, float) else "")
+
+    rows = [
+        [" / ".join(map(str, x))]
+        + [
+            ", ".join(said(e) for e in claims if e["verdict"] == v) or "—"
+            for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)
+        ]
+        for x, claims in at.items()
+    ]
+    names = short_names(list((report.get("layout") or {}).get("x", [])))
+    x_said = " / ".join(names.values()) or "x"
+    return [
+        f"The claims judged at one {x_said} each, by where they are judged:",
+        "",
+        markdown_table([x_said, CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE], rows),
+        "",
+    ]
 
 
 def results_block(

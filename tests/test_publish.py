@@ -688,6 +688,33 @@ def test_a_stall_claim_judged_under_the_earlier_plateau_rule_is_marked_so_and_ot
     assert results_text.on_earlier_plateau_rule(now) == [] and results_text.earlier_rule_count(now) == ""
 
 
+def test_claims_judged_at_one_point_each_are_tabled_by_point_with_their_verdicts_and_effects():
+    """A factorial's contrasts, each at one x point: a table says which are confirmed where (with the effect);
+    a design with claims at fewer than two such points gets none."""
+
+    def claim(cid, x, verdict, value):
+        effect = {"name": "difference of rates", "value": value}
+        return {"id": cid, "verdict": verdict, "points": [{"x": x, "effect": effect}]}
+
+    spread = {"name": "every", "verdict": "confirmed", "points": [{"x": [16]}, {"x": [64]}]}
+    expectations = [
+        claim("a-at-16", [16], "confirmed", 0.45),
+        claim("b-at-16", [16], "inconclusive", 0.05),
+        claim("a-at-64", [64], "inconclusive", 0.1),
+        claim("b-at-64", [64], "not confirmed", -0.5),
+        {**spread, "id": "every"},
+    ]
+    report = {"layout": {"x": ["model.d_k"]}, "expectations": expectations}
+    lines = "\n".join(results_text.verdicts_by_point(report)).splitlines()
+    table = [line for line in lines if line.startswith(("| 16 ", "| 64 "))]
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in table]
+    assert cells == [
+        ["16", "`a-at-16` (difference of rates 0.45)", "—", "`b-at-16` (difference of rates 0.05)"],
+        ["64", "—", "`b-at-64` (difference of rates -0.5)", "`a-at-64` (difference of rates 0.1)"],
+    ]
+    assert results_text.verdicts_by_point({**report, "expectations": expectations[:2] + [expectations[4]]}) == []
+
+
 def test_verify_makes_only_the_re_runs_asked_for(tmp_path, monkeypatch):
     from attn.experiment.spec import build_experiment
 
