@@ -251,20 +251,34 @@ def x_labels_apart(ax, renderer) -> bool:
     return bool(np.diff(ticks).min() * math.sin(angle) >= line)
 
 
-def test_the_experiment_mechanism_figure_says_what_it_measures_with_x_labels_apart(monkeypatch):
+class FactorialLayout(Layout):
+    """Arms named by two settings each, as two_factors names them: long legend entries."""
+
+    @staticmethod
+    def arm_label(arm):
+        return f"qk_gain_exponent={arm[0]}, qk_lr_exponent={arm[0]}"
+
+
+@pytest.mark.parametrize("arms", [("sqrt", "none"), ("none", "-0.25", "0.5", "-0.5", "-1", "0.25")])
+def test_the_experiment_mechanism_figure_says_what_it_measures_with_x_labels_apart(monkeypatch, arms):
     made = []
     monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, tight=True: made.append(fig))
-    best = {((d_k,), (scale,)): Cell(d_k, scale) for d_k in D_K for scale in ("sqrt", "none")}
-    colors = {("sqrt",): "C0", ("none",): "C3"}
-    experiment_figures.mechanism_figure(best, Layout(), colors, [0, 10], Path("mechanism.png"))
+    best = {((d_k,), (arm,)): Cell(d_k, arm) for d_k in D_K for arm in arms}
+    colors = {(arm,): f"C{i}" for i, arm in enumerate(arms)}
+    layout = Layout() if len(arms) == 2 else FactorialLayout()
+    experiment_figures.mechanism_figure(best, layout, colors, [0, 10], Path("mechanism.png"))
     [fig] = made
     FigureCanvasAgg(fig).draw()
     renderer = fig.canvas.get_renderer()
     assert "why" not in fig._suptitle.get_text() and "stops learning" not in fig._suptitle.get_text()
     for ax in fig.axes[:5]:
         assert x_labels_apart(ax, renderer), ax.get_title()
-    legend = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert any("median of 0" in text and "off the log axis" in text for text in legend), legend
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert any("median of 0" in text and "off the log axis" in text for text in texts), texts
+    box, page = legend.get_window_extent(renderer), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, (box, page)  # never cut at an edge
+    assert all(box.y1 <= ax.get_tightbbox(renderer).y0 for ax in fig.axes)  # below the panels
 
 
 @pytest.fixture(scope="module")

@@ -95,13 +95,13 @@ def legend_texts(groups: list[Group], counts: list[int]) -> dict[str, str]:
     return texts
 
 
-def legend_layout(texts: list[str], width: float) -> tuple[list[str], int, int]:
+def legend_layout(texts: list[str], width: float, most: int | None = None) -> tuple[list[str], int, int]:
     """(the texts wrapped to fit the figure's width, columns, lines of text):
-    as many columns as the widest entry allows."""
+    as many columns as the widest entry allows, and at most `most`."""
     chars = max(10, int((width - HANDLE_INCHES) / CHAR_INCHES))
     wrapped = [textwrap.fill(text, chars) for text in texts]
     widest = max(max(len(line) for line in text.split("\n")) for text in wrapped) * CHAR_INCHES + HANDLE_INCHES
-    columns = max(1, min(len(wrapped), int(width // widest)))
+    columns = max(1, min(len(wrapped), int(width // widest), most or len(wrapped)))
     rows = [wrapped[i : i + columns] for i in range(0, len(wrapped), columns)]
     return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 

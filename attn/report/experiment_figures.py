@@ -33,6 +33,7 @@ from matplotlib.figure import Figure
 from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
+from attn.report.compare_figure import legend_layout
 from attn.store.runs import series
 from attn.text import format_value
 from attn.train.figures import mark_zeros, save_figure, wrapped
@@ -151,14 +152,15 @@ def wrapped_title(ax, text: str, fontsize: float = 9) -> None:
 
 def legend_below(fig, handles, labels, ncol=None) -> None:
     """The figure's one legend, below its panels, and the panels laid out
-    above it: the room left for it grows with its rows."""
-    rows = 0
+    above it: at most `ncol` columns (4 by default), fewer where its entries are
+    too wide for the figure (wrapped where one is wider than the figure), and the
+    room left for it grows with its lines."""
+    lines = 0
     if labels:
-        ncol = ncol or min(len(labels), 4)
-        rows = math.ceil(len(labels) / ncol)
-        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+        texts, columns, lines = legend_layout(list(labels), fig.get_size_inches()[0], ncol or 4)
+        fig.legend(handles, texts, loc="lower center", ncol=columns, fontsize=8, frameon=False)
     height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, min(0.4, (LEGEND_ROW_INCHES * rows + 0.25 * bool(rows)) / height), 1, 1))
+    fig.tight_layout(rect=(0, min(0.4, (LEGEND_ROW_INCHES * lines + 0.25 * bool(lines)) / height), 1, 1))
 
 
 def panels(n: int, width: float = 3.4, height: float = 2.9):
