@@ -30,7 +30,7 @@ from attn.experiment import report_spec, verify
 from attn.experiment.spec import load_experiment
 from attn.report import claims_table, experiment_report
 from attn.store import runs
-from attn.text import and_list, markdown_table
+from attn.text import and_list, format_value, markdown_table, number_said
 
 HEADLINE = "sqrt_dk"
 # README's line for each other experiment: these first, in this order, then the boundary experiments by number
@@ -130,9 +130,7 @@ def on_earlier_plateau_rule(report: dict) -> list[str]:
     said = str(report.get("definitions", ""))  # as read, or made markdown_safe (its < and > escaped)
     if not any(rule in said for rule in (outcomes.EARLIER_PLATEAU_RULE, markdown_safe(outcomes.EARLIER_PLATEAU_RULE))):
         return []
-    return [
-        e["id"] for e in report["expectations"] if str(e.get("rule", "")).split(" ", 1)[0] in outcomes.PLATEAU_STATS
-    ]
+    return [e["id"] for e in report["expectations"] if claims_table.rule_stat(e) in outcomes.PLATEAU_STATS]
 
 
 def _claim_id(expectation: dict) -> str:
@@ -242,12 +240,14 @@ def flips_said(result: dict) -> str:
 
 
 def x_ranges(report: dict, names: dict[str, str]) -> list[str]:
-    """'d_k 16 to 1048576 (8 values)': each numeric x key of the report's layout over the values its cells ran."""
+    """'d_k 16 to 1048576 (8 values)': each numeric x key of the report's layout over the values its cells ran
+    (none for a key with one value, or with values that are not numbers)."""
     ranges = []
     for key in (report.get("layout") or {}).get("x", []):
-        values = {c["settings"].get(key) for c in report.get("cells", [])} - {None}
+        values = {(c.get("settings") or {}).get(key) for c in report.get("cells", [])} - {None}
         if len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            ranges.append(f"{names.get(key, key)} {min(values)} to {max(values)} ({len(values)} values)")
+            low, high = format_value(min(values)), format_value(max(values))
+            ranges.append(f"{names.get(key, key)} {low} to {high} ({len(values)} values)")
     return ranges
 
 
@@ -352,10 +352,14 @@ def verdicts_by_point(report: dict) -> list[str]:
     if len(at) < 2:
         return []
 
-    def said(e: dict) -> str:
+    earlier = set(on_earlier_plateau_rule(report))
+
+    def said(e: dict) -> str:  # its id, its effect, and the marks verdict_lines gives it
         effect = e["points"][0].get("effect") or {}
-        value = effect.get("value")
-        return f"`{e['id']}`" + (f" ({effect.get('name', 'effect')} {value:.3g})" if isinstance(value, float) else "")
+        marks = [f"{effect['name']} {number_said(effect.get('value'))}"] if "name" in effect else []
+        marks += [report_spec.EDITED_SAID] if e.get("edited_after_runs") else []
+        marks += ["under the earlier definition of stalled"] if e["id"] in earlier else []
+        return f"`{e['id']}`" + (f" ({'; '.join(marks)})" if marks else "")
 
     rows = [
         [" / ".join(map(str, x))]
@@ -365,8 +369,9 @@ def verdicts_by_point(report: dict) -> list[str]:
         ]
         for x, claims in at.items()
     ]
-    names = short_names(list((report.get("layout") or {}).get("x", [])))
-    x_said = " / ".join(names.values()) or "x"
+    layout = report.get("layout") or {}
+    names = short_names([*layout.get("x", []), *([layout["best_of"]] if layout.get("best_of") else [])])
+    x_said = " / ".join(names[k] for k in layout.get("x", [])) or "x"
     return [
         f"The claims judged at one {x_said} each, by where they are judged:",
         "",

@@ -70,3 +70,11 @@ def json_number(value):
 def settings_json(settings) -> dict:
     """A cell's settings as its report's JSON has them (value_of, json_number): the key of a cell across reports."""
     return {k: json_number(value_of(v)) for k, v in dict(settings).items()}
+
+
+def number_said(value) -> str:
+    """A statistic in a sentence or a table: 3 significant figures; a string ('inf') as it is; '—' for no
+    number (None, NaN)."""
+    if isinstance(value, str):
+        return value
+    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"

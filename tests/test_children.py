@@ -154,6 +154,15 @@ def test_a_childs_stderr_lines_are_handed_on_as_they_come_and_returned_whole(tmp
         [sys.executable, "-c", child], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, on_line=on_line
     )
     assert (done.returncode, seen, done.stderr) == (0, ["first", "second"], "first\nsecond\n")
+
+    def closed(line):
+        raise BrokenPipeError(32, "Broken pipe")  # where the lines went is gone, as `attn verify | head` leaves it
+
+    child = "import sys; sys.stderr.buffer.write(b'one\\xff\\n'); print('two', file=sys.stderr); sys.exit(3)"
+    done = processes.run_child(
+        [sys.executable, "-c", child], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, on_line=closed
+    )
+    assert (done.returncode, done.stderr) == (3, "one\ufffd\ntwo\n"), "the child ran to its end, every line kept"
     with pytest.raises(ValueError, match="on_line"):
         processes.run_child([sys.executable, "-c", "pass"], on_line=print)
 

@@ -281,6 +281,21 @@ def test_the_experiment_mechanism_figure_says_what_it_measures_with_x_labels_apa
     assert all(box.y1 <= ax.get_tightbbox(renderer).y0 for ax in fig.axes)  # below the panels
 
 
+def test_a_legend_of_many_long_entries_below_one_panel_grows_the_figure_and_stays_below_the_panel():
+    fig, (ax,) = experiment_figures.panels(1)
+    height = fig.get_size_inches()[1]
+    labels = [f"qk_gain_exponent={g}, qk_lr_exponent={r}, optim.name=adamw" for g in (0, -0.25) for r in (0, 1, -1)]
+    handles = [ax.plot([0, 1], [i, i])[0] for i in range(len(labels))]
+    experiment_figures.legend_below(fig, handles, labels)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(renderer), fig.bbox
+    assert fig.get_size_inches()[1] > height
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0
+    assert box.y1 <= ax.get_tightbbox(renderer).y0
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """`attn demo` on a budget where the scaled head has learned (200 steps), twice."""

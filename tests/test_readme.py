@@ -55,22 +55,32 @@ def api_table() -> dict[str, str]:
 
 def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_report():
     """The words before the two commands say what experiments found: each claim they cite by id (`a-claim-id`)
-    is one of a published report's, confirmed there, and the paragraph names that experiment."""
+    is confirmed as run in the report of an experiment the paragraph names before it; where a published re-run
+    of a cited claim's experiment differs on a cited claim, the paragraph says how many claims its re-run
+    differs on."""
     opening = README.split("On a fresh machine", 1)[0]
-    cited = re.findall(r"`([a-z0-9]+(?:-[a-z0-9_]+)+)`", opening)
+    cited = [(m.start(), m.group(1)) for m in re.finditer(r"`([a-z0-9]+(?:-[a-z0-9_]+)+)`", opening)]
     assert len(cited) >= 4, opening
-    verdicts = {}
-    for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
-        for expectation in json.loads(path.read_text())["expectations"]:
-            verdicts[expectation["id"]] = (expectation["verdict"], path.parent.name)
-    for claim in cited:
-        assert claim in verdicts, f"{claim}: no published report has it"
-        verdict, experiment = verdicts[claim]
-        assert verdict == "confirmed", (claim, verdict, experiment)
+    results = REPO / "experiments" / "results"
+    flipped = set()
+    for at, claim in cited:
+        named = [name for name in re.findall(r"`([a-z0-9_]+)`", opening[:at]) if (results / name).is_dir()]
+        assert named, f"{claim}: no experiment named before it"
+        report = json.loads((results / named[-1] / "report.json").read_text())
+        verdicts = {e["id"]: e["verdict"] for e in report["expectations"]}
+        assert verdicts.get(claim) == "confirmed", (claim, named[-1], verdicts.get(claim))
+        verification = results / named[-1] / "verify.json"
+        rows = json.loads(verification.read_text())["expectations"] if verification.exists() else []
+        differing = [r["id"] for r in rows if not r["agree"]]
+        if claim in differing:
+            flipped.add((named[-1], len(differing)))
+    for experiment, count in flipped:
+        words = {2: "two", 3: "three", 4: "four", 5: "five"}.get(count, str(count))
+        assert f"differs on {words} claims" in opening, (experiment, count)
 
 
 def test_the_headlines_scope_line_names_the_widths_it_ran():
-    """The scope line says over which d_k the headline's claims hold (the paper's own 64 among them)."""
+    """The scope line names the d_k values the headline's cells ran (the paper's own 64 among them)."""
     report = json.loads((REPO / "experiments" / "results" / results_text.HEADLINE / "report.json").read_text())
     widths = sorted({c["settings"]["model.d_k"] for c in report["cells"]})
     line = next(line for line in README.splitlines() if line.startswith("**The headline**"))

@@ -11,7 +11,7 @@ import re
 from attn.analysis.verdicts import CONFIRMED, NOT_CONFIRMED
 from attn.experiment import report_spec
 from attn.report.conclusion import effect_bound
-from attn.text import format_value, markdown_table
+from attn.text import format_value, markdown_table, number_said
 
 TEST_NAMES = {"interval": "95% interval", "mcnemar": "exact McNemar", "sign": "sign test", "fisher": "Fisher's exact"}
 
@@ -26,7 +26,7 @@ def findings_table(expectations: list[dict], x_name: str, setting_name: str | No
             e["verdict"] + (f" ({standing})" if (standing := claim_standing(e)) else ""),
             effect_said(e, x_name, setting_name),
             TEST_NAMES.get(e.get("test", "interval"), str(e.get("test")))
-            + ("" if e.get("test", "interval") == "interval" else f", Holm p {_number(e.get('p_holm'))}"),
+            + ("" if e.get("test", "interval") == "interval" else f", Holm p {number_said(e.get('p_holm'))}"),
         ]
         for e in expectations
     ]
@@ -110,18 +110,24 @@ def _finite_or(value: float, instead: float) -> float:
     return instead if math.isnan(value) else value
 
 
+def rule_stat(expectation: dict) -> str:
+    """The statistic a judged claim's rule is on ('success_rate', 'stall_rate', ...): its rule's first word."""
+    return str(expectation.get("rule", "")).split(" ", 1)[0]
+
+
 def _point_numbers(point: dict, expectation: dict) -> str:
     if "note" in point:
         return str(point["note"])
     if "effect" in point:
         e = point["effect"]
-        return f"{e['name']} {effect_bound(e)}{_number(e['value'])} [{_number(e['low'])}, {_number(e['high'])}]"
-    stat = str(expectation.get("rule", "")).split(" ", 1)[0]
-    said = f"{_number(point.get('value'))} [{_number(point.get('low'))}, {_number(point.get('high'))}]"
+        bounds = f"[{number_said(e['low'])}, {number_said(e['high'])}]"
+        return f"{e['name']} {effect_bound(e)}{number_said(e['value'])} {bounds}"
+    stat = rule_stat(expectation)
+    said = f"{number_said(point.get('value'))} [{number_said(point.get('low'))}, {number_said(point.get('high'))}]"
     if "other_value" in point:
         said += (
-            f" vs {_number(point['other_value'])} "
-            f"[{_number(point.get('other_low'))}, {_number(point.get('other_high'))}]"
+            f" vs {number_said(point['other_value'])} "
+            f"[{number_said(point.get('other_low'))}, {number_said(point.get('other_high'))}]"
         )
     return f"{stat.replace('_', ' ')} {said}" if stat in report_spec.STATS else said
 
@@ -151,10 +157,3 @@ def _as_float(value, missing: float) -> float:
     if value in ("inf", "-inf"):
         return float(value)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else missing
-
-
-def _number(value) -> str:
-    """3 significant figures; 'inf' as it is; '—' for no number (None, NaN)."""
-    if isinstance(value, str):
-        return value
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"

@@ -101,7 +101,7 @@ def legend_layout(texts: list[str], width: float, most: int | None = None) -> tu
     chars = max(10, int((width - HANDLE_INCHES) / CHAR_INCHES))
     wrapped = [textwrap.fill(text, chars) for text in texts]
     widest = max(max(len(line) for line in text.split("\n")) for text in wrapped) * CHAR_INCHES + HANDLE_INCHES
-    columns = max(1, min(len(wrapped), int(width // widest), most or len(wrapped)))
+    columns = max(1, min(len(wrapped), int(width // widest), len(wrapped) if most is None else most))
     rows = [wrapped[i : i + columns] for i in range(0, len(wrapped), columns)]
     return wrapped, columns, sum(max(text.count("\n") + 1 for text in row) for row in rows)
 

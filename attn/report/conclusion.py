@@ -21,7 +21,7 @@ from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import CellResult, in_order
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED, Layout
-from attn.text import format_value
+from attn.text import format_value, number_said
 
 
 def _others(cell: CellResult) -> str:
@@ -238,10 +238,6 @@ def scope(experiment) -> str:
     )
 
 
-def _number(value) -> str:
-    return "—" if value is None or (isinstance(value, float) and value != value) else f"{value:.3g}"
-
-
 def effect_bound(effect: dict) -> str:
     """'at most ' before an effect whose point is a bound (a median not reached), else ''."""
     return f"{effect['bound']} " if effect.get("bound") else ""
@@ -261,15 +257,16 @@ def _evidence(j: dict, layout: Layout) -> str:
             e = p["effect"]
             seeds = f"{p['n']} and {p['other_n']} seeds" if j.get("test") == "fisher" else f"{p['pairs']} paired seeds"
             parts.append(
-                f"{where}: {e['name']} {effect_bound(e)}{_number(e['value'])} "
-                f"[{_number(e['low'])}, {_number(e['high'])}] "
-                f"over {seeds}, one-sided p {_number(p['p'])}"
+                f"{where}: {e['name']} {effect_bound(e)}{number_said(e['value'])} "
+                f"[{number_said(e['low'])}, {number_said(e['high'])}] "
+                f"over {seeds}, one-sided p {number_said(p['p'])}"
             )
         else:
             parts.append(
-                f"{where}: {_number(p['value'])} [{_number(p['low'])}, {_number(p['high'])}]"
+                f"{where}: {number_said(p['value'])} [{number_said(p['low'])}, {number_said(p['high'])}]"
                 + (
-                    f" vs {_number(p['other_value'])} [{_number(p['other_low'])}, {_number(p['other_high'])}]"
+                    f" vs {number_said(p['other_value'])} "
+                    f"[{number_said(p['other_low'])}, {number_said(p['other_high'])}]"
                     if "other_value" in p
                     else ""
                 )
@@ -292,7 +289,8 @@ def headline(judged: list[dict], layout: Layout, scope_text: str) -> str:
         how = (
             "by 95% intervals"
             if test == "interval"
-            else f"by {test_name} test, Holm-adjusted p {_number(j.get('p_holm'))} at level {_number(j.get('alpha'))}"
+            else f"by {test_name} test, Holm-adjusted p {number_said(j.get('p_holm'))} "
+            f"at level {number_said(j.get('alpha'))}"
         )
         frozen = ("" if j.get("frozen") in (None, "as frozen") else f", {j['frozen']}") + (
             ", edited after its runs" if j.get("edited_after_runs") else ""

@@ -74,6 +74,7 @@ def arm_colors(arms: list[tuple]) -> dict[tuple, str]:
 
 
 LEGEND_ROW_INCHES = 0.22  # the height of one row of a legend at fontsize 8
+LEGEND_SHARE = 0.4  # the most of a figure's height its legend takes before the figure grows for it
 DODGE_SPAN = 0.36  # series drawn side by side at one x spread over at most this (decades, or categories)
 X_MARGIN_DECADES = 0.25  # a log x axis reaches this far beyond the first and last x: room for dodged error bars
 
@@ -153,14 +154,18 @@ def wrapped_title(ax, text: str, fontsize: float = 9) -> None:
 def legend_below(fig, handles, labels, ncol=None) -> None:
     """The figure's one legend, below its panels, and the panels laid out
     above it: at most `ncol` columns (4 by default), fewer where its entries are
-    too wide for the figure (wrapped where one is wider than the figure), and the
-    room left for it grows with its lines."""
+    too wide for the figure (wrapped where one is wider than the figure); the
+    room left for it grows with its lines, and the figure with them past LEGEND_SHARE."""
     lines = 0
+    width, height = fig.get_size_inches()
     if labels:
-        texts, columns, lines = legend_layout(list(labels), fig.get_size_inches()[0], ncol or 4)
+        texts, columns, lines = legend_layout(list(labels), width, ncol or 4)
         fig.legend(handles, texts, loc="lower center", ncol=columns, fontsize=8, frameon=False)
-    height = fig.get_size_inches()[1]
-    fig.tight_layout(rect=(0, min(0.4, (LEGEND_ROW_INCHES * lines + 0.25 * bool(lines)) / height), 1, 1))
+    room = LEGEND_ROW_INCHES * lines + 0.25 * bool(lines)
+    if room > LEGEND_SHARE * height:  # a legend of many lines: the figure grows by it, its panels keep their room
+        height += room - LEGEND_SHARE * height
+        fig.set_size_inches(width, height)
+    fig.tight_layout(rect=(0, room / height, 1, 1))
 
 
 def panels(n: int, width: float = 3.4, height: float = 2.9):

@@ -102,7 +102,8 @@ def run_child(
     dies without a word (SIGKILL). Returns the finished process, as
     subprocess.run does. `on_line`, with stderr=PIPE (text, stdout not a
     pipe): each line of the child's stderr as it comes, without its newline
-    (a long child's progress), all of them returned as well."""
+    (a long child's progress), all of them returned as well; once it fails
+    to pass a line on (OSError: a closed pipe), the rest are only returned."""
     if on_line is not None and (stderr != subprocess.PIPE or stdout == subprocess.PIPE or not text):
         raise ValueError("run_child: on_line reads a text stderr pipe, beside a stdout that is not a pipe")
     parent = os.getpid()
@@ -136,6 +137,7 @@ def run_child(
             stdout=stdout,
             stderr=stderr,
             text=text,
+            errors="replace" if on_line is not None else None,  # a stray byte never ends the reading, nor the child
             start_new_session=True,
             preexec_fn=functools.partial(die_with, parent, on_death),
             cwd=cwd,
@@ -150,7 +152,11 @@ def run_child(
                 lines = []
                 for line in process.stderr:
                     lines.append(line)
-                    on_line(line.rstrip("\n"))
+                    if on_line is not None:
+                        try:
+                            on_line(line.rstrip("\n"))
+                        except OSError:  # where the lines go is gone (a closed pipe): the child carries on unheard
+                            on_line = None
                 out, err = None, "".join(lines)
                 process.stderr.close()
                 process.wait()
