@@ -153,7 +153,7 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check --quiet attn tests
 	$(VENV)/bin/ruff format --check --quiet attn tests
 
-## make test: lint, then the whole suite but the slow fault tests (under 2 minutes on 2 cores); installs the browser first.
+## make test: lint, then the whole suite but the slow fault tests (target: 2 minutes on 2 cores); installs the browser first.
 ## --dist loadscope: each test module runs on one worker, so a module-scoped fixture (a sweep, a trained pair, runs
 ## signalled through the CLI) is made once, not once on each worker that got some of its tests. Bytecode is cached
 ## (PYTHONDONTWRITEBYTECODE unset, __pycache__ is git-ignored): every worker and every attn child the tests start
