@@ -51,6 +51,24 @@ def test_a_diverged_record_stores_no_meaningless_accuracy_or_diagnostics(tmp_pat
     assert all(r["eval_accuracy"] is not None for r in records[:-1])
 
 
+@pytest.mark.parametrize("asked", [None, "2"])
+def test_attn_train_trains_with_one_blas_thread_unless_the_environment_asks_and_says_so(tmp_path, asked):
+    """A run from the command line trains with one BLAS thread, as a sweep's workers do (its bits are then the
+    sweep cell's, and no second thread spins for a busy core), unless OPENBLAS_NUM_THREADS asks for more; its
+    provenance records the count."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in common.THREAD_VARIABLES}
+    env |= {"CI": "true", "PYTHONPATH": str(REPO)} | ({"OPENBLAS_NUM_THREADS": asked} if asked else {})
+    command = [sys.executable, "-m", "attn", "train", *TINY, "train.steps=2", "--name", "r"]
+    done = subprocess.run(command + [f"runs_dir={tmp_path}"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    provenance = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["provenance"]
+    assert provenance["blas_threads"] == (1 if asked is None else min(int(asked), os.cpu_count() or 1))
+
+
 def test_norms_do_not_depend_on_blas_threads():
     """Logged norms use numpy's pairwise sum, not a BLAS dot whose threaded
     reduction order would change the last bits."""

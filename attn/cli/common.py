@@ -103,6 +103,21 @@ def flagged(flags: dict[str, str]):
         raise ConfigError(err.named(flags.get(err.argument, err.argument))) from None
 
 
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what BLAS reads as numpy loads
+
+
+def training_threads():
+    """The BLAS threads a run trains with from the command line: one, as a sweep's workers train, unless the
+    environment asks for others (THREAD_VARIABLES). The products are small: with the cores busy elsewhere, a
+    second BLAS thread that spins for a core it cannot get slowed a step several-fold, and the thread count
+    moves a run's bits, so `attn train` of a cell is that cell of a sweep, bit for bit."""
+    if any(os.environ.get(variable) for variable in THREAD_VARIABLES):
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def is_interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 

@@ -20,6 +20,7 @@ from attn.cli.common import (
     run_dir_argument,
     say,
     split_config_and_overrides,
+    training_threads,
 )
 from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
 from attn.config.schema import describe_schema, to_dict
@@ -96,14 +97,15 @@ def cmd_train(args) -> int:
     stop = StopFlag()
     restore_signals = install_stop_handlers(stop)
     try:
-        if args.resume is not None:
-            return _resume(args.resume, config_path, overrides, stop)
-        if args.fork is not None:
-            return _fork(args.fork, overrides, args.name, stop)
-        config = _load_run_config(config_path, overrides)
-        with lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
-            say(f"run directory: {run_dir}", file=sys.stderr)
-            return _train_and_report(config, run_dir, False, stop)
+        with training_threads():  # before the run's provenance, which records them
+            if args.resume is not None:
+                return _resume(args.resume, config_path, overrides, stop)
+            if args.fork is not None:
+                return _fork(args.fork, overrides, args.name, stop)
+            config = _load_run_config(config_path, overrides)
+            with lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
+                say(f"run directory: {run_dir}", file=sys.stderr)
+                return _train_and_report(config, run_dir, False, stop)
     finally:
         restore_signals()
 
@@ -253,8 +255,6 @@ def cmd_demo(args) -> int:
     them (one stack when they share their shapes) into --runs-dir, a run
     already finished there with the same config reused; then one figure of
     both (attn.report.demo), each run's outcome printed."""
-    from threadpoolctl import threadpool_limits
-
     from attn.config.loading import flatten_config
     from attn.config.schema import neutral_keys
     from attn.report import demo
@@ -270,7 +270,7 @@ def cmd_demo(args) -> int:
     stop = StopFlag()
     restore_signals = install_stop_handlers(stop)
     try:
-        with contextlib.ExitStack() as held:
+        with training_threads(), contextlib.ExitStack() as held:  # the threads before the runs' provenance
             for path, config in zip(DEMO_CONFIGS, configs):
                 reused = lifecycle.finished_run(config, Path(config.runs_dir), Path(path).stem)
                 if reused is not None:
@@ -281,8 +281,7 @@ def cmd_demo(args) -> int:
                 say(f"run directory: {run_dir}", file=sys.stderr)
                 run_dirs.append(run_dir)
                 fresh.append(runstate.prepare(config, run_dir))
-            with threadpool_limits(limits=1):  # the same numbers; two BLAS threads on products this small only thrash
-                failed = _train_demo(fresh, stop)
+            failed = _train_demo(fresh, stop)
     finally:
         restore_signals()
     summaries = [runs.read_summary(run_dir) or {} for run_dir in run_dirs]

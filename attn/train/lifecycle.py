@@ -73,8 +73,8 @@ def provenance(config_path: str | None, overrides) -> dict:
 
 def platform_facts() -> dict:
     """The machine a run is made on, for reports to name: the CPU model, the
-    BLAS numpy uses (library, version, kernel), OPENBLAS_CORETYPE and what
-    training does with subnormal floats (attn.train.denormals)."""
+    BLAS numpy uses (library, version, kernel), OPENBLAS_CORETYPE, its threads and
+    what training does with subnormal floats (attn.train.denormals)."""
     from threadpoolctl import threadpool_info
 
     libraries = [e for e in threadpool_info() if e.get("user_api") == "blas"]
@@ -84,6 +84,7 @@ def platform_facts() -> dict:
         "cpu": cpu_model(),
         "blas": ", ".join(blas) or "none found",
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "blas_threads": threads,  # a run's bits depend on them (attn.cli.common.training_threads)
         "denormals": denormals.training_mode(threads),
     }
 
