@@ -55,7 +55,7 @@ def test_a_diverged_record_stores_no_meaningless_accuracy_or_diagnostics(tmp_pat
 def test_attn_train_trains_with_one_blas_thread_unless_the_environment_asks_and_says_so(tmp_path, asked):
     """A run from the command line trains with one BLAS thread, as a sweep's workers do (its bits are then the
     sweep cell's, and no second thread spins for a busy core), unless OPENBLAS_NUM_THREADS asks for more; its
-    provenance records the count."""
+    provenance records the count, which a run continued from it takes."""
     import os
     import subprocess
     import sys
@@ -66,7 +66,14 @@ def test_attn_train_trains_with_one_blas_thread_unless_the_environment_asks_and_
     done = subprocess.run(command + [f"runs_dir={tmp_path}"], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     provenance = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["provenance"]
-    assert provenance["blas_threads"] == (1 if asked is None else min(int(asked), os.cpu_count() or 1))
+    threads = 1 if asked is None else min(int(asked), os.cpu_count() or 1)
+    assert provenance["blas_threads"] == threads
+    # a fork (as a resume) goes on with the threads its source recorded, the environment asking for none
+    env = {k: v for k, v in env.items() if k not in common.THREAD_VARIABLES}
+    fork = [sys.executable, "-m", "attn", "train", "--fork", str(tmp_path / "r"), "train.steps=4", "--name", "f"]
+    done = subprocess.run(fork + [f"runs_dir={tmp_path}"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load((tmp_path / "f" / "config.yaml").read_text())["provenance"]["blas_threads"] == threads
 
 
 def test_norms_do_not_depend_on_blas_threads():

@@ -106,16 +106,22 @@ def flagged(flags: dict[str, str]):
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what BLAS reads as numpy loads
 
 
-def training_threads():
+def training_threads(run_dir: Path | None = None):
     """The BLAS threads a run trains with from the command line: one, as a sweep's workers train, unless the
-    environment asks for others (THREAD_VARIABLES). The products are small: with the cores busy elsewhere, a
-    second BLAS thread that spins for a core it cannot get slowed a step several-fold, and the thread count
-    moves a run's bits, so `attn train` of a cell is that cell of a sweep, bit for bit."""
+    environment asks for others (THREAD_VARIABLES); a run continued (`run_dir`: resumed, forked) takes those
+    its provenance records, so that it goes on bit for bit. The products are small: with the cores busy
+    elsewhere, a second BLAS thread that spins for a core it cannot get slowed a step several-fold, and the
+    thread count moves a run's bits, so `attn train` of a cell is that cell of a sweep, bit for bit."""
     if any(os.environ.get(variable) for variable in THREAD_VARIABLES):
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
 
-    return threadpool_limits(limits=1, user_api="blas")
+    recorded = None
+    if run_dir is not None:
+        with contextlib.suppress(runs.RunError, OSError):  # an unreadable config is the resume's to refuse
+            recorded = (runs.read_run_config(run_dir).get("provenance") or {}).get("blas_threads")
+    threads = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1 else 1
+    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def is_interactive() -> bool:

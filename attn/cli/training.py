@@ -97,15 +97,14 @@ def cmd_train(args) -> int:
     stop = StopFlag()
     restore_signals = install_stop_handlers(stop)
     try:
-        with training_threads():  # before the run's provenance, which records them
-            if args.resume is not None:
-                return _resume(args.resume, config_path, overrides, stop)
-            if args.fork is not None:
-                return _fork(args.fork, overrides, args.name, stop)
-            config = _load_run_config(config_path, overrides)
-            with lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
-                say(f"run directory: {run_dir}", file=sys.stderr)
-                return _train_and_report(config, run_dir, False, stop)
+        if args.resume is not None:
+            return _resume(args.resume, config_path, overrides, stop)
+        if args.fork is not None:
+            return _fork(args.fork, overrides, args.name, stop)
+        config = _load_run_config(config_path, overrides)
+        with training_threads(), lifecycle.new_run(config, config_path, overrides, args.name) as run_dir:
+            say(f"run directory: {run_dir}", file=sys.stderr)  # the threads set before the provenance records them
+            return _train_and_report(config, run_dir, False, stop)
     finally:
         restore_signals()
 
@@ -128,7 +127,7 @@ def _load_run_config(config_path: str | None, overrides: list[str]):
 def _resume(text: str, config_path: str | None, overrides: list[str], stop: StopFlag) -> int:
     """--resume RUN [train.steps=N]: continue the run, or extend it to N steps."""
     run_dir = run_dir_argument(text, "--resume")
-    with locks.RunLock(run_dir, "train --resume"):  # before the checks: none can start it in between
+    with training_threads(run_dir), locks.RunLock(run_dir, "train --resume"):  # the lock before the checks
         requested = _load_run_config(config_path, overrides) if config_path else None
         resumption = lifecycle.check_resumable(run_dir, requested, () if config_path else overrides)
         state = resumption.state
@@ -162,7 +161,7 @@ def _fork(text: str, overrides: list[str], name: str | None, stop: StopFlag) -> 
         )
     source = run_dir_argument(source_text, "--fork")
     plan = lifecycle.plan_fork(source, step, overrides)
-    with lifecycle.new_fork(plan, overrides, name) as run_dir:
+    with training_threads(source), lifecycle.new_fork(plan, overrides, name) as run_dir:  # it goes on as its source
         state = lifecycle.prepare_resume(plan.config, run_dir)
         changed = "; ".join(plan.changes) or "no change: it continues as its source"
         say(f"forking {source} at step {plan.step} into {run_dir} ({changed})", file=sys.stderr)
