@@ -16,6 +16,7 @@ from helpers import billion_laughs, facts_in
 
 from attn import cli
 from attn.cli import common
+from attn.config import yamlio
 from attn.config.loading import build_spec, build_task, estimate_memory_bytes, load_config, memory_limit_bytes, replace
 from attn.config.schema import Config, all_keys, describe_schema, to_dict
 from attn.config.yamlio import ConfigError
@@ -314,8 +315,9 @@ def test_object_building_tags_are_refused(tmp_path, text):
         ("seed: &loop [*loop]\n", "recursive alias"),
         ("optim: &loop {lr: *loop}\n", "recursive alias"),
         ("seed: " + "[" * 2000 + "]" * 2000 + "\n", "nested deeper than"),
+        ("seed: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than"),  # libyaml's composer would crash
     ],
-    ids=["billion-laughs", "recursive-list", "recursive-mapping", "2000-deep"],
+    ids=["billion-laughs", "recursive-list", "recursive-mapping", "2000-deep", "100000-deep"],
 )
 def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, text, phrase):
     tracemalloc.start()
@@ -326,6 +328,39 @@ def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, t
         tracemalloc.stop()
     assert phrase in message
     assert peak < 5 << 20
+
+
+def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_does(tmp_path, monkeypatch):
+    """parse_yaml's libyaml path (yamlio.FAST_PARSE_CHARS) gives the values the pure parser gives, for the
+    configs and experiment files short enough to take it and a run's config.yaml as attn writes it."""
+    config = load_config(None, [f"runs_dir={tmp_path}", "optim.lr=1e-3"])
+    run_dir = lifecycle.create(config, name="r")
+    texts = {p: p.read_text() for p in [*(REPO / "configs").glob("*.yaml"), *(REPO / "experiments").glob("*.yaml")]}
+    texts[run_dir / "config.yaml"] = (run_dir / "config.yaml").read_text()
+    fast = {p: yamlio.parse_yaml(t, str(p)) for p, t in texts.items() if len(t) <= yamlio.FAST_PARSE_CHARS}
+    monkeypatch.setattr(yamlio, "FAST_PARSE_CHARS", -1)  # the pure parser alone
+    assert len(fast) >= 5 and run_dir / "config.yaml" in fast
+    for path, value in fast.items():
+        assert repr(value) == repr(yamlio.parse_yaml(texts[path], str(path))), path
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["seed: 3\nseed: 4\n", "optim: {lr: [1, 2}\n", "seed: 0o17\nname: 010\nlr: 1e-3\nat: 12:30:00\n", "a: \x01\n"],
+    ids=["duplicate", "unclosed", "core-schema", "control-character"],
+)
+def test_libyaml_and_the_pure_parser_refuse_and_read_alike(monkeypatch, text):
+    """A text libyaml refuses, or reads, gives the pure parser's message, or value."""
+
+    def parsed():
+        try:
+            return repr(yamlio.parse_yaml(text, "t.yaml"))
+        except ConfigError as err:
+            return str(err)
+
+    fast = parsed()
+    monkeypatch.setattr(yamlio, "FAST_PARSE_CHARS", -1)
+    assert fast == parsed()
 
 
 # ---------------------------------------------------------------------------
