@@ -7,7 +7,9 @@ YAML is read with a safe loader only (no object-constructing tags); duplicate
 keys, alias bombs, recursive aliases and deep nesting are refused. Plain
 scalars are numbers by the YAML 1.2 core schema: `1e-3` is a float, `010` is
 10 (not octal 8) and `12:30:00` is a string (not the sexagesimal 45000 of
-YAML 1.1). Files are read only when they are regular files under a size cap
+YAML 1.1). A text of at most FAST_PARSE_CHARS is parsed by libyaml where PyYAML
+has it, with these rules; anything libyaml refuses is parsed again by the pure
+parser, whose message is the one shown. Files are read only when they are regular files under a size cap
 (read_regular_file), so `/dev/zero` or a FIFO is refused at once. Every
 failure is one line (ConfigError) naming the source; show_value and truncate
 keep a value quoted in such a line short.
