@@ -7,7 +7,9 @@ The models under test are small; multi-threaded BLAS only adds contention
 test checks. OPENBLAS_CORETYPE is left as the environment sets it.
 """
 
+import errno
 import os
+import stat
 
 import pytest
 from threadpoolctl import threadpool_limits
@@ -21,11 +23,14 @@ import numpy as np  # noqa: E402  (after the thread variables, which BLAS reads 
 
 
 def fsync_checked(fd) -> None:
-    """os.fsync in the test processes: the descriptor checked (a closed one raises as fsync would), the wait
-    for the disk skipped. What fsync adds, a file on the disk after a power cut, no test can observe (a kill
-    leaves the page cache as written), and its waits were the suite's largest idle time. The calls are still
-    made, and counted where a test counts them; the processes tests start fsync as attn does."""
-    os.fstat(fd)
+    """os.fsync in the test processes: what it checks (a descriptor, or an object with fileno(), open on a
+    regular file or a directory: a closed one raises EBADF, a pipe EINVAL, as fsync would), without the
+    wait for the disk. What fsync adds, a file on the disk after a power cut, no test can observe (a kill
+    leaves the page cache as written), and its waits were the suite's largest idle time. The calls are
+    still made, and counted where a test counts them; the processes tests start fsync as attn does."""
+    mode = os.fstat(fd if isinstance(fd, int) else fd.fileno()).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
 
 
 os.fsync = fsync_checked

@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -330,27 +331,9 @@ def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, t
     assert peak < 5 << 20
 
 
-def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_does(tmp_path, monkeypatch):
-    """parse_yaml's libyaml path (yamlio.FAST_PARSE_CHARS) gives the values the pure parser gives, for the
-    configs and experiment files short enough to take it and a run's config.yaml as attn writes it."""
-    config = load_config(None, [f"runs_dir={tmp_path}", "optim.lr=1e-3"])
-    run_dir = lifecycle.create(config, name="r")
-    texts = {p: p.read_text() for p in [*(REPO / "configs").glob("*.yaml"), *(REPO / "experiments").glob("*.yaml")]}
-    texts[run_dir / "config.yaml"] = (run_dir / "config.yaml").read_text()
-    fast = {p: yamlio.parse_yaml(t, str(p)) for p, t in texts.items() if len(t) <= yamlio.FAST_PARSE_CHARS}
-    monkeypatch.setattr(yamlio, "FAST_PARSE_CHARS", -1)  # the pure parser alone
-    assert len(fast) >= 5 and run_dir / "config.yaml" in fast
-    for path, value in fast.items():
-        assert repr(value) == repr(yamlio.parse_yaml(texts[path], str(path))), path
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["seed: 3\nseed: 4\n", "optim: {lr: [1, 2}\n", "seed: 0o17\nname: 010\nlr: 1e-3\nat: 12:30:00\n", "a: \x01\n"],
-    ids=["duplicate", "unclosed", "core-schema", "control-character"],
-)
-def test_libyaml_and_the_pure_parser_refuse_and_read_alike(monkeypatch, text):
-    """A text libyaml refuses, or reads, gives the pure parser's message, or value."""
+def parsed_both_ways(monkeypatch, text: str) -> tuple[str, str]:
+    """parse_yaml's value (repr) or message for text, with libyaml where it takes the text, then by the
+    pure parser alone (as a PyYAML without libyaml)."""
 
     def parsed():
         try:
@@ -359,8 +342,83 @@ def test_libyaml_and_the_pure_parser_refuse_and_read_alike(monkeypatch, text):
             return str(err)
 
     fast = parsed()
-    monkeypatch.setattr(yamlio, "FAST_PARSE_CHARS", -1)
-    assert fast == parsed()
+    with monkeypatch.context() as patched:
+        patched.setattr(yamlio, "CParser", None)
+        return fast, parsed()
+
+
+def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_does(tmp_path, monkeypatch):
+    """parse_yaml gives the pure parser's values for every config and experiment file, and a run's
+    config.yaml as attn writes it is in the plain subset libyaml parses (yamlio.FAST_PARSE_REFUSED)."""
+    config = load_config(None, [f"runs_dir={tmp_path}", "optim.lr=1e-3"])
+    written = (lifecycle.create(config, name="r") / "config.yaml").read_text()
+    assert not yamlio.FAST_PARSE_REFUSED.search(written)
+    assert sum(map(written.count, "[{-:")) <= yamlio.FAST_PARSE_NESTING
+    for path in [*(REPO / "configs").glob("*.yaml"), *(REPO / "experiments").glob("*.yaml")]:
+        fast, pure = parsed_both_ways(monkeypatch, path.read_text())
+        assert fast == pure, path
+    fast, pure = parsed_both_ways(monkeypatch, written)
+    assert fast == pure
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seed: 3\nseed: 4\n",
+        "optim: {lr: [1, 2}\n",
+        "seed: 0o17\nname: 010\nlr: 1e-3\nat: 12:30:00\n",
+        "a: \x01\n",
+        "a:\t1\n",  # libyaml alone reads a tab as a space
+        "a: [x?y]\n",
+        "a: |# c\n  x\n",
+        "[!!str, a]\n",
+        "a: !\n",  # libyaml alone reads an empty tag's value as ''
+        "---\n\ufeffa: 1\n",
+        "a: 1\n\ufeff",
+        "a: !!timestamp 2001-13-45\n",  # a tag's constructor refusing: one line, not a traceback
+        "seed: " + "[" * 4000 + "]" * 4000 + "\n",
+    ],
+    ids=[
+        "duplicate",
+        "unclosed",
+        "core-schema",
+        "control-character",
+        "tab",
+        "question-mark",
+        "block-header-comment",
+        "tag-comma",
+        "empty-tag",
+        "later-bom",
+        "trailing-bom",
+        "bad-timestamp",
+        "4000-deep",
+    ],
+)
+def test_libyaml_and_the_pure_parser_refuse_and_read_alike(monkeypatch, text):
+    """A text gives the pure parser's message, or value, whether or not libyaml is there."""
+    fast, pure = parsed_both_ways(monkeypatch, text)
+    assert fast == pure
+
+
+def test_deep_nesting_is_refused_on_a_small_thread_stack_without_a_crash():
+    """4,000 levels (libyaml's recursive composer needs more stack than a 512 KiB thread has for them) are
+    refused in one line: such a text never reaches libyaml (yamlio.FAST_PARSE_NESTING)."""
+    said = []
+
+    def parse():
+        try:
+            yamlio.parse_yaml("seed: " + "[" * 4000 + "]" * 4000 + "\n", "t.yaml")
+        except ConfigError as err:
+            said.append(str(err))
+
+    before = threading.stack_size(512 << 10)
+    try:
+        thread = threading.Thread(target=parse)
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(before)
+    assert said and "nested deeper than" in said[0]
 
 
 # ---------------------------------------------------------------------------

@@ -29,8 +29,10 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from attn import cli
 from attn.cli import common
+from attn.config import yamlio
 from attn.config.loading import load_config
 from attn.config.schema import all_keys
+from attn.config.yamlio import ConfigError, dump_yaml
 from attn.store import runs
 from attn.train import lifecycle
 
@@ -161,6 +163,38 @@ def test_any_config_file_is_read_or_refused_in_one_line(contents):
         path = root / "config.yaml"
         path.write_bytes(contents)
         call_changing_nothing(root, "config", path)
+
+
+# Texts in the plain subset of YAML that attn parses with libyaml (attn.config.yamlio.FAST_PARSE_REFUSED), from
+# the pieces of YAML's syntax and of the core schema's scalars
+PLAIN_PIECES = [
+    *["a", "key", "x y", ":", ": ", " ", "  ", "\n", "\n", "- ", "-", "[", "]", "{", "}", ",", ", ", "---", "...", "#"],
+    *[" # c", '"', "'", "\\", "\\x41", "\\u00e9", "%", "%YAML 1.1\n", "@", "`", "=", "<<", "<<: ", "~", "null"],
+    *["010", "0o17", "0x1F", "1e3", "-0.0", "+0", ".nan", "-.inf", ".5", "1.", "12:30:00", "2001-12-14", "true"],
+    *["yes", "1_000", "0b101", "1e400", "9" * 40, "9" * 120, "2001-12-14 21:59:43.10 -5", "'a''b'", '"a\\"b"'],
+]
+plain_yaml = st.lists(st.sampled_from(PLAIN_PIECES), max_size=30).map("".join)
+
+
+def parsed(text: str) -> str:
+    """parse_yaml's value (repr) or one-line message."""
+    try:
+        return repr(yamlio.parse_yaml(text, "t.yaml"))
+    except ConfigError as err:
+        return str(err)
+
+
+@settings(max_examples=5000 if CAMPAIGN else 300)
+@given(text=st.one_of(plain_yaml, config_data.map(dump_yaml)))
+def test_libyaml_and_the_pure_parser_read_any_plain_yaml_alike(text):
+    """Where libyaml takes a text it gives the pure parser's value, and where it refuses, the pure
+    parser's message is shown."""
+    with_libyaml = parsed(text)
+    cparser, yamlio.CParser = yamlio.CParser, None  # the pure parser alone, as a PyYAML without libyaml
+    try:
+        assert with_libyaml == parsed(text)
+    finally:
+        yamlio.CParser = cparser
 
 
 @given(

@@ -7,9 +7,10 @@ YAML is read with a safe loader only (no object-constructing tags); duplicate
 keys, alias bombs, recursive aliases and deep nesting are refused. Plain
 scalars are numbers by the YAML 1.2 core schema: `1e-3` is a float, `010` is
 10 (not octal 8) and `12:30:00` is a string (not the sexagesimal 45000 of
-YAML 1.1). A text of at most FAST_PARSE_CHARS is parsed by libyaml where PyYAML
-has it, with these rules; anything libyaml refuses is parsed again by the pure
-parser, whose message is the one shown. Files are read only when they are regular files under a size cap
+YAML 1.1). A text in a plain subset of YAML (a run's config.yaml: no tags,
+anchors or block scalars, FAST_PARSE_REFUSED) is parsed by libyaml where PyYAML
+has it, with these rules; any other text, and anything libyaml refuses, by the
+pure parser, whose message is the one shown. Files are read only when they are regular files under a size cap
 (read_regular_file), so `/dev/zero` or a FIFO is refused at once. Every
 failure is one line (ConfigError) naming the source; show_value and truncate
 keep a value quoted in such a line short.
@@ -179,10 +180,16 @@ def _check_expansion(root, source: str) -> None:
             stack.extend((child, depth + 1) for pair in node.value for child in pair)
 
 
-# libyaml's parser and composer in C (when PyYAML has them), the resolvers and constructors _StrictLoader's: the
-# same values about nine times as fast. Only for text this short: its composer recurses once a nesting level
-# and overflows the C stack near 100,000 of them, so a text of at most this many characters cannot reach it.
-FAST_PARSE_CHARS = 4096
+# libyaml's parser and composer in C (when PyYAML has them) with _StrictLoader's resolvers and constructors: the
+# same values several times as fast, for a text in the plain subset where the two parsers were found to agree (a
+# differential fuzz): printable ASCII and newlines, with no tag (!), anchor or alias (&, *), complex key (?) or
+# block scalar (|, >); libyaml alone reads a tab as a space, an empty `!` tag as '' and a later BOM as nothing.
+# A run's config.yaml is such a text; a config or experiment file with a block scalar is not.
+FAST_PARSE_REFUSED = re.compile(r"[^\n\x20-\x7e]|[!&*?|>]")
+# and with at most this many of the characters a nesting level needs ([, {, -, :): libyaml's composer recurses
+# once a level, about 300 bytes of C stack each, and crashes the process where the stack runs out (a few
+# thousand levels on a small thread's stack); the pure parser refuses deep nesting in one line
+FAST_PARSE_NESTING = 256
 
 
 try:
@@ -193,8 +200,8 @@ except ImportError:  # a PyYAML built without libyaml: _StrictLoader parses ever
 if CParser is not None:
 
     class _StrictCLoader(CParser, _StrictLoader):
-        """_StrictLoader with libyaml's parser and composer: it accepts the documents _StrictLoader does, with
-        the same values; anything it refuses, or nests deeper than MAX_YAML_DEPTH, parse_yaml gives to
+        """_StrictLoader with libyaml's parser and composer, for _fast_parse's plain subset of YAML (there
+        the two agree); anything it refuses, or that nests deeper than MAX_YAML_DEPTH, parse_yaml gives to
         _StrictLoader, whose message it is."""
 
         def __init__(self, stream):
@@ -204,9 +211,9 @@ if CParser is not None:
 
 
 def _fast_parse(text: str, source: str):
-    """text's value by _StrictCLoader; None where _StrictLoader must decide (libyaml absent, text too long or
-    with a character the pure reader refuses, or anything refused)."""
-    if CParser is None or len(text) > FAST_PARSE_CHARS or yaml.reader.Reader.NON_PRINTABLE.search(text):
+    """(text's value,) by _StrictCLoader; None where _StrictLoader must decide: libyaml absent, text outside
+    the plain subset (FAST_PARSE_REFUSED) or nesting deeper than FAST_PARSE_NESTING could, or refused."""
+    if CParser is None or FAST_PARSE_REFUSED.search(text) or sum(map(text.count, "[{-:")) > FAST_PARSE_NESTING:
         return None
     try:
         loader = _StrictCLoader(text)
@@ -218,7 +225,7 @@ def _fast_parse(text: str, source: str):
             return (loader.construct_document(node),)
         finally:
             loader.dispose()
-    except (yaml.YAMLError, ConfigError):
+    except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OverflowError):  # ConfigError too
         return None
 
 
@@ -233,7 +240,11 @@ def parse_yaml(text: str, source: str):
             if node is None:
                 return None
             _check_expansion(node, source)
-            return loader.construct_document(node)
+            try:
+                return loader.construct_document(node)
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
+                # a standard tag's constructor given what it cannot build (`!!timestamp 2001-13-45`)
+                raise ConfigError(f"{source}: not valid YAML: a tagged value that cannot be built: {err}") from None
         finally:
             loader.dispose()
     except yaml.YAMLError as err:
