@@ -76,7 +76,7 @@ def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_re
             flipped.add((named[-1], len(differing)))
     for experiment, count in flipped:
         words = {2: "two", 3: "three", 4: "four", 5: "five"}.get(count, str(count))
-        assert f"differs on {words} claims" in opening, (experiment, count)
+        assert re.search(rf"differs? on {words} claims", opening), (experiment, count)
 
 
 def test_the_headlines_scope_line_names_the_widths_it_ran():
