@@ -57,7 +57,7 @@ def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_re
     """The words before the two commands say what experiments found: each claim they cite by id (`a-claim-id`)
     is confirmed as run in the report of an experiment the paragraph names before it; where a published re-run
     of a cited claim's experiment differs on a cited claim, the paragraph says how many claims its re-run
-    differs on."""
+    differs on; a re-run it says agrees on every verdict does."""
     opening = README.split("On a fresh machine", 1)[0]
     cited = [(m.start(), m.group(1)) for m in re.finditer(r"`([a-z0-9]+(?:-[a-z0-9_]+)+)`", opening)]
     assert len(cited) >= 4, opening
@@ -74,6 +74,10 @@ def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_re
         differing = [r["id"] for r in rows if not r["agree"]]
         if claim in differing:
             flipped.add((named[-1], len(differing)))
+    for said in re.finditer(r"re-run in (\w+) agrees on every verdict", opening):
+        named = [name for name in re.findall(r"`([a-z0-9_]+)`", opening[: said.start()]) if (results / name).is_dir()]
+        rows = json.loads((results / named[-1] / "verify.json").read_text())["expectations"]
+        assert all(r["verdicts"][said.group(1)] == r["verdicts"]["as run"] for r in rows), (named[-1], said.group(0))
     for experiment, count in flipped:
         words = {2: "two", 3: "three", 4: "four", 5: "five"}.get(count, str(count))
         assert re.search(rf"differs? on {words} claims", opening), (experiment, count)
