@@ -210,22 +210,31 @@ if CParser is not None:
             yaml.resolver.Resolver.__init__(self)
 
 
+# what a standard tag's constructor raises given what it cannot build (`!!timestamp 2001-13-45`)
+CONSTRUCTOR_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError)
+
+
+def _load(loader_class, text: str, source: str):
+    """text's value by loader_class: composed, its expansion checked (_check_expansion), then constructed."""
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _fast_parse(text: str, source: str):
     """(text's value,) by _StrictCLoader; None where _StrictLoader must decide: libyaml absent, text outside
     the plain subset (FAST_PARSE_REFUSED) or nesting deeper than FAST_PARSE_NESTING could, or refused."""
     if CParser is None or FAST_PARSE_REFUSED.search(text) or sum(map(text.count, "[{-:")) > FAST_PARSE_NESTING:
         return None
     try:
-        loader = _StrictCLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            _check_expansion(node, source)
-            return (loader.construct_document(node),)
-        finally:
-            loader.dispose()
-    except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OverflowError):  # ConfigError too
+        return (_load(_StrictCLoader, text, source),)
+    except (yaml.YAMLError, *CONSTRUCTOR_ERRORS):  # ConfigError (a ValueError) too
         return None
 
 
@@ -234,19 +243,9 @@ def parse_yaml(text: str, source: str):
     if (parsed := _fast_parse(text, source)) is not None:
         return parsed[0]
     try:
-        loader = _StrictLoader(text)
-        try:
-            node = loader.get_single_node()
-            if node is None:
-                return None
-            _check_expansion(node, source)
-            try:
-                return loader.construct_document(node)
-            except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
-                # a standard tag's constructor given what it cannot build (`!!timestamp 2001-13-45`)
-                raise ConfigError(f"{source}: not valid YAML: a tagged value that cannot be built: {err}") from None
-        finally:
-            loader.dispose()
+        return _load(_StrictLoader, text, source)
+    except ConfigError:
+        raise
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
@@ -254,6 +253,8 @@ def parse_yaml(text: str, source: str):
         if "could not determine a constructor" in str(err):
             problem = f"{problem} (tags that build objects are not allowed)"
         raise ConfigError(f"{source}: not valid YAML:{where} {problem}") from None
+    except CONSTRUCTOR_ERRORS as err:
+        raise ConfigError(f"{source}: not valid YAML: a tagged value that cannot be built: {err}") from None
 
 
 FILE_KINDS = (
