@@ -10,8 +10,9 @@ scalars are numbers by the YAML 1.2 core schema: `1e-3` is a float, `010` is
 YAML 1.1). A text in a plain subset of YAML (a run's config.yaml: no tags,
 anchors or block scalars, FAST_PARSE_REFUSED) is parsed by libyaml where PyYAML
 has it, with these rules; any other text, and anything libyaml refuses, by the
-pure parser, whose message is the one shown. Files are read only when they are regular files under a size cap
-(read_regular_file), so `/dev/zero` or a FIFO is refused at once. Every
+pure parser, whose message is the one shown. Files are read only when they are
+regular files under a size cap (read_regular_file), so `/dev/zero` or a FIFO is
+refused at once. Every
 failure is one line (ConfigError) naming the source; show_value and truncate
 keep a value quoted in such a line short.
 """
