@@ -15,6 +15,25 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 METRIC_TIMING_KEYS = ("wall_time", "steps_per_sec")  # the metric record fields (attn.train.loop) that vary run to run
 
 
+def parsed_with_and_without_libyaml(text: str) -> tuple[str, str]:
+    """attn.config.yamlio.parse_yaml's value (repr) or one-line message for text: with libyaml where it takes
+    the text, then by the pure parser alone (as a PyYAML without libyaml)."""
+    from attn.config import yamlio
+
+    def parsed():
+        try:
+            return repr(yamlio.parse_yaml(text, "t.yaml"))
+        except yamlio.ConfigError as err:
+            return str(err)
+
+    with_libyaml = parsed()
+    cparser, yamlio.CParser = yamlio.CParser, None
+    try:
+        return with_libyaml, parsed()
+    finally:
+        yamlio.CParser = cparser
+
+
 def without_timing(records: list[dict]) -> list[dict]:
     """Metric records minus the fields that vary run to run (wall time, speed)."""
     return [{k: v for k, v in r.items() if k not in METRIC_TIMING_KEYS} for r in records]

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import billion_laughs, facts_in
+from helpers import billion_laughs, facts_in, parsed_with_and_without_libyaml
 
 from attn import cli
 from attn.cli import common
@@ -331,23 +331,7 @@ def test_alias_bombs_and_deep_nesting_are_refused_without_blowing_up(tmp_path, t
     assert peak < 5 << 20
 
 
-def parsed_both_ways(monkeypatch, text: str) -> tuple[str, str]:
-    """parse_yaml's value (repr) or message for text, with libyaml where it takes the text, then by the
-    pure parser alone (as a PyYAML without libyaml)."""
-
-    def parsed():
-        try:
-            return repr(yamlio.parse_yaml(text, "t.yaml"))
-        except ConfigError as err:
-            return str(err)
-
-    fast = parsed()
-    with monkeypatch.context() as patched:
-        patched.setattr(yamlio, "CParser", None)
-        return fast, parsed()
-
-
-def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_does(tmp_path, monkeypatch):
+def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_does(tmp_path):
     """parse_yaml gives the pure parser's values for every config and experiment file, and a run's
     config.yaml as attn writes it is in the plain subset libyaml parses (yamlio.FAST_PARSE_REFUSED)."""
     config = load_config(None, [f"runs_dir={tmp_path}", "optim.lr=1e-3"])
@@ -355,9 +339,9 @@ def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_do
     assert not yamlio.FAST_PARSE_REFUSED.search(written)
     assert sum(map(written.count, "[{-:")) <= yamlio.FAST_PARSE_NESTING
     for path in [*(REPO / "configs").glob("*.yaml"), *(REPO / "experiments").glob("*.yaml")]:
-        fast, pure = parsed_both_ways(monkeypatch, path.read_text())
+        fast, pure = parsed_with_and_without_libyaml(path.read_text())
         assert fast == pure, path
-    fast, pure = parsed_both_ways(monkeypatch, written)
+    fast, pure = parsed_with_and_without_libyaml(written)
     assert fast == pure
 
 
@@ -394,9 +378,9 @@ def test_libyaml_reads_every_shipped_file_and_a_run_config_as_the_pure_parser_do
         "4000-deep",
     ],
 )
-def test_libyaml_and_the_pure_parser_refuse_and_read_alike(monkeypatch, text):
+def test_libyaml_and_the_pure_parser_refuse_and_read_alike(text):
     """A text gives the pure parser's message, or value, whether or not libyaml is there."""
-    fast, pure = parsed_both_ways(monkeypatch, text)
+    fast, pure = parsed_with_and_without_libyaml(text)
     assert fast == pure
 
 

@@ -22,17 +22,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY
+from helpers import TINY, parsed_with_and_without_libyaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from attn import cli
 from attn.cli import common
-from attn.config import yamlio
 from attn.config.loading import load_config
 from attn.config.schema import all_keys
-from attn.config.yamlio import ConfigError, dump_yaml
+from attn.config.yamlio import dump_yaml
 from attn.store import runs
 from attn.train import lifecycle
 
@@ -176,25 +175,13 @@ PLAIN_PIECES = [
 plain_yaml = st.lists(st.sampled_from(PLAIN_PIECES), max_size=30).map("".join)
 
 
-def parsed(text: str) -> str:
-    """parse_yaml's value (repr) or one-line message."""
-    try:
-        return repr(yamlio.parse_yaml(text, "t.yaml"))
-    except ConfigError as err:
-        return str(err)
-
-
 @settings(max_examples=5000 if CAMPAIGN else 300)
 @given(text=st.one_of(plain_yaml, config_data.map(dump_yaml)))
 def test_libyaml_and_the_pure_parser_read_any_plain_yaml_alike(text):
     """Where libyaml takes a text it gives the pure parser's value, and where it refuses, the pure
     parser's message is shown."""
-    with_libyaml = parsed(text)
-    cparser, yamlio.CParser = yamlio.CParser, None  # the pure parser alone, as a PyYAML without libyaml
-    try:
-        assert with_libyaml == parsed(text)
-    finally:
-        yamlio.CParser = cparser
+    with_libyaml, pure = parsed_with_and_without_libyaml(text)
+    assert with_libyaml == pure
 
 
 @given(
