@@ -296,6 +296,32 @@ def test_a_legend_of_many_long_entries_below_one_panel_grows_the_figure_and_stay
     assert box.y1 <= ax.get_tightbbox(renderer).y0
 
 
+def a_laid_out_figure():
+    """A figure of two panels and a legend below them, laid out as an experiment's figures are."""
+    fig, axes = experiment_figures.panels(2)
+    handles = [ax.plot(STEPS, np.linspace(2.8, 0.1, len(STEPS)))[0] for ax in axes]
+    axes[1].set_yscale("log")
+    experiment_figures.legend_below(fig, handles, ["scale=sqrt", "scale=none"])
+    return fig
+
+
+@pytest.mark.parametrize("tight", [False, True])
+def test_a_laid_out_figure_is_drawn_once_into_the_bytes_savefig_makes(monkeypatch, tmp_path, tight):
+    import io
+
+    from matplotlib.figure import Figure
+
+    reference = io.BytesIO()
+    a_laid_out_figure().savefig(reference, dpi=110, format="png")  # the layout engine tight_layout leaves: 2 draws
+    draws = []
+    drawn = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda fig, renderer: draws.append(fig) or drawn(fig, renderer))
+    path = figures.save_figure(a_laid_out_figure(), tmp_path / "f.png", tight=tight)
+    assert len(draws) == 1
+    if not tight:
+        assert path.read_bytes() == reference.getvalue()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """`attn demo` on a budget where the scaled head has learned (200 steps), twice."""

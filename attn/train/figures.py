@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
 from attn.model import mechanism
@@ -148,9 +149,14 @@ def theory_score_std(model: dict) -> float | None:
 
 
 def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
-    """Render to memory, then write atomically (a crash never leaves half a PNG)."""
+    """Render to memory, then write atomically (a crash never leaves half a PNG).
+    A figure laid out already (tight_layout, which leaves matplotlib's placeholder
+    engine behind) is drawn once: with an engine set, savefig draws it a second time
+    first, to lay it out again."""
     if tight:
         fig.tight_layout()
+    if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
+        fig.set_layout_engine(None)  # its layout is made; savefig's extra draw would change nothing
     buffer = io.BytesIO()
     fmt = path.suffix.lstrip(".")
     fig.savefig(buffer, dpi=110, format=fmt, metadata={"Date": None} if fmt == "svg" else None)  # reproducible SVG
