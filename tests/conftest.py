@@ -12,6 +12,7 @@ import os
 import stat
 
 import pytest
+from chromium import browser, chromium_session  # noqa: F401  (the board's browser tests' fixtures)
 from threadpoolctl import threadpool_limits
 
 from attn.train import denormals

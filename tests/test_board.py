@@ -11,13 +11,11 @@ where .ci/run installs one, they fail instead).
 
 import http.client
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -42,18 +40,6 @@ REPORT = (
     "# exp\n\nMade by hand.\n\n| d_k | scale |\n|---|---|\n| 32 | a \\| b |\n\n- **bold** item\n  - nested `code`\n"
 )
 SECRET = b"the content of a file outside the served roots"
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1280,900",
-)
 
 
 @pytest.fixture(scope="module")
@@ -451,39 +437,6 @@ def test_static_export_streams_each_file_and_leaves_out_one_the_board_would_not_
 # ---------------------------------------------------------------------------
 # The page in a real browser
 # ---------------------------------------------------------------------------
-def _browser_missing() -> str | None:
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    if missing:
-        return f"no browser: {', '.join(missing)} missing (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (make test installs requirements-dev.txt)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    reason = _browser_missing()
-    if reason:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    profile = tempfile.mkdtemp(prefix="attn-board-chromium-")
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
 def wait_for(driver, condition, timeout: float = 10.0):
     from selenium.webdriver.support.ui import WebDriverWait
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 from board_runs import write_run
-from test_board import browser, chart, errors_logged, open_page, serving, set_filter, wait_for  # noqa: F401
+from test_board import chart, errors_logged, open_page, serving, set_filter, wait_for  # noqa: F401
 from test_board_views import EXPLODING, write_diverged_run
 
 from attn.board import data

@@ -6,7 +6,7 @@ keeps them."""
 import pytest
 from board_runs import write_run
 from helpers import PNG_SIGNATURE
-from test_board import browser, chart, click, errors_logged, open_page, serving, wait_for  # noqa: F401
+from test_board import chart, click, errors_logged, open_page, serving, wait_for  # noqa: F401
 
 from attn.board import data
 

@@ -4,21 +4,16 @@ an SVG under a runs directory and for a POST from another origin; the snapshot's
 huge metrics.jsonl served downsampled."""
 
 import json
-import os
 import re
 import select
-import shutil
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from board_runs import serving, write_run
 
 from attn.board import data, server
-
-CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
 def raw(httpd, payload: bytes, timeout: float = 5.0) -> bytes:
@@ -266,39 +261,6 @@ def test_a_bad_line_in_a_metrics_file_skips_the_run_with_the_line_named(tmp_path
 # ---------------------------------------------------------------------------
 # In a browser: an SVG among the runs, and another origin's page
 # ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def chromium():
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("selenium")
-    if missing:
-        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no browser: {', '.join(missing)} missing")
-    import tempfile
-
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    profile = tempfile.mkdtemp(prefix="attn-board-chromium-")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)  # Chromium's profile is not the test's to leave behind
-
-
 SVG = """<svg xmlns="http://www.w3.org/2000/svg"><script>
 fetch('/api/board').then(r => r.text()).then(t => { document.title = 'read ' + t.length; })
   .catch(e => { document.title = 'refused'; });
@@ -306,15 +268,15 @@ document.title = 'ran';
 </script></svg>"""
 
 
-def test_script_in_an_svg_under_a_runs_directory_never_runs_on_the_boards_origin(chromium, tmp_path):
+def test_script_in_an_svg_under_a_runs_directory_never_runs_on_the_boards_origin(browser, tmp_path):
     write_run(tmp_path / "runs" / "r", logged_until=40)
     (tmp_path / "runs" / "r" / "evil.svg").write_text(SVG)
     with serving(data.Board([tmp_path / "runs"])) as httpd:
-        chromium.get(httpd.url + "files/0/r/evil.svg")  # an attachment: downloaded, not shown
+        browser.get(httpd.url + "files/0/r/evil.svg")  # an attachment: downloaded, not shown
         time.sleep(0.3)
-        assert "ran" not in chromium.title and "read" not in chromium.title
-        chromium.get(httpd.url)
-        ran = chromium.execute_script("""
+        assert "ran" not in browser.title and "read" not in browser.title
+        browser.get(httpd.url)
+        ran = browser.execute_script("""
             const frame = document.createElement('iframe'); frame.src = 'files/0/r/evil.svg';
             document.body.append(frame); return new Promise(done => setTimeout(() => {
               let title; try { title = frame.contentDocument && frame.contentDocument.title; }
@@ -322,7 +284,7 @@ def test_script_in_an_svg_under_a_runs_directory_never_runs_on_the_boards_origin
         assert "read" not in ran and "ran" not in ran
 
 
-def test_another_origins_page_cannot_post_even_hiding_a_request_in_its_body(chromium, tmp_path, monkeypatch):
+def test_another_origins_page_cannot_post_even_hiding_a_request_in_its_body(browser, tmp_path, monkeypatch):
     posts = []
     answer = server._Handler.do_POST
     monkeypatch.setattr(server._Handler, "do_POST", lambda self: posts.append(self.path) or answer(self))
@@ -345,8 +307,8 @@ def test_another_origins_page_cannot_post_even_hiding_a_request_in_its_body(chro
             f"POST /api/plot?run=0/r HTTP/1.1\\r\\nHost: {board_host}\\r\\nX-Attn-Board: 1\\r\\n"
             f"Content-Type: application/json\\r\\nOrigin: http://{board_host}\\r\\nContent-Length: 0\\r\\n\\r\\n"
         )
-        chromium.get(f"http://localhost:{other.server_address[1]}/")  # another origin, with no policy of its own
-        chromium.execute_script(f"""
+        browser.get(f"http://localhost:{other.server_address[1]}/")  # another origin, with no policy of its own
+        browser.execute_script(f"""
             return Promise.all(['{{}}', "{hidden}"].map(body =>
               fetch('http://{board_host}/api/plot?run=0/r', {{method: 'POST', mode: 'no-cors', body,
                     headers: {{'Content-Type': 'text/plain'}}}}).catch(() => null)));""")

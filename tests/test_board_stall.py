@@ -16,7 +16,7 @@ import socket
 import time
 
 import pytest
-from test_board import browser, chart, click, errors_logged, open_page, row_ids, serving, set_filter, text_of, wait_for  # noqa: F401
+from test_board import chart, click, errors_logged, open_page, row_ids, serving, set_filter, text_of, wait_for  # noqa: F401
 
 from attn.analysis import grouping
 from attn.board import STATIC_DIR, data, export

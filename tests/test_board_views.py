@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 from board_runs import write_run
-from test_board import browser, chart, click, errors_logged, open_page, serving, wait_for  # noqa: F401
+from test_board import chart, click, errors_logged, open_page, serving, wait_for  # noqa: F401
 
 from attn.analysis import curves
 from attn.board import data
