@@ -726,3 +726,8 @@ def test_a_null_d_v_as_older_runs_recorded_it_still_means_d_k():
     """Runs made before d_v had a default wrote `d_v: null`; they resume, fork and report as they ran."""
     config = load_config(None, ["model.d_k=1024", "model.d_v=null"])
     assert config.model.d_v is None and build_spec(config, build_task(config)).d_v == 1024
+
+
+def test_a_value_yaml_cannot_write_is_shown_by_its_repr_on_one_line():
+    value = {"runs_dir": Path("runs")}  # what a library caller may pass where a config holds text
+    assert yamlio.show_value(value) == " ".join(repr(value).split())

@@ -272,3 +272,9 @@ def test_a_claims_history_that_is_not_one_line_is_refused_naming_the_field(tmp_p
     with pytest.raises(ConfigError) as caught:
         experiments.load_experiment(path, runs_dir=str(tmp_path))
     assert facts_in(str(caught.value), "expect[0]", "edited_after_runs", "one line")
+
+
+def test_a_runs_directory_may_be_given_as_a_path(tmp_path):
+    experiment = experiments.load_experiment(write(tmp_path), runs_dir=tmp_path / "runs")
+    assert experiment.directory == tmp_path / "runs" / "exp"
+    assert {cell.config.runs_dir for cell in experiment.cells} == {str(tmp_path / "runs")}

@@ -380,8 +380,11 @@ def dump_yaml(data, **options) -> str:
 
 
 def yaml_line(value) -> str:
-    """A value as YAML flow text on one line."""
-    text = dump_yaml(value, default_flow_style=True, width=math.inf).strip().removesuffix("...")
+    """A value as YAML flow text on one line; one YAML cannot write (a Path a library caller passed) by repr."""
+    try:
+        text = dump_yaml(value, default_flow_style=True, width=math.inf).strip().removesuffix("...")
+    except yaml.YAMLError:
+        text = repr(value)
     return " ".join(text.split())
 
 

@@ -219,7 +219,7 @@ def is_experiment_file(path: str | os.PathLike) -> bool:
 
 def load_experiment(
     path: str | os.PathLike,
-    runs_dir: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
     max_cells: int = MAX_CELLS,
     plots: bool = False,
     overrides: typing.Sequence[str] = (),
@@ -240,7 +240,7 @@ def load_experiment(
 def build_experiment(
     data: dict,
     path: Path,
-    runs_dir: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
     max_cells: int = MAX_CELLS,
     plots: bool = False,
     overrides: typing.Sequence[str] = (),
@@ -288,7 +288,7 @@ def build_experiment(
         key, value = parse_override(text)
         set_dotted(base, key, value)
     if runs_dir is not None:
-        base["runs_dir"] = runs_dir
+        base["runs_dir"] = os.fspath(runs_dir)
     set_dotted(base, "logging.plots", plots)
     if not isinstance(base.get("logging"), dict) or "mechanism_trace" not in base["logging"]:
         set_dotted(base, "logging.mechanism_trace", plots)  # the trace is drawn only in a run's own figures
@@ -436,7 +436,7 @@ def command_line_experiment(
     seeds: str | None = None,
     name: str | None = None,
     overrides: typing.Sequence[str] = (),
-    runs_dir: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
     max_cells: int = MAX_CELLS,
     plots: bool = False,
     command: str = "",
