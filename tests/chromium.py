@@ -1,8 +1,8 @@
 """The headless Chromium the board's browser tests drive (Debian's chromium and chromium-driver, through
 selenium): one per test process, started when a test first asks for `browser` (conftest.py offers it),
-and not once a module: a start costs about as much CPU as a board test. The board keeps no state in the
-browser (no cookies, no storage); each module leaves it on a blank page with its console log read, so no
-page of one module polls a server that is gone while another module runs."""
+not one per module that drives it. The board keeps no state in the browser (no cookies, no storage);
+each module leaves it on a blank page with its console log read, so no page of one module polls a
+server that is gone while another module runs."""
 
 import os
 import shutil

@@ -1,6 +1,6 @@
 """Suite-wide settings: one BLAS thread, here and in the subprocesses tests start;
 subnormal floats kept at the start of every test; fsync a check of its file
-descriptor in the test processes (below).
+descriptor in the test processes (below); the board tests' Chromium (chromium.py).
 
 The models under test are small; multi-threaded BLAS only adds contention
 (several times slower on a loaded 2-core machine) and changes no result a
