@@ -21,8 +21,11 @@ $(VENV)/.runtime: requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	@touch $@
 
+# The test dependencies are installed without compiling them (--no-compile): pip would compile every module of
+# mlflow, tensorboard, distributed and the rest, most of which no test imports; make test writes the bytecode of
+# those it does import as it first imports them. attn's runtime above is compiled, for make train.
 $(VENV)/.dev: requirements-dev.txt $(VENV)/.runtime
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements-dev.txt
 	@touch $@
 
 ## make train [CONFIG=configs/x.yaml] [ARGS="optim.lr=0.05 seed=1"] [RESUME=runs/<run>]

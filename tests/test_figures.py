@@ -296,6 +296,31 @@ def test_a_legend_of_many_long_entries_below_one_panel_grows_the_figure_and_stay
     assert box.y1 <= ax.get_tightbbox(renderer).y0
 
 
+def test_the_legend_below_lays_the_panels_out_as_tight_layout_does_measuring_each_panel_once(monkeypatch):
+    from matplotlib.axes import Axes
+
+    def three_panels():
+        fig, axes = experiment_figures.panels(3)
+        for i, ax in enumerate(axes):
+            ax.plot(STEPS, np.geomspace(10.0**-i, 10.0**i, len(STEPS)))
+            ax.set_yscale("log")
+            ax.set_title(f"d_k = {4**i}")
+        return fig, axes
+
+    fig, axes = three_panels()
+    experiment_figures.legend_below(fig, [], [])  # no legend: the rect is the whole figure
+    plain, _ = three_panels()
+    plain.tight_layout(rect=(0, 0, 1, 1))
+    assert vars(fig.subplotpars) == vars(plain.subplotpars)
+    measured = []
+    measure = Axes.get_tightbbox
+    monkeypatch.setattr(Axes, "get_tightbbox", lambda ax, *a, **k: measured.append(ax) or measure(ax, *a, **k))
+    fig, axes = three_panels()
+    experiment_figures.legend_below(fig, axes[0].get_lines(), ["one line"])
+    assert sorted(map(axes.index, measured)) == [0, 1, 2]  # tight_layout(rect=...) alone measures each twice
+    assert all("get_tightbbox" not in vars(ax) for ax in axes)
+
+
 def a_laid_out_figure():
     """A figure of two panels and a legend below them, laid out as an experiment's figures are."""
     fig, axes = experiment_figures.panels(2)
