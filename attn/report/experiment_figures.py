@@ -174,7 +174,8 @@ def legend_below(fig, handles, labels, ncol=None) -> None:
 def tight_boxes_measured_once(fig):
     """While it holds, each axes of `fig` measures its tight box (labels, ticks, title) once per way of asking
     and returns that box again. tight_layout given a rect lays the panels out twice, the second time inside the
-    margins of the first, measuring every box again with nothing moved in between: most of a report's figure time."""
+    margins of the first, measuring every box again with nothing moved in between: the boxes of the first pass
+    serve, and the layout is tight_layout's own (tests/test_figures.py)."""
     axes = fig.get_axes()
     for ax in axes:
         measured = {}
