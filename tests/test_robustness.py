@@ -508,6 +508,84 @@ def test_a_second_sigint_stops_at_once_and_the_run_still_resumes_exactly(tmp_pat
     assert without_timing(runs.read_metrics(run_dir)) == without_timing(runs.read_metrics(reference))
 
 
+def summary_writes_cut_once(monkeypatch, status: str, cut) -> list[str]:
+    """runs.write_json, but the first write of a summary with `status` calls cut() first (a signal arriving
+    then); the statuses of the summaries written, in order."""
+    written, write_json = [], runs.write_json
+
+    def cut_once(path, data):
+        if Path(path).name == "summary.json" and data.get("status") == status and f"cut {status}" not in written:
+            written.append(f"cut {status}")
+            cut()
+        write_json(path, data)
+        if Path(path).name == "summary.json":
+            written.append(data["status"])
+
+    monkeypatch.setattr(runs, "write_json", cut_once)
+    return written
+
+
+def test_a_second_sigint_as_the_interrupted_summary_is_written_still_leaves_it_saying_so(tmp_path, monkeypatch, capsys):
+    overrides = ["train.steps=60", "logging.log_every=5", "logging.checkpoint_every=10"]
+    reference = train_in_process(tiny_config(tmp_path, *overrides), "reference")
+    signalled_step = 25
+    real_loss_and_grads, calls = fast.loss_and_grads, itertools.count()
+
+    def interrupted_once(*args):
+        if next(calls) == signalled_step:
+            os.kill(os.getpid(), signal.SIGINT)  # first: stop after this step, with a checkpoint
+        return real_loss_and_grads(*args)
+
+    monkeypatch.setattr(fast, "loss_and_grads", interrupted_once)
+    written = summary_writes_cut_once(monkeypatch, "interrupted", lambda: os.kill(os.getpid(), signal.SIGINT))
+    outcome = main_in_process(capsys, "train", *TINY, f"runs_dir={tmp_path}", *overrides, "--name", "twice")
+    monkeypatch.undo()
+    summary = runs.read_summary(tmp_path / "twice")
+    assert written == ["running", "cut interrupted", "interrupted"]  # the write the signal cut, made again
+    assert outcome.code == common.EXIT_SIGNAL["SIGINT"] and "Traceback" not in outcome.stderr
+    assert (summary["status"], summary["step"]) == ("interrupted", signalled_step + 1)
+    assert summary["reason"] == f"stopped by SIGINT at step {signalled_step + 1}; checkpoint saved"
+    assert f"resume with: attn train --resume {tmp_path / 'twice'}" in outcome.stderr
+    assert main_in_process(capsys, "train", "--resume", tmp_path / "twice").code == common.EXIT_OK
+    assert without_timing(runs.read_metrics(tmp_path / "twice")) == without_timing(runs.read_metrics(reference))
+
+
+def test_a_completed_summary_cut_short_by_a_signal_is_written_whole(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, "train.steps=30", "logging.log_every=5")
+    reference = runs.read_summary(train_in_process(config, "reference"))
+    run_dir = lifecycle.create(config, name="cut")
+
+    def second_signal():
+        raise KeyboardInterrupt  # as attn's handler raises it on a second signal
+
+    written = summary_writes_cut_once(monkeypatch, "completed", second_signal)
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(config, run_dir, stop=loop.StopFlag())
+    summary = runs.read_summary(run_dir)
+    assert written == ["running", "cut completed", "completed"]
+    kept = ("status", "step", "best", "final", "outcome", "outcome_detail")
+    assert {k: summary[k] for k in kept} == {k: reference[k] for k in kept}
+
+
+def test_a_run_that_fails_mid_run_says_the_step_it_last_logged_and_keeps_its_traceback(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, "train.steps=60", "logging.log_every=5", "logging.checkpoint_every=10")
+    run_dir = lifecycle.create(config, name="fails")
+    real_loss_and_grads, calls = fast.loss_and_grads, itertools.count()
+
+    def fails_at_iteration_23(*args):
+        if next(calls) == 23:
+            raise MemoryError("the step's temporaries")
+        return real_loss_and_grads(*args)
+
+    monkeypatch.setattr(fast, "loss_and_grads", fails_at_iteration_23)
+    with pytest.raises(MemoryError):
+        lifecycle.execute(config, run_dir, stop=loop.StopFlag())
+    summary = runs.read_summary(run_dir)
+    assert (summary["status"], summary["step"]) == ("failed", 20)  # not the step of its last heartbeat
+    assert summary["reason"] == "MemoryError: the step's temporaries"
+    assert "MemoryError" in (run_dir / "error.txt").read_text()
+
+
 def test_a_torn_last_metrics_line_is_ignored_and_a_torn_middle_line_refused(tmp_path):
     records = [{"step": 0, "train_loss": 1.5}, {"step": 5, "train_loss": 1.25}]
     text = "".join(json.dumps(r) + "\n" for r in records)

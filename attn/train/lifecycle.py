@@ -528,8 +528,8 @@ def execute_stack(
             with denormals.flushing():  # a saturated head's gradients are not computed in microcode
                 summaries = loop.run_stack(states, stop=stop, progress=progress, write_log=write_log)
         except Exception as err:
-            for state in states:
-                if (runs.read_summary(state.run_dir) or {}).get("status") == "running":
+            for state in states:  # the loop marked those it stopped failed, where the disk let it
+                if (runs.read_summary(state.run_dir) or {}).get("status") in ("running", "failed"):
                     record_failure(state.run_dir, err)
             raise
         for state, summary in zip(states, summaries):
@@ -550,10 +550,13 @@ def draw_figures(run_dir: Path, summary: dict) -> None:
 
 
 def record_failure(run_dir: Path, err: BaseException) -> None:
-    """Mark the run failed, keeping the traceback beside it."""
+    """Keep the traceback beside the run, and mark it failed if its summary still says running (the loop
+    marks the runs it stopped, at the step each last logged; it may not have reached the disk)."""
     try:
         runs.write_atomic(run_dir / "error.txt", "".join(traceback.format_exception(err)).encode())
         summary = runs.read_summary(run_dir) or {}
+        if summary.get("status") == "failed":
+            return
         summary.update(status="failed", reason=f"{type(err).__name__}: {err}", **runs.heartbeat_fields())
         runs.write_json(run_dir / "summary.json", summary)
     except runs.RunError:

@@ -21,7 +21,9 @@ Stopping: a StopFlag set (by a signal handler) ends every member after the
 current iteration with a checkpoint, status `interrupted`. A
 KeyboardInterrupt ends them at once, without a checkpoint (the parameters
 may be half-updated): status `interrupted`, and resuming continues from
-the last checkpoint written.
+the last checkpoint written; an error ends them the same way, status
+`failed`. Either way every member's summary on disk says how it ended,
+also one whose final summary the interruption cut short (_record_stop).
 
 Disk: a stack's members write at the same moments (checkpoints, summaries,
 snapshots), each durable write waiting on its fsync, one member after
@@ -105,6 +107,7 @@ class Member:
             "nonfinite_steps": state.nonfinite_steps,
             "stack_size": stack_size,
         }
+        self.summary_on_disk: dict | None = None  # the summary as _write_summary last wrote it
         self.clock = _Clock(state.wall_time, state.step)
         self.final_record = None
         self.written: dict[str, dict] = {}  # array file name -> the arrays this member last wrote to it
@@ -168,18 +171,38 @@ def run_stack(
                 if time.perf_counter() - last_write > HEARTBEAT_SECONDS:
                     writes.each(_write_summary, alive)
                     last_write = time.perf_counter()
-    except KeyboardInterrupt:
-        for member in (m for m in alive if m.summary["status"] == "running"):
-            last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
-            resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
-            member.summary.update(
-                status="interrupted",
-                reason=f"stopped immediately during step {step}; {resumable}",
-                wall_time=member.clock.elapsed(),
-            )
-            _write_summary(member)
+    except BaseException as err:
+        for member in members:
+            _record_stop(member, step, err)
         raise
     return [member.summary for member in members]
+
+
+def _record_stop(member: Member, step: int, err: BaseException) -> None:
+    """The member's summary as the loop ends by `err` during iteration `step`. A member still running is
+    `interrupted` (a KeyboardInterrupt: a second signal) or `failed` (an error; its traceback is the caller's
+    to keep), at the step it last logged, with the checkpoint a resume continues from; a member that had ended
+    but whose final summary the signal cut short is written again. Another signal meanwhile (each write is
+    atomic) makes the write again; a write the disk refuses is left to the caller, who re-raises `err`."""
+    if member.summary["status"] == "running":
+        last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
+        resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
+        interrupted = isinstance(err, KeyboardInterrupt)
+        member.summary = {
+            **member.summary,
+            "status": "interrupted" if interrupted else "failed",
+            "reason": f"stopped immediately during step {step}; {resumable}"
+            if interrupted
+            else f"{type(err).__name__}: {err}",
+            "wall_time": member.clock.elapsed(),
+        }
+    while member.summary != member.summary_on_disk:
+        try:
+            _write_summary(member)
+        except KeyboardInterrupt:
+            continue
+        except runs.RunError:
+            return
 
 
 class WriteLog:
@@ -315,18 +338,20 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
     """The member's final summary, written once its records are on disk."""
     runs.sync_metrics(member.run_dir)
     wall = member.clock.elapsed()
-    member.summary.update(
-        status=status,
-        reason=reason,
-        step=end_step,
-        wall_time=wall,
-        best=member.state.best,
-        nonfinite_steps=member.state.nonfinite_steps,
-        final=_final_figures(member.final_record),
-        steps_per_sec=member.clock.rate_since_start(end_step),
-    )
+    summary = {
+        **member.summary,
+        "status": status,
+        "reason": reason,
+        "step": end_step,
+        "wall_time": wall,
+        "best": member.state.best,
+        "nonfinite_steps": member.state.nonfinite_steps,
+        "final": _final_figures(member.final_record),
+        "steps_per_sec": member.clock.rate_since_start(end_step),
+    }
     if status in outcomes.ENDED:  # learned, stalled, ...: the class every report uses
-        member.summary.update(outcomes.summary_fields(runs.read_metrics(member.run_dir), member.summary))
+        summary.update(outcomes.summary_fields(runs.read_metrics(member.run_dir), summary))
+    member.summary = summary  # whole or not at all: a signal before this leaves the member running
     _write_summary(member)
 
 
@@ -367,6 +392,7 @@ def _claim_run_directory(member: Member) -> None:
 def _write_summary(member: Member) -> None:
     member.summary.update(runs.heartbeat_fields())
     runs.write_json(member.run_dir / "summary.json", member.summary)
+    member.summary_on_disk = dict(member.summary)
 
 
 def optim_lr(config: Config, step: int) -> float:
