@@ -584,6 +584,9 @@ def test_compare_command(root, tmp_path, capsys):
         (["compare", "{exp}", "--x", "epoch"], "argument --x: invalid choice"),
         (["runs", "{tmp}/missing"], "missing: no such directory"),
         (["runs", "{root}", "--experiment", "nope"], "--experiment: got 'nope'; expected a directory of runs under"),
+        (["runs", "{root}", "--experiment", "{root}/exp"], "expected a directory of runs under"),  # not under: whole
+        (["runs", "{root}/exp", "--experiment", "../exp"], "--experiment: got '../exp'; expected a directory of runs"),
+        (["runs", "{root}", "--experiment", ""], "--experiment: got ''; expected a directory of runs under"),
         (["runs", "{root}", "--status", "done"], "--status: got 'done'; expected one of running"),
     ],
 )

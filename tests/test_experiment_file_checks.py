@@ -278,3 +278,37 @@ def test_a_runs_directory_may_be_given_as_a_path(tmp_path):
     experiment = experiments.load_experiment(write(tmp_path), runs_dir=tmp_path / "runs")
     assert experiment.directory == tmp_path / "runs" / "exp"
     assert {cell.config.runs_dir for cell in experiment.cells} == {str(tmp_path / "runs")}
+
+
+def test_a_section_in_the_overrides_sets_its_fields_and_keeps_the_bases_others(tmp_path):
+    (tmp_path / "base.yaml").write_text("model: {d_model: 8}\ntrain: {batch_size: 8, steps: 50}\n")
+    path = tmp_path / "e.yaml"
+    path.write_text("name: e\nbase: base.yaml\noverrides: {train: {steps: 5}}\ngrid: {optim.lr: [0.1]}\nseeds: [0]\n")
+    (cell,) = experiments.load_experiment(path, str(tmp_path / "runs")).cells
+    assert (cell.config.train.steps, cell.config.train.batch_size) == (5, 8)  # the section was replaced whole
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("overrides", 0), ("overrides", []), ("overrides", False), ("report", 0), ("report", [])]
+    + [("description", [1, 2]), ("description", 5)],
+)
+def test_a_top_level_value_of_the_wrong_kind_is_refused_even_when_empty(tmp_path, field, value):
+    path = write(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**data, field: value}, sort_keys=False))
+    assert facts_in(refusal(path), str(path), field, repr(value))
+
+
+@pytest.mark.parametrize("value", [[1], "", "  ", None])
+def test_a_claim_that_is_no_sentence_is_refused(tmp_path, value):
+    path = write(tmp_path, report={**LAYOUT, "expect": [claim(claim=value)]})
+    assert facts_in(refusal(path), str(path), "expect[0]", "claim", repr(value))
+
+
+def test_an_empty_description_or_overrides_is_none(tmp_path):
+    path = write(tmp_path, grid={"model.d_k": [8]})
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**data, "description": None, "overrides": None}, sort_keys=False))
+    experiment = experiments.load_experiment(path, str(tmp_path / "runs"))
+    assert (experiment.description, experiment.cells[0].config.train.steps) == ("", 1500)

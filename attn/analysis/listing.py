@@ -69,7 +69,9 @@ def list_runs(
     base = root
     if experiment is not None:
         base = root / experiment
-        if not base.is_dir() or (base / "config.yaml").exists():
+        parts = Path(experiment).parts
+        outside = not parts or Path(experiment).is_absolute() or ".." in parts  # NAME is a directory under PATH
+        if outside or not base.is_dir() or (base / "config.yaml").exists():
             known = [
                 c.name
                 for c in sorted(root.iterdir(), key=lambda c: natural_key(c.name))

@@ -557,6 +557,8 @@ def _check_expectation(
         raise ConfigError(
             f"{where_}: id: got {truncate(repr(entry['id']))}; expected a name of letters, digits, '_', '.', '-'"
         )
+    if not isinstance(entry["claim"], str) or not entry["claim"].strip():
+        raise ConfigError(f"{where_}: claim: got {truncate(repr(entry['claim']))}; expected the claim, in words")
     if entry["stat"] not in STATS:
         raise ConfigError(f"{where_}: stat: got {truncate(repr(entry['stat']))}; expected one of {', '.join(STATS)}")
     if entry["stat"] == "lr_sensitivity" and not spec.sensitivity:

@@ -269,7 +269,7 @@ def build_experiment(
     if len(set(seeds)) != len(seeds):
         twice = next(seed for seed in seeds if seeds.count(seed) > 1)
         raise ConfigError(f"{source}: seeds: got {twice} twice; expected a non-empty list of distinct integers >= 0")
-    file_overrides = data.get("overrides") or {}
+    file_overrides = {} if data.get("overrides") is None else data["overrides"]  # `overrides:` alone: none
     if not isinstance(file_overrides, dict):
         raise ConfigError(
             f"{source}: overrides: got {truncate(repr(file_overrides))}; expected a mapping of dotted key -> value"
@@ -282,7 +282,7 @@ def build_experiment(
     except ConfigError as err:
         raise ConfigError(f"{source}: base: {err}") from None
     base.pop("provenance", None)
-    for key, value in file_overrides.items():
+    for key, value in _overridden(file_overrides):  # a section's mapping sets its fields, keeping the base's others
         set_dotted(base, str(key), value)
     for text in overrides:
         key, value = parse_override(text)
@@ -325,7 +325,7 @@ def build_experiment(
     grid_values = {k: list(dict.fromkeys(_hashable(c[k]) for c in grid_cells if k in c)) for k in grid_keys}
     partial = tuple(k for k in grid_keys if any(k not in c for c in grid_cells))  # keys some grid blocks do not set
     report = check_report(
-        data.get("report") or {},
+        {} if data.get("report") is None else data["report"],
         grid_keys,
         grid_values,
         source,
@@ -338,7 +338,10 @@ def build_experiment(
     if report.lengths:
         for config in {cell.config.model: cell.config for cell in cells}.values():
             check_lengths(config, list(report.lengths), source)
-    return Experiment(name, path, tuple(cells), tuple(grid_keys), report, str(data.get("description", "")))
+    description = "" if data.get("description") is None else data["description"]
+    if not isinstance(description, str):
+        raise ConfigError(f"{source}: description: got {truncate(repr(description))}; expected text")
+    return Experiment(name, path, tuple(cells), tuple(grid_keys), report, description)
 
 
 # ---------------------------------------------------------------------------
