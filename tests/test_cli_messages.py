@@ -269,6 +269,41 @@ def test_a_number_flag_that_reads_as_no_accepted_number_says_what_is_accepted(tm
     assert flag in message and "expected" in message  # the range: compare.check_options, once a number
 
 
+@pytest.mark.parametrize(
+    "args, facts",
+    [
+        (["--out", "{file}"], ["--out", "{file}", "expected a directory"]),
+        (["--out", "{file}/bench"], ["--out", "{file}/bench", "expected a directory"]),
+        (["--board", "--devices"], ["--board", "--devices", "expected one of them"]),
+        (["--board-code", "{tmp}"], ["--board-code", "expected it with --board"]),
+        (["--board", "--board-code", "{tmp}/nowhere"], ["--board-code", "{tmp}/nowhere", "a checkout of attn"]),
+        (["--only", "foo=1"], ["--only", "foo=1"]),  # the one line, with no notice of missing rivals before it
+    ],
+)
+def test_bench_refuses_its_arguments_before_it_measures_anything(tmp_path, capsys, monkeypatch, args, facts):
+    from attn.bench import suite
+    from attn.board import bench as board_bench
+
+    def measured(*_args, **_kwargs):
+        raise AssertionError("measured before its arguments were checked")
+
+    monkeypatch.setattr(suite, "run_suite", measured)
+    monkeypatch.setattr(board_bench, "measure_board", measured)
+    (tmp_path / "file").write_text("")
+    names = {"tmp": tmp_path, "file": tmp_path / "file"}
+    message = one_error_line(capsys, "bench", "--out", tmp_path / "out", *[a.format(**names) for a in args])
+    assert facts_in(message, *(fact.format(**names) for fact in facts))
+
+
+@pytest.mark.parametrize("override", ["name=x", "runs_dir=elsewhere", "model.scale=none"])
+def test_the_demo_refuses_an_override_of_what_it_sets_itself_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, override
+):
+    monkeypatch.chdir(REPO)  # the demo reads its configs from the repository root
+    message = one_error_line(capsys, "demo", override, "--runs-dir", tmp_path / "demo")
+    assert facts_in(message, "demo", repr(override), "expected") and not (tmp_path / "demo").exists()
+
+
 def test_a_second_stop_while_figures_are_drawn_says_they_were_not_and_exits_as_stopped(tmp_path, capsys, monkeypatch):
     """The run completed; the second Ctrl-C came while its figures were drawn: not exit 0 with no figures."""
 

@@ -22,7 +22,7 @@ from attn.cli.common import (
     split_config_and_overrides,
     training_threads,
 )
-from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config
+from attn.config.loading import MAX_INTEGER, build_spec, build_task, integer_problem, load_config, parse_override
 from attn.config.schema import describe_schema, to_dict
 from attn.config.yamlio import ConfigError, dump_yaml, show_value
 from attn.model.fast import describe_carried_weights
@@ -247,6 +247,11 @@ def cmd_plot(args) -> int:
 DEMO_CONFIGS = ("configs/wide.yaml", "configs/wide_unscaled.yaml")  # the scaled head at d_k 2^20, its unscaled twin
 DEMO_COLORS = ("#1f77b4", "#d62728")  # as every report draws scale=sqrt and scale=none
 DEMO_RUNS_DIR = "runs/demo"
+DEMO_OWN_KEYS = {  # overrides the demo refuses: key -> why, and what is accepted
+    "name": "the demo names its runs after its configs (wide, wide_unscaled); expected a setting of both runs",
+    "runs_dir": "expected --runs-dir DIR for where the demo's runs go",
+    "model.scale": "the one setting the demo's two runs differ in; expected another setting of both runs",
+}
 
 
 def cmd_demo(args) -> int:
@@ -263,6 +268,10 @@ def cmd_demo(args) -> int:
     for path in DEMO_CONFIGS:
         if not Path(path).is_file():
             raise UsageError(f"demo: {path}: no such file; run attn demo from the repository root, as make demo does")
+    for text in args.overrides:  # what the demo sets itself, or the one setting its pair differs in
+        key = parse_override(text)[0]
+        if key in DEMO_OWN_KEYS:
+            raise UsageError(f"demo: override {show_value(text)}: {DEMO_OWN_KEYS[key]}")
     overrides = [*args.overrides, f"runs_dir={args.runs_dir}"]
     configs = [_load_run_config(path, overrides) for path in DEMO_CONFIGS]
     run_dirs, fresh = [], []

@@ -244,6 +244,7 @@ def _thread_counts(text: str) -> list[int]:
 def cmd_bench(args) -> int:
     from attn.bench import rivals, suite
 
+    _check_bench_arguments(args)
     if args.board:
         from attn.board import bench as board_bench
 
@@ -264,13 +265,6 @@ def cmd_bench(args) -> int:
 
     if args.devices or args.devices_table:
         return _bench_devices(args)
-    missing = [f for f in args.rivals if not rivals.available(f)]
-    if missing:
-        say(
-            f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
-            "(make bench installs requirements-bench.txt)",
-            file=sys.stderr,
-        )
     if (args.headline_code or args.rounds != 1) and not (args.headline or args.only):
         given = "--headline-code" if args.headline_code else "--rounds"
         raise UsageError(f"bench: {given}: applies to the headline's sweep; expected it with --headline or --only")
@@ -282,6 +276,13 @@ def cmd_bench(args) -> int:
         from attn.experiment.spec import load_experiment
 
         load_experiment(HEADLINE, runs_dir=str(args.out), only=only)  # a bad --only says so before anything runs
+    missing = [f for f in args.rivals if not rivals.available(f)]
+    if missing:
+        say(
+            f"bench: not installed: {', '.join(missing)}; timing the rivals that are "
+            "(make bench installs requirements-bench.txt)",
+            file=sys.stderr,
+        )
     result = suite.run_suite(
         args.sizes,
         args.threads,
@@ -302,13 +303,30 @@ def cmd_bench(args) -> int:
     return EXIT_OK
 
 
-def _check_checkout(code, command: str) -> None:
-    """UsageError unless `code` (a --headline-code) is a checkout of attn."""
+def _check_checkout(code, command: str, option: str = "--headline-code") -> None:
+    """UsageError unless `code` (given as `option`) is a checkout of attn."""
     if not (Path(code) / "attn" / "__main__.py").is_file():
         raise UsageError(
-            f"{command}: --headline-code: got {code}; expected a checkout of attn (a directory holding "
+            f"{command}: {option}: got {code}; expected a checkout of attn (a directory holding "
             "attn/__main__.py, e.g. one made with git worktree add or git archive)"
         )
+
+
+def _check_bench_arguments(args) -> None:
+    """What attn bench can refuse before it measures anything: modes given together, --board-code without
+    --board or that is no checkout, an --out that is no directory."""
+    modes = [flag for flag, given in (("--board", args.board), ("--devices", args.devices)) if given]
+    modes += ["--devices-table"] if args.devices_table and not args.devices else []
+    if len(modes) > 1:
+        raise UsageError(f"bench: {' and '.join(modes)}: each is a bench of its own; expected one of them")
+    if args.board_code is not None:
+        if not args.board:
+            raise UsageError("bench: --board-code: applies to the board's bench; expected it with --board")
+        _check_checkout(args.board_code, "bench --board", "--board-code")
+    out = Path(args.out)
+    there = next((p for p in (out, *out.parents) if p.exists()), None)  # the part of the path that exists
+    if there is not None and not there.is_dir():
+        raise UsageError(f"bench: --out: got {args.out}; expected a directory ({there} is not one)")
 
 
 def _bench_devices(args) -> int:
