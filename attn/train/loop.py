@@ -180,22 +180,19 @@ def run_stack(
 
 def _record_stop(member: Member, step: int, err: BaseException) -> None:
     """The member's summary as the loop ends by `err` during iteration `step`. A member still running is
-    `interrupted` (a KeyboardInterrupt: a second signal) or `failed` (an error; its traceback is the caller's
-    to keep), at the step it last logged, with the checkpoint a resume continues from; a member that had ended
-    but whose final summary the signal cut short is written again. Another signal meanwhile (each write is
-    atomic) makes the write again; a write the disk refuses is left to the caller, who re-raises `err`."""
+    `interrupted` (a KeyboardInterrupt: a second signal; the reason names the checkpoint a resume continues
+    from) or `failed` (an error; its traceback is the caller's to keep), at the step it last logged. A member
+    that had ended but whose final summary the signal cut short is written again. Another signal meanwhile
+    makes the write again (each write is atomic); a write the disk refuses is left to the caller, who
+    re-raises `err`."""
     if member.summary["status"] == "running":
-        last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
-        resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
-        interrupted = isinstance(err, KeyboardInterrupt)
-        member.summary = {
-            **member.summary,
-            "status": "interrupted" if interrupted else "failed",
-            "reason": f"stopped immediately during step {step}; {resumable}"
-            if interrupted
-            else f"{type(err).__name__}: {err}",
-            "wall_time": member.clock.elapsed(),
-        }
+        if isinstance(err, KeyboardInterrupt):
+            last = linked_checkpoint_step(member.run_dir)  # on disk: the signal may have come mid-checkpoint
+            resumable = f"resume continues from step {last}" if last is not None else "no checkpoint yet"
+            status, reason = "interrupted", f"stopped immediately during step {step}; {resumable}"
+        else:
+            status, reason = "failed", f"{type(err).__name__}: {err}"
+        member.summary = {**member.summary, "status": status, "reason": reason, "wall_time": member.clock.elapsed()}
     while member.summary != member.summary_on_disk:
         try:
             _write_summary(member)
