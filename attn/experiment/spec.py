@@ -269,6 +269,9 @@ def build_experiment(
     if len(set(seeds)) != len(seeds):
         twice = next(seed for seed in seeds if seeds.count(seed) > 1)
         raise ConfigError(f"{source}: seeds: got {twice} twice; expected a non-empty list of distinct integers >= 0")
+    description = "" if data.get("description") is None else data["description"]
+    if not isinstance(description, str):
+        raise ConfigError(f"{source}: description: got {truncate(repr(description))}; expected text")
     file_overrides = {} if data.get("overrides") is None else data["overrides"]  # `overrides:` alone: none
     if not isinstance(file_overrides, dict):
         raise ConfigError(
@@ -338,9 +341,6 @@ def build_experiment(
     if report.lengths:
         for config in {cell.config.model: cell.config for cell in cells}.values():
             check_lengths(config, list(report.lengths), source)
-    description = "" if data.get("description") is None else data["description"]
-    if not isinstance(description, str):
-        raise ConfigError(f"{source}: description: got {truncate(repr(description))}; expected text")
     return Experiment(name, path, tuple(cells), tuple(grid_keys), report, description)
 
 
