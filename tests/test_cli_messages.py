@@ -165,6 +165,10 @@ def test_help_names_the_new_options(argv, capsys):
         (["export", "{tmp}", "--tensorboard", ""], "--tensorboard ''"),
         (["compare", "{tmp}", "--threshold", "2"], "--threshold: got 2.0"),
         (
+            ["verify", EXPERIMENT, "--variants", "float64,float64"],
+            "attn verify: argument --variants: got 'float64,float64' (float64 twice)",
+        ),
+        (
             ["sweep", CONFIG, "--grid", "model.d_k=8", "--executor", "dask://host:99999", "--runs-dir", "{tmp}/runs"],
             "--executor: got 'dask://host:99999'",
         ),

@@ -429,8 +429,12 @@ def variant_list(text: str) -> tuple[str, ...]:
     """'float64,kernel' -> those re-runs, each one of verify.VARIANTS (argparse names the flag on an error)."""
     chosen = tuple(v.strip() for v in text.split(",") if v.strip())
     unknown = [v for v in chosen if v not in VARIANTS]
-    if not chosen or unknown:
-        raise argparse.ArgumentTypeError(f"got {text!r}; expected some of {', '.join(VARIANTS)}, comma-separated")
+    twice = [v for v in VARIANTS if chosen.count(v) > 1]
+    if not chosen or unknown or twice:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}{f' ({twice[0]} twice)' if twice else ''}; "
+            f"expected some of {', '.join(VARIANTS)}, each once, comma-separated"
+        )
     return chosen
 
 
