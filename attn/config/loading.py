@@ -246,17 +246,10 @@ def load_config(
 def _with_overrides(
     config: Config, overrides: typing.Sequence[str], source: str, every_setting_read: bool = True
 ) -> Config:
-    """The config with each override applied in turn, then validate()d. A key given twice is refused: which
-    value was meant is not for attn to guess (a later one silently won)."""
-    given: dict[str, str] = {}
+    """The config with each override applied in turn, then validate()d: a key given twice takes its last value
+    (a script's common overrides, then the one it varies)."""
     for text in overrides:
         key, value = parse_override(text)
-        if key in given:
-            raise ConfigError(
-                f"override {show_value(text)}: {key} is given twice (also as {show_value(given[key])}); "
-                "expected each key once"
-            )
-        given[key] = text
         merged = to_dict(config)
         set_dotted(merged, key, value)
         config = build_section(Config, merged, f"override {show_value(text)}")
