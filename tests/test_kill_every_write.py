@@ -5,7 +5,7 @@ A short run is SIGKILLed right after each of its durable writes in turn
 with `python -m attn train --resume`; every resumed run must equal an
 uninterrupted one bit for bit: metrics.jsonl (less the timing fields), the
 final checkpoint's arrays and metadata (less wall time), the attention
-snapshots and the summary's figures. The resume of one of them is killed at
+snapshots, the summary's figures and the checkpoints kept. The resume of one of them is killed at
 each of its own writes too, and resumed again. A run killed before its first
 checkpoint resumes from step 0 in place. `make test` kills at a sample of
 the writes (the first, those around the first checkpoint, the last);
@@ -26,7 +26,7 @@ from helpers import TINY, without_timing
 from attn import cli
 from attn.cli import common
 from attn.config.loading import load_config
-from attn.store import arrayfiles, runs
+from attn.store import arrayfiles, runs, runstate
 from attn.train import lifecycle, loop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,6 +111,7 @@ def assert_equals_uninterrupted(run_dir: Path, reference: Path) -> None:
         expected["best"],
     )
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert runstate.kept_checkpoint_steps(run_dir) == runstate.kept_checkpoint_steps(reference), "what it keeps"
 
 
 def run_all(root: Path, commands: dict, kill_after: dict | None = None) -> dict:
@@ -186,11 +187,12 @@ def resume_writes(written: list[str]) -> int:
 
 
 def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_run(kill_points):
-    """The first write, the first checkpoint and the writes on either side of it, the last (every one:
-    make test-faults)."""
+    """The first write, the first checkpoint and the writes on either side of it, the last checkpoint (before
+    the older ones beyond logging.keep_checkpoints are removed), the last write (every one: make test-faults)."""
     written = kill_points[2]
     checkpoint = written.index("checkpoint.npz") + 1
-    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, len(written)})
+    last_checkpoint = len(written) - written[::-1].index("checkpoint.npz")
+    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, last_checkpoint, len(written)})
     killed_runs_resume_exactly(kill_points, boundaries, "sample")
     assert "mechanism.npz" in written and "attention.npz" in written
 

@@ -195,11 +195,15 @@ def save_checkpoint(
     kept = checkpoint_file(state.run_dir, state.step)
     arrayfiles.save_checkpoint_arrays(kept, state.params if params is None else params, carried, meta)
     runs.link_atomic(kept, checkpoint_file(state.run_dir))
-    logging = state.config.logging
-    remove_checkpoints(
-        state.run_dir,
-        retained_steps(kept_checkpoint_steps(state.run_dir), state.step, logging.keep_checkpoints, logging.keep_every),
-    )
+    keep_retained(state.run_dir, state.step, state.config)
+
+
+def keep_retained(run_dir: Path, newest: int, config: Config) -> list[int]:
+    """Remove the kept checkpoints the config's retention no longer keeps once the one at `newest` is the last
+    (retained_steps); the steps removed."""
+    logging = config.logging
+    steps = kept_checkpoint_steps(run_dir)
+    return remove_checkpoints(run_dir, retained_steps(steps, newest, logging.keep_checkpoints, logging.keep_every))
 
 
 def retained_steps(steps: list[int], newest: int, keep_last: int | None, keep_every: int | None) -> list[int]:

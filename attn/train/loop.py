@@ -49,7 +49,7 @@ from attn.config.schema import Config
 from attn.model import fast, mechanism
 from attn.model.fast import Batch
 from attn.store import arrayfiles, runs
-from attn.store.runstate import RunState, linked_checkpoint_step, prepare, save_checkpoint
+from attn.store.runstate import RunState, keep_retained, linked_checkpoint_step, prepare, save_checkpoint
 from attn.train.stack import Stack, member_batch, stack_key
 
 HEARTBEAT_SECONDS = 5.0  # while running, summary.json (step, best, heartbeat) is rewritten this often
@@ -350,6 +350,9 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
         summary.update(outcomes.summary_fields(runs.read_metrics(member.run_dir), summary))
     member.summary = summary  # whole or not at all: a signal before this leaves the member running
     _write_summary(member)
+    last = linked_checkpoint_step(member.run_dir)
+    if last is not None:  # a kill between the last checkpoint's write and its retention left one too many
+        keep_retained(member.run_dir, last, member.config)
 
 
 class _Clock:
