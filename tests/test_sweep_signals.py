@@ -25,14 +25,14 @@ from attn.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
 from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS, LOG_EVERY = 1000, 100  # a run lasts ~1 s, so a signal sent as one starts lands mid-run
+STEPS, LOG_EVERY = 500, 50  # a run lasts ~0.5 s, so a signal sent as one starts lands mid-run
 TINY = {
     "model.d_model": 16,
     "task.eval_size": 64,
     "train.batch_size": 32,
     "train.steps": STEPS,
     "logging.log_every": LOG_EVERY,
-    "logging.checkpoint_every": 500,
+    "logging.checkpoint_every": 250,
     "logging.plots": False,
     "logging.attention_examples": 0,
 }
