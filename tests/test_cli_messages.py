@@ -164,6 +164,9 @@ def test_help_names_the_new_options(argv, capsys):
         (["compare", "{tmp}", "--out", ""], "--out ''"),
         (["export", "{tmp}", "--tensorboard", ""], "--tensorboard ''"),
         (["compare", "{tmp}", "--threshold", "2"], "--threshold: got 2.0"),
+        (["compare", "{tmp}", "--threshold", "٠.٥"], "attn compare: argument --threshold: got '٠.٥'"),
+        (["compare", "{tmp}", "--xlim", "٠,٥"], "attn compare: argument --xlim: got '٠,٥'"),
+        (["bench", "--threads", "²"], "attn bench: argument --threads: got '²'"),
         (
             ["verify", EXPERIMENT, "--variants", "float64,float64"],
             "attn verify: argument --variants: got 'float64,float64' (float64 twice)",

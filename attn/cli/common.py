@@ -128,14 +128,19 @@ def is_interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
+def ascii_float(text: str) -> float | None:
+    """The number `text` writes in ASCII, else None (float() would also read '٠.٥' or '０.５')."""
+    try:
+        return float(text) if text.isascii() else None
+    except ValueError:
+        return None
+
+
 def number_where(accepted, expected: str):
     """An argparse type: a float for which accepted(value) holds, else one line saying what is `expected`."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = None
+        value = ascii_float(text)
         if value is None or not accepted(value):
             raise argparse.ArgumentTypeError(f"got {truncate(repr(text))}; expected {expected}")
         return value

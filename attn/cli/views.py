@@ -10,7 +10,16 @@ from pathlib import Path
 
 from attn import outcomes
 from attn.board import DEFAULT_HOST, DEFAULT_PORT
-from attn.cli.common import EXIT_OK, UsageError, flagged, integer_at_least, number_where, say, terminal_text
+from attn.cli.common import (
+    EXIT_OK,
+    UsageError,
+    ascii_float,
+    flagged,
+    integer_at_least,
+    number_where,
+    say,
+    terminal_text,
+)
 from attn.store import runs
 from attn.text import format_value
 
@@ -109,11 +118,8 @@ def cmd_runs(args) -> int:
 
 def _limits(text: str) -> tuple[float, float]:
     low, comma, high = text.partition(",")
-    try:
-        limits = (float(low), float(high))
-    except ValueError:
-        limits = None
-    if not comma or limits is None or not all(map(math.isfinite, limits)) or limits[0] >= limits[1]:
+    limits = (ascii_float(low), ascii_float(high))
+    if not comma or None in limits or not all(map(math.isfinite, limits)) or limits[0] >= limits[1]:
         raise argparse.ArgumentTypeError(f"got {text!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
     return limits
 
@@ -234,7 +240,7 @@ def _rivals(text: str) -> list[str]:
 
 def _thread_counts(text: str) -> list[int]:
     counts = [n.strip() for n in text.split(",") if n.strip()]
-    if not counts or not all(n.isdigit() and int(n) >= 1 for n in counts):
+    if not counts or not all(n.isascii() and n.isdigit() and len(n) <= 20 and int(n) >= 1 for n in counts):
         raise argparse.ArgumentTypeError(
             f"got {text!r}; expected a comma-separated list of thread counts >= 1, e.g. 1,2"
         )
