@@ -37,7 +37,7 @@ train: $(VENV)/.runtime
 	if [ $$status = 3 ]; then echo "make train: the run diverged (its loss or weights went non-finite): a result, kept with its metrics and figures" >&2; exit 0; fi; \
 	exit $$status
 
-## make demo [ARGS="--runs-dir runs/demo2"]: the claim in about a minute: configs/wide.yaml (1/sqrt(d_k)) and
+## make demo [ARGS="--runs-dir runs/demo2"]: the claim, run by run: configs/wide.yaml (1/sqrt(d_k)) and
 ## configs/wide_unscaled.yaml trained side by side into runs/demo (a run already finished there with the same config
 ## is reused, never overwritten), then runs/demo/demo.png: both losses from step 0, where the queries look, the mechanism
 demo: $(VENV)/.runtime

@@ -255,7 +255,7 @@ DEMO_OWN_KEYS = {  # overrides the demo refuses: key -> why, and what is accepte
 
 
 def cmd_demo(args) -> int:
-    """The claim in two minutes: DEMO_CONFIGS trained as `attn train` trains
+    """The claim, shown: DEMO_CONFIGS trained as `attn train` trains
     them (one stack when they share their shapes) into --runs-dir, a run
     already finished there with the same config reused; then one figure of
     both (attn.report.demo), each run's outcome printed."""
