@@ -7,9 +7,11 @@
                 the bytes sent, and the child's peak memory (ru_maxrss) over that of a child that
                 only imported the board
 
-Each measurement runs in a fresh `python -c` child whose sys.path starts with `code` (default: this
-checkout), so the same figures can be taken of an older commit's board (e.g. a `git archive` of it):
-the child uses only what every version has, attn.board.data.Board and attn.board.server.open_server.
+Each measurement runs in a fresh `python -c` child whose sys.path starts with the checkout measured,
+so the same figures are taken, on the same files and in the same run, of this checkout's board and of
+each other one given (an older commit's worktree or `git archive`), the others first: the child uses only
+what every version has, attn.board.data.Board and attn.board.server.open_server. docs/bench.md's board
+block is the table of the newest measurement (write_board_block).
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from attn import publish
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
+from attn.results_text import BOARD_BEGIN, BOARD_END, markdown_safe, with_block
 from attn.store import runs
 from attn.text import markdown_table
+from attn.train import lifecycle
 
 LOG_EVERY = 10
 
@@ -128,56 +133,125 @@ def _child(mode: str, root: Path, code: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def code_label(code: Path) -> str:
+    """A checkout's commit (git describe, '-dirty' for uncommitted code) where it is a git checkout of its own,
+    else its directory's name (a `git archive`, which any enclosing repository would misname)."""
+    revision = lifecycle.source_revision(Path(code) / "attn") if (Path(code) / ".git").exists() else None
+    return revision or Path(code).resolve().name
+
+
 def measure_board(
-    n_runs: int = 1200, megabytes: float = 200, code: Path | None = None, progress=lambda message: None
+    n_runs: int = 1200, megabytes: float = 200, others: tuple = (), progress=lambda message: None
 ) -> dict:
-    """Every board figure as one JSON-ready dict; code: the checkout whose board is measured."""
-    code = Path(code or Path(__file__).resolve().parents[2])
-    result = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "code": str(code), "n_runs": n_runs, "megabytes": megabytes}
+    """Every board figure as one JSON-ready dict: `boards` holds, for each of `others` (checkouts) and then
+    this checkout, its figures on the same synthetic runs."""
+    codes = [*map(Path, others), Path(__file__).resolve().parents[2]]
+    boards = [{"code": str(code), "label": code_label(code)} for code in codes]
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": lifecycle.cpu_model(),
+        "n_runs": n_runs,
+        "megabytes": megabytes,
+        "boards": boards,
+    }
     with tempfile.TemporaryDirectory(prefix="attn-board-bench-") as tmp:
         progress(f"board: writing {n_runs} runs")
         write_many_runs(Path(tmp) / "many", n_runs)
-        progress("board: GET /api/board, cold and warm")
-        result["board"] = _child("board", Path(tmp) / "many", code)
+        for code, board in zip(codes, boards):
+            progress(f"board ({board['label']}): GET /api/board, cold and warm")
+            board["board"] = _child("board", Path(tmp) / "many", code)
         progress(f"board: writing a {megabytes:g} MB metrics.jsonl")
         write_big_run(Path(tmp) / "big", megabytes)
         result["big_file_bytes"] = (Path(tmp) / "big" / "big" / "metrics.jsonl").stat().st_size
-        progress("board: GET /api/records of it")
-        result["records"] = _child("records", Path(tmp) / "big", code)
+        for code, board in zip(codes, boards):
+            progress(f"board ({board['label']}): GET /api/records of it")
+            board["records"] = _child("records", Path(tmp) / "big", code)
     return result
 
 
+def _boards(result: dict) -> list[dict]:
+    """The boards a result measured; one written before `boards` (a single board) read as such."""
+    if "boards" in result:
+        return result["boards"]
+    return [
+        {"code": result["code"], "label": Path(result["code"]).name, **{k: result[k] for k in ("board", "records")}}
+    ]
+
+
+# (what is measured, the figure of one board as text, the number a ratio compares) per row of the table
+def _rows(result: dict) -> list[tuple[str, object, object]]:
+    def board(key):
+        return lambda b: b["board"][key]
+
+    def records(key):
+        return lambda b: b["records"][key]
+
+    first = _boards(result)[0]
+    big = f"{result['big_file_bytes'] / 1e6:.0f} MB"
+    return [
+        (
+            f"GET /api/board, cold, {first['board']['runs']} runs",
+            lambda b: f"{b['board']['cold_s']:.3f} s ({b['board']['bytes'] / 1e6:.1f} MB)",
+            board("cold_s"),
+        ),
+        (
+            "GET /api/board, warm poll with If-None-Match (nothing new)",
+            lambda b: f"{b['board']['warm_304_s'] * 1e3:.1f} ms (status {b['board']['warm_status']})",
+            board("warm_304_s"),
+        ),
+        (
+            "GET /api/board, warm, without If-None-Match",
+            lambda b: f"{b['board']['warm_200_s'] * 1e3:.1f} ms",
+            board("warm_200_s"),
+        ),
+        (
+            f"GET /api/board, first look at a run with a {big} metrics.jsonl",
+            lambda b: f"{b['records']['first_board_s']:.2f} s",
+            records("first_board_s"),
+        ),
+        (
+            "then GET /api/records?since=0 of it",
+            lambda b: (
+                f"{b['records']['records_s']:.2f} s, {b['records']['records_sent']:,} records "
+                f"({b['records']['bytes'] / 1e6:.2f} MB) sent"
+            ),
+            records("records_s"),
+        ),
+        ("the same again (file unchanged)", lambda b: f"{b['records']['again_s']:.3f} s", records("again_s")),
+        (
+            "peak memory of that server process (ru_maxrss; growth over its imports)",
+            lambda b: f"{b['records']['peak_rss_mib']:.0f} MiB (+{b['records']['peak_over_start_mib']:.0f} MiB)",
+            records("peak_rss_mib"),
+        ),
+    ]
+
+
 def markdown(result: dict) -> str:
-    b, r = result["board"], result["records"]
+    """The measurement as a Markdown table: a column per board and, with more than one, this checkout's
+    figure over each other's (below 1: this one is faster or smaller)."""
+    boards = _boards(result)
+    this, others = boards[-1], boards[:-1]
+    header = ["measurement", *(b["label"] for b in boards), *(f"{this['label']} / {b['label']}" for b in others)]
+    table = [
+        [what, *(shown(b) for b in boards), *(f"{number(this) / number(b):.2g}" if number(b) else "—" for b in others)]
+        for what, shown, number in _rows(result)
+    ]
+    machine = f" on {result['machine']}" if result.get("machine") else ""
     return "\n".join(
         [
-            f"### attn board benchmark: {result['date']} (attn from {os.path.dirname(b.get('attn', result['code']))})",
+            f"Measured {result['date']}{machine} by `attn bench --board` ({len(boards)} board(s), each in a fresh "
+            "process, on the same files):",
             "",
-            markdown_table(
-                ["measurement", "figure"],
-                [
-                    [f"GET /api/board, cold, {b['runs']} runs", f"{b['cold_s']:.3f} s ({b['bytes'] / 1e6:.1f} MB)"],
-                    [
-                        "GET /api/board, warm poll with If-None-Match (nothing new)",
-                        f"{b['warm_304_s'] * 1e3:.1f} ms (status {b['warm_status']})",
-                    ],
-                    ["GET /api/board, warm, without If-None-Match", f"{b['warm_200_s'] * 1e3:.1f} ms"],
-                    [
-                        f"GET /api/board, first look at a run with a {result['big_file_bytes'] / 1e6:.0f} MB "
-                        "metrics.jsonl",
-                        f"{r['first_board_s']:.2f} s",
-                    ],
-                    [
-                        "then GET /api/records?since=0 of it",
-                        f"{r['records_s']:.2f} s, {r['records_sent']} records ({r['bytes'] / 1e6:.2f} MB) sent",
-                    ],
-                    ["the same again (file unchanged)", f"{r['again_s']:.3f} s"],
-                    [
-                        "peak memory of that server process (ru_maxrss; growth over its imports)",
-                        f"{r['peak_rss_mib']:.0f} MiB (+{r['peak_over_start_mib']:.0f} MiB)",
-                    ],
-                ],
-            ),
+            markdown_table(header, table),
             "",
         ]
     )
+
+
+def write_board_block(result: dict, path: Path | None = None) -> Path:
+    """docs/bench.md (or `path`) with its board block replaced, atomically, by markdown(result), every string of
+    it markdown_safe."""
+    path = Path(path or publish.BENCH_DOC)
+    text = with_block(path.read_text(), BOARD_BEGIN, BOARD_END, markdown(markdown_safe(result)), path.name)
+    runs.write_atomic(path, text.encode())
+    return path

@@ -257,7 +257,7 @@ def cmd_bench(args) -> int:
         result = board_bench.measure_board(
             args.board_runs,
             args.board_megabytes,
-            args.board_code,
+            (args.board_code,) if args.board_code else (),
             progress=lambda message: say(f"bench: {message}", file=sys.stderr, flush=True),
         )
         out = Path(args.out)
@@ -267,6 +267,7 @@ def cmd_bench(args) -> int:
         (out / f"board-{stamp}.md").write_text(board_bench.markdown(result))
         say(board_bench.markdown(result))
         say(out / f"board-{stamp}.json")
+        say(board_bench.write_board_block(result))
         return EXIT_OK
 
     if args.devices or args.devices_table:
@@ -557,7 +558,8 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--board-code",
         metavar="DIR",
-        help="measure the board of another checkout (e.g. a git archive of an older commit) instead of this one",
+        help="also measure the board of another checkout (e.g. a worktree or git archive of an older commit), "
+        "first, on the same files: the table sets the two side by side",
     )
     p.set_defaults(func=cmd_bench)
     p = sub.add_parser("export", help="write runs into TensorBoard event files or an MLflow store")
