@@ -2,9 +2,10 @@
 on the same files, and docs/bench.md's board block written from the newest measurement."""
 
 import json
+import shutil
 from pathlib import Path
 
-from attn import cli
+from attn import cli, publish
 from attn.board import bench
 from attn.results_text import BOARD_BEGIN, BOARD_END
 from attn.train import lifecycle
@@ -28,58 +29,82 @@ def a_board(cold: float, records_sent: int) -> dict:
     }
 
 
-def test_the_table_sets_each_board_beside_this_one_and_divides():
-    result = {
+def a_result(*boards) -> dict:
+    return {
         "date": "2026-12-06 19:00 UTC",
         "machine": "a CPU",
         "n_runs": 12,
         "megabytes": 1.0,
         "big_file_bytes": 1e6,
-        "boards": [
-            {"code": "/old", "label": "0128d8f", **a_board(4.0, 9000)},
-            {"code": "/new", "label": "abc1234", **a_board(1.0, 3000)},
-        ],
+        "boards": list(boards),
     }
-    lines = bench.markdown(result).splitlines()
-    header = [cell.strip() for cell in lines[2].strip("|").split("|")]
-    assert header == ["measurement", "0128d8f", "abc1234", "abc1234 / 0128d8f"]
-    cold = [cell.strip() for cell in lines[4].strip("|").split("|")]
-    assert cold[0] == "GET /api/board, cold, 12 runs" and cold[3] == "0.25"
-    again = next(line for line in lines if line.startswith("| the same again"))
-    assert again.rstrip(" |").endswith("—"), "a figure of 0 is no divisor"
-    assert "9,000 records" in bench.markdown(result)
 
 
-def test_a_measurement_made_before_boards_were_listed_reads_as_one_board():
-    old = {"date": "2026-12-01 10:00 UTC", "code": "/work/main", "n_runs": 12, "megabytes": 1.0, "big_file_bytes": 1e6}
-    header = bench.markdown({**old, **a_board(2.0, 10)}).splitlines()[2]
-    assert [cell.strip() for cell in header.strip("|").split("|")] == ["measurement", "main"]
+def cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip("|").split("|")]
 
 
-def test_a_board_bench_measures_both_checkouts_and_writes_the_docs_block(tmp_path, capsys):
-    """A small measurement through the CLI, with this checkout given as the other one too: both boards read
-    the same runs, and the block in a copy of docs/bench.md is the table of the JSON it wrote."""
+def test_the_table_sets_each_board_beside_this_one_and_divides():
+    old, new = {"code": "/old", "label": "0128d8f", **a_board(4.0, 9000)}, {"code": "/new", "label": "abc1234"}
+    lines = bench.markdown(a_result(old, {**new, **a_board(1.0, 3000)})).splitlines()
+    assert cells(lines[2]) == ["measurement", "0128d8f", "abc1234", "abc1234 / 0128d8f"]
+    cold = cells(lines[4])
+    assert "12 runs" in cold[0] and cold[3] == "0.25"
+    assert cells(next(line for line in lines if line.startswith("| the same again")))[3] == "—", "0 is no divisor"
+    assert "9,000 records" in "\n".join(lines)
+    slower = cells(bench.markdown(a_result(old, {**new, **a_board(500.0, 3000)})).splitlines()[4])
+    assert slower[3] == "125", "no e-notation"
+
+
+def test_boards_of_one_label_are_told_apart_by_their_code():
+    one = {"label": "abc1234", **a_board(1.0, 10)}
+    header = cells(bench.markdown(a_result({**one, "code": "/a"}, {**one, "code": "/b"})).splitlines()[2])
+    assert header == ["measurement", "abc1234 (/a)", "abc1234 (/b)", "abc1234 (/b) / abc1234 (/a)"]
+
+
+def test_a_board_bench_measures_another_checkout_beside_this_one(tmp_path, capsys, monkeypatch):
+    """A small measurement through the CLI, the other checkout a copy of attn given by a relative path (the
+    children run elsewhere): each child imports its own, this checkout is the last column, and a measurement
+    at other sizes than the table's leaves docs/bench.md alone."""
+    shutil.copytree(REPO / "attn", tmp_path / "other" / "attn", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(tmp_path)
     doc = tmp_path / "bench.md"
-    doc.write_text(f"# speed\n\n{BOARD_BEGIN}\nstale\n{BOARD_END}\n\nafter\n")
-    bench_doc = bench.publish.BENCH_DOC
-    try:
-        bench.publish.BENCH_DOC = doc
-        args = ["bench", "--board", "--board-runs", "3", "--board-megabytes", "0.05", "--board-code", str(REPO)]
-        assert cli.main([*args, "--out", str(tmp_path / "out")]) == 0
-    finally:
-        bench.publish.BENCH_DOC = bench_doc
+    doc.write_text(f"# speed\n\n{BOARD_BEGIN}\nstale\n{BOARD_END}\n")
+    monkeypatch.setattr(publish, "BENCH_DOC", doc)
+    args = ["bench", "--board", "--board-runs", "3", "--board-megabytes", "0.05", "--board-code", "other"]
+    assert cli.main([*args, "--out", str(tmp_path / "out")]) == 0
     (written,) = (tmp_path / "out").glob("board-*.json")
-    result = json.loads(written.read_text())
-    assert [b["code"] for b in result["boards"]] == [str(REPO), str(REPO)]
-    label = lifecycle.source_revision(REPO / "attn") if (REPO / ".git").exists() else REPO.name
-    assert [b["label"] for b in result["boards"]] == [label, label]
-    for board in result["boards"]:
+    boards = json.loads(written.read_text())["boards"]
+    assert [b["code"] for b in boards] == [str(tmp_path / "other"), str(REPO)]
+    assert [b["label"] for b in boards] == ["other", bench.code_label(REPO)]
+    assert Path(boards[0]["board"]["attn"]).is_relative_to(tmp_path / "other")
+    assert Path(boards[1]["records"]["attn"]).is_relative_to(REPO)
+    for board in boards:
         assert board["board"]["runs"] == 3 and board["board"]["warm_status"] == 304
         assert board["records"]["status"] == 200 and board["records"]["records_sent"] > 0
+    assert "stale" in doc.read_text()
+    assert "docs/bench.md: not written" in capsys.readouterr().out
+
+
+def test_the_board_block_is_the_table_of_the_measurement(tmp_path):
+    doc = tmp_path / "bench.md"
+    doc.write_text(f"# speed\n\n{BOARD_BEGIN}\nstale\n{BOARD_END}\n\nafter\n")
+    result = a_result({"code": "/new", "label": "abc1234", **a_board(1.0, 3000)})
+    assert bench.doc_problem(doc) is None
+    bench.write_board_block(result, doc)
     text = doc.read_text()
-    assert "stale" not in text and text.endswith("\nafter\n")
-    assert bench.markdown(result).strip() in text
-    assert str(doc) in capsys.readouterr().out
+    assert "stale" not in text and text.endswith("\nafter\n") and bench.markdown(result).strip() in text
+    doc.write_text("# speed, no block\n")
+    assert "no generated block" in bench.doc_problem(doc) and str(doc) in bench.doc_problem(doc)
+
+
+def test_a_broken_board_block_is_refused_before_anything_is_measured(tmp_path, capsys, monkeypatch):
+    doc = tmp_path / "bench.md"
+    doc.write_text(f"{BOARD_END}\n{BOARD_BEGIN}\n")
+    monkeypatch.setattr(publish, "BENCH_DOC", doc)
+    monkeypatch.setattr(bench, "measure_board", lambda *a, **k: (_ for _ in ()).throw(AssertionError("measured")))
+    assert cli.main(["bench", "--board", "--out", str(tmp_path / "out")]) == 2
+    assert str(doc) in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def test_a_checkout_without_its_own_git_is_named_by_its_directory(tmp_path):
@@ -97,4 +122,5 @@ def test_a_checkout_without_its_own_git_is_named_by_its_directory(tmp_path):
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
     assert lifecycle.source_revision(archive / "attn") is not None, "git would name the enclosing repository"
     assert bench.code_label(archive) == "attn-0128d8f"
-    assert bench.code_label(REPO) == (lifecycle.source_revision(REPO / "attn") or REPO.name)
+    if (REPO / ".git").exists():  # a clone or worktree: its commit
+        assert bench.code_label(REPO) == lifecycle.source_revision(REPO / "attn")

@@ -8,8 +8,8 @@ final checkpoint's arrays and metadata (less wall time), the attention
 snapshots, the summary's figures and the checkpoints kept. The resume of one of them is killed at
 each of its own writes too, and resumed again. A run killed before its first
 checkpoint resumes from step 0 in place. `make test` kills at a sample of
-the writes (the first, those around the first checkpoint, the last);
-`make test-faults` at every one.
+the writes (the first, those around the first checkpoint, the last checkpoint,
+the last); `make test-faults` at every one.
 """
 
 import json
@@ -160,30 +160,36 @@ def killed_runs_resume_exactly(kill_points, boundaries, tag: str) -> None:
         assert_equals_uninterrupted(run_dir, reference)
 
 
-def killed_resumes_resume_exactly(kill_points, boundaries, tag: str) -> None:
-    """The run is killed right after its first checkpoint; its resume is
+def killed_resumes_resume_exactly(kill_points, boundaries, tag: str, first_kill: int | None = None) -> None:
+    """The run is killed right after write `first_kill` (default: its first checkpoint); its resume is
     killed after write m, for each m of `boundaries`; a last resume finishes it."""
     root, reference, written = kill_points
-    first_checkpoint = written.index("checkpoint.npz") + 1
+    first_kill = first_kill or written.index("checkpoint.npz") + 1
     run_dirs = {m: root / "runs" / f"{tag}-twice-{m}" for m in boundaries}
     killed = run_all(
         root,
         {m: ["train", *RUN, "--name", run_dirs[m].name] for m in boundaries},
-        kill_after=dict.fromkeys(boundaries, first_checkpoint),
+        kill_after=dict.fromkeys(boundaries, first_kill),
     )
     assert all(code == -signal.SIGKILL and (run_dirs[m] / "checkpoint.npz").exists() for m, (code, _) in killed.items())
     resumed = run_all(
         root, {m: ["train", "--resume", run_dirs[m]] for m in boundaries}, kill_after={m: m for m in boundaries}
     )
-    assert all(code in (-signal.SIGKILL, common.EXIT_OK) for code, _ in resumed.values()), resumed
+    assert all(code == -signal.SIGKILL for code, _ in resumed.values()), "each resume is killed where it was to be"
     resume_until_complete(root, list(run_dirs.values()))
     for run_dir in run_dirs.values():
         assert_equals_uninterrupted(run_dir, reference)
 
 
-def resume_writes(written: list[str]) -> int:
-    """How many writes a resume from the first checkpoint makes: what is left, its own summary and truncation."""
-    return len(written) - (written.index("checkpoint.npz") + 1) + 2
+def resume_writes(written: list[str], after: int | None = None) -> int:
+    """How many writes a resume makes of a run killed after write `after` (default: its first checkpoint): what
+    is left, its own summary and truncation."""
+    return len(written) - (after or written.index("checkpoint.npz") + 1) + 2
+
+
+def last_checkpoint(written: list[str]) -> int:
+    """The number of writes up to and including the last checkpoint's (its link as checkpoint.npz)."""
+    return len(written) - written[::-1].index("checkpoint.npz")
 
 
 def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_run(kill_points):
@@ -191,14 +197,20 @@ def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_
     the older ones beyond logging.keep_checkpoints are removed), the last write (every one: make test-faults)."""
     written = kill_points[2]
     checkpoint = written.index("checkpoint.npz") + 1
-    last_checkpoint = len(written) - written[::-1].index("checkpoint.npz")
-    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, last_checkpoint, len(written)})
+    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, last_checkpoint(written), len(written)})
     killed_runs_resume_exactly(kill_points, boundaries, "sample")
     assert "mechanism.npz" in written and "attention.npz" in written
 
 
 def test_a_resume_killed_after_a_sample_of_its_writes_resumes_again_exactly(kill_points):
     killed_resumes_resume_exactly(kill_points, sorted({1, 2, resume_writes(kill_points[2])}), "sample")
+
+
+def test_a_resume_killed_after_its_final_summary_has_kept_what_the_run_keeps(kill_points):
+    """Killed after its last checkpoint, before the older ones were removed; its resume killed after its last
+    write, the summary that says completed: nothing resumes a completed run, so what it keeps is final then."""
+    after = last_checkpoint(kill_points[2])
+    killed_resumes_resume_exactly(kill_points, [resume_writes(kill_points[2], after)], "final", after)
 
 
 @pytest.mark.faults
@@ -209,6 +221,8 @@ def test_a_run_killed_after_any_write_resumes_to_the_uninterrupted_run(kill_poin
 @pytest.mark.faults
 def test_a_resume_killed_after_any_of_its_writes_resumes_again_exactly(kill_points):
     killed_resumes_resume_exactly(kill_points, range(1, resume_writes(kill_points[2]) + 1), "every")
+    after = last_checkpoint(kill_points[2])
+    killed_resumes_resume_exactly(kill_points, range(1, resume_writes(kill_points[2], after) + 1), "every-last", after)
 
 
 def test_a_fork_killed_before_its_config_is_written_is_named_as_cut_short(kill_points, capsys, monkeypatch):

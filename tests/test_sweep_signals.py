@@ -25,7 +25,7 @@ from attn.cli.common import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL
 from attn.store import runs
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS, LOG_EVERY = 500, 50  # a run lasts ~0.5 s, so a signal sent as one starts lands mid-run
+STEPS, LOG_EVERY = 500, 50  # long enough that a signal sent as a run starts lands mid-run
 TINY = {
     "model.d_model": 16,
     "task.eval_size": 64,

@@ -25,15 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from attn import publish
 from attn.config.loading import load_config
 from attn.config.schema import to_dict
-from attn.results_text import BOARD_BEGIN, BOARD_END, markdown_safe, with_block
 from attn.store import runs
 from attn.text import markdown_table
 from attn.train import lifecycle
 
 LOG_EVERY = 10
+TABLE_RUNS, TABLE_MEGABYTES = 1200, 200.0  # the sizes docs/bench.md's board table is measured at (the defaults)
 
 _CHILD = r"""
 import json, resource, sys, threading, time, http.client
@@ -124,13 +123,18 @@ def write_big_run(root: Path, megabytes: float) -> None:
 
 
 def _child(mode: str, root: Path, code: Path) -> dict:
+    """One measurement in a fresh process importing attn from `code` (an absolute path: the child runs in
+    `root`); RunError when it fails or imported another attn."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, mode, str(root)], env=env, capture_output=True, text=True, check=False, cwd=root
     )  # not the caller's directory: `python -c` puts it first on sys.path
     if done.returncode:
-        raise RuntimeError(f"board bench child ({mode}) failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise runs.RunError(f"board bench of {code} ({mode}) failed: {done.stderr.strip()[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(out["attn"]).resolve().is_relative_to(code):
+        raise runs.RunError(f"board bench of {code} ({mode}): the child imported attn from {out['attn']}, not {code}")
+    return out
 
 
 def code_label(code: Path) -> str:
@@ -141,11 +145,11 @@ def code_label(code: Path) -> str:
 
 
 def measure_board(
-    n_runs: int = 1200, megabytes: float = 200, others: tuple = (), progress=lambda message: None
+    n_runs: int = TABLE_RUNS, megabytes: float = TABLE_MEGABYTES, others: tuple = (), progress=lambda message: None
 ) -> dict:
     """Every board figure as one JSON-ready dict: `boards` holds, for each of `others` (checkouts) and then
     this checkout, its figures on the same synthetic runs."""
-    codes = [*map(Path, others), Path(__file__).resolve().parents[2]]
+    codes = [*(Path(code).resolve() for code in others), Path(__file__).resolve().parents[2]]
     boards = [{"code": str(code), "label": code_label(code)} for code in codes]
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -169,15 +173,6 @@ def measure_board(
     return result
 
 
-def _boards(result: dict) -> list[dict]:
-    """The boards a result measured; one written before `boards` (a single board) read as such."""
-    if "boards" in result:
-        return result["boards"]
-    return [
-        {"code": result["code"], "label": Path(result["code"]).name, **{k: result[k] for k in ("board", "records")}}
-    ]
-
-
 # (what is measured, the figure of one board as text, the number a ratio compares) per row of the table
 def _rows(result: dict) -> list[tuple[str, object, object]]:
     def board(key):
@@ -186,11 +181,10 @@ def _rows(result: dict) -> list[tuple[str, object, object]]:
     def records(key):
         return lambda b: b["records"][key]
 
-    first = _boards(result)[0]
     big = f"{result['big_file_bytes'] / 1e6:.0f} MB"
     return [
         (
-            f"GET /api/board, cold, {first['board']['runs']} runs",
+            f"GET /api/board, cold, {result['n_runs']:,} runs",
             lambda b: f"{b['board']['cold_s']:.3f} s ({b['board']['bytes'] / 1e6:.1f} MB)",
             board("cold_s"),
         ),
@@ -226,21 +220,32 @@ def _rows(result: dict) -> list[tuple[str, object, object]]:
     ]
 
 
+def _ratio(this: float, other: float) -> str:
+    """this / other as the table shows it: two significant figures, never in e-notation; '—' over 0."""
+    if not other:
+        return "—"
+    ratio = this / other
+    return f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}" if ratio >= 1e-4 else f"{ratio:.1e}"
+
+
 def markdown(result: dict) -> str:
     """The measurement as a Markdown table: a column per board and, with more than one, this checkout's
     figure over each other's (below 1: this one is faster or smaller)."""
-    boards = _boards(result)
+    boards = result["boards"]
+    labels = [b["label"] for b in boards]
+    labels = [f"{label} ({b['code']})" if labels.count(label) > 1 else label for label, b in zip(labels, boards)]
     this, others = boards[-1], boards[:-1]
-    header = ["measurement", *(b["label"] for b in boards), *(f"{this['label']} / {b['label']}" for b in others)]
+    header = ["measurement", *labels, *(f"{labels[-1]} / {label}" for label in labels[:-1])]
     table = [
-        [what, *(shown(b) for b in boards), *(f"{number(this) / number(b):.2g}" if number(b) else "—" for b in others)]
+        [what, *(shown(b) for b in boards), *(_ratio(number(this), number(b)) for b in others)]
         for what, shown, number in _rows(result)
     ]
     machine = f" on {result['machine']}" if result.get("machine") else ""
+    counted = "1 board" if len(boards) == 1 else f"{len(boards)} boards"
     return "\n".join(
         [
-            f"Measured {result['date']}{machine} by `attn bench --board` ({len(boards)} board(s), each in a fresh "
-            "process, on the same files):",
+            f"Measured {result['date']}{machine} by `attn bench --board` ({counted}, each in a fresh process, "
+            "on the same files):",
             "",
             markdown_table(header, table),
             "",
@@ -248,10 +253,29 @@ def markdown(result: dict) -> str:
     )
 
 
+def doc_problem(path: Path | None = None) -> str | None:
+    """Why the board block cannot be written into docs/bench.md (or `path`), or None: missing (an installed
+    attn has no docs), or its markers are not one begin line before one end line."""
+    from attn import publish  # not at import: the CLI's parser reads this module's sizes
+    from attn.results_text import BOARD_BEGIN, BOARD_END, with_block
+
+    path = Path(path or publish.BENCH_DOC)
+    if not path.is_file():
+        return f"{path}: not there (an installed attn has no docs/)"
+    try:
+        with_block(path.read_text(), BOARD_BEGIN, BOARD_END, "", str(path))
+    except runs.RunError as err:
+        return str(err)
+    return None
+
+
 def write_board_block(result: dict, path: Path | None = None) -> Path:
     """docs/bench.md (or `path`) with its board block replaced, atomically, by markdown(result), every string of
     it markdown_safe."""
+    from attn import publish
+    from attn.results_text import BOARD_BEGIN, BOARD_END, markdown_safe, with_block
+
     path = Path(path or publish.BENCH_DOC)
-    text = with_block(path.read_text(), BOARD_BEGIN, BOARD_END, markdown(markdown_safe(result)), path.name)
+    text = with_block(path.read_text(), BOARD_BEGIN, BOARD_END, markdown(markdown_safe(result)), str(path))
     runs.write_atomic(path, text.encode())
     return path

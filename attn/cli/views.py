@@ -267,7 +267,16 @@ def cmd_bench(args) -> int:
         (out / f"board-{stamp}.md").write_text(board_bench.markdown(result))
         say(board_bench.markdown(result))
         say(out / f"board-{stamp}.json")
-        say(board_bench.write_board_block(result))
+        sizes = (args.board_runs, args.board_megabytes)
+        if sizes != (board_bench.TABLE_RUNS, board_bench.TABLE_MEGABYTES):
+            say(
+                f"docs/bench.md: not written: measured at {sizes[0]:,} runs and {sizes[1]:g} MB, not the table's "
+                f"{board_bench.TABLE_RUNS:,} and {board_bench.TABLE_MEGABYTES:g}"
+            )
+        elif board_bench.doc_problem() is not None:  # no docs/ (an installed attn): the files above are the result
+            say(f"docs/bench.md: not written: {board_bench.doc_problem()}")
+        else:
+            say(board_bench.write_board_block(result))
         return EXIT_OK
 
     if args.devices or args.devices_table:
@@ -330,6 +339,12 @@ def _check_bench_arguments(args) -> None:
         if not args.board:
             raise UsageError("bench: --board-code: applies to the board's bench; expected it with --board")
         _check_checkout(args.board_code, "bench --board", "--board-code")
+    if args.board:
+        from attn.board import bench as board_bench
+
+        problem = board_bench.doc_problem()
+        if problem is not None and "not there" not in problem:  # found after minutes of measuring, otherwise
+            raise UsageError(f"bench --board: {problem}")
     out = Path(args.out)
     there = next((p for p in (out, *out.parents) if p.exists()), None)  # the part of the path that exists
     if there is not None and not there.is_dir():
@@ -386,6 +401,8 @@ def _bench_devices(args) -> int:
 
 def add_commands(sub) -> None:
     """The compare, runs, board and bench commands' arguments, on the subparsers `sub` (attn.cli.build_parser)."""
+    from attn.board import bench as board_bench
+
     p = sub.add_parser("compare", help="overlay runs' curves (mean ± std over seeds) and tabulate them")
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, directories of runs, or globs")
     p.add_argument(
@@ -548,12 +565,18 @@ def add_commands(sub) -> None:
         help="instead, the board at scale: /api/board with many runs "
         "(cold, and warm polls), /api/records of one huge metrics.jsonl (time, peak memory)",
     )
-    p.add_argument("--board-runs", type=integer_at_least(1), default=1200, help="runs for --board (default: 1200)")
+    p.add_argument(
+        "--board-runs",
+        type=integer_at_least(1),
+        default=board_bench.TABLE_RUNS,
+        help=f"runs for --board (default: {board_bench.TABLE_RUNS}, docs/bench.md's table)",
+    )
     p.add_argument(
         "--board-megabytes",
         type=number_where(lambda v: 0 < v <= 1e5, "megabytes in (0, 100000]"),
-        default=200.0,
-        help="size of --board's big metrics.jsonl in MB (default: 200)",
+        default=board_bench.TABLE_MEGABYTES,
+        help=f"size of --board's big metrics.jsonl in MB (default: {board_bench.TABLE_MEGABYTES:g}, "
+        "docs/bench.md's table)",
     )
     p.add_argument(
         "--board-code",

@@ -198,12 +198,14 @@ def save_checkpoint(
     keep_retained(state.run_dir, state.step, state.config)
 
 
-def keep_retained(run_dir: Path, newest: int, config: Config) -> list[int]:
+def keep_retained(run_dir: Path, newest: int, config: Config, *, later_too: bool = False) -> list[int]:
     """Remove the kept checkpoints the config's retention no longer keeps once the one at `newest` is the last
-    (retained_steps); the steps removed."""
+    (retained_steps); the steps removed. later_too: those beyond `newest` stay (a finished run's tidying,
+    which is not rewriting them)."""
     logging = config.logging
     steps = kept_checkpoint_steps(run_dir)
-    return remove_checkpoints(run_dir, retained_steps(steps, newest, logging.keep_checkpoints, logging.keep_every))
+    keep = retained_steps(steps, newest, logging.keep_checkpoints, logging.keep_every)
+    return remove_checkpoints(run_dir, [*keep, *(s for s in steps if s > newest)] if later_too else keep)
 
 
 def retained_steps(steps: list[int], newest: int, keep_last: int | None, keep_every: int | None) -> list[int]:

@@ -348,11 +348,11 @@ def finish_run(member: Member, status: str, reason: str | None, end_step: int) -
     }
     if status in outcomes.ENDED:  # learned, stalled, ...: the class every report uses
         summary.update(outcomes.summary_fields(runs.read_metrics(member.run_dir), summary))
-    member.summary = summary  # whole or not at all: a signal before this leaves the member running
-    _write_summary(member)
     last = linked_checkpoint_step(member.run_dir)
     if last is not None:  # a kill between the last checkpoint's write and its retention left one too many
-        keep_retained(member.run_dir, last, member.config)
+        keep_retained(member.run_dir, last, member.config, later_too=True)  # before the summary that ends the run
+    member.summary = summary  # whole or not at all: a signal before this leaves the member running
+    _write_summary(member)
 
 
 class _Clock:
