@@ -8,8 +8,9 @@ final checkpoint's arrays and metadata (less wall time), the attention
 snapshots, the summary's figures and the checkpoints kept. The resume of one of them is killed at
 each of its own writes too, and resumed again. A run killed before its first
 checkpoint resumes from step 0 in place. `make test` kills at a sample of
-the writes (the first, those around the first checkpoint, the last checkpoint,
-the last); `make test-faults` at every one.
+the writes (the first, those around the first checkpoint, the last checkpoint
+with its resume killed after its final summary, the last); `make test-faults`
+at every one.
 """
 
 import json
@@ -193,11 +194,11 @@ def last_checkpoint(written: list[str]) -> int:
 
 
 def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_run(kill_points):
-    """The first write, the first checkpoint and the writes on either side of it, the last checkpoint (before
-    the older ones beyond logging.keep_checkpoints are removed), the last write (every one: make test-faults)."""
+    """The first write, the first checkpoint and the writes on either side of it, the last (every one: make
+    test-faults; the last checkpoint's, before the older ones are removed, is the next test's first kill)."""
     written = kill_points[2]
     checkpoint = written.index("checkpoint.npz") + 1
-    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, last_checkpoint(written), len(written)})
+    boundaries = sorted({1, checkpoint - 1, checkpoint, checkpoint + 1, len(written)})
     killed_runs_resume_exactly(kill_points, boundaries, "sample")
     assert "mechanism.npz" in written and "attention.npz" in written
 
