@@ -221,7 +221,7 @@ def _rows(result: dict) -> list[tuple[str, object, object]]:
 
 
 def _ratio(this: float, other: float) -> str:
-    """this / other as the table shows it: two significant figures, never in e-notation; '—' over 0."""
+    """this / other as the table shows it: two significant figures, in e-notation only below 1e-4; — over 0."""
     if not other:
         return "—"
     ratio = this / other
