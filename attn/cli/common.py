@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from attn.config.loading import check_run_name, integer_problem
+from attn.config.loading import as_number, check_run_name, integer_problem
 from attn.config.schema import all_keys
 from attn.config.yamlio import ArgumentError, ConfigError, show_value, truncate
 from attn.store import runs
@@ -128,19 +128,11 @@ def is_interactive() -> bool:
     return sys.stderr.isatty() and not os.environ.get("CI")
 
 
-def ascii_float(text: str) -> float | None:
-    """The number `text` writes in ASCII, else None (float() would also read '٠.٥' or '０.５')."""
-    try:
-        return float(text) if text.isascii() else None
-    except ValueError:
-        return None
-
-
 def number_where(accepted, expected: str):
     """An argparse type: a float for which accepted(value) holds, else one line saying what is `expected`."""
 
     def parse(text: str) -> float:
-        value = ascii_float(text)
+        value = as_number(text)
         if value is None or not accepted(value):
             raise argparse.ArgumentTypeError(f"got {truncate(repr(text))}; expected {expected}")
         return value

@@ -13,13 +13,13 @@ from attn.board import DEFAULT_HOST, DEFAULT_PORT
 from attn.cli.common import (
     EXIT_OK,
     UsageError,
-    ascii_float,
     flagged,
     integer_at_least,
     number_where,
     say,
     terminal_text,
 )
+from attn.config.loading import as_number
 from attn.store import runs
 from attn.text import format_value
 
@@ -118,7 +118,7 @@ def cmd_runs(args) -> int:
 
 def _limits(text: str) -> tuple[float, float]:
     low, comma, high = text.partition(",")
-    limits = (ascii_float(low), ascii_float(high))
+    limits = (as_number(low), as_number(high))
     if not comma or None in limits or not all(map(math.isfinite, limits)) or limits[0] >= limits[1]:
         raise argparse.ArgumentTypeError(f"got {text!r}; expected LOW,HIGH with LOW < HIGH, e.g. 0,500")
     return limits

@@ -70,7 +70,8 @@ def _in_range(x, meta) -> bool:
     )
 
 
-def _as_float(value):
+def as_number(value) -> float | None:
+    """A YAML value or command-line text as a float: a number, or text that writes one in ASCII; else None."""
     if isinstance(value, bool):
         return None
     try:
@@ -91,7 +92,7 @@ def _coerce_scalar(value, hint):
         return value if isinstance(value, str) else None
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value  # coerce applies the integer rule (integer_problem), however large
-    number = _as_float(value)
+    number = as_number(value)
     if number is None or not math.isfinite(number):
         return None
     if hint is int:
