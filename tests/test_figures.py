@@ -347,6 +347,28 @@ def test_a_laid_out_figure_is_drawn_once_into_the_bytes_savefig_makes(monkeypatc
         assert path.read_bytes() == reference.getvalue()
 
 
+def test_a_constrained_figure_saved_in_two_formats_is_laid_out_once_and_keeps_that_layout(monkeypatch, tmp_path):
+    """compare.png then compare.svg: the second save draws the panels where the first laid them out."""
+    from matplotlib.figure import Figure
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+    fig = Figure(figsize=(6, 3), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax in axes:
+        ax.plot(STEPS, np.linspace(2.8, 0.1, len(STEPS)))
+        ax.set_ylabel("eval_loss")
+    layouts = []
+    execute = ConstrainedLayoutEngine.execute
+    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda engine, f: layouts.append(f) or execute(engine, f))
+    figures.save_figure(fig, tmp_path / "f.png", tight=False)
+    placed = [ax.get_position().bounds for ax in axes]
+    unplaced = [ax.get_position().bounds for ax in Figure(figsize=(6, 3)).subplots(1, 2)]
+    assert len(layouts) == 1 and placed != unplaced  # laid out by the save
+    svg = figures.save_figure(fig, tmp_path / "f.svg", tight=False)
+    assert len(layouts) == 1 and [ax.get_position().bounds for ax in axes] == placed
+    assert "<svg" in svg.read_text()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """`attn demo` on a budget where the scaled head has learned (200 steps), twice."""
@@ -362,6 +384,7 @@ def demo(tmp_path_factory):
     return out, codes
 
 
+@pytest.mark.slow
 def test_the_demo_trains_the_pair_and_draws_one_figure_with_both_outcomes(demo):
     out, codes = demo
     assert codes == [0, 0]
@@ -371,6 +394,7 @@ def test_the_demo_trains_the_pair_and_draws_one_figure_with_both_outcomes(demo):
     assert (out / "wide" / "mechanism.png").exists() and (out / "wide_unscaled" / "mechanism.png").exists()
 
 
+@pytest.mark.slow
 def test_a_second_demo_reuses_the_runs_it_made(demo):
     out, _ = demo
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["wide", "wide_unscaled"]

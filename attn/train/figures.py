@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.layout_engine import PlaceHolderLayoutEngine
+from matplotlib.layout_engine import ConstrainedLayoutEngine, PlaceHolderLayoutEngine
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
 from attn.model import mechanism
@@ -152,7 +152,8 @@ def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     """Render to memory, then write atomically (a crash never leaves half a PNG).
     A figure laid out already (tight_layout, which leaves matplotlib's placeholder
     engine behind) is drawn once: with an engine set, savefig draws it a second time
-    first, to lay it out again."""
+    first, to lay it out again. A figure under constrained layout is laid out by its
+    first save only: saved again (in another format), it keeps that layout."""
     if tight:
         fig.tight_layout()
     if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
@@ -160,6 +161,8 @@ def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     buffer = io.BytesIO()
     fmt = path.suffix.lstrip(".")
     fig.savefig(buffer, dpi=110, format=fmt, metadata={"Date": None} if fmt == "svg" else None)  # reproducible SVG
+    if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        fig.set_layout_engine(None)  # laid out by the save above, which left each panel where it put it
     runs.write_atomic(path, buffer.getvalue())
     return path
 
