@@ -7,7 +7,7 @@ ARGS   ?=
 EXP    ?= experiments/sqrt_dk.yaml
 RUNS   ?=
 
-.PHONY: train demo demo-figure lint test test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
+.PHONY: train demo demo-figure lint test test-slow test-faults browser bench bench-board ablation ablations verify-ablation verify-ablations verify-published sweep publish compare runs board board-screenshot plot clean-venv
 
 # The runtime, then attn itself as an editable install: .venv/bin/attn runs the working tree's code.
 # .venv/.runtime, touched last, says .venv was made whole: a .venv without it (a make cut short by Ctrl-C or a
@@ -156,13 +156,18 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check --quiet attn tests
 	$(VENV)/bin/ruff format --check --quiet attn tests
 
-## make test: lint, then the whole suite but the slow fault tests (target: 2 minutes on 2 cores); installs the browser first.
+## make test: lint, then the suite but its slow tiers (target: 2 minutes on 2 cores); installs the browser first.
 ## --dist loadscope: each test module runs on one worker, so a module-scoped fixture (a sweep, a trained pair, runs
 ## signalled through the CLI) is made once, not once on each worker that got some of its tests. Bytecode is cached
 ## (PYTHONDONTWRITEBYTECODE unset, __pycache__ is git-ignored): every worker and every attn child the tests start
 ## would otherwise compile attn from source again
 test: browser $(VENV)/.dev lint
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "not faults" $(ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "not faults and not slow" $(ARGS)
+
+## make test-slow: the tests marked slow: whole commands end to end in child processes (sweeps signalled, killed or
+## racing, publish killed at a sample of its writes, verify killed, the demo, the benches, the MLflow export)
+test-slow: browser $(VENV)/.dev
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "slow and not faults" $(ARGS)
 
 ## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the
 ## property-based campaign over damaged run files, configs and experiments (HYPOTHESIS_PROFILE=campaign)

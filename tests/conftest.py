@@ -59,3 +59,8 @@ def pytest_runtest_setup(item):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "faults: slow fault-injection tests with real processes (make test-faults)")
+    config.addinivalue_line(
+        "markers",
+        "slow: whole commands end to end in child processes (sweeps signalled or killed, publish killed, the demo, "
+        "the benches, the MLflow export): make test-slow, which CI runs",
+    )

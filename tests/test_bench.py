@@ -54,6 +54,7 @@ def test_the_head_cost_model_is_what_pytorch_counts(formulation, overrides):
     assert counter.get_total_flops() == 2 * costs[formulation] + 3 * 2 * B * T * D * C
 
 
+@pytest.mark.slow
 def test_a_short_bench_writes_its_json_and_table(tmp_path):
     command = [
         sys.executable,

@@ -5,6 +5,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from attn import cli, publish
 from attn.board import bench
 from attn.results_text import BOARD_BEGIN, BOARD_END
@@ -62,6 +64,7 @@ def test_boards_of_one_label_are_told_apart_by_their_code():
     assert header == ["measurement", "abc1234 (/a)", "abc1234 (/b)", "abc1234 (/b) / abc1234 (/a)"]
 
 
+@pytest.mark.slow
 def test_a_board_bench_measures_another_checkout_beside_this_one(tmp_path, capsys, monkeypatch):
     """A small measurement through the CLI, the other checkout a copy of attn given by a relative path (the
     children run elsewhere): each child imports its own, this checkout is the last column, and a measurement

@@ -209,6 +209,7 @@ def long_tiny_experiment(tmp_path: Path) -> Path:
 
 
 @linux
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
     """`attn verify` stopped while its float64 re-run trains: the child `attn sweep` and its workers end too."""
@@ -267,6 +268,7 @@ def test_attn_verify_killed_leaves_no_sweep_running(tmp_path, how):
 
 
 @linux
+@pytest.mark.slow
 def test_a_sweep_killed_outright_takes_its_workers_with_it(tmp_path):
     """SIGKILL of `attn sweep`: its worker dies too (it trained on, then waited forever on a queue no one fed,
     holding its runs, so the sweep again saw them 'running in another sweep'); the run is left stale, to resume."""

@@ -203,6 +203,7 @@ def test_a_run_killed_after_a_sample_of_its_writes_resumes_to_the_uninterrupted_
     assert "mechanism.npz" in written and "attention.npz" in written
 
 
+@pytest.mark.slow
 def test_a_resume_killed_after_a_sample_of_its_writes_resumes_again_exactly(kill_points):
     killed_resumes_resume_exactly(kill_points, sorted({1, 2, resume_writes(kill_points[2])}), "sample")
 

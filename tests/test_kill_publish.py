@@ -170,6 +170,7 @@ def kill_at(published, points) -> None:
         assert not list(repo.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_publish_killed_at_a_sample_of_its_writes_leaves_the_old_or_the_new_set(published):
     writes = published[-1]
     swap = writes - 2  # then experiments/README.md, then README.md
@@ -210,6 +211,7 @@ def race(published, trials: int) -> None:
         assert [p.name for p in (repo / "experiments").iterdir() if p.name.startswith(".") and p.name != ".lock"] == []
 
 
+@pytest.mark.slow
 def test_two_publishes_at_once_publish_one_set_and_lose_nothing(published):
     race(published, trials=1)
 
@@ -219,6 +221,7 @@ def test_two_publishes_at_once_twenty_times_publish_one_set_and_lose_nothing(pub
     race(published, trials=20)
 
 
+@pytest.mark.slow
 def test_a_publish_is_refused_in_one_line_while_another_process_holds_the_publish_lock(published):
     root, old_repo, new_runs, old, new, writes = published
     repo = root / "held"

@@ -17,6 +17,8 @@ from attn.analysis import grouping
 from attn.config.yamlio import parse_yaml
 from attn.store import runs
 
+pytestmark = pytest.mark.slow  # MLflow's import and its store's migrations: make test-slow
+
 mlflow_export = ViewType = MlflowClient = None  # imported by the fixture below when a test here runs
 
 

@@ -193,6 +193,7 @@ def test_a_split_plan_trains_the_same_runs(tmp_path):
         assert runs.read_summary(a)["stack_size"] == len(stack) > runs.read_summary(b)["stack_size"]
 
 
+@pytest.mark.slow
 def test_the_bench_sweeps_the_headline_in_a_child_and_counts_its_cpu(tmp_path):
     from attn.bench import sweeps
 
