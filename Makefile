@@ -157,16 +157,17 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff format --check --quiet attn tests
 
 ## make test: lint, then the suite but its slow tiers (target: 2 minutes on 2 cores); installs the browser first.
-## --dist loadscope: each test module runs on one worker, so a module-scoped fixture (a sweep, a trained pair, runs
+## --dist loadscope: each test module runs on one worker, so a module-scoped fixture (a sweep, trained runs, runs
 ## signalled through the CLI) is made once, not once on each worker that got some of its tests. Bytecode is cached
 ## (PYTHONDONTWRITEBYTECODE unset, __pycache__ is git-ignored): every worker and every attn child the tests start
 ## would otherwise compile attn from source again
 test: browser $(VENV)/.dev lint
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "not faults and not slow" $(ARGS)
 
-## make test-slow: the tests marked slow: whole commands end to end in child processes (sweeps signalled, killed or
-## racing, publish killed at a sample of its writes, verify killed, the demo, the benches, the MLflow export)
-test-slow: browser $(VENV)/.dev
+## make test-slow: the tests marked slow, whole commands end to end (sweeps signalled, killed or racing, publish killed
+## at a sample of its writes, verify killed, a resume killed at a sample of its writes, the demo, the benches, the
+## MLflow export); CI runs it after make test
+test-slow: $(VENV)/.dev
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -n 2 --dist loadscope -m "slow and not faults" $(ARGS)
 
 ## make test-faults: a real Dask cluster losing a worker and its scheduler, publish killed at every write, sweeps racing a CLI resume, and the

@@ -61,6 +61,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "faults: slow fault-injection tests with real processes (make test-faults)")
     config.addinivalue_line(
         "markers",
-        "slow: whole commands end to end in child processes (sweeps signalled or killed, publish killed, the demo, "
-        "the benches, the MLflow export): make test-slow, which CI runs",
+        "slow: whole commands end to end (sweeps signalled or killed, publish killed, the demo, the benches, "
+        "the MLflow export): make test-slow, which CI runs",
     )

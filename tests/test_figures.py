@@ -347,10 +347,15 @@ def test_a_laid_out_figure_is_drawn_once_into_the_bytes_savefig_makes(monkeypatc
         assert path.read_bytes() == reference.getvalue()
 
 
-def test_a_constrained_figure_saved_in_two_formats_is_laid_out_once_and_keeps_that_layout(monkeypatch, tmp_path):
-    """compare.png then compare.svg: the second save draws the panels where the first laid them out."""
+@pytest.mark.parametrize("rc", [{}, {"figure.autolayout": True}, {"figure.constrained_layout.use": True}])
+def test_a_constrained_figure_saved_in_two_formats_is_laid_out_once_and_keeps_that_layout(monkeypatch, tmp_path, rc):
+    """compare.png then compare.svg: the second save draws the panels where the first laid them out, whatever
+    matplotlibrc asks."""
+    import matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.layout_engine import ConstrainedLayoutEngine, TightLayoutEngine
+
+    monkeypatch.setattr(matplotlib, "rcParams", matplotlib.RcParams({**matplotlib.rcParams, **rc}))
 
     fig = Figure(figsize=(6, 3), layout="constrained")
     axes = fig.subplots(1, 2)
@@ -358,8 +363,9 @@ def test_a_constrained_figure_saved_in_two_formats_is_laid_out_once_and_keeps_th
         ax.plot(STEPS, np.linspace(2.8, 0.1, len(STEPS)))
         ax.set_ylabel("eval_loss")
     layouts = []
-    execute = ConstrainedLayoutEngine.execute
-    monkeypatch.setattr(ConstrainedLayoutEngine, "execute", lambda engine, f: layouts.append(f) or execute(engine, f))
+    for engine_class in (ConstrainedLayoutEngine, TightLayoutEngine):
+        execute = engine_class.execute
+        monkeypatch.setattr(engine_class, "execute", lambda engine, f, run=execute: layouts.append(f) or run(engine, f))
     figures.save_figure(fig, tmp_path / "f.png", tight=False)
     placed = [ax.get_position().bounds for ax in axes]
     unplaced = [ax.get_position().bounds for ax in Figure(figsize=(6, 3)).subplots(1, 2)]

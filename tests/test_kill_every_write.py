@@ -9,8 +9,8 @@ snapshots, the summary's figures and the checkpoints kept. The resume of one of 
 each of its own writes too, and resumed again. A run killed before its first
 checkpoint resumes from step 0 in place. `make test` kills at a sample of
 the writes (the first, those around the first checkpoint, the last checkpoint
-with its resume killed after its final summary, the last); `make test-faults`
-at every one.
+with its resume killed after its final summary, the last), `make test-slow`
+a resume at a sample of its own writes, `make test-faults` at every one.
 """
 
 import json

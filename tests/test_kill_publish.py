@@ -3,14 +3,14 @@ tests/test_kill_every_write.py does for runs): the published tree is then
 the old set or the new one, never a mix: experiments/results/ as a whole
 is one or the other, each README is whole, a README is new only once the
 results it links are; and the next publish finishes the job, leaving
-nothing of the killed one behind. make test kills at a sample of the
+nothing of the killed one behind. make test-slow kills at a sample of the
 writes (one in the middle, the last before the swap, the swap,
 experiments/README.md);
 make test-faults at every one.
 
 Two publishes at once, as real processes: one publishes, the other is
 refused in one line naming the first (experiments/'s lock), and nothing
-published is lost. make test runs one race and a publish refused while
+published is lost. make test-slow runs one race and a publish refused while
 another process holds the lock; make test-faults twenty races.
 """
 

@@ -1,8 +1,11 @@
 """The Makefile's `browser` prerequisite of `make test`: nothing when the
 browser is there, apt-get when it is missing and can be installed, else one
-line giving the command and exit 2 before any test runs."""
+line giving the command and exit 2 before any test runs. The test targets
+split the suite's tiers, and CI runs every one, README's command first."""
 
+import itertools
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,6 +56,31 @@ def test_a_missing_browser_is_installed_with_apt_get_as_root(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "calls").read_text().splitlines() == ["update -qq", "install -y -qq chromium chromium-driver"]
     assert os.access(tmp_path / "chromium", os.X_OK) and os.access(tmp_path / "chromedriver", os.X_OK)
+
+
+def marker_expressions(target: str) -> list[str | None]:
+    """The -m expression of each pytest command `make <target>` runs (make -n prints them, running none)."""
+    done = make("-n", target)
+    assert done.returncode == 0, done.stderr
+    found = []
+    for words in (shlex.split(line) for line in done.stdout.splitlines() if " pytest " in line):
+        after = words[words.index("pytest") :]
+        found.append(after[after.index("-m") + 1] if "-m" in after else None)
+    return found
+
+
+TEST_TARGETS = ("test", "test-slow", "test-faults")
+
+
+def test_the_test_targets_run_each_tier_once_and_ci_runs_them_all_readmes_first():
+    first = {target: marker_expressions(target)[0] for target in TEST_TARGETS}
+    for faults, slow in itertools.product((False, True), repeat=2):
+        marks = {"faults": faults, "slow": slow}
+        runs_it = [target for target, expression in first.items() if eval(expression, {}, marks)]
+        assert len(runs_it) == 1, (marks, runs_it)
+    assert first["test"] == "not faults and not slow"
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
+    assert ci == [f"make {target}" for target in TEST_TARGETS]
 
 
 def test_a_browser_that_cannot_be_installed_stops_make_test_with_the_command(tmp_path):

@@ -1,11 +1,12 @@
 """Sweeps through the real CLI, in subprocesses, with real signals: Ctrl-C
 to the whole process group and SIGTERM to the sweep alone stop it with every
 started run checkpointed and the rest not started, and re-running the command
-resumes them to the same metrics as an uninterrupted sweep (make test: Ctrl-C
-mid-run; make test-faults: each way in turn); two sweeps over
+resumes them to the same metrics as an uninterrupted sweep (make test-slow:
+Ctrl-C mid-run; make test-faults: each way in turn); two sweeps over
 one experiment started at once run every cell exactly once; a failing run is
-reported when it fails; bad experiment files are refused in one line; on a
-non-terminal the progress is one plain line per run."""
+reported when it fails; on a non-terminal the progress is one plain line per
+run (these in make test-slow). Bad experiment files are refused in one line
+(in-process, make test)."""
 
 import itertools
 import json
@@ -285,7 +286,7 @@ BAD_EXPERIMENTS = {  # name -> (what replaces the good file's keys, or the whole
 }
 
 
-def test_bad_experiment_files_are_refused_in_one_line(tmp_path, capsys):
+def test_bad_experiment_files_are_refused_in_one_line(tmp_path, capfd):
     """Each: exit 2, one `error:` line naming the experiment file and what is
     wrong, no traceback (in-process: it would be an exception), nothing created."""
     for name, (change, message) in BAD_EXPERIMENTS.items():
@@ -295,7 +296,7 @@ def test_bad_experiment_files_are_refused_in_one_line(tmp_path, capsys):
         else:
             path.write_text(yaml.safe_dump(change))
         code = cli.main(["sweep", str(path), "--runs-dir", str(tmp_path / "runs"), "--workers", "2"])
-        out, err = capsys.readouterr()
+        out, err = capfd.readouterr()
         assert (code, out) == (EXIT_BAD_INPUT, ""), (name, err)
         assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, (name, err)
         assert message.replace("TMP", str(tmp_path)) in err, (name, err)

@@ -34,6 +34,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine, PlaceHolderLayoutEngine
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
@@ -148,6 +149,13 @@ def theory_score_std(model: dict) -> float | None:
     return score_scale(scale, d_k) * math.sqrt(d_k) * (gain * d_k**exponent) ** 2
 
 
+def without_layout_engine(fig: Figure) -> None:
+    """No layout engine on the figure, whatever matplotlibrc asks (figure.autolayout or
+    figure.constrained_layout.use would put one back, and a save would lay it out again)."""
+    with rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)
+
+
 def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     """Render to memory, then write atomically (a crash never leaves half a PNG).
     A figure laid out already (tight_layout, which leaves matplotlib's placeholder
@@ -157,12 +165,12 @@ def save_figure(fig: Figure, path: Path, tight: bool = True) -> Path:
     if tight:
         fig.tight_layout()
     if isinstance(fig.get_layout_engine(), PlaceHolderLayoutEngine):
-        fig.set_layout_engine(None)  # its layout is made; savefig's extra draw would change nothing
+        without_layout_engine(fig)  # its layout is made; savefig's extra draw would change nothing
     buffer = io.BytesIO()
     fmt = path.suffix.lstrip(".")
     fig.savefig(buffer, dpi=110, format=fmt, metadata={"Date": None} if fmt == "svg" else None)  # reproducible SVG
     if isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
-        fig.set_layout_engine(None)  # laid out by the save above, which left each panel where it put it
+        without_layout_engine(fig)  # laid out by the save above, which left each panel where it put it
     runs.write_atomic(path, buffer.getvalue())
     return path
 
