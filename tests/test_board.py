@@ -1,7 +1,7 @@
 """attn board: what it reads (through attn.report.compare), the server's endpoints and
 path safety, the static export, the `attn board` command, and the page itself
-in a real headless Chromium (Debian's chromium and chromium-driver, driven by
-selenium): loaded from disk and from the server, filtered, sorted, curves
+in a real headless Chromium (Debian's chromium-headless-shell or chromium, and chromium-driver, driven
+by selenium): loaded from disk and from the server, filtered, sorted, curves
 drawn, and a live run's new records arriving without a reload.
 
 Run directories are written by hand (tests/board_runs.py), never trained.

@@ -24,38 +24,51 @@ def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-s", "-C", str(REPO), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def fake_apt_get(tmp_path: Path) -> Path:
-    """An apt-get whose `install` puts executables at tmp_path/chromium and tmp_path/chromedriver."""
+BROWSER_FILES = ("chromium", "chromedriver", "chromium-headless-shell")
+INSTALL = "install -y -qq chromium chromium-driver chromium-headless-shell"
+
+
+def fake_apt_get(tmp_path: Path, installs: tuple[str, ...] = BROWSER_FILES) -> Path:
+    """An apt-get whose `install` puts executables at tmp_path/<each of installs>."""
     script = tmp_path / "apt-get"
     script.write_text(
         f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n'
-        f'[ "$1" = install ] || exit 0\nfor f in chromium chromedriver; do\n'
+        f'[ "$1" = install ] || exit 0\nfor f in {" ".join(installs)}; do\n'
         f"  printf '#!/bin/sh\\n' > {tmp_path}/$f; chmod +x {tmp_path}/$f\ndone\n"
     )
     script.chmod(0o755)
     return script
 
 
-def test_browser_present_runs_nothing(tmp_path):
-    apt = fake_apt_get(tmp_path)
-    for name in ("chromium", "chromedriver"):
+def make_browser(tmp_path: Path, apt: Path, *present: str) -> subprocess.CompletedProcess:
+    """make browser with its files under tmp_path, those named in `present` there already."""
+    for name in present:
         (tmp_path / name).write_text("#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
-    done = make(
-        "browser", f"CHROMIUM={tmp_path / 'chromium'}", f"CHROMEDRIVER={tmp_path / 'chromedriver'}", f"APT_GET={apt}"
-    )
+    paths = dict(zip(("CHROMIUM", "CHROMEDRIVER", "CHROMIUM_SHELL"), (tmp_path / name for name in BROWSER_FILES)))
+    return make("browser", *(f"{key}={path}" for key, path in paths.items()), f"APT_GET={apt}")
+
+
+def test_browser_present_runs_nothing(tmp_path):
+    done = make_browser(tmp_path, fake_apt_get(tmp_path), *BROWSER_FILES)
     assert (done.returncode, done.stderr) == (0, "") and not (tmp_path / "calls").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs only as root")
-def test_a_missing_browser_is_installed_with_apt_get_as_root(tmp_path):
-    apt = fake_apt_get(tmp_path)
-    done = make(
-        "browser", f"CHROMIUM={tmp_path / 'chromium'}", f"CHROMEDRIVER={tmp_path / 'chromedriver'}", f"APT_GET={apt}"
-    )
+@pytest.mark.parametrize("present", [(), ("chromium", "chromedriver")])
+def test_a_missing_browser_is_installed_with_apt_get_as_root(tmp_path, present):
+    done = make_browser(tmp_path, fake_apt_get(tmp_path), *present)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "calls").read_text().splitlines() == ["update -qq", "install -y -qq chromium chromium-driver"]
-    assert os.access(tmp_path / "chromium", os.X_OK) and os.access(tmp_path / "chromedriver", os.X_OK)
+    assert (tmp_path / "calls").read_text().splitlines() == ["update -qq", INSTALL]
+    assert all(os.access(tmp_path / name, os.X_OK) for name in BROWSER_FILES)
+
+
+def test_without_the_headless_shell_the_tests_drive_chromium_and_one_line_says_how_to_install_it(tmp_path):
+    """The shell alone missing, and not installed (this apt-get installs nothing): a note, not a stop."""
+    done = make_browser(tmp_path, fake_apt_get(tmp_path, installs=()), "chromium", "chromedriver")
+    assert done.returncode == 0
+    [line] = [line for line in done.stderr.splitlines() if not line.startswith("make: installing")]
+    assert facts_in(line, str(tmp_path / "chromium-headless-shell"), str(tmp_path / "chromium"), INSTALL)
 
 
 def marker_expressions(target: str) -> list[str | None]:
@@ -84,12 +97,13 @@ def test_the_test_targets_run_each_tier_once_and_ci_runs_them_all_readmes_first(
 
 
 def test_a_browser_that_cannot_be_installed_stops_make_test_with_the_command(tmp_path):
-    done = make("test", f"CHROMIUM={tmp_path / 'none'}", f"APT_GET={tmp_path / 'no-apt-get'}")
+    none, shell = tmp_path / "none", tmp_path / "no-shell"
+    done = make("test", f"CHROMIUM={none}", f"CHROMIUM_SHELL={shell}", f"APT_GET={tmp_path / 'no-apt-get'}")
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if not line.startswith("make")]
     apt_get = tmp_path / "no-apt-get"
-    assert line.startswith("error:") and facts_in(line, str(tmp_path / "none"), "/usr/bin/chromedriver", "as root")
-    assert facts_in(line, f"{apt_get} update", f"{apt_get} install -y -qq chromium chromium-driver")
+    assert line.startswith("error:") and facts_in(line, str(none), str(shell), "/usr/bin/chromedriver", "as root")
+    assert facts_in(line, f"{apt_get} update", f"{apt_get} {INSTALL}")
     assert "passed" not in done.stdout and "-m pytest" not in done.stdout, "no test ran"
 
 
