@@ -135,25 +135,33 @@ bench: $(VENV)/.bench
 bench-board: $(VENV)/.runtime
 	$(PY) -m attn bench --board $(ARGS)
 
-## make browser: the headless Chromium that the board's browser tests drive: Debian's chromium-headless-shell (the old
-## headless shell: the same engine as chromium, at less CPU a page) and chromium-driver, and chromium (make
-## board-screenshot). Nothing when they are there; installed with apt-get when missing and this is root; with the shell
-## alone missing and not installable, one line says so and the tests drive chromium; else one line with the command
+## make browser: the headless Chromium that the board's browser tests drive: chromium-driver with Debian's
+## chromium-headless-shell (the old headless shell: chromium's engine without a browser window, at less CPU a page),
+## else with chromium; and chromium (make board-screenshot). Nothing when all are there. As root, what is missing is
+## installed with apt-get (the shell on its own: an archive without it still gets the rest). Then: the tests can start
+## a browser (a line names what is still missing, if anything), or one line gives the command and make stops (exit 2)
 CHROMIUM       ?= /usr/bin/chromium
 CHROMEDRIVER   ?= /usr/bin/chromedriver
 CHROMIUM_SHELL ?= /usr/lib/chromium/chromium-headless-shell
 APT_GET        ?= apt-get
-BROWSER_INSTALL = $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium chromium-driver chromium-headless-shell
+BROWSER_INSTALL = $(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium chromium-driver
+SHELL_INSTALL   = DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium-headless-shell
 browser:
 	@if [ -x '$(CHROMEDRIVER)' ] && [ -x '$(CHROMIUM_SHELL)' ] && [ -x '$(CHROMIUM)' ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v '$(APT_GET)' >/dev/null 2>&1; then \
-	  echo "make: installing chromium, chromium-driver and chromium-headless-shell for the board's browser tests" >&2; \
-	  { $(BROWSER_INSTALL); } >/dev/null 2>&1; fi; \
-	if [ -x '$(CHROMEDRIVER)' ] && [ -x '$(CHROMIUM_SHELL)' ]; then exit 0; fi; \
-	if [ -x '$(CHROMEDRIVER)' ] && [ -x '$(CHROMIUM)' ]; then \
-	  echo "make: no $(CHROMIUM_SHELL): the board's browser tests drive $(CHROMIUM), at more CPU; as root: $(BROWSER_INSTALL)" >&2; \
+	  if [ ! -x '$(CHROMEDRIVER)' ] || [ ! -x '$(CHROMIUM)' ]; then \
+	    echo "make: installing chromium and chromium-driver for the board's browser tests" >&2; \
+	    { $(BROWSER_INSTALL); } >/dev/null 2>&1 || echo "make: $(APT_GET) could not install chromium and chromium-driver (exit $$?)" >&2; fi; \
+	  if [ ! -x '$(CHROMIUM_SHELL)' ]; then \
+	    echo "make: installing chromium-headless-shell for the board's browser tests" >&2; \
+	    { $(SHELL_INSTALL); } >/dev/null 2>&1 || echo "make: $(APT_GET) could not install chromium-headless-shell (exit $$?)" >&2; fi; \
+	fi; \
+	missing=""; for f in '$(CHROMEDRIVER)' '$(CHROMIUM_SHELL)' '$(CHROMIUM)'; do [ -x "$$f" ] || missing="$$missing $$f"; done; \
+	[ -z "$$missing" ] && exit 0; \
+	if [ -x '$(CHROMEDRIVER)' ] && { [ -x '$(CHROMIUM_SHELL)' ] || [ -x '$(CHROMIUM)' ]; }; then \
+	  echo "make: missing$$missing: the board's browser tests drive $$( [ -x '$(CHROMIUM_SHELL)' ] && echo '$(CHROMIUM_SHELL)' || echo '$(CHROMIUM), at more CPU'); as root: $(BROWSER_INSTALL) && $(SHELL_INSTALL)" >&2; \
 	  exit 0; fi; \
-	echo "error: the board's browser tests need $(CHROMEDRIVER) and $(CHROMIUM_SHELL) or $(CHROMIUM) (missing); install them as root: $(BROWSER_INSTALL)" >&2; \
+	echo "error: the board's browser tests need $(CHROMEDRIVER) and $(CHROMIUM_SHELL) or $(CHROMIUM); missing:$$missing; install them as root: $(BROWSER_INSTALL) && $(SHELL_INSTALL)" >&2; \
 	exit 2
 
 ## make lint: ruff's lint and format check of attn/ and tests/ (pyproject.toml); `.venv/bin/ruff format attn tests` formats

@@ -29,9 +29,13 @@ CHROMIUM_FLAGS = (
 )
 
 
+def runnable(path: Path) -> bool:
+    return os.access(path, os.X_OK)
+
+
 def browser_missing() -> str | None:
     """Why no browser can start here, or None."""
-    if not CHROMEDRIVER.exists() or not (CHROMIUM_SHELL.exists() or CHROMIUM.exists()):
+    if not runnable(CHROMEDRIVER) or not (runnable(CHROMIUM_SHELL) or runnable(CHROMIUM)):
         return (
             f"no browser: {CHROMEDRIVER} and {CHROMIUM_SHELL} or {CHROMIUM} missing "
             "(apt-get install chromium-driver chromium-headless-shell)"
@@ -55,7 +59,7 @@ def shell_opening_a_page(directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def chromium_session():
     """Headless Chromium keeping the page's console log; skipped where it is missing, failed in CI
-    (where .ci/run installs it)."""
+    (where make test installs it)."""
     reason = browser_missing()
     if reason:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(reason)
@@ -63,17 +67,19 @@ def chromium_session():
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    profile = tempfile.mkdtemp(prefix="attn-board-chromium-")
-    options.binary_location = str(shell_opening_a_page(Path(profile)) if CHROMIUM_SHELL.exists() else CHROMIUM)
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}/profile"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    directory = tempfile.mkdtemp(prefix="attn-board-chromium-")  # the launcher and Chromium's profile
     try:
-        yield driver
+        options.binary_location = str(shell_opening_a_page(Path(directory)) if runnable(CHROMIUM_SHELL) else CHROMIUM)
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={directory}/profile"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
     finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)  # Chromium's profile is not the test's to leave behind
+        shutil.rmtree(directory, ignore_errors=True)  # not the test's to leave behind
 
 
 @pytest.fixture(scope="module")

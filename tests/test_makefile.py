@@ -1,7 +1,8 @@
 """The Makefile's `browser` prerequisite of `make test`: nothing when the
-browser is there, apt-get when it is missing and can be installed, else one
-line giving the command and exit 2 before any test runs. The test targets
-split the suite's tiers, and CI runs every one, README's command first."""
+browsers are there, apt-get for what is missing as root, a line naming what
+is still missing where the tests can start one, else one line giving the
+command and exit 2 before any test runs. The test targets split the suite's
+tiers, and CI runs every one, README's command first."""
 
 import itertools
 import os
@@ -25,16 +26,24 @@ def make(*args: str) -> subprocess.CompletedProcess:
 
 
 BROWSER_FILES = ("chromium", "chromedriver", "chromium-headless-shell")
-INSTALL = "install -y -qq chromium chromium-driver chromium-headless-shell"
+PACKAGE_FILES = {
+    "chromium": "chromium",
+    "chromium-driver": "chromedriver",
+    "chromium-headless-shell": "chromium-headless-shell",
+}
+INSTALL_REQUIRED, INSTALL_SHELL = "install -y -qq chromium chromium-driver", "install -y -qq chromium-headless-shell"
 
 
-def fake_apt_get(tmp_path: Path, installs: tuple[str, ...] = BROWSER_FILES) -> Path:
-    """An apt-get whose `install` puts executables at tmp_path/<each of installs>."""
+def fake_apt_get(tmp_path: Path, unavailable: tuple[str, ...] = ()) -> Path:
+    """An apt-get that records each call (tmp_path/calls) and whose `install` of packages puts their executables at
+    tmp_path/<file>, or, if one of them is `unavailable`, installs none and exits 100 (as apt-get does)."""
     script = tmp_path / "apt-get"
+    files = " ".join(f"{package}) f={file} ;;" for package, file in PACKAGE_FILES.items())
     script.write_text(
-        f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n'
-        f'[ "$1" = install ] || exit 0\nfor f in {" ".join(installs)}; do\n'
-        f"  printf '#!/bin/sh\\n' > {tmp_path}/$f; chmod +x {tmp_path}/$f\ndone\n"
+        f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n[ "$1" = install ] || exit 0\nshift 3\n'
+        f'for p in "$@"; do case " {" ".join(unavailable)} " in *" $p "*) exit 100;; esac; done\n'
+        f'for p in "$@"; do case "$p" in {files} esac; printf \'#!/bin/sh\\n\' > {tmp_path}/$f; '
+        f"chmod +x {tmp_path}/$f; done\n"
     )
     script.chmod(0o755)
     return script
@@ -49,26 +58,64 @@ def make_browser(tmp_path: Path, apt: Path, *present: str) -> subprocess.Complet
     return make("browser", *(f"{key}={path}" for key, path in paths.items()), f"APT_GET={apt}")
 
 
+def said(done: subprocess.CompletedProcess) -> list[str]:
+    """What make browser said beyond its installing and apt-get's failing."""
+    lines = done.stderr.splitlines()
+    return [
+        line for line in lines if not line.startswith(("make: installing", "make: ***")) and "could not" not in line
+    ]
+
+
+def calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="installs only as root")
+
+
 def test_browser_present_runs_nothing(tmp_path):
     done = make_browser(tmp_path, fake_apt_get(tmp_path), *BROWSER_FILES)
-    assert (done.returncode, done.stderr) == (0, "") and not (tmp_path / "calls").exists()
+    assert (done.returncode, done.stderr) == (0, "") and calls(tmp_path) == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="installs only as root")
-@pytest.mark.parametrize("present", [(), ("chromium", "chromedriver")])
-def test_a_missing_browser_is_installed_with_apt_get_as_root(tmp_path, present):
+@root_only
+@pytest.mark.parametrize(
+    "present, installs",
+    [
+        ((), ["update -qq", INSTALL_REQUIRED, INSTALL_SHELL]),
+        (("chromium", "chromedriver"), [INSTALL_SHELL]),
+        (("chromium-headless-shell",), ["update -qq", INSTALL_REQUIRED]),
+    ],
+)
+def test_what_is_missing_is_installed_with_apt_get_as_root(tmp_path, present, installs):
     done = make_browser(tmp_path, fake_apt_get(tmp_path), *present)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "calls").read_text().splitlines() == ["update -qq", INSTALL]
+    assert (done.returncode, said(done)) == (0, []), done.stderr
+    assert calls(tmp_path) == installs
     assert all(os.access(tmp_path / name, os.X_OK) for name in BROWSER_FILES)
 
 
-def test_without_the_headless_shell_the_tests_drive_chromium_and_one_line_says_how_to_install_it(tmp_path):
-    """The shell alone missing, and not installed (this apt-get installs nothing): a note, not a stop."""
-    done = make_browser(tmp_path, fake_apt_get(tmp_path, installs=()), "chromium", "chromedriver")
+def test_without_the_headless_shell_the_tests_drive_chromium_and_one_line_says_so(tmp_path):
+    """The shell missing and not installable here (as root, apt-get has no such package): a note, not a stop."""
+    done = make_browser(tmp_path, fake_apt_get(tmp_path, unavailable=("chromium-headless-shell",)), *BROWSER_FILES[:2])
+    [line] = said(done)
+    assert done.returncode == 0 and not (tmp_path / "chromium-headless-shell").exists()
+    assert facts_in(line, f"missing {tmp_path / 'chromium-headless-shell'}:", f"drive {tmp_path / 'chromium'}, at more")
+
+
+def test_without_chromium_the_tests_drive_the_shell_and_one_line_says_chromium_is_missing(tmp_path):
+    done = make_browser(tmp_path, fake_apt_get(tmp_path, unavailable=("chromium",)), *BROWSER_FILES[1:])
+    [line] = said(done)
     assert done.returncode == 0
-    [line] = [line for line in done.stderr.splitlines() if not line.startswith("make: installing")]
-    assert facts_in(line, str(tmp_path / "chromium-headless-shell"), str(tmp_path / "chromium"), INSTALL)
+    assert facts_in(line, f"missing {tmp_path / 'chromium'}:", f"drive {tmp_path / 'chromium-headless-shell'};")
+
+
+def test_without_chromedriver_make_stops_naming_only_what_is_missing(tmp_path):
+    done = make_browser(
+        tmp_path, fake_apt_get(tmp_path, unavailable=("chromium-driver",)), "chromium", BROWSER_FILES[2]
+    )
+    [line] = said(done)
+    assert done.returncode == 2 and line.startswith("error:")
+    assert line.split("missing:")[1].split(";")[0].split() == [str(tmp_path / "chromedriver")]
 
 
 def marker_expressions(target: str) -> list[str | None]:
@@ -97,13 +144,12 @@ def test_the_test_targets_run_each_tier_once_and_ci_runs_them_all_readmes_first(
 
 
 def test_a_browser_that_cannot_be_installed_stops_make_test_with_the_command(tmp_path):
-    none, shell = tmp_path / "none", tmp_path / "no-shell"
-    done = make("test", f"CHROMIUM={none}", f"CHROMIUM_SHELL={shell}", f"APT_GET={tmp_path / 'no-apt-get'}")
+    none, shell, apt_get = tmp_path / "none", tmp_path / "no-shell", tmp_path / "no-apt-get"
+    done = make("test", f"CHROMIUM={none}", f"CHROMIUM_SHELL={shell}", f"APT_GET={apt_get}")
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if not line.startswith("make")]
-    apt_get = tmp_path / "no-apt-get"
-    assert line.startswith("error:") and facts_in(line, str(none), str(shell), "/usr/bin/chromedriver", "as root")
-    assert facts_in(line, f"{apt_get} update", f"{apt_get} {INSTALL}")
+    assert line.startswith("error:") and line.split("missing:")[1].split(";")[0].split() == [str(shell), str(none)]
+    assert facts_in(line, "as root", f"{apt_get} update", f"{apt_get} {INSTALL_REQUIRED}", f"{apt_get} {INSTALL_SHELL}")
     assert "passed" not in done.stdout and "-m pytest" not in done.stdout, "no test ran"
 
 
