@@ -25,12 +25,12 @@ def make(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["make", "-s", "-C", str(REPO), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-BROWSER_FILES = ("chromium", "chromedriver", "chromium-headless-shell")
 PACKAGE_FILES = {
     "chromium": "chromium",
     "chromium-driver": "chromedriver",
     "chromium-headless-shell": "chromium-headless-shell",
 }
+BROWSER_FILES = tuple(PACKAGE_FILES.values())  # CHROMIUM, CHROMEDRIVER, CHROMIUM_SHELL (make_browser)
 INSTALL_REQUIRED, INSTALL_SHELL = "install -y -qq chromium chromium-driver", "install -y -qq chromium-headless-shell"
 
 
