@@ -151,7 +151,7 @@ def as_their_files_say(reports: dict[str, dict], changes: dict[str, str], repo: 
         if name in changes or not path.exists():
             annotated[name] = report
             continue
-        _, _, description, edited = _file_design(path, path.stat().st_mtime_ns)
+        _, _, description, edited, _ = _file_design(path, path.stat().st_mtime_ns)
         edited = dict(edited)
         annotated[name] = {
             **report,
@@ -210,13 +210,25 @@ def design_changes(reports: dict[str, dict], repo: Path) -> dict[str, str]:
 
 
 @lru_cache(maxsize=64)
-def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, str, tuple[tuple[str, str], ...]]:
+def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, str, tuple[tuple[str, str], ...], tuple[int, ...]]:
     """(the file's run count, its claims record's digest, its description, each claim's edited_after_runs
-    where it has one), read once per version of the file."""
+    where it has one, the d_k whose cells share a seed's initial draws), read once per version of the file."""
     experiment = load_experiment(path, runs_dir=str(path.parent / "runs"))
     record = report_spec.claims_record(experiment.report, {c.seed for c in experiment.cells})
     edited = tuple((e.id, e.edited_after_runs) for e in experiment.report.expect if e.edited_after_runs)
-    return len(experiment.cells), record["digest"], experiment.description.strip(), edited
+    shared = tuple(experiment_report.shared_initial_draws(experiment))
+    return len(experiment.cells), record["digest"], experiment.description.strip(), edited, shared
+
+
+def shared_draws(name: str, report: dict, changes: dict[str, str], repo: Path) -> list[int]:
+    """The d_k whose cells start a seed from the same deviates: as the report says, or, for a report made
+    before reports said it, as its file says where the report is of the file's design."""
+    if "shared_initial_draws" in report:
+        return list(report["shared_initial_draws"])
+    if name in changes:
+        return []
+    path = repo / "experiments" / f"{name}.yaml"
+    return list(_file_design(path, path.stat().st_mtime_ns)[4])
 
 
 def design_said(name: str, changes: dict[str, str]) -> str:
@@ -330,6 +342,7 @@ def experiments_readme(
         text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
         text += verdicts_by_point(report)
+        text += experiment_report.shared_draws_lines(shared_draws(name, report, changes, repo))
         text += [verification_line(name, verifications.get(name)), ""]
         figures = sorted(p.name for p in (results / name).glob("*.png"))
         text += [

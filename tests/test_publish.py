@@ -952,6 +952,39 @@ def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design
     assert "runs of an earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
 
 
+def test_every_experiments_text_says_which_cells_share_a_seeds_initial_draws_from_its_report_or_else_its_file(
+    tmp_path,
+):
+    """Issue 45 item 5: a report made before reports said it takes the fact from its file, where the design is the
+    file's; a report that says it is taken at its word; a report of an earlier design says nothing it cannot know."""
+    write_experiment_file(tmp_path, "sqrt_dk", runs=4)
+    (tmp_path / "configs" / "wide.yaml").write_text("task: {name: retrieval, n_pairs: 4}\ntrain: {steps: 2}\n")
+    for name, widths in (("wide", [65536, 1048576]), ("narrow", [256, 1024])):
+        (tmp_path / "experiments" / f"{name}.yaml").write_text(
+            json.dumps(
+                {
+                    "name": name,
+                    "base": "../configs/wide.yaml",
+                    "grid": {"model.d_k": widths, "model.scale": ["sqrt"]},
+                    "seeds": [0, 1],
+                }
+            )
+        )
+    reports = {name: report({}) for name in ("sqrt_dk", "wide", "narrow")}
+
+    def said(reports, changes=None) -> dict[str, str]:
+        text = results_text.experiments_readme(reports, {}, tmp_path / "experiments" / "results", tmp_path, changes)
+        return {part.split("\n")[0]: part for part in text.split("## ")[1:]}
+
+    parts = said(reports)
+    assert facts_in(parts["wide"], "Not independent", "at d_k 65536, 1048576")
+    assert "Not independent" not in parts["narrow"] and "Not independent" not in parts["sqrt_dk"]
+    assert "Not independent" not in said(reports, changes={"wide": "redesigned"})["wide"]
+    told = {**reports, "narrow": {**reports["narrow"], "shared_initial_draws": [16384, 1048576]}}
+    assert facts_in(said(told)["narrow"], "at d_k 16384, 1048576")
+    assert "Not independent" not in said({**told, "wide": {**reports["wide"], "shared_initial_draws": []}})["wide"]
+
+
 def test_a_claim_edited_after_its_runs_is_marked_and_a_corrected_description_used_where_the_design_is_the_same(
     tmp_path,
 ):

@@ -1,7 +1,9 @@
-"""Why an unscaled head stops learning, measured row by row.
+"""Softmax saturation and the gradient each query row passes to W_q and W_k, measured row by row.
 
-The claim: with scores of variance d_k the softmax saturates, and the
-gradient through a saturated row vanishes. Each query row i that carries a
+What it measures, not why a run learns or not: with scores of variance d_k
+the softmax saturates, and the gradient through a saturated row is bounded
+by its Jacobian (the unscaled step's size is the other factor; the
+two_factors experiment sets the two apart). Each query row i that carries a
 target (retrieval: one per example) gives, from the textbook model's
 forward and backward (attn.model.reference; the row's share of the batch loss):
 
@@ -15,8 +17,7 @@ forward and backward (attn.model.reference; the row's share of the batch loss):
                p_j <= 1 - max_p), so ||J||_2 <= ||J||_inf <= 2 (1 - max_p)
 
 Since W_q and W_k reach the loss only through the scores, a row whose
-Jacobian is near zero passes almost no gradient to them: a saturated row
-does not learn where to look.
+Jacobian is near zero passes almost no gradient to them through that row.
 
 For a score mode (attn.model.scores), dS is the gradient of S = s q.k before the
 mode's map of it, so the closed forms hold as written for every mode but
