@@ -143,7 +143,8 @@ def _claim_id(expectation: dict) -> str:
 
 def as_their_files_say(reports: dict[str, dict], changes: dict[str, str], repo: Path) -> dict[str, dict]:
     """The reports, each of its file's current design (repo/experiments/<name>.yaml) given the file's
-    description now and, for each claim, the edited_after_runs the file declares for it: words about the same
+    description now, for each claim the edited_after_runs the file declares for it, and, where the report
+    does not record them, the d_k whose cells share a seed's initial draws: words and facts about the same
     runs and claims, which a report made before they were corrected or written down lacks."""
     annotated = {}
     for name, report in reports.items():
@@ -151,9 +152,10 @@ def as_their_files_say(reports: dict[str, dict], changes: dict[str, str], repo: 
         if name in changes or not path.exists():
             annotated[name] = report
             continue
-        _, _, description, edited, _ = _file_design(path, path.stat().st_mtime_ns)
+        _, _, description, edited, shared = _file_design(path, path.stat().st_mtime_ns)
         edited = dict(edited)
         annotated[name] = {
+            "shared_initial_draws": list(shared),
             **report,
             "description": description or report.get("description", ""),
             "expectations": [
@@ -218,17 +220,6 @@ def _file_design(path: Path, mtime_ns: int) -> tuple[int, str, str, tuple[tuple[
     edited = tuple((e.id, e.edited_after_runs) for e in experiment.report.expect if e.edited_after_runs)
     shared = tuple(experiment_report.shared_initial_draws(experiment))
     return len(experiment.cells), record["digest"], experiment.description.strip(), edited, shared
-
-
-def shared_draws(name: str, report: dict, changes: dict[str, str], repo: Path) -> list[int]:
-    """The d_k whose cells start a seed from the same deviates: as the report says, or, for a report made
-    before reports said it, as its file says where the report is of the file's design."""
-    if "shared_initial_draws" in report:
-        return list(report["shared_initial_draws"])
-    if name in changes:
-        return []
-    path = repo / "experiments" / f"{name}.yaml"
-    return list(_file_design(path, path.stat().st_mtime_ns)[4])
 
 
 def design_said(name: str, changes: dict[str, str]) -> str:
@@ -342,7 +333,7 @@ def experiments_readme(
         text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
         text += verdicts_by_point(report)
-        text += experiment_report.shared_draws_lines(shared_draws(name, report, changes, repo))
+        text += experiment_report.shared_draws_lines(report.get("shared_initial_draws", []))
         text += [verification_line(name, verifications.get(name)), ""]
         figures = sorted(p.name for p in (results / name).glob("*.png"))
         text += [

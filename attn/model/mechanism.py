@@ -1,9 +1,10 @@
 """Softmax saturation and the gradient each query row passes to W_q and W_k, measured row by row.
 
-What it measures, not why a run learns or not: with scores of variance d_k
-the softmax saturates, and the gradient through a saturated row is bounded
-by its Jacobian (the unscaled step's size is the other factor; the
-two_factors experiment sets the two apart). Each query row i that carries a
+It measures; it does not say why a run learns or not (the two_factors
+experiment sets initial score variance and step size apart). With scores of
+variance d_k the softmax saturates, and the gradient a saturated row passes
+to the scores is its upstream gradient times the row's softmax Jacobian,
+whose norm has the bound `bound` below. Each query row i that carries a
 target (retrieval: one per example) gives, from the textbook model's
 forward and backward (attn.model.reference; the row's share of the batch loss):
 
