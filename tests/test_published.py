@@ -154,14 +154,16 @@ def test_the_cli_verifies_a_published_report_through_it_and_refuses_it_with_as_r
     monkeypatch.setattr(
         published,
         "verify_published",
-        lambda experiment, results, repo, *args: (
-            asked.append((experiment.name, results, repo))
+        lambda experiment, results, repo, *args, judged_cells=False: (
+            asked.append((experiment.name, results, repo, judged_cells))
             or {"agree": True, "files": [], "experiment": "w", "platforms": {"as run": {}}, "expectations": []}
         ),
     )
     monkeypatch.setattr(verify, "verify_markdown", lambda result: "compared")
     assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--runs-dir", str(tmp_path / "runs")]) == 0
-    assert asked == [("w", publish.RESULTS, publish.REPO)]
+    assert asked == [("w", publish.RESULTS, publish.REPO, False)]
+    assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--judged-cells"]) == 0
+    assert asked[-1] == ("w", publish.RESULTS, publish.REPO, True)
     assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--as-run", "x"]) == 2
     assert facts_in(capsys.readouterr().err, "--published", "--as-run x")
 

@@ -277,7 +277,13 @@ def judge_all(
     budgets = {e.budget for e in expectations if e.budget is not None}  # each seed re-classified once a budget
     cells_at_budget = {budget: [at_budget(cell, budget) for cell in cells] for budget in budgets}
     judged = [judge(e, cells, layout, sensitivities, cells_at_budget) for e in expectations]
-    tested = [j for j in judged if j["test"] != "interval"]
+    holm_verdicts([j for j in judged if j["test"] != "interval"], alpha)
+    return judged
+
+
+def holm_verdicts(tested: list[dict], alpha: float) -> None:
+    """Set each tested claim's Holm-adjusted p (and its opposite's), its verdict and its points' at level
+    alpha, in place: the claims judged by a test, each holding its p, p_reverse and points (judge_all)."""
     # a claim's adjusted p, and each of its points', at the claim's step of Holm's procedure (its
     # multiplier and floor), so a point never reads "confirmed" at a level its claim was not held to
     at_step = lambda p, step: max(step[1], min(1.0, step[0] * p))  # noqa: E731
@@ -299,7 +305,6 @@ def judge_all(
                     if at_step(p["p_reverse"] * len(j["points"]), reverse) <= alpha
                     else INCONCLUSIVE
                 )
-    return judged
 
 
 def _good(stat: str, seed) -> bool:

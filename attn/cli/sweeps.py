@@ -393,6 +393,13 @@ def cmd_verify(args) -> int:
             f"verify: --published with --as-run {args.as_run}: the first takes the published report as "
             "run, the second the report in DIR; expected one of them"
         )
+    if args.judged_cells and (args.kernel or args.variants not in (None, ("materialized",))):
+        given = f"--kernel {args.kernel}" if args.kernel else f"--variants {','.join(args.variants)}"
+        raise UsageError(
+            f"verify: --judged-cells with {given}: it makes the materialized re-run alone; expected "
+            "no --kernel and no --variants but materialized"
+        )
+    variants = args.variants or VARIANTS
     experiment = _load_experiment_file(args.experiment, "verify", args.runs_dir, args.max_cells)
     progress = lambda message: say(f"verify: {message}", file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -401,7 +408,20 @@ def cmd_verify(args) -> int:
             from attn.report.published import verify_published
 
             result = verify_published(
-                experiment, publish.RESULTS, publish.REPO, args.kernel, args.workers, progress, args.variants
+                experiment,
+                publish.RESULTS,
+                publish.REPO,
+                args.kernel,
+                args.workers,
+                progress,
+                variants,
+                judged_cells=args.judged_cells,
+            )
+        elif args.judged_cells:
+            from attn.report.judged_cells import verify_judged
+
+            result = verify_judged(
+                experiment, args.workers, progress, as_run=None if args.as_run is None else Path(args.as_run)
             )
         else:
             result = verify.verify(
@@ -409,7 +429,7 @@ def cmd_verify(args) -> int:
                 args.kernel,
                 args.workers,
                 progress,
-                args.variants,
+                variants,
                 as_run=None if args.as_run is None else Path(args.as_run),
             )
     except ChildStopped as stopped:
@@ -560,7 +580,6 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--variants",
         type=variant_list,
-        default=VARIANTS,
         help="the re-runs to make, comma-separated, of float64, kernel, materialized (default: all)",
     )
     p.add_argument("--runs-dir", help="where the experiment folder is (default: the config's runs_dir)")
@@ -569,6 +588,13 @@ def add_commands(sub) -> None:
         action="store_true",
         help="verify the published report (experiments/results/<name>), whose runs need not be here, "
         "re-run by the commit it names (a git worktree under runs/published/ with its own .venv)",
+    )
+    p.add_argument(
+        "--judged-cells",
+        action="store_true",
+        help="make the materialized re-run alone, of only the cells the report "
+        "judges its claims at, every seed, and judge the claims there at the rates chosen as run (for an "
+        "experiment too large to re-run whole; docs/experiments.md)",
     )
     p.add_argument(
         "--as-run",

@@ -120,26 +120,31 @@ def rerun(
     env: dict,
     workers: int | None,
     progress: Callable[[str], None],
+    attn: tuple[list[str], Path | None, str] | None = None,
 ) -> Path:
     """`attn sweep` of the experiment into runs/verify/<variant>, once per
     pass (each its overrides and options); with several passes (each --only
     a part), then `attn report` of the whole; the directory of its report.
-    Each run's end, as the sweep says it ('[k/N] cell: ...'), goes to `progress` as it comes."""
+    Each run's end, as the sweep says it ('[k/N] cell: ...'), goes to `progress` as it comes.
+    `attn`: another checkout's attn to run it with (its python command, working directory and the
+    experiment file's path there; default: this one's)."""
     runs_dir = variant_directory(experiment, variant)
     report = runs_dir / experiment.name / runs.REPORT_FILE
     parts = ["--no-report"] if len(passes) > 1 else []  # each pass a part: one report of the whole, at the end
     report.unlink(missing_ok=True)  # a report left by an earlier verify must not stand in for this one's
+    python, cwd, file = attn or ([sys.executable], None, str(experiment.path))
     commands = [
-        ["sweep", str(experiment.path), *arguments, "--runs-dir", str(runs_dir), *parts]
+        ["sweep", file, *arguments, "--runs-dir", str(runs_dir), *parts]
         + (["--workers", str(workers)] if workers else [])
         for arguments in passes
     ]
     if len(passes) > 1:
-        commands.append(["report", str(experiment.path), "--runs-dir", str(runs_dir)])
+        commands.append(["report", file, "--runs-dir", str(runs_dir)])
     for last, command in enumerate(commands, start=1 - len(commands)):
         progress(f"{variant}: attn {' '.join(command)}")
         done = processes.run_child(
-            [sys.executable, "-m", "attn", *command],
+            [*python, "-m", "attn", *command],
+            cwd=cwd,
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -270,8 +275,16 @@ def compare_verdicts(reports: dict[str, dict]) -> list[dict]:
             variant: next((e["verdict"] for e in r["expectations"] if e["id"] == eid), "absent")
             for variant, r in reports.items()
         }
-        rows.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
+        rows.append({"id": eid, "verdicts": verdicts, "agree": verdicts_agree(verdicts)})
     return rows
+
+
+NOT_RERUN = "not re-run"  # a claim or cell a re-run did not make (attn.report.judged_cells): no test there
+
+
+def verdicts_agree(verdicts: dict[str, str]) -> bool:
+    """Whether a claim's verdicts agree across the re-runs that judged it (NOT_RERUN: one that did not)."""
+    return len({v for v in verdicts.values() if v != NOT_RERUN}) <= 1
 
 
 def _key(*parts) -> str:
@@ -280,13 +293,17 @@ def _key(*parts) -> str:
 
 
 LINKED = "linked"  # a cell a re-run did not make: its runs are the runs as run, so it says nothing there
+UNCOMPARED = (LINKED, NOT_RERUN)  # a cell's count where a re-run did not make it: left out of the comparison
 
 
-def compare_cells(reports: dict[str, dict], linked: dict[str, set] | None = None) -> list[dict]:
+def compare_cells(
+    reports: dict[str, dict], linked: dict[str, set] | None = None, not_rerun: dict[str, set] | None = None
+) -> list[dict]:
     """Per cell (its settings) of any report: seeds that learned out of seeds
     in every report ('absent' where a report lacks the cell, which then differs;
     LINKED where the re-run linked the runs as run, `linked`: variant -> cell
-    keys, left out of the comparison, as agreeing there would be no test)."""
+    keys, and NOT_RERUN where it did not make the cell, `not_rerun`: likewise,
+    both left out of the comparison, as agreeing there would be no test)."""
 
     def counts(report: dict) -> dict[str, str]:
         return {_key(c["settings"]): f"{c['success_rate']['k']}/{c['success_rate']['n']}" for c in report["cells"]}
@@ -295,22 +312,37 @@ def compare_cells(reports: dict[str, dict], linked: dict[str, set] | None = None
     rows = []
     for key in dict.fromkeys(key for by_cell in per_variant.values() for key in by_cell):
         learned = {
-            variant: LINKED if key in (linked or {}).get(variant, ()) else by_cell.get(key, "absent")
+            variant: LINKED
+            if key in (linked or {}).get(variant, ())
+            else NOT_RERUN
+            if key in (not_rerun or {}).get(variant, ())
+            else by_cell.get(key, "absent")
             for variant, by_cell in per_variant.items()
         }
-        compared = {count for count in learned.values() if count != LINKED}
+        compared = {count for count in learned.values() if count not in UNCOMPARED}
         rows.append({"settings": json.loads(key)[0], "learned": learned, "same": len(compared) == 1})
     return rows
 
 
 def cells_agreement(cells: list[dict], variants: int) -> str:
-    """'the same count in all four in N of M cells', and how many of those one re-run linked rather than made."""
+    """'the same count in all four in N of M cells', and how many of those one re-run linked or did not make."""
     same = [c for c in cells if c["same"]]
     linked = sum(LINKED in c.get("learned", {}).values() for c in same)
+    not_rerun = sum(NOT_RERUN in c.get("learned", {}).values() for c in same)
+    without = [
+        *(
+            [f"{linked} of them compared without the materialized re-run, which has them as run: the same algorithm"]
+            if linked
+            else []
+        ),
+        *(
+            [f"{not_rerun} of them compared without the materialized re-run, which did not make them"]
+            if not_rerun
+            else []
+        ),
+    ]
     return f"the same count in {in_all(variants)} in {len(same)} of {len(cells)} cells" + (
-        f" ({linked} of them compared without the materialized re-run, which has them as run: the same algorithm)"
-        if linked
-        else ""
+        f" ({'; '.join(without)})" if without else ""
     )
 
 
@@ -466,12 +498,12 @@ def merge(earlier: dict, later: dict) -> dict:
             for k, x in r["verdicts"].items()
         }
         verdicts = {v: verdicts.get(v, "absent") for v in platforms}
-        expectations.append({"id": eid, "verdicts": verdicts, "agree": len(set(verdicts.values())) == 1})
+        expectations.append({"id": eid, "verdicts": verdicts, "agree": verdicts_agree(verdicts)})
     cells = {}
     for row in (*earlier.get("cells", []), *later.get("cells", [])):
         key = _key(row["settings"])
         learned = {**cells.get(key, {}).get("learned", {}), **row["learned"]}
-        compared = {count for count in learned.values() if count != LINKED}
+        compared = {count for count in learned.values() if count not in UNCOMPARED}
         cells[key] = {
             "settings": row["settings"],
             "learned": {v: learned.get(v, "absent") for v in platforms},
@@ -643,6 +675,7 @@ def verify_markdown(result: dict) -> str:
             "of the same seeds: run-to-run variance (per-seed outcomes of chaotic arms move with rounding), not "
             "evidence for or against those claims. The frozen claims stand as judged on the runs they were frozen "
             "for; a claim changes only through a new experiment on fresh seeds.",
+            *not_rerun_said(result),
         ]
     return "\n".join(
         [
@@ -669,6 +702,18 @@ def verify_markdown(result: dict) -> str:
             *_unchanged_markdown(result.get("unchanged", {})),
         ]
     )
+
+
+def not_rerun_said(result: dict) -> list[str]:
+    """A word where a re-run judged only some claims (NOT_RERUN): how many it left, and why that is no test."""
+    left = {v: sum(r["verdicts"].get(v) == NOT_RERUN for r in result["expectations"]) for v in result["platforms"]}
+    return [
+        f"The {variant} re-run judged {len(result['expectations']) - n} of the {len(result['expectations'])} "
+        f"claims; the other {n} read '{NOT_RERUN}': it did not make the cells they are judged at, so they are "
+        "not compared there."
+        for variant, n in left.items()
+        if n
+    ]
 
 
 def _as_run_markdown(result: dict) -> list[str]:

@@ -36,6 +36,7 @@ from typing import Callable
 from attn.config.yamlio import show_value
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, load_experiment
+from attn.report import judged_cells as judged
 from attn.report.experiment_report import is_clean_state
 from attn.store import processes, runs
 
@@ -78,14 +79,19 @@ def verify_published(
     workers: int | None,
     progress: Callable[[str], None],
     variants: tuple[str, ...] = verify.VARIANTS,
+    judged_cells: bool = False,
 ) -> dict:
     """Verify the report published in results/<name> from the commit it names (module docstring); the
-    comparison, as attn.experiment.verify.verify returns it, its files written under this checkout's runs/."""
+    comparison, as attn.experiment.verify.verify returns it, its files written under this checkout's runs/.
+    `judged_cells`: the materialized re-run of the cells its claims are judged at, alone
+    (attn.report.judged_cells), its runs made by that commit's `attn sweep` and `attn report`."""
     published = Path(results) / experiment.name
     commit = published_commit(runs.read_report_json(published), published / runs.REPORT_FILE)
     verify.checked_report(experiment, published, "as published")  # its claims this file's, before hours of work
     object_id = commit_id(repo, commit, published / runs.REPORT_FILE)
     if _at(repo, object_id) and _git_ok(["diff", "--quiet", "HEAD", "--"], repo):  # that commit, clean
+        if judged_cells:
+            return judged.verify_judged(experiment, workers, progress, as_run=published)
         return verify.verify(experiment, kernel, workers, progress, variants, as_run=published)
     runs_dir = Path(experiment.cells[0].config.runs_dir)
     place = runs_dir / "published" / commit
@@ -106,6 +112,13 @@ def verify_published(
     for name in (runs.REPORT_FILE, runs.SEEDS_FILE):
         if (published / name).exists():
             shutil.copyfile(published / name, copied / name)
+    if judged_cells:
+        there = load_experiment(experiment.path, runs_dir=str(tree / "runs"))
+        python = [str(tree / ".venv" / "bin" / "python")]
+        result = judged.verify_judged(
+            there, workers, progress, as_run=published, attn=(python, tree, f"experiments/{experiment.name}.yaml")
+        )
+        return _copied_here(result, runs_dir)
     its_verification = tree / "runs" / "verify" / f"{experiment.name}.json"
     its_verification.unlink(missing_ok=True)  # written anew by its verify, which exits 1 when a verdict differs
     options = (
@@ -131,6 +144,11 @@ def verify_published(
     )
     there = load_experiment(experiment.path, runs_dir=str(tree / "runs"))
     result = verify.verify(there, kernel, workers, progress, variants, as_run=published, made=True)
+    return _copied_here(result, runs_dir)
+
+
+def _copied_here(result: dict, runs_dir: Path) -> dict:
+    """The comparison with its files copied from the worktree into this checkout's runs/verify."""
     here = runs_dir / "verify"
     here.mkdir(parents=True, exist_ok=True)
     result["files"] = [str(shutil.copyfile(path, here / Path(path).name)) for path in result["files"]]

@@ -1,0 +1,248 @@
+"""The materialized re-run of the judged cells alone (attn.report.judged_cells): which cells it
+re-makes, which claims it re-judges, Holm's correction over the re-judged p and the p as run, and
+how its comparison reads and merges. Runs are hand-made (test_report's helpers): the re-run's
+`attn sweep` passes write the curves a test gives, and its report is the real one."""
+
+import copy
+import json
+
+import pytest
+from helpers import facts_in
+from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, write_run
+
+from attn import cli
+from attn.experiment import spec as experiments
+from attn.experiment import verify
+from attn.report import experiment_figures, judged_cells
+from attn.report.experiment_report import write_report
+from attn.store import runs
+
+WIDE = 2 * verify.MATERIALIZED_WIDTH  # runs width-free, too wide to re-run materialized
+SELECT, JUDGE = [0, 1], [2, 3, 4, 5, 6, 7]
+CLAIMS = [
+    {"id": "more", "claim": "c", "stat": "success_rate", "arm": SQRT, "better_than": NONE, "test": "mcnemar"},
+    {"id": "learns", "claim": "c", "stat": "success_rate", "arm": SQRT, "above": 0.5},
+    {"id": "learns-early", "claim": "c", "stat": "success_rate", "arm": SQRT, "above": 0.5, "budget": 30},
+    {
+        "id": "more-wide",
+        "claim": "c",
+        "stat": "success_rate",
+        "arm": SQRT,
+        "better_than": NONE,
+        "test": "mcnemar",
+        "where": {"model.d_k": [WIDE]},
+    },
+]
+
+
+def narrow(claim: dict) -> dict:
+    """The claim at d_k 256 alone (its `where`), unless it names its own."""
+    return claim if "where" in claim else {**claim, "where": {"model.d_k": [256]}}
+
+
+def curves(settings: dict, seed: int, flipped: bool = False) -> list[tuple]:
+    """The scaled head learns (sooner at lr 1); the unscaled one stalls at lr 0.1 and learns in the
+    selection seeds alone at lr 1 (its best there); `flipped`: the unscaled head learns everywhere."""
+    if settings["model.scale"] == "sqrt":
+        return curve(LEARNED, step=20 if settings["optim.lr"] == 1.0 else 40)
+    if settings["optim.lr"] == 1.0 and (flipped or seed in SELECT):
+        return curve(LEARNED)
+    return curve(STALLED)
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    """An experiment at d_k 256 and WIDE, two arms, two rates, selection and judging seeds (no runs)."""
+    grid = {"model.d_k": [256, WIDE], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 1.0]}
+    report = {
+        "x": "model.d_k",
+        "arm": "model.scale",
+        "best_of": "optim.lr",
+        "select": ["max success_rate", "min median_time"],
+        "select_on": SELECT,
+        "judge_on": JUDGE,
+        "expect": [narrow(c) for c in CLAIMS],
+    }
+    return load(tmp_path, grid, SELECT + JUDGE, report)
+
+
+@pytest.fixture
+def made(experiment, monkeypatch):
+    """The experiment's runs and report as run (no figures: other tests draw them); `attn sweep`'s
+    passes into runs/verify/materialized faked: each pass writes its cells' runs
+    (curves(flipped=the state's flag)), and the last step writes their report."""
+    monkeypatch.setattr(experiment_figures, "draw_all", lambda *args, **kwargs: {})
+    for cell in experiment.cells:
+        settings = dict(cell.settings)
+        write_run(experiment, settings, cell.seed, curves(settings, cell.seed))
+    write_report(experiment)
+    state = {"flipped": False, "passes": []}
+
+    def rerun(experiment, variant, passes, env, workers, progress, attn=None):
+        state["passes"] = passes
+        there = experiments.load_experiment(experiment.path, str(verify.variant_directory(experiment, variant)))
+        for one in passes:
+            only = [one[i + 1] for i, word in enumerate(one) if word == "--only"]
+            part = experiments.load_experiment(experiment.path, str(there.directory.parent), only=only)
+            for cell in part.cells:
+                settings = dict(cell.settings)
+                write_run(there, settings, cell.seed, curves(settings, cell.seed, state["flipped"]))
+        write_report(there)
+        return there.directory
+
+    return experiment, state, rerun
+
+
+def test_it_re_makes_each_arms_chosen_cell_that_fits_and_re_judges_the_claims_judged_there(made, monkeypatch):
+    experiment, state, rerun = made
+    monkeypatch.setattr(verify, "rerun", rerun)
+    as_run = runs.read_report_json(experiment.directory)
+    result = judged_cells.verify_judged(experiment, 1)
+    only = sorted(" ".join(p) for p in state["passes"])
+    assert len(only) == 2 and all("model.width_free=false" in p and "model.d_k=256" in p for p in only)
+    assert {("model.scale=sqrt" in p, "optim.lr=1.0" in p) for p in only} == {(True, True), (False, True)}
+    verdicts = {r["id"]: r["verdicts"] for r in result["expectations"]}
+    as_judged = {e["id"]: e["verdict"] for e in as_run["expectations"]}
+    assert as_judged["more"] == "confirmed" and as_judged["more-wide"] == "confirmed"
+    assert {i: v["materialized"] for i, v in verdicts.items()} == {
+        "more": "confirmed",
+        "learns": "confirmed",
+        "learns-early": verify.NOT_RERUN,  # judged within 30 steps: at cells chosen there
+        "more-wide": verify.NOT_RERUN,  # wider than MATERIALIZED_WIDTH
+    }
+    assert all(v["as run"] == as_judged[i] for i, v in verdicts.items()) and result["agree"]
+    learned = {json.dumps(c["settings"], sort_keys=True): c["learned"]["materialized"] for c in result["cells"]}
+    assert sorted(learned.values()).count(verify.NOT_RERUN) == 6 and all(c["same"] for c in result["cells"])
+    assert result["unchanged"]["materialized"]["runs"] == 16, "two cells of eight seeds, in both"
+    assert facts_in(result["materialized"], "2 cells", "16 runs", "2 of 4 claims", "--judged-cells")
+    md = (experiment.directory.parent / "verify" / "exp.md").read_text()
+    assert facts_in(md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN)
+
+
+def test_a_claim_that_flips_on_the_re_made_cells_disagrees(made, monkeypatch):
+    experiment, state, rerun = made
+    state["flipped"] = True  # the unscaled head learns in every seed at lr 1, re-made
+    monkeypatch.setattr(verify, "rerun", rerun)
+    result = judged_cells.verify_judged(experiment, 1)
+    verdicts = {r["id"]: r["verdicts"]["materialized"] for r in result["expectations"]}
+    assert verdicts["more"] == "inconclusive" and verdicts["learns"] == "confirmed"
+    assert not result["agree"] and [r["id"] for r in result["expectations"] if not r["agree"]] == ["more"]
+    assert [c["learned"] for c in result["cells"] if not c["same"]] == [{"as run": "2/8", "materialized": "8/8"}]
+
+
+def test_runs_of_other_cells_where_it_re_runs_are_refused_before_any_claim_is_judged(made, monkeypatch):
+    experiment, state, rerun = made
+    monkeypatch.setattr(verify, "rerun", rerun)
+    there = experiments.load_experiment(experiment.path, str(verify.variant_directory(experiment, "materialized")))
+    write_run(there, {"model.d_k": 256, "model.scale": "none", "optim.lr": 0.1}, 0, curve(LEARNED))
+    with pytest.raises(runs.RunError) as info:
+        judged_cells.verify_judged(experiment, 1)
+    assert facts_in(str(info.value), str(there.directory), "1 cells that no claim is judged at")
+
+
+def family(p_more: float, p_wide: float, verdicts: tuple[str, str]) -> dict:
+    """A report's two tested claims, judged with these one-sided p (their opposites' 1) and verdicts."""
+
+    def claim(cid, p, verdict, x):
+        point = {"x": [x], "p": p, "p_reverse": 1.0, "n": 6, "other_n": 6}
+        return {"id": cid, "test": "mcnemar", "verdict": verdict, "p": p, "p_reverse": 1.0, "points": [point]}
+
+    return {"expectations": [claim("more", p_more, verdicts[0], 256), claim("more-wide", p_wide, verdicts[1], WIDE)]}
+
+
+def test_a_re_judged_p_is_corrected_with_the_p_as_run_of_the_claims_not_re_judged(experiment):
+    """0.03 alone would be confirmed at 0.05; beside the wide claim's 0.2 as run, Holm doubles it."""
+    as_run = family(0.01, 0.2, ("confirmed", "inconclusive"))  # Holm: 0.02, 0.2
+    remade = family(0.03, 0.5, ("confirmed", "inconclusive"))  # the wide claim here is not re-judged
+    remade["expectations"].pop()
+    remade["expectations"] += [{"id": "more-wide", "verdict": "inconclusive", "points": []}]
+    assert judged_cells.rejudged(experiment, as_run, remade) == {"more": "inconclusive", "more-wide": verify.NOT_RERUN}
+    as_run = family(0.01, 0.01, ("confirmed", "confirmed"))
+    assert judged_cells.rejudged(experiment, as_run, remade)["more"] == "confirmed", "0.03 x 1, second of two"
+
+
+def test_a_report_whose_verdicts_holm_does_not_give_is_refused(experiment):
+    as_run = family(0.2, 0.2, ("confirmed", "inconclusive"))  # judged by some other rule
+    with pytest.raises(runs.RunError) as info:
+        judged_cells.rejudged(experiment, as_run, copy.deepcopy(as_run))
+    assert facts_in(str(info.value), "more", "re-run it whole")
+
+
+def test_merged_with_the_other_re_runs_a_claim_not_re_run_is_left_out_of_the_agreement():
+    earlier = {
+        "experiment": "w",
+        "as_run": {"sha256": "a"},
+        "platforms": {"as run": {}, "float64": {}},
+        "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "float64": "confirmed"}, "agree": True}],
+        "cells": [],
+        "unchanged": {},
+        "materialized": verify.NOT_ASKED,
+    }
+    later = {
+        **earlier,
+        "platforms": {"as run": {}, "materialized": {}},
+        "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "materialized": verify.NOT_RERUN}}],
+        "materialized": "only the 2 cells the claims are judged at",
+    }
+    merged = verify.merge(earlier, later)
+    assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verify.NOT_RERUN
+    assert facts_in(verify.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
+
+
+@pytest.mark.parametrize("given", [["--variants", "float64"], ["--variants", "materialized", "--kernel", "Nehalem"]])
+def test_the_cli_refuses_judged_cells_with_another_re_run_in_one_line(given, tmp_path, capsys):
+    code = cli.main(["verify", str(tmp_path / "none.yaml"), "--judged-cells", *given])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert facts_in(err, "--judged-cells", given[-1], "--variants")
+
+
+def test_for_a_published_report_that_commits_sweep_and_report_make_the_runs_in_its_worktree(tmp_path, monkeypatch):
+    from test_published import setup
+
+    from attn.report import published
+
+    monkeypatch.chdir(tmp_path)
+    experiment, results, children, _ = setup(tmp_path, monkeypatch, at_commit=False, runs_dir="runs")
+    asked = []
+
+    def rerun(experiment, variant, passes, env, workers, progress, attn=None):
+        asked.append((experiment.directory, variant, attn))
+        raise runs.RunError("stopped here")
+
+    monkeypatch.setattr(verify, "rerun", rerun)
+    monkeypatch.setattr(
+        judged_cells, "judged_plan", lambda experiment, report: judged_cells.JudgedPlan([[]], [], 0, "")
+    )
+    with pytest.raises(runs.RunError, match="stopped here"):
+        published.verify_published(experiment, results, tmp_path / "repo", None, 2, print, judged_cells=True)
+    tree = (tmp_path / "runs" / "published" / "176b2c4").resolve()
+    assert [c[0][0] for c in children] == ["git", "make"], "its worktree and .venv; not its attn verify"
+    assert asked == [
+        (tree / "runs" / "w", "materialized", ([str(tree / ".venv/bin/python")], tree, "experiments/w.yaml"))
+    ]
+
+
+def test_the_cells_at_the_shared_rate_are_re_made_only_where_a_claim_is_judged_there(tmp_path):
+    grid = {"model.d_k": [256, 512], "model.scale": ["sqrt", "none"], "optim.lr": [0.1, 1.0]}
+    at_shared = {**CLAIMS[0], "id": "more-shared", "at": "shared", "where": {"model.d_k": [512]}}
+    report = {
+        "x": "model.d_k",
+        "arm": "model.scale",
+        "best_of": "optim.lr",
+        "select": ["max success_rate"],
+        "shared": 0.1,
+        "select_on": SELECT,
+        "judge_on": JUDGE,
+        "expect": [at_shared, narrow(CLAIMS[1])],
+    }
+    experiment = load(tmp_path, grid, SELECT + JUDGE, report)
+    best = [
+        {"settings": {"model.d_k": d, "model.scale": s, "optim.lr": 1.0}} for d in (256, 512) for s in ("sqrt", "none")
+    ]
+    chosen = judged_cells.judged_settings(experiment, {"best": best})
+    assert sorted((c["model.d_k"], c["model.scale"], c["optim.lr"]) for c in chosen) == [
+        (256, "sqrt", 1.0),  # `learns`: the scaled arm's chosen rate at 256
+        (512, "none", 0.1),  # `more-shared`: both arms at the shared rate at 512
+        (512, "sqrt", 0.1),
+    ]
