@@ -237,6 +237,8 @@ def flips_said(result: dict) -> str:
     for row in (r for r in result["expectations"] if not r["agree"]):
         where: dict[str, list[str]] = {}
         for variant in sorted(row["verdicts"], key=lambda v: v != "as run"):  # the file's keys are sorted
+            if row["verdicts"][variant] == verify.NOT_RERUN:  # that re-run did not judge it
+                continue
             where.setdefault(row["verdicts"][variant], []).append(variant if variant == "as run" else f"in {variant}")
         said.append(
             f"`{row['id']}`: " + ", ".join(f"{verdict} {and_list(places)}" for verdict, places in where.items())

@@ -10,7 +10,7 @@ import pytest
 from helpers import facts_in
 from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, write_run
 
-from attn import cli
+from attn import cli, results_text
 from attn.experiment import spec as experiments
 from attn.experiment import verify
 from attn.report import experiment_figures, judged_cells
@@ -184,9 +184,14 @@ def test_merged_with_the_other_re_runs_a_claim_not_re_run_is_left_out_of_the_agr
         "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "materialized": verify.NOT_RERUN}}],
         "materialized": "only the 2 cells the claims are judged at",
     }
-    merged = verify.merge(earlier, later)
+    merged = verify.merge(earlier, {**later, verify.JUDGED_ONLY: True})
     assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verify.NOT_RERUN
     assert facts_in(verify.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
+    assert facts_in(verify.reruns_said(merged), "in float64", "materialized head (the cells the claims are judged at")
+    assert "judged at" not in verify.reruns_said(verify.merge(earlier, later))
+    flipped = {"id": "y", "verdicts": {"as run": "confirmed", "float64": "inconclusive", "materialized": "not re-run"}}
+    said = results_text.flips_said({"expectations": [{**flipped, "agree": False}]})
+    assert said == "`y`: confirmed as run, inconclusive in float64"
 
 
 @pytest.mark.parametrize("given", [["--variants", "float64"], ["--variants", "materialized", "--kernel", "Nehalem"]])

@@ -379,6 +379,7 @@ def unchanged_runs(reports: dict[str, dict], only: dict[str, set] | None = None)
 
 
 VARIANTS = ("float64", "kernel", "materialized")  # the re-runs verify makes (the kernel's is named after it)
+JUDGED_ONLY = "materialized_judged_only"  # a verification's flag: its materialized re-run made the judged cells alone
 NOT_ASKED = "not made (attn verify --variants)"  # the materialized re-run, when --variants leaves it out
 
 
@@ -528,9 +529,10 @@ def merge(earlier: dict, later: dict) -> dict:
         "unchanged": {**earlier.get("unchanged", {}), **later.get("unchanged", {})},
         "materialized": made_materialized.get("materialized"),
     }
-    merged.pop("remade", None)
-    if "remade" in made_materialized:
-        merged["remade"] = made_materialized["remade"]
+    for key in ("remade", JUDGED_ONLY):
+        merged.pop(key, None)
+        if key in made_materialized:
+            merged[key] = made_materialized[key]
     merged.pop("files", None)
     return merged
 
@@ -622,6 +624,8 @@ def reruns_said(result: dict) -> str:
     --variants left them out): 'in float64, not yet with the materialized head'."""
     made = reruns_made(result)
     words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernel_reruns(result['platforms']))})"}
+    if result.get(JUDGED_ONLY):
+        words["materialized"] += " (the cells the claims are judged at, alone)"
     text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"

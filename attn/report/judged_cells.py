@@ -207,6 +207,7 @@ def verify_judged(
         "unchanged": verify.unchanged_runs(reports),
         "materialized": f"{plan.said}; {judged} of {len(rows)} claims judged there at the rates chosen as run, "
         "which it does not choose again (attn verify --judged-cells)",
+        verify.JUDGED_ONLY: True,
     }
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
