@@ -274,7 +274,7 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
         else "every verdict agrees"
         if result["agree"]
         else f"some verdicts differ ({flips_said(result)})"
-    )
+    ) + partly_said(result)
     cells = result.get("cells", [])
     counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
@@ -498,14 +498,26 @@ def _verification_said(result: dict | None) -> str:
         return "not yet verified"
     unclean = " (re-run by uncommitted or unrecorded code)" if unclean_reruns(result) else ""
     missing = verify.reruns_missing_said(result)
+    partly = partly_said(result)
     if not result["agree"]:
         flipped = [f"`{r['id']}`" for r in result["expectations"] if not r["agree"]]
-        return f"re-runs differ on {and_list(flipped)}{unclean}"
+        return f"re-runs differ on {and_list(flipped)}{partly}{unclean}"
     if not result["expectations"]:
         return f"re-run; it claims nothing that could flip{unclean}"
     return (
-        f"every verdict agrees so far, not yet re-run {missing}" if missing else "every verdict agrees on re-run"
-    ) + (unclean)
+        f"every verdict agrees so far{partly}, not yet re-run {missing}"
+        if missing
+        else f"every verdict agrees on re-run{partly}"
+    ) + unclean
+
+
+def partly_said(result: dict) -> str:
+    """' (the materialized re-run judged 8 of the 26 claims)': each re-run that judged only some, else ''."""
+    partly = verify.partly_judged(result)
+    return "".join(
+        f" (the {variant} re-run judged {judged} of the {claims} claims)"
+        for variant, (judged, claims) in partly.items()
+    )
 
 
 def with_block(readme: str, begin: str, end: str, content: str, name: str = "README.md") -> str:

@@ -116,7 +116,7 @@ def test_it_re_makes_each_arms_chosen_cell_that_fits_and_re_judges_the_claims_ju
     assert result["unchanged"]["materialized"]["runs"] == 16, "two cells of eight seeds, in both"
     assert facts_in(result["materialized"], "2 cells", "16 runs", "2 of 4 claims", "--judged-cells")
     md = (experiment.directory.parent / "verify" / "exp.md").read_text()
-    assert facts_in(md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN)
+    assert facts_in(md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN, "shorter budget")
 
 
 def test_a_claim_that_flips_on_the_re_made_cells_disagrees(made, monkeypatch):
@@ -140,6 +140,20 @@ def test_runs_of_other_cells_where_it_re_runs_are_refused_before_any_claim_is_ju
     assert facts_in(str(info.value), str(there.directory), "1 cells that no claim is judged at")
 
 
+SCALED_256 = {"model.d_k": 256, "model.scale": "sqrt", "optim.lr": 1.0}
+ONE_CELL = judged_cells.JudgedPlan([], [SCALED_256], 8, {"more": {judged_cells._norm(SCALED_256)}}, "")
+
+
+def re_made(expectations: list[dict]) -> dict:
+    """A report of the one cell ONE_CELL re-makes, chosen there, judging these claims."""
+    cell = {"settings": SCALED_256, "n": 8, "unfinished": {}}
+    return {
+        "expectations": expectations,
+        "cells": [cell],
+        "best": [{"x": [256], "arm": ["sqrt"], "settings": SCALED_256}],
+    }
+
+
 def family(p_more: float, p_wide: float, verdicts: tuple[str, str]) -> dict:
     """A report's two tested claims, judged with these one-sided p (their opposites' 1) and verdicts."""
 
@@ -155,16 +169,19 @@ def test_a_re_judged_p_is_corrected_with_the_p_as_run_of_the_claims_not_re_judge
     as_run = family(0.01, 0.2, ("confirmed", "inconclusive"))  # Holm: 0.02, 0.2
     remade = family(0.03, 0.5, ("confirmed", "inconclusive"))  # the wide claim here is not re-judged
     remade["expectations"].pop()
-    remade["expectations"] += [{"id": "more-wide", "verdict": "inconclusive", "points": []}]
-    assert judged_cells.rejudged(experiment, as_run, remade) == {"more": "inconclusive", "more-wide": verify.NOT_RERUN}
+    remade = re_made(remade["expectations"] + [{"id": "more-wide", "verdict": "inconclusive", "points": []}])
+    verdicts = judged_cells.rejudged(experiment, as_run, remade, ONE_CELL)
+    assert verdicts == {"more": "inconclusive", "more-wide": verify.NOT_RERUN}
     as_run = family(0.01, 0.01, ("confirmed", "confirmed"))
-    assert judged_cells.rejudged(experiment, as_run, remade)["more"] == "confirmed", "0.03 x 1, second of two"
+    assert judged_cells.rejudged(experiment, as_run, remade, ONE_CELL)["more"] == "confirmed", "0.03 x 1, second of two"
+    chose_another = {**remade, "best": [{"x": [256], "arm": ["sqrt"], "settings": {**SCALED_256, "optim.lr": 0.1}}]}
+    assert judged_cells.rejudged(experiment, as_run, chose_another, ONE_CELL)["more"] == verify.NOT_RERUN
 
 
 def test_a_report_whose_verdicts_holm_does_not_give_is_refused(experiment):
     as_run = family(0.2, 0.2, ("confirmed", "inconclusive"))  # judged by some other rule
     with pytest.raises(runs.RunError) as info:
-        judged_cells.rejudged(experiment, as_run, copy.deepcopy(as_run))
+        judged_cells.rejudged(experiment, as_run, re_made(copy.deepcopy(as_run["expectations"])), ONE_CELL)
     assert facts_in(str(info.value), "more", "re-run it whole")
 
 
@@ -217,7 +234,7 @@ def test_for_a_published_report_that_commits_sweep_and_report_make_the_runs_in_i
 
     monkeypatch.setattr(verify, "rerun", rerun)
     monkeypatch.setattr(
-        judged_cells, "judged_plan", lambda experiment, report: judged_cells.JudgedPlan([[]], [], 0, "")
+        judged_cells, "judged_plan", lambda experiment, report: judged_cells.JudgedPlan([[]], [], 0, {}, "")
     )
     with pytest.raises(runs.RunError, match="stopped here"):
         published.verify_published(experiment, results, tmp_path / "repo", None, 2, print, judged_cells=True)
@@ -243,11 +260,72 @@ def test_the_cells_at_the_shared_rate_are_re_made_only_where_a_claim_is_judged_t
     }
     experiment = load(tmp_path, grid, SELECT + JUDGE, report)
     best = [
-        {"settings": {"model.d_k": d, "model.scale": s, "optim.lr": 1.0}} for d in (256, 512) for s in ("sqrt", "none")
+        {"x": [d], "arm": [s], "settings": {"model.d_k": d, "model.scale": s, "optim.lr": 1.0}}
+        for d in (256, 512)
+        for s in ("sqrt", "none")
     ]
-    chosen = judged_cells.judged_settings(experiment, {"best": best})
-    assert sorted((c["model.d_k"], c["model.scale"], c["optim.lr"]) for c in chosen) == [
-        (256, "sqrt", 1.0),  # `learns`: the scaled arm's chosen rate at 256
-        (512, "none", 0.1),  # `more-shared`: both arms at the shared rate at 512
-        (512, "sqrt", 0.1),
+    judged = [{"id": "more-shared", "points": [{"x": [512]}]}, {"id": "learns", "points": [{"x": [256]}]}]
+    chosen = judged_cells.claim_cells(experiment, {"best": best, "expectations": judged})
+    assert {
+        c: sorted((s["model.d_k"], s["model.scale"], s["optim.lr"]) for s in cells) for c, cells in chosen.items()
+    } == {
+        "more-shared": [(512, "none", 0.1), (512, "sqrt", 0.1)],  # both arms at the shared rate at 512
+        "learns": [(256, "sqrt", 1.0)],  # the scaled arm's chosen rate at 256
+    }
+    best[0]["settings"]["optim.lr"] = 0.5  # the grid edited since: no such cell now
+    with pytest.raises(runs.RunError) as info:
+        judged_cells.claim_cells(experiment, {"best": best, "expectations": judged})
+    assert facts_in(str(info.value), "learns", "0.5", "no cell of")
+
+
+def test_a_file_whose_claims_all_need_a_cell_too_wide_has_nothing_to_re_judge(made):
+    experiment, _, _ = made
+    as_run = runs.read_report_json(experiment.directory)
+    wide_only = {**as_run, "expectations": [e for e in as_run["expectations"] if e["id"] == "more-wide"]}
+    with pytest.raises(runs.RunError) as info:
+        judged_cells.judged_plan(experiment, wide_only)
+    assert facts_in(str(info.value), "--judged-cells", "no claim", str(verify.MATERIALIZED_WIDTH))
+
+
+def test_the_published_factorial_plans_its_eight_claims_cells_at_1024_and_4096_and_re_judges_them_as_run():
+    """On two_factors' published report: the cells its 8 factorial claims at d_k 1024 and 4096 are judged
+    at, and, with the report as run standing in for the re-made one, each re-judged to its verdict as run."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    experiment = experiments.load_experiment(root / "experiments" / "two_factors.yaml")
+    as_run = json.loads((root / "experiments" / "results" / "two_factors" / "report.json").read_text())  # no seeds
+    plan = judged_cells.judged_plan(experiment, as_run)
+    assert (len(plan.cells), plan.runs) == (8, 240) and {c["model.d_k"] for c in plan.cells} == {1024, 4096}
+    factors = ("small-step-helps-at-variance-dk", "small-step-helps-at-variance-1")
+    factors += ("unit-variance-helps-at-small-step", "unit-variance-helps-at-big-step")
+    assert sorted(plan.claims) == sorted(f"{a}-at-{d}" for a in factors for d in (1024, 4096))
+    verdicts = judged_cells.rejudged(experiment, as_run, as_run, plan)
+    as_judged = {e["id"]: e["verdict"] for e in as_run["expectations"]}
+    assert {c: verdicts[c] for c in plan.claims} == {c: as_judged[c] for c in plan.claims}
+    assert sum(v == verify.NOT_RERUN for v in verdicts.values()) == len(as_judged) - 8
+
+
+def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_whole_one():
+    rows = [
+        {"id": i, "verdicts": {"as run": "confirmed", "materialized": m}, "agree": True}
+        for i, m in (("a", "confirmed"), ("b", verify.NOT_RERUN))
     ]
+    result = {
+        "experiment": "w",
+        "platforms": {"as run": {}, "materialized": {}},
+        "expectations": rows,
+        "agree": True,
+        "materialized": "only the 2 cells",
+        verify.JUDGED_ONLY: True,
+    }
+    assert facts_in(results_text._verification_said(result), "every verdict agrees so far", "judged 1 of the 2")
+    assert "not yet re-run in float64" in results_text._verification_said(result)
+    made = {**result, "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}, "materialized": {}}}
+    said = results_text._verification_said(made)
+    assert said.startswith("every verdict agrees on re-run (the materialized re-run judged 1 of the 2 claims)")
+    assert facts_in(results_text.verification_line("w", result), "every verdict agrees", "judged 1 of the 2")
+    whole = {**result, "as_run": {"sha256": "a"}, "expectations": [{**rows[0]}]}
+    whole.pop(verify.JUDGED_ONLY)
+    with pytest.raises(runs.RunError, match="keep that one"):
+        verify.merge(whole, {**result, "as_run": {"sha256": "a"}})

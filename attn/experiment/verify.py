@@ -476,6 +476,11 @@ def merge(earlier: dict, later: dict) -> dict:
     """Two verifications of one report (the same as_run digest) as one: each re-run the later made, and
     those the earlier made that the later did not; every agreement taken afresh over them all. A large
     experiment is so verified a re-run at a time (each its own platform and commit, as each says)."""
+    if later.get(JUDGED_ONLY) and "materialized" in earlier["platforms"] and not earlier.get(JUDGED_ONLY):
+        raise runs.RunError(
+            f"verify: the verification of {later['experiment']} re-ran the judged cells alone with the "
+            "materialized head, and the one it would be merged with re-ran every cell so: keep that one"
+        )
     for which, verification in (("earlier", earlier), ("later", later)):
         if not (verification.get("as_run") or {}).get("sha256"):
             raise runs.RunError(
@@ -708,15 +713,20 @@ def verify_markdown(result: dict) -> str:
     )
 
 
+def partly_judged(result: dict) -> dict[str, tuple[int, int]]:
+    """The re-runs that judged only some claims (NOT_RERUN for the rest): variant -> (judged, claims)."""
+    rows = result["expectations"]
+    left = {v: sum(r["verdicts"].get(v) == NOT_RERUN for r in rows) for v in result["platforms"]}
+    return {v: (len(rows) - n, len(rows)) for v, n in left.items() if n}
+
+
 def not_rerun_said(result: dict) -> list[str]:
     """A word where a re-run judged only some claims (NOT_RERUN): how many it left, and why that is no test."""
-    left = {v: sum(r["verdicts"].get(v) == NOT_RERUN for r in result["expectations"]) for v in result["platforms"]}
     return [
-        f"The {variant} re-run judged {len(result['expectations']) - n} of the {len(result['expectations'])} "
-        f"claims; the other {n} read '{NOT_RERUN}': it did not make the cells they are judged at, so they are "
-        "not compared there."
-        for variant, n in left.items()
-        if n
+        f"The {variant} re-run judged {judged} of the {claims} claims; the other {claims - judged} read "
+        f"'{NOT_RERUN}': it did not re-judge them (not all their cells re-made, or judged within a shorter "
+        "budget, at every rate or over every rate), so they are not compared there."
+        for variant, (judged, claims) in partly_judged(result).items()
     ]
 
 

@@ -5,18 +5,19 @@ large to re-make whole with the d_k-wide head on the machine at hand.
 
 attn verify's materialized re-run (attn.experiment.verify) re-makes every width-free cell up to
 MATERIALIZED_WIDTH, every seed, and its report chooses each arm's rate again on the re-made
-selection seeds. This one re-makes, with model.width_free=false, only the cells the report as run
-judged its claims at (each (x, arm)'s chosen setting, report.json's `best`, and its shared one where
-a claim is judged there) that run width-free and fit, every seed of them, and writes the report of
-those cells alone (`attn report`): each (x, arm) then has one cell, so each claim is judged at the
-rate chosen as run. A claim is re-judged where that report judges it at every x the report as run
-did, at the full budget and at the chosen or shared rate (a claim judged within a shorter budget or
-at every rate is judged at cells chosen on runs this does not make). A tested claim's one-sided p,
-and its opposite's, then enter Holm's correction with the p as run of every other tested claim, as
-in the report as run (attn.analysis.verdicts.holm_verdicts). Every other claim, and every cell not re-made,
-reads NOT_RERUN and is not compared. So it tests the verdicts under the second algorithm given the
-rates chosen as run, not the choice of rates; the comparison is merged with the experiment's other
-re-runs by `attn publish NAME --verification-only` (attn.experiment.verify.merge).
+selection seeds. This one re-makes, with model.width_free=false, only the cells that some claims
+were judged at as run, where every one of a claim's cells runs width-free and fits: its arms at each
+x it covers, at the rate chosen there (report.json's `best`) or at the shared one, every seed of
+them. Only claims judged over the whole run (no `budget`), at the chosen or the shared rate, and on a
+statistic of one cell (not lr_sensitivity) can be so re-judged; the others were judged at cells
+chosen on runs this does not make. The report of those cells alone (`attn report`) judges each claim
+where its (x, arm) holds one cell, the one chosen as run; a claim is re-judged where that report
+judged it at every x the report as run did, at the cells it was judged at as run. A tested claim's
+one-sided p, and its opposite's, then enter Holm's correction with the p as run of every other tested
+claim, as in the report as run (attn.analysis.verdicts.holm_verdicts). Every other claim, and every
+cell not re-made, reads NOT_RERUN and is not compared. So it tests the verdicts under the second
+algorithm given the rates chosen as run, not the choice of the rates; the comparison is merged with
+the experiment's other re-runs by `attn publish NAME --verification-only` (attn.experiment.verify.merge).
 """
 
 from __future__ import annotations
@@ -29,62 +30,98 @@ from pathlib import Path
 from typing import Callable
 
 from attn.analysis.verdicts import holm_verdicts
+from attn.config.yamlio import yaml_line
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, only_argument
 from attn.store import runs
-from attn.text import settings_json, value_of
+from attn.text import json_number, settings_json, value_of
 
 
 @dataclass(frozen=True)
 class JudgedPlan:
     """The cells to re-make and the `attn sweep` passes that do it (one a cell: --only each of its grid
-    keys' values), their number of runs, and what it does, in words."""
+    keys' values), their number of runs, the claims whose every judged cell they are, and what it does,
+    in words."""
 
     passes: list[list[str]]
     cells: list[dict]  # their settings, as report.json has them
     runs: int
+    claims: dict[str, set[str]]  # claim id -> the keys (_key of its settings) of the cells it is judged at
     said: str
 
 
-def judged_settings(experiment: Experiment, as_run: dict) -> list[dict]:
-    """The settings of every cell the report as run judged a claim at that it can judge again (at its
-    full budget, at the chosen or the shared rate): each such claim's arms at each x it covers, at the
-    rate chosen there (report.json's `best`) or at the shared one."""
+def _norm(values) -> str:
+    """Settings, an x or an arm, from a file or from JSON, as one comparable text (json_number(value_of))."""
+    if isinstance(values, dict):
+        return verify._key(settings_json(values))
+    return verify._key([json_number(value_of(v)) for v in values])
+
+
+def rejudgeable(e) -> bool:
+    """Whether a claim's verdict can be judged again on its judged cells alone: judged at the rate chosen
+    or at the shared one, over the whole budget (a claim that declares a budget is judged at cells chosen
+    within it; one at every rate on every rate; lr_sensitivity over every rate of an arm)."""
+    return e.budget is None and e.at in ("best", "shared") and e.stat != "lr_sensitivity"
+
+
+def claim_cells(experiment: Experiment, as_run: dict) -> dict[str, list[dict]]:
+    """Each re-judgeable claim's judged cells in the report as run: its arms at each x it was judged at,
+    at the rate chosen there (report.json's `best`) or at the shared one. RunError where the report names
+    a cell the file does not have (its grid edited since)."""
     spec = experiment.report
+    best = {(_norm(b["x"]), _norm(b["arm"])): b["settings"] for b in as_run.get("best", [])}
+    cells = {_norm(settings_json(c.settings)): settings_json(c.settings) for c in experiment.cells}
 
-    def place(settings: dict) -> tuple[tuple, tuple]:
-        return tuple(value_of(settings.get(k)) for k in spec.x), tuple(value_of(settings.get(k)) for k in spec.arm)
+    def place(settings: dict) -> tuple[str, str]:
+        return _norm([settings.get(k) for k in spec.x]), _norm([settings.get(k) for k in spec.arm])
 
-    def judged_at(settings: dict, at: str) -> bool:
-        x, arm = place(settings)
-        return any(
-            e.budget is None
-            and e.at == at
-            and all(v in dict(e.where).get(k, (v,)) for k, v in zip(spec.x, x))
-            and arm in [tuple(value_of(v) for _, v in side) for side in (e.arm, e.better_than) if side is not None]
-            for e in spec.expect
-        )
-
-    chosen = [b["settings"] for b in as_run.get("best", []) if judged_at(b["settings"], "best")]
-    if spec.shared is not None:
-        chosen += [
-            settings_json(c.settings)
-            for c in experiment.cells
-            if value_of(dict(c.settings).get(spec.best_of)) == spec.shared
-            and judged_at(settings_json(c.settings), "shared")
-        ]
-    return list({verify._key(s): s for s in chosen}.values())
+    shared = {
+        place(s): s
+        for s in cells.values()
+        if spec.shared is not None and _norm([s.get(spec.best_of)]) == _norm([spec.shared])
+    }
+    judged = {j["id"]: j for j in as_run["expectations"]}
+    out = {}
+    for e in spec.expect:
+        if not rejudgeable(e) or e.id not in judged:
+            continue
+        arms = [_norm([v for _, v in side]) for side in (e.arm, e.better_than) if side is not None]
+        at = best if e.at == "best" else shared
+        needed = [at.get((_norm(p["x"]), arm)) for p in judged[e.id]["points"] for arm in arms]
+        if None in needed or not needed:
+            continue  # judged nowhere as run ("no finished runs")
+        missing = [s for s in needed if _norm(s) not in cells]
+        if missing:
+            raise runs.RunError(
+                f"verify: the report as run judged {e.id} at {yaml_line(missing[0])}, which is no cell of "
+                f"{experiment.path} now; verify it against the file it was made from"
+            )
+        out[e.id] = list({_norm(s): s for s in needed}.values())
+    return out
 
 
 def judged_plan(experiment: Experiment, as_run: dict) -> JudgedPlan:
-    """The judged cells (judged_settings) that run width-free up to MATERIALIZED_WIDTH, each a pass."""
+    """The cells of the claims whose every judged cell (claim_cells) runs width-free up to
+    MATERIALIZED_WIDTH, each a pass; RunError where there is no such claim."""
     fits = verify.materialized_plan(experiment).rerun
-    wanted = {verify._key(s) for s in judged_settings(experiment, as_run)}
+    fitting = {_norm(settings_json(c.settings)) for c in experiment.cells if c.name in fits}
+    claims = {
+        cid: {_norm(s) for s in needed}
+        for cid, needed in claim_cells(experiment, as_run).items()
+        if all(_norm(s) in fitting for s in needed)
+    }
+    if not claims:
+        raise runs.RunError(
+            f"verify: --judged-cells: no claim of {experiment.name} is judged at cells that all run width-free "
+            f"up to d_k {verify.MATERIALIZED_WIDTH} (at its chosen or shared rate, over its whole budget); "
+            "there is nothing to re-judge with the materialized head"
+        )
+    wanted = set().union(*claims.values())
     cells: dict[str, tuple] = {}
     runs_of: dict[str, int] = {}
     for cell in experiment.cells:
-        key = verify._key(settings_json(cell.settings))
-        if cell.name in fits and key in wanted:
+        key = _norm(settings_json(cell.settings))
+        if key in wanted:
             cells.setdefault(key, cell.settings)
             runs_of[key] = runs_of.get(key, 0) + 1
     passes = [
@@ -92,31 +129,42 @@ def judged_plan(experiment: Experiment, as_run: dict) -> JudgedPlan:
         for settings in cells.values()
     ]
     said = (
-        f"only the {len(cells)} cells the claims are judged at (each arm's rate as chosen as run) that run "
-        f"width-free up to d_k {verify.MATERIALIZED_WIDTH}, every seed ({sum(runs_of.values())} runs), re-run "
-        "with model.width_free=false"
+        f"only the {len(cells)} cells that {len(claims)} claims are judged at (at the rates chosen as run, or "
+        f"the shared one), width-free up to d_k {verify.MATERIALIZED_WIDTH}, every seed ({sum(runs_of.values())} "
+        "runs), re-run with model.width_free=false"
     )
-    return JudgedPlan(passes, [settings_json(s) for s in cells.values()], sum(runs_of.values()), said)
+    return JudgedPlan(passes, [settings_json(s) for s in cells.values()], sum(runs_of.values()), claims, said)
 
 
-def rejudged(experiment: Experiment, as_run: dict, remade: dict) -> dict[str, str]:
+def rejudged(experiment: Experiment, as_run: dict, remade: dict, plan: JudgedPlan) -> dict[str, str]:
     """Each claim's verdict on the re-made cells (`remade`: the report of those cells alone), where it
-    can be judged there (module docstring), else NOT_RERUN; a tested claim's through Holm's correction
-    with the p as run of the claims not re-judged. RunError where that correction over the p as run
-    alone does not give the verdicts as run (the report was judged by another rule)."""
-    declared = {e.id: e for e in experiment.report.expect}
+    can be judged there: a claim of the plan whose every judged cell the re-made report has, finished, and
+    judged there (its choice at each (x, arm) the one as run), else NOT_RERUN; a tested claim's through
+    Holm's correction with the p as run of the claims not re-judged. RunError where that correction over
+    the p as run alone does not give the verdicts as run (the report was judged by another rule)."""
     made = {e["id"]: e for e in remade["expectations"]}
+    finished = {_norm(c["settings"]) for c in remade["cells"] if c["n"] and not sum(c["unfinished"].values())}
+    best = {(_norm(b["x"]), _norm(b["arm"])): _norm(b["settings"]) for b in remade.get("best", [])}
+    spec = experiment.report
+
+    at = {e.id: e.at for e in spec.expect}
+
+    def judged_there(key: str, claim: str) -> bool:  # at its (x, arm) the re-made report chose it, as run
+        if at[claim] == "shared":
+            return True  # the cell at the shared rate: one a (x, arm), chosen by no rule
+        settings = next(c["settings"] for c in remade["cells"] if _norm(c["settings"]) == key)
+        return best.get((_norm([settings.get(k) for k in spec.x]), _norm([settings.get(k) for k in spec.arm]))) == key
 
     def xs(judged: dict) -> list[str]:
-        return sorted(verify._key(p["x"]) for p in judged["points"])
+        return sorted(_norm(p["x"]) for p in judged["points"])
 
     def covered(judged: dict) -> bool:
-        e, mine = declared.get(judged["id"]), made.get(judged["id"])
+        mine, needed = made.get(judged["id"]), plan.claims.get(judged["id"])
         return (
-            e is not None
-            and mine is not None
-            and e.budget is None
-            and e.at != "every"
+            mine is not None
+            and needed is not None
+            and needed <= finished
+            and all(judged_there(key, judged["id"]) for key in needed)
             and xs(mine) == xs(judged)
             and all("note" not in p for p in mine["points"])
         )
@@ -168,15 +216,10 @@ def verify_judged(
     reference = Path(as_run) if as_run is not None else experiment.directory
     report = verify.checked_report(experiment, reference, "as run")
     plan = judged_plan(experiment, report)
-    if not plan.passes:
-        raise runs.RunError(
-            f"verify: --judged-cells: no cell that a claim of {experiment.name} is judged at runs width-free "
-            f"up to d_k {verify.MATERIALIZED_WIDTH}; there is nothing to re-run with the materialized head"
-        )
     directory = verify.rerun(experiment, "materialized", plan.passes, dict(os.environ), workers, progress, attn)
     remade = runs.read_report_json(directory)
-    expected = {verify._key(s) for s in plan.cells}
-    cells = {verify._key(c["settings"]): c for c in remade["cells"]}
+    expected = {_norm(s) for s in plan.cells}
+    cells = {_norm(c["settings"]): c for c in remade["cells"]}
     if set(cells) - expected:  # its report would choose among them: each claim judged elsewhere
         raise runs.RunError(
             f"verify: {directory}: holds runs of {len(set(cells) - expected)} cells that no claim is judged at "
@@ -188,14 +231,14 @@ def verify_judged(
             f"verify: {directory / runs.REPORT_FILE}: holds {sum(c['n'] for c in remade['cells'])} finished runs, "
             f"not the {plan.runs} of the {len(expected)} judged cells; run the same command again to finish them"
         )
-    verdicts = rejudged(experiment, report, remade)
+    verdicts = rejudged(experiment, report, remade, plan)
     rows = [
         {"id": e["id"], "verdicts": verdicts_of, "agree": verify.verdicts_agree(verdicts_of)}
         for e in report["expectations"]
         for verdicts_of in [{"as run": e["verdict"], "materialized": verdicts[e["id"]]}]
     ]
     reports = {"as run": report, "materialized": remade}
-    not_made = {verify._key(c["settings"]) for c in report["cells"]} - expected
+    not_made = {verify._key(c["settings"]) for c in report["cells"]} - {verify._key(s) for s in plan.cells}
     judged = sum(v != verify.NOT_RERUN for v in verdicts.values())
     result = {
         "experiment": experiment.name,
