@@ -289,9 +289,11 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
     unclean = unclean_reruns(result)
     by = f" by uncommitted or unrecorded code ({unclean}), so not a re-run of committed code" if unclean else ""
     details = "" if brief else f"{counts}{unchanged}"
+    command = f"`attn verify experiments/{name}.yaml`" + (
+        f"; `attn verify experiments/{name}.yaml --published --judged-cells`" if result.get(verify.JUDGED_ONLY) else ""
+    )
     return (
-        f"Re-run {verify.reruns_said(result)}{by} (`attn verify experiments/{name}.yaml`): {said}{details} "
-        f"([verify.md](results/{name}/verify.md))."
+        f"Re-run {verify.reruns_said(result)}{by} ({command}): {said}{details} ([verify.md](results/{name}/verify.md))."
     )
 
 
@@ -501,7 +503,7 @@ def _verification_said(result: dict | None) -> str:
     partly = partly_said(result)
     if not result["agree"]:
         flipped = [f"`{r['id']}`" for r in result["expectations"] if not r["agree"]]
-        return f"re-runs differ on {and_list(flipped)}{partly}{unclean}"
+        return f"re-runs differ on {and_list(flipped)}{unclean}"
     if not result["expectations"]:
         return f"re-run; it claims nothing that could flip{unclean}"
     return (

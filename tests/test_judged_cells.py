@@ -204,7 +204,7 @@ def test_merged_with_the_other_re_runs_a_claim_not_re_run_is_left_out_of_the_agr
     merged = verify.merge(earlier, {**later, verify.JUDGED_ONLY: True})
     assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verify.NOT_RERUN
     assert facts_in(verify.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
-    assert facts_in(verify.reruns_said(merged), "in float64", "materialized head (the cells the claims are judged at")
+    assert facts_in(verify.reruns_said(merged), "in float64", "materialized head on the judged cells alone")
     assert "judged at" not in verify.reruns_said(verify.merge(earlier, later))
     flipped = {"id": "y", "verdicts": {"as run": "confirmed", "float64": "inconclusive", "materialized": "not re-run"}}
     said = results_text.flips_said({"expectations": [{**flipped, "agree": False}]})
@@ -324,7 +324,10 @@ def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_w
     made = {**result, "platforms": {"as run": {}, "float64": {}, "Sandybridge": {}, "materialized": {}}}
     said = results_text._verification_said(made)
     assert said.startswith("every verdict agrees on re-run (the materialized re-run judged 1 of the 2 claims)")
-    assert facts_in(results_text.verification_line("w", result), "every verdict agrees", "judged 1 of the 2")
+    line = results_text.verification_line("w", result)
+    assert facts_in(
+        line, "every verdict agrees", "judged 1 of the 2", "attn verify experiments/w.yaml --published --judged-cells"
+    )
     whole = {**result, "as_run": {"sha256": "a"}, "expectations": [{**rows[0]}]}
     whole.pop(verify.JUDGED_ONLY)
     with pytest.raises(runs.RunError, match="keep that one"):

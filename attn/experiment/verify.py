@@ -630,7 +630,7 @@ def reruns_said(result: dict) -> str:
     made = reruns_made(result)
     words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernel_reruns(result['platforms']))})"}
     if result.get(JUDGED_ONLY):
-        words["materialized"] += " (the cells the claims are judged at, alone)"
+        words["materialized"] += " on the judged cells alone"
     text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
