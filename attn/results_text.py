@@ -274,7 +274,7 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
         else "every verdict agrees"
         if result["agree"]
         else f"some verdicts differ ({flips_said(result)})"
-    ) + partly_said(result)
+    ) + partly_said(result, "; ")
     cells = result.get("cells", [])
     counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
@@ -513,12 +513,13 @@ def _verification_said(result: dict | None) -> str:
     ) + unclean
 
 
-def partly_said(result: dict) -> str:
-    """' (the materialized re-run judged 8 of the 26 claims)': each re-run that judged only some, else ''."""
-    partly = verify.partly_judged(result)
+def partly_said(result: dict, joined: str = " (") -> str:
+    """' (the materialized re-run judged 8 of the 26 claims)' (joined "; ": without the brackets): each re-run
+    that judged only some, else ''."""
+    close = ")" if joined == " (" else ""
     return "".join(
-        f" (the {variant} re-run judged {judged} of the {claims} claims)"
-        for variant, (judged, claims) in partly.items()
+        f"{joined}the {variant} re-run judged {judged} of the {claims} claims{close}"
+        for variant, (judged, claims) in verify.partly_judged(result).items()
     )
 
 

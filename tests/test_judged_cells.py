@@ -116,7 +116,9 @@ def test_it_re_makes_each_arms_chosen_cell_that_fits_and_re_judges_the_claims_ju
     assert result["unchanged"]["materialized"]["runs"] == 16, "two cells of eight seeds, in both"
     assert facts_in(result["materialized"], "2 cells", "16 runs", "2 of 4 claims", "--judged-cells")
     md = (experiment.directory.parent / "verify" / "exp.md").read_text()
-    assert facts_in(md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN, "shorter budget")
+    assert facts_in(
+        md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN, "declared budget", "2 confirmed as run"
+    )
 
 
 def test_a_claim_that_flips_on_the_re_made_cells_disagrees(made, monkeypatch):
@@ -204,7 +206,9 @@ def test_merged_with_the_other_re_runs_a_claim_not_re_run_is_left_out_of_the_agr
     merged = verify.merge(earlier, {**later, verify.JUDGED_ONLY: True})
     assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verify.NOT_RERUN
     assert facts_in(verify.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
-    assert facts_in(verify.reruns_said(merged), "in float64", "materialized head on the judged cells alone")
+    assert facts_in(
+        verify.reruns_said(merged), "in float64", "materialized head on the cells of 0 of the 1 claims alone"
+    )
     assert "judged at" not in verify.reruns_said(verify.merge(earlier, later))
     flipped = {"id": "y", "verdicts": {"as run": "confirmed", "float64": "inconclusive", "materialized": "not re-run"}}
     said = results_text.flips_said({"expectations": [{**flipped, "agree": False}]})
@@ -332,3 +336,26 @@ def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_w
     whole.pop(verify.JUDGED_ONLY)
     with pytest.raises(runs.RunError, match="keep that one"):
         verify.merge(whole, {**result, "as_run": {"sha256": "a"}})
+
+
+def test_a_re_run_made_on_another_cpu_than_the_runs_as_run_says_so_beside_its_flips():
+    intel, epyc = {"cpu": ["Intel"], "blas": ["SkylakeX"]}, {"cpu": ["AMD EPYC"], "blas": ["Haswell"]}
+    platforms = {"as run": intel, "float64": intel, "Sandybridge": {**intel, "blas": ["Sandybridge"]}}
+    result = {"experiment": "w", "platforms": {**platforms, "materialized": epyc}, "expectations": [], "agree": True}
+    said = " ".join(verify.platform_said(result))
+    assert facts_in(said, "materialized re-run also ran on another CPU", "the machine") and "float64" not in said
+    assert verify.platform_said({**result, "platforms": platforms}) == [], "the second kernel's differs on purpose"
+
+
+def test_settings_match_across_int_and_float_and_a_judged_point_without_its_cell_is_refused(experiment):
+    assert judged_cells._norm({"optim.lr": 1, "model.d_k": 256}) == judged_cells._norm(
+        {"model.d_k": 256.0, "optim.lr": 1.0}
+    )
+    best = [{"x": [256], "arm": ["sqrt"], "settings": {"model.d_k": 256, "model.scale": "sqrt", "optim.lr": 1}}]
+    judged = [{"id": "learns", "points": [{"x": [256]}]}, {"id": "more", "points": [{"x": [256]}]}]
+    with pytest.raises(runs.RunError) as info:  # `more` needs the unscaled arm's chosen cell, which `best` lacks
+        judged_cells.claim_cells(experiment, {"best": best, "expectations": judged})
+    assert facts_in(str(info.value), "more", "no cell of", "best rate")
+    assert judged_cells.claim_cells(experiment, {"best": best, "expectations": judged[:1]})["learns"] == [
+        best[0]["settings"]
+    ]

@@ -629,8 +629,9 @@ def reruns_said(result: dict) -> str:
     --variants left them out): 'in float64, not yet with the materialized head'."""
     made = reruns_made(result)
     words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernel_reruns(result['platforms']))})"}
-    if result.get(JUDGED_ONLY):
-        words["materialized"] += " on the judged cells alone"
+    partly = partly_judged(result).get("materialized")
+    if result.get(JUDGED_ONLY) and partly:
+        words["materialized"] += f" on the cells of {partly[0]} of the {partly[1]} claims alone"
     text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
         text += f" (the materialized re-run: {result['materialized']})"
@@ -693,6 +694,7 @@ def verify_markdown(result: dict) -> str:
             *_as_run_markdown(result),
             f"Platforms: {platforms}.",
             "",
+            *platform_said(result),
             f"Re-run {reruns_said(result)}.",
             "",
             *([f"Materialized re-run: {result['materialized']}.", ""] if result.get("materialized") else []),
@@ -721,12 +723,41 @@ def partly_judged(result: dict) -> dict[str, tuple[int, int]]:
 
 
 def not_rerun_said(result: dict) -> list[str]:
-    """A word where a re-run judged only some claims (NOT_RERUN): how many it left, and why that is no test."""
+    """A word where a re-run judged only some claims (NOT_RERUN): how many it left and why that is no test,
+    and what the claims it judged had been as run (a check of inconclusive claims alone tests no confirmed one)."""
+    said = []
+    for variant, (judged, claims) in partly_judged(result).items():
+        as_run = [r["verdicts"].get("as run") for r in result["expectations"] if r["verdicts"][variant] != NOT_RERUN]
+        were = ", ".join(f"{as_run.count(v)} {v}" for v in dict.fromkeys(as_run))
+        said.append(
+            f"The {variant} re-run judged {judged} of the {claims} claims ({were} as run); the other "
+            f"{claims - judged} read '{NOT_RERUN}': it did not re-judge them (not all their cells re-made, the "
+            "re-made report choosing another rate beside a cell, or judged within a declared budget, at every "
+            "rate or over every rate), so they are not compared there."
+        )
+    return said
+
+
+def platform_said(result: dict) -> list[str]:
+    """A word where a re-run other than the second kernel's ran on another CPU or BLAS kernel than the runs as
+    run: a verdict it flips may come from the machine as well as from what it changes on purpose."""
+    platforms = result["platforms"]
+    first = platforms.get("as run", {})
+    moved = [
+        v
+        for v in reruns_in_order(platforms)
+        if v != "as run"
+        and v not in kernel_reruns(platforms)
+        and (p := platforms[v]).get("cpu") is not None
+        and (p.get("cpu"), p.get("blas")) != (first.get("cpu"), first.get("blas"))
+    ]
+    if not moved:
+        return []
     return [
-        f"The {variant} re-run judged {judged} of the {claims} claims; the other {claims - judged} read "
-        f"'{NOT_RERUN}': it did not re-judge them (not all their cells re-made, or judged within a shorter "
-        "budget, at every rate or over every rate), so they are not compared there."
-        for variant, (judged, claims) in partly_judged(result).items()
+        f"The {and_list(moved)} re-run{'s' if len(moved) > 1 else ''} also ran on another CPU or BLAS kernel than "
+        "the runs as run (Platforms above): a verdict flipped there may come from the machine as well as from "
+        f"{'what each' if len(moved) > 1 else 'what it'} changes on purpose.",
+        "",
     ]
 
 

@@ -51,10 +51,16 @@ class JudgedPlan:
 
 
 def _norm(values) -> str:
-    """Settings, an x or an arm, from a file or from JSON, as one comparable text (json_number(value_of))."""
+    """Settings, an x or an arm, from a file or from JSON, as one comparable text (json_number(value_of),
+    a number as a float: 0 and 0.0 are one value, as the report takes them)."""
+
+    def one(value):
+        value = json_number(value_of(value))
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
     if isinstance(values, dict):
-        return verify._key(settings_json(values))
-    return verify._key([json_number(value_of(v)) for v in values])
+        return verify._key({k: one(v) for k, v in values.items()})
+    return verify._key([one(v) for v in values])
 
 
 def rejudgeable(e) -> bool:
@@ -87,14 +93,16 @@ def claim_cells(experiment: Experiment, as_run: dict) -> dict[str, list[dict]]:
             continue
         arms = [_norm([v for _, v in side]) for side in (e.arm, e.better_than) if side is not None]
         at = best if e.at == "best" else shared
-        needed = [at.get((_norm(p["x"]), arm)) for p in judged[e.id]["points"] for arm in arms]
-        if None in needed or not needed:
-            continue  # judged nowhere as run ("no finished runs")
-        missing = [s for s in needed if _norm(s) not in cells]
+        points = [p for p in judged[e.id]["points"] if "note" not in p]  # a point "no finished runs": judged nowhere
+        if not points or len(points) < len(judged[e.id]["points"]):
+            continue
+        needed = [at.get((_norm(p["x"]), arm)) for p in points for arm in arms]
+        missing = [s for s in needed if s is None or _norm(s) not in cells]
         if missing:
             raise runs.RunError(
-                f"verify: the report as run judged {e.id} at {yaml_line(missing[0])}, which is no cell of "
-                f"{experiment.path} now; verify it against the file it was made from"
+                f"verify: the report as run judged {e.id} at {yaml_line(missing[0]) if missing[0] else 'a cell'} "
+                f"that is no cell of {experiment.path} now ({'its ' + e.at + ' rate'}); verify it against the file "
+                "it was made from"
             )
         out[e.id] = list({_norm(s): s for s in needed}.values())
     return out
@@ -128,10 +136,11 @@ def judged_plan(experiment: Experiment, as_run: dict) -> JudgedPlan:
         ["model.width_free=false", *(a for k, v in settings for a in ("--only", only_argument(k, (v,))))]
         for settings in cells.values()
     ]
+    shared = any(e.at == "shared" for e in experiment.report.expect if e.id in claims)
     said = (
-        f"only the {len(cells)} cells that {len(claims)} claims are judged at (at the rates chosen as run, or "
-        f"the shared one), width-free up to d_k {verify.MATERIALIZED_WIDTH}, every seed ({sum(runs_of.values())} "
-        "runs), re-run with model.width_free=false"
+        f"only the {len(cells)} cells that {len(claims)} claims are judged at (at the rates chosen as run"
+        f"{', or the shared one' if shared else ''}), width-free up to d_k {verify.MATERIALIZED_WIDTH}, every seed "
+        f"({sum(runs_of.values())} runs), re-run with model.width_free=false"
     )
     return JudgedPlan(passes, [settings_json(s) for s in cells.values()], sum(runs_of.values()), claims, said)
 
