@@ -629,8 +629,8 @@ def reruns_said(result: dict) -> str:
     --variants left them out): 'in float64, not yet with the materialized head'."""
     made = reruns_made(result)
     words = {**RERUN_WORDS, "kernel": f"{RERUN_WORDS['kernel']} ({', '.join(kernel_reruns(result['platforms']))})"}
-    partly = partly_judged(result).get("materialized")
-    if result.get(JUDGED_ONLY) and partly:
+    partly = partly_judged(result).get("materialized") if result.get(JUDGED_ONLY) else None
+    if partly:
         words["materialized"] += f" on the cells of {partly[0]} of the {partly[1]} claims alone"
     text = and_list([words[v] for v in VARIANTS if made[v]]) or "nowhere"
     if not made["materialized"] and result.get("materialized") and result.get("materialized") != NOT_ASKED:
