@@ -65,6 +65,7 @@ from pathlib import Path
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.bench import device_gains
 from attn.experiment import verify
+from attn.experiment.verification import merge, reruns_in_order, verify_markdown
 from attn.results_text import (
     BENCH_BEGIN,
     BENCH_END,
@@ -285,12 +286,12 @@ def _newest_bench(runs_dir: Path, allow_mixed: bool) -> Path | None:
 def _write_verification(verification: Path, target: Path, before: dict | None) -> None:
     """A verification of the report published in `target`, as verify.json and .md there, together with
     the re-runs of the one published there `before` that it did not make, if that one verified the same
-    report (attn.experiment.verify.merge): a large experiment is so verified a re-run at a time."""
+    report (attn.experiment.verification.merge): a large experiment is so verified a re-run at a time."""
     result = read_verification(verification, target.name)
     if before is not None and (before.get("as_run") or {}).get("sha256") == result["as_run"]["sha256"]:
-        result = verify.merge(before, result)
+        result = merge(before, result)
     runs.write_json(target / "verify.json", result)
-    runs.write_atomic(target / "verify.md", verify.verify_markdown(markdown_safe(result)).encode())
+    runs.write_atomic(target / "verify.md", verify_markdown(markdown_safe(result)).encode())
 
 
 def _check_replaces_nothing(verification: Path, after: dict, published: Path) -> None:
@@ -302,7 +303,7 @@ def _check_replaces_nothing(verification: Path, after: dict, published: Path) ->
     lost = set(before["platforms"]) - set(after["platforms"])
     if (before.get("as_run") or {}).get("sha256") != (after.get("as_run") or {}).get("sha256") and lost:
         raise runs.RunError(
-            f"{published}: made the {', '.join(verify.reruns_in_order(lost))} re-runs that {verification} "
+            f"{published}: made the {', '.join(reruns_in_order(lost))} re-runs that {verification} "
             "did not, and cannot be merged with it (it does not say it verified the same report); "
             "verify with every re-run it made (finished re-runs are kept)"
         )

@@ -26,8 +26,17 @@ from attn import outcomes
 from attn.analysis.grouping import short_names
 from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.bench.suite import summary_markdown
-from attn.experiment import report_spec, verify
+from attn.experiment import report_spec
 from attn.experiment.spec import load_experiment
+from attn.experiment.verification import (
+    JUDGED_ONLY,
+    NOT_RERUN,
+    cells_agreement,
+    partly_judged,
+    reruns_in_order,
+    reruns_missing_said,
+    reruns_said,
+)
 from attn.report import claims_table, experiment_report
 from attn.store import runs
 from attn.text import and_list, format_value, markdown_table, number_said
@@ -55,7 +64,7 @@ def unclean_reruns(verification: dict) -> str:
     """'float64: 1a2b3c4-dirty, ...': the re-runs of a verification made by uncommitted or unrecorded code
     (attn_commit, `git describe --dirty`, as a report's code states are judged), with their code; '' if none."""
     said = []
-    for variant in verify.reruns_in_order(verification["platforms"]):
+    for variant in reruns_in_order(verification["platforms"]):
         if variant == "as run":  # the report's own runs: its code_state_note says how they stand
             continue
         commits = verification["platforms"][variant].get("attn_commit") or ["unknown"]
@@ -237,7 +246,7 @@ def flips_said(result: dict) -> str:
     for row in (r for r in result["expectations"] if not r["agree"]):
         where: dict[str, list[str]] = {}
         for variant in sorted(row["verdicts"], key=lambda v: v != "as run"):  # the file's keys are sorted
-            if row["verdicts"][variant] == verify.NOT_RERUN:  # that re-run did not judge it
+            if row["verdicts"][variant] == NOT_RERUN:  # that re-run did not judge it
                 continue
             where.setdefault(row["verdicts"][variant], []).append(variant if variant == "as run" else f"in {variant}")
         said.append(
@@ -276,12 +285,12 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
         else f"some verdicts differ ({flips_said(result)})"
     ) + partly_said(result, "; ")
     cells = result.get("cells", [])
-    counts = f"; seeds that learned, {verify.cells_agreement(cells, len(result['platforms']))}" if cells else ""
+    counts = f"; seeds that learned, {cells_agreement(cells, len(result['platforms']))}" if cells else ""
     by_variant = result.get("unchanged", {})
     unchanged = "".join(
         f"; {variant} left {by_variant[variant]['same']} of the {by_variant[variant]['runs']} runs "
         "finite in both bit for bit as they were"
-        for variant in verify.reruns_in_order(by_variant)
+        for variant in reruns_in_order(by_variant)
         if by_variant[variant]["same"]
     )
     if by_variant and not unchanged:
@@ -290,11 +299,9 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
     by = f" by uncommitted or unrecorded code ({unclean}), so not a re-run of committed code" if unclean else ""
     details = "" if brief else f"{counts}{unchanged}"
     command = f"`attn verify experiments/{name}.yaml`" + (
-        f"; `attn verify experiments/{name}.yaml --published --judged-cells`" if result.get(verify.JUDGED_ONLY) else ""
+        f"; `attn verify experiments/{name}.yaml --published --judged-cells`" if result.get(JUDGED_ONLY) else ""
     )
-    return (
-        f"Re-run {verify.reruns_said(result)}{by} ({command}): {said}{details} ([verify.md](results/{name}/verify.md))."
-    )
+    return f"Re-run {reruns_said(result)}{by} ({command}): {said}{details} ([verify.md](results/{name}/verify.md))."
 
 
 def experiments_readme(
@@ -499,7 +506,7 @@ def _verification_said(result: dict | None) -> str:
     if result is None:
         return "not yet verified"
     unclean = " (re-run by uncommitted or unrecorded code)" if unclean_reruns(result) else ""
-    missing = verify.reruns_missing_said(result)
+    missing = reruns_missing_said(result)
     partly = partly_said(result)
     if not result["agree"]:
         flipped = [f"`{r['id']}`" for r in result["expectations"] if not r["agree"]]
@@ -519,7 +526,7 @@ def partly_said(result: dict, joined: str = " (") -> str:
     close = ")" if joined == " (" else ""
     return "".join(
         f"{joined}the {variant} re-run judged {judged} of the {claims} claims{close}"
-        for variant, (judged, claims) in verify.partly_judged(result).items()
+        for variant, (judged, claims) in partly_judged(result).items()
     )
 
 

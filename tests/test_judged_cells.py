@@ -12,7 +12,7 @@ from test_report import LEARNED, NONE, SQRT, STALLED, curve, load, write_run
 
 from attn import cli, results_text
 from attn.experiment import spec as experiments
-from attn.experiment import verify
+from attn.experiment import verification, verify
 from attn.report import experiment_figures, judged_cells
 from attn.report.experiment_report import write_report
 from attn.store import runs
@@ -107,17 +107,17 @@ def test_it_re_makes_each_arms_chosen_cell_that_fits_and_re_judges_the_claims_ju
     assert {i: v["materialized"] for i, v in verdicts.items()} == {
         "more": "confirmed",
         "learns": "confirmed",
-        "learns-early": verify.NOT_RERUN,  # judged within 30 steps: at cells chosen there
-        "more-wide": verify.NOT_RERUN,  # wider than MATERIALIZED_WIDTH
+        "learns-early": verification.NOT_RERUN,  # judged within 30 steps: at cells chosen there
+        "more-wide": verification.NOT_RERUN,  # wider than MATERIALIZED_WIDTH
     }
     assert all(v["as run"] == as_judged[i] for i, v in verdicts.items()) and result["agree"]
     learned = {json.dumps(c["settings"], sort_keys=True): c["learned"]["materialized"] for c in result["cells"]}
-    assert sorted(learned.values()).count(verify.NOT_RERUN) == 6 and all(c["same"] for c in result["cells"])
+    assert sorted(learned.values()).count(verification.NOT_RERUN) == 6 and all(c["same"] for c in result["cells"])
     assert result["unchanged"]["materialized"]["runs"] == 16, "two cells of eight seeds, in both"
     assert facts_in(result["materialized"], "2 cells", "16 runs", "2 of 4 claims", "--judged-cells")
     md = (experiment.directory.parent / "verify" / "exp.md").read_text()
     assert facts_in(
-        md, "judged 2 of the 4 claims", "other 2", verify.NOT_RERUN, "declared budget", "2 confirmed as run"
+        md, "judged 2 of the 4 claims", "other 2", verification.NOT_RERUN, "declared budget", "2 confirmed as run"
     )
 
 
@@ -173,11 +173,11 @@ def test_a_re_judged_p_is_corrected_with_the_p_as_run_of_the_claims_not_re_judge
     remade["expectations"].pop()
     remade = re_made(remade["expectations"] + [{"id": "more-wide", "verdict": "inconclusive", "points": []}])
     verdicts = judged_cells.rejudged(experiment, as_run, remade, ONE_CELL)
-    assert verdicts == {"more": "inconclusive", "more-wide": verify.NOT_RERUN}
+    assert verdicts == {"more": "inconclusive", "more-wide": verification.NOT_RERUN}
     as_run = family(0.01, 0.01, ("confirmed", "confirmed"))
     assert judged_cells.rejudged(experiment, as_run, remade, ONE_CELL)["more"] == "confirmed", "0.03 x 1, second of two"
     chose_another = {**remade, "best": [{"x": [256], "arm": ["sqrt"], "settings": {**SCALED_256, "optim.lr": 0.1}}]}
-    assert judged_cells.rejudged(experiment, as_run, chose_another, ONE_CELL)["more"] == verify.NOT_RERUN
+    assert judged_cells.rejudged(experiment, as_run, chose_another, ONE_CELL)["more"] == verification.NOT_RERUN
 
 
 def test_a_report_whose_verdicts_holm_does_not_give_is_refused(experiment):
@@ -195,21 +195,21 @@ def test_merged_with_the_other_re_runs_a_claim_not_re_run_is_left_out_of_the_agr
         "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "float64": "confirmed"}, "agree": True}],
         "cells": [],
         "unchanged": {},
-        "materialized": verify.NOT_ASKED,
+        "materialized": verification.NOT_ASKED,
     }
     later = {
         **earlier,
         "platforms": {"as run": {}, "materialized": {}},
-        "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "materialized": verify.NOT_RERUN}}],
+        "expectations": [{"id": "x", "verdicts": {"as run": "confirmed", "materialized": verification.NOT_RERUN}}],
         "materialized": "only the 2 cells the claims are judged at",
     }
-    merged = verify.merge(earlier, {**later, verify.JUDGED_ONLY: True})
-    assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verify.NOT_RERUN
-    assert facts_in(verify.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
+    merged = verification.merge(earlier, {**later, verification.JUDGED_ONLY: True})
+    assert merged["agree"] and merged["expectations"][0]["verdicts"]["materialized"] == verification.NOT_RERUN
+    assert facts_in(verification.verify_markdown(merged), "judged 0 of the 1 claims", "only the 2 cells")
     assert facts_in(
-        verify.reruns_said(merged), "in float64", "materialized head on the cells of 0 of the 1 claims alone"
+        verification.reruns_said(merged), "in float64", "materialized head on the cells of 0 of the 1 claims alone"
     )
-    assert "judged at" not in verify.reruns_said(verify.merge(earlier, later))
+    assert "judged at" not in verification.reruns_said(verification.merge(earlier, later))
     flipped = {"id": "y", "verdicts": {"as run": "confirmed", "float64": "inconclusive", "materialized": "not re-run"}}
     said = results_text.flips_said({"expectations": [{**flipped, "agree": False}]})
     assert said == "`y`: confirmed as run, inconclusive in float64"
@@ -307,13 +307,13 @@ def test_the_published_factorial_plans_its_eight_claims_cells_at_1024_and_4096_a
     verdicts = judged_cells.rejudged(experiment, as_run, as_run, plan)
     as_judged = {e["id"]: e["verdict"] for e in as_run["expectations"]}
     assert {c: verdicts[c] for c in plan.claims} == {c: as_judged[c] for c in plan.claims}
-    assert sum(v == verify.NOT_RERUN for v in verdicts.values()) == len(as_judged) - 8
+    assert sum(v == verification.NOT_RERUN for v in verdicts.values()) == len(as_judged) - 8
 
 
 def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_whole_one():
     rows = [
         {"id": i, "verdicts": {"as run": "confirmed", "materialized": m}, "agree": True}
-        for i, m in (("a", "confirmed"), ("b", verify.NOT_RERUN))
+        for i, m in (("a", "confirmed"), ("b", verification.NOT_RERUN))
     ]
     result = {
         "experiment": "w",
@@ -321,7 +321,7 @@ def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_w
         "expectations": rows,
         "agree": True,
         "materialized": "only the 2 cells",
-        verify.JUDGED_ONLY: True,
+        verification.JUDGED_ONLY: True,
     }
     assert facts_in(results_text._verification_said(result), "every verdict agrees so far", "judged 1 of the 2")
     assert "not yet re-run in float64" in results_text._verification_said(result)
@@ -333,18 +333,20 @@ def test_a_partial_re_run_is_said_as_partial_in_readme_and_never_merged_over_a_w
         line, "every verdict agrees", "judged 1 of the 2", "attn verify experiments/w.yaml --published --judged-cells"
     )
     whole = {**result, "as_run": {"sha256": "a"}, "expectations": [{**rows[0]}]}
-    whole.pop(verify.JUDGED_ONLY)
+    whole.pop(verification.JUDGED_ONLY)
     with pytest.raises(runs.RunError, match="keep that one"):
-        verify.merge(whole, {**result, "as_run": {"sha256": "a"}})
+        verification.merge(whole, {**result, "as_run": {"sha256": "a"}})
 
 
 def test_a_re_run_made_on_another_cpu_than_the_runs_as_run_says_so_beside_its_flips():
     intel, epyc = {"cpu": ["Intel"], "blas": ["SkylakeX"]}, {"cpu": ["AMD EPYC"], "blas": ["Haswell"]}
     platforms = {"as run": intel, "float64": intel, "Sandybridge": {**intel, "blas": ["Sandybridge"]}}
     result = {"experiment": "w", "platforms": {**platforms, "materialized": epyc}, "expectations": [], "agree": True}
-    said = " ".join(verify.platform_said(result))
+    said = " ".join(verification.platform_said(result))
     assert facts_in(said, "materialized re-run also ran on another CPU", "the machine") and "float64" not in said
-    assert verify.platform_said({**result, "platforms": platforms}) == [], "the second kernel's differs on purpose"
+    assert verification.platform_said({**result, "platforms": platforms}) == [], (
+        "the second kernel's differs on purpose"
+    )
 
 
 def test_settings_match_across_int_and_float_and_a_judged_point_without_its_cell_is_refused(experiment):

@@ -12,6 +12,7 @@ from helpers import facts_in, publish_into, verification, write_experiment_file
 from attn import publish, results_text
 from attn.config.yamlio import ConfigError
 from attn.experiment import report_spec, verify
+from attn.experiment import verification as record
 from attn.store import runs
 
 
@@ -309,7 +310,7 @@ def test_verify_compares_every_verdict_and_names_the_flips():
             "agree": False,
         },
     ]
-    text = verify.verify_markdown(
+    text = record.verify_markdown(
         {
             "experiment": "x",
             "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -330,7 +331,7 @@ def test_verify_names_each_re_runs_code_and_what_it_did_with_subnormals():
     reports["materialized"]["platform"].update(
         attn_commit=["1458a17", "e3870a8"], denormals=["flushed to zero", "kept"]
     )
-    text = verify.verify_markdown(
+    text = record.verify_markdown(
         {
             "experiment": "x",
             "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -369,7 +370,7 @@ def test_verify_sets_each_cells_learned_count_side_by_side_and_lists_the_cells_t
         "learned": {"as run": "absent", "float64": "1/4"},
         "same": False,
     }, "a cell only a re-run has is listed, as differing"
-    text = verify.verify_markdown(
+    text = record.verify_markdown(
         {
             "experiment": "x",
             "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -399,7 +400,7 @@ def test_verify_counts_the_runs_a_re_run_left_bit_for_bit_where_they_were():
         "Sandybridge": {"same": 2, "runs": 2},
         "diverged": {"same": 1, "runs": 1},
     }, "a run diverged in a re-run is not counted"
-    text = verify.verify_markdown(
+    text = record.verify_markdown(
         {
             "experiment": "x",
             "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -429,7 +430,7 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
         "as run": {**report({}), "cells": [cell(16, 2), wide]},
         "float64": {**report({}), "cells": [cell(16, 3), {**wide, "success_rate": {"k": 2, "n": 4}}]},
     }
-    text = verify.verify_markdown(
+    text = record.verify_markdown(
         {
             "experiment": "x",
             "platforms": {v: r["platform"] for v, r in reports.items()},
@@ -839,17 +840,17 @@ def test_a_cell_the_materialized_re_run_linked_is_compared_where_it_was_made():
     linked = {"materialized": {json.dumps([cell(16, 4)["settings"]], sort_keys=True)}}
     rows = verify.compare_cells(reports, linked)
     assert [r["learned"]["materialized"] for r in rows] == ["linked", "2/4"] and all(r["same"] for r in rows)
-    said = verify.cells_agreement(rows, 3)
+    said = record.cells_agreement(rows, 3)
     assert said.startswith("the same count in all three in 2 of 2 cells") and "(1 of them compared without" in said
 
 
 def test_a_verification_says_which_re_runs_it_made_and_which_it_did_not():
     platforms = {"as run": {}, "float64": {}, "Sandybridge": {}, "materialized": {}}
-    assert verify.reruns_said({"platforms": platforms}) == (
+    assert record.reruns_said({"platforms": platforms}) == (
         "in float64, on a second BLAS kernel (Sandybridge) and with the materialized head"
     )
     partial = {"platforms": {"as run": {}, "Sandybridge": {}}, "materialized": "no cell runs width-free"}
-    said = verify.reruns_said(partial)
+    said = record.reruns_said(partial)
     assert said.startswith("on a second BLAS kernel (Sandybridge) (the materialized re-run: no cell runs width-free)")
     assert said.endswith(", not yet in float64") and "kernel" not in said.split("not yet")[1]
 
@@ -1119,8 +1120,8 @@ def test_verify_takes_a_published_report_as_run_and_makes_the_runs_it_cannot_lin
     assert "linked" not in result["materialized"]
     assert result["remade"] == {"same": 1, "runs": 2}, "over the wide cell's two runs, remade, alone"
     assert result["unchanged"]["materialized"] == {"same": 0, "runs": 2}, "over the materialized cell's alone"
-    assert all(verify.LINKED not in c["learned"].values() for c in result["cells"]), "remade cells are compared"
-    text = verify.verify_markdown(result)
+    assert all(record.LINKED not in c["learned"].values() for c in result["cells"]), "remade cells are compared"
+    text = record.verify_markdown(result)
     assert f"As run: {result['as_run']['report']}" in text and "1 of 2 took bit for bit" in text
     assert "The re-runs ran attn def5678" in text and "(abc1234)" in text
 
@@ -1218,7 +1219,7 @@ def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_m
         "materialized": "model.d_k 16 re-run with model.width_free=false",
         "remade": {"same": 2, "runs": 2},
     }
-    merged = verify.merge(earlier, later)
+    merged = record.merge(earlier, later)
     assert list(merged["platforms"]) == ["as run", "float64", "Sandybridge", "materialized"]
     assert merged["expectations"][0]["verdicts"] == {
         "as run": "confirmed",
@@ -1233,33 +1234,33 @@ def test_two_verifications_of_one_report_merge_into_one_of_every_re_run_either_m
         "materialized",
     }
     assert merged["materialized"].startswith("model.d_k 16") and merged["remade"] == {"same": 2, "runs": 2}
-    again = verify.merge(later, verification({"float64": "confirmed"}))  # a later float64 replaces nothing else
+    again = record.merge(later, verification({"float64": "confirmed"}))  # a later float64 replaces nothing else
     assert again["materialized"].startswith("model.d_k 16") and "remade" in again
-    assert "re-run in float64" in verify.verify_markdown(merged).lower()
+    assert "re-run in float64" in record.verify_markdown(merged).lower()
     for other in (verification({"float64": "confirmed"}, digest="d2"), verification({}, experiment="v")):
         with pytest.raises(runs.RunError, match="different reports as run"):
-            verify.merge(earlier, other)
+            record.merge(earlier, other)
     with pytest.raises(runs.RunError, match="later verification of w does not say which report"):
-        verify.merge(earlier, {**later, "as_run": None})
+        record.merge(earlier, {**later, "as_run": None})
 
 
 def test_a_merge_takes_the_later_of_a_re_run_both_made_and_leaves_linked_cells_out():
     earlier = verification(
         {"float64": "confirmed", "materialized": "confirmed"},
-        cells={16: {"float64": "3/4", "materialized": verify.LINKED}},
+        cells={16: {"float64": "3/4", "materialized": record.LINKED}},
     )
     redone = {
         **verification({"float64": "refuted"}, cells={16: {"float64": "4/4"}}),
         "unchanged": {"float64": {"same": 1, "runs": 4}},
     }
-    merged = verify.merge(earlier, redone)
+    merged = record.merge(earlier, redone)
     assert merged["expectations"][0]["verdicts"]["float64"] == "refuted" and merged["unchanged"]["float64"]["same"] == 1
     assert merged["cells"][0]["same"] is True, "a linked count is no test: as run and float64 both 4/4"
-    not_asked = verify.merge(
+    not_asked = record.merge(
         verification({}, cells={}), {**verification({}), "materialized": "no cell runs width-free"}
     )
     assert not_asked["materialized"] == "no cell runs width-free"
-    assert "remade" not in verify.merge(
+    assert "remade" not in record.merge(
         {**earlier, "remade": {"same": 1, "runs": 1}}, verification({"materialized": "confirmed"})
     )
 
@@ -1270,7 +1271,7 @@ def test_a_verification_read_back_from_json_is_written_in_its_order():
         "unchanged": {"float64": {"same": 0, "runs": 4}, "Sandybridge": {"same": 1, "runs": 4}},
     }
     read_back = json.loads(json.dumps(made, sort_keys=True))
-    text = verify.verify_markdown(read_back)
+    text = record.verify_markdown(read_back)
     assert "re-run (float64, Sandybridge, materialized)" in text.splitlines()[0]
     assert "| expectation | as run | float64 | Sandybridge | materialized | agree |" in text
     assert "float64 0 of 4, Sandybridge 1 of 4" in text

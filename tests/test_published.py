@@ -10,7 +10,7 @@ import pytest
 from helpers import facts_in
 from test_publish import verifiable
 
-from attn.experiment import verify
+from attn.experiment import verification, verify
 from attn.experiment.spec import load_experiment
 from attn.report import published
 from attn.store import runs
@@ -159,7 +159,7 @@ def test_the_cli_verifies_a_published_report_through_it_and_refuses_it_with_as_r
             or {"agree": True, "files": [], "experiment": "w", "platforms": {"as run": {}}, "expectations": []}
         ),
     )
-    monkeypatch.setattr(verify, "verify_markdown", lambda result: "compared")
+    monkeypatch.setattr(verification, "verify_markdown", lambda result: "compared")
     assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--runs-dir", str(tmp_path / "runs")]) == 0
     assert asked == [("w", publish.RESULTS, publish.REPO, False)]
     assert cli.main(["verify", str(tmp_path / "w.yaml"), "--published", "--judged-cells"]) == 0

@@ -27,7 +27,7 @@ from attn.cli.common import (
 )
 from attn.config.loading import load_config
 from attn.config.yamlio import ConfigError, read_yaml_file, truncate
-from attn.experiment.verify import VARIANTS
+from attn.experiment.verification import VARIANTS, verify_markdown
 from attn.store import runs
 from attn.train import lifecycle
 from attn.train.loop import StopFlag
@@ -439,14 +439,14 @@ def cmd_verify(args) -> int:
             file=sys.stderr,
         )
         return EXIT_SIGNAL.get(stopped.signal, 130)
-    say(verify.verify_markdown(result))
+    say(verify_markdown(result))
     for path in result["files"]:
         say(path)
     return EXIT_OK if result["agree"] else EXIT_FAILED
 
 
 def variant_list(text: str) -> tuple[str, ...]:
-    """'float64,kernel' -> those re-runs, each one of verify.VARIANTS (argparse names the flag on an error)."""
+    """'float64,kernel' -> those re-runs, each one of VARIANTS (argparse names the flag on an error)."""
     chosen = tuple(v.strip() for v in text.split(",") if v.strip())
     unknown = [v for v in chosen if v not in VARIANTS]
     twice = [v for v in VARIANTS if chosen.count(v) > 1]

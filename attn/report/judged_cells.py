@@ -17,7 +17,7 @@ one-sided p, and its opposite's, then enter Holm's correction with the p as run 
 claim, as in the report as run (attn.analysis.verdicts.holm_verdicts). Every other claim, and every
 cell not re-made, reads NOT_RERUN and is not compared. So it tests the verdicts under the second
 algorithm given the rates chosen as run, not the choice of the rates; the comparison is merged with
-the experiment's other re-runs by `attn publish NAME --verification-only` (attn.experiment.verify.merge).
+the experiment's other re-runs by `attn publish NAME --verification-only` (attn.experiment.verification.merge).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from attn.analysis.verdicts import holm_verdicts
 from attn.config.yamlio import yaml_line
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, only_argument
+from attn.experiment.verification import JUDGED_ONLY, NOT_RERUN, cell_key, verdicts_agree, verify_markdown
 from attn.store import runs
 from attn.text import json_number, settings_json, value_of
 
@@ -59,8 +60,8 @@ def _norm(values) -> str:
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
     if isinstance(values, dict):
-        return verify._key({k: one(v) for k, v in values.items()})
-    return verify._key([one(v) for v in values])
+        return cell_key({k: one(v) for k, v in values.items()})
+    return cell_key([one(v) for v in values])
 
 
 def rejudgeable(e) -> bool:
@@ -193,7 +194,7 @@ def rejudged(experiment: Experiment, as_run: dict, remade: dict, plan: JudgedPla
     holm_verdicts([_numbers(j) for j in family], alpha)
     verdicts = {j["id"]: j["verdict"] for j in family}
     return {
-        j["id"]: (verdicts.get(j["id"]) or made[j["id"]]["verdict"]) if covered(j) else verify.NOT_RERUN
+        j["id"]: (verdicts.get(j["id"]) or made[j["id"]]["verdict"]) if covered(j) else NOT_RERUN
         for j in as_run["expectations"]
     }
 
@@ -242,13 +243,13 @@ def verify_judged(
         )
     verdicts = rejudged(experiment, report, remade, plan)
     rows = [
-        {"id": e["id"], "verdicts": verdicts_of, "agree": verify.verdicts_agree(verdicts_of)}
+        {"id": e["id"], "verdicts": verdicts_of, "agree": verdicts_agree(verdicts_of)}
         for e in report["expectations"]
         for verdicts_of in [{"as run": e["verdict"], "materialized": verdicts[e["id"]]}]
     ]
     reports = {"as run": report, "materialized": remade}
-    not_made = {verify._key(c["settings"]) for c in report["cells"]} - {verify._key(s) for s in plan.cells}
-    judged = sum(v != verify.NOT_RERUN for v in verdicts.values())
+    not_made = {cell_key(c["settings"]) for c in report["cells"]} - {cell_key(s) for s in plan.cells}
+    judged = sum(v != NOT_RERUN for v in verdicts.values())
     result = {
         "experiment": experiment.name,
         "as_run": verify.as_run_record(reference / runs.REPORT_FILE, as_run is not None),
@@ -259,11 +260,11 @@ def verify_judged(
         "unchanged": verify.unchanged_runs(reports),
         "materialized": f"{plan.said}; {judged} of {len(rows)} claims judged there at the rates chosen as run, "
         "which it does not choose again (attn verify --judged-cells)",
-        verify.JUDGED_ONLY: True,
+        JUDGED_ONLY: True,
     }
     out = Path(experiment.cells[0].config.runs_dir) / "verify"
     out.mkdir(parents=True, exist_ok=True)
     runs.write_json(out / f"{experiment.name}.json", result)
-    runs.write_atomic(out / f"{experiment.name}.md", verify.verify_markdown(result).encode())
+    runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
     result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
     return result

@@ -36,6 +36,7 @@ from typing import Callable
 from attn.config.yamlio import show_value
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, load_experiment
+from attn.experiment.verification import VARIANTS
 from attn.report import judged_cells as judged
 from attn.report.experiment_report import is_clean_state
 from attn.store import processes, runs
@@ -78,7 +79,7 @@ def verify_published(
     kernel: str | None,
     workers: int | None,
     progress: Callable[[str], None],
-    variants: tuple[str, ...] = verify.VARIANTS,
+    variants: tuple[str, ...] = VARIANTS,
     judged_cells: bool = False,
 ) -> dict:
     """Verify the report published in results/<name> from the commit it names (module docstring); the
@@ -124,7 +125,7 @@ def verify_published(
     options = (
         ([f"--kernel={kernel}"] if kernel else [])
         + ([f"--workers={workers}"] if workers else [])
-        + ([f"--variants={','.join(variants)}"] if tuple(variants) != verify.VARIANTS else [])
+        + ([f"--variants={','.join(variants)}"] if tuple(variants) != VARIANTS else [])
     )
     _run(
         f"its attn verify (at {commit})",
