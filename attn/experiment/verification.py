@@ -11,6 +11,7 @@ time), and the record in words: verify.md, and the phrases attn.results_text bui
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from attn.store import runs
 from attn.text import and_list, markdown_table
@@ -334,3 +335,13 @@ def _unchanged_markdown(unchanged: dict[str, dict]) -> list[str]:
         + " (where a re-run changed no run, it tested nothing there).",
         "",
     ]
+
+
+def write_record(result: dict, runs_dir: Path) -> dict:
+    """A verification written to <runs_dir>/verify/<name>.json, with its words in .md beside it; the result
+    with the two paths (`files`)."""
+    out = Path(runs_dir) / "verify"
+    out.mkdir(parents=True, exist_ok=True)
+    runs.write_json(out / f"{result['experiment']}.json", result)
+    runs.write_atomic(out / f"{result['experiment']}.md", verify_markdown(result).encode())
+    return {**result, "files": [str(out / f"{result['experiment']}.md"), str(out / f"{result['experiment']}.json")]}

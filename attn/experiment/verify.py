@@ -77,7 +77,7 @@ from attn.experiment.verification import (
     VARIANTS,
     cell_key,
     verdicts_agree,
-    verify_markdown,
+    write_record,
 )
 from attn.store import processes, runs
 from attn.text import settings_json
@@ -430,12 +430,7 @@ def verify(
             {v: reports[v] for v in ("as run", "materialized")},
             {"materialized": keys(plan.reused - linked, with_seed=True)},
         )["materialized"]
-    out = Path(experiment.cells[0].config.runs_dir) / "verify"
-    out.mkdir(parents=True, exist_ok=True)
-    runs.write_json(out / f"{experiment.name}.json", result)
-    runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
-    result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
-    return result
+    return write_record(result, Path(experiment.cells[0].config.runs_dir))
 
 
 def as_run_record(report: Path, given: bool) -> dict:

@@ -33,7 +33,7 @@ from attn.analysis.verdicts import holm_verdicts
 from attn.config.yamlio import yaml_line
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, only_argument
-from attn.experiment.verification import JUDGED_ONLY, NOT_RERUN, cell_key, verdicts_agree, verify_markdown
+from attn.experiment.verification import JUDGED_ONLY, NOT_RERUN, cell_key, verdicts_agree, write_record
 from attn.store import runs
 from attn.text import json_number, settings_json, value_of
 
@@ -262,9 +262,4 @@ def verify_judged(
         "which it does not choose again (attn verify --judged-cells)",
         JUDGED_ONLY: True,
     }
-    out = Path(experiment.cells[0].config.runs_dir) / "verify"
-    out.mkdir(parents=True, exist_ok=True)
-    runs.write_json(out / f"{experiment.name}.json", result)
-    runs.write_atomic(out / f"{experiment.name}.md", verify_markdown(result).encode())
-    result["files"] = [str(out / f"{experiment.name}.md"), str(out / f"{experiment.name}.json")]
-    return result
+    return write_record(result, Path(experiment.cells[0].config.runs_dir))
