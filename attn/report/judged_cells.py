@@ -47,7 +47,7 @@ class JudgedPlan:
     passes: list[list[str]]
     cells: list[dict]  # their settings, as report.json has them
     runs: int
-    claims: dict[str, set[str]]  # claim id -> the keys (_key of its settings) of the cells it is judged at
+    claims: dict[str, set[str]]  # claim id -> the cells it is judged at (_norm of their settings)
     said: str
 
 
@@ -102,7 +102,7 @@ def claim_cells(experiment: Experiment, as_run: dict) -> dict[str, list[dict]]:
         if missing:
             raise runs.RunError(
                 f"verify: the report as run judged {e.id} at {yaml_line(missing[0]) if missing[0] else 'a cell'} "
-                f"that is no cell of {experiment.path} now ({'its ' + e.at + ' rate'}); verify it against the file "
+                f"that is no cell of {experiment.path} now (its {e.at} rate); verify it against the file "
                 "it was made from"
             )
         out[e.id] = list({_norm(s): s for s in needed}.values())
