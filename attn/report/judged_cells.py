@@ -33,7 +33,7 @@ from attn.analysis.verdicts import holm_verdicts
 from attn.config.yamlio import yaml_line
 from attn.experiment import verify
 from attn.experiment.spec import Experiment, only_argument
-from attn.experiment.verification import JUDGED_ONLY, NOT_RERUN, cell_key, verdicts_agree, write_record
+from attn.experiment.verification import JUDGED_ONLY, NOT_RERUN, cell_key, write_record
 from attn.store import runs
 from attn.text import json_number, settings_json, value_of
 
@@ -242,11 +242,8 @@ def verify_judged(
             f"not the {plan.runs} of the {len(expected)} judged cells; run the same command again to finish them"
         )
     verdicts = rejudged(experiment, report, remade, plan)
-    rows = [
-        {"id": e["id"], "verdicts": verdicts_of, "agree": verdicts_agree(verdicts_of)}
-        for e in report["expectations"]
-        for verdicts_of in [{"as run": e["verdict"], "materialized": verdicts[e["id"]]}]
-    ]
+    rejudged_report = {"expectations": [{"id": cid, "verdict": v} for cid, v in verdicts.items()]}
+    rows = verify.compare_verdicts({"as run": report, "materialized": rejudged_report})
     reports = {"as run": report, "materialized": remade}
     not_made = {cell_key(c["settings"]) for c in report["cells"]} - {cell_key(s) for s in plan.cells}
     judged = sum(v != NOT_RERUN for v in verdicts.values())
