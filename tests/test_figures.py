@@ -3,7 +3,9 @@ step 0 with the chance and no-retrieval lines inside the axes, the
 diagnostics from step 0, readable ticks on a log axis of few decades, a
 diverged run's title whole, and each run's own mechanism figure over
 training; the experiment's mechanism figure with x labels that do not
-overlap and a word for a median off its log axis; `attn demo`."""
+overlap and a word for a median off its log axis; an experiment's curves
+over training holding every median from step 0, and its log axes of few
+decades read in plain numbers; `attn demo`."""
 
 import math
 from pathlib import Path
@@ -14,6 +16,7 @@ from helpers import TINY
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from attn import cli
+from attn.analysis import stats
 from attn.analysis.curves import band_stats
 from attn.analysis.grouping import Run, group_runs
 from attn.config.loading import load_config
@@ -416,3 +419,63 @@ def test_a_sweep_traces_the_rows_only_where_it_draws_each_run_or_is_asked_to(tmp
     assert {plots: cell.config.logging.mechanism_trace for plots, cell in cells.items()} == {False: False, True: True}
     path.write_text(path.read_text() + "overrides: {logging.mechanism_trace: true}\n")
     assert spec.load_experiment(path, plots=False).cells[0].config.logging.mechanism_trace
+
+
+class Seed:
+    """One seed of a judged cell: its metric records (score_std from `start` at step 0 towards `end`)."""
+
+    def __init__(self, start: float, end: float, wobble: float):
+        steps = range(0, 1010, 10)
+        records = [{"step": s, "score_std": end + (start - end) * math.exp(-s / 15) + wobble} for s in steps]
+        self.run = Run(Path("seed"), {}, records, {}, "completed")
+
+
+class TimedCell:
+    """A judged cell with its seeds, success rate and Kaplan-Meier median steps (the headline's panels)."""
+
+    budget = 1000
+
+    def __init__(self, start: float, end: float, median: float):
+        self.seeds = [Seed(start, end, 0.01 * i) for i in range(10)]
+        self.n, self.median = len(self.seeds), median
+
+    def rate(self, name):
+        return {"rate": 1.0, "low": 0.72, "high": 1.0}
+
+    def time(self):
+        return stats.KMMedian(self.median, self.median * 0.8, self.median * 1.2)
+
+
+def figure_drawn(monkeypatch, draw, *args):
+    made = []
+    monkeypatch.setattr(experiment_figures, "save_figure", lambda fig, path, tight=True: made.append(fig))
+    draw(*args)
+    [fig] = made
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+def test_an_experiments_score_growth_holds_every_median_from_step_0_on_a_labelled_log_axis(monkeypatch):
+    """Scores' std near 1 at step 0 under the scale, near 2 after; 8 to 12 without it (width at d_k 64): the bulk
+    of the seeds' values starts above the scaled arm's step 0, which stays on the axis, read in plain numbers."""
+    best = {((64,), ("sqrt",)): TimedCell(0.9, 2.0, 40), ((64,), ("none",)): TimedCell(8.0, 12.0, 830)}
+    colors = {("sqrt",): "C0", ("none",): "C1"}
+    fig = figure_drawn(
+        monkeypatch, experiment_figures.curves_over_training, best, Layout(), colors, "score_std", "std", Path("s.png")
+    )
+    [ax] = fig.axes
+    low, high = ax.get_ylim()
+    medians = [line.get_ydata() for line in ax.get_lines() if line.get_linewidth() > 1]
+    assert len(medians) == 2 and all(low <= min(m) and max(m) <= high for m in medians), (low, high)
+    assert plain_numbers(labelled(ax.yaxis)) >= 3, labelled(ax.yaxis)
+
+
+def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_numbers(monkeypatch):
+    best = {
+        ((d_k,), (scale,)): TimedCell(1.0, 2.0, m) for d_k in (64, 1024) for scale, m in (("sqrt", 40), ("none", 830))
+    }
+    colors = {("sqrt",): "C0", ("none",): "C1"}
+    fig = figure_drawn(monkeypatch, experiment_figures.headline_figure, best, {}, Layout(), colors, Path("h.png"), "w")
+    time_ax = fig.axes[1]
+    assert time_ax.get_yscale() == "log"
+    assert plain_numbers(labelled(time_ax.yaxis)) >= 3, labelled(time_ax.yaxis)

@@ -20,7 +20,9 @@
 
 Every figure: one colour per arm (attn.report.experiment_figures, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
-clipped to the bulk of the values and marked).
+clipped to the bulk of the values and marked), a median curve always does (it
+is drawn whole, from step 0); a log axis of few decades is labelled in plain
+numbers (attn.train.figures.label_log_axis).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.report.compare_figure import legend_layout
 from attn.store.runs import series
 from attn.text import format_value
-from attn.train.figures import mark_zeros, save_figure, wrapped
+from attn.train.figures import label_log_axis, mark_zeros, save_figure, wrapped
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {
@@ -140,6 +142,15 @@ def bulk_limits(values, log: bool) -> tuple[float, float] | None:
         return low / 1.5, high * 1.5
     pad = 0.05 * (high - low or abs(high) or 1.0)
     return low - pad, high + pad
+
+
+def covering(limits: tuple[float, float] | None, values) -> tuple[float, float] | None:
+    """Log-axis `limits` widened to hold every finite positive value (a median curve, from step 0), a little inside."""
+    kept = [v for v in values if v is not None and np.isfinite(v) and v > 0]
+    if not kept:
+        return limits
+    low, high = min(kept) / 1.2, max(kept) * 1.2
+    return (min(low, limits[0]), max(high, limits[1])) if limits else (low, high)
 
 
 def suptitle(fig, text: str, fontsize: float = 9) -> None:
@@ -293,8 +304,10 @@ def headline_figure(best, shared, layout, colors, path, name):
     ax_time.axhline(budget, color="0.5", linestyle=":", linewidth=1)
     ax_time.annotate(
         f"budget {budget} (▲: median not reached)",
-        (0.02, 0.97),
-        xycoords="axes fraction",
+        (0.02, budget),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, -3),
+        textcoords="offset points",  # just under its line, never across it
         fontsize=7,
         va="top",
         color="0.3",
@@ -302,6 +315,7 @@ def headline_figure(best, shared, layout, colors, path, name):
     ax_rate.set_ylim(-0.03, 1.03)
     ax_rate.set_ylabel(f"seeds that learned (≥ {outcomes.THRESHOLD:.0%}, kept), Wilson 95%")
     ax_time.set_yscale("log")
+    label_log_axis(ax_time.yaxis)
     ax_time.set_ylabel(f"median steps to {outcomes.THRESHOLD:.0%} (Kaplan–Meier, 95%)")
     for ax in (ax_rate, ax_time):
         ax.set_xlabel(layout.x_name)
@@ -421,6 +435,7 @@ def final_loss_figure(best, layout, colors, path):
     if limits:
         ax.set_ylim(limits[0], top * 1.2)
     ax.set_yscale("log")
+    label_log_axis(ax.yaxis)
     ax.set_xlabel(layout.x_name)
     ax.set_ylabel("final eval loss (nats), one point per seed")
     ax.grid(True, which="major", alpha=0.25)
@@ -510,6 +525,8 @@ def mechanism_figure(best, layout, colors, steps, path):
             ax.set_yticks([])
         elif zeros:  # said once, in the legend
             handles[ZERO_MEDIAN] = ax.plot([], [], "v", color="0.3")[0]
+        if not empty and yscale == "log":
+            label_log_axis(ax.yaxis)
         ax.set_title(title, fontsize=7.5)
         ax.set_xlabel(layout.x_name, fontsize=8)
         ax.grid(True, which="major", alpha=0.25)
@@ -547,7 +564,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     fig, axes = panels(len(xs))
     handles = {}
     for ax, x in zip(axes, xs):
-        values = []
+        values, medians = [], []
         for arm in arms:
             cell = best.get((x, arm))
             if cell is None or not cell.n:
@@ -562,10 +579,12 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
             longest = max(curves, key=lambda c: len(c[0]))[0]
             median = [np.median([v[steps == s][0] for steps, v in curves if (steps == s).any()]) for s in longest]
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
-        limits = bulk_limits(values, log=True)
+            medians += median
+        limits = covering(bulk_limits(values, log=True), medians)  # the seeds' bulk, and every median whole
         if limits:
             ax.set_ylim(*limits)
         ax.set_yscale("log")
+        label_log_axis(ax.yaxis)
         ax.set_title(f"{layout.x_name} = {layout.x_label(x)}", fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
@@ -573,7 +592,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     suptitle(
         fig,
         f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
-        "y range from the bulk of the values",
+        "y range from the bulk of the seeds, holding every median whole",
         fontsize=9,
     )
     legend_below(fig, list(handles.values()), list(handles))
