@@ -479,3 +479,13 @@ def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_number
     time_ax = fig.axes[1]
     assert time_ax.get_yscale() == "log"
     assert plain_numbers(labelled(time_ax.yaxis)) >= 3, labelled(time_ax.yaxis)
+    (legend,) = fig.legends
+    assert not time_ax.texts and any("budget: 1000 steps" in t.get_text() for t in legend.get_texts())  # off the data
+
+
+def test_a_median_widens_a_log_axis_past_the_seeds_bulk_by_at_most_a_decade():
+    low, high = experiment_figures.covering((1.0, 10.0), [0.5, 20.0])
+    assert math.isclose(low, 0.5 / 1.2) and math.isclose(high, 20.0 * 1.2)  # held whole, a little inside
+    assert experiment_figures.covering((1.0, 10.0), [1e-9, 1e30, math.inf, math.nan, 0.0]) == (0.1, 100.0)
+    assert experiment_figures.covering(None, [2.0]) == (2.0 / 1.2, 2.0 * 1.2)
+    assert experiment_figures.covering((1.0, 10.0), []) == (1.0, 10.0)

@@ -20,9 +20,10 @@
 
 Every figure: one colour per arm (attn.report.experiment_figures, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
-clipped to the bulk of the values and marked), a median curve always does (it
-is drawn whole, from step 0); a log axis of few decades is labelled in plain
-numbers (attn.train.figures.label_log_axis).
+clipped to the bulk of the values and marked); a median curve widens it to be
+drawn whole, from step 0 (by at most a decade past the bulk); a log axis holding
+few whole powers of ten is labelled in plain numbers
+(attn.train.figures.label_log_axis).
 """
 
 from __future__ import annotations
@@ -144,13 +145,20 @@ def bulk_limits(values, log: bool) -> tuple[float, float] | None:
     return low - pad, high + pad
 
 
+COVER_REACH = 10.0  # covering: a median widens a log axis by at most this factor past the seeds' bulk
+
+
 def covering(limits: tuple[float, float] | None, values) -> tuple[float, float] | None:
-    """Log-axis `limits` widened to hold every finite positive value (a median curve, from step 0), a little inside."""
+    """Log-axis `limits` (the bulk of the seeds' values) widened to hold every finite positive value of
+    `values` (the median curves, from step 0) a little inside, by at most COVER_REACH each way: a median
+    that most seeds' divergence carries to 1e30 does not flatten the other arms."""
     kept = [v for v in values if v is not None and np.isfinite(v) and v > 0]
     if not kept:
         return limits
     low, high = min(kept) / 1.2, max(kept) * 1.2
-    return (min(low, limits[0]), max(high, limits[1])) if limits else (low, high)
+    if not limits:
+        return low, high
+    return max(min(low, limits[0]), limits[0] / COVER_REACH), min(max(high, limits[1]), limits[1] * COVER_REACH)
 
 
 def suptitle(fig, text: str, fontsize: float = 9) -> None:
@@ -301,17 +309,8 @@ def headline_figure(best, shared, layout, colors, path, name):
             ax_time.scatter(
                 never, [budget] * len(never), marker="^", s=60, color=colors[arm], alpha=1 if what == "best" else 0.6
             )
-    ax_time.axhline(budget, color="0.5", linestyle=":", linewidth=1)
-    ax_time.annotate(
-        f"budget {budget} (▲: median not reached)",
-        (0.02, budget),
-        xycoords=("axes fraction", "data"),
-        xytext=(0, -3),
-        textcoords="offset points",  # just under its line, never across it
-        fontsize=7,
-        va="top",
-        color="0.3",
-    )
+    budget_line = ax_time.axhline(budget, color="0.5", linestyle=":", linewidth=1)
+    handles[f"budget: {budget} steps (▲ at it: median not reached)"] = budget_line  # said in the legend, off the data
     ax_rate.set_ylim(-0.03, 1.03)
     ax_rate.set_ylabel(f"seeds that learned (≥ {outcomes.THRESHOLD:.0%}, kept), Wilson 95%")
     ax_time.set_yscale("log")
