@@ -482,13 +482,16 @@ def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_
         "| Claim a | confirmed | difference of rates 0.9 [0.6, 1] at d_k 256, the weakest of 2 "
         "| exact McNemar, Holm p 0.0004 |"
     )
-    lines = [x for x in block.splitlines() if x.startswith("- [`")]
-    assert [x.split("`")[1] for x in lines] == ["scores", "scores_wide", "width", "mask_self", "lengths"]
+    lines = [x for x in block.splitlines() if x.startswith("- ")]
+    assert [x.split("`")[1] for x in lines] == ["scores", "scores_wide", "lengths", "width", "mask_self"]
     assert lines[0] == (
         "- [`scores`](experiments/results/scores/report.md) — Every fix: 1 confirmed, 1 not confirmed; not yet verified"
     )
-    assert facts_in(lines[3], "the query's own position:", "2 confirmed, 1 inconclusive")
-    assert "no claims" in lines[4]
+    assert [x.split(" ")[1] for x in lines[3:]] == ["(2)", "(7)"]  # the boundary experiments, by their numbers
+    assert "stops holding" not in "".join(lines)  # said once, above their list
+    assert block.index("**Where the claim stops holding**") > block.index(lines[2])
+    assert facts_in(lines[4], "— the query's own position:", "2 confirmed, 1 inconclusive")
+    assert "no claims" in lines[2]  # lengths
 
 
 def test_verify_re_runs_with_the_materialized_head_where_a_cell_runs_width_free(tmp_path, monkeypatch):
@@ -893,7 +896,7 @@ def test_results_from_several_code_states_say_so_beside_their_verdicts():
         {results_text.HEADLINE: report({"h": "confirmed"}), "edge": mixed}, {}, publish.REPO, changes={}
     )
     assert (
-        "- [`edge`](experiments/results/edge/report.md) — Where the claim stops holding, 1: what it tests (runs from "
+        "- (1) [`edge`](experiments/results/edge/report.md) — what it tests (runs from "
         "3 code states, 2 of them uncommitted or unrecorded): 1 confirmed; not yet verified" in block
     )
 
@@ -947,7 +950,7 @@ def test_a_report_of_an_earlier_design_of_its_file_says_so_and_one_of_the_design
     assert facts_in(results_text.design_changes({"sqrt_dk": digested}, tmp_path)["sqrt_dk"], "other claims or seeds")
     block = results_text.results_block(reports, {}, tmp_path)
     text = results_text.experiments_readme(reports, {}, tmp_path / "experiments" / "results", tmp_path)
-    edge_line = next(line for line in block.splitlines() if line.startswith("- [`edge`]"))
+    edge_line = next(line for line in block.splitlines() if line.startswith("- (1) [`edge`]"))
     assert "an earlier design of the file, re-run pending" in edge_line
     assert facts_in(text.split("## edge")[1], "earlier design", "6 runs, not 4", "attn sweep experiments/edge.yaml")
     assert "runs of an earlier design" not in text.split("## edge")[0]  # sqrt_dk: its file asks for the runs it has
@@ -1337,7 +1340,7 @@ def test_a_boundary_experiment_verified_in_part_says_which_re_runs_it_still_lack
         publish.REPO,
         changes={},
     )
-    line = next(x for x in block.splitlines() if x.startswith("- [`mask_self`"))
+    line = next(x for x in block.splitlines() if x.startswith("- (7) [`mask_self`"))
     assert line.endswith(
         "1 confirmed; every verdict agrees so far, not yet re-run on a second BLAS kernel or with the materialized head"
     )

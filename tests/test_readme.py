@@ -167,12 +167,15 @@ def test_every_published_experiment_has_its_line_in_readmes_results_block_and_bo
     report (one published but never shown would be lost to a reader); the boundary experiments are
     numbered, each number once."""
     results = README.split(results_text.RESULTS_BEGIN, 1)[1].split(results_text.RESULTS_END, 1)[0]
-    for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
-        if path.parent.name != results_text.HEADLINE:
-            assert f"- [`{path.parent.name}`](experiments/results/{path.parent.name}/report.md)" in results
     numbers = {}
     for path in sorted((REPO / "experiments").glob("*.yaml")):
         found = results_text.BOUNDARY.match(shipped_experiment(path).description.strip())
         if found:
             numbers.setdefault(int(found.group(1)), []).append(path.stem)
     assert {n: names for n, names in numbers.items() if len(names) > 1} == {}
+    number_of = {names[0]: n for n, names in numbers.items()}
+    for path in sorted((REPO / "experiments" / "results").glob("*/report.json")):
+        name = path.parent.name
+        if name != results_text.HEADLINE:
+            number = f"({number_of[name]}) " if name in number_of else ""
+            assert f"- {number}[`{name}`](experiments/results/{name}/report.md)" in results
