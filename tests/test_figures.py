@@ -4,11 +4,13 @@ diagnostics from step 0, readable ticks on a log axis of few decades, a
 diverged run's title whole, and each run's own mechanism figure over
 training; the experiment's mechanism figure with x labels that do not
 overlap and a word for a median off its log axis; an experiment's curves
-over training holding every median from step 0, and its log axes of few
+over training holding every median from step 0, its loss figures with the
+chance and no-retrieval lines inside the axes, and its log axes of few
 decades read in plain numbers; `attn demo`."""
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -481,6 +483,44 @@ def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_number
     assert plain_numbers(labelled(time_ax.yaxis)) >= 3, labelled(time_ax.yaxis)
     (legend,) = fig.legends
     assert not time_ax.texts and any("budget: 1000 steps" in t.get_text() for t in legend.get_texts())  # off the data
+
+
+class LossCell:
+    """A judged cell whose seeds' eval loss falls from chance at step 0 to about `end` (references in each summary)."""
+
+    def __init__(self, end: float):
+        self.seeds = []
+        for i in range(10):
+            records = [
+                {"step": s, "eval_loss": end * (1 + 0.01 * i) + (REFERENCES["chance"] - end) * math.exp(-s / 30)}
+                for s in range(0, 1010, 10)
+            ]
+            self.seeds.append(
+                SimpleNamespace(run=Run(Path("seed"), {}, records, {"references": REFERENCES}, "completed"))
+            )
+        self.n = len(self.seeds)
+
+    def final_losses(self):
+        return [s.run.records[-1]["eval_loss"] for s in self.seeds]
+
+
+@pytest.mark.parametrize("figure", ["loss_curves", "final_loss"])
+def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_inside_the_axes(monkeypatch, figure):
+    """Both arms learn, so their final losses lie far below the plateaus: the lines a stalled seed would sit on are
+    drawn and held on the axis anyway, each named with its level in the legend."""
+    best = {((64,), ("sqrt",)): LossCell(1e-4), ((64,), ("none",)): LossCell(1e-2)}
+    colors = {("sqrt",): "C0", ("none",): "C1"}
+    if figure == "loss_curves":
+        args = (experiment_figures.curves_over_training, best, Layout(), colors, "eval_loss", "loss", Path("l.png"))
+    else:
+        args = (experiment_figures.final_loss_figure, best, Layout(), colors, Path("f.png"))
+    fig = figure_drawn(monkeypatch, *args)
+    ax = fig.axes[0]
+    levels = [line.get_ydata()[0] for line in ax.get_lines() if len(set(line.get_ydata())) == 1]
+    assert sorted(levels) == sorted(REFERENCES.values()) and holds(ax, *levels), (levels, ax.get_ylim())
+    (legend,) = fig.legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels[-2:] == ["chance (2.77)", "no retrieval (1.80)"], labels  # after the arms
 
 
 def test_a_median_widens_a_log_axis_past_the_seeds_bulk_by_at_most_a_decade():

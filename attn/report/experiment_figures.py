@@ -5,14 +5,16 @@
                     setting (solid) and at the shared one (dashed)
     phase.png       per arm, every best_of value x every x: the dominant
                     outcome class, with the successes k/n; the chosen cell framed
-    final_loss.png  every seed's final eval loss at each arm's best setting
+    final_loss.png  every seed's final eval loss at each arm's best setting,
+                    with the task's chance and no-retrieval levels
     curves.png      per-seed eval accuracy where a judged cell's seeds split
                     between outcome classes (drawn only if one does)
     mechanism.png   score std at init against theory, saturated rows, the
                     gradient of saturated and other rows (▼ where a median is
                     0, off the log axis), its concentration, and each row's
                     softmax Jacobian against its bound
-    loss_curves.png eval loss over training per x, each seed and the median
+    loss_curves.png eval loss over training per x, each seed and the median,
+                    with the task's chance and no-retrieval levels
     score_growth.png the std of the scores over training, the same way: which
                     arms keep the logits from growing
     lr_sensitivity.png final loss against the rate per x, every arm (with
@@ -21,7 +23,8 @@
 Every figure: one colour per arm (attn.report.experiment_figures, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
 clipped to the bulk of the values and marked); a median curve widens it to be
-drawn whole, from step 0 (by at most a decade past the bulk); a log axis holding
+drawn whole, from step 0 (by at most a decade past the bulk); a loss axis holds
+the plateau levels its seeds share, where a seed that learns nothing sits; a log axis holding
 few whole powers of ten is labelled in plain numbers
 (attn.train.figures.label_log_axis).
 """
@@ -29,6 +32,7 @@ few whole powers of ten is labelled in plain numbers
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 
 import numpy as np
@@ -40,7 +44,7 @@ from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
 from attn.report.compare_figure import legend_layout
 from attn.store.runs import series
 from attn.text import format_value
-from attn.train.figures import label_log_axis, mark_zeros, save_figure, wrapped
+from attn.train.figures import REFERENCE_STYLE, hold, label_log_axis, mark_zeros, save_figure, wrapped
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {
@@ -159,6 +163,22 @@ def covering(limits: tuple[float, float] | None, values) -> tuple[float, float] 
     if not limits:
         return low, high
     return max(min(low, limits[0]), limits[0] / COVER_REACH), min(max(high, limits[1]), limits[1] * COVER_REACH)
+
+
+def shared_references(seeds) -> dict:
+    """The task's plateau levels (chance, no retrieval; attn.tasks) if every seed's run has the same ones, else {}."""
+    found = {canonical(s.run.summary.get("references") or {}) for s in seeds}
+    return {k: v for k, v in json.loads(found.pop()).items() if v is not None} if len(found) == 1 else {}
+
+
+def reference_lines(ax, references: dict) -> dict:
+    """The plateau levels as horizontal lines, styled as in a run's own figures; legend label -> line."""
+    lines = {}
+    for key, (label, style, color) in REFERENCE_STYLE.items():
+        if key in references:
+            text = f"{label} ({references[key]:.2f})"
+            lines[text] = ax.axhline(references[key], linestyle=style, color=color, linewidth=1)
+    return lines
 
 
 def suptitle(fig, text: str, fontsize: float = 9) -> None:
@@ -399,9 +419,11 @@ def final_loss_figure(best, layout, colors, path):
     position = x_axis(ax, xs, layout)
     log_x = ax.get_xscale() == "log"
     values = [v for c in best.values() for v in c.final_losses() if math.isfinite(v)]
-    limits = bulk_limits(values, log=True)
+    references = shared_references([s for c in best.values() for s in c.seeds])
+    limits = hold(bulk_limits(values, log=True), references.values(), log=True)  # the plateaus inside the axes
     rng = np.random.default_rng(0)  # the jitter only
     handles = {}
+    plateaus = reference_lines(ax, references)
     top = limits[1] if limits else 1.0
     for k, arm in enumerate(arms):
         offset = (k - (len(arms) - 1) / 2) * 0.18
@@ -439,6 +461,7 @@ def final_loss_figure(best, layout, colors, path):
     ax.set_ylabel("final eval loss (nats), one point per seed")
     ax.grid(True, which="major", alpha=0.25)
     wrapped_title(ax, "final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)")
+    handles.update(plateaus)  # after the arms
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -561,9 +584,13 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     """A metric over training at each arm's best setting: every seed (thin) and the median (thick), a panel per x."""
     xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
     fig, axes = panels(len(xs))
-    handles = {}
+    handles, plateaus = {}, {}
     for ax, x in zip(axes, xs):
         values, medians = [], []
+        references = {}
+        if "loss" in metric:  # where a seed that learns nothing sits
+            references = shared_references([s for arm in arms if (x, arm) in best for s in best[(x, arm)].seeds])
+            plateaus.update(reference_lines(ax, references))
         for arm in arms:
             cell = best.get((x, arm))
             if cell is None or not cell.n:
@@ -580,6 +607,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
             medians += median
         limits = covering(bulk_limits(values, log=True), medians)  # the seeds' bulk, and every median whole
+        limits = hold(limits, references.values(), log=True)  # and the plateau levels
         if limits:
             ax.set_ylim(*limits)
         ax.set_yscale("log")
@@ -594,6 +622,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
         "y range from the bulk of the seeds, holding every median whole",
         fontsize=9,
     )
+    handles.update(plateaus)  # after the arms
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
