@@ -488,8 +488,8 @@ def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_number
 class LossCell:
     """A judged cell whose seeds' eval loss falls from chance at step 0 to about `end` (references in each summary)."""
 
-    def __init__(self, end: float):
-        self.seeds = []
+    def __init__(self, end: float, diverged: int = 0):
+        self.diverged, self.seeds = diverged, []
         for i in range(10):
             records = [
                 {"step": s, "eval_loss": end * (1 + 0.01 * i) + (REFERENCES["chance"] - end) * math.exp(-s / 30)}
@@ -501,14 +501,14 @@ class LossCell:
         self.n = len(self.seeds)
 
     def final_losses(self):
-        return [s.run.records[-1]["eval_loss"] for s in self.seeds]
+        return [math.inf] * self.diverged + [s.run.records[-1]["eval_loss"] for s in self.seeds[self.diverged :]]
 
 
 @pytest.mark.parametrize("figure", ["loss_curves", "final_loss"])
 def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_inside_the_axes(monkeypatch, figure):
     """Both arms learn, so their final losses lie far below the plateaus: the lines a stalled seed would sit on are
     drawn and held on the axis anyway, each named with its level in the legend."""
-    best = {((64,), ("sqrt",)): LossCell(1e-4), ((64,), ("none",)): LossCell(1e-2)}
+    best = {((64,), ("sqrt",)): LossCell(1e-4, diverged=1), ((64,), ("none",)): LossCell(1e-2)}
     colors = {("sqrt",): "C0", ("none",): "C1"}
     if figure == "loss_curves":
         args = (experiment_figures.curves_over_training, best, Layout(), colors, "eval_loss", "loss", Path("l.png"))
@@ -521,6 +521,9 @@ def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_insi
     (legend,) = fig.legends
     labels = [text.get_text() for text in legend.get_texts()]
     assert labels[-2:] == ["chance (2.77)", "no retrieval (1.80)"], labels  # after the arms
+    if figure == "final_loss":  # a diverged seed: one grey × in the legend, after the arms, whichever arm it is in
+        assert sorted(labels[:2]) == ["scale=none", "scale=sqrt"] and labels[2] == experiment_figures.DIVERGED_MARK
+        assert legend.legend_handles[2].get_color() == "0.3"
 
 
 def test_a_median_widens_a_log_axis_past_the_seeds_bulk_by_at_most_a_decade():

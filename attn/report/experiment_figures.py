@@ -37,6 +37,7 @@ import math
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from attn import outcomes
 from attn.analysis.grouping import canonical
@@ -412,6 +413,9 @@ def _box(col, row, face, edge, width=0.8):
     return Rectangle((col - 0.5, row - 0.5), 1, 1, facecolor=face, edgecolor=edge, linewidth=width)
 
 
+DIVERGED_MARK = "diverged (drawn at the top)"
+
+
 def final_loss_figure(best, layout, colors, path):
     fig = Figure(figsize=(7.5, 4.4))
     ax = fig.add_subplot()
@@ -422,7 +426,7 @@ def final_loss_figure(best, layout, colors, path):
     references = shared_references([s for c in best.values() for s in c.seeds])
     limits = hold(bulk_limits(values, log=True), references.values(), log=True)  # the plateaus inside the axes
     rng = np.random.default_rng(0)  # the jitter only
-    handles = {}
+    handles, marks = {}, {}
     plateaus = reference_lines(ax, references)
     top = limits[1] if limits else 1.0
     for k, arm in enumerate(arms):
@@ -449,10 +453,9 @@ def final_loss_figure(best, layout, colors, path):
                     edgecolors=colors[arm],
                     s=30,
                 )
-            if (~finite).any():
-                handles["diverged (drawn at the top)"] = ax.scatter(
-                    px[~finite], [top] * (~finite).sum(), marker="x", color=colors[arm], s=36
-                )
+            if (~finite).any():  # in its arm's colour; the legend's × in grey, after the arms, stands for any arm's
+                ax.scatter(px[~finite], [top] * (~finite).sum(), marker="x", color=colors[arm], s=36)
+                marks[DIVERGED_MARK] = Line2D([], [], marker="x", color="0.3", linestyle="none")
     if limits:
         ax.set_ylim(limits[0], top * 1.2)
     ax.set_yscale("log")
@@ -461,7 +464,7 @@ def final_loss_figure(best, layout, colors, path):
     ax.set_ylabel("final eval loss (nats), one point per seed")
     ax.grid(True, which="major", alpha=0.25)
     wrapped_title(ax, "final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)")
-    handles.update(plateaus)  # after the arms
+    handles.update(marks | plateaus)  # after the arms
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
 
@@ -478,8 +481,6 @@ def curves_figure(mixed, layout, path):
         ax.set_xlabel("step")
         ax.set_ylabel("eval accuracy")
         ax.grid(True, alpha=0.25)
-    from matplotlib.lines import Line2D
-
     present = [n for n in outcomes.OUTCOMES if any(c.count(n) for c in mixed.values())]
     suptitle(fig, "cells whose seeds split between outcomes: every seed, coloured by its outcome", fontsize=9)
     legend_below(fig, [Line2D([], [], color=OUTCOME_COLORS[n]) for n in present], present, ncol=len(present))
