@@ -467,8 +467,13 @@ def results_block(
         ]
     if edges:
         lines += [
-            "**Where the claim stops holding**, one experiment each, numbered as in its file"
-            + (":" if first or rest else " (its claims, numbers and tests in its report):"),
+            "**Where the headline's claim stops holding**, an experiment per limit, numbered as in its description"
+            + (
+                ":"
+                if first or rest
+                else " (its claims, numbers and tests in its report; every interval and p-value in "
+                "[experiments/README.md](experiments/README.md)):"
+            ),
             "",
             *(_experiment_line(name, reports[name], numbered[name], provenance, verifications) for name in edges),
             "",

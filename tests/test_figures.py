@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import TINY
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import same_color
 
 from attn import cli
 from attn.analysis import stats
@@ -486,18 +487,17 @@ def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_number
 
 
 class LossCell:
-    """A judged cell whose seeds' eval loss falls from chance at step 0 to about `end` (references in each summary)."""
+    """A judged cell whose seeds' eval loss falls from `start` at step 0 to about `end`, the task's plateau levels
+    (`references`) in each run's summary."""
 
-    def __init__(self, end: float, diverged: int = 0):
+    def __init__(self, start: float, end: float, diverged: int = 0, references: dict = REFERENCES):
         self.diverged, self.seeds = diverged, []
         for i in range(10):
             records = [
-                {"step": s, "eval_loss": end * (1 + 0.01 * i) + (REFERENCES["chance"] - end) * math.exp(-s / 30)}
+                {"step": s, "eval_loss": end * (1 + 0.01 * i) + (start - end) * math.exp(-s / 30)}
                 for s in range(0, 1010, 10)
             ]
-            self.seeds.append(
-                SimpleNamespace(run=Run(Path("seed"), {}, records, {"references": REFERENCES}, "completed"))
-            )
+            self.seeds.append(SimpleNamespace(run=Run(Path("seed"), {}, records, {"references": references}, "done")))
         self.n = len(self.seeds)
 
     def final_losses(self):
@@ -506,9 +506,9 @@ class LossCell:
 
 @pytest.mark.parametrize("figure", ["loss_curves", "final_loss"])
 def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_inside_the_axes(monkeypatch, figure):
-    """Both arms learn, so their final losses lie far below the plateaus: the lines a stalled seed would sit on are
-    drawn and held on the axis anyway, each named with its level in the legend."""
-    best = {((64,), ("sqrt",)): LossCell(1e-4, diverged=1), ((64,), ("none",)): LossCell(1e-2)}
+    """Every seed's loss, from step 0, lies below both plateaus: the lines a stalled seed would sit on are drawn and
+    held on the axis anyway, each named with its level in the legend, after the arms."""
+    best = {((64,), ("sqrt",)): LossCell(0.5, 1e-4, diverged=1), ((64,), ("none",)): LossCell(0.5, 1e-2)}
     colors = {("sqrt",): "C0", ("none",): "C1"}
     if figure == "loss_curves":
         args = (experiment_figures.curves_over_training, best, Layout(), colors, "eval_loss", "loss", Path("l.png"))
@@ -520,10 +520,20 @@ def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_insi
     assert sorted(levels) == sorted(REFERENCES.values()) and holds(ax, *levels), (levels, ax.get_ylim())
     (legend,) = fig.legends
     labels = [text.get_text() for text in legend.get_texts()]
-    assert labels[-2:] == ["chance (2.77)", "no retrieval (1.80)"], labels  # after the arms
-    if figure == "final_loss":  # a diverged seed: one grey × in the legend, after the arms, whichever arm it is in
+    assert labels[-2:] == ["chance (2.77)", "no retrieval (1.80)"], labels
+    if figure == "final_loss":  # a diverged seed of the sqrt arm: its × in its arm's colour; the legend's one, grey
         assert sorted(labels[:2]) == ["scale=none", "scale=sqrt"] and labels[2] == experiment_figures.DIVERGED_MARK
         assert legend.legend_handles[2].get_color() == "0.3"
+        [crosses] = [c for c in ax.collections if np.allclose(c.get_offsets()[:, 1], ax.get_ylim()[1] / 1.2)]
+        assert len(crosses.get_offsets()) == 1 and same_color(crosses.get_facecolor()[0], "C0")
+
+
+def test_only_plateau_levels_a_log_axis_can_show_and_every_seed_shares_are_drawn():
+    """A task of one pair has no-retrieval loss 0; a level may be missing (NaN); a panel may mix tasks."""
+    odd = {"chance": 2.0, "no_retrieval": 0.0, "other": math.nan}
+    assert experiment_figures.plateau_levels(LossCell(0.5, 1e-3, references=odd).seeds) == {"chance": 2.0}
+    mixed = LossCell(0.5, 1e-3).seeds + LossCell(0.5, 1e-3, references={"chance": 3.0}).seeds
+    assert experiment_figures.plateau_levels(mixed) == {}
 
 
 def test_a_median_widens_a_log_axis_past_the_seeds_bulk_by_at_most_a_decade():

@@ -446,7 +446,8 @@ def test_the_cells_table_has_a_column_for_every_key_of_the_cells_it_lists():
 def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_other_experiment(tmp_path):
     """README's block is short: the headline's claims one row each (claim, verdict, effect, test), its
     paragraph of intervals and p-values only in experiments/README.md; then one line per other experiment,
-    the two comparisons of score modes first, the boundary experiments by their number, the rest after."""
+    the two comparisons of score modes first, the rest after; then the boundary experiments in a list of their
+    own, by their number."""
     headline = report({"a": "confirmed"}, headline="Scope: plain SGD; 20 seeds. The headline paragraph.")
     headline["layout"] = {"x": ["model.d_k"], "best_of": "optim.lr"}
     headline["expectations"][0].update(
@@ -489,7 +490,7 @@ def test_the_results_block_is_the_headlines_findings_table_and_a_line_for_every_
     )
     assert [x.split(" ")[1] for x in lines[3:]] == ["(2)", "(7)"]  # the boundary experiments, by their numbers
     assert "stops holding" not in "".join(lines)  # said once, above their list
-    assert block.index("**Where the claim stops holding**") > block.index(lines[2])
+    assert block.index("**Where the headline's claim stops holding**") > block.index(lines[2])
     assert facts_in(lines[4], "— the query's own position:", "2 confirmed, 1 inconclusive")
     assert "no claims" in lines[2]  # lengths
 

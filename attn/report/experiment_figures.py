@@ -23,8 +23,9 @@
 Every figure: one colour per arm (attn.report.experiment_figures, the same in every report), one
 legend, axes from the data; an outlier never sets a panel's range (it is
 clipped to the bulk of the values and marked); a median curve widens it to be
-drawn whole, from step 0 (by at most a decade past the bulk); a loss axis holds
-the plateau levels its seeds share, where a seed that learns nothing sits; a log axis holding
+drawn whole, from step 0 (by at most a decade past the bulk); final_loss and
+loss_curves hold the task's chance and no-retrieval levels where every seed
+shares them (the plateaus a stalled seed sits on); a log axis holding
 few whole powers of ten is labelled in plain numbers
 (attn.train.figures.label_log_axis).
 """
@@ -32,7 +33,6 @@ few whole powers of ten is labelled in plain numbers
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 
 import numpy as np
@@ -42,10 +42,11 @@ from matplotlib.lines import Line2D
 from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
+from attn.report import compare_figure
 from attn.report.compare_figure import legend_layout
 from attn.store.runs import series
 from attn.text import format_value
-from attn.train.figures import REFERENCE_STYLE, hold, label_log_axis, mark_zeros, save_figure, wrapped
+from attn.train.figures import draw_references, hold, label_log_axis, mark_zeros, save_figure, wrapped
 
 # One colour per arm value, the same in every report; others take PALETTE in order.
 ARM_COLORS = {
@@ -166,20 +167,18 @@ def covering(limits: tuple[float, float] | None, values) -> tuple[float, float] 
     return max(min(low, limits[0]), limits[0] / COVER_REACH), min(max(high, limits[1]), limits[1] * COVER_REACH)
 
 
-def shared_references(seeds) -> dict:
-    """The task's plateau levels (chance, no retrieval; attn.tasks) if every seed's run has the same ones, else {}."""
-    found = {canonical(s.run.summary.get("references") or {}) for s in seeds}
-    return {k: v for k, v in json.loads(found.pop()).items() if v is not None} if len(found) == 1 else {}
+def plateau_levels(seeds) -> dict:
+    """The task's plateau levels (chance, no retrieval; attn.tasks) that every seed's run shares, those a log axis
+    can show (finite, above 0); {} where the seeds' levels differ."""
+    shared = compare_figure.shared_references([s.run for s in seeds])
+    return {k: v for k, v in shared.items() if v is not None and math.isfinite(v) and v > 0}
 
 
-def reference_lines(ax, references: dict) -> dict:
-    """The plateau levels as horizontal lines, styled as in a run's own figures; legend label -> line."""
-    lines = {}
-    for key, (label, style, color) in REFERENCE_STYLE.items():
-        if key in references:
-            text = f"{label} ({references[key]:.2f})"
-            lines[text] = ax.axhline(references[key], linestyle=style, color=color, linewidth=1)
-    return lines
+def plateau_lines(ax, levels: dict) -> dict:
+    """The plateau levels drawn as in a run's own figures (attn.train.figures.draw_references); label -> line."""
+    drawn = len(ax.get_lines())
+    draw_references(ax, levels)
+    return {line.get_label(): line for line in ax.get_lines()[drawn:]}
 
 
 def suptitle(fig, text: str, fontsize: float = 9) -> None:
@@ -423,11 +422,11 @@ def final_loss_figure(best, layout, colors, path):
     position = x_axis(ax, xs, layout)
     log_x = ax.get_xscale() == "log"
     values = [v for c in best.values() for v in c.final_losses() if math.isfinite(v)]
-    references = shared_references([s for c in best.values() for s in c.seeds])
+    references = plateau_levels([s for c in best.values() for s in c.seeds])
     limits = hold(bulk_limits(values, log=True), references.values(), log=True)  # the plateaus inside the axes
     rng = np.random.default_rng(0)  # the jitter only
     handles, marks = {}, {}
-    plateaus = reference_lines(ax, references)
+    plateaus = plateau_lines(ax, references)
     top = limits[1] if limits else 1.0
     for k, arm in enumerate(arms):
         offset = (k - (len(arms) - 1) / 2) * 0.18
@@ -463,7 +462,9 @@ def final_loss_figure(best, layout, colors, path):
     ax.set_xlabel(layout.x_name)
     ax.set_ylabel("final eval loss (nats), one point per seed")
     ax.grid(True, which="major", alpha=0.25)
-    wrapped_title(ax, "final loss of every seed at each arm's best setting (□: outside the bulk, drawn at its edge)")
+    wrapped_title(
+        ax, "final loss of every seed at each arm's best setting (□: outside the bulk, drawn at the axis's edge)"
+    )
     handles.update(marks | plateaus)  # after the arms
     legend_below(fig, list(handles.values()), list(handles))
     return save_figure(fig, path, tight=False)
@@ -590,8 +591,8 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
         values, medians = [], []
         references = {}
         if "loss" in metric:  # where a seed that learns nothing sits
-            references = shared_references([s for arm in arms if (x, arm) in best for s in best[(x, arm)].seeds])
-            plateaus.update(reference_lines(ax, references))
+            references = plateau_levels([s for arm in arms if (x, arm) in best for s in best[(x, arm)].seeds])
+            plateaus.update(plateau_lines(ax, references))
         for arm in arms:
             cell = best.get((x, arm))
             if cell is None or not cell.n:
