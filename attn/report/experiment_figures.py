@@ -42,8 +42,7 @@ from matplotlib.lines import Line2D
 from attn import outcomes
 from attn.analysis.grouping import canonical
 from attn.analysis.results import in_order, mechanism_arrays, median, sort_key
-from attn.report import compare_figure
-from attn.report.compare_figure import legend_layout
+from attn.report.compare_figure import legend_layout, shared_references
 from attn.store.runs import series
 from attn.text import format_value
 from attn.train.figures import draw_references, hold, label_log_axis, mark_zeros, save_figure, wrapped
@@ -170,7 +169,7 @@ def covering(limits: tuple[float, float] | None, values) -> tuple[float, float] 
 def plateau_levels(seeds) -> dict:
     """The task's plateau levels (chance, no retrieval; attn.tasks) that every seed's run shares, those a log axis
     can show (finite, above 0); {} where the seeds' levels differ."""
-    shared = compare_figure.shared_references([s.run for s in seeds])
+    shared = shared_references([s.run for s in seeds])
     return {k: v for k, v in shared.items() if v is not None and math.isfinite(v) and v > 0}
 
 
