@@ -29,8 +29,23 @@ def spec_of(**kw):
         dict(scale="none", qk_gain=3.0),
         dict(scale="sqrt", causal=True),
         dict(scale="none", mask_self=True),
+        dict(scale="sqrt", score="qk_norm", qk_norm="rms", qk_norm_gain="vector"),
+        dict(scale="none", score="qk_norm", qk_norm="layer", qk_norm_gain="vector", causal=True),
+        dict(scale="none", score="qk_norm", qk_norm="rms", qk_norm_gain="scalar"),
+        dict(scale="sqrt", score="qk_norm", qk_norm="rms", qk_norm_gain="none", mask_self=True),
+        dict(scale="none", score="qk_norm", qk_norm="rms", qk_norm_gain="scalar", d_k=64, width_free=True),
     ],
-    ids=["sqrt", "none-saturating", "causal", "mask-self"],
+    ids=[
+        "sqrt",
+        "none-saturating",
+        "causal",
+        "mask-self",
+        "qk-norm-rms",
+        "qk-norm-layer",
+        "qk-norm-scalar",
+        "qk-norm-none",
+        "qk-norm-width-free",
+    ],
 )
 @pytest.mark.parametrize("chunk", [mechanism.CHUNK_EXAMPLES, 3, 1], ids=lambda c: f"chunks-of-{c}")
 def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(variant, chunk, monkeypatch):
@@ -39,6 +54,9 @@ def test_each_rows_gradient_norms_are_its_own_share_of_the_batch_gradient(varian
     rng = np.random.default_rng(7)
     spec = spec_of(**variant)
     params = fast.init_params(spec, rng)
+    for gain in ("g_q", "g_k"):  # qk_norm's gains start at 1: made unequal, so that each one's place is tested
+        if gain in params:
+            params[gain] = rng.uniform(0.5, 2.0, params[gain].shape)
     tokens = np.stack([rng.integers(0, v, (B, T)) for _, v in spec.fields], axis=-1)
     mask = rng.random((B, T)) < 0.5
     mask[:, -1] = True

@@ -674,7 +674,7 @@ def test_the_mechanism_is_reported_from_mechanism_npz(classes):
 
 class MechanismOnly:
     """A judged cell's mechanism medians and nothing else: `finite` keys have a value, the rest are NaN
-    (as qk_norm's per-row gradient norms are)."""
+    (as qk_norm's per-row gradient norms were in runs made before they were measured through the norm)."""
 
     n, seeds, theory_score_std = 1, (), 1.0
 

@@ -310,4 +310,4 @@ def test_the_mechanism_rows_of_a_width_free_head_are_the_materialized_heads(mode
     width_free = mechanism.row_statistics(carried, spec, batch)
     full = mechanism.row_statistics(formed(carried, q_qk, q_ov), dataclasses.replace(spec, width_free=False), batch)
     for name, values in full.items():
-        assert np.allclose(width_free[name], values, rtol=1e-12, atol=0, equal_nan=True), name  # qk_norm: NaN norms
+        assert np.allclose(width_free[name], values, rtol=1e-12, atol=0, equal_nan=True), name

@@ -21,9 +21,12 @@ Since W_q and W_k reach the loss only through the scores, a row whose
 Jacobian is near zero passes almost no gradient to them through that row.
 
 For a score mode (attn.model.scores), dS is the gradient of S = s q.k before the
-mode's map of it, so the closed forms hold as written for every mode but
-qk_norm, whose q and k pass through a norm (its gradient norms are NaN),
-and sigma_reparam, for which they are those of the reparametrised W'.
+mode's map of it, so the closed forms hold as written for every mode but two.
+For sigma_reparam they are those of the reparametrised W'. For qk_norm, q and
+k pass through a norm (k_j -> g_k n_j, n_j = r_j z_j, z_j = k_j or k_j - mean(k_j),
+r_j = 1 / sqrt(|z_j|^2 / d_k + eps)): row i's W_q gradient is still rank one,
+x_i times its q's gradient taken back through q_i's norm; its W_k gradient is
+not, since each key's norm bends it its own way (`_normed_key_gradients`).
 """
 
 from __future__ import annotations
@@ -68,10 +71,13 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
     rows = batch.target_mask  # (B, T)
     share = spec.score_scale * int(rows.sum()) / n_total  # s, and the chunk's loss as a share of the batch's
     X, Q, K, A = cache["X"], cache["Q"], cache["K"], cache["A"]  # (B, T, D), (B, T, d_k), (B, T, d_k), (B, T, T)
-    grad_q = share * _row_norms(X) * _row_norms(dS @ K)  # (B, T)
-    grad_k = share * _row_norms(dS @ X) * _row_norms(Q)  # (B, T)
-    if spec.score == "qk_norm":  # q and k pass through a norm: no rank-one closed form
-        grad_q = grad_k = np.full(rows.shape, np.nan)
+    if spec.score == "qk_norm":  # q and k pass through a norm
+        dQ = cache["mode"].queries_and_keys_backward(dS @ K, np.zeros_like(K))[0]  # (B, T, d_k): row i's alone
+        grad_q = share * _row_norms(X) * _row_norms(dQ)  # (B, T)
+        grad_k = share * _normed_key_gradients(cache, dS, spec.d_k)  # (B, T)
+    else:
+        grad_q = share * _row_norms(X) * _row_norms(dS @ K)  # (B, T)
+        grad_k = share * _row_norms(dS @ X) * _row_norms(Q)  # (B, T)
     p = A[rows]  # (N, T)
     finite = np.isfinite(p).all(axis=-1)  # a diverged model's rows are NaN: their norms are too
     jacobian = np.full(len(p), np.nan)
@@ -86,6 +92,38 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
         "jacobian": jacobian,
         "bound": 2 * (1 - max_p),
     }
+
+
+def _normed_key_gradients(cache: dict, dS: np.ndarray, d_k: int) -> np.ndarray:
+    """(B, T): ||d loss_i / d W_k|| / s for each query row i when k passes through a norm (qk_norm).
+
+    Row i's score gradient reaches key j's output k̂_j = g_k n_j as dS_ij q̂_i; the
+    norm's backward (attn.model.reference.ScoreMode._norm_backward) takes it to
+    v_ij = dS_ij r_j (w_i - (w_i.n_j / d_k) n_j), w_i = g_k q̂_i (less its mean
+    for LayerNorm; n_j is centred then, so w_i.n_j is unchanged). So
+    d loss_i / d W_k = sum_j x_j v_ij^T, whose squared norm sum_jl (x_j.x_l)(v_ij.v_il)
+    needs only T x T products, never a (D, d_k) matrix per row:
+        with c_ij = dS_ij r_j and P_ij = w_i.n_j,
+        |.|^2 = |w_i|^2 c^T Gx c - (2 / d_k) c^T Gx (c P^2) + (1 / d_k^2) (c P)^T (Gx * Gn) (c P),
+    Gx = X X^T and Gn = N N^T, per example. In float64: the terms may cancel."""
+    mode = cache["mode"]
+    n, r, g = (a if a is None else a.astype(np.float64) for a in mode.key_norm)  # (B, T, d_k), (B, T, 1), gain
+    w = cache["Q"].astype(np.float64) * (1.0 if g is None else g)  # (B, T, d_k): w_i = g_k q̂_i
+    if mode.spec.qk_norm == "layer":
+        w = w - w.mean(axis=-1, keepdims=True)
+    X = cache["X"].astype(np.float64)  # (B, T, D)
+    Gx = X @ X.mT  # (B, T, T)
+    Gn = n @ n.mT  # (B, T, T)
+    P = w @ n.mT  # (B, T, T): P_ij = w_i.n_j
+    c = dS.astype(np.float64) * r[..., 0][:, None, :]  # (B, T, T): c_ij = dS_ij r_j
+    cGx = c @ Gx  # (B, T, T): row i is c_i^T Gx
+    cP = c * P  # (B, T, T)
+    squared = (
+        (w * w).sum(axis=-1) * (cGx * c).sum(axis=-1)
+        - (2.0 / d_k) * (cGx * c * P * P).sum(axis=-1)
+        + ((cP @ (Gx * Gn)) * cP).sum(axis=-1) / d_k**2
+    )  # (B, T)
+    return np.sqrt(np.maximum(squared, 0.0))
 
 
 def _row_norms(a: np.ndarray) -> np.ndarray:

@@ -538,7 +538,8 @@ def mechanism_figure(best, layout, colors, steps, path):
             ax.text(
                 0.5,
                 0.5,
-                "no finite value measured\n(NaN where q and k pass\nthrough a norm: qk_norm)",
+                "no finite value measured\n(NaN in the runs: qk_norm runs made\n"
+                "before the gradient was measured\nthrough the norm)",
                 transform=ax.transAxes,
                 ha="center",
                 va="center",

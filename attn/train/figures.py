@@ -494,7 +494,11 @@ def training_mechanism_figure(
     ax.set_title("‖∇W_q‖: the whole, and one row's share (median)", fontsize=8.5)
     measured = any(math.isfinite(r.get(f"grad_W_q_median_{k}", math.nan)) for r in rows.values() for k in ROW_KINDS)
     if not measured:  # the panel says why it holds no row
-        why = "q and k pass through a norm (qk_norm)" if rows else "logging.mechanism_step null, no trace"
+        why = (
+            "NaN in the trace (qk_norm, before it was\nmeasured through the norm)"
+            if rows
+            else "logging.mechanism_step null, no trace"
+        )
         ax.text(0.5, 0.5, f"no row's gradient measured:\n{why}", transform=ax.transAxes, ha="center", fontsize=8)
     for ax in axes:
         step_axis(ax, last)
