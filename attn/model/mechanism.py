@@ -95,20 +95,23 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
 
 
 def _normed_key_gradients(cache: dict, dS: np.ndarray, d_k: int) -> np.ndarray:
-    """(B, T): ||d loss_i / d W_k|| / s for each query row i when k passes through a norm (qk_norm).
+    """(B, T): ||d loss_i / d W_k|| for each query row i when k passes through a norm (qk_norm),
+    in the units of dS (the caller multiplies by s and the chunk's share, as for W_q).
 
     Row i's score gradient reaches key j's output k̂_j = g_k n_j as dS_ij q̂_i; the
     norm's backward (attn.model.reference.ScoreMode._norm_backward) takes it to
     v_ij = dS_ij r_j (w_i - (w_i.n_j / d_k) n_j), w_i = g_k q̂_i (less its mean
     for LayerNorm; n_j is centred then, so w_i.n_j is unchanged). So
     d loss_i / d W_k = sum_j x_j v_ij^T, whose squared norm sum_jl (x_j.x_l)(v_ij.v_il)
-    needs only T x T products, never a (D, d_k) matrix per row:
-        with c_ij = dS_ij r_j and P_ij = w_i.n_j,
+    needs only T x T products, never a (D, d_k) matrix per row. With, for row i,
+    the T-vectors c_j = dS_ij r_j and P_j = w_i.n_j (products elementwise),
         |.|^2 = |w_i|^2 c^T Gx c - (2 / d_k) c^T Gx (c P^2) + (1 / d_k^2) (c P)^T (Gx * Gn) (c P),
-    Gx = X X^T and Gn = N N^T, per example. In float64: the terms may cancel."""
+    Gx = X X^T and Gn = n n^T (the keys' normed rows), per example. In float64,
+    since the terms may cancel: only when every key row i sees is parallel to
+    w_i does rounding decide, and a square that rounds below 0 reads as 0."""
     mode = cache["mode"]
-    n, r, g = (a if a is None else a.astype(np.float64) for a in mode.key_norm)  # (B, T, d_k), (B, T, 1), gain
-    w = cache["Q"].astype(np.float64) * (1.0 if g is None else g)  # (B, T, d_k): w_i = g_k q̂_i
+    n, r, g = (a if a is None else a.astype(np.float64) for a in mode.key_norm)  # (B, T, k_width), (B, T, 1), gain
+    w = cache["Q"].astype(np.float64) * (1.0 if g is None else g)  # (B, T, k_width): w_i = g_k q̂_i
     if mode.spec.qk_norm == "layer":
         w = w - w.mean(axis=-1, keepdims=True)
     X = cache["X"].astype(np.float64)  # (B, T, D)

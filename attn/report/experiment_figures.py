@@ -538,8 +538,8 @@ def mechanism_figure(best, layout, colors, steps, path):
             ax.text(
                 0.5,
                 0.5,
-                "no finite value measured\n(NaN in the runs: qk_norm runs made\n"
-                "before the gradient was measured\nthrough the norm)",
+                "no finite value in the runs drawn\n(as in qk_norm runs made before\n"
+                "the gradient was measured\nthrough the norm)",
                 transform=ax.transAxes,
                 ha="center",
                 va="center",

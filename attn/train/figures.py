@@ -495,7 +495,7 @@ def training_mechanism_figure(
     measured = any(math.isfinite(r.get(f"grad_W_q_median_{k}", math.nan)) for r in rows.values() for k in ROW_KINDS)
     if not measured:  # the panel says why it holds no row
         why = (
-            "NaN in the trace (qk_norm, before it was\nmeasured through the norm)"
+            "NaN at every step traced (as in a qk_norm run\nmade before it was measured through the norm)"
             if rows
             else "logging.mechanism_step null, no trace"
         )
