@@ -106,8 +106,8 @@ def learning_rate(
 
 class Temporaries:
     """Arrays an update writes its intermediate results into, kept across
-    steps (not optimiser state: nothing in them outlives a step). At d_k 4096
-    a fresh temporary per operation cost as much again as the arithmetic."""
+    steps (not optimiser state: nothing in them outlives a step), so that an
+    update allocates no d_k-wide array per operation."""
 
     def __init__(self, count: int):
         self.count, self.arrays = count, {}

@@ -110,7 +110,7 @@ def training_threads(run_dir: Path | None = None):
     """The BLAS threads a run trains with from the command line: one, as a sweep's workers train, unless the
     environment asks for others (THREAD_VARIABLES); a run continued (`run_dir`: resumed, forked) takes those
     its provenance records, so that it goes on bit for bit. The products are small: with the cores busy
-    elsewhere, a second BLAS thread that spins for a core it cannot get slowed a step several-fold, and the
+    elsewhere, a second BLAS thread that spins for a core it cannot get can slow a step, and the
     thread count moves a run's bits, so `attn train` of a cell is that cell of a sweep, bit for bit."""
     if any(os.environ.get(variable) for variable in THREAD_VARIABLES):
         return contextlib.nullcontext()

@@ -182,7 +182,7 @@ def _check_expansion(root, source: str) -> None:
 
 
 # libyaml's parser and composer in C (when PyYAML has them) with _StrictLoader's resolvers and constructors: the
-# same values several times as fast, for a text in the plain subset where the two parsers were found to agree (a
+# same values, faster, for a text in the plain subset where the two parsers were found to agree (a
 # differential fuzz): printable ASCII and newlines, with no tag (!), anchor or alias (&, *), complex key (?) or
 # block scalar (|, >); libyaml alone reads a tab as a space, an empty `!` tag as '' and a later BOM as nothing.
 # A run's config.yaml is such a text; a config or experiment file with a block scalar is not.

@@ -515,8 +515,8 @@ def diagnostics(cache, batch: Batch) -> dict:
         target_attn     mean weight those rows put on the key they should read
                         (absent when no row has such a key)
         self_attn       mean weight those rows put on the query's own position
-                        (0 under mask_self; the stall's signature: a stalled
-                        retrieval query ends attending to itself)
+                        (0 under mask_self; in some stalled retrieval
+                        runs the query ends attending to itself)
     """
     positions = cache["positions"]
     rows = batch.target_mask[..., positions]  # (*M, B, P)

@@ -131,7 +131,7 @@ def _normed_key_gradients(cache: dict, dS: np.ndarray, d_k: int) -> np.ndarray:
 
 def _row_norms(a: np.ndarray) -> np.ndarray:
     """|row| over the last axis, summed in float64: a saturated row's gradient
-    has entries near 1e-20, whose float32 squares would be subnormal or 0."""
+    can have entries below 1e-19, whose float32 squares would be subnormal or 0."""
     a64 = a.astype(np.float64)
     return np.sqrt(np.einsum("...i,...i->...", a64, a64))
 

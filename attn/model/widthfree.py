@@ -100,7 +100,7 @@ def coordinates(
     [C_1; C_2] = R lower triangular with a non-negative diagonal.
     Computed in float64 (Householder QR of B^T), returned in the inputs' dtype.
     Without `basis`, Q is None and never formed: R is the same factorisation's
-    triangle, bit for bit, at about half the cost (training needs R alone)."""
+    triangle, bit for bit, with Q's columns never formed (training needs R alone)."""
     rows = np.concatenate([first, second], axis=-2).astype(np.float64)  # (2D, n)
     if basis:
         q, r = np.linalg.qr(rows.T)  # B^T = q r: q (n, 2D), r (2D, 2D) upper

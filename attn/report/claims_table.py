@@ -43,7 +43,7 @@ def claim_standing(expectation: dict) -> str:
 
 
 def effect_said(expectation: dict, x_name: str, setting_name: str | None = None) -> str:
-    """'difference of rates 0.95 [0.704, 0.991] at d_k 4096, the weakest of 4': the number a verdict rests on
+    """'difference of rates D [lo, hi] at d_k X, the weakest of N': the number a verdict rests on
     with its interval, at the point that decides it (deciding_point), or at each point where all agree."""
     points = expectation.get("points") or []
     if not points:
