@@ -194,6 +194,20 @@ def test_a_run_traces_its_rows_at_log_spaced_steps_unless_asked_not_to(tmp_path)
         assert sorted({int(k.split("/")[0]) for k in arrayfiles.load_arrays(run_dir / "mechanism.npz")}) == [0, 10]
 
 
+def test_a_qk_norm_run_traces_each_rows_gradient_through_the_norm_and_draws_it(tmp_path, monkeypatch):
+    config = load_config(
+        None, [*TINY, "model.score=qk_norm", "model.scale=none", "train.steps=12", f"runs_dir={tmp_path}"]
+    )
+    run_dir = lifecycle.create(config, name="qk-norm")
+    lifecycle.execute(config, run_dir)
+    trace = arrayfiles.load_arrays(run_dir / loop.MECHANISM_TRACE)
+    measured = [trace[f"{step}/grad_W_{w}_median_other"] for step in (0, 10) for w in ("q", "k")]
+    assert all(np.isfinite(measured) & (np.asarray(measured) > 0)), measured
+    grad_ax = drawn(run_dir, monkeypatch, "mechanism.png")["mechanism.png"].axes[2]
+    assert not any("no row's gradient" in text.get_text() for text in grad_ax.texts)
+    assert any("other rows" in line.get_label() for line in grad_ax.get_lines())
+
+
 def test_compare_draws_gradient_norms_and_update_ratios_on_log_axes_by_default():
     def band(*values):
         return band_stats([(np.arange(len(values)), np.array(values, dtype=float))])
