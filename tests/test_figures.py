@@ -153,6 +153,18 @@ def test_a_diverged_run_keeps_its_whole_title_inside_the_figure(tmp_path, monkey
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width
 
 
+def test_a_run_that_diverged_before_its_second_record_spans_its_steps_in_whole_steps(tmp_path, monkeypatch):
+    reason = "non-finite loss at step 4"
+    run_dir = made_run(tmp_path, "early", records_of(STALLED[:1]), status="diverged", step=4, reason=reason)
+    figures = drawn(run_dir, monkeypatch, "loss.png")
+    for name in ("loss.png", "diagnostics.png"):
+        ax = figures[name].axes[0]
+        low, high = ax.get_xlim()
+        assert low <= 0 < 4 <= high, (name, ax.get_xlim())
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert ticks == [round(t) for t in ticks] and {0, 4} <= set(ticks), (name, ticks)
+
+
 def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradients(tmp_path, monkeypatch):
     grads = [0.5] + [0.0] * (len(STEPS) - 1)  # every gradient exactly 0 after step 0: saturated rows pass none
     run_dir = made_run(tmp_path, "mech", records_of(STALLED, grads=grads))

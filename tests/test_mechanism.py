@@ -139,3 +139,18 @@ def test_stall_mechanism_counts_self_attending_ends_and_initial_target_attention
     assert SELF_ATTENDING == 0.9
     empty = stall_mechanism([])
     assert empty["auc"] is None and empty["stalled"]["initial_target_attn"]["median"] is None
+
+
+def test_a_float32_models_saturated_rows_keep_the_jacobian_under_its_bound():
+    """A float32 row sums to 1 only to about 1e-7, as large as a saturated row's bound 2 (1 - max_p):
+    the rows are renormalised in float64 before either is computed."""
+    rng = np.random.default_rng(3)
+    spec = spec_of(dtype="float32", scale="none", qk_gain=4.0, d_k=64, d_model=16)
+    params = fast.init_params(spec, rng)
+    tokens = np.stack([rng.integers(0, v, (64, T)) for _, v in spec.fields], axis=-1)
+    mask = np.zeros((64, T), dtype=bool)
+    mask[:, -1] = True
+    batch = Batch(tokens, rng.integers(0, 5, (64, T)), mask, -np.ones((64, T), int))
+    rows = mechanism.row_statistics(params, spec, batch)
+    assert (rows["max_p"] > 1 - 1e-6).sum() >= 5, "rows saturated to float32's last digits"
+    assert np.all(rows["jacobian"] <= rows["bound"] * (1 + 1e-9) + 1e-300)

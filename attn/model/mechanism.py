@@ -78,20 +78,39 @@ def _chunk_statistics(params: dict, spec: ModelSpec, batch: Batch, buffers: dict
     else:
         grad_q = share * _row_norms(X) * _row_norms(dS @ K)  # (B, T)
         grad_k = share * _row_norms(dS @ X) * _row_norms(Q)  # (B, T)
-    p = A[rows]  # (N, T)
+    p = A[rows].astype(np.float64)  # (N, T)
+    p = p / p.sum(axis=-1, keepdims=True)  # a float32 row sums to 1 only to 1e-7, as large as a saturated row's bound
+    max_p = p.max(axis=-1)  # (N,)
+    rest = _rest(p)  # (N,): 1 - max_p, as the sum of the other weights (no cancellation when max_p is near 1)
     finite = np.isfinite(p).all(axis=-1)  # a diverged model's rows are NaN: their norms are too
     jacobian = np.full(len(p), np.nan)
-    eigenvalues = np.linalg.eigvalsh(np.eye(p.shape[-1]) * p[finite, None, :] - p[finite, :, None] * p[finite, None, :])
-    jacobian[finite] = np.abs(eigenvalues).max(axis=-1)
-    max_p = p.max(axis=-1)
+    jacobian[finite] = np.abs(np.linalg.eigvalsh(_softmax_jacobian(p[finite], rest[finite]))).max(axis=-1)
     return {
         "max_p": max_p,
         "saturated": max_p > SATURATED,
         "grad_W_q": grad_q[rows],
         "grad_W_k": grad_k[rows],
         "jacobian": jacobian,
-        "bound": 2 * (1 - max_p),
+        "bound": 2 * rest,
     }
+
+
+def _rest(p: np.ndarray) -> np.ndarray:
+    """(N,): each row's weight off its largest entry, summed: 1 - max_p without subtracting from 1."""
+    off = p.copy()
+    np.put_along_axis(off, p.argmax(axis=-1)[:, None], 0.0, axis=-1)
+    return off.sum(axis=-1)
+
+
+def _softmax_jacobian(p: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """(N, T, T): J = diag(p) - p p^T, its diagonal p_j (1 - p_j) with 1 - p_j = rest for the largest
+    weight, so that a saturated row's entries, all of the order of `rest`, keep their digits."""
+    jacobian = -p[:, :, None] * p[:, None, :]  # (N, T, T)
+    complement = 1.0 - p  # (N, T)
+    np.put_along_axis(complement, p.argmax(axis=-1)[:, None], rest[:, None], axis=-1)
+    diagonal = np.einsum("nii->ni", jacobian)  # a writable view of the diagonal
+    diagonal[...] = p * complement
+    return jacobian
 
 
 def _normed_key_gradients(cache: dict, dS: np.ndarray, d_k: int) -> np.ndarray:

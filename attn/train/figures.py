@@ -341,7 +341,7 @@ def loss_figure(name: str, records: list[dict], summary: dict) -> Figure:
     levels = [v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None]
     held = first_values(records, ("train_loss", "eval_loss")) + levels
     set_limits(ax, drawn, held, log=True, robust=went_non_finite(summary, records))
-    ax.set_xlabel("step")
+    whole_run_axis(ax, last_step(records, summary))
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title(wrapped(run_title(name, summary), 7), fontsize=TITLE_POINTS)
     ax.grid(True, which="both", alpha=0.25)
@@ -368,7 +368,7 @@ def diagnostics_figure(name: str, records: list[dict], summary: dict) -> Figure:
         for key in keys:
             values += draw_series(ax, records, key, key.split("/")[-1], log=log, diverged=diverged)
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
+        whole_run_axis(ax, last_step(records, summary))
         if not values:  # an empty panel says why
             ax.text(
                 0.5,
@@ -420,12 +420,28 @@ def attention_figure(name: str, data: dict[str, np.ndarray]) -> Figure:
 # ---------------------------------------------------------------------------
 # The mechanism over training
 # ---------------------------------------------------------------------------
-def step_axis(ax, last_step: int) -> None:
+def last_step(records: list[dict], summary: dict, traced=()) -> int:
+    """The run's last step: where it ended (summary), or its last record or traced step, at least 1."""
+    return max([r["step"] for r in records] + list(traced) + [summary.get("step") or 0, 1])
+
+
+def whole_run_axis(ax, last: int) -> None:
+    """x from step 0 to the run's last step, whole steps only: a run that diverged at step 4
+    spans 0-4, not a point's width of fractional steps."""
+    ax.set_xlim(-0.015 * last, last * 1.03)  # a margin either side, so a marker at step 0 is not cut in half
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+
+
+def step_axis(ax, last: int) -> None:
     """x from step 0 on a log scale past step 1 (symlog): the first steps,
-    where the rows saturate or not, as wide as the last thousand."""
+    where the rows saturate or not, as wide as the last thousand; 2 and 5 are
+    ticks too when the run ends before step 10."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.4)
-    ax.set_xlim(0, max(last_step, 1) * 1.15)
-    ticks = [0] + [10**k for k in range(0, int(math.log10(max(last_step, 1))) + 1)]
+    ax.set_xlim(-0.06, max(last, 1) * 1.15)  # a margin left of step 0 (linear there), as at the right
+    ticks = [0] + [10**k for k in range(0, int(math.log10(max(last, 1))) + 1)]
+    if last < 10:
+        ticks = [t for t in (0, 1, 2, 5) if t <= last]
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -474,7 +490,7 @@ def training_mechanism_figure(
     """Score std against s·√d_k·g², the saturated rows, and ‖∇W_q‖ of saturated and other rows, over training."""
     fig = Figure(figsize=(13, 4.3))
     axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
-    last = max([r["step"] for r in records] + list(rows) + [1])
+    last = last_step(records, summary, rows)
     ax = axes[0]
     ax.set_yscale("log")
     robust = went_non_finite(summary, records)
