@@ -338,6 +338,7 @@ def test_a_diverging_run_stops_at_the_step_naming_it_and_the_parameter(tmp_path,
     assert f"at step {step}" in summary["reason"] and any(name in summary["reason"] for name in names)
     assert f"diverged: step {step}/" in outcome.stderr and summary["reason"] in outcome.stderr
     assert summary["outcome"] == "diverged" and "outcome diverged" in outcome.stderr
+    assert f"a lower optim.lr (this run's: {config.optim.lr:g})" in outcome.stderr
     for figure in ("loss.png", "diagnostics.png", "attention.png"):
         assert (run_dir / figure).read_bytes().startswith(PNG_SIGNATURE)
     assert_one_line_error(main_in_process(capsys, "train", "--resume", run_dir), "already diverged")

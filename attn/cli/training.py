@@ -195,6 +195,12 @@ def _train_and_report(config, run_dir: Path, resume: bool, stop: StopFlag, state
                 f"{summary.get('steps_per_sec') or 0:.0f} steps/s  wall {summary['wall_time']:.1f}s"
             )
         say(line, file=sys.stderr)
+    if status == "diverged":  # what to try next, and where the rates that did not diverge are
+        say(
+            f"a lower optim.lr (this run's: {config.optim.lr:g}) may not diverge; each experiment's report gives "
+            "the best rate it found for its settings (experiments/README.md)",
+            file=sys.stderr,
+        )
     if status in ("interrupted", "failed") and (run_dir / "checkpoint.npz").exists():
         say(f"resume with: {resume_command(run_dir)}", file=sys.stderr)
     if stopped_at_once and status != "interrupted" and config.logging.plots:  # it ended, then the signal: no figures
