@@ -343,7 +343,7 @@ def loss_figure(name: str, records: list[dict], summary: dict) -> Figure:
     set_limits(ax, drawn, held, log=True, robust=went_non_finite(summary, records))
     whole_run_axis(ax, last_step(records, summary))
     ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(wrapped(run_title(name, summary), 7), fontsize=TITLE_POINTS)
+    ax.set_title(wrapped(f"{run_title(name, summary)}: train and eval loss", 7), fontsize=TITLE_POINTS)
     ax.grid(True, which="both", alpha=0.25)
     one_legend(ax, fontsize=8)
     return fig
@@ -494,7 +494,9 @@ def training_mechanism_figure(
     ax = axes[0]
     ax.set_yscale("log")
     robust = went_non_finite(summary, records)
-    set_limits(ax, draw_score_std(ax, records, theory), [], log=True, robust=robust)
+    steps, stds = runs.series(records, "score_std")
+    label = f"score std (step {steps[0]}: {stds[0]:.3g})" if len(steps) else "score std"  # the start, to be read
+    set_limits(ax, draw_score_std(ax, records, theory, label=label), [], log=True, robust=robust)
     ax.set_title(
         "std of the scores s·q·k"
         + (" (dashed: s·√d_k·g², at init in theory)" if theory is not None else " (no theory line: not dot scores)"),
