@@ -464,7 +464,8 @@ def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=Non
     drawn = []
     if whole:
         drawn += draw_series(ax, records, "grad_norm/W_q", "whole ‖∇W_q‖ (train batch)", log=True, color="0.65")
-    for key, style, what in zip(ROW_KINDS, ("o-", "x--"), ("other rows", "saturated rows")):
+    labels = ("median row, other rows (eval)", "median row, saturated rows (eval; at steps with any)")
+    for key, style, label in zip(ROW_KINDS, ("o-", "x--"), labels):
         steps = np.array([s for s, r in rows.items() if math.isfinite(r.get(f"grad_W_q_median_{key}", math.nan))])
         values = np.array([rows[s][f"grad_W_q_median_{key}"] for s in steps])
         if not len(steps):
@@ -477,7 +478,7 @@ def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=Non
             color=color,
             markersize=4,
             linewidth=1.1,
-            label=f"median row, {what} (eval)",
+            label=label,
         )
         mark_zeros(ax, steps[~positive], line.get_color())
         drawn.append(values[positive])
