@@ -68,8 +68,8 @@ def test_reports_say_which_wide_cells_share_their_seeds_initial_draws():
 
 
 def test_the_run_figures_theory_line_uses_the_gain_the_run_started_with():
-    from attn.train.figures import theory_score_std
+    from attn.train.figures import model_theory_score_std
 
     model = {"scale": "none", "d_k": 4096, "qk_gain": 1.0, "qk_gain_exponent": -0.25}
-    assert theory_score_std(model) == pytest.approx(1.0)  # Var(q.k) = 1 at init: the exponent's purpose
-    assert theory_score_std({**model, "qk_gain_exponent": 0.0}) == pytest.approx(64.0)
+    assert model_theory_score_std(model) == pytest.approx(1.0)  # Var(q.k) = 1 at init: the exponent's purpose
+    assert model_theory_score_std({**model, "qk_gain_exponent": 0.0}) == pytest.approx(64.0)

@@ -23,6 +23,7 @@ from attn.analysis import stats
 from attn.analysis.curves import band_stats
 from attn.analysis.grouping import Run, group_runs
 from attn.config.loading import load_config
+from attn.model import head
 from attn.report import compare_figure, experiment_figures
 from attn.store import arrayfiles, runs
 from attn.train import figures, lifecycle, loop
@@ -217,9 +218,22 @@ def test_a_qk_norm_run_traces_each_rows_gradient_through_the_norm_and_draws_it(t
     trace = arrayfiles.load_arrays(run_dir / loop.MECHANISM_TRACE)
     measured = [trace[f"{step}/grad_W_{w}_median_other"] for step in (0, 10) for w in ("q", "k")]
     assert all(np.isfinite(measured) & (np.asarray(measured) > 0)), measured
-    grad_ax = drawn(run_dir, monkeypatch, "mechanism.png")["mechanism.png"].axes[2]
+    std_ax, _, grad_ax = drawn(run_dir, monkeypatch, "mechanism.png")["mechanism.png"].axes
     assert not any("no row's gradient" in text.get_text() for text in grad_ax.texts)
+    theory = math.sqrt(config.model.d_k)  # unscaled, normed q and k: components of mean square 1 at init
+    assert any(list(line.get_ydata()) == [theory, theory] for line in std_ax.get_lines()), "qk_norm's theory line"
+    start = runs.read_metrics(run_dir)[0]["score_std"]
+    assert theory / 1.5 < start < theory * 1.5, (start, theory)
     assert any("other rows" in line.get_label() for line in grad_ax.get_lines())
+
+
+def test_the_theory_std_is_s_sqrt_dk_g2_for_dot_scores_s_sqrt_dk_for_qk_norm_and_none_for_other_modes():
+    assert head.theory_score_std("dot", "sqrt", 256, 2.0) == pytest.approx(4.0)
+    assert head.theory_score_std("dot", "none", 256, 1.0) == pytest.approx(16.0)
+    assert head.theory_score_std("qk_norm", "none", 256, 2.0) == pytest.approx(16.0)  # the norm undoes W's gain
+    for mode in ("softcap", "temperature", "mup", "sigma_reparam", "log_length"):
+        assert head.theory_score_std(mode, "sqrt", 256, 1.0) is None, mode
+    assert figures.model_theory_score_std({"score": "softcap", "d_k": 64}) is None
 
 
 def test_compare_draws_gradient_norms_and_update_ratios_on_log_axes_by_default():

@@ -40,7 +40,7 @@ from attn.analysis.grouping import Run, canonical, load_runs
 from attn.config.loading import config_from_mapping, qk_gain
 from attn.config.yamlio import ConfigError
 from attn.model import mechanism
-from attn.model.head import score_scale
+from attn.model.head import theory_score_std
 from attn.store import arrayfiles, runs
 
 AT_INIT_KEYS = (
@@ -165,7 +165,7 @@ class CellResult:
     """The runs of one grid cell (one setting of every grid key), read back."""
 
     settings: dict  # grid key -> value
-    theory_score_std: float  # sqrt(d_k) s qk_gain^2
+    theory_score_std: float  # attn.model.head.theory_score_std; NaN for a mode without one
     seeds: list[Seed] = field(default_factory=list)  # the finished ones
     unfinished_runs: dict = field(default_factory=dict)  # seed -> status of each run not finished
     _final_loss: dict = field(default_factory=dict, repr=False, compare=False)  # final losses -> final_loss()
@@ -376,8 +376,8 @@ def collect(
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
-            theory = math.sqrt(m.d_k) * score_scale(m.scale, m.d_k) * qk_gain(cell.config) ** 2
-            cells[key] = CellResult(dict(cell.settings), theory)
+            theory = theory_score_std(m.score, m.scale, m.d_k, qk_gain(cell.config))
+            cells[key] = CellResult(dict(cell.settings), math.nan if theory is None else theory)
         if kind == "seed":
             cells[key].seeds.append(value)
         else:

@@ -18,6 +18,7 @@ one model, (M,) for a stack. Member m's numbers are those of model m alone.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -57,6 +58,17 @@ SCORE_SCALES = {
 def score_scale(mode: str, d_k: int) -> float:
     """The factor s that multiplies Q K^T for a scaling `mode`."""
     return float(SCORE_SCALES[mode](d_k))
+
+
+def theory_score_std(score: str, scale: str, d_k: int, qk_gain: float) -> float | None:
+    """The scores' std at initialisation in theory, s·√d_k·g², for s q.k with q, k of components of
+    variance g² (README's model): `dot` with g the init gain of W_q, W_k (qk_gain, d_k's power applied);
+    `qk_norm` with g = 1, since normed q, k have components of mean square 1 and their gains start at 1.
+    None for the modes whose start is not s q.k of that spread (softcap, temperature, mup,
+    sigma_reparam, log_length) or an unknown scale."""
+    if scale not in SCORE_SCALES or score not in ("dot", "qk_norm"):
+        return None
+    return score_scale(scale, d_k) * math.sqrt(d_k) * (qk_gain**2 if score == "dot" else 1.0)
 
 
 # --------------------------------------------------------------------------

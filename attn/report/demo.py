@@ -25,11 +25,11 @@ from attn.train.figures import (
     draw_score_std,
     draw_series,
     first_values,
+    model_theory_score_std,
     read_attention,
     read_mechanism_rows,
     set_limits,
     step_axis,
-    theory_score_std,
     went_non_finite,
     wrapped,
 )
@@ -84,7 +84,7 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
         drawn["loss"] += draw_series(loss, records, "eval_loss", label, log=True, diverged=diverged, color=color)
         held += first_values(records, ("eval_loss",))
         references = references or summary.get("references") or {}
-        drawn["std"] += draw_score_std(std, records, theory_score_std(model), color=color, label=label)
+        drawn["std"] += draw_score_std(std, records, model_theory_score_std(model), color=color, label=label)
         draw_series(saturated, records, "saturated_frac", label, log=False, color=color)
         drawn["gradient"] += draw_row_gradients(gradient, rows, records, color=color, whole=False)
         last = max([last] + [r["step"] for r in records])

@@ -31,7 +31,7 @@ def cell_json(cell: CellResult) -> dict:
         "median_time": {"median": km.median, "low": km.low, "high": km.high},
         "final_loss": {k: json_number(v) for k, v in cell.final_loss().items()},
         "final_losses": [json_number(v) for v in cell.final_losses()],
-        "theory_score_std": cell.theory_score_std,
+        "theory_score_std": json_number(cell.theory_score_std),
         "at_init": {
             k: _mean(cell.at_init(k))
             for k in ("score_std", "attn_entropy", "saturated_frac", "grad_norm/W_q", "grad_norm/W_k")
@@ -150,7 +150,9 @@ def mechanism_rows(cells: dict[tuple, CellResult], layout: Layout, steps: list[i
         row = {
             layout.x_name: layout.x_label(x),
             "arm": layout.arm_label(arm),
-            "score std @0 (theory)": f"{number_said(_mean(cell.at_init('score_std')))} ({cell.theory_score_std:.3g})",
+            "score std @0 (theory)": (
+                f"{number_said(_mean(cell.at_init('score_std')))} ({number_said(cell.theory_score_std)})"
+            ),
         }
         for step in steps:
             row[f"saturated @{step}"] = number_said(median(cell.mechanism(step, "saturated_frac")))

@@ -39,8 +39,7 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine, PlaceHolderLayoutEngine
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 
-from attn.model import mechanism
-from attn.model.head import SCORE_SCALES, score_scale
+from attn.model import head, mechanism
 from attn.store import arrayfiles, runs
 from attn.store.runs import robust_limits
 from attn.train.loop import MECHANISM_TRACE
@@ -74,7 +73,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     figures = {
         "loss.png": loss_figure(run_dir.name, records, summary),
         "diagnostics.png": diagnostics_figure(run_dir.name, records, summary),
-        "mechanism.png": training_mechanism_figure(run_dir.name, records, summary, rows, theory_score_std(model)),
+        "mechanism.png": training_mechanism_figure(run_dir.name, records, summary, rows, model_theory_score_std(model)),
     }
     if attention is not None:
         figures["attention.png"] = attention_figure(run_dir.name, attention)
@@ -137,16 +136,13 @@ def read_mechanism_rows(run_dir: Path) -> dict[int, dict[str, float]]:
     return dict(sorted(found.items()))
 
 
-def theory_score_std(model: dict) -> float | None:
-    """s·√d_k·g², the scores' std at init for s q.k with q, k components of
-    variance g² (README's model): for `dot` scores under a known scale, else None."""
-    scale, d_k, gain = model.get("scale", "sqrt"), model.get("d_k"), model.get("qk_gain", 1.0)
-    if model.get("score", "dot") != "dot" or scale not in SCORE_SCALES or not isinstance(d_k, int):
+def model_theory_score_std(model: dict) -> float | None:
+    """attn.model.head.theory_score_std of a run's model section (config.yaml), None where it has none."""
+    d_k, gain, exponent = model.get("d_k"), model.get("qk_gain", 1.0), model.get("qk_gain_exponent", 0.0)
+    if not isinstance(d_k, int) or not all(isinstance(v, (int, float)) for v in (gain, exponent)):
         return None
-    exponent = model.get("qk_gain_exponent", 0.0)  # the gain as attn.config.loading.qk_gain makes it
-    if not isinstance(gain, (int, float)) or not isinstance(exponent, (int, float)):
-        return None
-    return score_scale(scale, d_k) * math.sqrt(d_k) * (gain * d_k**exponent) ** 2
+    qk_gain = gain * d_k**exponent  # the gain as attn.config.loading.qk_gain makes it
+    return head.theory_score_std(model.get("score", "dot"), model.get("scale", "sqrt"), d_k, qk_gain)
 
 
 def without_layout_engine(fig: Figure) -> None:
