@@ -496,7 +496,9 @@ def training_mechanism_figure(
     set_limits(ax, draw_score_std(ax, records, theory, label=label), [], log=True, robust=robust)
     ax.set_title(
         "std of the scores s·q·k"
-        + (" (dashed: s·√d_k·g², at init in theory)" if theory is not None else " (no theory line: not dot scores)"),
+        + (
+            " (dashed: s·√d_k·g², at init in theory)" if theory is not None else " (no theory line for this score mode)"
+        ),
         fontsize=8.5,
     )
     ax = axes[1]
