@@ -231,7 +231,9 @@ def test_the_theory_std_is_s_sqrt_dk_g2_for_dot_scores_s_sqrt_dk_for_qk_norm_and
     assert head.theory_score_std("dot", "sqrt", 256, 2.0) == pytest.approx(4.0)
     assert head.theory_score_std("dot", "none", 256, 1.0) == pytest.approx(16.0)
     assert head.theory_score_std("qk_norm", "none", 256, 2.0) == pytest.approx(16.0)  # the norm undoes W's gain
-    for mode in ("softcap", "temperature", "mup", "sigma_reparam", "log_length"):
+    assert head.theory_score_std("temperature", "sqrt", 256, 1.0) == pytest.approx(1.0)  # exp(θ₀) = s
+    assert head.theory_score_std("temperature", "sqrt", 256, 1.0, temperature_init=1.0) == pytest.approx(16 * math.e)
+    for mode in ("softcap", "mup", "sigma_reparam", "log_length"):
         assert head.theory_score_std(mode, "sqrt", 256, 1.0) is None, mode
     assert figures.model_theory_score_std({"score": "softcap", "d_k": 64}) is None
 

@@ -1083,3 +1083,15 @@ def test_a_claims_effect_is_said_at_the_point_that_decides_its_verdict():
         "points": [*tested["points"], {"x": [8], "note": "no finished runs", "verdict": "inconclusive"}],
     }
     assert effect_said(unseen, "d_k") == "no finished runs at d_k 8, the weakest of 4"
+
+
+def test_a_cell_whose_score_mode_has_no_theory_says_so_in_the_table_and_json():
+    """attn.model.head.theory_score_std is None for softcap: NaN in the cell, '—' in the table, null in JSON."""
+    from attn.analysis.results import CellResult
+    from attn.report import report_tables
+
+    cell = CellResult({"model.score": "softcap"}, math.nan)
+    assert report_tables.cell_json(cell)["theory_score_std"] is None
+    layout = type("Layout", (), {"x_name": "d_k", "x_label": staticmethod(str), "arm_label": staticmethod(str)})()
+    (row,) = report_tables.mechanism_rows({(64, "softcap"): cell}, layout, [])
+    assert row["score std @0 (theory)"].endswith("(—)")

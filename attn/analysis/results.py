@@ -376,7 +376,7 @@ def collect(
         key = canonical(cell.settings)
         if key not in cells:
             m = cell.config.model
-            theory = theory_score_std(m.score, m.scale, m.d_k, qk_gain(cell.config))
+            theory = theory_score_std(m.score, m.scale, m.d_k, qk_gain(cell.config), m.temperature_init)
             cells[key] = CellResult(dict(cell.settings), math.nan if theory is None else theory)
         if kind == "seed":
             cells[key].seeds.append(value)

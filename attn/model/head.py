@@ -60,15 +60,23 @@ def score_scale(mode: str, d_k: int) -> float:
     return float(SCORE_SCALES[mode](d_k))
 
 
-def theory_score_std(score: str, scale: str, d_k: int, qk_gain: float) -> float | None:
+def theory_score_std(
+    score: str, scale: str, d_k: int, qk_gain: float, temperature_init: float | None = None
+) -> float | None:
     """The scores' std at initialisation in theory, s·√d_k·g², for s q.k with q, k of components of
     variance g² (README's model): `dot` with g the init gain of W_q, W_k (qk_gain, d_k's power applied);
-    `qk_norm` with g = 1, since normed q, k have components of mean square 1 and their gains start at 1.
-    None for the modes whose start is not s q.k of that spread (softcap, temperature, mup,
-    sigma_reparam, log_length) or an unknown scale."""
-    if scale not in SCORE_SCALES or score not in ("dot", "qk_norm"):
+    `temperature` likewise with s = exp(θ₀) (model.temperature_init; None: `scale`'s s);
+    `qk_norm` with g = 1, since normed q, k have components of mean square 1 and their gains start at 1
+    (LayerNorm: d_k/(d_k - 1) times the variance, near 1 but at small d_k). None for the modes
+    whose start is not s q.k of that spread (softcap, mup, sigma_reparam, log_length) or an unknown scale."""
+    if scale not in SCORE_SCALES or score not in ("dot", "temperature", "qk_norm"):
         return None
-    return score_scale(scale, d_k) * math.sqrt(d_k) * (qk_gain**2 if score == "dot" else 1.0)
+    s = (
+        math.exp(temperature_init)
+        if score == "temperature" and temperature_init is not None
+        else score_scale(scale, d_k)
+    )
+    return s * math.sqrt(d_k) * (1.0 if score == "qk_norm" else qk_gain**2)
 
 
 # --------------------------------------------------------------------------

@@ -142,7 +142,11 @@ def model_theory_score_std(model: dict) -> float | None:
     if not isinstance(d_k, int) or not all(isinstance(v, (int, float)) for v in (gain, exponent)):
         return None
     qk_gain = gain * d_k**exponent  # the gain as attn.config.loading.qk_gain makes it
-    return head.theory_score_std(model.get("score", "dot"), model.get("scale", "sqrt"), d_k, qk_gain)
+    temperature_init = model.get("temperature_init")
+    if temperature_init is not None and not isinstance(temperature_init, (int, float)):
+        return None
+    score, scale = model.get("score", "dot"), model.get("scale", "sqrt")
+    return head.theory_score_std(score, scale, d_k, qk_gain, temperature_init)
 
 
 def without_layout_engine(fig: Figure) -> None:
@@ -431,13 +435,13 @@ def whole_run_axis(ax, last: int) -> None:
 
 def step_axis(ax, last: int) -> None:
     """x from step 0 on a log scale past step 1 (symlog): the first steps,
-    where the rows saturate or not, as wide as the last thousand; 2 and 5 are
-    ticks too when the run ends before step 10."""
+    where the rows saturate or not, as wide as the last thousand; 2 and 5 times
+    a power of ten are ticks too when the run ends before step 100."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.4)
     ax.set_xlim(-0.06, max(last, 1) * 1.15)  # a margin left of step 0 (linear there), as at the right
     ticks = [0] + [10**k for k in range(0, int(math.log10(max(last, 1))) + 1)]
-    if last < 10:
-        ticks = [t for t in (0, 1, 2, 5) if t <= last]
+    if last < 100:  # 2 and 5 between the powers of ten too, where there are few of them
+        ticks = [t for t in (0, 1, 2, 5, 10, 20, 50) if t <= last]
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
     ax.xaxis.set_minor_formatter(NullFormatter())
