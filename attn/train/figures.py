@@ -439,9 +439,10 @@ def step_axis(ax, last: int) -> None:
     a power of ten are ticks too when the run ends before step 100."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.4)
     ax.set_xlim(-0.06, max(last, 1) * 1.15)  # a margin left of step 0 (linear there), as at the right
-    ticks = [0] + [10**k for k in range(0, int(math.log10(max(last, 1))) + 1)]
     if last < 100:  # 2 and 5 between the powers of ten too, where there are few of them
         ticks = [t for t in (0, 1, 2, 5, 10, 20, 50) if t <= last]
+    else:
+        ticks = [0] + [10**k for k in range(0, int(math.log10(last)) + 1)]
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
     ax.xaxis.set_minor_formatter(NullFormatter())
