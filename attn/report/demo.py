@@ -25,12 +25,14 @@ from attn.train.figures import (
     draw_score_std,
     draw_series,
     first_values,
+    last_step,
     model_theory_score_std,
     read_attention,
     read_mechanism_rows,
     set_limits,
     step_axis,
     went_non_finite,
+    whole_run_axis,
     wrapped,
 )
 
@@ -87,7 +89,7 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
         drawn["std"] += draw_score_std(std, records, model_theory_score_std(model), color=color, label=label)
         draw_series(saturated, records, "saturated_frac", label, log=False, color=color)
         drawn["gradient"] += draw_row_gradients(gradient, rows, records, color=color, whole=False)
-        last = max([last] + [r["step"] for r in records])
+        last = max(last, last_step(records, summary, rows))
     draw_references(loss, references)
     held += [v for v in (references.get(k) for k in REFERENCE_STYLE) if v is not None]
     robust = any(went_non_finite(summary, records) for records, summary, *_ in runs_read)
@@ -95,7 +97,7 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
     set_limits(std, drawn["std"], [], log=True, robust=robust)
     set_limits(gradient, drawn["gradient"], [], log=True, robust=robust)
     saturated.set_ylim(-0.03, 1.03)
-    loss.set_xlabel("step")
+    whole_run_axis(loss, last)
     loss.set_ylabel("eval loss (nats)")
     loss.set_title("eval loss from step 0", fontsize=9)
     std.set_title("std of the scores s·q·k (dashed: s·√d_k·g²)", fontsize=9)
