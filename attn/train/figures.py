@@ -429,7 +429,7 @@ def whole_run_axis(ax, last: int) -> None:
     """x from step 0 to the run's last step, whole steps only: a run that diverged at step 4
     spans 0-4, not a point's width of fractional steps."""
     ax.set_xlim(-0.015 * last, last * 1.03)  # a margin either side, so a marker at step 0 is not cut in half
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))  # as many as the width holds
     ax.set_xlabel("step")
 
 
