@@ -192,6 +192,10 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
     assert len(lines[figures.ZERO_LABEL].get_xdata()) >= 1
     other = [label for label in lines if "other rows" in label]
     assert other and list(lines[other[0]].get_xdata()) == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    left = grad_ax.transData.transform([(grad_ax.get_xlim()[0], 1)])[0][0]
+    step0 = grad_ax.transData.transform([(0, 1)])[0][0]
+    radius = max(line.get_markersize() for line in grad_ax.get_lines()) / 2 * grad_ax.figure.dpi / 72  # pixels
+    assert step0 - left >= radius, ("step 0's markers cut by the axes' left edge", step0 - left, radius)
 
 
 def test_a_run_traces_its_rows_at_log_spaced_steps_unless_asked_not_to(tmp_path):

@@ -433,12 +433,19 @@ def whole_run_axis(ax, last: int) -> None:
     ax.set_xlabel("step")
 
 
+STEP0_MARGIN = 0.03  # the share of a symlog step axis left of step 0
+
+
 def step_axis(ax, last: int) -> None:
     """x from step 0 on a log scale past step 1 (symlog): the first steps,
     where the rows saturate or not, as wide as the last thousand; 2 and 5 times
     a power of ten are ticks too when the run ends before step 100."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.4)
-    ax.set_xlim(-0.06, max(last, 1) * 1.15)  # a margin left of step 0 (linear there), as at the right
+    high = max(last, 1) * 1.15  # a margin right of the last step
+    scale = ax.xaxis.get_transform()  # steps -> symlog units; linear left of step 1
+    width = scale.transform([high])[0] - scale.transform([0.0])[0]
+    low = scale.inverted().transform([-STEP0_MARGIN / (1 - STEP0_MARGIN) * width])[0]
+    ax.set_xlim(low, high)  # step 0 a fixed share of the width in from the left, so its marker is whole on any run
     if last < 100:  # 2 and 5 between the powers of ten too, where there are few of them
         ticks = [t for t in (0, 1, 2, 5, 10, 20, 50) if t <= last]
     else:
