@@ -258,15 +258,22 @@ def flips_said(result: dict) -> str:
 
 
 def x_ranges(report: dict, names: dict[str, str]) -> list[str]:
-    """'d_k 16 to 1048576 (8 values)': each numeric x key of the report's layout over the values its cells ran
-    (none for a key with one value, or with values that are not numbers)."""
+    """'d_k 16, 64, 256 and 1024': each numeric x key of the report's layout over the values its cells ran, each
+    named up to LISTED of them (so the paper's d_k 64 is read in the scope), else 'd_k 16 to 1048576 (9 values)';
+    none for a key with one value, or with values that are not numbers."""
     ranges = []
     for key in (report.get("layout") or {}).get("x", []):
         values = {(c.get("settings") or {}).get(key) for c in report.get("cells", [])} - {None}
         if len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            low, high = format_value(min(values)), format_value(max(values))
-            ranges.append(f"{names.get(key, key)} {low} to {high} ({len(values)} values)")
+            said = [format_value(v) for v in sorted(values)]
+            if len(said) <= LISTED:
+                ranges.append(f"{names.get(key, key)} {', '.join(said[:-1])} and {said[-1]}")
+            else:
+                ranges.append(f"{names.get(key, key)} {said[0]} to {said[-1]} ({len(values)} values)")
     return ranges
+
+
+LISTED = 8  # x_ranges names each value up to this many
 
 
 def verification_line(name: str, verification: dict | None, brief: bool = False) -> str:
@@ -443,6 +450,7 @@ def results_block(
             names.get(layout.get("best_of")),
         ),
         "",
+        *experiment_report.shared_draws_lines(headline.get("shared_initial_draws", []), brief=True),
         verification_line(HEADLINE, verifications.get(HEADLINE), brief=True).replace(
             "(results/", "(experiments/results/"
         ),

@@ -733,7 +733,9 @@ def test_the_scope_line_names_each_numeric_x_keys_range_and_nothing_else():
     def report(values, key="model.d_k"):
         return {"layout": {"x": [key]}, "cells": [{"settings": {key: v}} for v in values]}
 
-    assert results_text.x_ranges(report([16, 1048576, 64]), names) == ["d_k 16 to 1048576 (3 values)"]
+    assert results_text.x_ranges(report([16, 1048576, 64]), names) == ["d_k 16, 64 and 1048576"]
+    many = [2**k for k in range(4, 4 + results_text.LISTED + 1)]
+    assert results_text.x_ranges(report(many), names) == [f"d_k 16 to {many[-1]} ({len(many)} values)"]
     assert results_text.x_ranges(report([64, 64]), names) == []  # one value: no range
     assert results_text.x_ranges(report(["sgd", "adamw"], "optim.name"), names) == []
     assert results_text.x_ranges(report([True, False]), names) == []

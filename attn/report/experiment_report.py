@@ -322,10 +322,17 @@ def shared_initial_draws(experiment: Experiment) -> list[int]:
     return sorted(widths) if len(widths) > 1 else []
 
 
-def shared_draws_lines(widths: list[int]) -> list[str]:
-    """The report's word on cells that share their seeds' initial draws (shared_initial_draws)."""
+def shared_draws_lines(widths: list[int], brief: bool = False) -> list[str]:
+    """The report's word on cells that share their seeds' initial draws (shared_initial_draws); `brief`: one
+    sentence, for README."""
     if not widths:
         return []
+    if brief:
+        return [
+            f"Not independent: at d_k {', '.join(map(str, widths))} a seed starts nearly the same model (one "
+            "Bartlett draw), so their verdicts are close to one observation, not one per d_k.",
+            "",
+        ]
     return [
         f"Not independent: at d_k {', '.join(map(str, widths))} a seed's initial head is drawn by the Bartlett "
         "decomposition from the same deviates at every width, and as d_k grows the scaled head tends to a "
