@@ -39,7 +39,7 @@ from attn.experiment.verification import (
 )
 from attn.report import claims_table, experiment_report
 from attn.store import runs
-from attn.text import and_list, format_value, markdown_table, number_said
+from attn.text import and_list, format_value
 
 HEADLINE = "sqrt_dk"
 # README's line for each other experiment: these first, in this order, then the rest by name; the boundary
@@ -352,7 +352,7 @@ def experiments_readme(
             text += [design_said(name, changes), ""]
         text += [report["headline"], ""]
         text += verdict_lines(report) + [""]
-        text += verdicts_by_point(report)
+        text += verdicts_by_point_of(report)
         text += experiment_report.shared_draws_lines(report.get("shared_initial_draws", []))
         text += [verification_line(name, verifications.get(name)), ""]
         figures = sorted(p.name for p in (results / name).glob("*.png"))
@@ -366,44 +366,13 @@ def experiments_readme(
     return "\n".join(text)
 
 
-def verdicts_by_point(report: dict) -> list[str]:
-    """Where a design judges several claims at each of several x points (a factorial's contrasts, one point
-    each), a table of them by point: which are confirmed, not confirmed and inconclusive there, each with its
-    effect. It says what decides where, as the verdicts say it. [] for other designs."""
-    at: dict[tuple, list[dict]] = {}
-    for e in report["expectations"]:
-        if len(e.get("points") or []) == 1:
-            at.setdefault(tuple(e["points"][0].get("x") or ()), []).append(e)
-    at = {x: claims for x, claims in at.items() if len(claims) > 1}
-    if len(at) < 2:
-        return []
-
-    earlier = set(on_earlier_plateau_rule(report))
-
-    def said(e: dict) -> str:  # its id, its effect, and the marks verdict_lines gives it
-        effect = e["points"][0].get("effect") or {}
-        marks = [f"{effect['name']} {number_said(effect.get('value'))}"] if "name" in effect else []
-        marks += [report_spec.EDITED_SAID] if e.get("edited_after_runs") else []
-        marks += ["under the earlier definition of stalled"] if e["id"] in earlier else []
-        return f"`{e['id']}`" + (f" ({'; '.join(marks)})" if marks else "")
-
-    rows = [
-        [" / ".join(map(str, x))]
-        + [
-            ", ".join(said(e) for e in claims if e["verdict"] == v) or "—"
-            for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)
-        ]
-        for x, claims in at.items()
-    ]
+def verdicts_by_point_of(report: dict) -> list[str]:
+    """claims_table.verdicts_by_point of a report as read (its layout's x named short), its claims judged
+    under the earlier definition of stalled marked so."""
     layout = report.get("layout") or {}
     names = short_names([*layout.get("x", []), *([layout["best_of"]] if layout.get("best_of") else [])])
-    x_said = " / ".join(names[k] for k in layout.get("x", [])) or "x"
-    return [
-        f"The claims judged at one {x_said} each, by where they are judged:",
-        "",
-        markdown_table([x_said, CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE], rows),
-        "",
-    ]
+    x_name = " / ".join(names[k] for k in layout.get("x", [])) or "x"
+    return claims_table.verdicts_by_point(report["expectations"], x_name, on_earlier_plateau_rule(report))
 
 
 def results_block(

@@ -710,19 +710,19 @@ def test_claims_judged_at_one_point_each_are_tabled_by_point_with_their_verdicts
         {**spread, "id": "every"},
     ]
     report = {"layout": {"x": ["model.d_k"]}, "expectations": expectations}
-    lines = "\n".join(results_text.verdicts_by_point(report)).splitlines()
+    lines = "\n".join(results_text.verdicts_by_point_of(report)).splitlines()
     table = [line for line in lines if line.startswith(("| 16 ", "| 64 "))]
     cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in table]
     assert cells == [
         ["16", "`a-at-16` (difference of rates 0.45)", "—", "`b-at-16` (difference of rates 0.05)"],
         ["64", "—", "`b-at-64` (difference of rates -0.5)", "`a-at-64` (difference of rates 0.1)"],
     ]
-    assert results_text.verdicts_by_point({**report, "expectations": expectations[:2] + [expectations[4]]}) == []
+    assert results_text.verdicts_by_point_of({**report, "expectations": expectations[:2] + [expectations[4]]}) == []
     # a claim edited after the runs keeps its mark in the table, as in the list above it; the x keys are named
     # as the results block names them (short names among the x keys and best_of)
     edited = [{**expectations[0], "edited_after_runs": "reworded"}, *expectations[1:]]
     layout = {"x": ["optim.name", "model.d_k"], "best_of": "optim.lr"}
-    text = "\n".join(results_text.verdicts_by_point({"layout": layout, "expectations": edited}))
+    text = "\n".join(results_text.verdicts_by_point_of({"layout": layout, "expectations": edited}))
     assert report_spec.EDITED_SAID in text.split("| 16 |")[1].split("\n")[0]
     assert "| name / d_k |" in text
 

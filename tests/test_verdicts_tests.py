@@ -298,6 +298,17 @@ def test_each_claim_is_judged_by_its_test_with_holm_across_the_tested_ones(teste
     assert facts_in(line, "McNemar", "one-sided", "Holm")
 
 
+def test_the_report_tables_claims_judged_at_one_point_each_by_where_they_are_judged(tested_report):
+    """Several claims at each of several d_k (a factorial's contrasts): report.md says which hold where."""
+    lines = tested_report.md.split("## In one paragraph")[0].splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith(("| 16 |", "| 64 |"))}
+    assert set(rows) == {"16", "64"}, lines
+    confirmed_at_64 = rows["64"].split(" | ")[1]
+    assert "`stalls-less-64`" in confirmed_at_64 and "`faster-64`" in confirmed_at_64
+    assert "`wrong-way-64`" in rows["64"].split(" | ")[2]  # not confirmed
+    assert "`learns-more-16`" in rows["16"].split(" | ")[3]  # inconclusive
+
+
 def test_a_claim_edited_after_its_runs_says_so_in_the_report_and_its_paragraph(tested_report):
     assert tested_report.expectation("wrong-way-64")["edited_after_runs"] == "turned around after the runs of abc1234"
     assert "edited_after_runs" not in tested_report.expectation("faster-64")

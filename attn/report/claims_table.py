@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from attn.analysis.verdicts import CONFIRMED, NOT_CONFIRMED
+from attn.analysis.verdicts import CONFIRMED, INCONCLUSIVE, NOT_CONFIRMED
 from attn.experiment import report_spec
 from attn.report.conclusion import effect_bound
 from attn.text import format_value, markdown_table, number_said
@@ -157,3 +157,39 @@ def _as_float(value, missing: float) -> float:
     if value in ("inf", "-inf"):
         return float(value)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else missing
+
+
+def verdicts_by_point(expectations: list[dict], x_name: str, earlier=()) -> list[str]:
+    """Where a design judges several claims at each of several x points (a factorial's contrasts, one point
+    each), a table of them by point: which are confirmed, not confirmed and inconclusive there, each with its
+    effect. It says what decides where, as the verdicts say it. [] for other designs. `earlier`: the ids of
+    claims judged under the earlier definition of stalled, marked so."""
+    at: dict[tuple, list[dict]] = {}
+    for e in expectations:
+        if len(e.get("points") or []) == 1:
+            at.setdefault(tuple(e["points"][0].get("x") or ()), []).append(e)
+    at = {x: claims for x, claims in at.items() if len(claims) > 1}
+    if len(at) < 2:
+        return []
+
+    def said(e: dict) -> str:  # its id, its effect, and the marks a verdict line gives it
+        effect = e["points"][0].get("effect") or {}
+        marks = [f"{effect['name']} {number_said(effect.get('value'))}"] if "name" in effect else []
+        marks += [report_spec.EDITED_SAID] if e.get("edited_after_runs") else []
+        marks += ["under the earlier definition of stalled"] if e["id"] in earlier else []
+        return f"`{e['id']}`" + (f" ({'; '.join(marks)})" if marks else "")
+
+    rows = [
+        [" / ".join(map(str, x))]
+        + [
+            ", ".join(said(e) for e in claims if e["verdict"] == v) or "—"
+            for v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE)
+        ]
+        for x, claims in at.items()
+    ]
+    return [
+        f"The claims judged at one {x_name} each, by where they are judged:",
+        "",
+        markdown_table([x_name, CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE], rows),
+        "",
+    ]

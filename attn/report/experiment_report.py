@@ -555,6 +555,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
             text += [claims_table.findings_table(judged, layout.x_name, layout.names.get(layout.best_of)), ""]
         text += [f"![headline]({os.path.relpath(p, experiment.directory)})" for p in headline_figure]
         text += [""] if headline_figure else []
+        text += claims_table.verdicts_by_point(judged, layout.x_name)  # a factorial's claims by where they are judged
     text += shared_draws_lines(found.shared_draws)  # how independent the verdicts above are
     text += ["## In one paragraph (generated)", "", found.headline, ""]
     for title, chosen in (
