@@ -257,6 +257,9 @@ def flips_said(result: dict) -> str:
     return "; ".join(said)
 
 
+LISTED = 8  # x_ranges names each value up to this many
+
+
 def x_ranges(report: dict, names: dict[str, str]) -> list[str]:
     """'d_k 16, 64, 256 and 1024': each numeric x key of the report's layout over the values its cells ran, each
     named up to LISTED of them (so the paper's d_k 64 is read in the scope), else 'd_k 16 to 1048576 (9 values)';
@@ -271,9 +274,6 @@ def x_ranges(report: dict, names: dict[str, str]) -> list[str]:
             else:
                 ranges.append(f"{names.get(key, key)} {said[0]} to {said[-1]} ({len(values)} values)")
     return ranges
-
-
-LISTED = 8  # x_ranges names each value up to this many
 
 
 def verification_line(name: str, verification: dict | None, brief: bool = False) -> str:
