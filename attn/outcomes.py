@@ -110,7 +110,9 @@ class RunOutcome:
 
     def said(self) -> str:
         """The class in words, with the plateau a run that never learned sat at."""
-        where = {CHANCE_LEVEL: "at chance", NO_RETRIEVAL_LEVEL: "at the no-retrieval plateau"}.get(self.sat_at)
+        where = {CHANCE_LEVEL: "loss at chance", NO_RETRIEVAL_LEVEL: "loss at the no-retrieval plateau"}.get(
+            self.sat_at
+        )
         detail = self.slow_kind if self.outcome == SLOW else where if self.outcome == STALLED else None
         return f"{self.outcome} ({detail})" if detail else self.outcome
 

@@ -82,7 +82,7 @@ def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("board-stall") / "runs"
     for scale, name, said in (
         ("sqrt", "scaled", ("learned", "learned")),
-        ("none", "unscaled", ("stalled", "stalled (at chance)")),
+        ("none", "unscaled", ("stalled", "stalled (loss at chance)")),
     ):
         for seed in (0, 1):
             write_run(
@@ -116,8 +116,8 @@ def test_each_run_names_its_outcome_and_carries_its_reference_levels(pair):
     assert shown == {
         "wide/scaled-s0": ("learned", "learned", REFERENCES),
         "wide/scaled-s1": ("learned", "learned", REFERENCES),  # classified by attn.outcomes.of_run
-        "wide/unscaled-s0": ("stalled", "stalled (at chance)", REFERENCES),
-        "wide/unscaled-s1": ("stalled", "stalled (at chance)", REFERENCES),
+        "wide/unscaled-s0": ("stalled", "stalled (loss at chance)", REFERENCES),
+        "wide/unscaled-s1": ("stalled", "stalled (loss at chance)", REFERENCES),
     }
     assert {"grad_norm", "update_ratio", "loss"} <= set(snapshot["log_metrics"])
 
@@ -132,8 +132,8 @@ def test_a_summary_outcome_that_is_no_class_or_disagrees_with_the_status_is_clas
     shown = {run["name"]: (run["outcome"], run["outcome_said"]) for run in data.Board([tmp_path]).snapshot()["runs"]}
     compared = {run.path.name: run.outcome for run in grouping.load_runs(sorted(tmp_path.iterdir()))[0]}
     assert shown == {
-        "bogus": ("stalled", "stalled (at chance)"),
-        "not-diverged": ("stalled", "stalled (at chance)"),
+        "bogus": ("stalled", "stalled (loss at chance)"),
+        "not-diverged": ("stalled", "stalled (loss at chance)"),
         "running": (None, None),  # not ended yet
     }
     assert {name: outcome for name, (outcome, _) in shown.items()} == compared
@@ -319,7 +319,7 @@ def test_open_takes_a_runs_name_and_still_its_id(browser, pair):  # noqa: F811
             wait_for(
                 browser, lambda: text_of(browser, "#run-config tr[data-key='model.scale'] td:last-child") == "none"
             )
-            assert "stalled (at chance)" in text_of(browser, "#run-details p")
+            assert "stalled (loss at chance)" in text_of(browser, "#run-details p")
         wait_for(browser, lambda: "open=wide%2Funscaled-s1" in browser.current_url)  # the URL names it
         assert errors_logged(browser) == []
 

@@ -37,6 +37,21 @@ def test_the_schema_defaults_are_configs_default_yaml():
     assert load_config(None) == load_config(CONFIG)
 
 
+def test_a_runs_closing_line_gives_the_tasks_reference_losses_and_when_it_first_reached_99():
+    from attn.text import summary_figures
+
+    learned = {
+        "outcome_said": "learned",
+        "final": {"eval_loss": 0.0012, "eval_accuracy": 1.0},
+        "best": {"steps_to_99": 50},
+        "references": {"chance": 2.7726, "no_retrieval": 1.7984},
+    }
+    assert facts_in(summary_figures(learned), "learned", "0.0012", "chance 2.77", "no retrieval 1.8", "at step 50")
+    stalled = {**learned, "outcome_said": "stalled (loss at chance)", "best": {}}
+    assert facts_in(summary_figures(stalled), "loss at chance", "never 99%")
+    assert "chance" not in summary_figures({**learned, "references": None})  # a run without references
+
+
 def test_an_experiment_file_given_to_train_says_to_sweep_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert facts_in(

@@ -111,6 +111,15 @@ def test_the_loss_figure_holds_step_0_and_the_reference_lines(tmp_path, monkeypa
     assert holds(ax, LEARNED[0], LEARNED[0] * 1.02, *REFERENCES.values(), min(LEARNED))
 
 
+def test_a_run_at_chance_leaves_the_chance_line_drawn_over_its_curve(tmp_path, monkeypatch):
+    [ax] = drawn(made_run(tmp_path, "stalled", records_of(STALLED)), monkeypatch, "loss.png")["loss.png"].axes
+    levels = set(REFERENCES.values())
+    references = [line for line in ax.get_lines() if set(line.get_ydata()) <= levels and len(line.get_ydata())]
+    curves = [line for line in ax.get_lines() if line not in references]
+    assert references and curves
+    assert min(r.get_zorder() for r in references) > max(c.get_zorder() for c in curves)
+
+
 def test_a_loss_at_chance_is_drawn_on_a_log_axis_with_ticks_a_reader_can_read(tmp_path, monkeypatch):
     made = drawn(made_run(tmp_path, "stalled", records_of(STALLED)), monkeypatch, "loss.png")
     [ax] = made["loss.png"].axes
@@ -196,6 +205,20 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
     step0 = grad_ax.transData.transform([(0, 1)])[0][0]
     radius = max(line.get_markersize() for line in grad_ax.get_lines()) / 2 * grad_ax.figure.dpi / 72  # pixels
     assert step0 - left >= radius, ("step 0's markers cut by the axes' left edge", step0 - left, radius)
+
+
+def test_a_row_kind_absent_at_some_traced_steps_breaks_its_line_there_instead_of_bridging_them(tmp_path, monkeypatch):
+    run_dir = made_run(tmp_path, "gaps", records_of(STALLED))
+    traced = (0, 1, 2, 5, 10, 20, 50)
+    trace = {f"{step}/grad_W_q_median_saturated": np.float64(0.5) for step in traced}
+    trace.update({f"{step}/grad_W_q_median_other": np.float64(0.3) for step in (0, 20, 50)})  # none at 1-10
+    trace.update({f"{step}/saturated_frac": np.float64(1.0) for step in traced})
+    arrayfiles.save_arrays(run_dir / loop.MECHANISM_TRACE, trace)
+    _, _, grad_ax = drawn(run_dir, monkeypatch, "mechanism.png")["mechanism.png"].axes
+    [other] = [line for line in grad_ax.get_lines() if "other rows" in line.get_label()]
+    y = dict(zip(other.get_xdata(), other.get_ydata()))
+    assert [step for step in traced if math.isnan(y.get(step, 0.0))] == [1, 2, 5, 10], y
+    assert y[0] == y[20] == 0.3
 
 
 def test_a_run_traces_its_rows_at_log_spaced_steps_unless_asked_not_to(tmp_path):

@@ -92,7 +92,7 @@ def test_a_run_sitting_at_the_no_retrieval_plateau_is_stalled_there():
     """Left chance, never got below 0.9 L_nr: it knows the values in the context, retrieves nothing."""
     outcome = run(np.full(len(STEPS), 0.257), ramp(CHANCE_LOSS, PLATEAU, 0, 100))
     assert (outcome.outcome, outcome.sat_at, outcome.slow_kind) == (STALLED, "no-retrieval", None)
-    assert outcome.said() == "stalled (at the no-retrieval plateau)"
+    assert outcome.said() == "stalled (loss at the no-retrieval plateau)"
 
 
 def test_without_a_no_retrieval_level_the_plateau_is_chance():
@@ -210,7 +210,7 @@ def test_a_run_names_its_outcome_from_its_records_and_summary():
     broken = records[:3] + [{"step": 200, "eval_accuracy": None, "eval_loss": "nan"}]
     assert of_run(broken, summary | {"status": "diverged"}).outcome == DIVERGED
     stalled = [{"step": int(s), "eval_accuracy": CHANCE, "eval_loss": 2.7} for s in STEPS]
-    assert of_run(stalled, summary).said() == "stalled (at chance)"
+    assert of_run(stalled, summary).said() == "stalled (loss at chance)"
 
 
 def test_a_seed_that_never_left_chance_is_stalled_at_the_chance_level():

@@ -3,8 +3,8 @@ d_k 2^20 and its unscaled twin) on one page, drawn from their run
 directories alone with the panels of a run's own figures (attn.train.figures):
 
     top      eval loss from step 0 with the chance and no-retrieval lines;
-             the scores' std against s·√d_k·g²; the saturated rows; one
-             row's share of ‖∇W_q‖ (median), saturated and other
+             the scores' std against s·√d_k·g²; the saturated rows;
+             ‖∇W_q‖ of one row's loss term (median), saturated and other
     bottom   where each run's queries look, at init and at the end
     legend   each run's label, its outcome in it
 """
@@ -53,7 +53,7 @@ def draw_query_rows(ax, data: dict[str, np.ndarray], moment: str):
     ax.set_xlabel("key position", fontsize=7)
     ax.set_ylabel("eval example", fontsize=7)
     ax.tick_params(labelsize=6)
-    return image, f"the query of {len(rows)} eval examples"
+    return image, f"where {len(rows)} eval queries look"
 
 
 def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], title: str) -> Figure:
@@ -102,7 +102,7 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
     loss.set_title("eval loss from step 0", fontsize=9)
     std.set_title("std of the scores s·q·k (dashed: s·√d_k·g²)", fontsize=9)
     saturated.set_title("saturated rows (largest weight > 0.99)", fontsize=9)
-    gradient.set_title("one row's share of ‖∇W_q‖ (median): ● other rows, × saturated", fontsize=9)
+    gradient.set_title("‖∇W_q‖ of one row's loss term (median)", fontsize=9)
     for ax in (std, saturated, gradient):
         step_axis(ax, last)
     for ax in (loss, std, saturated, gradient):
@@ -116,7 +116,7 @@ def demo_figure(run_dirs: list[Path], labels: list[str], colors: list[str], titl
                 ax.set_axis_off()
                 continue
             image, shown = draw_query_rows(ax, attention, moment)
-            when = "at init (step 0)" if moment == "attn_init" else "at the end"
+            when = "step 0" if moment == "attn_init" else f"step {last}"
             ax.set_title(wrapped(f"{label.split(' (')[0]}, {when}: {shown}", 3.6, 8), fontsize=8)
     if image is not None:
         colorbar = fig.add_axes((0.945, 0.16, 0.008, 0.3))

@@ -54,8 +54,13 @@ TITLE_POINTS = 9
 def draw_references(ax, references: dict) -> None:
     for key, (label, style, color) in REFERENCE_STYLE.items():
         if references.get(key) is not None:
-            ax.axhline(
-                references[key], linestyle=style, color=color, linewidth=1, label=f"{label} ({references[key]:.2f})"
+            ax.axhline(  # over the curves: a run that sits at chance does not hide the chance line
+                references[key],
+                linestyle=style,
+                color=color,
+                linewidth=1,
+                zorder=3,
+                label=f"{label} ({references[key]:.2f})",
             )
 
 
@@ -460,35 +465,36 @@ def draw_score_std(ax, records: list[dict], theory: float | None, color=None, la
     """The scores' std over training (log) and, dashed, s·√d_k·g²; returns the values that set the range."""
     drawn = draw_series(ax, records, "score_std", label, log=True, color=color)
     if theory is not None:
-        ax.axhline(theory, color=color or "0.3", linestyle="--", linewidth=1, label=f"s·√d_k·g² = {theory:.3g}")
+        label = f"s·√d_k·g² = {theory:.4g} (g: W_q, W_k init gain)"
+        ax.axhline(theory, color=color or "0.3", linestyle="--", linewidth=1, label=label)
         drawn.append([theory])
     return drawn + [first_values(records, ("score_std",))]
 
 
 def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=None, whole: bool = True) -> list:
-    """‖∇W_q‖ over training: the median row's share, of saturated rows (×,
-    dashed) and of the others (●), where there are such rows; a median of 0
-    is a ▼ at the axis' foot; with `whole`, the gradient of the batch's loss (train, grey)."""
+    """‖∇W_q‖ over training: the median over rows of one row's loss term's, of saturated rows (×, dashed) and of
+    the others (●), the line broken at traced steps without such rows; a median of 0 is a ▼ at the axis' foot;
+    with `whole`, the gradient of the batch's loss (train, grey)."""
     drawn = []
     if whole:
         drawn += draw_series(ax, records, "grad_norm/W_q", "whole ‖∇W_q‖ (train batch)", log=True, color="0.65")
     labels = ("median row, other rows (eval)", "median row, saturated rows (eval; at steps with any)")
     for key, style, label in zip(ROW_KINDS, ("o-", "x--"), labels):
-        steps = np.array([s for s, r in rows.items() if math.isfinite(r.get(f"grad_W_q_median_{key}", math.nan))])
-        values = np.array([rows[s][f"grad_W_q_median_{key}"] for s in steps])
-        if not len(steps):
+        steps = np.array(sorted(rows))
+        values = np.array([rows[s].get(f"grad_W_q_median_{key}", math.nan) for s in steps], dtype=float)
+        if not np.isfinite(values).any():
             continue
-        positive = values > 0
+        positive = np.isfinite(values) & (values > 0)
         (line,) = ax.plot(
             steps,
-            np.where(positive, values, np.nan),
+            np.where(positive, values, np.nan),  # NaN: a gap, not a line drawn across steps without such rows
             style,
             color=color,
             markersize=4,
             linewidth=1.1,
             label=label,
         )
-        mark_zeros(ax, steps[~positive], line.get_color())
+        mark_zeros(ax, steps[values == 0], line.get_color())
         drawn.append(values[positive])
     return drawn
 
@@ -520,7 +526,7 @@ def training_mechanism_figure(
     ax = axes[2]
     ax.set_yscale("log")
     set_limits(ax, draw_row_gradients(ax, rows, records), [], log=True, robust=robust)
-    ax.set_title("‖∇W_q‖: the whole, and one row's share (median)", fontsize=8.5)
+    ax.set_title("‖∇W_q‖ of the batch loss and of one row's term (median)", fontsize=8.5)
     measured = any(math.isfinite(r.get(f"grad_W_q_median_{k}", math.nan)) for r in rows.values() for k in ROW_KINDS)
     if not measured:  # the panel says why it holds no row
         why = (
