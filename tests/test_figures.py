@@ -195,6 +195,9 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
     first = next(r["score_std"] for r in runs.read_metrics(run_dir) if "score_std" in r)
     assert f"score std (step 0: {first:.3g})" in [line.get_label() for line in std_ax.get_lines()], "its start, read"
     assert std_ax.get_yscale() == grad_ax.get_yscale() == "log" and holds(std_ax, theory, 3.3)
+    [std_line] = [line for line in std_ax.get_lines() if line.get_label().startswith("score std")]
+    marked = [std_line.get_xdata()[i] for i in std_line.get_markevery()]  # the first logged steps, spread by the log
+    assert std_line.get_marker() == "." and marked == [s for s in STEPS if s < figures.FIRST_MARKED * 10]
     assert saturated_ax.get_ylim()[0] <= 0 and saturated_ax.get_ylim()[1] >= 1
     lines = {line.get_label(): line for line in grad_ax.get_lines()}
     assert figures.ZERO_LABEL in lines, "a median of 0 is said, not dropped"

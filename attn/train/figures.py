@@ -439,6 +439,7 @@ def whole_run_axis(ax, last: int) -> None:
 
 
 STEP0_MARGIN = 0.03  # the share of a symlog step axis left of step 0
+FIRST_MARKED = 10  # a symlog step axis marks each line's first this many logged steps
 
 
 def step_axis(ax, last: int) -> None:
@@ -459,6 +460,14 @@ def step_axis(ax, last: int) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value)))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("step (0, then a log scale)", fontsize=8)
+    for line in ax.get_lines():  # the first logged steps, spread apart by the log scale, marked where they are
+        x = np.asarray(line.get_xdata(), dtype=float)
+        if line.get_marker() in ("None", "", None) and len(x) >= 5:
+            spacing = np.median(np.diff(x))
+            first = np.flatnonzero(x < FIRST_MARKED * spacing)
+            line.set_marker(".")
+            line.set_markersize(3)
+            line.set_markevery([int(i) for i in first])
 
 
 def draw_score_std(ax, records: list[dict], theory: float | None, color=None, label: str = "score std") -> list:
