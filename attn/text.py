@@ -36,12 +36,14 @@ def summary_figures(summary: dict) -> str:
     99%."""
     final, best = summary.get("final") or {}, summary.get("best") or {}
     outcome = summary.get("outcome_said") or summary.get("outcome")
+    references = summary.get("references")
     levels = [
         f"{name.replace('_', ' ')} {format_number(value, '.3g')}"
-        for name, value in (summary.get("references") or {}).items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        for name, value in (references.items() if isinstance(references, dict) else ())
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ]
     reached = best.get("steps_to_99")
+    reached = reached if isinstance(reached, int) and not isinstance(reached, bool) else None
     return (
         (f"outcome {outcome}  " if isinstance(outcome, str) else "")
         + f"eval_loss {format_number(final.get('eval_loss'), '.4g')}"

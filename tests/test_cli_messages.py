@@ -50,6 +50,9 @@ def test_a_runs_closing_line_gives_the_tasks_reference_losses_and_when_it_first_
     stalled = {**learned, "outcome_said": "stalled (loss at chance)", "best": {}}
     assert facts_in(summary_figures(stalled), "loss at chance", "never 99%")
     assert "chance" not in summary_figures({**learned, "references": None})  # a run without references
+    odd = {**learned, "references": {"chance": float("nan"), "no_retrieval": 1.8}, "best": {"steps_to_99": "x"}}
+    assert "nan" not in summary_figures(odd) and "never 99%" in summary_figures(odd)  # a damaged summary
+    assert "chance" not in summary_figures({**learned, "references": [2.77]})
 
 
 def test_an_experiment_file_given_to_train_says_to_sweep_it(tmp_path, monkeypatch, capsys):

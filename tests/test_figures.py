@@ -192,6 +192,7 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
     config = lifecycle.config_of(run_dir)
     theory = config.model.d_k**-0.5 * math.sqrt(config.model.d_k) * config.model.qk_gain**2  # s √d_k g², s = 1/√d_k
     assert any(list(line.get_ydata()) == [theory, theory] for line in std_ax.get_lines()), "the theory line"
+    assert any(line.get_label().startswith("s·√d_k·g² = 1 (") for line in std_ax.get_lines()), "in digits"
     first = next(r["score_std"] for r in runs.read_metrics(run_dir) if "score_std" in r)
     assert f"score std (step 0: {first:.3g})" in [line.get_label() for line in std_ax.get_lines()], "its start, read"
     assert std_ax.get_yscale() == grad_ax.get_yscale() == "log" and holds(std_ax, theory, 3.3)

@@ -53,13 +53,13 @@ def api_table() -> dict[str, str]:
     return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(attn\.[\w.]+)\(([^`]*)\)` \| .+ \|$", section, re.M)}
 
 
-def test_each_claim_the_opening_paragraphs_cite_is_confirmed_in_its_published_report():
+def test_each_claim_what_the_factor_does_cites_is_confirmed_in_its_published_report():
     """The words under "What the factor does" say what experiments found: each claim they cite by id (`a-claim-id`)
     is confirmed as run in the report of an experiment the paragraph names before it; where a published re-run
     of a cited claim's experiment differs on a cited claim, the paragraph says how many claims its re-run
     differs on; a re-run it says agrees on every verdict does."""
     opening = README.split("## What the factor does", 1)[1].split("\n## ", 1)[0]
-    cited = [(m.start(), m.group(1)) for m in re.finditer(r"`([a-z0-9]+(?:-[a-z0-9_]+)+)`", opening)]
+    cited = [(m.start(), m.group(1)) for m in re.finditer(r"`([a-z0-9]+(?:-[a-z0-9_.]+)+)`", opening)]
     assert len(cited) >= 4, opening
     results = REPO / "experiments" / "results"
     flipped = set()

@@ -439,13 +439,14 @@ def whole_run_axis(ax, last: int) -> None:
 
 
 STEP0_MARGIN = 0.03  # the share of a symlog step axis left of step 0
-FIRST_MARKED = 10  # a symlog step axis marks each line's first this many logged steps
+FIRST_MARKED = 10  # a symlog step axis marks the first this many points of each line
 
 
 def step_axis(ax, last: int) -> None:
     """x from step 0 on a log scale past step 1 (symlog): the first steps,
     where the rows saturate or not, as wide as the last thousand; 2 and 5 times
-    a power of ten are ticks too when the run ends before step 100."""
+    a power of ten are ticks too when the run ends before step 100. Call it after drawing: it marks the first
+    FIRST_MARKED points of each line drawn without markers, which the log scale spreads apart."""
     ax.set_xscale("symlog", linthresh=1, linscale=0.4)
     high = max(last, 1) * 1.15  # a margin right of the last step
     scale = ax.xaxis.get_transform()  # steps -> symlog units; linear left of step 1
@@ -461,20 +462,18 @@ def step_axis(ax, last: int) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("step (0, then a log scale)", fontsize=8)
     for line in ax.get_lines():  # the first logged steps, spread apart by the log scale, marked where they are
-        x = np.asarray(line.get_xdata(), dtype=float)
-        if line.get_marker() in ("None", "", None) and len(x) >= 5:
-            spacing = np.median(np.diff(x))
-            first = np.flatnonzero(x < FIRST_MARKED * spacing)
+        if line.get_marker() in ("None", "", None) and len(line.get_xdata()) >= 2:
             line.set_marker(".")
             line.set_markersize(3)
-            line.set_markevery([int(i) for i in first])
+            line.set_markevery(list(range(min(len(line.get_xdata()), FIRST_MARKED))))
 
 
 def draw_score_std(ax, records: list[dict], theory: float | None, color=None, label: str = "score std") -> list:
     """The scores' std over training (log) and, dashed, s·√d_k·g²; returns the values that set the range."""
     drawn = draw_series(ax, records, "score_std", label, log=True, color=color)
     if theory is not None:
-        label = f"s·√d_k·g² = {theory:.4g} (g: W_q, W_k init gain)"
+        value = f"{theory:.4g}" if abs(theory) < 1e4 else f"{theory:.0f}"  # digits, not 1.02e+03
+        label = f"s·√d_k·g² = {value} (g: W_q, W_k init gain)"
         ax.axhline(theory, color=color or "0.3", linestyle="--", linewidth=1, label=label)
         drawn.append([theory])
     return drawn + [first_values(records, ("score_std",))]
@@ -503,7 +502,7 @@ def draw_row_gradients(ax, rows: dict[int, dict], records: list[dict], color=Non
             linewidth=1.1,
             label=label,
         )
-        mark_zeros(ax, steps[values == 0], line.get_color())
+        mark_zeros(ax, steps[np.isfinite(values) & (values <= 0)], line.get_color())
         drawn.append(values[positive])
     return drawn
 
