@@ -596,6 +596,8 @@ def test_an_experiments_loss_figures_draw_the_chance_and_no_retrieval_lines_insi
     (legend,) = fig.legends
     labels = [text.get_text() for text in legend.get_texts()]
     assert labels[-2:] == ["chance (2.77)", "no retrieval (1.80)"], labels
+    if figure == "loss_curves":  # one panel: its title and the legend below leave the axes a row's height
+        assert ax.get_position().height * fig.get_figheight() >= 1.3, ax.get_position()
     if figure == "final_loss":  # a diverged seed of the sqrt arm: its × in its arm's colour; the legend's one, grey
         assert sorted(labels[:2]) == ["scale=none", "scale=sqrt"] and labels[2] == experiment_figures.DIVERGED_MARK
         assert legend.legend_handles[2].get_color() == "0.3"

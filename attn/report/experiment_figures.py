@@ -236,10 +236,15 @@ def tight_boxes_measured_once(fig):
             del ax.get_tightbbox
 
 
+MIN_PANELS_WIDTH = 7.0  # inches
+
+
 def panels(n: int, width: float = 3.4, height: float = 2.9):
+    """A figure of n panels in rows of up to 4; at least MIN_PANELS_WIDTH wide, so the title and the legend
+    below of a one-panel figure leave its axes the height of a row."""
     cols = 3 if n in (5, 6, 9) else min(n, 4)
     rows = math.ceil(n / cols)
-    fig = Figure(figsize=(width * cols, height * rows + 0.6))
+    fig = Figure(figsize=(max(width * cols, MIN_PANELS_WIDTH), height * rows + 0.6))
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
