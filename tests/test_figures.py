@@ -209,6 +209,13 @@ def test_each_run_draws_score_std_against_theory_saturated_rows_and_row_gradient
     step0 = grad_ax.transData.transform([(0, 1)])[0][0]
     radius = max(line.get_markersize() for line in grad_ax.get_lines()) / 2 * grad_ax.figure.dpi / 72  # pixels
     assert step0 - left >= radius, ("step 0's markers cut by the axes' left edge", step0 - left, radius)
+    fig = grad_ax.figure
+    fig.tight_layout()  # as save_figure lays it out
+    renderer = fig.canvas.get_renderer()
+    for ax in (std_ax, saturated_ax, grad_ax):  # each legend below its axes: it covers no curve, and is seen whole
+        legend, axes_box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend.y1 <= axes_box.y0 and legend.y0 >= 0, (ax.get_title(), legend, axes_box)
+        assert 0 <= legend.x0 and legend.x1 <= fig.bbox.width, (ax.get_title(), legend)
 
 
 def test_a_row_kind_absent_at_some_traced_steps_breaks_its_line_there_instead_of_bridging_them(tmp_path, monkeypatch):

@@ -511,7 +511,7 @@ def training_mechanism_figure(
     name: str, records: list[dict], summary: dict, rows: dict, theory: float | None
 ) -> Figure:
     """Score std against s·√d_k·g², the saturated rows, and ‖∇W_q‖ of saturated and other rows, over training."""
-    fig = Figure(figsize=(13, 4.3))
+    fig = Figure(figsize=(13, 5.0))
     axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
     last = last_step(records, summary, rows)
     ax = axes[0]
@@ -546,8 +546,8 @@ def training_mechanism_figure(
     for ax in axes:
         step_axis(ax, last)
         ax.grid(True, which="major", alpha=0.25)
-        if ax.get_legend_handles_labels()[0]:
-            one_legend(ax, fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # below the axes, where it covers no curve
+            one_legend(ax, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     title = f"{run_title(name, summary)}: score std, saturated rows and ‖∇W_q‖ over training (eval set's query rows)"
     fig.suptitle(wrapped(title, 13, 10), fontsize=10)
     return fig
