@@ -93,7 +93,7 @@ ablation: $(VENV)/.runtime
 	@start=$$(date +%s); $(PY) -m attn sweep experiments/sqrt_dk.yaml $(ARGS) || exit $$?; \
 	echo "make ablation: $$(( $$(date +%s) - start )) s wall time" >&2
 
-ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide two_factors two_factors_edge two_factors_adamw
+ABLATIONS := sqrt_dk scores qk_rate batch_size width long_budget init_scale optimizer copy lengths mask_self rate_grid variance_vs_step optimizer_wide scores_wide long_budget_wide qk_norm_wide two_factors two_factors_edge two_factors_adamw two_factors_adamw_edge
 ## make ablations: the headline and every boundary experiment, with the total wall time
 ablations: $(VENV)/.runtime
 	@start=$$(date +%s); status=0; \
