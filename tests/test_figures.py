@@ -361,6 +361,12 @@ def test_the_experiment_mechanism_figure_says_what_it_measures_with_x_labels_apa
     assert "why" not in fig._suptitle.get_text() and "stops learning" not in fig._suptitle.get_text()
     for ax in fig.axes[:5]:
         assert x_labels_apart(ax, renderer), ax.get_title()
+        # each arm's markers beside the others' at each d_k: arms that start alike (the same values) stay in sight
+        marked = [
+            tuple(line.get_xdata()) for line in ax.get_lines() if line.get_marker() == "o" and len(line.get_xdata())
+        ]
+        firsts = {xs[0] for xs in marked}
+        assert len(firsts) == len(arms), (ax.get_title(), marked)
     (legend,) = fig.legends
     texts = [t.get_text() for t in legend.get_texts()]
     assert any("median of 0" in text and "off the log axis" in text for text in texts), texts

@@ -496,6 +496,9 @@ ZERO_MEDIAN = "a median of 0, off the log axis: at least half of those rows pass
 
 
 def mechanism_figure(best, layout, colors, steps, path):
+    """The mechanism at each arm's best setting against x: score std, saturated rows, the rows' gradients and
+    their concentration at two steps, each arm's markers beside the others' at each x; and every row's softmax
+    Jacobian under its bound."""
     fig, axes = panels(6, width=3.6, height=3.0)
     xs, arms = in_order(x for x, _ in best), in_order(a for _, a in best)
     first, later = steps[0], steps[-1]
@@ -509,10 +512,11 @@ def mechanism_figure(best, layout, colors, steps, path):
     ]
     for ax, (title, key, yscale) in zip(axes, panel_specs):
         position = x_axis(ax, xs, layout)
+        log = ax.get_xscale() == "log"
         drawn, zeros = [], 0
-        for arm in arms:
+        for k, arm in enumerate(arms):
             cells = [(position[x], c) for x in xs if (c := best.get((x, arm))) is not None and c.n]
-            px = [p for p, _ in cells]
+            px = dodged([p for p, _ in cells], k, len(arms), log)  # arms that start alike would hide each other
             if key is None:
                 handles[layout.arm_label(arm)] = ax.plot(
                     px, [median(c.at_init("score_std")) for _, c in cells], "o-", color=colors[arm]
