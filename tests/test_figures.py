@@ -561,6 +561,23 @@ def test_an_experiments_score_growth_holds_every_median_from_step_0_on_a_labelle
     assert plain_numbers(labelled(ax.yaxis)) >= 3, labelled(ax.yaxis)
 
 
+def test_an_experiments_score_growth_holds_each_median_at_step_0_however_far_below_the_bulk(monkeypatch):
+    """As two_factors_adamw's: two arms start at std 0.95 and grow to 40 and 1e5, two start at 120; the seeds'
+    bulk lies more than a decade above 0.95, yet every median's step 0 is on the axis."""
+    best = {
+        ((16384,), (arm,)): TimedCell(start, end, 100)
+        for arm, start, end in (("a", 0.95, 40.0), ("b", 0.95, 1e5), ("c", 120.0, 140.0), ("d", 120.0, 3000.0))
+    }
+    colors = {(arm,): f"C{i}" for i, arm in enumerate("abcd")}
+    fig = figure_drawn(
+        monkeypatch, experiment_figures.curves_over_training, best, Layout(), colors, "score_std", "std", Path("s.png")
+    )
+    [ax] = fig.axes
+    low, high = ax.get_ylim()
+    starts = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linewidth() > 1]
+    assert len(starts) == 4 and all(low <= start <= high for start in starts), (low, starts)
+
+
 def test_the_headlines_time_panel_of_a_decade_or_two_is_labelled_in_plain_numbers(monkeypatch):
     best = {
         ((d_k,), (scale,)): TimedCell(1.0, 2.0, m) for d_k in (64, 1024) for scale, m in (("sqrt", 40), ("none", 830))

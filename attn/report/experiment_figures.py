@@ -597,7 +597,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     fig, axes = panels(len(xs))
     handles, plateaus = {}, {}
     for ax, x in zip(axes, xs):
-        values, medians = [], []
+        values, medians, starts = [], [], []  # starts: each median at its first step, never off the axis
         references = {}
         if "loss" in metric:  # where a seed that learns nothing sits
             references = plateau_levels([s for arm in arms if (x, arm) in best for s in best[(x, arm)].seeds])
@@ -617,8 +617,11 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
             median = [np.median([v[steps == s][0] for steps, v in curves if (steps == s).any()]) for s in longest]
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
             medians += median
-        limits = covering(bulk_limits(values, log=True), medians)  # the seeds' bulk, and every median whole
-        limits = hold(limits, references.values(), log=True)  # and the plateau levels
+            starts.append(median[0])
+        limits = covering(
+            bulk_limits(values, log=True), medians
+        )  # the seeds' bulk, and each median to a decade past it
+        limits = hold(limits, [*references.values(), *starts], log=True)  # and the plateau levels and step 0
         if limits:
             ax.set_ylim(*limits)
         ax.set_yscale("log")
@@ -630,7 +633,7 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
     suptitle(
         fig,
         f"{ylabel} at each arm's best setting: every seed (thin) and the median (thick); "
-        "y range from the bulk of the seeds, holding every median whole",
+        "y range from the bulk of the seeds, holding each median from step 0 (to a decade past the bulk)",
         fontsize=9,
     )
     handles.update(plateaus)  # after the arms
