@@ -473,7 +473,7 @@ def _experiment_line(name: str, report: dict, numbered: re.Match | None, provena
     )
 
 
-def _title(description: str, limit: int = 120) -> str:
+def _title(description: str, limit: int = 72) -> str:
     """An experiment's description's first sentence, cut at a word to `limit` characters."""
     first = re.split(r"(?<=[.?!])\s", description.strip(), maxsplit=1)[0].rstrip(".")
     return first if len(first) <= limit else first[: first.rfind(" ", 0, limit - 1)] + "…"
