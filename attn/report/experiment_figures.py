@@ -618,9 +618,8 @@ def curves_over_training(best, layout, colors, metric, ylabel, path):
             handles[layout.arm_label(arm)] = ax.plot(longest, median, color=colors[arm], linewidth=1.8)[0]
             medians += median
             starts.append(median[0])
-        limits = covering(
-            bulk_limits(values, log=True), medians
-        )  # the seeds' bulk, and each median to a decade past it
+        # the seeds' bulk, and each median to a decade past it
+        limits = covering(bulk_limits(values, log=True), medians)
         limits = hold(limits, [*references.values(), *starts], log=True)  # and the plateau levels and step 0
         if limits:
             ax.set_ylim(*limits)
