@@ -1,4 +1,4 @@
-"""attn: one attention head by hand in numpy, and why QK^T is divided by sqrt(d_k).
+"""attn: one attention head by hand in numpy, and experiments on what dividing QK^T by sqrt(d_k) changes.
 
 The Python API is the names in API, each documented in docs/api.md's table
 (tests/test_readme.py keeps the two the same): `import attn; attn.train_run(attn.load_config(None))`.

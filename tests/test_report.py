@@ -826,7 +826,7 @@ def test_the_stall_table_counts_self_attending_ends_and_initial_target_attention
         records[-1].update(target_attn=0.0, self_attn=final_self)
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
     report = report_of(experiment, figures=False)
-    [row] = markdown_rows(report.md, "## What a stall is")
+    [row] = markdown_rows(report.md, "## Stalled and learned runs")
     assert (row["stalled runs"], row["learned runs"]) == ("2", "2")
     assert row["stalled: self > 0.9 at end [95%]"].startswith("1/2 ")
     assert row["learned: self > 0.9 at end [95%]"].startswith("0/2 ")

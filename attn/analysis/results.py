@@ -282,7 +282,7 @@ def rank_auc(lower: list[float], higher: list[float]) -> float | None:
 
 
 def stall_mechanism(seeds: list[Seed]) -> dict:
-    """What a stall is, over `seeds` (the runs of one x and arm, say, at every rate):
+    """Stalled and learned runs compared, over `seeds` (the runs of one x and arm, say, at every rate):
     for the stalled and the learned runs, how many, how many end with the query
     putting more than SELF_ATTENDING of its attention on its own position
     (Wilson 95%; over the runs whose last record has self_attn), and their

@@ -48,7 +48,9 @@ from attn.store import runs  # noqa: E402 (after the flushing mode is set)
 
 def build_parser() -> argparse.ArgumentParser:
     """Every command's parser: each module of attn.cli adds its own (add_commands)."""
-    parser = Parser(prog="attn", description="One-head attention, by hand, and why QK^T is divided by sqrt(d_k).")
+    parser = Parser(
+        prog="attn", description="One-head attention, by hand, and what dividing QK^T by sqrt(d_k) changes."
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND", title="commands")
     parser.commands = sub.choices  # name -> its parser, for parse_arguments
     for commands in (training, sweeps, views):

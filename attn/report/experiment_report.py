@@ -635,7 +635,7 @@ def report_markdown(found: Findings, paths: dict[str, Path]) -> str:
         v["stalled"]["self_attending"]["n"] + v["learned"]["self_attending"]["n"] for v in found.stalls.values()
     ):
         text += [
-            "## What a stall is: self-attention at the end, the right key at the start",
+            "## Stalled and learned runs: self-attention at the end, the right key at the start",
             "",
             f"Over each {layout.x_name} and arm's runs at every setting: of the stalled and of the learned runs, "
             f"those whose query ends with more than {SELF_ATTENDING:g} of its attention on its own position "
