@@ -89,6 +89,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "experiments" / "results"
 BENCH_DOC = REPO / "docs" / "bench.md"
 COPIED = ("report.md", runs.REPORT_FILE, runs.SEEDS_FILE, "report.csv", "*.png")
+HISTORY_FILE = "history.json"  # in results/<name>/: the runs published before of the same seeds and claims
 
 
 class MixedCode(runs.RunError):
@@ -218,11 +219,14 @@ def _publish_staged(
             target = staged / name
             if copy_reports:
                 kept = not verifications[name].exists() and _verifies(RESULTS / name, runs_dir / name)
+                earlier = _earlier_runs(RESULTS / name, read_report(runs_dir / name / runs.REPORT_FILE, name, False))
                 if target.exists():
                     shutil.rmtree(target)
                 target.mkdir(parents=True)
                 for path in _sources(runs_dir / name):
                     _copy(path, target / path.name)
+                if earlier:
+                    runs.write_json(target / HISTORY_FILE, earlier)
                 for file in ("verify.json", "verify.md") if kept else ():
                     _link_or_copy(RESULTS / name / file, target / file)
             if verifications[name].exists():
@@ -238,6 +242,33 @@ def _publish_staged(
         raise
     _swap_in(staged, RESULTS)  # the one step from the old results to the new
     return written + _write_texts(experiments_text, text)
+
+
+def _earlier_runs(published: Path, report: dict) -> list[dict]:
+    """The runs published in `published` before `report`, oldest first, where they were of the same seeds and
+    claims (the same claims digest) and are not its own runs (frozen at another time): each as its report
+    said it was made and judged (_made), so that a re-made report reads as a re-run of those seeds, never as a
+    new test of its claims. Empty where nothing was published or it was of another design."""
+    digest = (report.get("claims") or {}).get("digest")
+    if not digest or not (published / runs.REPORT_FILE).exists():
+        return []
+    old = read_report(published / runs.REPORT_FILE, published.name, published=True)
+    if (old.get("claims") or {}).get("digest") != digest:
+        return []
+    history = read_history(published / HISTORY_FILE, published.name) if (published / HISTORY_FILE).exists() else []
+    made = _made(old)
+    same_runs = made["frozen_at"] == _made(report)["frozen_at"]
+    return history if same_runs or made in history else [*history, made]
+
+
+def _made(report: dict) -> dict:
+    """When a report's claims were frozen (its sweep's start), the code and machine its runs ran on, its verdicts."""
+    platform = report["platform"]
+    return {
+        "frozen_at": (report.get("claims") or {}).get("frozen_at"),
+        **{key: platform.get(key, []) for key in ("attn_commit", "cpu", "blas")},
+        "verdicts": {e["id"]: e["verdict"] for e in report["expectations"]},
+    }
 
 
 def _sources(run_dir: Path) -> list[Path]:
@@ -354,13 +385,15 @@ def _texts(reports: dict[str, dict], results: Path, bench: dict | None) -> tuple
                 f"{results / shown(name)}: not an experiment's name (letters, digits, '_', '.' or '-'); move it out "
                 "of experiments/results"
             )
-    verifications = read_verifications(results)
+    verifications, histories = read_verifications(results), read_histories(results)
     text = (REPO / "README.md").read_text()
     if HEADLINE in reports:
-        text = with_block(text, RESULTS_BEGIN, RESULTS_END, results_block(reports, verifications, REPO))
+        text = with_block(
+            text, RESULTS_BEGIN, RESULTS_END, results_block(reports, verifications, REPO, histories=histories)
+        )
     if bench is not None:
         text = with_block(text, BENCH_BEGIN, BENCH_END, bench_block(bench, results / "bench.json"))
-    return experiments_readme(reports, verifications, results, REPO), text
+    return experiments_readme(reports, verifications, results, REPO, histories=histories), text
 
 
 def _write_texts(experiments_text: str, readme_text: str) -> list[Path]:
@@ -495,15 +528,16 @@ def _check_results_tree(results: Path) -> None:
 
 
 def _check_published(results: Path, replaced, bench_replaced: bool = False) -> None:
-    """Every report.json and verify.json published, but those of the experiments `replaced`, and the benchmark
-    unless bench_replaced, read and checked (read_report, read_verification, bench_block): the text is made
-    from them all, after the staging."""
+    """Every report.json and verify.json published, but those of the experiments `replaced`, every history.json,
+    and the benchmark unless bench_replaced, read and checked (read_report, read_verification, read_histories,
+    bench_block): the text is made from them all, after the staging."""
     for path in sorted(results.glob("*/report.json")):
         if path.parent.name not in replaced:
             read_report(path, path.parent.name, published=True)
     for path in sorted(results.glob("*/verify.json")):
         if path.parent.name not in replaced:
             read_verification(path, path.parent.name)
+    read_histories(results)  # a replaced report's too: publish carries it forward (_earlier_runs)
     if (results / "bench.json").exists() and not bench_replaced:
         bench_block(read_bench(results / "bench.json"), results / "bench.json")
 
@@ -569,6 +603,7 @@ COUNT = runs.Check(_is_count, "a count")
 TEXT_OR_NULL = runs.Check(lambda v: v is None or isinstance(v, str), "text or null")
 ID = runs.Check(_is_id, "letters, digits, '_', '.' or '-'")
 VALUE = runs.Check(lambda v: isinstance(v, (str, int, float)) or v is None, "a value")
+VERDICT = runs.Check(lambda v: v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE), "a verdict")
 RUN_COUNTS = {"same": COUNT, "runs": COUNT}
 EFFECT = {"name": str, "value": NUMBER, "low": NUMBER, "high": NUMBER, "bound": runs.MayLack(TEXT_OR_NULL)}
 POINT = {
@@ -587,7 +622,7 @@ POINT = {
 EXPECTATION = {
     "id": ID,
     "claim": str,
-    "verdict": runs.Check(lambda v: v in (CONFIRMED, NOT_CONFIRMED, INCONCLUSIVE), "a verdict"),
+    "verdict": VERDICT,
     "rule": runs.MayLack(str),
     "test": runs.MayLack(runs.Check(lambda v: v in ("interval", "mcnemar", "sign", "fisher"), "a test")),
     "frozen": runs.MayLack(TEXT_OR_NULL),
@@ -603,8 +638,15 @@ REPORT = {
     "expectations": [EXPECTATION],
     "code_state_note": runs.MayLack(TEXT_OR_NULL),
     "code_states": runs.MayLack(runs.EachValue(COUNT)),
-    "claims": runs.MayLack({"digest": runs.MayLack(TEXT_OR_NULL)}),
+    "claims": runs.MayLack({"digest": runs.MayLack(TEXT_OR_NULL), "frozen_at": runs.MayLack(TEXT_OR_NULL)}),
     "layout": runs.MayLack({"x": runs.MayLack([str]), "best_of": runs.MayLack(TEXT_OR_NULL)}),
+}
+EARLIER_RUNS = {
+    "frozen_at": TEXT_OR_NULL,
+    "attn_commit": [str],
+    "cpu": [str],
+    "blas": [str],
+    "verdicts": runs.EachValue(VERDICT),
 }
 VERIFICATION = {
     "experiment": str,
@@ -635,6 +677,21 @@ def read_report(path: Path, name: str, published: bool) -> dict:
     if problem:
         raise runs.RunError(f"{path}: {problem}; {remedy}")
     return report
+
+
+def read_history(path: Path, name: str) -> list[dict]:
+    """A history.json as publish reads it (a list of EARLIER_RUNS); RunError, one line, for one it cannot read."""
+    remedy = f"restore it (`git checkout -- experiments/results/{name}`)"
+    history = _read_json(path, remedy)
+    problem = runs.json_shape_problem(history, [EARLIER_RUNS])
+    if problem:
+        raise runs.RunError(f"{path}: {problem}; {remedy}")
+    return history
+
+
+def read_histories(results: Path) -> dict[str, list[dict]]:
+    """Each history published in `results` (results/<name>/history.json), read (read_history), by name."""
+    return {p.parent.name: read_history(p, p.parent.name) for p in sorted(results.glob(f"*/{HISTORY_FILE}"))}
 
 
 def read_verification(path: Path, name: str) -> dict:

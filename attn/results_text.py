@@ -313,16 +313,52 @@ def verification_line(name: str, verification: dict | None, brief: bool = False)
     return f"Re-run {reruns_said(result)}{by} ({command}): {said}{details} ([verify.md](results/{name}/verify.md))."
 
 
+def moved_since(report: dict, earlier: list[dict]) -> dict[str, list[str]]:
+    """The claims whose verdict differs between `report` and any earlier run of its seeds (attn.publish's
+    history.json, oldest first): claim id -> its verdicts, earliest first, then now."""
+    now = {e["id"]: e["verdict"] for e in report["expectations"]}
+    return {
+        claim: [*(e["verdicts"].get(claim, "not claimed") for e in earlier), verdict]
+        for claim, verdict in now.items()
+        if any(e["verdicts"].get(claim, verdict) != verdict for e in earlier)
+    }
+
+
+def earlier_runs_line(report: dict, earlier: list[dict] | None) -> str:
+    """What a re-made report is, where its seeds and claims were published before (`earlier`, oldest first, as
+    attn.publish.read_history reads them): a re-run of those seeds, not a new test of its claims, and the verdicts
+    that moved since (run-to-run variance); '' where nothing was."""
+    if not earlier:
+        return ""
+    first, moved = markdown_safe(earlier[0]), markdown_safe(moved_since(report, earlier))
+    said = (
+        "verdicts as judged since: "
+        + "; ".join(f"`{claim}` {', '.join(verdicts[:-1])}, now {verdicts[-1]}" for claim, verdicts in moved.items())
+        + " (run-to-run variance)"
+        if moved
+        else "every verdict as then"
+    )
+    commit, cpu = ", ".join(first["attn_commit"]) or "unknown", ", ".join(first["cpu"]) or "an unrecorded CPU"
+    frozen = first["frozen_at"] or "at an unrecorded time"
+    times = f"{len(earlier)} time{'s' if len(earlier) > 1 else ''}"
+    return (
+        f"Made again on the seeds and claims first run with attn {commit} on {cpu} (claims frozen {frozen}; published "
+        f"{times} before): a re-run of those seeds, not a new test of its claims; {said}."
+    )
+
+
 def experiments_readme(
     reports: dict[str, dict],
     verifications: dict[str, dict],
     results: Path,
     repo: Path,
     changes: dict[str, str] | None = None,
+    histories: dict[str, list[dict]] | None = None,
 ) -> str:
     """experiments/README.md: every experiment's findings, from its report.json and its verification (name ->
     as attn.publish.read_verification reads it), its figures those in results/<name>/; where its file in
-    `repo` has changed its design since (`changes`, design_changes by default), it says so."""
+    `repo` has changed its design since (`changes`, design_changes by default), it says so; where its seeds and
+    claims were published before (`histories`, name -> attn.publish.read_history), that it is a re-run of them."""
     reports, changes = _held_against_files(reports, changes, repo)
     order = [HEADLINE, *sorted(n for n in reports if n != HEADLINE)]
     text = [
@@ -355,6 +391,7 @@ def experiments_readme(
         text += verdicts_by_point_of(report)
         text += experiment_report.shared_draws_lines(report.get("shared_initial_draws", []))
         text += [verification_line(name, verifications.get(name)), ""]
+        text += [line, ""] if (line := earlier_runs_line(report, (histories or {}).get(name))) else []
         figures = sorted(p.name for p in (results / name).glob("*.png"))
         text += [
             f"[report](results/{name}/report.md) · "
@@ -376,23 +413,30 @@ def verdicts_by_point_of(report: dict) -> list[str]:
 
 
 def results_block(
-    reports: dict[str, dict], verifications: dict[str, dict], repo: Path, changes: dict[str, str] | None = None
+    reports: dict[str, dict],
+    verifications: dict[str, dict],
+    repo: Path,
+    changes: dict[str, str] | None = None,
+    histories: dict[str, list[dict]] | None = None,
 ) -> str:
     """README's results block, inside its markers, short: the headline's figure, its scope, its findings as a
     table of one row per claim (claims_table.findings_table: verdict, the number it rests on with its
     interval, the test) and its verification; then one line for each other experiment published, linking its
     report: what it tests, its verdicts counted, how its re-runs stand. The paragraphs of intervals and
     p-values are in experiments/README.md alone. The verifications: name -> as attn.publish.read_verification
-    reads it. A report of an earlier design of its file in `repo` (`changes`, design_changes by default) says so."""
+    reads it. A report of an earlier design of its file in `repo` (`changes`, design_changes by default) says so;
+    one made again on seeds published before (`histories`) names the verdicts that moved since."""
     reports, changes = _held_against_files(reports, changes, repo)
 
     def provenance(name: str) -> str:
+        moved = [f"`{claim}`" for claim in moved_since(reports[name], (histories or {}).get(name, []))]
         return "; ".join(
             filter(
                 None,
                 [
                     code_states_said(reports[name]),
                     "an earlier design of the file, re-run pending" if name in changes else "",
+                    f"a re-run of seeds run before, on which {and_list(moved)} moved" if moved else "",
                 ],
             )
         )

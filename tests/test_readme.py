@@ -121,8 +121,8 @@ def test_attn_train_run_trains_a_run_as_attn_train_does(tmp_path):
 def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results():
     results = REPO / "experiments" / "results"
     reports = {p.parent.name: json.loads(p.read_text()) for p in sorted(results.glob("*/report.json"))}
-    verifications = publish.read_verifications(results)
-    block = results_text.results_block(reports, verifications, REPO)
+    verifications, histories = publish.read_verifications(results), publish.read_histories(results)
+    block = results_text.results_block(reports, verifications, REPO, histories=histories)
     assert results_text.with_block(README, results_text.RESULTS_BEGIN, results_text.RESULTS_END, block) == README, (
         "run `make publish`; do not edit the block"
     )
@@ -130,7 +130,7 @@ def test_the_generated_blocks_are_what_publish_makes_from_the_committed_results(
     block = results_text.bench_block(bench, results / "bench.json")
     assert results_text.with_block(README, results_text.BENCH_BEGIN, results_text.BENCH_END, block) == README
     assert (REPO / "experiments" / "README.md").read_text() == results_text.experiments_readme(
-        reports, verifications, results, REPO
+        reports, verifications, results, REPO, histories=histories
     )
 
 
