@@ -219,7 +219,8 @@ def _publish_staged(
             target = staged / name
             if copy_reports:
                 kept = not verifications[name].exists() and _verifies(RESULTS / name, runs_dir / name)
-                earlier = _earlier_runs(RESULTS / name, read_report(runs_dir / name / runs.REPORT_FILE, name, False))
+                new_report = runs_dir / name / runs.REPORT_FILE
+                earlier = _earlier_runs(RESULTS / name, read_report(new_report, name, False), new_report)
                 if target.exists():
                     shutil.rmtree(target)
                 target.mkdir(parents=True)
@@ -244,21 +245,30 @@ def _publish_staged(
     return written + _write_texts(experiments_text, text)
 
 
-def _earlier_runs(published: Path, report: dict) -> list[dict]:
-    """The runs published in `published` before `report`, oldest first, where they were of the same seeds and
-    claims (the same claims digest) and are not its own runs (frozen at another time): each as its report
-    said it was made and judged (_made), so that a re-made report reads as a re-run of those seeds, never as a
-    new test of its claims. Empty where nothing was published or it was of another design."""
-    digest = (report.get("claims") or {}).get("digest")
+def _earlier_runs(published: Path, report: dict, report_path: Path) -> list[dict]:
+    """The runs published in `published` before `report` (read from report_path), oldest first, where they were of
+    the same seeds and claims (the same claims digest) and are not its own runs: each as its report said it was
+    made and judged (_made), one entry a run (its frozen_at), so that a re-made report reads as a re-run of
+    those seeds, never as a new test of its claims. Empty where nothing was published or it was of another
+    design; the history there as it was where the report published there cannot be read (it is being replaced)."""
+    digest, frozen = (report.get("claims") or {}).get("digest"), _made(report)["frozen_at"]
+    history = read_history(published / HISTORY_FILE, published.name) if (published / HISTORY_FILE).exists() else []
     if not digest or not (published / runs.REPORT_FILE).exists():
         return []
-    old = read_report(published / runs.REPORT_FILE, published.name, published=True)
+    try:
+        old = read_report(published / runs.REPORT_FILE, published.name, published=True)
+    except runs.RunError:
+        return history
     if (old.get("claims") or {}).get("digest") != digest:
         return []
-    history = read_history(published / HISTORY_FILE, published.name) if (published / HISTORY_FILE).exists() else []
     made = _made(old)
-    same_runs = made["frozen_at"] == _made(report)["frozen_at"]
-    return history if same_runs or made in history else [*history, made]
+    same_runs = (frozen is not None and made["frozen_at"] == frozen) or (
+        (published / runs.REPORT_FILE).read_bytes() == report_path.read_bytes()
+    )
+    history = [e for e in history if e["frozen_at"] is None or e["frozen_at"] != frozen]  # never its own runs
+    known = [e for e in history if e == made or (made["frozen_at"] is not None and e["frozen_at"] == made["frozen_at"])]
+    history = history if same_runs or known else [*history, made]
+    return sorted(history, key=lambda e: e["frozen_at"] or "")  # oldest first; an unrecorded time first
 
 
 def _made(report: dict) -> dict:

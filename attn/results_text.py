@@ -334,7 +334,7 @@ def earlier_runs_line(report: dict, earlier: list[dict] | None) -> str:
     said = (
         "verdicts as judged since: "
         + "; ".join(f"`{claim}` {', '.join(verdicts[:-1])}, now {verdicts[-1]}" for claim, verdicts in moved.items())
-        + " (run-to-run variance)"
+        + " (the same seeds again: no evidence for or against the claim)"
         if moved
         else "every verdict as then"
     )
@@ -342,7 +342,7 @@ def earlier_runs_line(report: dict, earlier: list[dict] | None) -> str:
     frozen = first["frozen_at"] or "at an unrecorded time"
     times = f"{len(earlier)} time{'s' if len(earlier) > 1 else ''}"
     return (
-        f"Made again on the seeds and claims first run with attn {commit} on {cpu} (claims frozen {frozen}; published "
+        f"Made again on the seeds and claims first run with attn {commit} on {cpu} (claims frozen {frozen}; run "
         f"{times} before): a re-run of those seeds, not a new test of its claims; {said}."
     )
 

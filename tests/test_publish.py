@@ -1654,41 +1654,71 @@ def test_a_report_made_again_on_seeds_published_before_is_said_a_re_run_with_the
     def made(verdicts, digest, frozen_at, commit):
         data = report(verdicts)
         data["platform"]["attn_commit"] = [commit]
-        runs.write_json(run_dir / "report.json", {**data, "claims": {"digest": digest, "frozen_at": frozen_at}})
+        claims = {"digest": digest, **({"frozen_at": frozen_at} if frozen_at else {})}
+        runs.write_json(run_dir / "report.json", {**data, "claims": claims})
         publish.publish(["sqrt_dk"], tmp_path / "runs")
+        history = results / "sqrt_dk" / "history.json"
+        return [e["attn_commit"][0] for e in json.loads(history.read_text())] if history.exists() else []
 
-    made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-02T19:52:31Z", "5fa82fb")
-    made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-02T19:52:31Z", "5fa82fb")  # the same runs again
-    assert not (results / "sqrt_dk" / "history.json").exists()
-    made({"a": "confirmed", "b": "inconclusive"}, "d1", "2026-12-07T20:21:14Z", "f60fe01")  # the same seeds re-run
+    def findings():
+        return (repo / "experiments" / "README.md").read_text()
+
+    assert made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-02T19:52:31Z", "5fa82fb") == []
+    assert made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-02T19:52:31Z", "5fa82fb") == []  # same runs
+    assert made({"a": "confirmed", "b": "inconclusive"}, "d1", "2026-12-07T20:21:14Z", "f60fe01") == ["5fa82fb"]
     [earlier] = json.loads((results / "sqrt_dk" / "history.json").read_text())
-    assert earlier["attn_commit"] == ["5fa82fb"] and earlier["frozen_at"] == "2026-12-02T19:52:31Z"
-    assert earlier["verdicts"] == {"a": "confirmed", "b": "confirmed"}
-    findings = (repo / "experiments" / "README.md").read_text()
-    assert "first run with attn 5fa82fb" in findings and "not a new test of its claims" in findings
-    assert "`b` confirmed, now inconclusive (run-to-run variance)" in findings and "`a` confirmed, now" not in findings
+    assert earlier["frozen_at"] == "2026-12-02T19:52:31Z" and earlier["verdicts"] == {
+        "a": "confirmed",
+        "b": "confirmed",
+    }
+    assert facts_in(findings(), "first run with attn 5fa82fb", "run 1 time before", "not a new test of its claims")
+    assert (
+        "`b` confirmed, now inconclusive (the same seeds again" in findings() and "`a` confirmed, now" not in findings()
+    )
     assert "a re-run of seeds run before, on which `b` moved" in (repo / "README.md").read_text()
-    made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-08T10:00:00Z", "1a2b3c4")  # and once more
-    history = json.loads((results / "sqrt_dk" / "history.json").read_text())
-    assert [e["attn_commit"] for e in history] == [["5fa82fb"], ["f60fe01"]]
-    assert "`b` confirmed, inconclusive, now confirmed" in (repo / "experiments" / "README.md").read_text()
-    made({"a": "confirmed"}, "d2", "2026-12-09T10:00:00Z", "1a2b3c4")  # another design: no earlier runs of it
-    assert not (results / "sqrt_dk" / "history.json").exists()
-    assert "not a new test" not in (repo / "experiments" / "README.md").read_text()
+    assert made({"a": "confirmed", "b": "inconclusive"}, "d1", "2026-12-07T20:21:14Z", "f60fe01") == ["5fa82fb"]
+    assert made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-08T10:00:00Z", "1a2b3c4") == ["5fa82fb", "f60fe01"]
+    assert facts_in(findings(), "first run with attn 5fa82fb", "run 2 times before")
+    assert "`b` confirmed, inconclusive, now confirmed" in findings()
+    # the first runs published again: the others are its earlier runs, never itself
+    assert made({"a": "confirmed", "b": "confirmed"}, "d1", "2026-12-02T19:52:31Z", "5fa82fb") == ["f60fe01", "1a2b3c4"]
+    assert made({"a": "confirmed"}, "d2", "2026-12-09T10:00:00Z", "1a2b3c4") == []  # another design: none of it
+    assert "not a new test" not in findings()
+    # reports that do not say when their claims were frozen: another report is other runs, the same one is not
+    assert made({"a": "confirmed"}, "d3", None, "aaaaaaa") == []
+    assert made({"a": "inconclusive"}, "d3", None, "bbbbbbb") == ["aaaaaaa"]
+    assert made({"a": "inconclusive"}, "d3", None, "bbbbbbb") == ["aaaaaaa"]
 
 
 def test_a_damaged_history_is_named_in_one_line_before_anything_is_replaced(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     results = publish_into(repo, monkeypatch)
     (results / "sqrt_dk").mkdir(parents=True)
-    runs.write_json(results / "sqrt_dk" / "report.json", report({"a": "confirmed"}))
+    runs.write_json(results / "sqrt_dk" / "report.json", {**report({"a": "confirmed"}), "claims": {"digest": "d1"}})
     entry = {"frozen_at": None, "attn_commit": ["x"], "cpu": [], "blas": [], "verdicts": {"a": "maybe"}}
     runs.write_json(results / "sqrt_dk" / "history.json", [entry])
     run_dir = tmp_path / "runs" / "sqrt_dk"
     run_dir.mkdir(parents=True)
-    runs.write_json(run_dir / "report.json", report({"a": "inconclusive"}))
+    runs.write_json(run_dir / "report.json", {**report({"a": "inconclusive"}), "claims": {"digest": "d1"}})
+    monkeypatch.setattr(publish, "_stage", lambda *a: pytest.fail("staged before the history was checked"))
     before = (results / "sqrt_dk" / "report.json").read_bytes()
     with pytest.raises(runs.RunError) as err:
         publish.publish(["sqrt_dk"], tmp_path / "runs")
     assert facts_in(str(err.value), "history.json", "verdicts", "a verdict", "git checkout")
     assert (results / "sqrt_dk" / "report.json").read_bytes() == before
+
+
+def test_a_damaged_published_report_is_replaced_keeping_the_history_beside_it(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    results = publish_into(repo, monkeypatch)
+    (results / "sqrt_dk").mkdir(parents=True)
+    (results / "sqrt_dk" / "report.json").write_text('{"cut short')
+    entry = {"frozen_at": "t0", "attn_commit": ["x"], "cpu": [], "blas": [], "verdicts": {"a": "confirmed"}}
+    runs.write_json(results / "sqrt_dk" / "history.json", [entry])
+    run_dir = tmp_path / "runs" / "sqrt_dk"
+    run_dir.mkdir(parents=True)
+    runs.write_json(
+        run_dir / "report.json", {**report({"a": "confirmed"}), "claims": {"digest": "d1", "frozen_at": "t2"}}
+    )
+    publish.publish(["sqrt_dk"], tmp_path / "runs")
+    assert json.loads((results / "sqrt_dk" / "history.json").read_text()) == [entry]

@@ -263,8 +263,8 @@ class OptimConfig:
     )
     qk_lr_exponent: float = config_field(
         0.0,
-        "W_q and W_k learn at lr * d_k^e (times lr_mult): e = -0.5 undoes the unscaled "
-        "model's larger effective rate; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
+        "W_q and W_k learn at lr * d_k^e (times lr_mult): unscaled, e = -0.5 gives W_q, W_k the scaled head's "
+        "SGD step and e = -1 gives it to the scores; e = 1 is muP's SGD rule for W_q, W_k of width d_k",
         ge=-2,
         le=2,
         per_member=True,
