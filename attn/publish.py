@@ -265,10 +265,10 @@ def _earlier_runs(published: Path, report: dict, report_path: Path) -> list[dict
     same_runs = (frozen is not None and made["frozen_at"] == frozen) or (
         (published / runs.REPORT_FILE).read_bytes() == report_path.read_bytes()
     )
-    history = [e for e in history if e["frozen_at"] is None or e["frozen_at"] != frozen]  # never its own runs
-    known = [e for e in history if e == made or (made["frozen_at"] is not None and e["frozen_at"] == made["frozen_at"])]
-    history = history if same_runs or known else [*history, made]
-    return sorted(history, key=lambda e: e["frozen_at"] or "")  # oldest first; an unrecorded time first
+    # one entry a run: by when its claims were frozen, or, where a report did not say, by all it said
+    entries = {e["frozen_at"] or json.dumps(e, sort_keys=True): e for e in [*history, *([] if same_runs else [made])]}
+    entries.pop(frozen, None)  # never its own runs
+    return sorted(entries.values(), key=lambda e: e["frozen_at"] or "")  # oldest first; an unrecorded time first
 
 
 def _made(report: dict) -> dict:
