@@ -265,10 +265,25 @@ def _earlier_runs(published: Path, report: dict, report_path: Path) -> list[dict
     same_runs = (frozen is not None and made["frozen_at"] == frozen) or (
         (published / runs.REPORT_FILE).read_bytes() == report_path.read_bytes()
     )
+    if not same_runs:
+        made["paths_kept"] = _paths_kept(published, report_path.parent)
     # one entry a run: by when its claims were frozen, or, where a report did not say, by all it said
     entries = {e["frozen_at"] or json.dumps(e, sort_keys=True): e for e in [*history, *([] if same_runs else [made])]}
     entries.pop(frozen, None)  # never its own runs
     return sorted(entries.values(), key=lambda e: e["frozen_at"] or "")  # oldest first; an unrecorded time first
+
+
+def _paths_kept(published: Path, run_dir: Path) -> dict | None:
+    """Of the runs that ended finite in both the report published in `published` and the one in run_dir (the same
+    seeds), how many took the same path bit for bit (verify.unchanged_runs): on one platform and training code,
+    all; None where either keeps no per-seed records."""
+    try:
+        then, now = runs.read_report_json(published), runs.read_report_json(run_dir)
+    except runs.RunError:
+        return None
+    if not all("seeds" in cell for report in (then, now) for cell in report.get("cells") or [{}]):
+        return None
+    return verify.unchanged_runs({"then": then, "now": now})["now"]
 
 
 def _made(report: dict) -> dict:
@@ -657,6 +672,9 @@ EARLIER_RUNS = {
     "cpu": [str],
     "blas": [str],
     "verdicts": runs.EachValue(VERDICT),
+    "paths_kept": runs.MayLack(
+        runs.Check(lambda v: v is None or runs.json_shape_problem(v, RUN_COUNTS) is None, "counts")
+    ),
 }
 VERIFICATION = {
     "experiment": str,

@@ -341,9 +341,17 @@ def earlier_runs_line(report: dict, earlier: list[dict] | None) -> str:
     commit, cpu = ", ".join(first["attn_commit"]) or "unknown", ", ".join(first["cpu"]) or "an unrecorded CPU"
     frozen = first["frozen_at"] or "at an unrecorded time"
     times = f"{len(earlier)} time{'s' if len(earlier) > 1 else ''}"
+    last, kept = markdown_safe(earlier[-1]), earlier[-1].get("paths_kept")
+    paths = (
+        f" Of the runs that ended finite both here and in the run before (attn {', '.join(last['attn_commit'])}, "
+        f"{', '.join(last['cpu'])}, {', '.join(last['blas'])}), {kept['same']} of {kept['runs']} took the same path "
+        "bit for bit (on one platform and training code, all should)."
+        if kept
+        else ""
+    )
     return (
         f"Made again on the seeds and claims first run with attn {commit} on {cpu} (claims frozen {frozen}; run "
-        f"{times} before): a re-run of those seeds, not a new test of its claims; {said}."
+        f"{times} before): a re-run of those seeds, not a new test of its claims; {said}.{paths}"
     )
 
 

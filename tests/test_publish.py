@@ -1722,3 +1722,26 @@ def test_a_damaged_published_report_is_replaced_keeping_the_history_beside_it(tm
     )
     publish.publish(["sqrt_dk"], tmp_path / "runs")
     assert json.loads((results / "sqrt_dk" / "history.json").read_text()) == [entry]
+
+
+def test_a_re_made_report_says_how_many_runs_took_the_earlier_runs_path_bit_for_bit(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    results = publish_into(repo, monkeypatch)
+    run_dir = tmp_path / "runs" / "sqrt_dk"
+    run_dir.mkdir(parents=True)
+
+    def made(paths, frozen_at, cpu):
+        data = {**report({"a": "confirmed"}), "claims": {"digest": "d1", "frozen_at": frozen_at}}
+        data["platform"]["cpu"] = [cpu]
+        seeds = [{"seed": s, "path": p, "final_loss": 0.1 if p else "inf"} for s, p in enumerate(paths)]
+        runs.write_report_json(run_dir, {**data, "cells": [{"settings": {"model.d_k": 16}, "seeds": seeds}]})
+        publish.publish(["sqrt_dk"], tmp_path / "runs")
+
+    made(["p0", "p1", "p2", None], "2026-12-02T00:00:00Z", "Intel")
+    made(["p0", "q1", "p2", "p3"], "2026-12-07T00:00:00Z", "AMD")  # two of the three finite in both kept
+    [earlier] = json.loads((results / "sqrt_dk" / "history.json").read_text())
+    assert earlier["paths_kept"] == {"same": 2, "runs": 3} and earlier["cpu"] == ["Intel"]
+    assert (
+        "(attn abc1234, Intel, openblas (Haswell kernel)), 2 of 3 took the same path bit for bit"
+        in (repo / "experiments" / "README.md").read_text()
+    )
