@@ -69,7 +69,9 @@ def make_runs(root: Path, version: str, figures: tuple[str, ...]) -> Path:
     for name in ("sqrt_dk", "scores"):
         run_dir = root / name
         run_dir.mkdir(parents=True)
-        runs.write_json(run_dir / "report.json", report(f"{name} paragraph, {version}.", "confirmed"))
+        made = report(f"{name} paragraph, {version}.", "confirmed")  # of the same seeds and claims, run at another time
+        made["claims"] = {"digest": "d1", "frozen_at": f"2026-12-0{1 if version == 'old' else 2}T00:00:00Z"}
+        runs.write_json(run_dir / "report.json", made)
         (run_dir / "report.md").write_text(f"# {name} {version}\n")
         (run_dir / "report.csv").write_text(f"cell,{version}\n")
         for figure in figures:
@@ -142,6 +144,7 @@ def published(tmp_path_factory):
     assert old != new and all(old[part] != new[part] for part in old)
     assert "dropped.png" not in str(new["results"]) and "scores/added.png" in new["results"]
     assert new["results"]["board.png"] == b"kept as it is"
+    assert "sqrt_dk/history.json" in new["results"] and "sqrt_dk/history.json" not in old["results"]
     return root, old_repo, new_runs, old, new, writes
 
 
