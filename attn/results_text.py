@@ -326,8 +326,8 @@ def moved_since(report: dict, earlier: list[dict]) -> dict[str, list[str]]:
 
 def earlier_runs_line(report: dict, earlier: list[dict] | None) -> str:
     """What a re-made report is, where its seeds and claims were published before (`earlier`, oldest first, as
-    attn.publish.read_history reads them): a re-run of those seeds, not a new test of its claims, and the verdicts
-    that moved since (run-to-run variance); '' where nothing was."""
+    attn.publish.read_history reads them): a re-run of those seeds, not a new test of its claims, the verdicts
+    that moved since (no evidence either way), and how many runs kept the last one's path; '' where nothing was."""
     if not earlier:
         return ""
     first, moved = markdown_safe(earlier[0]), markdown_safe(moved_since(report, earlier))
