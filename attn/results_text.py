@@ -192,6 +192,27 @@ def code_states_said(report: dict) -> str:
     )
 
 
+def commits_said(reports: dict[str, dict]) -> str:
+    """One sentence naming the code states the published reports' runs were made with, each with its reports: the
+    set is published from one clean commit only when there is one, and the text says which it is."""
+    made: dict[str, list[str]] = {}
+    for name, report in sorted(reports.items()):
+        states = report.get("code_states") or {
+            "unknown" if c in (None, "None") else c: 0 for c in report["platform"].get("attn_commit", [])
+        }
+        for state in states:
+            made.setdefault(state, []).append(name)
+    if len(made) == 1 and experiment_report.is_clean_state(state := next(iter(made))):
+        return f"Every report here was made with one clean commit, attn {state}."
+    ordered = sorted(made.items(), key=lambda item: (-len(item[1]), item[0]))
+    states = f"{len(made)} code states" if len(made) > 1 else "1 code state"
+    return (
+        f"Not yet one clean commit: these {len(reports)} reports were made with {states} of attn: "
+        + "; ".join(f"{state} ({and_list([f'`{n}`' for n in names])})" for state, names in ordered)
+        + "."
+    )
+
+
 def _held_against_files(
     reports: dict[str, dict], changes: dict[str, str] | None, repo: Path
 ) -> tuple[dict, dict[str, str]]:
@@ -378,6 +399,8 @@ def experiments_readme(
         "its seeds had been seen says so beside its verdict, results of an earlier design of their file "
         "say that, and a report made again on seeds run before says it is a re-run of them. "
         "`report.md` defines the outcome classes and the statistics.",
+        "",
+        commits_said(reports),
         "",
     ]
     for name in (n for n in order if n in reports):

@@ -1745,3 +1745,14 @@ def test_a_re_made_report_says_how_many_runs_took_the_earlier_runs_path_bit_for_
         "(attn abc1234, Intel, openblas (Haswell kernel)), 2 of 3 took the same path bit for bit"
         in (repo / "experiments" / "README.md").read_text()
     )
+
+
+def test_the_results_text_says_whether_every_report_comes_from_one_clean_commit_and_names_each_code_state():
+    one = {name: {**report({}), "code_states": {"abc1234": 4}} for name in ("sqrt_dk", "edge")}
+    assert "one clean commit, attn abc1234" in results_text.commits_said(one)
+    two = {**one, "edge": {**one["edge"], "code_states": {"def5678": 3, "abc1234": 1}}, "old": report({})}
+    said = results_text.commits_said(two)
+    assert facts_in(said, "Not yet one clean commit", "3 reports", "2 code states", "def5678 (`edge`)")
+    assert "abc1234 (`edge`, `old` and `sqrt_dk`)" in said  # a report without code_states: its platform's commit
+    dirty = {"sqrt_dk": {**report({}), "code_states": {"abc1234-dirty": 4}}}
+    assert facts_in(results_text.commits_said(dirty), "Not yet one clean commit", "1 code state of attn")
