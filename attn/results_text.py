@@ -176,14 +176,19 @@ def as_their_files_say(reports: dict[str, dict], changes: dict[str, str], repo: 
     return annotated
 
 
+def _code_states(report: dict) -> dict[str, int]:
+    """A report's code_states; a report made before reports counted them has only its platform's commits (0 runs
+    each)."""
+    return report.get("code_states") or {
+        "unknown" if c in (None, "None") else c: 0 for c in report["platform"].get("attn_commit", [])
+    }
+
+
 def code_states_said(report: dict) -> str:
     """'runs from 7 code states, 2 of them uncommitted or unrecorded' for
     a report whose runs do not come from one clean commit (published with
-    --allow-mixed), else ''. A report made before reports counted their code
-    states has only its platform's list of commits."""
-    states = report.get("code_states") or {
-        "unknown" if c in (None, "None") else c: 0 for c in report["platform"].get("attn_commit", [])
-    }
+    --allow-mixed), else ''."""
+    states = _code_states(report)
     unclean = sum(not experiment_report.is_clean_state(s) for s in states)
     if len(states) <= 1:
         return "runs from uncommitted or unrecorded code" if unclean else ""
@@ -197,10 +202,7 @@ def commits_said(reports: dict[str, dict]) -> str:
     set is published from one clean commit only when there is one, and the text says which it is."""
     made: dict[str, list[str]] = {}
     for name, report in sorted(reports.items()):
-        states = report.get("code_states") or {
-            "unknown" if c in (None, "None") else c: 0 for c in report["platform"].get("attn_commit", [])
-        }
-        for state in states:
+        for state in _code_states(report):
             made.setdefault(state, []).append(name)
     if len(made) == 1 and experiment_report.is_clean_state(state := next(iter(made))):
         return f"Every report here was made with one clean commit, attn {state}."
