@@ -402,8 +402,7 @@ def experiments_readme(
         "say that, and a report made again on seeds run before says it is a re-run of them. "
         "`report.md` defines the outcome classes and the statistics.",
         "",
-        commits_said(reports),
-        "",
+        *([commits_said(reports), ""] if reports else []),
     ]
     for name in (n for n in order if n in reports):
         report = reports[name]
